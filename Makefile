@@ -1,0 +1,58 @@
+# qshare: `make demo` runs the main job, `make test` passes the tests. Both set up
+# everything they need (venv, Python packages, native build) and are idempotent.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+CC ?= cc
+CFLAGS_COMMON := -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE -Inative/include -pthread
+NATIVE_SRC := $(wildcard native/src/*.c)
+NATIVE_HDR := $(wildcard native/include/*.h native/src/*.h)
+BUILD := native/build
+FFI_STAMP := $(BUILD)/.ffi
+
+.PHONY: all setup native test test-c test-py lint demo bench clean
+
+all: setup
+
+setup: $(STAMP) native
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+native: $(BUILD)/libqshare.so $(FFI_STAMP)
+
+$(BUILD)/libqshare.so: $(NATIVE_SRC) $(NATIVE_HDR)
+	@mkdir -p $(BUILD)
+	$(CC) $(CFLAGS_COMMON) -O2 -fPIC -shared -o $@ $(NATIVE_SRC)
+
+$(FFI_STAMP): $(STAMP) $(NATIVE_SRC) $(NATIVE_HDR) native/build_ffi.py
+	@mkdir -p $(BUILD)
+	$(PY) native/build_ffi.py
+	touch $@
+
+test: setup lint test-py
+
+test-c: $(STAMP)
+	$(MAKE) -C native test CC=$(CC)
+
+test-py: setup
+	$(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check services native/python native/build_ffi.py tests
+	$(VENV)/bin/ruff format --check services native/python native/build_ffi.py tests
+	$(VENV)/bin/mypy services/common/qshare native/python/qshare_driver $(wildcard services/*/qshare_*)
+
+demo: setup
+	$(VENV)/bin/qshare demo
+
+bench: setup
+	@mkdir -p .bench
+	$(VENV)/bin/qshare bench gate --json .bench/gate.json
+
+clean:
+	rm -rf $(BUILD) $(VENV)

@@ -1,0 +1,43 @@
+"""`qshare bench <name>`: dispatches to the benchmark modules, prints their table, writes JSON."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+# name -> module exposing `run(args) -> dict` and `table(result) -> str`
+BENCHMARKS: dict[str, str] = {
+    "gate": "qshare.bench.gate",
+    "colocation": "qshare.bench.colocation",
+    "allocator": "qshare.bench.allocator",
+    "hook": "qshare.bench.hook",
+    "gpu": "qshare.bench.gpu",
+}
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser("bench", help="run a benchmark and write its figures as JSON")
+    parser.add_argument("name", choices=sorted(BENCHMARKS), help="which benchmark")
+    parser.add_argument("--json", dest="json_path", type=Path, help="write the figures here")
+    parser.add_argument("--quick", action="store_true", help="a short smoke run")
+    parser.add_argument("--out-dir", type=Path, default=Path(".bench"), help="plots and logs")
+    parser.set_defaults(handler=run_benchmark)
+
+
+def run_benchmark(args: argparse.Namespace) -> int:
+    try:
+        module = importlib.import_module(BENCHMARKS[args.name])
+    except ModuleNotFoundError as exc:
+        print(f"qshare bench: benchmark {args.name!r} is not available: {exc}", file=sys.stderr)
+        return 2
+    result: dict[str, Any] = module.run(args)
+    print(module.table(result))
+    if args.json_path is not None:
+        args.json_path.parent.mkdir(parents=True, exist_ok=True)
+        args.json_path.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+        print(f"figures written to {args.json_path}")
+    return 0

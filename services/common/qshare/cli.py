@@ -1,0 +1,55 @@
+"""The `qshare` command line: one entry point whose sub-commands live in their own modules."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+# Each module named here exposes `register(subparsers)`; imported only when the CLI runs.
+COMMAND_MODULES: tuple[str, ...] = (
+    "qshare.bench.cli",
+    "qshare.demo",
+    "qshare_api.cli",
+)
+
+
+class _Registrar(Protocol):
+    def __call__(self, subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None: ...
+
+
+def _registrars() -> list[_Registrar]:
+    found: list[_Registrar] = []
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+            continue
+        found.append(module.register)
+    return found
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="qshare", description="GPU sharing for clusters.")
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    for register in _registrars():
+        register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler: Callable[[argparse.Namespace], int] = args.handler
+    try:
+        return handler(args)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
