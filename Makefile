@@ -21,6 +21,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) native/python/write_paths_pth.py
 	touch $@
 
 native: $(BUILD)/libqshare.so $(FFI_STAMP)

@@ -1,0 +1,182 @@
+/* qshare.h — the node-local driver: node segment, vGPU inventory, priority gate,
+ * memory accounting, event ring and simulated device. One header, two roles:
+ * the node owner (qs_node_*) and workload processes (qs_client_*). */
+#ifndef QSHARE_H
+#define QSHARE_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define QS_ABI_VERSION 2u
+#define QS_MAX_CARDS 16u
+#define QS_MAX_VGPUS_PER_CARD 64u
+#define QS_MAX_VGPUS (QS_MAX_CARDS * QS_MAX_VGPUS_PER_CARD)
+#define QS_MAX_CONTEXTS 4096u
+#define QS_NAME_MAX 48u
+#define QS_UUID_MAX 64u
+#define QS_EVENT_RING_SIZE 4096u
+#define QS_DEFAULT_RELEASE_DELAY_NS 100000000ull
+
+/* Status codes: every function returns QS_OK or one of these (negative). */
+enum qs_status {
+    QS_OK = 0,
+    QS_EINVAL = -1,      /* an argument is malformed (details in qs_last_error) */
+    QS_ENAME = -2,       /* segment name empty, too long, or with a '/' */
+    QS_EEXIST = -3,      /* the segment, card or vGPU id already exists */
+    QS_ENOENT = -4,      /* no such segment, card or vGPU */
+    QS_EVERSION = -5,    /* the segment was made by another ABI version */
+    QS_ESIZE = -6,       /* the segment has an unexpected size */
+    QS_EMAGIC = -7,      /* the file is not a qshare segment */
+    QS_ESHARE = -8,      /* core share outside 1..100 */
+    QS_EMEMLIMIT = -9,   /* memory limit 0 or above the card's memory */
+    QS_ENOMEM = -10,     /* reservation would exceed the vGPU's memory limit */
+    QS_ERELEASE = -11,   /* releasing more memory than this context reserved */
+    QS_EFULL = -12,      /* a fixed-size table is full */
+    QS_EDESTROYED = -13, /* the vGPU was destroyed */
+    QS_ESYS = -14,       /* a system call failed (errno in qs_last_error) */
+    QS_ETIMEDOUT = -15,  /* nothing happened before the timeout */
+    QS_EPRIORITY = -16,  /* priority is neither high nor low */
+    QS_ESTATE = -17,     /* not valid now (e.g. client already detached) */
+    QS_EAGENT = -18,     /* the node owner does not answer */
+    QS_ECORRUPT = -19,   /* a broken invariant was found; nothing was changed */
+    QS_EPOLICY = -20,    /* unknown sharing policy */
+    QS_ESHARESUM = -21,  /* guaranteed core shares on the card would exceed 100 */
+};
+
+enum qs_priority { QS_PRIO_LOW = 0, QS_PRIO_HIGH = 1 };
+
+enum qs_policy { QS_POLICY_BEST_EFFORT = 0, QS_POLICY_FIXED_SHARE = 1, QS_POLICY_BURST_SHARE = 2 };
+
+enum qs_event_kind {
+    QS_EV_BUSY = 1,        /* card: high priority turned busy */
+    QS_EV_IDLE = 2,        /* card: released to low priority; value = busy ns */
+    QS_EV_SUSPENDED = 3,   /* vGPU suspended by qs_vgpu_suspend */
+    QS_EV_RESUMED = 4,     /* vGPU resumed by qs_vgpu_resume */
+    QS_EV_OOM = 5,         /* reservation refused; value = bytes asked */
+    QS_EV_ATTACH = 6,      /* a process attached to a vGPU */
+    QS_EV_DETACH = 7,      /* a process detached */
+    QS_EV_CLIENT_DIED = 8, /* a process died attached; its resources were reclaimed */
+};
+
+typedef struct qs_event {
+    uint64_t seq;     /* ring sequence number, increasing */
+    uint64_t time_ns; /* CLOCK_MONOTONIC */
+    uint32_t kind;    /* enum qs_event_kind */
+    uint32_t card;    /* card index, or UINT32_MAX */
+    uint32_t vgpu;    /* vGPU id, or UINT32_MAX */
+    int32_t pid;      /* process concerned, as the owner sees it, or 0 */
+    uint64_t value;   /* kind-specific */
+} qs_event;
+
+typedef struct qs_vgpu_spec {
+    uint32_t id;          /* caller-chosen, unique in the segment */
+    uint32_t card;        /* card index */
+    uint32_t priority;    /* enum qs_priority */
+    uint32_t core_share;  /* 1..100 */
+    uint64_t mem_limit;   /* bytes, 1..card total */
+} qs_vgpu_spec;
+
+typedef struct qs_vgpu_stats {
+    uint32_t id, card, priority, core_share;
+    uint64_t mem_limit;
+    uint64_t mem_used;
+    uint64_t device_ns;  /* device time used, all contexts */
+    uint64_t launches;
+    uint32_t contexts;   /* processes attached */
+    uint32_t suspended;
+} qs_vgpu_stats;
+
+typedef struct qs_card_stats {
+    uint32_t index;
+    uint32_t busy;       /* 1 while high priority holds the card */
+    uint64_t total_mem;
+    uint64_t release_delay_ns;
+    uint32_t policy;
+    uint32_t vgpus;
+    uint64_t episodes;   /* busy transitions so far */
+    uint64_t device_ns;  /* simulated device time used, all vGPUs */
+    char uuid[QS_UUID_MAX];
+} qs_card_stats;
+
+/* ---- errors ---- */
+const char *qs_strerror(int status);
+/* The detailed message of this thread's last failing call (never NULL). */
+const char *qs_last_error(void);
+/* CLOCK_MONOTONIC in ns: the clock of events and statistics. */
+uint64_t qs_now_ns(void);
+
+/* ---- owner side (the node agent) ---- */
+typedef struct qs_node qs_node;
+
+/* Create segment `name` in `dir` (NULL: $QSHARE_SHM_DIR or /dev/shm) and start the
+ * owner's service threads. A stale segment of the same name is replaced only when
+ * `replace` is non-zero; otherwise QS_EEXIST. */
+int qs_node_create(const char *name, const char *dir, int replace, qs_node **out);
+/* Stop the service threads and remove the segment. */
+void qs_node_close(qs_node *node);
+
+int qs_card_add(qs_node *node, uint32_t index, const char *uuid, uint64_t total_mem);
+int qs_card_set_release_delay(qs_node *node, uint32_t index, uint64_t delay_ns);
+int qs_card_set_policy(qs_node *node, uint32_t index, uint32_t policy);
+int qs_card_stats_get(qs_node *node, uint32_t index, qs_card_stats *out);
+
+int qs_vgpu_create(qs_node *node, const qs_vgpu_spec *spec);
+int qs_vgpu_update(qs_node *node, uint32_t id, uint32_t core_share, uint64_t mem_limit);
+int qs_vgpu_destroy(qs_node *node, uint32_t id);
+int qs_vgpu_suspend(qs_node *node, uint32_t id);
+int qs_vgpu_resume(qs_node *node, uint32_t id);
+int qs_vgpu_stats_get(qs_node *node, uint32_t id, qs_vgpu_stats *out);
+
+/* Wait up to timeout_ms (-1: forever) for the next event. QS_ETIMEDOUT if none. */
+int qs_node_next_event(qs_node *node, qs_event *out, int timeout_ms);
+/* Events overwritten before the owner read them. */
+uint64_t qs_node_dropped_events(qs_node *node);
+
+/* ---- client side (workload processes) ---- */
+typedef struct qs_client qs_client;
+
+typedef struct qs_client_info {
+    uint32_t vgpu, card, priority, core_share;
+    uint64_t mem_limit;
+    uint64_t mem_used;      /* whole vGPU, all processes */
+    uint64_t mem_reserved;  /* this process */
+    uint64_t card_total_mem;
+    char card_uuid[QS_UUID_MAX];
+} qs_client_info;
+
+/* Attach this process to vGPU `vgpu_id` of segment `name` (dir as for qs_node_create). */
+int qs_client_attach(const char *name, const char *dir, uint32_t vgpu_id, qs_client **out);
+/* Detach: returns the process's memory reservations and frees the client. */
+int qs_client_detach(qs_client *client);
+
+/* Around each unit of device work. Low priority may block in begin (card busy,
+ * vGPU suspended, in-flight bound, policy); high priority never waits. */
+int qs_launch_begin(qs_client *client);
+int qs_launch_end(qs_client *client);
+
+int qs_mem_reserve(qs_client *client, uint64_t bytes);
+int qs_mem_release(qs_client *client, uint64_t bytes);
+int qs_client_info_get(qs_client *client, qs_client_info *out);
+
+/* Account device time measured elsewhere (CUDA completion events). */
+int qs_account_device_time(qs_client *client, uint64_t ns);
+
+/* Simulated device: one kernel of `duration_ns` — launch_begin, hold the card's
+ * execution resource (FIFO among contexts, sleeping) for the duration, account
+ * the device time, launch_end. */
+int qs_sim_kernel(qs_client *client, uint64_t duration_ns);
+
+/* Times for the caller's benchmark: CLOCK_MONOTONIC ns at which the last
+ * qs_launch_begin of this client stopped blocking (0 if it never blocked). */
+uint64_t qs_client_last_unblock_ns(qs_client *client);
+
+/* Tight-loop cost of qs_launch_begin + qs_launch_end, in ns per pair. */
+int qs_bench_launch_overhead(qs_client *client, uint64_t iterations, double *ns_per_pair);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

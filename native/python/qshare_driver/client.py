@@ -1,0 +1,124 @@
+"""A workload process's attachment to one vGPU: launches, memory and the simulated device."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+from qshare_driver._lib import check, ffi, lib, text
+from qshare_driver.errors import DriverError
+from qshare_driver.node import Priority
+
+
+@dataclass(frozen=True)
+class ClientInfo:
+    vgpu: int
+    card: int
+    card_uuid: str
+    priority: Priority
+    core_share: int
+    mem_limit: int
+    mem_used: int
+    mem_reserved: int
+    card_total_mem: int
+
+
+class Client:
+    """One process attached to one vGPU. Detaching returns its memory reservations."""
+
+    def __init__(self, handle: Any, vgpu_id: int) -> None:
+        self._handle = handle
+        self.vgpu_id = vgpu_id
+
+    @classmethod
+    def attach(cls, segment: str, vgpu_id: int, directory: str | Path | None = None) -> Client:
+        out = ffi.new("qs_client **")
+        d = ffi.NULL if directory is None else str(directory).encode()
+        check(lib.qs_client_attach(segment.encode(), d, vgpu_id, out))
+        return cls(out[0], vgpu_id)
+
+    @property
+    def _h(self) -> Any:
+        if self._handle is None:
+            raise DriverError(f"client of vGPU {self.vgpu_id} is detached")
+        return self._handle
+
+    def detach(self) -> None:
+        if self._handle is not None:
+            handle, self._handle = self._handle, None
+            check(lib.qs_client_detach(handle))
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.detach()
+
+    def launch_begin(self) -> None:
+        check(lib.qs_launch_begin(self._h))
+
+    def launch_end(self) -> None:
+        check(lib.qs_launch_end(self._h))
+
+    @contextmanager
+    def launch(self) -> Iterator[None]:
+        """Bracket one unit of device work."""
+        self.launch_begin()
+        try:
+            yield
+        finally:
+            self.launch_end()
+
+    def reserve(self, nbytes: int) -> None:
+        if nbytes < 0:
+            raise ValueError(f"cannot reserve a negative number of bytes ({nbytes})")
+        check(lib.qs_mem_reserve(self._h, nbytes))
+
+    def release(self, nbytes: int) -> None:
+        if nbytes < 0:
+            raise ValueError(f"cannot release a negative number of bytes ({nbytes})")
+        check(lib.qs_mem_release(self._h, nbytes))
+
+    def run_kernel(self, seconds: float) -> None:
+        """One kernel of `seconds` on the simulated device (gate, FIFO card, accounting)."""
+        check(lib.qs_sim_kernel(self._h, round(seconds * 1e9)))
+
+    def account_device_time(self, seconds: float) -> None:
+        check(lib.qs_account_device_time(self._h, round(seconds * 1e9)))
+
+    def info(self) -> ClientInfo:
+        out = ffi.new("qs_client_info *")
+        check(lib.qs_client_info_get(self._h, out))
+        return ClientInfo(
+            vgpu=int(out.vgpu),
+            card=int(out.card),
+            card_uuid=text(out.card_uuid),
+            priority=Priority(out.priority),
+            core_share=int(out.core_share),
+            mem_limit=int(out.mem_limit),
+            mem_used=int(out.mem_used),
+            mem_reserved=int(out.mem_reserved),
+            card_total_mem=int(out.card_total_mem),
+        )
+
+    @property
+    def last_unblock_ns(self) -> int:
+        """CLOCK_MONOTONIC ns when the last launch_begin stopped blocking (0: never blocked)."""
+        return int(lib.qs_client_last_unblock_ns(self._h))
+
+    def launch_overhead_ns(self, iterations: int = 1_000_000) -> float:
+        """C tight-loop cost of launch_begin + launch_end, ns per pair."""
+        out = ffi.new("double *")
+        check(lib.qs_bench_launch_overhead(self._h, iterations, out))
+        return float(out[0])
+
+
+def now_ns() -> int:
+    """CLOCK_MONOTONIC in ns, the driver's clock."""
+    return int(lib.qs_now_ns())

@@ -1,0 +1,220 @@
+"""The node owner's handle: creates the segment, manages cards and vGPUs, reads events."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+from qshare_driver._lib import check, ffi, lib, text
+from qshare_driver.errors import DriverError, DriverTimeoutError
+
+DEFAULT_RELEASE_DELAY_S = 0.1
+
+
+class Priority(enum.IntEnum):
+    LOW = 0
+    HIGH = 1
+
+
+class Policy(enum.IntEnum):
+    BEST_EFFORT = 0
+    FIXED_SHARE = 1
+    BURST_SHARE = 2
+
+    @classmethod
+    def parse(cls, name: str) -> Policy:
+        aliases = {"be": "best-effort", "fs": "fixed-share", "bs": "burst-share"}
+        key = aliases.get(name, name).replace("-", "_").upper()
+        try:
+            return cls[key]
+        except KeyError:
+            raise ValueError(
+                f"unknown policy {name!r}: use best-effort, fixed-share or burst-share"
+            ) from None
+
+
+class EventKind(enum.IntEnum):
+    BUSY = 1
+    IDLE = 2
+    SUSPENDED = 3
+    RESUMED = 4
+    OOM = 5
+    ATTACH = 6
+    DETACH = 7
+    CLIENT_DIED = 8
+
+
+@dataclass(frozen=True)
+class Event:
+    seq: int
+    time_ns: int
+    kind: EventKind
+    card: int | None
+    vgpu: int | None
+    pid: int
+    value: int
+
+
+@dataclass(frozen=True)
+class VgpuStats:
+    id: int
+    card: int
+    priority: Priority
+    core_share: int
+    mem_limit: int
+    mem_used: int
+    device_ns: int
+    launches: int
+    contexts: int
+    suspended: bool
+
+
+@dataclass(frozen=True)
+class CardStats:
+    index: int
+    uuid: str
+    busy: bool
+    total_mem: int
+    release_delay_s: float
+    policy: Policy
+    vgpus: int
+    episodes: int
+    device_ns: int
+
+
+_NONE = 0xFFFFFFFF
+
+
+def _event(ev: Any) -> Event:
+    return Event(
+        seq=int(ev.seq),
+        time_ns=int(ev.time_ns),
+        kind=EventKind(ev.kind),
+        card=None if ev.card == _NONE else int(ev.card),
+        vgpu=None if ev.vgpu == _NONE else int(ev.vgpu),
+        pid=int(ev.pid),
+        value=int(ev.value),
+    )
+
+
+def _opt_dir(directory: str | Path | None) -> Any:
+    return ffi.NULL if directory is None else str(directory).encode()
+
+
+class Node:
+    """Owner of one node segment. Closing it removes the segment."""
+
+    def __init__(self, handle: Any, name: str, directory: str | Path | None) -> None:
+        self._handle = handle
+        self.name = name
+        self.directory = directory
+
+    @classmethod
+    def create(cls, name: str, directory: str | Path | None = None, replace: bool = False) -> Node:
+        out = ffi.new("qs_node **")
+        check(lib.qs_node_create(name.encode(), _opt_dir(directory), int(replace), out))
+        return cls(out[0], name, directory)
+
+    @property
+    def _h(self) -> Any:
+        if self._handle is None:
+            raise DriverError(f"node segment {self.name!r} is closed")
+        return self._handle
+
+    def close(self) -> None:
+        if self._handle is not None:
+            lib.qs_node_close(self._handle)
+            self._handle = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def add_card(self, index: int, uuid: str, total_mem: int) -> None:
+        check(lib.qs_card_add(self._h, index, uuid.encode(), total_mem))
+
+    def set_release_delay(self, card: int, seconds: float) -> None:
+        if seconds < 0:
+            raise ValueError(f"release delay must be >= 0 s, got {seconds}")
+        check(lib.qs_card_set_release_delay(self._h, card, round(seconds * 1e9)))
+
+    def set_policy(self, card: int, policy: Policy | str) -> None:
+        value = Policy.parse(policy) if isinstance(policy, str) else policy
+        check(lib.qs_card_set_policy(self._h, card, int(value)))
+
+    def card_stats(self, card: int) -> CardStats:
+        out = ffi.new("qs_card_stats *")
+        check(lib.qs_card_stats_get(self._h, card, out))
+        return CardStats(
+            index=int(out.index),
+            uuid=text(out.uuid),
+            busy=bool(out.busy),
+            total_mem=int(out.total_mem),
+            release_delay_s=int(out.release_delay_ns) / 1e9,
+            policy=Policy(out.policy),
+            vgpus=int(out.vgpus),
+            episodes=int(out.episodes),
+            device_ns=int(out.device_ns),
+        )
+
+    def create_vgpu(
+        self, vgpu_id: int, card: int, priority: Priority | str, core_share: int, mem_limit: int
+    ) -> None:
+        prio = Priority[priority.upper()] if isinstance(priority, str) else priority
+        spec = ffi.new("qs_vgpu_spec *", [vgpu_id, card, int(prio), core_share, mem_limit])
+        check(lib.qs_vgpu_create(self._h, spec))
+
+    def update_vgpu(self, vgpu_id: int, core_share: int, mem_limit: int) -> None:
+        check(lib.qs_vgpu_update(self._h, vgpu_id, core_share, mem_limit))
+
+    def destroy_vgpu(self, vgpu_id: int) -> None:
+        check(lib.qs_vgpu_destroy(self._h, vgpu_id))
+
+    def suspend(self, vgpu_id: int) -> None:
+        check(lib.qs_vgpu_suspend(self._h, vgpu_id))
+
+    def resume(self, vgpu_id: int) -> None:
+        check(lib.qs_vgpu_resume(self._h, vgpu_id))
+
+    def vgpu_stats(self, vgpu_id: int) -> VgpuStats:
+        out = ffi.new("qs_vgpu_stats *")
+        check(lib.qs_vgpu_stats_get(self._h, vgpu_id, out))
+        return VgpuStats(
+            id=int(out.id),
+            card=int(out.card),
+            priority=Priority(out.priority),
+            core_share=int(out.core_share),
+            mem_limit=int(out.mem_limit),
+            mem_used=int(out.mem_used),
+            device_ns=int(out.device_ns),
+            launches=int(out.launches),
+            contexts=int(out.contexts),
+            suspended=bool(out.suspended),
+        )
+
+    def next_event(self, timeout: float | None = None) -> Event | None:
+        """The next event, waiting up to `timeout` seconds (None: forever); None on timeout."""
+        out = ffi.new("qs_event *")
+        timeout_ms = -1 if timeout is None else max(0, round(timeout * 1000))
+        try:
+            check(lib.qs_node_next_event(self._h, out, timeout_ms))
+        except DriverTimeoutError:
+            return None
+        return _event(out)
+
+    def events(self, timeout: float = 0.0) -> Iterator[Event]:
+        """Events until none arrives within `timeout` seconds."""
+        while (ev := self.next_event(timeout)) is not None:
+            yield ev
+
+    @property
+    def dropped_events(self) -> int:
+        return int(lib.qs_node_dropped_events(self._h))

@@ -1,0 +1,287 @@
+/* client.c — the workload side: attach to a vGPU through the owner's socket, then
+ * launch and reserve memory through the shared segment with no system call on an
+ * uncontended path. */
+#include "internal.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+struct qs_client {
+    struct qs_segment seg;
+    int sock;
+    uint32_t ctx, vslot, card, priority, vgpu_id;
+    struct qs_ctx *c;
+    struct qs_cfg_vgpu *vc;
+    struct qs_card_state *cs;
+    uint64_t last_unblock_ns;
+    int detached;
+};
+
+static int connect_owner(const char *dir, const char *name, int *out)
+{
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    char path[512];
+    int rc = qs_segment_path(path, sizeof path, dir, name, "sock");
+    if (rc != QS_OK)
+        return rc;
+    if (strlen(path) >= sizeof addr.sun_path)
+        return qs_fail(QS_EINVAL, "socket path %s is too long", path);
+    strcpy(addr.sun_path, path);
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return qs_fail_errno("socket");
+    if (connect(fd, (struct sockaddr *)&addr, sizeof addr)) {
+        int e = errno;
+        close(fd);
+        return qs_fail(QS_EAGENT, "node owner of segment '%s' does not answer at %s: %s", name,
+                       path, strerror(e));
+    }
+    *out = fd;
+    return QS_OK;
+}
+
+static int exchange(int fd, const struct qs_proto_request *req, struct qs_proto_reply *rep)
+{
+    if (send(fd, req, sizeof *req, MSG_NOSIGNAL) != (ssize_t)sizeof *req)
+        return qs_fail(QS_EAGENT, "node owner hung up: %s", strerror(errno));
+    ssize_t n = recv(fd, rep, sizeof *rep, 0);
+    if (n != (ssize_t)sizeof *rep)
+        return qs_fail(QS_EAGENT, "node owner sent no reply");
+    rep->message[sizeof rep->message - 1] = '\0';
+    return rep->status == QS_OK ? QS_OK : qs_fail(rep->status, "%s", rep->message);
+}
+
+static void bind_ctx(qs_client *cl, const struct qs_proto_reply *rep, uint32_t vgpu_id)
+{
+    cl->ctx = rep->ctx;
+    cl->vslot = rep->vgpu_slot;
+    cl->c = &cl->seg.state->ctxs[rep->ctx];
+    cl->vc = &cl->seg.cfg->vgpus[rep->vgpu_slot];
+    cl->card = cl->vc->card;
+    cl->priority = cl->vc->priority;
+    cl->cs = &cl->seg.state->cards[cl->card];
+    cl->vgpu_id = vgpu_id;
+}
+
+int qs_client_attach(const char *name, const char *dir, uint32_t vgpu_id, qs_client **out)
+{
+    qs_clear_error();
+    if (!out)
+        return qs_fail(QS_EINVAL, "out pointer is NULL");
+    qs_client *cl = calloc(1, sizeof *cl);
+    if (!cl)
+        return qs_fail(QS_ESYS, "out of memory");
+    cl->sock = -1;
+    int rc = qs_segment_open(dir, name, 0, &cl->seg);
+    if (rc == QS_OK)
+        rc = connect_owner(dir, name, &cl->sock);
+    struct qs_proto_reply rep;
+    if (rc == QS_OK)
+        rc = exchange(cl->sock, &(struct qs_proto_request){QS_PROTO_MAGIC, QS_OP_ATTACH, vgpu_id, 0},
+                      &rep);
+    if (rc != QS_OK) {
+        if (cl->sock >= 0)
+            close(cl->sock);
+        qs_segment_unmap(&cl->seg);
+        free(cl);
+        return rc;
+    }
+    bind_ctx(cl, &rep, vgpu_id);
+    *out = cl;
+    return QS_OK;
+}
+
+int qs_client_detach(qs_client *cl)
+{
+    qs_clear_error();
+    if (!cl)
+        return qs_fail(QS_EINVAL, "client is NULL");
+    struct qs_proto_reply rep;
+    int rc = exchange(cl->sock, &(struct qs_proto_request){QS_PROTO_MAGIC, QS_OP_DETACH, 0, cl->ctx},
+                      &rep);
+    close(cl->sock);
+    qs_segment_unmap(&cl->seg);
+    free(cl);
+    return rc;
+}
+
+static int check_live(qs_client *cl)
+{
+    if (atomic_load_explicit(&cl->vc->state, memory_order_relaxed) != QS_SLOT_ACTIVE)
+        return qs_fail(QS_EDESTROYED, "vGPU %u was destroyed", cl->vgpu_id);
+    return QS_OK;
+}
+
+/* Block while an explicit suspension holds; 1 if it blocked. */
+static int wait_resumed(qs_client *cl)
+{
+    int blocked = 0;
+    while (atomic_load(&cl->vc->suspended) && check_live(cl) == QS_OK) {
+        blocked = 1;
+        qs_futex_wait(&cl->vc->suspended, 1, 0);
+    }
+    return blocked;
+}
+
+static int wait_inflight_slot(qs_client *cl)
+{
+    uint32_t max = cl->vc->lp_max_inflight ? cl->vc->lp_max_inflight : 1;
+    uint32_t n = atomic_load(&cl->c->inflight);
+    while (n >= max) {
+        atomic_fetch_add(&cl->c->inflight_waiters, 1);
+        qs_futex_wait(&cl->c->inflight, n, 0);
+        atomic_fetch_sub(&cl->c->inflight_waiters, 1);
+        n = atomic_load(&cl->c->inflight);
+    }
+    return QS_OK;
+}
+
+static int lp_begin(qs_client *cl)
+{
+    int blocked = 0;
+    for (;;) {
+        blocked |= wait_resumed(cl);
+        if (check_live(cl) != QS_OK)
+            return QS_EDESTROYED;
+        if (atomic_load(&cl->cs->gate) == QS_GATE_OPEN && !atomic_load(&cl->vc->suspended))
+            break;
+        blocked |= qs_gate_wait(&cl->seg, cl->card, NULL);
+    }
+    wait_inflight_slot(cl);
+    int rc = qs_policy_begin(&cl->seg, cl->ctx);
+    if (blocked)
+        cl->last_unblock_ns = qs_now_ns();
+    atomic_fetch_add(&cl->c->inflight, 1);
+    return rc;
+}
+
+static int hp_begin(qs_client *cl)
+{
+    if (atomic_load_explicit(&cl->vc->suspended, memory_order_relaxed) && wait_resumed(cl))
+        cl->last_unblock_ns = qs_now_ns();
+    if (check_live(cl) != QS_OK)
+        return QS_EDESTROYED;
+    atomic_fetch_add(&cl->c->inflight, 1);
+    qs_gate_hp_begin(&cl->seg, cl->card);
+    return QS_OK;
+}
+
+int qs_launch_begin(qs_client *cl)
+{
+    int rc = cl->priority == QS_PRIO_HIGH ? hp_begin(cl) : lp_begin(cl);
+    if (rc == QS_OK)
+        atomic_fetch_add_explicit(&cl->seg.state->vgpus[cl->vslot].launches, 1,
+                                  memory_order_relaxed);
+    return rc;
+}
+
+int qs_launch_end(qs_client *cl)
+{
+    if (cl->priority == QS_PRIO_HIGH)
+        qs_atomic_max(&cl->cs->last_hp_ns, qs_now_ns());
+    uint32_t before = atomic_fetch_sub(&cl->c->inflight, 1);
+    if (before == 0) {
+        atomic_fetch_add(&cl->c->inflight, 1);
+        return qs_fail(QS_ESTATE, "launch_end without a matching launch_begin");
+    }
+    if (cl->priority == QS_PRIO_HIGH && before == 1)
+        qs_gate_hp_end(cl->cs);
+    if (atomic_load(&cl->c->inflight_waiters))
+        qs_futex_wake(&cl->c->inflight, INT_MAX);
+    return QS_OK;
+}
+
+int qs_mem_reserve(qs_client *cl, uint64_t bytes)
+{
+    qs_clear_error();
+    if (check_live(cl) != QS_OK)
+        return QS_EDESTROYED;
+    return qs_mem_reserve_ctx(&cl->seg, cl->ctx, bytes);
+}
+
+int qs_mem_release(qs_client *cl, uint64_t bytes)
+{
+    qs_clear_error();
+    return qs_mem_release_ctx(&cl->seg, cl->ctx, bytes);
+}
+
+int qs_client_info_get(qs_client *cl, qs_client_info *out)
+{
+    qs_clear_error();
+    const struct qs_cfg_card *card = &cl->seg.cfg->cards[cl->card];
+    *out = (qs_client_info){.vgpu = cl->vgpu_id, .card = cl->card, .priority = cl->priority,
+                            .core_share = atomic_load(&cl->vc->core_share),
+                            .mem_limit = atomic_load(&cl->vc->mem_limit),
+                            .mem_used = __atomic_load_n(&cl->seg.state->vgpus[cl->vslot].mem_used,
+                                                        __ATOMIC_RELAXED),
+                            .mem_reserved = __atomic_load_n(&cl->c->mem_reserved, __ATOMIC_RELAXED),
+                            .card_total_mem = card->total_mem};
+    snprintf(out->card_uuid, sizeof out->card_uuid, "%s", card->uuid);
+    return check_live(cl);
+}
+
+int qs_account_device_time(qs_client *cl, uint64_t ns)
+{
+    atomic_fetch_add_explicit(&cl->seg.state->vgpus[cl->vslot].device_ns, ns,
+                              memory_order_relaxed);
+    atomic_fetch_add_explicit(&cl->cs->device_ns, ns, memory_order_relaxed);
+    qs_policy_account(&cl->seg, cl->vslot, ns);
+    return QS_OK;
+}
+
+static void sleep_until(uint64_t deadline)
+{
+    struct timespec ts = {.tv_sec = (time_t)(deadline / 1000000000ull),
+                          .tv_nsec = (long)(deadline % 1000000000ull)};
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {
+    }
+}
+
+int qs_sim_kernel(qs_client *cl, uint64_t duration_ns)
+{
+    static _Thread_local int slack_set;
+    if (!slack_set) {
+        prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0); /* simulated kernels want µs accuracy */
+        slack_set = 1;
+    }
+    int rc = qs_launch_begin(cl);
+    if (rc != QS_OK)
+        return rc;
+    rc = qs_sim_acquire(&cl->seg, cl->ctx);
+    if (rc == QS_OK) {
+        uint64_t start = qs_now_ns();
+        sleep_until(start + duration_ns);
+        qs_account_device_time(cl, qs_now_ns() - start);
+        qs_sim_release(&cl->seg, cl->ctx);
+    }
+    qs_launch_end(cl);
+    return rc;
+}
+
+uint64_t qs_client_last_unblock_ns(qs_client *cl)
+{
+    return cl->last_unblock_ns;
+}
+
+int qs_bench_launch_overhead(qs_client *cl, uint64_t iterations, double *ns_per_pair)
+{
+    if (!iterations || !ns_per_pair)
+        return qs_fail(QS_EINVAL, "iterations must be positive and ns_per_pair non-NULL");
+    uint64_t start = qs_now_ns();
+    for (uint64_t i = 0; i < iterations; i++) {
+        int rc = qs_launch_begin(cl);
+        if (rc != QS_OK)
+            return rc;
+        qs_launch_end(cl);
+    }
+    *ns_per_pair = (double)(qs_now_ns() - start) / (double)iterations;
+    return QS_OK;
+}

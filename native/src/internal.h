@@ -1,0 +1,209 @@
+/* internal.h — the node segment's layout and the helpers shared by the driver's
+ * translation units. Nothing here is part of the public ABI of qshare.h. */
+#ifndef QSHARE_INTERNAL_H
+#define QSHARE_INTERNAL_H
+
+#include "qshare.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define QS_CFG_MAGIC 0x3166636572616873ull   /* "sharecf1" */
+#define QS_STATE_MAGIC 0x3174736572616873ull /* "sharest1" */
+#define QS_CACHELINE 64
+#define QS_MASK_WORDS (QS_MAX_CONTEXTS / 64u)
+
+enum qs_slot_state { QS_SLOT_FREE = 0, QS_SLOT_ACTIVE = 1, QS_SLOT_DESTROYED = 2 };
+enum qs_gate_state { QS_GATE_OPEN = 0, QS_GATE_CLOSED = 1, QS_GATE_RELEASING = 2 };
+
+/* ---- configuration part: written by the owner only, mapped read-only by clients ---- */
+struct qs_cfg_card {
+    _Atomic uint32_t present;
+    uint32_t index;
+    uint64_t total_mem;
+    _Atomic uint64_t release_delay_ns;
+    _Atomic uint32_t policy;
+    uint32_t pad;
+    char uuid[QS_UUID_MAX];
+    _Atomic uint64_t lp_vgpus[QS_MAX_VGPUS / 64]; /* slots of its low-priority vGPUs */
+};
+
+struct qs_cfg_vgpu {
+    _Atomic uint32_t state;     /* enum qs_slot_state; ACTIVE is published last */
+    _Atomic uint32_t suspended; /* futex word: clients wait while non-zero */
+    uint32_t id, card, priority;
+    _Atomic uint32_t core_share;
+    _Atomic uint64_t mem_limit;
+    uint32_t lp_max_inflight;
+    uint32_t pad;
+};
+
+struct qs_cfg {
+    uint64_t magic;
+    uint32_t abi;
+    uint32_t header_size;
+    uint64_t cfg_size;
+    uint64_t state_size;
+    char name[QS_NAME_MAX];
+    struct qs_cfg_card cards[QS_MAX_CARDS];
+    struct qs_cfg_vgpu vgpus[QS_MAX_VGPUS];
+};
+
+/* ---- state part: counters and flags that clients update ---- */
+struct qs_policy_state {
+    _Atomic uint64_t budget_ns;      /* fixed-share: wall time at which its budget runs out */
+    _Atomic uint64_t vtime_ns;       /* burst-share: device time used, scaled by 100/share */
+    _Atomic uint64_t last_active_ns; /* last launch or completion */
+    _Atomic uint32_t waiting;        /* contexts held back by the policy right now */
+    uint32_t pad;
+};
+
+struct qs_card_state {
+    _Alignas(QS_CACHELINE) _Atomic uint32_t gate; /* enum qs_gate_state */
+    _Atomic uint32_t wake_seq;                    /* futex: gate waiters sleep here */
+    _Atomic uint32_t untimed_sleepers;            /* waiters that need a wake on HP quiet */
+    uint32_t pad0;
+    _Atomic uint64_t last_hp_ns;
+    _Atomic uint64_t busy_since_ns;
+    _Atomic uint64_t episodes;
+    _Atomic uint64_t hp_mask[QS_MASK_WORDS]; /* contexts of high priority on this card */
+    _Alignas(QS_CACHELINE) pthread_mutex_t sim_lock;
+    uint32_t sim_holder;                     /* ctx index + 1, 0 when the card is free */
+    uint32_t sim_head, sim_len;
+    uint32_t sim_queue[QS_MAX_CONTEXTS];     /* FIFO of ctx indices waiting */
+    _Atomic uint64_t device_ns;
+    _Alignas(QS_CACHELINE) _Atomic uint32_t policy_seq; /* futex: policy waiters sleep here */
+    _Atomic uint32_t policy_waiters;
+};
+
+struct qs_vgpu_state {
+    _Alignas(QS_CACHELINE) pthread_mutex_t mem_lock;
+    uint64_t mem_used;
+    _Atomic uint64_t device_ns;
+    _Atomic uint64_t launches;
+    _Atomic uint32_t contexts;
+    uint32_t pad;
+    struct qs_policy_state policy;
+};
+
+struct qs_ctx {
+    _Alignas(QS_CACHELINE) _Atomic uint32_t state; /* enum qs_slot_state (FREE/ACTIVE) */
+    int32_t pid;
+    uint32_t vgpu_slot, card, priority, generation;
+    uint64_t mem_reserved;          /* guarded by the vGPU's mem_lock */
+    _Atomic uint32_t inflight;      /* units between launch_begin and launch_end */
+    _Atomic uint32_t inflight_waiters;
+    _Atomic uint32_t sim_grant;     /* futex: 1 when the simulated card is ours */
+    _Atomic uint32_t sim_waiting;
+};
+
+struct qs_ring_slot {
+    _Atomic uint64_t seq; /* 2t+1 while writing ticket t, 2t+2 once written */
+    qs_event ev;
+};
+
+struct qs_ring {
+    _Alignas(QS_CACHELINE) _Atomic uint64_t head;
+    _Atomic uint32_t notify;           /* futex: bumped after a push when someone waits */
+    _Atomic uint32_t consumer_waiting;
+    _Atomic uint64_t dropped;
+    struct qs_ring_slot slots[QS_EVENT_RING_SIZE];
+};
+
+struct qs_state {
+    uint64_t magic;
+    uint32_t abi;
+    uint32_t pad;
+    uint64_t state_size;
+    pthread_mutex_t seg_lock; /* robust: serialises owner-side configuration changes */
+    struct qs_card_state cards[QS_MAX_CARDS];
+    struct qs_vgpu_state vgpus[QS_MAX_VGPUS];
+    struct qs_ctx ctxs[QS_MAX_CONTEXTS];
+    struct qs_ring ring;
+};
+
+/* A mapped segment: both parts. */
+struct qs_segment {
+    struct qs_cfg *cfg;
+    struct qs_state *state;
+    int writable_cfg;
+};
+
+/* ---- attach protocol over the owner's unix socket ---- */
+#define QS_PROTO_MAGIC 0x71736870u
+enum qs_proto_op { QS_OP_ATTACH = 1, QS_OP_DETACH = 2 };
+struct qs_proto_request {
+    uint32_t magic, op, vgpu_id, ctx;
+};
+struct qs_proto_reply {
+    int32_t status;
+    uint32_t ctx, vgpu_slot, generation;
+    char message[160];
+};
+
+/* error.c */
+int qs_fail(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+int qs_fail_errno(const char *what);
+void qs_clear_error(void);
+
+/* futex.c */
+int qs_futex_wait(_Atomic uint32_t *word, uint32_t expected, uint64_t deadline_ns);
+void qs_futex_wake(_Atomic uint32_t *word, int count);
+void qs_atomic_max(_Atomic uint64_t *word, uint64_t value);
+
+/* lock.c */
+int qs_robust_init(pthread_mutex_t *m);
+/* Lock; if the previous holder died, run `recover(arg)` before marking it consistent. */
+int qs_robust_lock(pthread_mutex_t *m, void (*recover)(void *), void *arg);
+void qs_robust_unlock(pthread_mutex_t *m);
+
+/* segment.c */
+int qs_check_name(const char *name);
+int qs_segment_path(char *buf, size_t len, const char *dir, const char *name, const char *suffix);
+int qs_segment_create(const char *dir, const char *name, int replace, struct qs_segment *seg);
+int qs_segment_open(const char *dir, const char *name, int writable_cfg, struct qs_segment *seg);
+void qs_segment_unmap(struct qs_segment *seg);
+void qs_segment_unlink(const char *dir, const char *name);
+const char *qs_default_dir(const char *dir);
+int qs_find_vgpu(const struct qs_cfg *cfg, uint32_t id); /* slot of the ACTIVE vGPU, or -1 */
+
+/* ring.c */
+void qs_ring_push(struct qs_ring *ring, uint32_t kind, uint32_t card, uint32_t vgpu, int32_t pid,
+                  uint64_t value);
+int qs_ring_pop(struct qs_ring *ring, uint64_t *tail, qs_event *out, int timeout_ms);
+
+/* gate.c */
+void qs_gate_hp_begin(struct qs_segment *seg, uint32_t card);
+void qs_gate_hp_end(struct qs_card_state *cs);
+/* Block until the gate of `card` is open; returns 1 if it blocked. `stop` ends the wait early. */
+int qs_gate_wait(struct qs_segment *seg, uint32_t card, _Atomic uint32_t *stop);
+/* Owner's release loop for one card (runs until *stop). */
+void qs_gate_release_loop(struct qs_segment *seg, uint32_t card, _Atomic uint32_t *stop);
+void qs_gate_forget_hp(struct qs_segment *seg, uint32_t card, uint32_t ctx);
+
+/* memory.c */
+void qs_mem_recover(void *vgpu_state_and_slot);
+int qs_mem_reap(struct qs_segment *seg, uint32_t ctx);
+int qs_mem_reserve_ctx(struct qs_segment *seg, uint32_t ctx, uint64_t bytes);
+int qs_mem_release_ctx(struct qs_segment *seg, uint32_t ctx, uint64_t bytes);
+
+/* simdev.c */
+int qs_sim_acquire(struct qs_segment *seg, uint32_t ctx);
+void qs_sim_release(struct qs_segment *seg, uint32_t ctx);
+void qs_sim_reap(struct qs_segment *seg, uint32_t ctx);
+
+/* policy.c */
+int qs_policy_begin(struct qs_segment *seg, uint32_t ctx);
+void qs_policy_account(struct qs_segment *seg, uint32_t vslot, uint64_t ns);
+void qs_policy_changed(struct qs_segment *seg, uint32_t card);
+void qs_policy_membership(struct qs_segment *seg, uint32_t vslot, int member);
+
+/* Recovery context for a vGPU's memory lock. */
+struct qs_mem_recovery {
+    struct qs_segment *seg;
+    uint32_t vslot;
+};
+
+#endif

@@ -1,0 +1,154 @@
+/* policy.c — sharing among the low-priority vGPUs of a card, by device time used.
+ * best-effort: no throttle (the card's FIFO shares it kernel by kernel).
+ * fixed-share: a budget that refills at the share's rate; a vGPU past it waits.
+ * burst-share: weighted fairness on device time scaled by 100/share; a vGPU waits only
+ * while it is ahead of another that has work, so idle compute goes to whoever wants it.
+ * Waiting is a futex sleep with a computed deadline; the launch path takes no lock. */
+#include "internal.h"
+
+#include <limits.h>
+
+#define FS_BUCKET_NS 5000000ull      /* fixed-share: budget a vGPU may bank */
+#define BS_SLACK_NS 2000000ull       /* burst-share: lead (scaled) before yielding */
+#define BS_LAG_NS 20000000ull        /* burst-share: credit a returning vGPU may bring */
+#define ACTIVE_WINDOW_NS 5000000ull  /* a vGPU "has work" this long after its last activity */
+
+static struct qs_policy_state *pstate(struct qs_segment *seg, uint32_t vslot)
+{
+    return &seg->state->vgpus[vslot].policy;
+}
+
+static int has_work(struct qs_policy_state *ps, uint64_t now)
+{
+    return atomic_load(&ps->waiting) || now - atomic_load(&ps->last_active_ns) < ACTIVE_WINDOW_NS;
+}
+
+struct peers {
+    uint64_t min_vtime; /* smallest scaled time among other vGPUs with work */
+    uint64_t expires;   /* when the earliest of them stops counting as having work */
+};
+
+static struct peers scan_peers(struct qs_segment *seg, uint32_t card, uint32_t self, uint64_t now)
+{
+    struct peers p = {UINT64_MAX, UINT64_MAX};
+    const struct qs_cfg_card *cc = &seg->cfg->cards[card];
+    for (uint32_t w = 0; w < QS_MAX_VGPUS / 64; w++) {
+        uint64_t bits = atomic_load(&cc->lp_vgpus[w]);
+        while (bits) {
+            uint32_t s = w * 64 + (uint32_t)__builtin_ctzll(bits);
+            bits &= bits - 1;
+            struct qs_policy_state *ps = pstate(seg, s);
+            if (s == self || !has_work(ps, now))
+                continue;
+            uint64_t v = atomic_load(&ps->vtime_ns);
+            p.min_vtime = v < p.min_vtime ? v : p.min_vtime;
+            if (!atomic_load(&ps->waiting)) {
+                uint64_t e = atomic_load(&ps->last_active_ns) + ACTIVE_WINDOW_NS;
+                p.expires = e < p.expires ? e : p.expires;
+            }
+        }
+    }
+    return p;
+}
+
+/* A vGPU coming back from idle brings at most BS_LAG_NS of credit. */
+static void clamp_returning(struct qs_segment *seg, uint32_t card, uint32_t slot, uint64_t now)
+{
+    struct qs_policy_state *ps = pstate(seg, slot);
+    if (has_work(ps, now))
+        return;
+    struct peers p = scan_peers(seg, card, slot, now);
+    if (p.min_vtime != UINT64_MAX && p.min_vtime > BS_LAG_NS)
+        qs_atomic_max(&ps->vtime_ns, p.min_vtime - BS_LAG_NS);
+}
+
+/* 0 when the vGPU may launch now, else the deadline to sleep until (UINT64_MAX: until woken). */
+static uint64_t hold_until(struct qs_segment *seg, uint32_t card, uint32_t slot, uint64_t now)
+{
+    uint32_t policy = atomic_load(&seg->cfg->cards[card].policy);
+    struct qs_policy_state *ps = pstate(seg, slot);
+    if (policy == QS_POLICY_FIXED_SHARE) {
+        uint64_t budget = atomic_load(&ps->budget_ns);
+        return budget > now ? budget : 0;
+    }
+    if (policy != QS_POLICY_BURST_SHARE)
+        return 0;
+    struct peers p = scan_peers(seg, card, slot, now);
+    if (p.min_vtime == UINT64_MAX || atomic_load(&ps->vtime_ns) <= p.min_vtime + BS_SLACK_NS)
+        return 0;
+    return p.expires;
+}
+
+static void sleep_on_policy(struct qs_card_state *cs, uint64_t deadline)
+{
+    uint32_t seq = atomic_load(&cs->policy_seq);
+    atomic_fetch_add(&cs->policy_waiters, 1);
+    qs_futex_wait(&cs->policy_seq, seq, deadline == UINT64_MAX ? 0 : deadline);
+    atomic_fetch_sub(&cs->policy_waiters, 1);
+}
+
+int qs_policy_begin(struct qs_segment *seg, uint32_t ctx)
+{
+    struct qs_ctx *c = &seg->state->ctxs[ctx];
+    uint32_t card = c->card, slot = c->vgpu_slot;
+    struct qs_policy_state *ps = pstate(seg, slot);
+    uint64_t now = qs_now_ns();
+    if (atomic_load(&seg->cfg->cards[card].policy) == QS_POLICY_BURST_SHARE)
+        clamp_returning(seg, card, slot, now);
+    atomic_fetch_add(&ps->waiting, 1);
+    uint64_t deadline;
+    while ((deadline = hold_until(seg, card, slot, now)) != 0) {
+        sleep_on_policy(&seg->state->cards[card], deadline);
+        now = qs_now_ns();
+        if (atomic_load(&seg->cfg->vgpus[slot].state) != QS_SLOT_ACTIVE)
+            break;
+    }
+    atomic_store(&ps->last_active_ns, now);
+    atomic_fetch_sub(&ps->waiting, 1);
+    return QS_OK;
+}
+
+static uint64_t scaled(uint64_t ns, uint32_t share)
+{
+    return ns * 100u / (share ? share : 1u);
+}
+
+void qs_policy_account(struct qs_segment *seg, uint32_t vslot, uint64_t ns)
+{
+    const struct qs_cfg_vgpu *vc = &seg->cfg->vgpus[vslot];
+    if (vc->priority != QS_PRIO_LOW)
+        return;
+    struct qs_policy_state *ps = pstate(seg, vslot);
+    uint64_t now = qs_now_ns(), add = scaled(ns, atomic_load(&vc->core_share));
+    uint64_t cur = atomic_load(&ps->budget_ns), next;
+    do {
+        uint64_t base = cur + FS_BUCKET_NS < now ? now - FS_BUCKET_NS : cur;
+        next = base + add;
+    } while (!atomic_compare_exchange_weak(&ps->budget_ns, &cur, next));
+    atomic_fetch_add(&ps->vtime_ns, add);
+    atomic_store(&ps->last_active_ns, now);
+    struct qs_card_state *cs = &seg->state->cards[vc->card];
+    if (atomic_load(&cs->policy_waiters)) {
+        atomic_fetch_add(&cs->policy_seq, 1);
+        qs_futex_wake(&cs->policy_seq, INT_MAX);
+    }
+}
+
+void qs_policy_changed(struct qs_segment *seg, uint32_t card)
+{
+    struct qs_card_state *cs = &seg->state->cards[card];
+    atomic_fetch_add(&cs->policy_seq, 1);
+    qs_futex_wake(&cs->policy_seq, INT_MAX);
+}
+
+void qs_policy_membership(struct qs_segment *seg, uint32_t vslot, int member)
+{
+    const struct qs_cfg_vgpu *vc = &seg->cfg->vgpus[vslot];
+    _Atomic uint64_t *word = &seg->cfg->cards[vc->card].lp_vgpus[vslot / 64];
+    uint64_t bit = 1ull << (vslot % 64);
+    if (member && vc->priority == QS_PRIO_LOW)
+        atomic_fetch_or(word, bit);
+    else
+        atomic_fetch_and(word, ~bit);
+    qs_policy_changed(seg, vc->card);
+}

@@ -1,0 +1,85 @@
+/* ring.c — the event ring: lock-free pushes from any process, one consumer (the owner)
+ * that waits on a futex. A full ring overwrites the oldest events; the consumer counts
+ * what it missed. */
+#include "internal.h"
+
+#include <string.h>
+
+#define TORN_WAIT_NS 20000000ull /* a writer killed mid-push leaves its slot; skip it after this */
+
+void qs_ring_push(struct qs_ring *ring, uint32_t kind, uint32_t card, uint32_t vgpu, int32_t pid,
+                  uint64_t value)
+{
+    uint64_t t = atomic_fetch_add(&ring->head, 1);
+    struct qs_ring_slot *slot = &ring->slots[t % QS_EVENT_RING_SIZE];
+    atomic_store(&slot->seq, 2 * t + 1);
+    slot->ev = (qs_event){.seq = t, .time_ns = qs_now_ns(), .kind = kind, .card = card,
+                          .vgpu = vgpu, .pid = pid, .value = value};
+    atomic_store(&slot->seq, 2 * t + 2);
+    if (atomic_load(&ring->consumer_waiting)) {
+        atomic_fetch_add(&ring->notify, 1);
+        qs_futex_wake(&ring->notify, 1);
+    }
+}
+
+/* Copy ticket `t` out of its slot: 1 when read whole, 0 while a writer is at it,
+ * -1 when a later lap has overwritten it. */
+static int read_slot(struct qs_ring *ring, uint64_t t, qs_event *out)
+{
+    struct qs_ring_slot *slot = &ring->slots[t % QS_EVENT_RING_SIZE];
+    uint64_t s = atomic_load(&slot->seq);
+    if (s < 2 * t + 2)
+        return 0;
+    if (s > 2 * t + 2)
+        return -1;
+    memcpy(out, &slot->ev, sizeof *out);
+    atomic_thread_fence(memory_order_acquire);
+    return atomic_load(&slot->seq) == s ? 1 : -1;
+}
+
+static void skip(struct qs_ring *ring, uint64_t *tail, uint64_t n)
+{
+    *tail += n;
+    atomic_fetch_add(&ring->dropped, n);
+}
+
+static int wait_for_push(struct qs_ring *ring, uint64_t tail, uint64_t deadline)
+{
+    atomic_store(&ring->consumer_waiting, 1);
+    uint32_t n = atomic_load(&ring->notify);
+    int rc = 0;
+    if (atomic_load(&ring->head) <= tail ||
+        read_slot(ring, tail, &(qs_event){0}) == 0)
+        rc = qs_futex_wait(&ring->notify, n, deadline);
+    atomic_store(&ring->consumer_waiting, 0);
+    return rc;
+}
+
+int qs_ring_pop(struct qs_ring *ring, uint64_t *tail, qs_event *out, int timeout_ms)
+{
+    uint64_t start = qs_now_ns();
+    uint64_t deadline = timeout_ms < 0 ? 0 : start + (uint64_t)timeout_ms * 1000000ull;
+    for (;;) {
+        uint64_t head = atomic_load(&ring->head);
+        if (head - *tail > QS_EVENT_RING_SIZE)
+            skip(ring, tail, head - *tail - QS_EVENT_RING_SIZE);
+        if (*tail < head) {
+            int r = read_slot(ring, *tail, out);
+            if (r == 1) {
+                (*tail)++;
+                return QS_OK;
+            }
+            if (r < 0 || qs_now_ns() - start > TORN_WAIT_NS) {
+                skip(ring, tail, 1);
+                continue;
+            }
+        }
+        uint64_t now = qs_now_ns();
+        if (deadline && now >= deadline)
+            return QS_ETIMEDOUT;
+        uint64_t wake = *tail < head ? now + 1000000ull : deadline;
+        if (deadline && wake > deadline)
+            wake = deadline;
+        wait_for_push(ring, *tail, wake);
+    }
+}
