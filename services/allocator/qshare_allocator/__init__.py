@@ -1,0 +1,1 @@
+"""The qshare allocator: inventory of nodes and cards, placement of claims, in Postgres."""

@@ -1,0 +1,177 @@
+"""The allocator process: wires Postgres, NATS, the routes, the outbox relay and the
+pending-claim sweeper, and runs until stopped. Any number of replicas may run at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+from typing import Any
+
+import nats
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from prometheus_client import start_http_server
+from pydantic import BaseModel
+from qshare.contracts import subjects
+from qshare.contracts.claims import CreateClaim, CreateClaimReply, DeleteClaim
+from qshare.contracts.nodes import Heartbeat, NodeRegistration
+from qshare.contracts.streams import ensure_events_stream
+from qshare.contracts.tracing import setup_tracing
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from qshare_allocator import metrics
+from qshare_allocator.claims.service import ClaimService, PendingCursor
+from qshare_allocator.db import in_transaction, make_engine
+from qshare_allocator.inventory.service import InventoryService
+from qshare_allocator.messaging import Route, Router
+from qshare_allocator.migrate import upgrade
+from qshare_allocator.outbox import OutboxRelay
+from qshare_allocator.settings import AllocatorSettings
+
+log = logging.getLogger(__name__)
+
+
+class Allocator:
+    """One replica. Use `async with Allocator(settings):` or `await Allocator(settings).run()`."""
+
+    def __init__(self, settings: AllocatorSettings) -> None:
+        self.settings = settings
+        self.source = f"qshare-allocator/{settings.instance}"
+        self.claims = ClaimService(settings.cluster, self.source)
+        self.inventory = InventoryService(settings.cluster)
+        self._engine: AsyncEngine | None = None
+        self._nc: Client | None = None
+        self._router: Router | None = None
+        self._relay: OutboxRelay | None = None
+        self._sweep_wanted = asyncio.Event()
+        self._background: list[asyncio.Task[None]] = []
+
+    @property
+    def engine(self) -> AsyncEngine:
+        assert self._engine is not None, "allocator not started"
+        return self._engine
+
+    async def __aenter__(self) -> Allocator:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def run(self) -> None:
+        async with self:
+            await asyncio.Event().wait()
+
+    async def start(self) -> None:
+        setup_tracing("qshare-allocator", self.settings.trace_console)
+        if self.settings.migrate_on_start:
+            await upgrade(self.settings.database_url)
+        self._engine = make_engine(self.settings.database_url, self.settings.pool_size)
+        self._nc = await nats.connect(self.settings.nats_url, name=self.source)
+        js = self._nc.jetstream()
+        await ensure_events_stream(js)
+        self._relay = OutboxRelay(self._engine, js, self.settings.outbox_scan_s)
+        self._router = Router(
+            self._nc,
+            self._engine,
+            self.source,
+            subjects.ALLOCATOR_QUEUE,
+            self.settings.max_in_flight,
+        )
+        for route in self._routes():
+            await self._router.subscribe(route)
+        self._background = [
+            asyncio.create_task(self._relay.run()),
+            asyncio.create_task(self._sweeper()),
+        ]
+        if self.settings.metrics_port:
+            start_http_server(self.settings.metrics_port)
+        log.info("allocator %s serving", self.settings.instance)
+
+    async def stop(self) -> None:
+        if self._nc is not None:
+            await self._nc.drain()
+        if self._router is not None:
+            await self._router.drain()
+        for task in self._background:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._engine is not None:
+            await self._engine.dispose()
+
+    def _routes(self) -> list[Route]:
+        return [
+            Route(subjects.CLAIMS_CREATE, CreateClaim, self._create, self._after_write),
+            Route(subjects.CLAIMS_DELETE, DeleteClaim, self._delete, self._after_release),
+            Route(subjects.NODES_REGISTER, NodeRegistration, self._register, self._after_release),
+            Route(subjects.HEARTBEATS, Heartbeat, self._heartbeat, self._after_heartbeat),
+        ]
+
+    async def _create(self, conn: AsyncConnection, command: CreateClaim, msg: Msg) -> BaseModel:
+        reply: CreateClaimReply = await self.claims.create(conn, command)
+        if reply.created:
+            metrics.CLAIMS.labels(command.spec.priority.value, reply.claim.status.value).inc()
+        return reply
+
+    async def _delete(self, conn: AsyncConnection, command: DeleteClaim, msg: Msg) -> BaseModel:
+        return await self.claims.delete(conn, command)
+
+    async def _register(
+        self, conn: AsyncConnection, registration: NodeRegistration, msg: Msg
+    ) -> BaseModel:
+        return await self.inventory.register(conn, registration)
+
+    async def _heartbeat(
+        self, conn: AsyncConnection, beat: Heartbeat, msg: Msg
+    ) -> BaseModel | None:
+        freed = await self.inventory.heartbeat(
+            conn, subjects.node_from_heartbeat(msg.subject), beat
+        )
+        return _Freed(freed=freed)
+
+    def _after_write(self, result: Any) -> None:
+        assert self._relay is not None
+        self._relay.wake()
+
+    def _after_release(self, result: Any) -> None:
+        self._after_write(result)
+        self._sweep_wanted.set()
+
+    def _after_heartbeat(self, result: Any) -> None:
+        if isinstance(result, _Freed) and result.freed:
+            self._sweep_wanted.set()
+
+    async def _sweeper(self) -> None:
+        """Retry pending claims when capacity may have appeared, and every `pending_sweep_s`."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self._sweep_wanted.wait(), timeout=self.settings.pending_sweep_s
+                )
+            self._sweep_wanted.clear()
+            try:
+                await self.sweep_pending()
+            except Exception:
+                log.exception("pending sweep failed; will retry")
+
+    async def sweep_pending(self) -> None:
+        """One pass over the pending claims, oldest first, each in its own transaction."""
+        cursor: PendingCursor | None = None
+        while True:
+            cursor = await in_transaction(self.engine, functools.partial(self._place_after, cursor))
+            if cursor is None:
+                break
+        self._after_write(None)
+
+    async def _place_after(
+        self, after: PendingCursor | None, conn: AsyncConnection
+    ) -> PendingCursor | None:
+        return await self.claims.place_pending(conn, after)
+
+
+class _Freed(BaseModel):
+    freed: bool

@@ -1,0 +1,1 @@
+"""Claims: creating, placing, retrying and releasing tenants' requests for vGPUs."""

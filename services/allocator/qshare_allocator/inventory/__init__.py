@@ -1,0 +1,1 @@
+"""Inventory: nodes registering their cards and labels, and their heartbeats."""

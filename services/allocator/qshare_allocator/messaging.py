@@ -1,0 +1,111 @@
+"""Routes NATS subjects to transactional handlers: decode and validate at the edge, run the
+handler in one transaction, reply after commit, and turn every failure into an error reply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from opentelemetry import trace
+from pydantic import BaseModel, ValidationError
+from qshare.contracts import envelope, rpc
+from qshare.contracts.errors import ErrorCode, FieldError, InvalidInput, QshareError
+from qshare.contracts.tracing import extract_context
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from qshare_allocator import metrics
+from qshare_allocator.db import in_transaction
+
+log = logging.getLogger(__name__)
+tracer = trace.get_tracer("qshare.allocator")
+
+Work = Callable[[AsyncConnection, Any, Msg], Awaitable[BaseModel | None]]
+
+
+@dataclass(frozen=True)
+class Route:
+    """`subject` (wildcards allowed) → `work(conn, payload, msg)`; then `after_commit`."""
+
+    subject: str
+    payload: type[BaseModel]
+    work: Work
+    after_commit: Callable[[BaseModel | None], None] | None = None
+
+
+class Router:
+    """Subscribes routes in a queue group and handles up to `max_in_flight` messages at once."""
+
+    def __init__(
+        self, nc: Client, engine: AsyncEngine, source: str, queue: str, max_in_flight: int
+    ) -> None:
+        self._nc = nc
+        self._engine = engine
+        self._source = source
+        self._queue = queue
+        self._slots = asyncio.Semaphore(max_in_flight)
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def subscribe(self, route: Route) -> None:
+        async def dispatch(msg: Msg) -> None:
+            await self._slots.acquire()
+            task = asyncio.create_task(self._handle(route, msg))
+            self._tasks.add(task)
+            task.add_done_callback(self._done)
+
+        await self._nc.subscribe(route.subject, queue=self._queue, cb=dispatch)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._slots.release()
+
+    async def drain(self) -> None:
+        """Wait for the messages in hand."""
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _handle(self, route: Route, msg: Msg) -> None:
+        started = time.perf_counter()
+        with tracer.start_as_current_span(route.subject, context=extract_context(msg.headers)):
+            outcome = await self._outcome(route, msg)
+        metrics.HANDLED.labels(route.subject, outcome).inc()
+        metrics.LATENCY.labels(route.subject).observe(time.perf_counter() - started)
+
+    async def _outcome(self, route: Route, msg: Msg) -> str:
+        try:
+            payload = _decode(msg, route.payload)
+            result = await in_transaction(self._engine, lambda conn: route.work(conn, payload, msg))
+        except QshareError as error:
+            if error.code is ErrorCode.INVALID:
+                metrics.REJECTED.labels(route.subject).inc()
+            await rpc.reply_error(self._nc, msg, error)
+            return error.code.value
+        except Exception:
+            log.exception("handling %s failed", msg.subject)
+            await rpc.reply_error(self._nc, msg, QshareError("internal error; see allocator logs"))
+            return ErrorCode.INTERNAL.value
+        if route.after_commit is not None:
+            route.after_commit(result)
+        await rpc.reply_ok(self._nc, msg, self._source, result)
+        return "ok"
+
+
+def _decode(msg: Msg, model: type[BaseModel]) -> BaseModel:
+    """The validated payload, or InvalidInput naming each bad field (`data.` paths)."""
+    try:
+        return envelope.decode(msg.data).payload(model)
+    except ValidationError as exc:
+        raise InvalidInput("malformed message", field_errors(exc)) from exc
+
+
+def field_errors(exc: ValidationError) -> list[FieldError]:
+    return [
+        FieldError(field=".".join(str(p) for p in e["loc"]) or "body", message=e["msg"])
+        for e in exc.errors()
+    ]

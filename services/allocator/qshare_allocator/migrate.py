@@ -1,0 +1,24 @@
+"""Run the Alembic migrations in `migrations/` against a database URL."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+
+
+def alembic_config(url: str) -> Config:
+    """Config for the repository's `alembic.ini` (or `$QSHARE_ALEMBIC_INI`) bound to `url`."""
+    default = Path(__file__).resolve().parents[3] / "alembic.ini"
+    config = Config(os.environ.get("QSHARE_ALEMBIC_INI", str(default)))
+    config.set_main_option("sqlalchemy.url", url)
+    config.attributes["configure_logger"] = False
+    return config
+
+
+async def upgrade(url: str, revision: str = "head") -> None:
+    """`alembic upgrade head`, in a thread: env.py runs its own event loop."""
+    await asyncio.to_thread(command.upgrade, alembic_config(url), revision)

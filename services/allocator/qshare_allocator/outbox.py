@@ -1,0 +1,81 @@
+"""Transactional outbox: events are rows written with the change that caused them, and a relay
+publishes them to JetStream only after that transaction has committed (a rollback leaves none).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from nats.js import JetStreamContext
+from pydantic import BaseModel
+from qshare.contracts import envelope
+from qshare.contracts.schema import outbox
+from qshare.contracts.tracing import inject_headers
+from sqlalchemy import delete, insert, select
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from qshare_allocator.db import in_transaction
+
+log = logging.getLogger(__name__)
+BATCH = 256
+
+
+async def add_event(
+    conn: AsyncConnection, source: str, subject: str, type_: str, data: BaseModel
+) -> None:
+    """Queue an event in the current transaction; `Nats-Msg-Id` lets JetStream drop repeats."""
+    event = envelope.wrap(source, type_, data)
+    headers = inject_headers({"Nats-Msg-Id": event.id})
+    await conn.execute(
+        insert(outbox).values(subject=subject, body=envelope.encode(event), headers=headers)
+    )
+
+
+class OutboxRelay:
+    """Publishes committed outbox rows; several replicas share the table via SKIP LOCKED."""
+
+    def __init__(self, engine: AsyncEngine, js: JetStreamContext, scan_s: float) -> None:
+        self._engine = engine
+        self._js = js
+        self._scan_s = scan_s
+        self._wake = asyncio.Event()
+
+    def wake(self) -> None:
+        """Called after a commit that wrote events."""
+        self._wake.set()
+
+    async def run(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=self._scan_s)
+            self._wake.clear()
+            try:
+                await self.drain()
+            except Exception:
+                log.exception("outbox relay failed; will retry")
+
+    async def drain(self) -> int:
+        """Publish until the outbox is empty; returns how many events left."""
+        total = 0
+        while sent := await in_transaction(self._engine, self._publish_batch):
+            total += sent
+        return total
+
+    async def _publish_batch(self, conn: AsyncConnection) -> int:
+        query = (
+            select(outbox.c.id, outbox.c.subject, outbox.c.body, outbox.c.headers)
+            .order_by(outbox.c.id)
+            .limit(BATCH)
+            .with_for_update(skip_locked=True)
+        )
+        rows = (await conn.execute(query)).all()
+        if rows:
+            await asyncio.gather(*(self._publish(r.subject, r.body, r.headers) for r in rows))
+            await conn.execute(delete(outbox).where(outbox.c.id.in_([r.id for r in rows])))
+        return len(rows)
+
+    async def _publish(self, subject: str, body: bytes, headers: dict[str, Any]) -> None:
+        await self._js.publish(subject, body, headers={k: str(v) for k, v in headers.items()})

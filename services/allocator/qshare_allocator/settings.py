@@ -1,0 +1,27 @@
+"""Allocator settings (env prefix `QSHARE_ALLOCATOR_`), validated when built."""
+
+from __future__ import annotations
+
+import socket
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+from qshare.settings import ClusterSettings
+
+
+class AllocatorSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="QSHARE_ALLOCATOR_", extra="ignore")
+
+    database_url: str = "postgresql+asyncpg://qshare:qshare@localhost:5432/qshare"
+    nats_url: str = "nats://localhost:4222"
+    instance: str = Field(default_factory=socket.gethostname, description="CloudEvents source")
+    pool_size: int = Field(16, ge=1)
+    max_in_flight: int = Field(32, ge=1, description="requests handled at once per replica")
+    pending_sweep_s: float = Field(
+        5.0, gt=0, description="retry pending claims at least this often"
+    )
+    outbox_scan_s: float = Field(1.0, gt=0, description="look for unpublished events this often")
+    metrics_port: int = Field(0, ge=0, description="serve Prometheus metrics here; 0 = off")
+    migrate_on_start: bool = False
+    trace_console: bool = False
+    cluster: ClusterSettings = Field(default_factory=ClusterSettings)

@@ -1,0 +1,133 @@
+"""Claim messages: what a tenant asks for, what the allocator answers, what claim events carry."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictInt, StrictStr
+
+from qshare.contracts.domain import ClaimStatus, PlacementPolicy, Priority
+from qshare.contracts.quantities import parse_mib
+
+
+def _memory(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise ValueError("must be an integer number of MiB or a quantity such as '4Gi'")
+    return parse_mib(value)
+
+
+MemoryMiB = Annotated[
+    int,
+    BeforeValidator(_memory),
+    Field(
+        json_schema_extra={
+            "anyOf": [
+                {"type": "integer", "minimum": 1, "description": "MiB"},
+                {"type": "string", "pattern": r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$"},
+            ],
+            "examples": [4096, "4Gi", "512Mi"],
+        }
+    ),
+]
+"""Integer MiB or a Kubernetes quantity, always stored as whole MiB."""
+
+Labels = dict[StrictStr, StrictStr]
+ClassName = Annotated[
+    str, Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+]
+
+
+class PlacementOverride(BaseModel):
+    """Per-claim override of the cluster's placement policy, at node and at card level."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    node: PlacementPolicy | None = None
+    card: PlacementPolicy | None = None
+
+
+class ClaimSpec(BaseModel):
+    """A request for `count` vGPUs on distinct cards of one node, each `vcore` and `vmemory`."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "priority": "high",
+                    "vcore": 30,
+                    "vmemory": "4Gi",
+                    "count": 1,
+                    "class_name": "qshare",
+                    "node_selector": {"zone": "a"},
+                    "placement": {"node": "binpack", "card": "spread"},
+                    "idempotency_key": "train-job-42",
+                }
+            ]
+        },
+    )
+
+    priority: Priority = Field(description="`high` (online, preempts) or `low` (offline, yields)")
+    vcore: Annotated[StrictInt, Field(ge=1, le=100, description="core share per card, percent")]
+    vmemory: MemoryMiB = Field(description="memory per card: integer MiB or e.g. '4Gi'")
+    count: Annotated[StrictInt, Field(ge=1, le=64, description="distinct cards on one node")] = 1
+    class_name: ClassName = Field(default="qshare", description="how vGPUs are produced")
+    node_selector: Labels = Field(default_factory=dict, description="labels a node must carry")
+    placement: PlacementOverride | None = None
+    idempotency_key: Annotated[str, Field(min_length=1, max_length=128)] | None = None
+
+
+class CreateClaim(BaseModel):
+    """Command on `qshare.allocator.claims.create`."""
+
+    tenant: Annotated[str, Field(min_length=1, max_length=128)]
+    spec: ClaimSpec
+
+
+class DeleteClaim(BaseModel):
+    """Command on `qshare.allocator.claims.delete`; `tenant` None means an admin acts."""
+
+    claim_id: uuid.UUID
+    tenant: str | None = None
+
+
+class VgpuView(BaseModel):
+    """One slice of one card, as placed."""
+
+    id: uuid.UUID
+    node: str
+    gpu: str
+    index: int
+    vcore: int
+    vmemory_mib: int
+    priority: Priority
+
+
+class ClaimView(BaseModel):
+    """A claim as stored: its request, its status and, once placed, its vGPUs."""
+
+    id: uuid.UUID
+    tenant: str
+    status: ClaimStatus
+    priority: Priority
+    vcore: int
+    vmemory_mib: int
+    count: int
+    class_name: str
+    node_selector: dict[str, str]
+    placement: PlacementOverride | None = None
+    idempotency_key: str | None = None
+    reason: str | None = None
+    node: str | None = None
+    vgpus: list[VgpuView] = []
+    created_at: datetime
+    updated_at: datetime
+
+
+class CreateClaimReply(BaseModel):
+    """`created` is False when the idempotency key named an existing claim."""
+
+    claim: ClaimView
+    created: bool

@@ -1,0 +1,73 @@
+"""Domain vocabulary shared by the services: priorities, placement policies, statuses, roles."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Priority(StrEnum):
+    """High priority is online work that preempts; low priority is offline work that yields."""
+
+    HIGH = "high"
+    LOW = "low"
+
+
+class PlacementPolicy(StrEnum):
+    """`spread` prefers the most free capacity; `binpack` the fullest that still fits."""
+
+    SPREAD = "spread"
+    BINPACK = "binpack"
+
+
+class ClaimStatus(StrEnum):
+    """Life cycle of a claim as the allocator records it."""
+
+    PENDING = "pending"
+    PLACED = "placed"
+    READY = "ready"
+    RELEASED = "released"
+    FAILED = "failed"
+
+
+class NodeStatus(StrEnum):
+    """A node is Ready while its heartbeats arrive within the allocator's timeout."""
+
+    READY = "Ready"
+    NOT_READY = "NotReady"
+
+
+class Role(StrEnum):
+    """`admin` sees everything and manages nodes, classes and tokens; `tenant` its own claims."""
+
+    ADMIN = "admin"
+    TENANT = "tenant"
+
+
+class Provisioner(StrEnum):
+    """How a class produces vGPUs: driver-level slices, or whole cards."""
+
+    QSHARE = "qshare"
+    WHOLE = "whole"
+
+
+class CardPolicy(StrEnum):
+    """Sharing policy among low-priority vGPUs on one card (node label `qshare.io/policy`)."""
+
+    BEST_EFFORT = "best-effort"
+    FIXED_SHARE = "fixed-share"
+    BURST_SHARE = "burst-share"
+
+    @classmethod
+    def parse(cls, value: str) -> CardPolicy:
+        """Accept the full names and the abbreviations `be`, `fs`, `bs`."""
+        short = {"be": cls.BEST_EFFORT, "fs": cls.FIXED_SHARE, "bs": cls.BURST_SHARE}
+        return short.get(value) or cls(value)
+
+
+MAX_CORE_SHARE = 100
+"""Core shares are integer percent of one card; each priority's shares sum to at most this."""
+
+POLICY_LABEL = "qshare.io/policy"
+PRIORITY_ANNOTATION = "qshare.io/priority"
+VCORE_RESOURCE = "qshare.io/vcore"
+VMEMORY_RESOURCE = "qshare.io/vmemory"

@@ -1,0 +1,95 @@
+"""Node messages: registration with cards, heartbeats, and the inventory views."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
+
+from qshare.contracts.claims import Labels, MemoryMiB
+from qshare.contracts.domain import NodeStatus
+
+NodeName = Annotated[
+    str, Field(min_length=1, max_length=63, pattern=r"^[A-Za-z0-9]([-A-Za-z0-9_]*[A-Za-z0-9])?$")
+]
+"""A NATS subject token, so no dots: `qshare.node.<node>.heartbeat`."""
+
+
+class GpuSpec(BaseModel):
+    """A physical card as the node agent discovered it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    uuid: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_-]+$")]
+    index: Annotated[StrictInt, Field(ge=0, le=255)]
+    model: Annotated[str, Field(min_length=1, max_length=128)]
+    memory: MemoryMiB = Field(description="card memory: integer MiB or e.g. '80Gi'")
+    healthy: bool = True
+
+
+class NodeRegistration(BaseModel):
+    """Request on `qshare.allocator.nodes.register`; re-registering replaces labels and cards."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "name": "gpu-node-1",
+                    "labels": {"zone": "a", "qshare.io/policy": "burst-share"},
+                    "gpus": [{"uuid": "GPU-1a2b", "index": 0, "model": "A100", "memory": "80Gi"}],
+                }
+            ]
+        },
+    )
+
+    name: NodeName
+    labels: Labels = Field(default_factory=dict)
+    gpus: Annotated[list[GpuSpec], Field(min_length=1, max_length=64)]
+
+    @model_validator(mode="after")
+    def _distinct_cards(self) -> NodeRegistration:
+        if len({g.uuid for g in self.gpus}) != len(self.gpus):
+            raise ValueError("gpus: card UUIDs must be distinct")
+        if len({g.index for g in self.gpus}) != len(self.gpus):
+            raise ValueError("gpus: card indexes must be distinct")
+        return self
+
+
+class Heartbeat(BaseModel):
+    """Event on `qshare.node.<node>.heartbeat`; every card not listed unhealthy is healthy."""
+
+    unhealthy: list[str] = []
+
+
+class GpuView(BaseModel):
+    """A card with its allocated and free capacity."""
+
+    uuid: str
+    node: str
+    index: int
+    model: str
+    memory_mib: int
+    healthy: bool
+    max_vgpus: int
+    vgpus: int
+    allocated_mib: int
+    free_mib: int
+    core_high_used: int
+    core_low_used: int
+    core_high_free: int
+    core_low_free: int
+
+
+class NodeView(BaseModel):
+    """A node, its readiness and its capacity summed over its cards."""
+
+    name: str
+    status: NodeStatus
+    labels: dict[str, str]
+    schedulable: bool
+    heartbeat_at: datetime
+    gpus: int
+    memory_mib: int
+    free_mib: int

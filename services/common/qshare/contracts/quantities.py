@@ -1,0 +1,69 @@
+"""Memory quantities: integer MiB, or Kubernetes quantities such as `4Gi`, `512Mi`, `8G`."""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal, InvalidOperation
+
+MIB = 1 << 20
+
+_SUFFIXES: dict[str, int] = {
+    "Ki": 1 << 10,
+    "Mi": 1 << 20,
+    "Gi": 1 << 30,
+    "Ti": 1 << 40,
+    "Pi": 1 << 50,
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "P": 10**15,
+}
+_QUANTITY = re.compile(r"^(?P<number>[0-9]+(?:\.[0-9]+)?)(?P<suffix>Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$")
+
+
+class QuantityError(ValueError):
+    """Raised for a memory quantity that is malformed, not positive or not whole MiB."""
+
+
+def parse_mib(value: int | str) -> int:
+    """Return a positive whole number of MiB.
+
+    An int or a suffix-less numeric string means MiB; a suffixed string is a Kubernetes
+    quantity in bytes (`4Gi` is 4096 MiB). Fractions of a MiB are refused, not rounded.
+    """
+    if isinstance(value, bool):
+        raise QuantityError("must be an integer number of MiB or a quantity such as '4Gi'")
+    if isinstance(value, int):
+        return _positive(value)
+    match = _QUANTITY.match(value.strip())
+    if match is None:
+        raise QuantityError(f"{value!r} is not a quantity such as 4096, '4Gi' or '512Mi'")
+    number, suffix = match.group("number"), match.group("suffix")
+    if suffix is None:
+        if "." in number:
+            raise QuantityError("a number without a suffix means MiB and must be whole")
+        return _positive(int(number))
+    return _positive(_bytes_to_mib(number, _SUFFIXES[suffix]))
+
+
+def format_mib(mib: int) -> str:
+    """Render MiB the way people read it: `4Gi` when whole GiB, else `1536Mi`."""
+    return f"{mib // 1024}Gi" if mib % 1024 == 0 else f"{mib}Mi"
+
+
+def _bytes_to_mib(number: str, unit: int) -> int:
+    try:
+        total = Decimal(number) * unit
+    except InvalidOperation as exc:  # pragma: no cover - the regex admits only decimals
+        raise QuantityError(f"{number!r} is not a number") from exc
+    mib, remainder = divmod(total, MIB)
+    if remainder:
+        raise QuantityError("must be a whole number of MiB")
+    return int(mib)
+
+
+def _positive(mib: int) -> int:
+    if mib <= 0:
+        raise QuantityError("must be positive")
+    return mib

@@ -1,0 +1,54 @@
+"""Request/reply over NATS with typed errors, for both sides of a command subject.
+
+A reply is an envelope; an error reply adds the headers `Nats-Service-Error` and
+`Nats-Service-Error-Code` and carries an `ErrorBody`, which the caller raises again as
+the matching `QshareError`.
+"""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeout
+from pydantic import BaseModel
+
+from qshare.contracts import envelope
+from qshare.contracts.errors import (
+    ERROR_CODE_HEADER,
+    ERROR_HEADER,
+    ErrorBody,
+    QshareError,
+    Unavailable,
+)
+from qshare.contracts.tracing import inject_headers
+
+R = TypeVar("R", bound=BaseModel)
+
+
+async def call(
+    nc: Client, subject: str, source: str, data: BaseModel, reply: type[R], timeout: float = 5.0
+) -> R:
+    """Send a command and return its typed reply; raise the replier's error as a QshareError."""
+    body = envelope.encode(envelope.wrap(source, f"io.qshare.{subject}", data))
+    try:
+        msg = await nc.request(subject, body, timeout=timeout, headers=inject_headers())
+    except (NoRespondersError, NatsTimeout) as exc:
+        raise Unavailable(f"no answer on {subject}") from exc
+    if msg.headers and ERROR_CODE_HEADER in msg.headers:
+        raise QshareError.from_body(ErrorBody.model_validate_json(msg.data))
+    return envelope.decode(msg.data).payload(reply)
+
+
+async def reply_ok(nc: Client, msg: Msg, source: str, data: BaseModel | None) -> None:
+    """Answer a request (a message without a reply subject is an event: nothing to answer)."""
+    if msg.reply:
+        await nc.publish(msg.reply, envelope.encode(envelope.wrap(source, "io.qshare.reply", data)))
+
+
+async def reply_error(nc: Client, msg: Msg, error: QshareError) -> None:
+    if msg.reply:
+        headers = {ERROR_HEADER: error.detail[:200], ERROR_CODE_HEADER: str(error.code.status)}
+        await nc.publish(msg.reply, error.body().model_dump_json().encode(), headers=headers)

