@@ -1,0 +1,160 @@
+/* interposer.h — internals of libqshare-cuda.so, the LD_PRELOAD interposer that applies
+ * the node driver (qshare.h) to unmodified CUDA programs. Only the CUDA/NVML entry
+ * points and dlsym are exported; everything declared here is hidden. */
+#ifndef QSHARE_INTERPOSER_H
+#define QSHARE_INTERPOSER_H
+
+#include <stdint.h>
+
+#include "cuda_abi.h"
+#include "qshare.h"
+
+#define QSC_EXPORT __attribute__((visibility("default")))
+
+/* Every interposed entry point: X(exported name, base name for cuGetProcAddress,
+ * library). The wrapper of each is defined in this library under the exported name
+ * and calls the real function QSC_REAL(name). */
+#define QSC_ENTRIES(X)                                                  \
+    X(cuInit, cuInit, CUDA)                                             \
+    X(cuGetProcAddress, cuGetProcAddress, CUDA)                         \
+    X(cuGetProcAddress_v2, cuGetProcAddress, CUDA)                      \
+    X(cuLaunchKernel, cuLaunchKernel, CUDA)                             \
+    X(cuLaunchKernel_ptsz, cuLaunchKernel, CUDA)                        \
+    X(cuLaunchKernelEx, cuLaunchKernelEx, CUDA)                         \
+    X(cuLaunchKernelEx_ptsz, cuLaunchKernelEx, CUDA)                    \
+    X(cuLaunchCooperativeKernel, cuLaunchCooperativeKernel, CUDA)       \
+    X(cuLaunchCooperativeKernel_ptsz, cuLaunchCooperativeKernel, CUDA)  \
+    X(cuGraphLaunch, cuGraphLaunch, CUDA)                               \
+    X(cuGraphLaunch_ptsz, cuGraphLaunch, CUDA)                          \
+    X(cuLaunchHostFunc, cuLaunchHostFunc, CUDA)                         \
+    X(cuLaunchHostFunc_ptsz, cuLaunchHostFunc, CUDA)                    \
+    X(cuMemAlloc_v2, cuMemAlloc, CUDA)                                  \
+    X(cuMemAllocPitch_v2, cuMemAllocPitch, CUDA)                        \
+    X(cuMemAllocManaged, cuMemAllocManaged, CUDA)                       \
+    X(cuMemFree_v2, cuMemFree, CUDA)                                    \
+    X(cuMemAllocAsync, cuMemAllocAsync, CUDA)                           \
+    X(cuMemAllocAsync_ptsz, cuMemAllocAsync, CUDA)                      \
+    X(cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync, CUDA)           \
+    X(cuMemAllocFromPoolAsync_ptsz, cuMemAllocFromPoolAsync, CUDA)      \
+    X(cuMemFreeAsync, cuMemFreeAsync, CUDA)                             \
+    X(cuMemFreeAsync_ptsz, cuMemFreeAsync, CUDA)                        \
+    X(cuMemCreate, cuMemCreate, CUDA)                                   \
+    X(cuMemRelease, cuMemRelease, CUDA)                                 \
+    X(cuArrayCreate_v2, cuArrayCreate, CUDA)                            \
+    X(cuArray3DCreate_v2, cuArray3DCreate, CUDA)                        \
+    X(cuArrayDestroy, cuArrayDestroy, CUDA)                             \
+    X(cuMemGetInfo_v2, cuMemGetInfo, CUDA)                              \
+    X(cuDeviceTotalMem_v2, cuDeviceTotalMem, CUDA)                      \
+    X(nvmlDeviceGetMemoryInfo, nvmlDeviceGetMemoryInfo, NVML)           \
+    X(nvmlDeviceGetMemoryInfo_v2, nvmlDeviceGetMemoryInfo_v2, NVML)
+
+/* Driver functions the interposer calls for itself but does not interpose. */
+#define QSC_HELPERS(X)                           \
+    X(cuCtxGetCurrent, cuCtxGetCurrent, CUDA)    \
+    X(cuCtxGetDevice, cuCtxGetDevice, CUDA)      \
+    X(cuDeviceGetUuid, cuDeviceGetUuid, CUDA)    \
+    X(cuEventCreate, cuEventCreate, CUDA)        \
+    X(cuEventDestroy_v2, cuEventDestroy, CUDA)   \
+    X(cuEventRecord, cuEventRecord, CUDA)        \
+    X(cuEventQuery, cuEventQuery, CUDA)          \
+    X(cuEventSynchronize, cuEventSynchronize, CUDA) \
+    X(cuEventElapsedTime, cuEventElapsedTime, CUDA) \
+    X(cuStreamIsCapturing, cuStreamIsCapturing, CUDA) \
+    X(nvmlDeviceGetUUID, nvmlDeviceGetUUID, NVML)
+
+enum qsc_index {
+#define QSC_ENUM(name, base, lib) QSC_##name,
+    QSC_ENTRIES(QSC_ENUM) QSC_N_WRAPPED,
+    QSC_HELPERS_START = QSC_N_WRAPPED - 1,
+    QSC_HELPERS(QSC_ENUM) QSC_N_ALL
+#undef QSC_ENUM
+};
+
+/* ---- the interposed entry points, as the driver and NVML declare them ---- */
+CUresult cuInit(unsigned int flags);
+CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, cuuint64_t flags);
+CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t flags,
+                             CUdriverProcAddressQueryResult *status);
+#define QSC_LAUNCH_KERNEL_ARGS                                                           \
+    CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, \
+        unsigned int by, unsigned int bz, unsigned int shared, CUstream stream, void **params
+CUresult cuLaunchKernel(QSC_LAUNCH_KERNEL_ARGS, void **extra);
+CUresult cuLaunchKernel_ptsz(QSC_LAUNCH_KERNEL_ARGS, void **extra);
+CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **params, void **extra);
+CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f, void **params,
+                               void **extra);
+CUresult cuLaunchCooperativeKernel(QSC_LAUNCH_KERNEL_ARGS);
+CUresult cuLaunchCooperativeKernel_ptsz(QSC_LAUNCH_KERNEL_ARGS);
+CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream);
+CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream);
+CUresult cuLaunchHostFunc(CUstream stream, CUhostFn fn, void *user_data);
+CUresult cuLaunchHostFunc_ptsz(CUstream stream, CUhostFn fn, void *user_data);
+CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytes);
+CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height,
+                            unsigned int element_size);
+CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytes, unsigned int flags);
+CUresult cuMemFree_v2(CUdeviceptr dptr);
+CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytes, CUstream stream);
+CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytes, CUstream stream);
+CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool,
+                                 CUstream stream);
+CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool,
+                                      CUstream stream);
+CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream);
+CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream);
+CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t bytes,
+                     const CUmemAllocationProp *prop, unsigned long long flags);
+CUresult cuMemRelease(CUmemGenericAllocationHandle handle);
+CUresult cuArrayCreate_v2(CUarray *array, const CUDA_ARRAY_DESCRIPTOR *desc);
+CUresult cuArray3DCreate_v2(CUarray *array, const CUDA_ARRAY3D_DESCRIPTOR *desc);
+CUresult cuArrayDestroy(CUarray array);
+CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes);
+CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev);
+nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory);
+nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory);
+
+/* Signatures of the helpers the interposer calls. */
+typedef CUresult (*qsc_ctx_get_current_fn)(CUcontext *ctx);
+typedef CUresult (*qsc_ctx_get_device_fn)(CUdevice *dev);
+typedef CUresult (*qsc_device_get_uuid_fn)(CUuuid *uuid, CUdevice dev);
+typedef CUresult (*qsc_event_create_fn)(CUevent *event, unsigned int flags);
+typedef CUresult (*qsc_event_fn)(CUevent event);
+typedef CUresult (*qsc_event_record_fn)(CUevent event, CUstream stream);
+typedef CUresult (*qsc_event_elapsed_fn)(float *ms, CUevent start, CUevent end);
+typedef CUresult (*qsc_stream_is_capturing_fn)(CUstream stream, int *status);
+typedef nvmlReturn_t (*qsc_nvml_get_uuid_fn)(nvmlDevice_t device, char *uuid, unsigned int len);
+
+/* ---- real symbols (real.c) ---- */
+/* Real function pointers, resolved once by qsc_resolve(); NULL where the library lacks one. */
+extern void *qsc_real_table[QSC_N_ALL];
+/* Load libcuda.so.1 and libnvidia-ml.so.1 (if present) and resolve every entry; idempotent. */
+void qsc_resolve(void);
+#define QSC_REAL(type, name) ((type)qsc_real_table[QSC_##name])
+
+/* ---- the attached process (session.c) ---- */
+typedef struct qsc_session {
+    qs_client *client; /* NULL when attaching failed: every interposed call fails */
+    int low_priority;
+    CUresult failure;  /* what interposed calls return when client is NULL */
+    char card_uuid[QS_UUID_MAX];
+    int card_uuid_valid; /* card_uuid is an NVIDIA GPU UUID we can match devices by */
+} qsc_session;
+
+/* Attach on first use (thread-safe); never NULL. */
+const qsc_session *qsc_session_get(void);
+/* Print a message prefixed by "qshare:" once per distinct `key`. */
+void qsc_warn_once(int key, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+enum { QSC_WARN_ATTACH, QSC_WARN_UNWRAPPED, QSC_WARN_DRIVER, QSC_WARN_RING, QSC_WARN_COUNT };
+/* Map a failing qs_status to the CUresult returned to the program. */
+CUresult qsc_cu_status(int qs_status);
+/* 1 if device `dev` is the vGPU's card (or if devices cannot be told apart). */
+int qsc_device_is_card(CUdevice dev);
+
+/* ---- units of device work (tracker.c) ---- */
+/* Before submitting a unit: apply the gate (low priority may block). CUDA_SUCCESS
+ * or the error to return without submitting. `*tracked` says whether unit_end must follow. */
+CUresult qsc_unit_begin(CUstream stream, int *tracked);
+/* After submitting: `submitted` is the driver's result. Tracks completion on `stream`. */
+void qsc_unit_end(CUstream stream, CUresult submitted);
+
+#endif

@@ -1,0 +1,76 @@
+/* launch.c — the gate on every way of submitting device work: kernels (plain,
+ * extensible, cooperative), graphs and host functions, in their legacy-stream and
+ * per-thread-stream (_ptsz) forms. Each submission is one unit (tracker.c). */
+#include "interposer.h"
+
+/* The stream a per-thread-default-stream entry point means by NULL. */
+static CUstream per_thread(CUstream stream) {
+    return stream == NULL ? CU_STREAM_PER_THREAD : stream;
+}
+
+#define QSC_GATED(stream, call)                                  \
+    do {                                                         \
+        int tracked_;                                            \
+        CUresult rc_ = qsc_unit_begin((stream), &tracked_);      \
+        if (rc_ != CUDA_SUCCESS) return rc_;                     \
+        rc_ = (call);                                            \
+        if (tracked_) qsc_unit_end((stream), rc_);               \
+        return rc_;                                              \
+    } while (0)
+
+typedef CUresult (*launch_kernel_fn)(QSC_LAUNCH_KERNEL_ARGS, void **extra);
+typedef CUresult (*launch_ex_fn)(const CUlaunchConfig *, CUfunction, void **, void **);
+typedef CUresult (*launch_coop_fn)(QSC_LAUNCH_KERNEL_ARGS);
+typedef CUresult (*graph_launch_fn)(CUgraphExec, CUstream);
+typedef CUresult (*host_func_fn)(CUstream, CUhostFn, void *);
+
+QSC_EXPORT CUresult cuLaunchKernel(QSC_LAUNCH_KERNEL_ARGS, void **extra) {
+    QSC_GATED(stream, QSC_REAL(launch_kernel_fn, cuLaunchKernel)(f, gx, gy, gz, bx, by, bz, shared,
+                                                                 stream, params, extra));
+}
+
+QSC_EXPORT CUresult cuLaunchKernel_ptsz(QSC_LAUNCH_KERNEL_ARGS, void **extra) {
+    QSC_GATED(per_thread(stream),
+              QSC_REAL(launch_kernel_fn, cuLaunchKernel_ptsz)(f, gx, gy, gz, bx, by, bz, shared,
+                                                              stream, params, extra));
+}
+
+QSC_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **params,
+                                     void **extra) {
+    if (config == NULL) return CUDA_ERROR_INVALID_VALUE;
+    QSC_GATED(config->hStream, QSC_REAL(launch_ex_fn, cuLaunchKernelEx)(config, f, params, extra));
+}
+
+QSC_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f,
+                                          void **params, void **extra) {
+    if (config == NULL) return CUDA_ERROR_INVALID_VALUE;
+    QSC_GATED(per_thread(config->hStream),
+              QSC_REAL(launch_ex_fn, cuLaunchKernelEx_ptsz)(config, f, params, extra));
+}
+
+QSC_EXPORT CUresult cuLaunchCooperativeKernel(QSC_LAUNCH_KERNEL_ARGS) {
+    QSC_GATED(stream, QSC_REAL(launch_coop_fn, cuLaunchCooperativeKernel)(
+                          f, gx, gy, gz, bx, by, bz, shared, stream, params));
+}
+
+QSC_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(QSC_LAUNCH_KERNEL_ARGS) {
+    QSC_GATED(per_thread(stream), QSC_REAL(launch_coop_fn, cuLaunchCooperativeKernel_ptsz)(
+                                      f, gx, gy, gz, bx, by, bz, shared, stream, params));
+}
+
+QSC_EXPORT CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream) {
+    QSC_GATED(stream, QSC_REAL(graph_launch_fn, cuGraphLaunch)(exec, stream));
+}
+
+QSC_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream) {
+    QSC_GATED(per_thread(stream), QSC_REAL(graph_launch_fn, cuGraphLaunch_ptsz)(exec, stream));
+}
+
+QSC_EXPORT CUresult cuLaunchHostFunc(CUstream stream, CUhostFn fn, void *user_data) {
+    QSC_GATED(stream, QSC_REAL(host_func_fn, cuLaunchHostFunc)(stream, fn, user_data));
+}
+
+QSC_EXPORT CUresult cuLaunchHostFunc_ptsz(CUstream stream, CUhostFn fn, void *user_data) {
+    QSC_GATED(per_thread(stream),
+              QSC_REAL(host_func_fn, cuLaunchHostFunc_ptsz)(stream, fn, user_data));
+}

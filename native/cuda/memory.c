@@ -1,0 +1,339 @@
+/* memory.c — the vGPU's memory limit on every allocation path, and the memory the
+ * program is shown. Each allocation reserves its size against the limit in the
+ * segment *before* the driver allocates (atomic check-and-add, so processes racing
+ * for the last bytes cannot both win), and is remembered here so that its free
+ * returns exactly that size. Over the limit: CUDA_ERROR_OUT_OF_MEMORY, and the
+ * driver records an oom event. */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "interposer.h"
+
+/* Open-addressing map from an allocation's key (device pointer, VMM handle, array)
+ * to its size; linear probing with backward-shift deletion; key 0 is empty. */
+typedef struct size_map {
+    pthread_mutex_t lock;
+    uint64_t *keys;
+    uint64_t *sizes;
+    size_t cap; /* a power of two, or 0 */
+    size_t len;
+} size_map;
+
+static size_map pointers = {.lock = PTHREAD_MUTEX_INITIALIZER};
+static size_map vmm_handles = {.lock = PTHREAD_MUTEX_INITIALIZER};
+static size_map arrays = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static size_t slot_of(const size_map *m, uint64_t key) {
+    uint64_t h = key * 0x9e3779b97f4a7c15ull;
+    return (size_t)(h ^ (h >> 29)) & (m->cap - 1);
+}
+
+static void insert_unlocked(size_map *m, uint64_t key, uint64_t size) {
+    size_t i = slot_of(m, key);
+    while (m->keys[i] != 0 && m->keys[i] != key) i = (i + 1) & (m->cap - 1);
+    if (m->keys[i] == 0) m->len++;
+    m->keys[i] = key;
+    m->sizes[i] = size;
+}
+
+static int grow(size_map *m) {
+    size_map bigger = {.cap = m->cap ? m->cap * 2 : 1024};
+    bigger.keys = calloc(bigger.cap, sizeof *bigger.keys);
+    bigger.sizes = calloc(bigger.cap, sizeof *bigger.sizes);
+    if (bigger.keys == NULL || bigger.sizes == NULL) {
+        free(bigger.keys);
+        free(bigger.sizes);
+        return 0;
+    }
+    for (size_t i = 0; i < m->cap; i++)
+        if (m->keys[i] != 0) insert_unlocked(&bigger, m->keys[i], m->sizes[i]);
+    free(m->keys);
+    free(m->sizes);
+    m->keys = bigger.keys;
+    m->sizes = bigger.sizes;
+    m->cap = bigger.cap;
+    return 1;
+}
+
+static int map_put(size_map *m, uint64_t key, uint64_t size) {
+    pthread_mutex_lock(&m->lock);
+    int ok = (m->len + 1) * 4 <= m->cap * 3 || grow(m);
+    if (ok) insert_unlocked(m, key, size);
+    pthread_mutex_unlock(&m->lock);
+    return ok;
+}
+
+/* Remove `key`; its size, or 0 if it was not there. */
+static uint64_t map_take(size_map *m, uint64_t key) {
+    uint64_t size = 0;
+    pthread_mutex_lock(&m->lock);
+    if (m->cap != 0 && key != 0) {
+        size_t i = slot_of(m, key);
+        while (m->keys[i] != 0 && m->keys[i] != key) i = (i + 1) & (m->cap - 1);
+        if (m->keys[i] == key) {
+            size = m->sizes[i];
+            m->keys[i] = 0;
+            m->len--;
+            for (size_t j = (i + 1) & (m->cap - 1); m->keys[j] != 0; j = (j + 1) & (m->cap - 1)) {
+                size_t home = slot_of(m, m->keys[j]);
+                /* move j back into the hole at i unless its home lies cyclically in (i, j] */
+                int stays = i <= j ? (home > i && home <= j) : (home > i || home <= j);
+                if (stays) continue;
+                m->keys[i] = m->keys[j];
+                m->sizes[i] = m->sizes[j];
+                m->keys[j] = 0;
+                i = j;
+            }
+        }
+    }
+    pthread_mutex_unlock(&m->lock);
+    return size;
+}
+
+static CUresult reserve(uint64_t bytes) {
+    const qsc_session *s = qsc_session_get();
+    if (s->client == NULL) return s->failure;
+    int rc = qs_mem_reserve(s->client, bytes);
+    if (rc != QS_OK && rc != QS_ENOMEM)
+        qsc_warn_once(QSC_WARN_DRIVER, "memory reservation failed: %s (%s)", qs_strerror(rc),
+                      qs_last_error());
+    return qsc_cu_status(rc);
+}
+
+static void release(uint64_t bytes) {
+    const qsc_session *s = qsc_session_get();
+    if (bytes != 0 && s->client != NULL) qs_mem_release(s->client, bytes);
+}
+
+/* After the driver answered an allocation that `bytes` were reserved for: remember it,
+ * or give the reservation back if the driver refused. */
+static CUresult settle(CUresult rc, size_map *m, uint64_t key, uint64_t bytes) {
+    if (rc != CUDA_SUCCESS || !map_put(m, key, bytes)) release(bytes);
+    return rc;
+}
+
+#define QSC_RESERVE(bytes)                         \
+    do {                                           \
+        CUresult reserved_ = reserve(bytes);       \
+        if (reserved_ != CUDA_SUCCESS) return reserved_; \
+    } while (0)
+
+typedef CUresult (*alloc_fn)(CUdeviceptr *, size_t);
+typedef CUresult (*alloc_pitch_fn)(CUdeviceptr *, size_t *, size_t, size_t, unsigned int);
+typedef CUresult (*alloc_managed_fn)(CUdeviceptr *, size_t, unsigned int);
+typedef CUresult (*alloc_async_fn)(CUdeviceptr *, size_t, CUstream);
+typedef CUresult (*alloc_pool_fn)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
+typedef CUresult (*free_fn)(CUdeviceptr);
+typedef CUresult (*free_async_fn)(CUdeviceptr, CUstream);
+typedef CUresult (*mem_create_fn)(CUmemGenericAllocationHandle *, size_t,
+                                  const CUmemAllocationProp *, unsigned long long);
+typedef CUresult (*mem_release_fn)(CUmemGenericAllocationHandle);
+typedef CUresult (*array_create_fn)(CUarray *, const CUDA_ARRAY_DESCRIPTOR *);
+typedef CUresult (*array3d_create_fn)(CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *);
+typedef CUresult (*array_destroy_fn)(CUarray);
+typedef CUresult (*mem_info_fn)(size_t *, size_t *);
+typedef CUresult (*total_mem_fn)(size_t *, CUdevice);
+
+QSC_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytes) {
+    QSC_RESERVE(bytes);
+    CUresult rc = QSC_REAL(alloc_fn, cuMemAlloc_v2)(dptr, bytes);
+    return settle(rc, &pointers, rc == CUDA_SUCCESS ? *dptr : 0, bytes);
+}
+
+/* The pitch is the driver's choice: reserve the rows unpadded, then settle the padding. */
+QSC_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width,
+                                       size_t height, unsigned int element_size) {
+    uint64_t asked = (uint64_t)width * height;
+    QSC_RESERVE(asked);
+    CUresult rc =
+        QSC_REAL(alloc_pitch_fn, cuMemAllocPitch_v2)(dptr, pitch, width, height, element_size);
+    if (rc != CUDA_SUCCESS) return settle(rc, &pointers, 0, asked);
+    uint64_t actual = (uint64_t)*pitch * height;
+    if (actual > asked && reserve(actual - asked) != CUDA_SUCCESS) {
+        QSC_REAL(free_fn, cuMemFree_v2)(*dptr);
+        release(asked);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    return settle(rc, &pointers, *dptr, actual > asked ? actual : asked);
+}
+
+QSC_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytes, unsigned int flags) {
+    QSC_RESERVE(bytes);
+    CUresult rc = QSC_REAL(alloc_managed_fn, cuMemAllocManaged)(dptr, bytes, flags);
+    return settle(rc, &pointers, rc == CUDA_SUCCESS ? *dptr : 0, bytes);
+}
+
+QSC_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
+    CUresult rc = QSC_REAL(free_fn, cuMemFree_v2)(dptr);
+    if (rc == CUDA_SUCCESS) release(map_take(&pointers, dptr));
+    return rc;
+}
+
+QSC_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytes, CUstream stream) {
+    QSC_RESERVE(bytes);
+    CUresult rc = QSC_REAL(alloc_async_fn, cuMemAllocAsync)(dptr, bytes, stream);
+    return settle(rc, &pointers, rc == CUDA_SUCCESS ? *dptr : 0, bytes);
+}
+
+QSC_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytes, CUstream stream) {
+    QSC_RESERVE(bytes);
+    CUresult rc = QSC_REAL(alloc_async_fn, cuMemAllocAsync_ptsz)(dptr, bytes, stream);
+    return settle(rc, &pointers, rc == CUDA_SUCCESS ? *dptr : 0, bytes);
+}
+
+QSC_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool,
+                                            CUstream stream) {
+    QSC_RESERVE(bytes);
+    CUresult rc = QSC_REAL(alloc_pool_fn, cuMemAllocFromPoolAsync)(dptr, bytes, pool, stream);
+    return settle(rc, &pointers, rc == CUDA_SUCCESS ? *dptr : 0, bytes);
+}
+
+QSC_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytes,
+                                                 CUmemoryPool pool, CUstream stream) {
+    QSC_RESERVE(bytes);
+    CUresult rc =
+        QSC_REAL(alloc_pool_fn, cuMemAllocFromPoolAsync_ptsz)(dptr, bytes, pool, stream);
+    return settle(rc, &pointers, rc == CUDA_SUCCESS ? *dptr : 0, bytes);
+}
+
+/* An asynchronous free gives its bytes back when it is submitted, not when it runs. */
+QSC_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream) {
+    CUresult rc = QSC_REAL(free_async_fn, cuMemFreeAsync)(dptr, stream);
+    if (rc == CUDA_SUCCESS) release(map_take(&pointers, dptr));
+    return rc;
+}
+
+QSC_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream) {
+    CUresult rc = QSC_REAL(free_async_fn, cuMemFreeAsync_ptsz)(dptr, stream);
+    if (rc == CUDA_SUCCESS) release(map_take(&pointers, dptr));
+    return rc;
+}
+
+QSC_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t bytes,
+                                const CUmemAllocationProp *prop, unsigned long long flags) {
+    QSC_RESERVE(bytes);
+    CUresult rc = QSC_REAL(mem_create_fn, cuMemCreate)(handle, bytes, prop, flags);
+    return settle(rc, &vmm_handles, rc == CUDA_SUCCESS ? *handle : 0, bytes);
+}
+
+QSC_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
+    CUresult rc = QSC_REAL(mem_release_fn, cuMemRelease)(handle);
+    if (rc == CUDA_SUCCESS) release(map_take(&vmm_handles, handle));
+    return rc;
+}
+
+static uint64_t element_bytes(int format) {
+    switch (format) {
+    case CU_AD_FORMAT_UNSIGNED_INT8:
+    case CU_AD_FORMAT_SIGNED_INT8: return 1;
+    case CU_AD_FORMAT_UNSIGNED_INT16:
+    case CU_AD_FORMAT_SIGNED_INT16:
+    case CU_AD_FORMAT_HALF: return 2;
+    default: return 4; /* 32-bit formats, and an upper bound for packed ones */
+    }
+}
+
+static uint64_t array_bytes(size_t w, size_t h, size_t d, int format, unsigned channels) {
+    return (uint64_t)w * (h ? h : 1) * (d ? d : 1) * element_bytes(format) * channels;
+}
+
+QSC_EXPORT CUresult cuArrayCreate_v2(CUarray *array, const CUDA_ARRAY_DESCRIPTOR *desc) {
+    if (desc == NULL) return CUDA_ERROR_INVALID_VALUE;
+    uint64_t bytes = array_bytes(desc->Width, desc->Height, 1, desc->Format, desc->NumChannels);
+    QSC_RESERVE(bytes);
+    CUresult rc = QSC_REAL(array_create_fn, cuArrayCreate_v2)(array, desc);
+    return settle(rc, &arrays, rc == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*array : 0, bytes);
+}
+
+QSC_EXPORT CUresult cuArray3DCreate_v2(CUarray *array, const CUDA_ARRAY3D_DESCRIPTOR *desc) {
+    if (desc == NULL) return CUDA_ERROR_INVALID_VALUE;
+    uint64_t bytes =
+        array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format, desc->NumChannels);
+    QSC_RESERVE(bytes);
+    CUresult rc = QSC_REAL(array3d_create_fn, cuArray3DCreate_v2)(array, desc);
+    return settle(rc, &arrays, rc == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*array : 0, bytes);
+}
+
+QSC_EXPORT CUresult cuArrayDestroy(CUarray array) {
+    CUresult rc = QSC_REAL(array_destroy_fn, cuArrayDestroy)(array);
+    if (rc == CUDA_SUCCESS) release(map_take(&arrays, (uint64_t)(uintptr_t)array));
+    return rc;
+}
+
+/* ---- what the program is shown: the vGPU's limit and its use ---- */
+
+static int slice_view(uint64_t *limit, uint64_t *used) {
+    const qsc_session *s = qsc_session_get();
+    qs_client_info info;
+    if (s->client == NULL || qs_client_info_get(s->client, &info) != QS_OK) return 0;
+    *limit = info.mem_limit;
+    *used = info.mem_used < info.mem_limit ? info.mem_used : info.mem_limit;
+    return 1;
+}
+
+QSC_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
+    const qsc_session *s = qsc_session_get();
+    if (s->client == NULL) return s->failure;
+    size_t real_free = 0, real_total = 0;
+    CUresult rc = QSC_REAL(mem_info_fn, cuMemGetInfo_v2)(&real_free, &real_total);
+    CUdevice dev = 0;
+    uint64_t limit, used;
+    if (rc != CUDA_SUCCESS || QSC_REAL(qsc_ctx_get_device_fn, cuCtxGetDevice)(&dev) != CUDA_SUCCESS ||
+        !qsc_device_is_card(dev) || !slice_view(&limit, &used)) {
+        if (free_bytes != NULL) *free_bytes = real_free;
+        if (total_bytes != NULL) *total_bytes = real_total;
+        return rc;
+    }
+    uint64_t slice_free = limit - used;
+    if (free_bytes != NULL) *free_bytes = (size_t)(slice_free < real_free ? slice_free : real_free);
+    if (total_bytes != NULL) *total_bytes = (size_t)limit;
+    return rc;
+}
+
+QSC_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
+    const qsc_session *s = qsc_session_get();
+    if (s->client == NULL) return s->failure;
+    CUresult rc = QSC_REAL(total_mem_fn, cuDeviceTotalMem_v2)(bytes, dev);
+    uint64_t limit, used;
+    if (rc == CUDA_SUCCESS && bytes != NULL && qsc_device_is_card(dev) && slice_view(&limit, &used))
+        *bytes = (size_t)limit;
+    return rc;
+}
+
+/* NVML: the vGPU's card shows the slice; other cards are shown as they are. */
+static int nvml_is_card(nvmlDevice_t device) {
+    const qsc_session *s = qsc_session_get();
+    if (!s->card_uuid_valid) return 1;
+    qsc_nvml_get_uuid_fn get_uuid = QSC_REAL(qsc_nvml_get_uuid_fn, nvmlDeviceGetUUID);
+    char uuid[NVML_DEVICE_UUID_BUFFER_SIZE];
+    if (get_uuid == NULL || get_uuid(device, uuid, sizeof uuid) != NVML_SUCCESS) return 1;
+    return strcmp(uuid, s->card_uuid) == 0;
+}
+
+QSC_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {
+    typedef nvmlReturn_t (*fn)(nvmlDevice_t, nvmlMemory_t *);
+    fn real = QSC_REAL(fn, nvmlDeviceGetMemoryInfo);
+    if (real == NULL) return NVML_ERROR_UNINITIALIZED;
+    nvmlReturn_t rc = real(device, memory);
+    uint64_t limit, used;
+    if (rc == NVML_SUCCESS && nvml_is_card(device) && slice_view(&limit, &used))
+        *memory = (nvmlMemory_t){.total = limit, .used = used, .free = limit - used};
+    return rc;
+}
+
+QSC_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory) {
+    typedef nvmlReturn_t (*fn)(nvmlDevice_t, nvmlMemory_v2_t *);
+    fn real = QSC_REAL(fn, nvmlDeviceGetMemoryInfo_v2);
+    if (real == NULL) return NVML_ERROR_UNINITIALIZED;
+    nvmlReturn_t rc = real(device, memory);
+    uint64_t limit, used;
+    if (rc == NVML_SUCCESS && nvml_is_card(device) && slice_view(&limit, &used)) {
+        memory->total = limit;
+        memory->reserved = 0;
+        memory->used = used;
+        memory->free = limit - used;
+    }
+    return rc;
+}

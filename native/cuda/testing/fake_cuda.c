@@ -1,0 +1,673 @@
+/* fake_cuda.c — TEST DOUBLE of libcuda.so.1 for CI machines without a GPU. Not a real
+ * driver: one device (fake_cuda_config.h), one context, and streams that execute their
+ * work in order on a worker thread, a kernel being a sleep whose length its name gives
+ * ("sleep_us_250" runs 250 µs; any other name runs 0 ns). Work submitted to an idle
+ * stream that takes no time completes inline, so launch overhead can be measured.
+ * All default streams (NULL, legacy, per-thread) are one stream. Device memory is
+ * address space only: allocations are counted against the fake card's total, never
+ * backed. The interposer under test runs against this exactly as against libcuda. */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cuda_abi.h"
+#include "fake_cuda_config.h"
+
+#define EXPORT __attribute__((visibility("default")))
+
+/* ---- time ---- */
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void sleep_ns(uint64_t ns) {
+    struct timespec ts = {(time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull)};
+    while (nanosleep(&ts, &ts) != 0) {
+    }
+}
+
+/* ---- objects ---- */
+struct CUctx_st {
+    int device;
+};
+struct CUmod_st {
+    int unused;
+};
+struct CUfunc_st {
+    uint64_t duration_ns;
+};
+struct CUgraph_st {
+    int unused;
+};
+struct CUgraphExec_st {
+    uint64_t duration_ns;
+};
+struct CUarray_st {
+    uint64_t bytes;
+};
+struct CUmemPoolHandle_st {
+    int unused;
+};
+
+enum { EV_NEVER = 0, EV_PENDING = 1, EV_DONE = 2 };
+struct CUevent_st {
+    _Atomic int state;
+    uint64_t time_ns;
+};
+
+enum op_kind { OP_KERNEL, OP_EVENT, OP_HOST };
+typedef struct op {
+    enum op_kind kind;
+    uint64_t duration_ns;
+    CUevent event;
+    CUhostFn fn;
+    void *data;
+    struct op *next;
+} op;
+
+struct CUstream_st {
+    pthread_mutex_t lock;
+    pthread_cond_t work;
+    op *first, *last;
+    _Atomic uint64_t pending; /* submitted, not yet done */
+    int stop;
+    pthread_t worker;
+    struct CUstream_st *next_stream;
+};
+
+static struct CUctx_st the_context;
+static _Thread_local CUcontext current_context;
+static _Atomic int initialized;
+
+/* Completion of any work: waiters on events and streams sleep here. */
+static pthread_mutex_t done_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t done_cond = PTHREAD_COND_INITIALIZER;
+
+static pthread_mutex_t streams_lock = PTHREAD_MUTEX_INITIALIZER;
+static CUstream all_streams;
+static CUstream default_stream;
+
+static void complete_event(CUevent ev) {
+    ev->time_ns = now_ns();
+    atomic_store(&ev->state, EV_DONE);
+}
+
+static void run_op(op *o) {
+    switch (o->kind) {
+    case OP_KERNEL:
+        if (o->duration_ns) sleep_ns(o->duration_ns);
+        break;
+    case OP_EVENT: complete_event(o->event); break;
+    case OP_HOST: o->fn(o->data); break;
+    }
+}
+
+static void *worker_main(void *arg) {
+    CUstream st = arg;
+    for (;;) {
+        pthread_mutex_lock(&st->lock);
+        while (st->first == NULL && !st->stop) pthread_cond_wait(&st->work, &st->lock);
+        op *o = st->first;
+        if (o == NULL) {
+            pthread_mutex_unlock(&st->lock);
+            return NULL;
+        }
+        st->first = o->next;
+        if (st->first == NULL) st->last = NULL;
+        pthread_mutex_unlock(&st->lock);
+        run_op(o);
+        free(o);
+        pthread_mutex_lock(&done_lock);
+        atomic_fetch_sub(&st->pending, 1);
+        pthread_cond_broadcast(&done_cond);
+        pthread_mutex_unlock(&done_lock);
+    }
+}
+
+static CUstream new_stream(void) {
+    CUstream st = calloc(1, sizeof *st);
+    if (st == NULL) return NULL;
+    pthread_mutex_init(&st->lock, NULL);
+    pthread_cond_init(&st->work, NULL);
+    if (pthread_create(&st->worker, NULL, worker_main, st) != 0) {
+        free(st);
+        return NULL;
+    }
+    pthread_mutex_lock(&streams_lock);
+    st->next_stream = all_streams;
+    all_streams = st;
+    pthread_mutex_unlock(&streams_lock);
+    return st;
+}
+
+static pthread_once_t default_once = PTHREAD_ONCE_INIT;
+static void make_default_stream(void) { default_stream = new_stream(); }
+
+static CUstream resolve(CUstream st) {
+    if (st == NULL || st == CU_STREAM_LEGACY || st == CU_STREAM_PER_THREAD) {
+        pthread_once(&default_once, make_default_stream);
+        return default_stream;
+    }
+    return st;
+}
+
+static CUresult submit(CUstream stream, op o) {
+    if (!atomic_load(&initialized)) return CUDA_ERROR_NOT_INITIALIZED;
+    CUstream st = resolve(stream);
+    if (st == NULL) return CUDA_ERROR_INVALID_HANDLE;
+    int instant = o.kind != OP_KERNEL || o.duration_ns == 0;
+    if (instant && atomic_load(&st->pending) == 0) {
+        run_op(&o);
+        return CUDA_SUCCESS;
+    }
+    op *copy = malloc(sizeof *copy);
+    if (copy == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
+    *copy = o;
+    copy->next = NULL;
+    atomic_fetch_add(&st->pending, 1);
+    pthread_mutex_lock(&st->lock);
+    if (st->last != NULL) st->last->next = copy;
+    else st->first = copy;
+    st->last = copy;
+    pthread_cond_signal(&st->work);
+    pthread_mutex_unlock(&st->lock);
+    return CUDA_SUCCESS;
+}
+
+static void wait_stream(CUstream st) {
+    pthread_mutex_lock(&done_lock);
+    while (atomic_load(&st->pending) != 0) pthread_cond_wait(&done_cond, &done_lock);
+    pthread_mutex_unlock(&done_lock);
+}
+
+/* ---- initialization, devices, contexts ---- */
+EXPORT CUresult cuInit(unsigned int flags) {
+    (void)flags;
+    atomic_store(&initialized, 1);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDriverGetVersion(int *version) {
+    *version = 12080;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetCount(int *count) {
+    if (!atomic_load(&initialized)) return CUDA_ERROR_NOT_INITIALIZED;
+    *count = 1;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGet(CUdevice *dev, int ordinal) {
+    if (!atomic_load(&initialized)) return CUDA_ERROR_NOT_INITIALIZED;
+    if (ordinal != 0) return CUDA_ERROR_INVALID_DEVICE;
+    *dev = 0;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice dev) {
+    if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
+    snprintf(name, (size_t)len, "qshare fake GPU (test double)");
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) {
+    if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
+    qsc_uuid_parse(fake_gpu_uuid(), uuid->bytes);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev) { return cuDeviceGetUuid(uuid, dev); }
+
+EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
+    if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
+    *bytes = (size_t)fake_gpu_mem();
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev) {
+    if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
+    *ctx = &the_context;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+    return dev == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+}
+
+EXPORT CUresult cuCtxCreate_v2(CUcontext *ctx, unsigned int flags, CUdevice dev) {
+    (void)flags;
+    if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
+    *ctx = current_context = &the_context;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
+    if (current_context == ctx) current_context = NULL;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxSetCurrent(CUcontext ctx) {
+    current_context = ctx;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxGetCurrent(CUcontext *ctx) {
+    *ctx = current_context;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxGetDevice(CUdevice *dev) {
+    if (current_context == NULL) return CUDA_ERROR_INVALID_CONTEXT;
+    *dev = current_context->device;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxSynchronize(void) {
+    pthread_mutex_lock(&streams_lock);
+    CUstream list = all_streams;
+    pthread_mutex_unlock(&streams_lock);
+    for (CUstream st = list; st != NULL; st = st->next_stream) wait_stream(st);
+    return CUDA_SUCCESS;
+}
+
+/* ---- modules and kernels ---- */
+EXPORT CUresult cuModuleLoadData(CUmodule *module, const void *image) {
+    (void)image;
+    *module = calloc(1, sizeof **module);
+    return *module != NULL ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+EXPORT CUresult cuModuleUnload(CUmodule module) {
+    free(module);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuModuleGetFunction(CUfunction *f, CUmodule module, const char *name) {
+    (void)module;
+    CUfunction fn = calloc(1, sizeof *fn);
+    if (fn == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (strncmp(name, "sleep_us_", 9) == 0) fn->duration_ns = strtoull(name + 9, NULL, 10) * 1000u;
+    *f = fn;
+    return CUDA_SUCCESS;
+}
+
+static CUresult launch(CUfunction f, CUstream stream) {
+    if (f == NULL) return CUDA_ERROR_INVALID_HANDLE;
+    return submit(stream, (op){.kind = OP_KERNEL, .duration_ns = f->duration_ns});
+}
+
+#define KERNEL_ARGS                                                                     \
+    CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, \
+        unsigned int by, unsigned int bz, unsigned int shared, CUstream stream, void **params
+#define UNUSED_KERNEL_ARGS \
+    (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shared, (void)params
+
+EXPORT CUresult cuLaunchKernel(KERNEL_ARGS, void **extra) {
+    UNUSED_KERNEL_ARGS, (void)extra;
+    return launch(f, stream);
+}
+EXPORT CUresult cuLaunchKernel_ptsz(KERNEL_ARGS, void **extra) {
+    UNUSED_KERNEL_ARGS, (void)extra;
+    return launch(f, stream);
+}
+EXPORT CUresult cuLaunchCooperativeKernel(KERNEL_ARGS) {
+    UNUSED_KERNEL_ARGS;
+    return launch(f, stream);
+}
+EXPORT CUresult cuLaunchCooperativeKernel_ptsz(KERNEL_ARGS) {
+    UNUSED_KERNEL_ARGS;
+    return launch(f, stream);
+}
+EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **p, void **e) {
+    (void)p, (void)e;
+    return c == NULL ? CUDA_ERROR_INVALID_VALUE : launch(f, c->hStream);
+}
+EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *c, CUfunction f, void **p, void **e) {
+    return cuLaunchKernelEx(c, f, p, e);
+}
+
+EXPORT CUresult cuLaunchHostFunc(CUstream stream, CUhostFn fn, void *data) {
+    if (fn == NULL) return CUDA_ERROR_INVALID_VALUE;
+    return submit(stream, (op){.kind = OP_HOST, .fn = fn, .data = data});
+}
+EXPORT CUresult cuLaunchHostFunc_ptsz(CUstream stream, CUhostFn fn, void *data) {
+    return cuLaunchHostFunc(stream, fn, data);
+}
+
+/* ---- graphs: an instantiated graph runs as one kernel of 0 ns ---- */
+EXPORT CUresult cuGraphCreate(CUgraph *graph, unsigned int flags) {
+    (void)flags;
+    *graph = calloc(1, sizeof **graph);
+    return *graph != NULL ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+EXPORT CUresult cuGraphDestroy(CUgraph graph) {
+    free(graph);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph,
+                                            unsigned long long flags) {
+    (void)graph, (void)flags;
+    *exec = calloc(1, sizeof **exec);
+    return *exec != NULL ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+EXPORT CUresult cuGraphExecDestroy(CUgraphExec exec) {
+    free(exec);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream) {
+    if (exec == NULL) return CUDA_ERROR_INVALID_HANDLE;
+    return submit(stream, (op){.kind = OP_KERNEL, .duration_ns = exec->duration_ns});
+}
+EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream) {
+    return cuGraphLaunch(exec, stream);
+}
+
+/* ---- streams and events ---- */
+EXPORT CUresult cuStreamCreate(CUstream *stream, unsigned int flags) {
+    (void)flags;
+    *stream = new_stream();
+    return *stream != NULL ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+/* Streams stay allocated (their worker parked) until exit: a test double's shortcut. */
+EXPORT CUresult cuStreamDestroy_v2(CUstream stream) {
+    wait_stream(resolve(stream));
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamSynchronize(CUstream stream) {
+    wait_stream(resolve(stream));
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuStreamSynchronize_ptsz(CUstream stream) { return cuStreamSynchronize(stream); }
+
+EXPORT CUresult cuStreamIsCapturing(CUstream stream, int *status) {
+    (void)stream;
+    *status = 0;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuStreamIsCapturing_ptsz(CUstream stream, int *status) {
+    return cuStreamIsCapturing(stream, status);
+}
+
+EXPORT CUresult cuEventCreate(CUevent *event, unsigned int flags) {
+    (void)flags;
+    *event = calloc(1, sizeof **event);
+    return *event != NULL ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+EXPORT CUresult cuEventDestroy_v2(CUevent event) {
+    free(event);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuEventRecord(CUevent event, CUstream stream) {
+    if (event == NULL) return CUDA_ERROR_INVALID_HANDLE;
+    atomic_store(&event->state, EV_PENDING);
+    CUresult rc = submit(stream, (op){.kind = OP_EVENT, .event = event});
+    if (rc != CUDA_SUCCESS) atomic_store(&event->state, EV_NEVER);
+    return rc;
+}
+EXPORT CUresult cuEventRecord_ptsz(CUevent event, CUstream stream) {
+    return cuEventRecord(event, stream);
+}
+
+EXPORT CUresult cuEventQuery(CUevent event) {
+    if (event == NULL) return CUDA_ERROR_INVALID_HANDLE;
+    return atomic_load(&event->state) == EV_PENDING ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuEventSynchronize(CUevent event) {
+    if (event == NULL) return CUDA_ERROR_INVALID_HANDLE;
+    pthread_mutex_lock(&done_lock);
+    while (atomic_load(&event->state) == EV_PENDING) pthread_cond_wait(&done_cond, &done_lock);
+    pthread_mutex_unlock(&done_lock);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuEventElapsedTime(float *ms, CUevent start, CUevent end) {
+    if (start == NULL || end == NULL) return CUDA_ERROR_INVALID_HANDLE;
+    if (atomic_load(&start->state) != EV_DONE || atomic_load(&end->state) != EV_DONE)
+        return CUDA_ERROR_NOT_READY;
+    *ms = (float)((double)(end->time_ns - start->time_ns) / 1e6);
+    return CUDA_SUCCESS;
+}
+
+/* ---- memory: address space and a count against the card's total ---- */
+static _Atomic uint64_t used_bytes;
+static _Atomic uint64_t next_address = 0x100000000ull;
+static _Atomic uint64_t next_handle = 1;
+
+typedef struct allocation {
+    uint64_t key;
+    uint64_t bytes;
+    struct allocation *next;
+} allocation;
+static pthread_mutex_t alloc_lock = PTHREAD_MUTEX_INITIALIZER;
+static allocation *allocations;
+
+static CUresult take(uint64_t bytes) {
+    uint64_t total = fake_gpu_mem(), used = atomic_load(&used_bytes);
+    do {
+        if (bytes > total - used) return CUDA_ERROR_OUT_OF_MEMORY;
+    } while (!atomic_compare_exchange_weak(&used_bytes, &used, used + bytes));
+    return CUDA_SUCCESS;
+}
+
+static CUresult remember(uint64_t key, uint64_t bytes) {
+    allocation *a = malloc(sizeof *a);
+    if (a == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
+    *a = (allocation){key, bytes, NULL};
+    pthread_mutex_lock(&alloc_lock);
+    a->next = allocations;
+    allocations = a;
+    pthread_mutex_unlock(&alloc_lock);
+    return CUDA_SUCCESS;
+}
+
+static CUresult forget(uint64_t key) {
+    pthread_mutex_lock(&alloc_lock);
+    allocation **p = &allocations;
+    while (*p != NULL && (*p)->key != key) p = &(*p)->next;
+    allocation *a = *p;
+    if (a != NULL) *p = a->next;
+    pthread_mutex_unlock(&alloc_lock);
+    if (a == NULL) return CUDA_ERROR_INVALID_VALUE;
+    atomic_fetch_sub(&used_bytes, a->bytes);
+    free(a);
+    return CUDA_SUCCESS;
+}
+
+static CUresult alloc_address(CUdeviceptr *dptr, uint64_t bytes) {
+    if (!atomic_load(&initialized)) return CUDA_ERROR_NOT_INITIALIZED;
+    if (dptr == NULL || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = take(bytes);
+    if (rc != CUDA_SUCCESS) return rc;
+    uint64_t span = (bytes + 0xfffffu) & ~0xfffffull;
+    *dptr = atomic_fetch_add(&next_address, span + 0x100000u);
+    rc = remember(*dptr, bytes);
+    if (rc != CUDA_SUCCESS) atomic_fetch_sub(&used_bytes, bytes);
+    return rc;
+}
+
+EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytes) { return alloc_address(dptr, bytes); }
+
+EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height,
+                                   unsigned int element_size) {
+    (void)element_size;
+    *pitch = (width + 511u) & ~(size_t)511u;
+    return alloc_address(dptr, (uint64_t)*pitch * height);
+}
+
+EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytes, unsigned int flags) {
+    (void)flags;
+    return alloc_address(dptr, bytes);
+}
+
+EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) { return forget(dptr); }
+
+EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytes, CUstream stream) {
+    (void)stream;
+    return alloc_address(dptr, bytes);
+}
+EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytes, CUstream stream) {
+    return cuMemAllocAsync(dptr, bytes, stream);
+}
+EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool,
+                                        CUstream stream) {
+    (void)pool;
+    return cuMemAllocAsync(dptr, bytes, stream);
+}
+EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool,
+                                             CUstream stream) {
+    return cuMemAllocFromPoolAsync(dptr, bytes, pool, stream);
+}
+EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream) {
+    (void)stream;
+    return forget(dptr);
+}
+EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream) {
+    return cuMemFreeAsync(dptr, stream);
+}
+
+static struct CUmemPoolHandle_st the_pool;
+EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev) {
+    if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
+    *pool = &the_pool;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t bytes,
+                            const CUmemAllocationProp *prop, unsigned long long flags) {
+    (void)prop, (void)flags;
+    if (bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = take(bytes);
+    if (rc != CUDA_SUCCESS) return rc;
+    *handle = atomic_fetch_add(&next_handle, 1);
+    rc = remember(*handle, bytes);
+    if (rc != CUDA_SUCCESS) atomic_fetch_sub(&used_bytes, bytes);
+    return rc;
+}
+
+EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) { return forget(handle); }
+
+static CUresult new_array(CUarray *array, uint64_t bytes) {
+    CUresult rc = take(bytes);
+    if (rc != CUDA_SUCCESS) return rc;
+    *array = malloc(sizeof **array);
+    if (*array == NULL) {
+        atomic_fetch_sub(&used_bytes, bytes);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    (*array)->bytes = bytes;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuArrayCreate_v2(CUarray *array, const CUDA_ARRAY_DESCRIPTOR *d) {
+    return new_array(array, (uint64_t)d->Width * (d->Height ? d->Height : 1) * 4u * d->NumChannels);
+}
+
+EXPORT CUresult cuArray3DCreate_v2(CUarray *array, const CUDA_ARRAY3D_DESCRIPTOR *d) {
+    return new_array(array, (uint64_t)d->Width * (d->Height ? d->Height : 1) *
+                                (d->Depth ? d->Depth : 1) * 4u * d->NumChannels);
+}
+
+EXPORT CUresult cuArrayDestroy(CUarray array) {
+    if (array == NULL) return CUDA_ERROR_INVALID_HANDLE;
+    atomic_fetch_sub(&used_bytes, array->bytes);
+    free(array);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
+    if (current_context == NULL) return CUDA_ERROR_INVALID_CONTEXT;
+    uint64_t total = fake_gpu_mem();
+    *free_bytes = (size_t)(total - atomic_load(&used_bytes));
+    *total_bytes = (size_t)total;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGetErrorName(CUresult rc, const char **name) {
+    *name = rc == CUDA_SUCCESS ? "CUDA_SUCCESS" : "CUDA_ERROR_FAKE";
+    return CUDA_SUCCESS;
+}
+
+/* ---- entry points by name, as cuGetProcAddress hands them out ---- */
+typedef struct named {
+    const char *name;
+    void *fn;
+} named;
+
+EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, cuuint64_t flags);
+EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t flags,
+                                    CUdriverProcAddressQueryResult *status);
+
+#define NAMED(fn) {#fn, (void *)fn}
+static const named table[] = {
+    NAMED(cuInit), NAMED(cuDriverGetVersion), NAMED(cuDeviceGetCount), NAMED(cuDeviceGet),
+    NAMED(cuDeviceGetName), NAMED(cuDeviceGetUuid), NAMED(cuDeviceGetUuid_v2),
+    NAMED(cuDeviceTotalMem_v2), NAMED(cuDevicePrimaryCtxRetain),
+    NAMED(cuDevicePrimaryCtxRelease_v2), NAMED(cuCtxCreate_v2), NAMED(cuCtxDestroy_v2),
+    NAMED(cuCtxSetCurrent), NAMED(cuCtxGetCurrent), NAMED(cuCtxGetDevice),
+    NAMED(cuCtxSynchronize), NAMED(cuModuleLoadData), NAMED(cuModuleUnload),
+    NAMED(cuModuleGetFunction), NAMED(cuLaunchKernel), NAMED(cuLaunchKernel_ptsz),
+    NAMED(cuLaunchCooperativeKernel), NAMED(cuLaunchCooperativeKernel_ptsz),
+    NAMED(cuLaunchKernelEx), NAMED(cuLaunchKernelEx_ptsz), NAMED(cuLaunchHostFunc),
+    NAMED(cuLaunchHostFunc_ptsz), NAMED(cuGraphCreate), NAMED(cuGraphDestroy),
+    NAMED(cuGraphInstantiateWithFlags), NAMED(cuGraphExecDestroy), NAMED(cuGraphLaunch),
+    NAMED(cuGraphLaunch_ptsz), NAMED(cuStreamCreate), NAMED(cuStreamDestroy_v2),
+    NAMED(cuStreamSynchronize), NAMED(cuStreamSynchronize_ptsz), NAMED(cuStreamIsCapturing),
+    NAMED(cuStreamIsCapturing_ptsz), NAMED(cuEventCreate), NAMED(cuEventDestroy_v2),
+    NAMED(cuEventRecord), NAMED(cuEventRecord_ptsz), NAMED(cuEventQuery),
+    NAMED(cuEventSynchronize), NAMED(cuEventElapsedTime), NAMED(cuMemAlloc_v2),
+    NAMED(cuMemAllocPitch_v2), NAMED(cuMemAllocManaged), NAMED(cuMemFree_v2),
+    NAMED(cuMemAllocAsync), NAMED(cuMemAllocAsync_ptsz), NAMED(cuMemAllocFromPoolAsync),
+    NAMED(cuMemAllocFromPoolAsync_ptsz), NAMED(cuMemFreeAsync), NAMED(cuMemFreeAsync_ptsz),
+    NAMED(cuDeviceGetDefaultMemPool), NAMED(cuMemCreate), NAMED(cuMemRelease),
+    NAMED(cuArrayCreate_v2), NAMED(cuArray3DCreate_v2), NAMED(cuArrayDestroy),
+    NAMED(cuMemGetInfo_v2), NAMED(cuGetErrorName), NAMED(cuGetProcAddress),
+    NAMED(cuGetProcAddress_v2),
+};
+
+static void *by_name(const char *name) {
+    for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
+        if (strcmp(table[i].name, name) == 0) return table[i].fn;
+    return NULL;
+}
+
+/* The versioned variant a runtime of `version` means by `symbol`. */
+static void *lookup(const char *symbol, int version, cuuint64_t flags) {
+    char name[128];
+    void *fn = NULL;
+    if (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) {
+        snprintf(name, sizeof name, "%s_ptsz", symbol);
+        fn = by_name(name);
+    }
+    int v2_allowed = strcmp(symbol, "cuGetProcAddress") != 0 || version >= 12000;
+    if (fn == NULL && v2_allowed) {
+        snprintf(name, sizeof name, "%s_v2", symbol);
+        fn = by_name(name);
+    }
+    return fn != NULL ? fn : by_name(symbol);
+}
+
+EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t flags,
+                                    CUdriverProcAddressQueryResult *status) {
+    if (symbol == NULL || pfn == NULL) return CUDA_ERROR_INVALID_VALUE;
+    *pfn = lookup(symbol, version, flags);
+    if (status != NULL)
+        *status = *pfn != NULL ? CU_GET_PROC_ADDRESS_SUCCESS : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, cuuint64_t flags) {
+    CUresult rc = cuGetProcAddress_v2(symbol, pfn, version, flags, NULL);
+    return rc == CUDA_SUCCESS && *pfn == NULL ? CUDA_ERROR_NOT_FOUND : rc;
+}

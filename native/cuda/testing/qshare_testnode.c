@@ -1,0 +1,122 @@
+/* qshare_testnode.c — TEST FIXTURE: a minimal node owner for the CUDA tests and
+ * benchmarks (on machines where the node agent and the Python binding are not set up).
+ * It creates a segment with the cards and vGPUs named on the command line, prints
+ * "ready", then prints every driver event as a line and answers commands on stdin:
+ *   stats ID | suspend ID | resume ID | quit (or end of input).
+ * Usage: qshare-testnode --name N [--dir D] [--release-delay-ms MS]
+ *        --card UUID:TOTAL_BYTES ... --vgpu ID:CARD:high|low:SHARE:LIMIT_BYTES ... */
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "qshare.h"
+
+static pthread_mutex_t out_lock = PTHREAD_MUTEX_INITIALIZER;
+static atomic_int stopping;
+
+static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void say(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    pthread_mutex_lock(&out_lock);
+    vprintf(fmt, ap);
+    fflush(stdout);
+    pthread_mutex_unlock(&out_lock);
+    va_end(ap);
+}
+
+static int fail(const char *what, int rc) {
+    fprintf(stderr, "qshare-testnode: %s: %s (%s)\n", what, qs_strerror(rc), qs_last_error());
+    return 1;
+}
+
+static void *event_loop(void *arg) {
+    qs_node *node = arg;
+    while (!atomic_load(&stopping)) {
+        qs_event ev;
+        if (qs_node_next_event(node, &ev, 50) != QS_OK) continue;
+        say("event kind=%u card=%u vgpu=%u pid=%d value=%llu time=%llu\n", ev.kind, ev.card,
+            ev.vgpu, ev.pid, (unsigned long long)ev.value, (unsigned long long)ev.time_ns);
+    }
+    return NULL;
+}
+
+static int add_card(qs_node *node, uint32_t index, const char *spec) {
+    char uuid[QS_UUID_MAX];
+    unsigned long long total = 0;
+    if (sscanf(spec, "%63[^:]:%llu", uuid, &total) != 2) return fail("bad --card", QS_EINVAL);
+    int rc = qs_card_add(node, index, uuid, total);
+    return rc == QS_OK ? 0 : fail("qs_card_add", rc);
+}
+
+static int add_vgpu(qs_node *node, const char *spec) {
+    unsigned id, card, share;
+    char prio[8];
+    unsigned long long limit;
+    if (sscanf(spec, "%u:%u:%7[a-z]:%u:%llu", &id, &card, prio, &share, &limit) != 5)
+        return fail("bad --vgpu", QS_EINVAL);
+    qs_vgpu_spec v = {.id = id, .card = card, .core_share = share, .mem_limit = limit,
+                      .priority = strcmp(prio, "high") == 0 ? QS_PRIO_HIGH : QS_PRIO_LOW};
+    int rc = qs_vgpu_create(node, &v);
+    return rc == QS_OK ? 0 : fail("qs_vgpu_create", rc);
+}
+
+static void command(qs_node *node, const char *line) {
+    char verb[16] = "";
+    unsigned id = 0;
+    if (sscanf(line, "%15s %u", verb, &id) < 1) return;
+    if (strcmp(verb, "stats") == 0) {
+        qs_vgpu_stats s;
+        int rc = qs_vgpu_stats_get(node, id, &s);
+        say("stats rc=%d id=%u mem_used=%llu mem_limit=%llu launches=%llu device_ns=%llu "
+            "contexts=%u\n",
+            rc, id, (unsigned long long)s.mem_used, (unsigned long long)s.mem_limit,
+            (unsigned long long)s.launches, (unsigned long long)s.device_ns, s.contexts);
+    } else if (strcmp(verb, "suspend") == 0) {
+        say("suspend rc=%d\n", qs_vgpu_suspend(node, id));
+    } else if (strcmp(verb, "resume") == 0) {
+        say("resume rc=%d\n", qs_vgpu_resume(node, id));
+    } else {
+        say("%s rc=-1 error=unknown-command\n", verb);
+    }
+}
+
+int main(int argc, char **argv) {
+    const char *name = NULL, *dir = NULL;
+    unsigned long long delay_ms = 0;
+    int have_delay = 0;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (strcmp(argv[i], "--name") == 0) name = argv[i + 1];
+        if (strcmp(argv[i], "--dir") == 0) dir = argv[i + 1];
+        if (strcmp(argv[i], "--release-delay-ms") == 0) {
+            delay_ms = strtoull(argv[i + 1], NULL, 10);
+            have_delay = 1;
+        }
+    }
+    qs_node *node = NULL;
+    int rc = qs_node_create(name, dir, 1, &node);
+    if (rc != QS_OK) return fail("qs_node_create", rc);
+    uint32_t cards = 0;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (strcmp(argv[i], "--card") != 0) continue;
+        if (add_card(node, cards, argv[i + 1]) != 0) return 1;
+        if (have_delay && (rc = qs_card_set_release_delay(node, cards, delay_ms * 1000000ull)))
+            return fail("qs_card_set_release_delay", rc);
+        cards++;
+    }
+    for (int i = 1; i + 1 < argc; i += 2)
+        if (strcmp(argv[i], "--vgpu") == 0 && add_vgpu(node, argv[i + 1]) != 0) return 1;
+    pthread_t events;
+    pthread_create(&events, NULL, event_loop, node);
+    say("ready\n");
+    char line[128];
+    while (fgets(line, sizeof line, stdin) != NULL && strncmp(line, "quit", 4) != 0)
+        command(node, line);
+    atomic_store(&stopping, 1);
+    pthread_join(events, NULL);
+    qs_node_close(node);
+    return 0;
+}

@@ -1,0 +1,205 @@
+/* probe.c — the commands of the probe (see probe.h). Times are CLOCK_MONOTONIC ns, the
+ * clock of the driver's events, so tests can order what several processes saw. */
+#include "probe.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define MAX_ALLOCS 256
+
+typedef struct allocation {
+    char kind[16];
+    CUdeviceptr ptr;
+    CUmemGenericAllocationHandle handle;
+    CUarray array;
+    int live;
+} allocation;
+
+typedef struct probe {
+    const probe_driver *d;
+    CUstream stream;
+    CUmodule module;
+    CUgraphExec graph;
+    allocation allocs[MAX_ALLOCS];
+    int n_allocs;
+} probe;
+
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void host_fn(void *arg) { (void)arg; }
+
+static void cmd_init(probe *p) {
+    const probe_driver *d = p->d;
+    uint64_t t0 = now_ns();
+    CUresult rc = d->cuInit(0);
+    uint64_t t1 = now_ns();
+    CUcontext ctx = NULL;
+    CUgraph graph = NULL;
+    if (rc == CUDA_SUCCESS) rc = d->cuDevicePrimaryCtxRetain(&ctx, 0);
+    if (rc == CUDA_SUCCESS) rc = d->cuCtxSetCurrent(ctx);
+    if (rc == CUDA_SUCCESS) rc = d->cuModuleLoadData(&p->module, "fake image");
+    if (rc == CUDA_SUCCESS) rc = d->cuStreamCreate(&p->stream, 0);
+    if (rc == CUDA_SUCCESS) rc = d->cuGraphCreate(&graph, 0);
+    if (rc == CUDA_SUCCESS) rc = d->cuGraphInstantiateWithFlags(&p->graph, graph, 0);
+    printf("init rc=%d style=%s init_ns=%llu\n", rc, d->style, (unsigned long long)(t1 - t0));
+}
+
+static CUresult alloc_kind(probe *p, allocation *a, const char *kind, size_t bytes) {
+    const probe_driver *d = p->d;
+    snprintf(a->kind, sizeof a->kind, "%s", kind);
+    size_t pitch = 0;
+    if (strcmp(kind, "plain") == 0) return d->cuMemAlloc_v2(&a->ptr, bytes);
+    if (strcmp(kind, "pitch") == 0) return d->cuMemAllocPitch_v2(&a->ptr, &pitch, bytes, 1, 4);
+    if (strcmp(kind, "managed") == 0) return d->cuMemAllocManaged(&a->ptr, bytes, 1);
+    if (strcmp(kind, "async") == 0) return d->cuMemAllocAsync(&a->ptr, bytes, p->stream);
+    if (strcmp(kind, "pool") == 0) {
+        CUmemoryPool pool = NULL;
+        CUresult rc = d->cuDeviceGetDefaultMemPool(&pool, 0);
+        return rc != CUDA_SUCCESS ? rc : d->cuMemAllocFromPoolAsync(&a->ptr, bytes, pool, p->stream);
+    }
+    if (strcmp(kind, "vmm") == 0) return d->cuMemCreate(&a->handle, bytes, NULL, 0);
+    if (strcmp(kind, "array") == 0) {
+        CUDA_ARRAY_DESCRIPTOR desc = {bytes / 4, 1, CU_AD_FORMAT_FLOAT, 1};
+        return d->cuArrayCreate_v2(&a->array, &desc);
+    }
+    if (strcmp(kind, "array3d") == 0) {
+        CUDA_ARRAY3D_DESCRIPTOR desc = {bytes / 4, 1, 1, CU_AD_FORMAT_FLOAT, 1, 0};
+        return d->cuArray3DCreate_v2(&a->array, &desc);
+    }
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+static void cmd_alloc(probe *p, const char *kind, size_t bytes) {
+    if (p->n_allocs == MAX_ALLOCS) {
+        printf("alloc rc=%d\n", CUDA_ERROR_INVALID_VALUE);
+        return;
+    }
+    allocation *a = &p->allocs[p->n_allocs];
+    memset(a, 0, sizeof *a);
+    CUresult rc = alloc_kind(p, a, kind, bytes);
+    a->live = rc == CUDA_SUCCESS;
+    printf("alloc rc=%d id=%d\n", rc, a->live ? p->n_allocs++ : -1);
+}
+
+static void cmd_free(probe *p, int id) {
+    const probe_driver *d = p->d;
+    if (id < 0 || id >= p->n_allocs || !p->allocs[id].live) {
+        printf("free rc=%d\n", CUDA_ERROR_INVALID_VALUE);
+        return;
+    }
+    allocation *a = &p->allocs[id];
+    CUresult rc;
+    if (strcmp(a->kind, "vmm") == 0) rc = d->cuMemRelease(a->handle);
+    else if (strncmp(a->kind, "array", 5) == 0) rc = d->cuArrayDestroy(a->array);
+    else if (strcmp(a->kind, "async") == 0 || strcmp(a->kind, "pool") == 0)
+        rc = d->cuMemFreeAsync(a->ptr, p->stream);
+    else rc = d->cuMemFree_v2(a->ptr);
+    a->live = rc != CUDA_SUCCESS;
+    printf("free rc=%d\n", rc);
+}
+
+static void cmd_meminfo(probe *p) {
+    size_t free_b = 0, total = 0, dev_total = 0;
+    CUresult rc = p->d->cuMemGetInfo_v2(&free_b, &total);
+    CUresult rc2 = p->d->cuDeviceTotalMem_v2(&dev_total, 0);
+    printf("meminfo rc=%d free=%zu total=%zu device_rc=%d device_total=%zu\n", rc, free_b, total,
+           rc2, dev_total);
+}
+
+static void cmd_nvml(probe *p) {
+    const probe_driver *d = p->d;
+    nvmlDevice_t dev = NULL;
+    nvmlMemory_t m1 = {0};
+    nvmlMemory_v2_t m2 = {.version = (unsigned)sizeof(nvmlMemory_v2_t) | (2u << 24)};
+    nvmlReturn_t rc = d->nvmlInit_v2();
+    if (rc == NVML_SUCCESS) rc = d->nvmlDeviceGetHandleByIndex_v2(0, &dev);
+    if (rc == NVML_SUCCESS) rc = d->nvmlDeviceGetMemoryInfo(dev, &m1);
+    if (rc == NVML_SUCCESS) rc = d->nvmlDeviceGetMemoryInfo_v2(dev, &m2);
+    printf("nvml rc=%d total=%llu used=%llu free=%llu v2_total=%llu v2_used=%llu v2_free=%llu\n",
+           rc, m1.total, m1.used, m1.free, m2.total, m2.used, m2.free);
+}
+
+static CUresult launch_one(probe *p, const char *kind, CUfunction f) {
+    const probe_driver *d = p->d;
+    if (strcmp(kind, "kernel") == 0)
+        return d->cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, p->stream, NULL, NULL);
+    if (strcmp(kind, "coop") == 0)
+        return d->cuLaunchCooperativeKernel(f, 1, 1, 1, 1, 1, 1, 0, p->stream, NULL);
+    if (strcmp(kind, "ex") == 0) {
+        CUlaunchConfig config = {1, 1, 1, 1, 1, 1, 0, p->stream, NULL, 0};
+        return d->cuLaunchKernelEx(&config, f, NULL, NULL);
+    }
+    if (strcmp(kind, "graph") == 0) return d->cuGraphLaunch(p->graph, p->stream);
+    if (strcmp(kind, "host") == 0) return d->cuLaunchHostFunc(p->stream, host_fn, NULL);
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+static CUfunction kernel_of(probe *p, unsigned long us) {
+    char name[64];
+    snprintf(name, sizeof name, "sleep_us_%lu", us);
+    CUfunction f = NULL;
+    return p->d->cuModuleGetFunction(&f, p->module, name) == CUDA_SUCCESS ? f : NULL;
+}
+
+static void cmd_launch(probe *p, const char *kind, unsigned long us, unsigned long count) {
+    CUfunction f = kernel_of(p, us);
+    CUresult rc = CUDA_SUCCESS;
+    uint64_t first = now_ns();
+    for (unsigned long i = 0; i < count && rc == CUDA_SUCCESS; i++) rc = launch_one(p, kind, f);
+    printf("launch rc=%d start=%llu t=%llu\n", rc, (unsigned long long)first,
+           (unsigned long long)now_ns());
+}
+
+static void cmd_bench(probe *p, unsigned long count) {
+    CUfunction f = kernel_of(p, 0);
+    CUresult rc = CUDA_SUCCESS;
+    for (unsigned long i = 0; i < count / 10 && rc == CUDA_SUCCESS; i++)
+        rc = launch_one(p, "kernel", f);
+    uint64_t t0 = now_ns();
+    for (unsigned long i = 0; i < count && rc == CUDA_SUCCESS; i++) rc = launch_one(p, "kernel", f);
+    uint64_t t1 = now_ns();
+    printf("bench rc=%d launches=%lu ns_per_launch=%.2f\n", rc, count,
+           count ? (double)(t1 - t0) / (double)count : 0.0);
+}
+
+static void run(probe *p, char *line) {
+    char cmd[32] = "", arg1[32] = "";
+    unsigned long n1 = 0, n2 = 0;
+    int fields = sscanf(line, "%31s %31s %lu %lu", cmd, arg1, &n1, &n2);
+    if (fields <= 0) return;
+    if (strcmp(cmd, "init") == 0) cmd_init(p);
+    else if (strcmp(cmd, "alloc") == 0) cmd_alloc(p, arg1, (size_t)n1);
+    else if (strcmp(cmd, "free") == 0) cmd_free(p, atoi(arg1));
+    else if (strcmp(cmd, "meminfo") == 0) cmd_meminfo(p);
+    else if (strcmp(cmd, "nvml") == 0) cmd_nvml(p);
+    else if (strcmp(cmd, "launch") == 0) cmd_launch(p, arg1, n1, n2 ? n2 : 1);
+    else if (strcmp(cmd, "sync") == 0) {
+        CUresult rc = p->d->cuStreamSynchronize(p->stream);
+        printf("sync rc=%d t=%llu\n", rc, (unsigned long long)now_ns());
+    } else if (strcmp(cmd, "now") == 0) printf("now t=%llu\n", (unsigned long long)now_ns());
+    else if (strcmp(cmd, "bench") == 0) cmd_bench(p, strtoul(arg1, NULL, 10));
+    else printf("%s rc=-1 error=unknown-command\n", cmd);
+    fflush(stdout);
+}
+
+int probe_main(const probe_driver *d, int argc, char **argv, int first) {
+    static probe p;
+    p.d = d;
+    if (first < argc) {
+        for (int i = first; i < argc; i++) run(&p, argv[i]);
+        return 0;
+    }
+    char line[256];
+    while (fgets(line, sizeof line, stdin) != NULL) {
+        if (strncmp(line, "quit", 4) == 0) break;
+        run(&p, line);
+    }
+    return 0;
+}

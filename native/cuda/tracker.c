@@ -1,0 +1,194 @@
+/* tracker.c — units of device work: each launch is bracketed by qs_launch_begin and a
+ * qs_launch_end that comes when the work *completes* on the device, seen through an
+ * event recorded behind it. So low priority's in-flight bound holds on the device
+ * (a suspension drains within about one unit), high priority stays busy until its
+ * work is done, and low priority's device time is measured by timing events.
+ *
+ * Completed units are ended by whoever sees them first: the launching thread (cheap
+ * queries, no waiting) or a reaper thread that waits on the oldest event. A launch
+ * whose work is already done when recorded is ended inline and touches no ring; a
+ * launch that finds the ring busy only appends to it. The reaper is woken (one futex
+ * call) only when it sleeps, i.e. after all of the process's work had completed. */
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "internal.h"
+#include "interposer.h"
+
+#define RING_SLOTS 1024u
+
+enum { SLOT_FREE = 0, SLOT_FILLING = 1, SLOT_READY = 2 };
+enum { CAPTURE_NONE = 0 };
+
+typedef struct events {
+    CUcontext ctx;
+    CUevent start; /* low priority only: recorded before the launch, for device time */
+    CUevent end;
+} events;
+
+typedef struct slot {
+    _Atomic uint32_t state;
+    events ev;
+} slot;
+
+static struct {
+    slot ring[RING_SLOTS];
+    _Alignas(64) _Atomic uint64_t tail; /* next slot to fill */
+    _Alignas(64) _Atomic uint64_t head; /* oldest unit not yet ended */
+    _Alignas(64) _Atomic uint32_t reaper_sleeping;
+    _Atomic uint32_t wake_seq;
+} tracker;
+
+/* The calling thread's events for the unit it is submitting. */
+static _Thread_local events current;
+static pthread_once_t reaper_once = PTHREAD_ONCE_INIT;
+
+static CUcontext current_context(void) {
+    CUcontext ctx = NULL;
+    QSC_REAL(qsc_ctx_get_current_fn, cuCtxGetCurrent)(&ctx);
+    return ctx;
+}
+
+static void destroy_events(events *ev) {
+    qsc_event_fn destroy = QSC_REAL(qsc_event_fn, cuEventDestroy_v2);
+    if (ev->start != NULL) destroy(ev->start);
+    if (ev->end != NULL) destroy(ev->end);
+    ev->start = ev->end = NULL;
+}
+
+/* Make `ev` hold events of context `ctx` (created in the current context). */
+static CUresult prepare_events(events *ev, CUcontext ctx, int timed) {
+    if (ev->ctx != ctx) {
+        destroy_events(ev);
+        ev->ctx = ctx;
+    }
+    qsc_event_create_fn create = QSC_REAL(qsc_event_create_fn, cuEventCreate);
+    unsigned int flags = CU_EVENT_BLOCKING_SYNC | (timed ? 0u : (unsigned)CU_EVENT_DISABLE_TIMING);
+    CUresult rc = CUDA_SUCCESS;
+    if (ev->end == NULL) rc = create(&ev->end, flags);
+    if (rc == CUDA_SUCCESS && timed && ev->start == NULL) rc = create(&ev->start, flags);
+    return rc;
+}
+
+static void finish(const events *ev, int completed) {
+    const qsc_session *s = qsc_session_get();
+    if (s->low_priority && completed && ev->start != NULL) {
+        float ms = 0.0f;
+        if (QSC_REAL(qsc_event_elapsed_fn, cuEventElapsedTime)(&ms, ev->start, ev->end) ==
+                CUDA_SUCCESS &&
+            ms > 0.0f)
+            qs_account_device_time(s->client, (uint64_t)((double)ms * 1e6));
+    }
+    qs_launch_end(s->client);
+}
+
+/* End the oldest unit if it has completed (waiting for it when `wait`). 1 if the ring
+ * moved, 0 if there was nothing to end. */
+static int end_oldest(int wait) {
+    uint64_t h = atomic_load(&tracker.head);
+    if (h == atomic_load(&tracker.tail)) return 0;
+    slot *s = &tracker.ring[h % RING_SLOTS];
+    if (atomic_load_explicit(&s->state, memory_order_acquire) != SLOT_READY) return 0;
+    qsc_event_fn check = wait ? QSC_REAL(qsc_event_fn, cuEventSynchronize)
+                              : QSC_REAL(qsc_event_fn, cuEventQuery);
+    CUresult rc = check(s->ev.end);
+    if (rc == CUDA_ERROR_NOT_READY) return 0;
+    if (!atomic_compare_exchange_strong(&tracker.head, &h, h + 1)) return 1;
+    finish(&s->ev, rc == CUDA_SUCCESS);
+    atomic_store_explicit(&s->state, SLOT_FREE, memory_order_release);
+    return 1;
+}
+
+static void *reaper_main(void *arg) {
+    (void)arg;
+    for (;;) {
+        if (end_oldest(1)) continue;
+        if (atomic_load(&tracker.head) != atomic_load(&tracker.tail)) {
+            sched_yield(); /* the oldest slot is being filled: a few instructions away */
+            continue;
+        }
+        atomic_store(&tracker.reaper_sleeping, 1);
+        uint32_t seq = atomic_load(&tracker.wake_seq);
+        if (atomic_load(&tracker.head) == atomic_load(&tracker.tail))
+            qs_futex_wait(&tracker.wake_seq, seq, 0);
+        atomic_store(&tracker.reaper_sleeping, 0);
+    }
+    return NULL;
+}
+
+static void start_reaper(void) {
+    pthread_t thread;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    atomic_store(&tracker.reaper_sleeping, 1);
+    if (pthread_create(&thread, &attr, reaper_main, NULL) != 0)
+        qsc_warn_once(QSC_WARN_RING, "cannot start the completion thread; launches will wait");
+    pthread_attr_destroy(&attr);
+}
+
+/* Hand the recorded `current` events to the ring, taking the slot's spare events back. */
+static void append(void) {
+    pthread_once(&reaper_once, start_reaper);
+    uint64_t t = atomic_fetch_add(&tracker.tail, 1);
+    slot *s = &tracker.ring[t % RING_SLOTS];
+    while (atomic_load_explicit(&s->state, memory_order_acquire) != SLOT_FREE)
+        if (!end_oldest(1)) sched_yield(); /* ring full: drain it ourselves */
+    atomic_store_explicit(&s->state, SLOT_FILLING, memory_order_relaxed);
+    events spare = s->ev;
+    s->ev = current;
+    if (spare.ctx != current.ctx) {
+        destroy_events(&spare);
+        spare.ctx = current.ctx;
+    }
+    current = spare;
+    atomic_store_explicit(&s->state, SLOT_READY, memory_order_release);
+    if (atomic_load(&tracker.reaper_sleeping)) {
+        atomic_fetch_add(&tracker.wake_seq, 1);
+        qs_futex_wake(&tracker.wake_seq, 1);
+    }
+}
+
+static int capturing(CUstream stream) {
+    qsc_stream_is_capturing_fn is_capturing =
+        QSC_REAL(qsc_stream_is_capturing_fn, cuStreamIsCapturing);
+    int status = CAPTURE_NONE;
+    return is_capturing != NULL && is_capturing(stream, &status) == CUDA_SUCCESS &&
+           status != CAPTURE_NONE;
+}
+
+CUresult qsc_unit_begin(CUstream stream, int *tracked) {
+    *tracked = 0;
+    const qsc_session *s = qsc_session_get();
+    if (s->client == NULL) return s->failure;
+    if (capturing(stream)) return CUDA_SUCCESS; /* recorded into a graph, not run now */
+    while (end_oldest(0)) {
+    }
+    int rc = qs_launch_begin(s->client);
+    if (rc != QS_OK) {
+        qsc_warn_once(QSC_WARN_DRIVER, "launch refused: %s (%s)", qs_strerror(rc), qs_last_error());
+        return qsc_cu_status(rc);
+    }
+    *tracked = 1;
+    if (prepare_events(&current, current_context(), s->low_priority) == CUDA_SUCCESS &&
+        s->low_priority)
+        QSC_REAL(qsc_event_record_fn, cuEventRecord)(current.start, stream);
+    return CUDA_SUCCESS;
+}
+
+void qsc_unit_end(CUstream stream, CUresult submitted) {
+    const qsc_session *s = qsc_session_get();
+    if (submitted != CUDA_SUCCESS || current.end == NULL ||
+        QSC_REAL(qsc_event_record_fn, cuEventRecord)(current.end, stream) != CUDA_SUCCESS) {
+        qs_launch_end(s->client);
+        return;
+    }
+    if (atomic_load(&tracker.head) == atomic_load(&tracker.tail) &&
+        QSC_REAL(qsc_event_fn, cuEventQuery)(current.end) == CUDA_SUCCESS) {
+        finish(&current, 1);
+        return;
+    }
+    append();
+}
