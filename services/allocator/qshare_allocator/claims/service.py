@@ -11,15 +11,16 @@ from qshare.contracts import subjects
 from qshare.contracts.claims import ClaimSpec, ClaimView, CreateClaim, CreateClaimReply, DeleteClaim
 from qshare.contracts.domain import ClaimStatus
 from qshare.contracts.errors import NotFound
+from qshare.contracts.rows import claim_view, vgpus_of
 from qshare.contracts.schema import claims
 from qshare.settings import ClusterSettings
 from sqlalchemy import Row, func, insert, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from qshare_allocator.claims.classes import ClassCatalog
-from qshare_allocator.claims.views import claim_view, demand_of, spec_of
+from qshare_allocator.claims.views import demand_of, spec_of
 from qshare_allocator.outbox import add_event
-from qshare_allocator.placement.capacity import give_back, hold, vgpus_of
+from qshare_allocator.placement.capacity import give_back, hold
 from qshare_allocator.placement.demand import Demand, check_granularity
 from qshare_allocator.placement.finder import Choice, find_and_lock
 

@@ -1,36 +1,15 @@
-"""Turning claim rows into the `ClaimView` contract and demands for placement."""
+"""Turning stored claims and requests into demands for placement."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from qshare.contracts.claims import ClaimSpec, ClaimView, PlacementOverride, VgpuView
-from qshare.contracts.domain import ClaimStatus, Priority, Provisioner
+from qshare.contracts.claims import ClaimSpec, PlacementOverride
+from qshare.contracts.domain import Priority, Provisioner
 from qshare.settings import ClusterSettings
 from sqlalchemy import Row
 
 from qshare_allocator.placement.demand import Demand
-
-
-def claim_view(row: Row[Any], vgpus: list[VgpuView]) -> ClaimView:
-    return ClaimView(
-        id=row.id,
-        tenant=row.tenant,
-        status=ClaimStatus(row.status),
-        priority=Priority(row.priority),
-        vcore=row.vcore,
-        vmemory_mib=row.vmemory_mib,
-        count=row.count,
-        class_name=row.class_name,
-        node_selector=row.node_selector,
-        placement=PlacementOverride.model_validate(row.placement) if row.placement else None,
-        idempotency_key=row.idempotency_key,
-        reason=row.reason,
-        node=row.node_name,
-        vgpus=vgpus,
-        created_at=row.created_at,
-        updated_at=row.updated_at,
-    )
 
 
 def demand_of(spec: ClaimSpec, provisioner: Provisioner, rules: ClusterSettings) -> Demand:

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from qshare.contracts.domain import NodeStatus
 from qshare.contracts.errors import Conflict, NotFound
 from qshare.contracts.nodes import GpuSpec, Heartbeat, NodeRegistration, NodeView
+from qshare.contracts.rows import node_is_ready, node_views
 from qshare.contracts.schema import gpus, nodes
 from qshare.settings import ClusterSettings
-from sqlalchemy import Row, func, select, text, update
+from sqlalchemy import func, select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -38,9 +38,9 @@ class InventoryService:
 
     async def heartbeat(self, conn: AsyncConnection, node: str, beat: Heartbeat) -> bool:
         """Record a heartbeat; True when it may have freed capacity (node back, card healthy)."""
-        query = select(nodes.c.heartbeat_at, self._ready_expr().label("ready")).where(
-            nodes.c.name == node
-        )
+        query = select(
+            nodes.c.heartbeat_at, node_is_ready(self._rules.node_timeout_s).label("ready")
+        ).where(nodes.c.name == node)
         row = (await conn.execute(query.with_for_update())).one_or_none()
         if row is None:
             raise NotFound(f"node {node} is not registered")
@@ -56,20 +56,7 @@ class InventoryService:
         return not row.ready or any(healed.scalars().all())
 
     async def view(self, conn: AsyncConnection, name: str) -> NodeView:
-        query = (
-            select(nodes, self._ready_expr().label("ready"), func.count(gpus.c.uuid).label("cards"),
-                   func.coalesce(func.sum(gpus.c.memory_mib), 0).label("memory_mib"))
-            .join(gpus, gpus.c.node_name == nodes.c.name, isouter=True)
-            .where(nodes.c.name == name)
-            .group_by(nodes.c.name)
-        )  # fmt: skip
-        return node_view((await conn.execute(query)).one())
-
-    def _ready_expr(self) -> Any:
-        interval = text("make_interval(secs => :timeout_s)").bindparams(
-            timeout_s=self._rules.node_timeout_s
-        )
-        return nodes.c.heartbeat_at >= func.now() - interval
+        return (await node_views(conn, self._rules.node_timeout_s, name))[0]
 
     async def _upsert_node(self, conn: AsyncConnection, registration: NodeRegistration) -> None:
         statement = insert(nodes).values(
@@ -122,16 +109,3 @@ class InventoryService:
         await conn.execute(
             update(nodes).where(nodes.c.name == name).values(free_mib=free.scalar_subquery())
         )
-
-
-def node_view(row: Row[Any]) -> NodeView:
-    return NodeView(
-        name=row.name,
-        status=NodeStatus.READY if row.ready else NodeStatus.NOT_READY,
-        labels=row.labels,
-        schedulable=row.schedulable,
-        heartbeat_at=row.heartbeat_at,
-        gpus=row.cards,
-        memory_mib=row.memory_mib,
-        free_mib=row.free_mib,
-    )

@@ -75,24 +75,6 @@ async def give_back(conn: AsyncConnection, claim_id: uuid.UUID, node: str) -> No
     await _adjust_node(conn, node, sum(r.vmemory_mib for r in held))
 
 
-async def vgpus_of(
-    conn: AsyncConnection, claim_ids: list[uuid.UUID]
-) -> dict[uuid.UUID, list[VgpuView]]:
-    """The vGPUs of each claim, ordered by card index."""
-    rows = (
-        await conn.execute(
-            select(vgpus).where(vgpus.c.claim_id.in_(claim_ids)).order_by(vgpus.c.idx)
-        )
-    ).all()
-    found: dict[uuid.UUID, list[VgpuView]] = {}
-    for r in rows:
-        found.setdefault(r.claim_id, []).append(
-            VgpuView(id=r.id, node=r.node_name, gpu=r.gpu_uuid, index=r.idx, vcore=r.vcore,
-                     vmemory_mib=r.vmemory_mib, priority=Priority(r.priority))
-        )  # fmt: skip
-    return found
-
-
 async def _adjust_node(conn: AsyncConnection, node: str, delta_mib: int) -> None:
     await conn.execute(
         update(nodes).where(nodes.c.name == node).values(free_mib=nodes.c.free_mib + delta_mib)

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from qshare.contracts.domain import PlacementPolicy, Priority
+from qshare.contracts.rows import node_is_ready
 from qshare.contracts.schema import gpus, nodes
-from sqlalchemy import ColumnElement, Select, and_, func, literal, select, text
+from sqlalchemy import ColumnElement, Select, and_, func, literal, select
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -102,12 +103,9 @@ def _best_first(query: Select[Any], demand: Demand, tried: list[str]) -> Select[
 
 
 def _node_fits(demand: Demand, timeout_s: float) -> ColumnElement[bool]:
-    ready_since = func.now() - text("make_interval(secs => :timeout_s)").bindparams(
-        timeout_s=timeout_s
-    )
     return and_(
         nodes.c.schedulable,
-        nodes.c.heartbeat_at >= ready_since,
+        node_is_ready(timeout_s),
         nodes.c.free_mib >= demand.node_free_needed,
         nodes.c.labels.contains(literal(demand.selector, JSONB)),
     )

@@ -1,0 +1,1 @@
+"""The qshare REST API for platform teams: claims, nodes, GPUs, classes and tokens."""

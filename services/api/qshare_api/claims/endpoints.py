@@ -1,0 +1,93 @@
+"""`/v1/claims`: create, list, get and delete claims."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Header, Query, Response, status
+from pydantic import BaseModel
+from qshare.contracts import rpc, subjects
+from qshare.contracts.claims import ClaimSpec, ClaimView, CreateClaim, CreateClaimReply, DeleteClaim
+from qshare.contracts.domain import ClaimStatus, Priority
+from qshare.contracts.errors import InvalidInput, NotFound
+
+from qshare_api.auth import Caller
+from qshare_api.claims.repository import ClaimFilter, get_claim, list_claims
+from qshare_api.problems import PROBLEMS
+from qshare_api.resources import Resources, resources
+
+router = APIRouter(prefix="/v1/claims", tags=["claims"], responses=PROBLEMS)
+Res = Annotated[Resources, Depends(resources)]
+
+
+class ClaimPage(BaseModel):
+    items: list[ClaimView]
+    next_cursor: str | None = None
+
+
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    response_model=ClaimView,
+    summary="Create a claim",
+    description="Placed at once when capacity allows, else `pending` with a `reason` until it "
+    "fits. Repeating an `idempotency_key` returns the original claim with 200.",
+    responses={200: {"model": ClaimView, "description": "the claim an idempotency key named"}},
+)
+async def create_claim(
+    spec: ClaimSpec,
+    caller: Caller,
+    res: Res,
+    response: Response,
+    idempotency_key: Annotated[str | None, Header(max_length=128)] = None,
+) -> ClaimView:
+    if idempotency_key and not spec.idempotency_key:
+        spec = spec.model_copy(update={"idempotency_key": idempotency_key})
+    command = CreateClaim(tenant=caller.tenant, spec=spec)
+    reply = await rpc.call(
+        res.nc, subjects.CLAIMS_CREATE, res.source, command, CreateClaimReply,
+        timeout=res.settings.allocator_timeout_s,
+    )  # fmt: skip
+    if not reply.created:
+        response.status_code = status.HTTP_200_OK
+    return reply.claim
+
+
+@router.get("", response_model=ClaimPage, summary="List claims, oldest first")
+async def list_all(
+    caller: Caller,
+    res: Res,
+    status_: Annotated[ClaimStatus | None, Query(alias="status")] = None,
+    priority: Priority | None = None,
+    node: str | None = None,
+    tenant: Annotated[str | None, Query(description="admins only")] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    cursor: str | None = None,
+) -> ClaimPage:
+    if tenant is not None and not caller.is_admin:
+        raise InvalidInput.on("tenant", "only admins may filter by tenant")
+    where = ClaimFilter(tenant or caller.tenant_filter(), status_, priority, node)
+    async with res.engine.connect() as conn:
+        items, following = await list_claims(conn, where, limit, cursor)
+    return ClaimPage(items=items, next_cursor=following)
+
+
+@router.get("/{claim_id}", response_model=ClaimView, summary="Get one claim")
+async def get_one(claim_id: uuid.UUID, caller: Caller, res: Res) -> ClaimView:
+    async with res.engine.connect() as conn:
+        found = await get_claim(conn, claim_id, caller.tenant_filter())
+    if found is None:
+        raise NotFound(f"claim {claim_id} not found")
+    return found
+
+
+@router.delete(
+    "/{claim_id}", response_model=ClaimView, summary="Delete a claim, releasing its vGPUs"
+)
+async def delete_one(claim_id: uuid.UUID, caller: Caller, res: Res) -> ClaimView:
+    command = DeleteClaim(claim_id=claim_id, tenant=caller.tenant_filter())
+    return await rpc.call(
+        res.nc, subjects.CLAIMS_DELETE, res.source, command, ClaimView,
+        timeout=res.settings.allocator_timeout_s,
+    )  # fmt: skip

@@ -1,0 +1,1 @@
+"""Classes over REST: how vGPUs are produced (`qshare` slices, `whole` cards)."""

@@ -1,0 +1,58 @@
+"""`/v1/classes`: everyone lists them; admins add them."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, status
+from pydantic import BaseModel, ConfigDict, Field
+from qshare.contracts.claims import ClassName
+from qshare.contracts.domain import Provisioner
+from qshare.contracts.errors import Conflict
+from qshare.contracts.schema import classes
+from sqlalchemy import insert, select
+from sqlalchemy.exc import IntegrityError
+
+from qshare_api.auth import Admin, Caller
+from qshare_api.problems import PROBLEMS
+from qshare_api.resources import Resources, resources
+
+router = APIRouter(prefix="/v1/classes", tags=["classes"], responses=PROBLEMS)
+Res = Annotated[Resources, Depends(resources)]
+
+
+class GpuClass(BaseModel):
+    """Like an ElasticGPUClass: the name claims use, and how its vGPUs are produced."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [{"name": "inference", "provisioner": "qshare", "description": "slices"}]
+        },
+    )
+
+    name: ClassName
+    provisioner: Provisioner
+    description: Annotated[str, Field(max_length=512)] = ""
+
+
+@router.get("", response_model=list[GpuClass], summary="List classes")
+async def list_classes(caller: Caller, res: Res) -> list[GpuClass]:
+    query = select(classes.c.name, classes.c.provisioner, classes.c.description)
+    async with res.engine.connect() as conn:
+        rows = (await conn.execute(query.order_by(classes.c.name))).all()
+    return [
+        GpuClass(name=r.name, provisioner=r.provisioner, description=r.description) for r in rows
+    ]
+
+
+@router.post(
+    "", response_model=GpuClass, status_code=status.HTTP_201_CREATED, summary="Add a class (admins)"
+)
+async def add_class(body: GpuClass, caller: Admin, res: Res) -> GpuClass:
+    try:
+        async with res.engine.begin() as conn:
+            await conn.execute(insert(classes).values(body.model_dump(mode="json")))
+    except IntegrityError as exc:
+        raise Conflict(f"class {body.name} exists") from exc
+    return body

@@ -1,0 +1,53 @@
+"""`/v1/nodes` and `/v1/gpus`: the inventory with readiness and capacity; admins register nodes."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends
+from qshare.contracts import rpc, subjects
+from qshare.contracts.errors import NotFound
+from qshare.contracts.nodes import GpuView, NodeRegistration, NodeView
+from qshare.contracts.rows import node_views
+
+from qshare_api.auth import Admin, Caller
+from qshare_api.inventory.repository import list_gpus
+from qshare_api.problems import PROBLEMS
+from qshare_api.resources import Resources, resources
+
+router = APIRouter(prefix="/v1", tags=["inventory"], responses=PROBLEMS)
+Res = Annotated[Resources, Depends(resources)]
+
+
+@router.get("/nodes", response_model=list[NodeView], summary="List nodes")
+async def get_nodes(caller: Caller, res: Res) -> list[NodeView]:
+    async with res.engine.connect() as conn:
+        return await node_views(conn, res.settings.cluster.node_timeout_s)
+
+
+@router.get("/nodes/{name}", response_model=NodeView, summary="Get one node")
+async def get_node(name: str, caller: Caller, res: Res) -> NodeView:
+    async with res.engine.connect() as conn:
+        found = await node_views(conn, res.settings.cluster.node_timeout_s, name)
+    if not found:
+        raise NotFound(f"node {name} not found")
+    return found[0]
+
+
+@router.post(
+    "/nodes",
+    response_model=NodeView,
+    summary="Register or refresh a node (admins)",
+    description="What a node agent does over NATS; re-registering replaces labels and cards.",
+)
+async def register_node(registration: NodeRegistration, caller: Admin, res: Res) -> NodeView:
+    return await rpc.call(
+        res.nc, subjects.NODES_REGISTER, res.source, registration, NodeView,
+        timeout=res.settings.allocator_timeout_s,
+    )  # fmt: skip
+
+
+@router.get("/gpus", response_model=list[GpuView], summary="List cards with their capacity")
+async def get_gpus(caller: Caller, res: Res, node: str | None = None) -> list[GpuView]:
+    async with res.engine.connect() as conn:
+        return await list_gpus(conn, node)

@@ -1,0 +1,1 @@
+"""Tokens over REST: admins issue and revoke bearer tokens for tenants and admins."""

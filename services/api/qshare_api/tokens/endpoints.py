@@ -1,0 +1,68 @@
+"""`/v1/tokens`: admins issue, list and revoke bearer tokens."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, status
+from pydantic import BaseModel, ConfigDict, Field
+from qshare.contracts.domain import Role
+from qshare.contracts.errors import NotFound
+
+from qshare_api.auth import Admin, new_secret
+from qshare_api.problems import PROBLEMS
+from qshare_api.resources import Resources, resources
+from qshare_api.tokens.repository import list_tokens, revoke_token, store_token
+
+router = APIRouter(prefix="/v1/tokens", tags=["tokens"], responses=PROBLEMS)
+Res = Annotated[Resources, Depends(resources)]
+
+
+class TokenRequest(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [{"name": "ml-team ci", "tenant": "ml-team", "role": "tenant"}]
+        },
+    )
+
+    name: Annotated[str, Field(min_length=1, max_length=128)]
+    tenant: Annotated[str, Field(min_length=1, max_length=128)]
+    role: Role = Role.TENANT
+
+
+class TokenInfo(BaseModel):
+    id: uuid.UUID
+    name: str
+    tenant: str
+    role: Role
+    created_at: datetime | None = None
+
+
+class IssuedToken(TokenInfo):
+    token: str = Field(description="the secret; shown only now, stored only as a hash")
+
+
+@router.post("", response_model=IssuedToken, status_code=status.HTTP_201_CREATED, summary="Issue")
+async def issue(body: TokenRequest, caller: Admin, res: Res) -> IssuedToken:
+    secret = new_secret()
+    async with res.engine.begin() as conn:
+        token_id = await store_token(conn, body.name, body.tenant, body.role, secret)
+    return IssuedToken(
+        id=token_id, name=body.name, tenant=body.tenant, role=body.role, token=secret
+    )
+
+
+@router.get("", response_model=list[TokenInfo], summary="List tokens (never their secrets)")
+async def list_all(caller: Admin, res: Res) -> list[TokenInfo]:
+    async with res.engine.connect() as conn:
+        return [TokenInfo.model_validate(t) for t in await list_tokens(conn)]
+
+
+@router.delete("/{token_id}", status_code=status.HTTP_204_NO_CONTENT, summary="Revoke")
+async def revoke(token_id: uuid.UUID, caller: Admin, res: Res) -> None:
+    async with res.engine.begin() as conn:
+        if not await revoke_token(conn, token_id):
+            raise NotFound(f"token {token_id} not found")

@@ -1,0 +1,45 @@
+"""Storing tokens by hash; the secret itself is shown once, when issued."""
+
+from __future__ import annotations
+
+import uuid
+
+from qshare.contracts.domain import Role
+from qshare.contracts.schema import tokens
+from sqlalchemy import delete, insert, select
+from sqlalchemy.dialects.postgresql import insert as upsert
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from qshare_api.auth import hash_token
+
+
+async def store_token(
+    conn: AsyncConnection, name: str, tenant: str, role: Role, secret: str
+) -> uuid.UUID:
+    token_id = uuid.uuid4()
+    values = {"id": token_id, "name": name, "tenant": tenant, "role": role.value}
+    await conn.execute(insert(tokens).values(values, token_hash=hash_token(secret)))
+    return token_id
+
+
+async def ensure_token(
+    conn: AsyncConnection, name: str, tenant: str, role: Role, secret: str
+) -> None:
+    """Store `secret` unless it is stored already (bootstrap tokens, at every start)."""
+    values = {"id": uuid.uuid4(), "name": name, "tenant": tenant, "role": role.value}
+    statement = upsert(tokens).values(values, token_hash=hash_token(secret))
+    await conn.execute(statement.on_conflict_do_nothing(index_elements=[tokens.c.token_hash]))
+
+
+async def list_tokens(conn: AsyncConnection) -> list[dict[str, object]]:
+    query = select(tokens.c.id, tokens.c.name, tokens.c.tenant, tokens.c.role, tokens.c.created_at)
+    return [
+        dict(r._mapping) for r in (await conn.execute(query.order_by(tokens.c.created_at))).all()
+    ]
+
+
+async def revoke_token(conn: AsyncConnection, token_id: uuid.UUID) -> bool:
+    result = await conn.execute(
+        delete(tokens).where(tokens.c.id == token_id).returning(tokens.c.id)
+    )
+    return result.scalar_one_or_none() is not None

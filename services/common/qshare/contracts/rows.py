@@ -1,0 +1,105 @@
+"""Rows of the shared schema turned into the view contracts (used by allocator and api)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from sqlalchemy import ColumnElement, Row, func, select, text
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from qshare.contracts.claims import ClaimView, PlacementOverride, VgpuView
+from qshare.contracts.domain import ClaimStatus, NodeStatus, Priority
+from qshare.contracts.nodes import NodeView
+from qshare.contracts.schema import gpus, nodes, vgpus
+
+
+def claim_view(row: Row[Any], held: list[VgpuView]) -> ClaimView:
+    return ClaimView(
+        id=row.id,
+        tenant=row.tenant,
+        status=ClaimStatus(row.status),
+        priority=Priority(row.priority),
+        vcore=row.vcore,
+        vmemory_mib=row.vmemory_mib,
+        count=row.count,
+        class_name=row.class_name,
+        node_selector=row.node_selector,
+        placement=PlacementOverride.model_validate(row.placement) if row.placement else None,
+        idempotency_key=row.idempotency_key,
+        reason=row.reason,
+        node=row.node_name,
+        vgpus=held,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+    )
+
+
+def vgpu_view(row: Row[Any]) -> VgpuView:
+    return VgpuView(
+        id=row.id,
+        node=row.node_name,
+        gpu=row.gpu_uuid,
+        index=row.idx,
+        vcore=row.vcore,
+        vmemory_mib=row.vmemory_mib,
+        priority=Priority(row.priority),
+    )
+
+
+async def vgpus_of(
+    conn: AsyncConnection, claim_ids: list[uuid.UUID]
+) -> dict[uuid.UUID, list[VgpuView]]:
+    """The vGPUs of each claim, ordered by card index."""
+    if not claim_ids:
+        return {}
+    query = select(vgpus).where(vgpus.c.claim_id.in_(claim_ids)).order_by(vgpus.c.idx)
+    found: dict[uuid.UUID, list[VgpuView]] = {}
+    for row in (await conn.execute(query)).all():
+        found.setdefault(row.claim_id, []).append(vgpu_view(row))
+    return found
+
+
+async def claim_views(conn: AsyncConnection, rows: list[Row[Any]]) -> list[ClaimView]:
+    """Views of claim rows with their vGPUs, in two queries."""
+    held = await vgpus_of(conn, [r.id for r in rows])
+    return [claim_view(r, held.get(r.id, [])) for r in rows]
+
+
+def node_is_ready(timeout_s: float) -> ColumnElement[bool]:
+    """True for a node whose last heartbeat is younger than `timeout_s` (database clock)."""
+    interval = text("make_interval(secs => :timeout_s)").bindparams(timeout_s=timeout_s)
+    return nodes.c.heartbeat_at >= func.now() - interval
+
+
+async def node_views(
+    conn: AsyncConnection, timeout_s: float, name: str | None = None
+) -> list[NodeView]:
+    """Nodes by name with readiness and capacity summed over their cards."""
+    query = (
+        select(
+            nodes,
+            node_is_ready(timeout_s).label("ready"),
+            func.count(gpus.c.uuid).label("cards"),
+            func.coalesce(func.sum(gpus.c.memory_mib), 0).label("memory_mib"),
+        )
+        .join(gpus, gpus.c.node_name == nodes.c.name, isouter=True)
+        .group_by(nodes.c.name)
+        .order_by(nodes.c.name)
+    )
+    if name is not None:
+        query = query.where(nodes.c.name == name)
+    return [_node_view(r) for r in (await conn.execute(query)).all()]
+
+
+def _node_view(row: Row[Any]) -> NodeView:
+    return NodeView(
+        name=row.name,
+        status=NodeStatus.READY if row.ready else NodeStatus.NOT_READY,
+        labels=row.labels,
+        schedulable=row.schedulable,
+        heartbeat_at=row.heartbeat_at,
+        gpus=row.cards,
+        memory_mib=row.memory_mib,
+        free_mib=row.free_mib,
+    )
