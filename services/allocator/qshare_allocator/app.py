@@ -54,6 +54,11 @@ class Allocator:
         assert self._engine is not None, "allocator not started"
         return self._engine
 
+    @property
+    def served(self) -> int:
+        """Messages this replica has handled."""
+        return self._router.handled if self._router is not None else 0
+
     async def __aenter__(self) -> Allocator:
         await self.start()
         return self

@@ -51,6 +51,7 @@ class Router:
         self._queue = queue
         self._slots = asyncio.Semaphore(max_in_flight)
         self._tasks: set[asyncio.Task[None]] = set()
+        self.handled = 0
 
     async def subscribe(self, route: Route) -> None:
         async def dispatch(msg: Msg) -> None:
@@ -74,6 +75,7 @@ class Router:
         started = time.perf_counter()
         with tracer.start_as_current_span(route.subject, context=extract_context(msg.headers)):
             outcome = await self._outcome(route, msg)
+        self.handled += 1
         metrics.HANDLED.labels(route.subject, outcome).inc()
         metrics.LATENCY.labels(route.subject).observe(time.perf_counter() - started)
 

@@ -17,8 +17,7 @@ async def store_token(
     conn: AsyncConnection, name: str, tenant: str, role: Role, secret: str
 ) -> uuid.UUID:
     token_id = uuid.uuid4()
-    values = {"id": token_id, "name": name, "tenant": tenant, "role": role.value}
-    await conn.execute(insert(tokens).values(values, token_hash=hash_token(secret)))
+    await conn.execute(insert(tokens).values(_row(token_id, name, tenant, role, secret)))
     return token_id
 
 
@@ -26,8 +25,7 @@ async def ensure_token(
     conn: AsyncConnection, name: str, tenant: str, role: Role, secret: str
 ) -> None:
     """Store `secret` unless it is stored already (bootstrap tokens, at every start)."""
-    values = {"id": uuid.uuid4(), "name": name, "tenant": tenant, "role": role.value}
-    statement = upsert(tokens).values(values, token_hash=hash_token(secret))
+    statement = upsert(tokens).values(_row(uuid.uuid4(), name, tenant, role, secret))
     await conn.execute(statement.on_conflict_do_nothing(index_elements=[tokens.c.token_hash]))
 
 
@@ -43,3 +41,13 @@ async def revoke_token(conn: AsyncConnection, token_id: uuid.UUID) -> bool:
         delete(tokens).where(tokens.c.id == token_id).returning(tokens.c.id)
     )
     return result.scalar_one_or_none() is not None
+
+
+def _row(token_id: uuid.UUID, name: str, tenant: str, role: Role, secret: str) -> dict[str, object]:
+    return {
+        "id": token_id,
+        "name": name,
+        "tenant": tenant,
+        "role": role.value,
+        "token_hash": hash_token(secret),
+    }
