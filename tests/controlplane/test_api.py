@@ -208,7 +208,8 @@ async def test_gpus_show_allocated_and_free_capacity(
 async def test_admin_registers_nodes_and_everyone_lists_them(
     api: httpx.AsyncClient, team_a: dict[str, str]
 ) -> None:
-    node = {"name": "rest-node", "labels": {"zone": "a"}, "gpus": [{"uuid": "R0", "index": 0, "model": "T4", "memory": "16Gi"}]}  # fmt: skip
+    card = {"uuid": "R0", "index": 0, "model": "T4", "memory": "16Gi"}
+    node = {"name": "rest-node", "labels": {"zone": "a"}, "gpus": [card]}
     assert (await api.post("/v1/nodes", json=node, headers=team_a)).status_code == 403
     assert (await api.post("/v1/nodes", json=node, headers=auth(ADMIN_TOKEN))).status_code == 200
     [listed] = (await api.get("/v1/nodes", headers=team_a)).json()
