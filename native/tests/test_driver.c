@@ -1,0 +1,268 @@
+/* test_driver.c — C-level specifications of the driver: validation, segment checks,
+ * robust-lock recovery after SIGKILL, racing reservations, and the event ring. */
+#include "harness.h"
+#include "node.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+#define GiB (1ull << 30)
+#define MiB (1ull << 20)
+
+static qs_node *make_node(const char *tag)
+{
+    qs_node *node = NULL;
+    if (qs_node_create(test_segment(tag), NULL, 1, &node) != QS_OK)
+        return NULL;
+    if (qs_card_add(node, 0, "GPU-test-0", 16 * GiB) != QS_OK) {
+        qs_node_close(node);
+        return NULL;
+    }
+    return node;
+}
+
+static int vgpu(qs_node *node, uint32_t id, uint32_t prio, uint32_t share, uint64_t mem)
+{
+    qs_vgpu_spec spec = {.id = id, .card = 0, .priority = prio, .core_share = share,
+                         .mem_limit = mem};
+    return qs_vgpu_create(node, &spec);
+}
+
+static int test_segment_names_are_validated(void)
+{
+    qs_node *node = NULL;
+    EXPECT(qs_node_create("a/b", NULL, 1, &node) == QS_ENAME);
+    EXPECT(strstr(qs_last_error(), "'/'") != NULL);
+    EXPECT(qs_node_create("", NULL, 1, &node) == QS_ENAME);
+    EXPECT(qs_node_create("x123456789012345678901234567890123456789012345678901", NULL, 1,
+                          &node) == QS_ENAME);
+    EXPECT(node == NULL);
+    return 0;
+}
+
+static int test_segment_of_another_version_is_refused_untouched(void)
+{
+    qs_node *node = make_node("ver");
+    EXPECT(node);
+    char path[512];
+    qs_segment_path(path, sizeof path, NULL, test_segment("ver"), "cfg");
+    int fd = open(path, O_RDWR);
+    uint32_t other = QS_ABI_VERSION + 1;
+    EXPECT(pwrite(fd, &other, sizeof other, 8) == sizeof other);
+    qs_client *cl = NULL;
+    EXPECT(qs_client_attach(test_segment("ver"), NULL, 1, &cl) == QS_EVERSION);
+    EXPECT(strstr(qs_last_error(), "ABI version") != NULL);
+    uint32_t now = 0;
+    EXPECT(pread(fd, &now, sizeof now, 8) == sizeof now && now == other);
+    close(fd);
+    qs_node_close(node);
+    return 0;
+}
+
+static int test_segment_of_another_size_is_refused(void)
+{
+    qs_node *node = make_node("size");
+    EXPECT(node);
+    char path[512];
+    qs_segment_path(path, sizeof path, NULL, test_segment("size"), "state");
+    EXPECT(truncate(path, 4096) == 0);
+    qs_client *cl = NULL;
+    EXPECT(qs_client_attach(test_segment("size"), NULL, 1, &cl) == QS_ESIZE);
+    qs_node_close(node);
+    return 0;
+}
+
+static int test_bad_vgpu_specs_are_refused_and_change_nothing(void)
+{
+    qs_node *node = make_node("spec");
+    EXPECT(node);
+    EXPECT(vgpu(node, 1, QS_PRIO_LOW, 0, GiB) == QS_ESHARE);
+    EXPECT(vgpu(node, 1, QS_PRIO_LOW, 101, GiB) == QS_ESHARE);
+    EXPECT(vgpu(node, 1, QS_PRIO_LOW, 50, 0) == QS_EMEMLIMIT);
+    EXPECT(vgpu(node, 1, QS_PRIO_LOW, 50, 17 * GiB) == QS_EMEMLIMIT);
+    EXPECT(vgpu(node, 1, 7, 50, GiB) == QS_EPRIORITY);
+    qs_vgpu_spec spec = {.id = 1, .card = 3, .priority = 0, .core_share = 10, .mem_limit = GiB};
+    EXPECT(qs_vgpu_create(node, &spec) == QS_ENOENT);
+    qs_card_stats cs;
+    EXPECT(qs_card_stats_get(node, 0, &cs) == QS_OK && cs.vgpus == 0);
+    EXPECT(vgpu(node, 1, QS_PRIO_LOW, 60, GiB) == QS_OK);
+    EXPECT(vgpu(node, 1, QS_PRIO_LOW, 10, GiB) == QS_EEXIST);
+    EXPECT(vgpu(node, 2, QS_PRIO_LOW, 50, GiB) == QS_ESHARESUM);
+    EXPECT(qs_vgpu_update(node, 1, 0, GiB) == QS_ESHARE);
+    EXPECT(qs_vgpu_update(node, 9, 10, GiB) == QS_ENOENT);
+    qs_vgpu_stats st;
+    EXPECT(qs_vgpu_stats_get(node, 1, &st) == QS_OK && st.core_share == 60 && st.mem_limit == GiB);
+    EXPECT(qs_card_stats_get(node, 0, &cs) == QS_OK && cs.vgpus == 1);
+    qs_node_close(node);
+    return 0;
+}
+
+static int test_segment_lock_held_by_a_killed_process_is_recovered(void)
+{
+    qs_node *node = make_node("seglock");
+    EXPECT(node);
+    pid_t pid = fork();
+    if (pid == 0) {
+        qs_node_lock(node);
+        raise(SIGKILL);
+    }
+    int status;
+    waitpid(pid, &status, 0);
+    EXPECT(WIFSIGNALED(status));
+    EXPECT(vgpu(node, 1, QS_PRIO_LOW, 50, GiB) == QS_OK);
+    EXPECT(vgpu(node, 2, QS_PRIO_HIGH, 50, GiB) == QS_OK);
+    qs_node_close(node);
+    return 0;
+}
+
+static int test_memory_lock_held_by_a_killed_process_is_recovered(void)
+{
+    qs_node *node = make_node("memlock");
+    EXPECT(node && vgpu(node, 1, QS_PRIO_LOW, 50, GiB) == QS_OK);
+    pid_t pid = fork();
+    if (pid == 0) {
+        qs_client *cl = NULL;
+        if (qs_client_attach(test_segment("memlock"), NULL, 1, &cl) || qs_mem_reserve(cl, MiB)) {
+            fprintf(stderr, "  child: %s\n", qs_last_error());
+            _exit(3);
+        }
+        pthread_mutex_lock(&node->seg.state->vgpus[0].mem_lock);
+        raise(SIGKILL);
+    }
+    int status;
+    waitpid(pid, &status, 0);
+    if (!WIFSIGNALED(status))
+        fprintf(stderr, "  child exit status %d\n", WEXITSTATUS(status));
+    EXPECT(WIFSIGNALED(status));
+    qs_client *cl = NULL;
+    EXPECT(qs_client_attach(test_segment("memlock"), NULL, 1, &cl) == QS_OK);
+    EXPECT(qs_mem_reserve(cl, GiB - MiB) == QS_OK || qs_mem_reserve(cl, GiB) == QS_OK);
+    qs_client_info info;
+    EXPECT(qs_client_info_get(cl, &info) == QS_OK && info.mem_used <= GiB);
+    EXPECT(qs_client_detach(cl) == QS_OK);
+    qs_node_close(node);
+    return 0;
+}
+
+static int child_reserve_until_full(const char *seg, int out_fd)
+{
+    qs_client *cl = NULL;
+    if (qs_client_attach(seg, NULL, 1, &cl) != QS_OK)
+        return 2;
+    uint64_t got = 0;
+    while (qs_mem_reserve(cl, 3 * MiB) == QS_OK)
+        got += 3 * MiB;
+    if (write(out_fd, &got, sizeof got) != sizeof got)
+        return 2;
+    pause(); /* stay attached until the parent has checked the totals */
+    return 0;
+}
+
+static int test_racing_reservations_never_exceed_the_limit(void)
+{
+    enum { KIDS = 8 };
+    qs_node *node = make_node("race");
+    EXPECT(node && vgpu(node, 1, QS_PRIO_LOW, 50, 100 * MiB) == QS_OK);
+    int fds[2];
+    EXPECT(pipe(fds) == 0);
+    pid_t kids[KIDS];
+    for (int i = 0; i < KIDS; i++)
+        if ((kids[i] = fork()) == 0)
+            _exit(child_reserve_until_full(test_segment("race"), fds[1]));
+    uint64_t total = 0;
+    for (int i = 0; i < KIDS; i++) {
+        uint64_t got;
+        EXPECT(read(fds[0], &got, sizeof got) == sizeof got);
+        total += got;
+    }
+    qs_vgpu_stats st;
+    EXPECT(qs_vgpu_stats_get(node, 1, &st) == QS_OK);
+    EXPECT(total <= 100 * MiB && total == st.mem_used && total == 99 * MiB);
+    for (int i = 0; i < KIDS; i++) {
+        kill(kids[i], SIGKILL);
+        waitpid(kids[i], NULL, 0);
+    }
+    qs_event ev;
+    int died = 0;
+    while (qs_node_next_event(node, &ev, 200) == QS_OK && died < KIDS)
+        died += ev.kind == QS_EV_CLIENT_DIED;
+    EXPECT(died == KIDS);
+    EXPECT(qs_vgpu_stats_get(node, 1, &st) == QS_OK && st.mem_used == 0 && st.contexts == 0);
+    qs_node_close(node);
+    close(fds[0]);
+    close(fds[1]);
+    return 0;
+}
+
+static int test_full_ring_drops_the_oldest_and_counts_them(void)
+{
+    qs_node *node = make_node("ring");
+    EXPECT(node);
+    for (uint32_t i = 0; i < QS_EVENT_RING_SIZE + 100; i++)
+        qs_ring_push(&node->seg.state->ring, QS_EV_OOM, 0, 1, 0, i);
+    qs_event ev;
+    EXPECT(qs_node_next_event(node, &ev, 0) == QS_OK);
+    EXPECT(ev.value == 100);
+    EXPECT(qs_node_dropped_events(node) == 100);
+    uint64_t prev = ev.seq;
+    int n = 1;
+    while (qs_node_next_event(node, &ev, 0) == QS_OK) {
+        EXPECT(ev.seq == prev + 1);
+        prev = ev.seq;
+        n++;
+    }
+    EXPECT(n == QS_EVENT_RING_SIZE);
+    qs_node_close(node);
+    return 0;
+}
+
+static int test_attach_to_unknown_vgpu_names_it(void)
+{
+    qs_node *node = make_node("unknown");
+    EXPECT(node);
+    qs_client *cl = NULL;
+    EXPECT(qs_client_attach(test_segment("unknown"), NULL, 42, &cl) == QS_ENOENT);
+    EXPECT(strstr(qs_last_error(), "42") != NULL);
+    qs_node_close(node);
+    EXPECT(qs_client_attach(test_segment("unknown"), NULL, 42, &cl) == QS_ENOENT);
+    return 0;
+}
+
+static int test_release_beyond_reservation_is_refused(void)
+{
+    qs_node *node = make_node("release");
+    EXPECT(node && vgpu(node, 1, QS_PRIO_LOW, 50, GiB) == QS_OK);
+    qs_client *cl = NULL;
+    EXPECT(qs_client_attach(test_segment("release"), NULL, 1, &cl) == QS_OK);
+    EXPECT(qs_mem_reserve(cl, MiB) == QS_OK);
+    EXPECT(qs_mem_release(cl, 2 * MiB) == QS_ERELEASE);
+    EXPECT(qs_mem_release(cl, MiB) == QS_OK);
+    EXPECT(qs_launch_end(cl) == QS_ESTATE);
+    EXPECT(qs_client_detach(cl) == QS_OK);
+    qs_node_close(node);
+    return 0;
+}
+
+int main(void)
+{
+    const struct test_case tests[] = {
+        {"segment names are validated", test_segment_names_are_validated},
+        {"segment of another version is refused untouched",
+         test_segment_of_another_version_is_refused_untouched},
+        {"segment of another size is refused", test_segment_of_another_size_is_refused},
+        {"bad vGPU specs are refused and change nothing",
+         test_bad_vgpu_specs_are_refused_and_change_nothing},
+        {"segment lock held by a killed process is recovered",
+         test_segment_lock_held_by_a_killed_process_is_recovered},
+        {"memory lock held by a killed process is recovered",
+         test_memory_lock_held_by_a_killed_process_is_recovered},
+        {"racing reservations never exceed the limit",
+         test_racing_reservations_never_exceed_the_limit},
+        {"full ring drops the oldest and counts them",
+         test_full_ring_drops_the_oldest_and_counts_them},
+        {"attach to unknown vGPU names it", test_attach_to_unknown_vgpu_names_it},
+        {"release beyond reservation is refused", test_release_beyond_reservation_is_refused},
+    };
+    return run_tests(tests, sizeof tests / sizeof tests[0]);
+}
