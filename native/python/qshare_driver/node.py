@@ -134,7 +134,10 @@ class Node:
         return self
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         self.close()
 
@@ -218,3 +221,48 @@ class Node:
     @property
     def dropped_events(self) -> int:
         return int(lib.qs_node_dropped_events(self._h))
+
+    def set_release_auto(
+        self, card: int, p99_bound_s: float, max_delay_s: float = DEFAULT_RELEASE_DELAY_S
+    ) -> None:
+        """Let the driver choose the card's release delay from the gaps between high-priority
+        bursts: high priority's p99 grows by at most `p99_bound_s`, low priority harvests the
+        rest, the delay never exceeds `max_delay_s`."""
+        if p99_bound_s < 0 or max_delay_s <= 0:
+            raise ValueError(
+                f"auto release needs a bound >= 0 s and a maximum delay > 0 s, "
+                f"got {p99_bound_s} and {max_delay_s}"
+            )
+        check(
+            lib.qs_card_set_release_auto(
+                self._h, card, 1, round(p99_bound_s * 1e9), round(max_delay_s * 1e9)
+            )
+        )
+
+    def set_release_fixed(self, card: int) -> None:
+        """Leave auto mode: the card's fixed release delay applies again."""
+        check(lib.qs_card_set_release_auto(self._h, card, 0, 0, 0))
+
+    def release_auto(self, card: int) -> ReleaseAuto:
+        out = ffi.new("qs_release_auto_stats *")
+        check(lib.qs_card_release_auto_get(self._h, card, out))
+        return ReleaseAuto(
+            enabled=bool(out.enabled),
+            delay_s=int(out.delay_ns) / 1e9,
+            p99_bound_s=int(out.p99_bound_ns) / 1e9,
+            max_delay_s=int(out.max_delay_ns) / 1e9,
+            penalty_s=int(out.penalty_ns) / 1e9,
+            gaps=int(out.gaps),
+        )
+
+
+@dataclass(frozen=True)
+class ReleaseAuto:
+    """A card's release mode: in auto mode, the delay the driver chose and why."""
+
+    enabled: bool
+    delay_s: float
+    p99_bound_s: float
+    max_delay_s: float
+    penalty_s: float  # estimated wait of a high-priority launch behind low priority
+    gaps: int  # gaps between high-priority activity counted so far

@@ -1,1 +1,1 @@
-"""Benchmarks run by `qshare bench <name> --json PATH`: each measures, prints a table, writes JSON."""
+"""Benchmarks run by `qshare bench <name> --json PATH`: each measures, prints, writes JSON."""
