@@ -115,6 +115,12 @@ class Client:
         """CLOCK_MONOTONIC ns when the last launch_begin stopped blocking (0: never blocked)."""
         return int(lib.qs_client_last_unblock_ns(self._h))
 
+    def timed_launch_begin(self) -> tuple[int, int]:
+        """launch_begin with the driver's clock read just before and after it, in C."""
+        begin, done = ffi.new("uint64_t *"), ffi.new("uint64_t *")
+        check(lib.qs_bench_timed_begin(self._h, begin, done))
+        return int(begin[0]), int(done[0])
+
     def launch_overhead_ns(self, iterations: int = 1_000_000) -> float:
         """C tight-loop cost of launch_begin + launch_end, ns per pair."""
         out = ffi.new("double *")
