@@ -57,12 +57,6 @@ static void resolve_all(void) {
 
 void qsc_resolve(void) { pthread_once(&resolve_once, resolve_all); }
 
-static const entry *entry_named(const char *name) {
-    for (int i = 0; i < QSC_N_WRAPPED; i++)
-        if (strcmp(entries[i].name, name) == 0) return &entries[i];
-    return NULL;
-}
-
 static int is_per_thread(const char *name) {
     size_t n = strlen(name);
     return n > 5 && (strcmp(name + n - 5, "_ptsz") == 0 || strcmp(name + n - 5, "_ptds") == 0);
@@ -118,6 +112,10 @@ QSC_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int vers
     return rc;
 }
 
+#ifndef QSC_NO_DLSYM_HOOK
+/* Left out of the sanitizer build (make asan), whose runtime resolves its own
+ * interceptors through dlsym before anything of ours is ready. */
+
 /* dlsym(RTLD_NEXT, ...) asked of us must answer as if asked of libc by the caller:
  * search the objects loaded after the caller's, in load order. */
 static void *next_after(const void *caller, const char *name) {
@@ -138,6 +136,12 @@ static void *next_after(const void *caller, const char *name) {
     return NULL;
 }
 
+static const entry *entry_named(const char *name) {
+    for (int i = 0; i < QSC_N_WRAPPED; i++)
+        if (strcmp(entries[i].name, name) == 0) return &entries[i];
+    return NULL;
+}
+
 static int may_be_driver_symbol(const char *name) {
     return name != NULL &&
            ((name[0] == 'c' && name[1] == 'u') || strncmp(name, "nvml", 4) == 0);
@@ -154,3 +158,4 @@ QSC_EXPORT void *dlsym(void *handle, const char *name) {
     if (e != NULL && found == qsc_real_table[e - entries]) return e->wrapper;
     return found;
 }
+#endif

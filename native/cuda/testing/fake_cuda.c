@@ -5,7 +5,8 @@
  * stream that takes no time completes inline, so launch overhead can be measured.
  * All default streams (NULL, legacy, per-thread) are one stream. Device memory is
  * address space only: allocations are counted against the fake card's total, never
- * backed. The interposer under test runs against this exactly as against libcuda. */
+ * backed. The interposer under test runs against this exactly as against libcuda.
+ * Linked with -Bsymbolic: like the real driver, its calls to itself stay inside it. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -58,6 +59,7 @@ struct CUmemPoolHandle_st {
 enum { EV_NEVER = 0, EV_PENDING = 1, EV_DONE = 2 };
 struct CUevent_st {
     _Atomic int state;
+    int timed; /* created without CU_EVENT_DISABLE_TIMING */
     uint64_t time_ns;
 };
 
@@ -94,7 +96,7 @@ static CUstream all_streams;
 static CUstream default_stream;
 
 static void complete_event(CUevent ev) {
-    ev->time_ns = now_ns();
+    if (ev->timed) ev->time_ns = now_ns();
     atomic_store(&ev->state, EV_DONE);
 }
 
@@ -398,9 +400,10 @@ EXPORT CUresult cuStreamIsCapturing_ptsz(CUstream stream, int *status) {
 }
 
 EXPORT CUresult cuEventCreate(CUevent *event, unsigned int flags) {
-    (void)flags;
     *event = calloc(1, sizeof **event);
-    return *event != NULL ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+    if (*event == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
+    (*event)->timed = (flags & CU_EVENT_DISABLE_TIMING) == 0;
+    return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuEventDestroy_v2(CUevent event) {
@@ -434,6 +437,7 @@ EXPORT CUresult cuEventSynchronize(CUevent event) {
 
 EXPORT CUresult cuEventElapsedTime(float *ms, CUevent start, CUevent end) {
     if (start == NULL || end == NULL) return CUDA_ERROR_INVALID_HANDLE;
+    if (!start->timed || !end->timed) return CUDA_ERROR_INVALID_HANDLE;
     if (atomic_load(&start->state) != EV_DONE || atomic_load(&end->state) != EV_DONE)
         return CUDA_ERROR_NOT_READY;
     *ms = (float)((double)(end->time_ns - start->time_ns) / 1e6);

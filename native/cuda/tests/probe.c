@@ -11,7 +11,7 @@
 #define MAX_ALLOCS 256
 
 typedef struct allocation {
-    char kind[16];
+    char kind[32];
     CUdeviceptr ptr;
     CUmemGenericAllocationHandle handle;
     CUarray array;

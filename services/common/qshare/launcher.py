@@ -1,0 +1,82 @@
+"""`qshare run --vgpu ID -- CMD`: run an unmodified CUDA program on a vGPU.
+
+It only names the vGPU (QSHARE_VGPU, QSHARE_SEGMENT, QSHARE_SHM_DIR) and preloads the
+interposer `libqshare-cuda.so`; the limits themselves are read from the node segment,
+never from the environment, so the program cannot raise them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+LIBRARY_NAME = "libqshare-cuda.so"
+DEFAULT_SEGMENT = "qshare"
+_INSTALLED = Path("/usr/lib/qshare") / LIBRARY_NAME
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "run",
+        help="run a CUDA program on a vGPU (LD_PRELOAD interposer)",
+        description="Run CMD with the qshare CUDA interposer attached to vGPU ID.",
+    )
+    parser.add_argument("--vgpu", type=int, required=True, help="vGPU id on this node")
+    parser.add_argument("--segment", default=DEFAULT_SEGMENT, help="node segment name")
+    parser.add_argument("--shm-dir", type=Path, help="segment directory (default: /dev/shm)")
+    parser.add_argument("--lib", type=Path, help=f"path of {LIBRARY_NAME}")
+    parser.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
+    parser.set_defaults(handler=run_command)
+
+
+def find_library(explicit: Path | None, env: Mapping[str, str]) -> Path | None:
+    """The interposer: --lib, then $QSHARE_CUDA_LIB, the source tree's build, the install."""
+    candidates = [explicit]
+    if env.get("QSHARE_CUDA_LIB"):
+        candidates.append(Path(env["QSHARE_CUDA_LIB"]))
+    candidates += [Path(__file__).resolve().parents[3] / "native" / "build" / LIBRARY_NAME]
+    candidates.append(_INSTALLED)
+    for path in candidates:
+        if path is not None and path.is_file():
+            return path.resolve()
+    return None
+
+
+def child_environment(
+    base: Mapping[str, str], vgpu: int, segment: str, shm_dir: Path | None, library: Path
+) -> dict[str, str]:
+    """The environment of the program: the vGPU's name and the preload, nothing else."""
+    env = dict(base)
+    env["QSHARE_VGPU"] = str(vgpu)
+    env["QSHARE_SEGMENT"] = segment
+    if shm_dir is not None:
+        env["QSHARE_SHM_DIR"] = str(shm_dir)
+    preload = [p for p in env.get("LD_PRELOAD", "").replace(":", " ").split() if p]
+    env["LD_PRELOAD"] = " ".join([str(library), *(p for p in preload if p != str(library))])
+    return env
+
+
+def run_command(args: argparse.Namespace) -> int:
+    cmd: list[str] = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        print("qshare run: no command given (qshare run --vgpu ID -- CMD)", file=sys.stderr)
+        return 2
+    if args.vgpu < 0:
+        print(f"qshare run: --vgpu {args.vgpu} is not a vGPU id", file=sys.stderr)
+        return 2
+    library = find_library(args.lib, os.environ)
+    if library is None:
+        print(f"qshare run: {LIBRARY_NAME} not found; build it with `make native`", file=sys.stderr)
+        return 2
+    env = child_environment(os.environ, args.vgpu, args.segment, args.shm_dir, library)
+    try:
+        os.execvpe(cmd[0], cmd, env)
+    except OSError as exc:
+        print(f"qshare run: cannot run {cmd[0]!r}: {exc.strerror}", file=sys.stderr)
+        return 127
+    return 0  # not reached: exec replaced this process

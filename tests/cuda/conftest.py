@@ -1,0 +1,192 @@
+"""Fixtures for the CUDA interposer tests: build the interposer, the fake driver and the
+probe programs with make, own a node segment (the C test node), and run probes under
+LD_PRELOAD against the fake libcuda.so.1 / libnvidia-ml.so.1 test doubles."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import queue
+import subprocess
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BUILD = ROOT / "native" / "build"
+INTERPOSER = BUILD / "libqshare-cuda.so"
+FAKE_DIR = BUILD / "fake"
+TOOLS = BUILD / "cuda-tests"
+CARD_UUID = "GPU-0a1b2c3d-0000-4000-8000-00000000c0de"
+OTHER_UUID = "GPU-ffffffff-0000-4000-8000-000000000bad"
+GIB = 1 << 30
+CARD_MEM = 16 * GIB
+HP_VGPU, LP_VGPU, SMALL_VGPU = 1, 2, 3
+HP_LIMIT, LP_LIMIT, SMALL_LIMIT = 4 * GIB, 2 * GIB, 1 * GIB
+_names = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def cuda_build() -> Path:
+    subprocess.run(["make", "-s", "-C", str(ROOT / "native" / "cuda")], check=True)
+    return BUILD
+
+
+def parse_reply(line: str) -> dict[str, str]:
+    """'alloc rc=0 id=1' -> {'cmd': 'alloc', 'rc': '0', 'id': '1'}."""
+    head, *pairs = line.split()
+    reply = {"cmd": head}
+    reply.update(pair.split("=", 1) for pair in pairs if "=" in pair)
+    return reply
+
+
+@dataclass
+class NodeOwner:
+    """The owner of a segment: events and statistics as the C test node prints them."""
+
+    name: str
+    directory: Path
+    process: subprocess.Popen[str]
+    lines: queue.Queue[str] = field(default_factory=queue.Queue)
+    seen_events: list[dict[str, str]] = field(default_factory=list)
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.put(line.strip())
+        self.lines.put("exited")
+
+    def _next(self, cmd: str, timeout: float = 10.0) -> dict[str, str]:
+        while True:
+            reply = parse_reply(self.lines.get(timeout=timeout))
+            if reply["cmd"] == "event":
+                self.seen_events.append(reply)
+            elif reply["cmd"] == cmd:
+                return reply
+
+    def command(self, line: str) -> dict[str, str]:
+        """Send `stats|suspend|resume ID` and return the node's reply."""
+        assert self.process.stdin is not None
+        self.process.stdin.write(line + "\n")
+        self.process.stdin.flush()
+        return self._next(line.split()[0])
+
+    def stats(self, vgpu: int) -> dict[str, int]:
+        return {k: int(v) for k, v in self.command(f"stats {vgpu}").items() if k != "cmd"}
+
+    def events(self, kind: int) -> list[dict[str, str]]:
+        """Events of `kind` (qs_event_kind) printed so far."""
+        self.stats(HP_VGPU)  # a round trip: events printed before it have been read
+        return [e for e in self.seen_events if int(e["kind"]) == kind]
+
+    def env(self, vgpu: int | None) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            QSHARE_SEGMENT=self.name,
+            QSHARE_SHM_DIR=str(self.directory),
+            QSHARE_FAKE_GPU_UUID=CARD_UUID,
+            QSHARE_FAKE_GPU_MEM=str(CARD_MEM),
+            LD_LIBRARY_PATH=str(FAKE_DIR),
+        )
+        env.pop("QSHARE_VGPU", None)
+        if vgpu is not None:
+            env["QSHARE_VGPU"] = str(vgpu)
+        return env
+
+
+def start_node(directory: Path, release_delay_ms: int = 20) -> NodeOwner:
+    name = f"cuda-test-{os.getpid()}-{next(_names)}"
+    vgpus = [
+        f"{HP_VGPU}:0:high:100:{HP_LIMIT}",
+        f"{LP_VGPU}:0:low:50:{LP_LIMIT}",
+        f"{SMALL_VGPU}:0:low:50:{SMALL_LIMIT}",
+    ]
+    argv = [str(TOOLS / "qshare-testnode"), "--name", name, "--dir", str(directory)]
+    argv += ["--release-delay-ms", str(release_delay_ms), "--card", f"{CARD_UUID}:{CARD_MEM}"]
+    for spec in vgpus:
+        argv += ["--vgpu", spec]
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    node = NodeOwner(name, directory, proc)
+    threading.Thread(target=node._read, daemon=True).start()
+    assert node.lines.get(timeout=10) == "ready"
+    return node
+
+
+@pytest.fixture
+def node(cuda_build: Path, tmp_path: Path) -> Iterator[NodeOwner]:
+    n = start_node(tmp_path)
+    yield n
+    assert n.process.stdin is not None
+    n.process.stdin.write("quit\n")
+    n.process.stdin.flush()
+    n.process.wait(timeout=10)
+
+
+@dataclass
+class ProbeRun:
+    replies: list[dict[str, str]]
+    stderr: str
+    returncode: int
+
+    def reply(self, cmd: str, index: int = 0) -> dict[str, str]:
+        return [r for r in self.replies if r["cmd"] == cmd][index]
+
+    def rc(self, cmd: str, index: int = 0) -> int:
+        return int(self.reply(cmd, index)["rc"])
+
+
+def probe_argv(style: str) -> list[str]:
+    if style == "direct":
+        return [str(TOOLS / "probe-direct")]
+    if style == "runtime":
+        return [str(TOOLS / "probe-runtime")]
+    return [str(TOOLS / "probe-runtime"), "--per-thread"]
+
+
+def run_probe(
+    node: NodeOwner,
+    vgpu: int | None,
+    commands: Sequence[str],
+    style: str = "direct",
+    extra_env: dict[str, str] | None = None,
+) -> ProbeRun:
+    """Run the probe once under the interposer, commands given as arguments."""
+    env = node.env(vgpu)
+    env["LD_PRELOAD"] = str(INTERPOSER)
+    env.update(extra_env or {})
+    done = subprocess.run(
+        [*probe_argv(style), *commands], env=env, capture_output=True, text=True, timeout=60
+    )
+    replies = [parse_reply(line) for line in done.stdout.splitlines() if line.strip()]
+    return ProbeRun(replies, done.stderr, done.returncode)
+
+
+class Probe:
+    """A probe kept running, driven one command at a time (for orderings across processes)."""
+
+    def __init__(self, node: NodeOwner, vgpu: int, style: str = "direct") -> None:
+        env = node.env(vgpu)
+        env["LD_PRELOAD"] = str(INTERPOSER)
+        self.process = subprocess.Popen(
+            probe_argv(style), env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+
+    def send(self, command: str) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(command + "\n")
+        self.process.stdin.flush()
+
+    def receive(self) -> dict[str, str]:
+        assert self.process.stdout is not None
+        return parse_reply(self.process.stdout.readline())
+
+    def ask(self, command: str) -> dict[str, str]:
+        self.send(command)
+        return self.receive()
+
+    def close(self) -> None:
+        self.send("quit")
+        self.process.wait(timeout=30)

@@ -1,0 +1,51 @@
+"""`qshare run`: names the vGPU and preloads the interposer; limits stay in the segment."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from qshare.launcher import child_environment
+
+from .conftest import INTERPOSER, LP_LIMIT, LP_VGPU, TOOLS, NodeOwner, parse_reply
+
+# `qshare run` through its own parser, as the CLI registers it
+RUN = (
+    "import argparse, sys; from qshare import launcher; "
+    "p = argparse.ArgumentParser(); launcher.register(p.add_subparsers()); "
+    "a = p.parse_args(sys.argv[1:]); sys.exit(a.handler(a))"
+)
+
+
+def test_child_environment_names_the_vgpu_and_preloads_the_interposer() -> None:
+    env = child_environment({"LD_PRELOAD": "/other.so"}, 7, "seg", Path("/shm"), INTERPOSER)
+    assert (env["QSHARE_VGPU"], env["QSHARE_SEGMENT"], env["QSHARE_SHM_DIR"]) == (
+        "7",
+        "seg",
+        "/shm",
+    )
+    assert env["LD_PRELOAD"] == f"{INTERPOSER} /other.so"
+
+
+def test_child_environment_carries_no_limits() -> None:
+    env = child_environment({}, 7, "seg", None, INTERPOSER)
+    assert set(env) == {"QSHARE_VGPU", "QSHARE_SEGMENT", "LD_PRELOAD"}
+
+
+def test_run_executes_the_program_on_its_vgpu(node: NodeOwner) -> None:
+    env = node.env(None)
+    argv = [sys.executable, "-c", RUN, "run", "--vgpu", str(LP_VGPU), "--segment", node.name]
+    argv += ["--shm-dir", str(node.directory), "--lib", str(INTERPOSER), "--"]
+    argv += [str(TOOLS / "probe-direct"), "init", "meminfo"]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=True)
+    meminfo = parse_reply(done.stdout.splitlines()[1])
+    assert int(meminfo["total"]) == LP_LIMIT
+
+
+def test_run_without_a_command_is_refused() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", RUN, "run", "--vgpu", "1"], capture_output=True, text=True
+    )
+    assert done.returncode == 2
+    assert "no command given" in done.stderr

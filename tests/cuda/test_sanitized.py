@@ -1,0 +1,54 @@
+"""The interposer under AddressSanitizer and UBSan: the direct-call probe linked to a
+sanitized build of it (not preloaded: ASan must come first), run through every path."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from .conftest import LP_VGPU, ROOT, SMALL_LIMIT, SMALL_VGPU, NodeOwner, parse_reply
+
+ASAN_DIR = ROOT / "native" / "build" / "cuda-tests-asan"
+SUPPRESSIONS = ROOT / "native" / "cuda" / "testing" / "lsan.supp"
+KINDS = ["plain", "pitch", "managed", "async", "pool", "vmm", "array", "array3d"]
+
+
+@pytest.fixture(scope="module")
+def sanitized_probe(cuda_build: Path) -> Path:
+    subprocess.run(["make", "-s", "-C", str(ROOT / "native" / "cuda"), "asan"], check=True)
+    return ASAN_DIR / "probe-direct"
+
+
+def run_sanitized(probe: Path, node: NodeOwner, vgpu: int, commands: list[str]) -> list[str]:
+    env = node.env(vgpu) | {
+        "ASAN_OPTIONS": "abort_on_error=0:exitcode=86",
+        "LSAN_OPTIONS": f"suppressions={SUPPRESSIONS}",
+        "UBSAN_OPTIONS": "halt_on_error=1:exitcode=87",
+    }
+    done = subprocess.run(
+        [str(probe), *commands], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
+def test_allocation_paths_run_clean(sanitized_probe: Path, node: NodeOwner) -> None:
+    commands = ["init"]
+    for i, kind in enumerate(KINDS):
+        commands += [f"alloc {kind} 4096", f"free {i}"]
+    commands += [f"alloc plain {SMALL_LIMIT + 1}", "meminfo", "nvml"]
+    replies = [
+        parse_reply(line) for line in run_sanitized(sanitized_probe, node, SMALL_VGPU, commands)
+    ]
+    assert [r["rc"] for r in replies if r["cmd"] == "alloc"] == ["0"] * len(KINDS) + ["2"]
+
+
+def test_launch_paths_run_clean(sanitized_probe: Path, node: NodeOwner) -> None:
+    commands = ["init"] + [f"launch {k} 100 20" for k in ("kernel", "ex", "coop", "graph", "host")]
+    replies = [
+        parse_reply(line)
+        for line in run_sanitized(sanitized_probe, node, LP_VGPU, [*commands, "sync"])
+    ]
+    assert all(r["rc"] == "0" for r in replies)
