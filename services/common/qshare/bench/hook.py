@@ -1,0 +1,160 @@
+"""`qshare bench hook`: what the CUDA interposer costs, measured against the fake driver.
+
+Launches per second straight to the fake libcuda.so.1 and through libqshare-cuda.so (as a
+high- and as a low-priority vGPU), the nanoseconds each launch gains, and how long a process
+takes to attach (its first cuInit), alone and with 64 processes starting at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import subprocess
+import tempfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[4]
+BUILD = ROOT / "native" / "build"
+INTERPOSER = BUILD / "libqshare-cuda.so"
+TOOLS = BUILD / "cuda-tests"
+FAKE_DIR = BUILD / "fake"
+FAKE_UUID = "GPU-0a1b2c3d-0000-4000-8000-00000000be4c"
+GIB = 1 << 30
+HP_VGPU, LP_VGPU = 1, 2
+
+
+def build_native() -> None:
+    subprocess.run(["make", "-s", "-C", str(ROOT / "native" / "cuda")], check=True)
+
+
+@contextlib.contextmanager
+def test_node(
+    directory: Path, card_uuid: str, card_mem: int, release_delay_ms: int = 100
+) -> Iterator[str]:
+    """A segment with one card, an HP vGPU (id 1) and an LP vGPU (id 2); yields its name."""
+    name = f"bench-{os.getpid()}"
+    argv = [str(TOOLS / "qshare-testnode"), "--name", name, "--dir", str(directory)]
+    argv += ["--release-delay-ms", str(release_delay_ms), "--card", f"{card_uuid}:{card_mem}"]
+    argv += ["--vgpu", f"{HP_VGPU}:0:high:100:{card_mem // 2}"]
+    argv += ["--vgpu", f"{LP_VGPU}:0:low:100:{card_mem // 2}"]
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdin is not None
+    if proc.stdout.readline().strip() != "ready":
+        proc.kill()
+        raise RuntimeError("qshare-testnode did not start")
+    try:
+        yield name
+    finally:
+        proc.stdin.write("quit\n")
+        proc.stdin.flush()
+        proc.stdin.close()
+        proc.wait(timeout=30)
+
+
+def vgpu_env(directory: Path, segment: str, vgpu: int | None) -> dict[str, str]:
+    """The environment `qshare run` gives a program, plus the fake driver's path."""
+    env = dict(os.environ)
+    env.update(QSHARE_SHM_DIR=str(directory), QSHARE_SEGMENT=segment)
+    env.update(QSHARE_FAKE_GPU_UUID=FAKE_UUID, LD_LIBRARY_PATH=str(FAKE_DIR))
+    if vgpu is not None:
+        env.update(QSHARE_VGPU=str(vgpu), LD_PRELOAD=str(INTERPOSER))
+    return env
+
+
+def probe(env: dict[str, str], commands: Sequence[str]) -> dict[str, dict[str, str]]:
+    done = subprocess.run(
+        [str(TOOLS / "probe-direct"), *commands],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    )
+    replies: dict[str, dict[str, str]] = {}
+    for line in done.stdout.splitlines():
+        head, *pairs = line.split()
+        replies[head] = dict(pair.split("=", 1) for pair in pairs)
+    return replies
+
+
+def ns_per_launch(env: dict[str, str], launches: int, repeats: int) -> float:
+    runs = [
+        float(probe(env, ["init", f"bench {launches}"])["bench"]["ns_per_launch"])
+        for _ in range(repeats)
+    ]
+    return statistics.median(runs)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+
+
+def attach_ms(env: dict[str, str], processes: int, rounds: int) -> list[float]:
+    """cuInit time under the interposer (the attach), `processes` started together."""
+    times: list[float] = []
+    argv = [str(TOOLS / "probe-direct"), "init"]
+    for _ in range(rounds):
+        procs = [
+            subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, text=True)
+            for _ in range(processes)
+        ]
+        for proc in procs:
+            out, _ = proc.communicate(timeout=120)
+            fields = dict(pair.split("=", 1) for pair in out.split()[1:])
+            if fields["rc"] != "0":
+                raise RuntimeError(f"attach failed: {out.strip()}")
+            times.append(int(fields["init_ns"]) / 1e6)
+    return times
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    build_native()
+    launches, repeats = (200_000, 3) if args.quick else (2_000_000, 7)
+    with tempfile.TemporaryDirectory() as tmp, test_node(Path(tmp), FAKE_UUID, 16 * GIB) as seg:
+        directory = Path(tmp)
+        direct = ns_per_launch(vgpu_env(directory, seg, None), launches, repeats)
+        hp = ns_per_launch(vgpu_env(directory, seg, HP_VGPU), launches, repeats)
+        lp = ns_per_launch(vgpu_env(directory, seg, LP_VGPU), launches, repeats)
+        alone = attach_ms(vgpu_env(directory, seg, HP_VGPU), 1, 10 if args.quick else 50)
+        crowd = attach_ms(vgpu_env(directory, seg, HP_VGPU), 64, 1 if args.quick else 3)
+    return {
+        "benchmark": "hook",
+        "driver": "fake libcuda.so.1 (test double; kernels of 0 ns complete inline)",
+        "launches_per_run": launches,
+        "runs": repeats,
+        "launches_per_s": {"direct": 1e9 / direct, "high": 1e9 / hp, "low": 1e9 / lp},
+        "ns_per_launch": {"direct": direct, "high": hp, "low": lp},
+        "ns_per_launch_added": {"high": hp - direct, "low": lp - direct},
+        "ns_per_launch_added_target": 100,
+        "attach_ms": {
+            "processes_1": {"p50": percentile(alone, 50), "p99": percentile(alone, 99)},
+            "processes_64": {"p50": percentile(crowd, 50), "p99": percentile(crowd, 99)},
+        },
+        "attach_ms_target": 1.0,
+    }
+
+
+def table(result: dict[str, Any]) -> str:
+    rate, cost, added = (
+        result["launches_per_s"],
+        result["ns_per_launch"],
+        result["ns_per_launch_added"],
+    )
+    lines = [
+        f"hook bench — {result['driver']}",
+        f"{'path':<28}{'launches/s':>14}{'ns/launch':>12}{'added ns':>10}",
+        f"{'direct to the fake driver':<28}{rate['direct']:>14,.0f}{cost['direct']:>12.1f}{'':>10}",
+    ]
+    for prio in ("high", "low"):
+        label = f"interposed, {prio} priority"
+        lines.append(f"{label:<28}{rate[prio]:>14,.0f}{cost[prio]:>12.1f}{added[prio]:>10.1f}")
+    lines.append(f"target added ns/launch (uncontended): <= {result['ns_per_launch_added_target']}")
+    for key, label in (("processes_1", "1 process"), ("processes_64", "64 processes")):
+        a = result["attach_ms"][key]
+        lines.append(f"attach, {label:<13} p50 {a['p50']:.3f} ms   p99 {a['p99']:.3f} ms")
+    return "\n".join(lines)
