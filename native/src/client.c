@@ -195,8 +195,9 @@ int qs_launch_begin(qs_client *cl)
 {
     int rc = cl->priority == QS_PRIO_HIGH ? hp_begin(cl) : lp_begin(cl);
     if (rc == QS_OK)
-        atomic_fetch_add_explicit(&cl->seg.state->vgpus[cl->vslot].launches, 1,
-                                  memory_order_relaxed);
+        atomic_store_explicit(&cl->c->launches,
+                              atomic_load_explicit(&cl->c->launches, memory_order_relaxed) + 1,
+                              memory_order_relaxed);
     return rc;
 }
 

@@ -14,6 +14,7 @@
 #define QS_STATE_MAGIC 0x3174736572616873ull /* "sharest1" */
 #define QS_CACHELINE 64
 #define QS_MASK_WORDS (QS_MAX_CONTEXTS / 64u)
+#define QS_GAP_BUCKETS 40u /* log2 buckets of HP gaps, up to 2^40 ns */
 
 enum qs_slot_state { QS_SLOT_FREE = 0, QS_SLOT_ACTIVE = 1, QS_SLOT_DESTROYED = 2 };
 enum qs_gate_state { QS_GATE_OPEN = 0, QS_GATE_CLOSED = 1, QS_GATE_RELEASING = 2 };
@@ -28,6 +29,13 @@ struct qs_cfg_card {
     uint32_t pad;
     char uuid[QS_UUID_MAX];
     _Atomic uint64_t lp_vgpus[QS_MAX_VGPUS / 64]; /* slots of its low-priority vGPUs */
+    /* auto release mode (gate.c): set by qs_card_set_release_auto, the delay by the release thread */
+    _Atomic uint32_t release_auto;      /* 1: the delay in force is auto_delay_ns */
+    uint32_t pad_auto;
+    _Atomic uint64_t auto_bound_ns;     /* high priority's p99 may grow by at most this */
+    _Atomic uint64_t auto_max_delay_ns; /* the chosen delay never exceeds this */
+    _Atomic uint64_t auto_delay_ns;     /* the delay chosen now */
+    _Atomic uint64_t auto_penalty_ns;   /* estimated wait of HP behind LP work in flight */
 };
 
 struct qs_cfg_vgpu {
@@ -76,13 +84,17 @@ struct qs_card_state {
     _Atomic uint64_t device_ns;
     _Alignas(QS_CACHELINE) _Atomic uint32_t policy_seq; /* futex: policy waiters sleep here */
     _Atomic uint32_t policy_waiters;
+    /* auto release mode: gaps between HP activity, counted by HP launches (gate.c) */
+    _Alignas(QS_CACHELINE) _Atomic uint64_t gap_seen_ns; /* last_hp_ns whose gap is counted */
+    _Atomic uint64_t gap_count[QS_GAP_BUCKETS];         /* bucket b: gaps in [2^b, 2^(b+1)) ns */
+    _Atomic uint64_t gap_sum_ns[QS_GAP_BUCKETS];
 };
 
 struct qs_vgpu_state {
     _Alignas(QS_CACHELINE) pthread_mutex_t mem_lock;
     uint64_t mem_used;
     _Atomic uint64_t device_ns;
-    _Atomic uint64_t launches;
+    _Atomic uint64_t launches; /* of contexts already gone; live ones count in their ctx */
     _Atomic uint32_t contexts;
     uint32_t pad;
     struct qs_policy_state policy;
@@ -97,6 +109,7 @@ struct qs_ctx {
     _Atomic uint32_t inflight_waiters;
     _Atomic uint32_t sim_grant;     /* futex: 1 when the simulated card is ours */
     _Atomic uint32_t sim_waiting;
+    _Atomic uint64_t launches;      /* written by its own process only: no locked op */
 };
 
 struct qs_ring_slot {

@@ -56,6 +56,7 @@ static int attach_ctx(qs_node *node, int fd, uint32_t vgpu_id, struct qs_proto_r
     c->generation = ++node->generation;
     c->mem_reserved = 0;
     atomic_store(&c->inflight, 0);
+    atomic_store(&c->launches, 0);
     atomic_store(&c->sim_grant, 0);
     atomic_store(&c->sim_waiting, 0);
     atomic_fetch_add(&node->seg.state->vgpus[slot].contexts, 1);
@@ -82,6 +83,7 @@ static void reap(qs_node *node, uint32_t i, uint32_t kind)
     if (c->priority == QS_PRIO_HIGH)
         qs_gate_forget_hp(&node->seg, c->card, i);
     atomic_store(&c->inflight, 0);
+    atomic_fetch_add(&st->vgpus[c->vgpu_slot].launches, atomic_load(&c->launches));
     qs_ring_push(&st->ring, kind, c->card, v->id, c->pid, returned);
     if (atomic_fetch_sub(&st->vgpus[c->vgpu_slot].contexts, 1) == 1 &&
         atomic_load(&v->state) == QS_SLOT_DESTROYED && !qs_node_lock(node)) {

@@ -12,6 +12,7 @@ from multiprocessing.context import SpawnProcess
 from typing import Any
 
 import pytest
+
 from qshare_driver import Node
 
 GiB = 1 << 30

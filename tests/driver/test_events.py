@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
+
 from qshare_driver import Client, EventKind, Node, OutOfMemoryError
 
 GiB = 1 << 30

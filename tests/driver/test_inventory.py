@@ -4,6 +4,7 @@ error and changes nothing, and a destroyed vGPU stops its contexts cleanly."""
 from __future__ import annotations
 
 import pytest
+
 from qshare_driver import (
     AlreadyExistsError,
     Client,

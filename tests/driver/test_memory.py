@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from qshare_driver import Client, EventKind, Node, OutOfMemoryError
 from qshare_driver.errors import InvalidArgumentError
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from dataclasses import dataclass, field
 from multiprocessing.synchronize import Event as MpEvent
 from typing import Protocol
@@ -23,22 +24,30 @@ class _Queue(Protocol):
 
 @dataclass
 class Timeline:
-    """What one process did: kernel intervals (monotonic ns) and when it was unblocked."""
+    """What one process did (monotonic ns): kernels as (start, end) on the card, the time
+    each launch was submitted, and the waits as (submitted, unblocked)."""
 
     vgpu: int
     pid: int
     kernels: list[tuple[int, int]] = field(default_factory=list)
-    unblocks: list[int] = field(default_factory=list)
+    submits: list[int] = field(default_factory=list)
+    waits: list[tuple[int, int]] = field(default_factory=list)
+
+    @property
+    def unblocks(self) -> list[int]:
+        return [u for _, u in self.waits]
 
 
 def _record(client: Client, timeline: Timeline, seconds: float) -> None:
     before = client.last_unblock_ns
-    start = now_ns()
+    submitted = now_ns()
     client.run_kernel(seconds)
-    timeline.kernels.append((start, now_ns()))
+    end = now_ns()
+    timeline.submits.append(submitted)
+    timeline.kernels.append((max(submitted, end - round(seconds * 1e9)), end))
     after = client.last_unblock_ns
     if after != before:
-        timeline.unblocks.append(after)
+        timeline.waits.append((submitted, after))
 
 
 def training_loop(
@@ -56,6 +65,29 @@ def training_loop(
         ready.set()
         while not stop.is_set():
             _record(client, timeline, kernel_s)
+    out.put(timeline)
+
+
+def inference_bursts(
+    segment: str,
+    directory: str,
+    vgpu: int,
+    bursts: list[tuple[float, int]],
+    kernel_s: float,
+    ready: MpEvent,
+    go: MpEvent,
+    out: _Queue,
+) -> None:
+    """A high-priority server: at each (offset s, kernels) it runs that many kernels."""
+    timeline = Timeline(vgpu, os.getpid())
+    with Client.attach(segment, vgpu, directory) as client:
+        ready.set()
+        go.wait()
+        t0 = time.monotonic()
+        for offset, kernels in bursts:
+            time.sleep(max(0.0, t0 + offset - time.monotonic()))
+            for _ in range(kernels):
+                _record(client, timeline, kernel_s)
     out.put(timeline)
 
 

@@ -67,12 +67,15 @@ def _release_errors_ms(episodes: list[Episode], timelines: list[Timeline]) -> li
     return errors
 
 
-def _lp_launches_while_closed(episodes: list[Episode], timelines: list[Timeline]) -> int:
-    starts = sorted(s for tl in timelines for s, _ in tl.kernels)
-    count = 0
+def _most_lp_kernels_after_close(episodes: list[Episode], timelines: list[Timeline]) -> int:
+    """Most kernels one LP context started between the gate closing and HP's end in any
+    episode: only the unit it had in flight when the gate closed may run (bound: 1)."""
+    most = 0
     for ep in episodes:
-        count += sum(1 for s in starts if ep.closed_ns + 1_000_000 < s < ep.end_ns)
-    return count
+        for tl in timelines:
+            n = sum(1 for s, _ in tl.kernels if ep.closed_ns < s < ep.end_ns)
+            most = max(most, n)
+    return most
 
 
 def _overheads(node: Node, iterations: int) -> dict[str, float]:
@@ -143,10 +146,16 @@ def _figures(
         "gate_latency_us": percentiles(gate_us, (50, 99, 99.9), ("p50", "p99", "p999")),
         "release_error_ms": percentiles(_release_errors_ms(fast, timelines), (50, 99)),
         "release_delay_ms": FAST_DELAY_S * 1e3,
-        "release_error_ms_at_100ms_delay": percentiles(_release_errors_ms(slow, timelines), (50, 99)),
-        "lp_kernels_started_while_closed": _lp_launches_while_closed(episodes, timelines),
+        "release_error_ms_at_100ms_delay": percentiles(
+            _release_errors_ms(slow, timelines), (50, 99)
+        ),
+        "lp_kernels_after_close_max_per_context": _most_lp_kernels_after_close(episodes, timelines),
         "launch_overhead_ns": {k: round(v, 1) for k, v in overhead.items()},
-        "targets": {"gate_latency_us_p99": 20, "release_error_ms_p99": 1, "launch_overhead_ns": 100},
+        "targets": {
+            "gate_latency_us_p99": 20,
+            "release_error_ms_p99": 1,
+            "launch_overhead_ns": 100,
+        },
     }
 
 
@@ -168,7 +177,7 @@ def table(result: dict[str, Any]) -> str:
         f"{'release error (ms), delay 100 ms':<40}{r100['p50']:>10.3f}{r100['p99']:>10.3f}",
         f"{'launch overhead (ns), high / low':<40}{o['high']:>10.1f}{o['low']:>10.1f}{'':>10}"
         f"{'<= 100':>10}",
-        f"LP kernels started >1 ms after the gate closed, before HP ended: "
-        f"{result['lp_kernels_started_while_closed']}",
+        f"most kernels one LP context started while HP held the card: "
+        f"{result['lp_kernels_after_close_max_per_context']} (its unit in flight; bound 1)",
     ]
     return "\n".join(rows)
