@@ -67,6 +67,14 @@ int qs_account_device_time(qs_client *client, uint64_t ns);
 int qs_sim_kernel(qs_client *client, uint64_t duration_ns);
 uint64_t qs_client_last_unblock_ns(qs_client *client);
 int qs_bench_launch_overhead(qs_client *client, uint64_t iterations, double *ns_per_pair);
+int qs_bench_timed_begin(qs_client *client, uint64_t *begin_ns, uint64_t *done_ns);
+typedef struct qs_release_auto_stats {
+    uint32_t enabled; uint32_t pad; uint64_t delay_ns; uint64_t p99_bound_ns;
+    uint64_t max_delay_ns; uint64_t penalty_ns; uint64_t gaps;
+} qs_release_auto_stats;
+int qs_card_set_release_auto(qs_node *node, uint32_t index, int enable, uint64_t p99_bound_ns,
+                             uint64_t max_delay_ns);
+int qs_card_release_auto_get(qs_node *node, uint32_t index, qs_release_auto_stats *out);
 """
 
 

@@ -176,6 +176,30 @@ uint64_t qs_client_last_unblock_ns(qs_client *client);
 /* Tight-loop cost of qs_launch_begin + qs_launch_end, in ns per pair. */
 int qs_bench_launch_overhead(qs_client *client, uint64_t iterations, double *ns_per_pair);
 
+/* qs_launch_begin with CLOCK_MONOTONIC read just before and just after it, in C: for a
+ * high-priority context on an idle card, the gate is closed by *done_ns. */
+int qs_bench_timed_begin(qs_client *client, uint64_t *begin_ns, uint64_t *done_ns);
+
+/* ---- auto release mode (owner side) ---- */
+typedef struct qs_release_auto_stats {
+    uint32_t enabled;      /* 1 while the card is in auto mode */
+    uint32_t pad;
+    uint64_t delay_ns;     /* the release delay in force now */
+    uint64_t p99_bound_ns; /* as configured */
+    uint64_t max_delay_ns; /* as configured */
+    uint64_t penalty_ns;   /* estimated wait of a high-priority launch behind low priority */
+    uint64_t gaps;         /* gaps between high-priority activity counted so far */
+} qs_release_auto_stats;
+
+/* Auto release mode: the owner chooses the card's release delay from the gaps it sees
+ * between high-priority bursts, so that high priority's p99 latency grows by at most
+ * `p99_bound_ns` while low priority harvests as much of the idle card as that allows; never
+ * above `max_delay_ns` (0: QS_DEFAULT_RELEASE_DELAY_NS), which also holds until enough gaps
+ * are seen. `enable` 0 returns the card to its fixed delay (qs_card_set_release_delay). */
+int qs_card_set_release_auto(qs_node *node, uint32_t index, int enable, uint64_t p99_bound_ns,
+                             uint64_t max_delay_ns);
+int qs_card_release_auto_get(qs_node *node, uint32_t index, qs_release_auto_stats *out);
+
 #ifdef __cplusplus
 }
 #endif

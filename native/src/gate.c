@@ -1,10 +1,20 @@
 /* gate.c — the priority gate of one card. High priority closes it with one atomic
  * exchange and never waits; low priority passes only while it is open, and sleeps on
  * a futex otherwise. Whoever waits (low-priority contexts, the owner's release thread)
- * reopens it once every high-priority context has been quiet for the release delay. */
-#include "internal.h"
+ * reopens it once every high-priority context has been quiet for the release delay.
+ * The delay is fixed, or chosen by the owner's release thread in auto mode from the gaps
+ * high priority leaves between its bursts (see docs/colocation.md). */
+#include "node.h"
 
 #include <limits.h>
+#include <string.h>
+
+#define AUTO_PERIOD_NS 20000000ull /* the release thread revises the auto delay this often */
+#define AUTO_DECAY 0.99            /* per period: the gap histogram forgets with tau = 2 s */
+#define AUTO_MIN_GAPS 50.0         /* below this many gaps, keep the maximum delay */
+#define AUTO_GAIN 4.0              /* expose a gap only if LP gains 4x what HP loses */
+#define AUTO_MARGIN 2u             /* twice the shortest gap worth exposing */
+#define AUTO_EXPOSED 0.0025        /* strict bound: at most this fraction of gaps exposed */
 
 enum release_result { OPENED, NOT_QUIET, QUIET_UNTIL };
 
@@ -13,9 +23,28 @@ static void push(struct qs_segment *seg, uint32_t kind, uint32_t card, uint64_t 
     qs_ring_push(&seg->state->ring, kind, card, UINT32_MAX, 0, value);
 }
 
+/* Auto mode: count the gap since high priority last finished, once per gap. Several
+ * high-priority contexts overlapping make some gaps look longer than they are. */
+static void observe_gap(struct qs_card_state *cs)
+{
+    uint64_t last = atomic_load(&cs->last_hp_ns), seen = atomic_load(&cs->gap_seen_ns);
+    if (!last || last == seen || !atomic_compare_exchange_strong(&cs->gap_seen_ns, &seen, last))
+        return;
+    uint64_t now = qs_now_ns();
+    if (now <= last)
+        return;
+    uint64_t gap = now - last;
+    uint32_t b = 63u - (uint32_t)__builtin_clzll(gap);
+    b = b < QS_GAP_BUCKETS ? b : QS_GAP_BUCKETS - 1;
+    atomic_fetch_add_explicit(&cs->gap_count[b], 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&cs->gap_sum_ns[b], gap, memory_order_relaxed);
+}
+
 void qs_gate_hp_begin(struct qs_segment *seg, uint32_t card)
 {
     struct qs_card_state *cs = &seg->state->cards[card];
+    if (atomic_load_explicit(&seg->cfg->cards[card].release_auto, memory_order_relaxed))
+        observe_gap(cs);
     if (atomic_load(&cs->gate) == QS_GATE_CLOSED)
         return;
     if (atomic_exchange(&cs->gate, QS_GATE_CLOSED) == QS_GATE_OPEN) {
@@ -51,7 +80,9 @@ static int hp_quiet(struct qs_segment *seg, struct qs_card_state *cs)
 
 static uint64_t release_deadline(struct qs_segment *seg, uint32_t card)
 {
-    uint64_t delay = atomic_load(&seg->cfg->cards[card].release_delay_ns);
+    const struct qs_cfg_card *cc = &seg->cfg->cards[card];
+    uint64_t delay = atomic_load(&cc->release_auto) ? atomic_load(&cc->auto_delay_ns)
+                                                     : atomic_load(&cc->release_delay_ns);
     return atomic_load(&seg->state->cards[card].last_hp_ns) + delay;
 }
 
@@ -93,8 +124,9 @@ static enum release_result try_release(struct qs_segment *seg, uint32_t card, ui
 }
 
 /* One round of waiting on a closed gate: sleep until the release deadline when high
- * priority is quiet, or until high priority turns quiet. Returns 1 once open. */
-static int wait_round(struct qs_segment *seg, uint32_t card, _Atomic uint32_t *stop)
+ * priority is quiet, or until high priority turns quiet, or until `cap` (0: none).
+ * Returns 1 once open. */
+static int wait_round(struct qs_segment *seg, uint32_t card, _Atomic uint32_t *stop, uint64_t cap)
 {
     struct qs_card_state *cs = &seg->state->cards[card];
     atomic_fetch_add(&cs->untimed_sleepers, 1);
@@ -105,8 +137,11 @@ static int wait_round(struct qs_segment *seg, uint32_t card, _Atomic uint32_t *s
                                 : try_release(seg, card, &deadline);
     if (r == QUIET_UNTIL)
         atomic_fetch_sub(&cs->untimed_sleepers, 1);
+    uint64_t until = r == QUIET_UNTIL ? deadline : 0;
+    if (cap && (!until || cap < until))
+        until = cap;
     if (r != OPENED && !(stop && atomic_load(stop)))
-        qs_futex_wait(&cs->wake_seq, seq, r == QUIET_UNTIL ? deadline : 0);
+        qs_futex_wait(&cs->wake_seq, seq, until);
     if (r != QUIET_UNTIL)
         atomic_fetch_sub(&cs->untimed_sleepers, 1);
     return r == OPENED;
@@ -118,28 +153,196 @@ int qs_gate_wait(struct qs_segment *seg, uint32_t card, _Atomic uint32_t *stop)
     int blocked = 0;
     while (atomic_load(&cs->gate) != QS_GATE_OPEN && !(stop && atomic_load(stop))) {
         blocked = 1;
-        if (wait_round(seg, card, stop))
+        if (wait_round(seg, card, stop, 0))
             break;
     }
     return blocked;
 }
 
+/* ---- auto release mode: the owner's model of high priority's gaps ---- */
+struct auto_model {
+    int on;
+    uint64_t next_ns;
+    uint64_t raw_count[QS_GAP_BUCKETS], raw_sum[QS_GAP_BUCKETS]; /* counters last folded in */
+    double count[QS_GAP_BUCKETS], sum[QS_GAP_BUCKETS];           /* decayed histogram */
+    uint64_t lp_dev, lp_launches;
+    double lp_kernel_ns;
+};
+
+/* Low priority's device time, launches and the kernels it may have in flight on `card`. */
+static void lp_totals(struct qs_segment *seg, uint32_t card, uint64_t *dev, uint64_t *launches,
+                      uint64_t *inflight)
+{
+    const struct qs_cfg_card *cc = &seg->cfg->cards[card];
+    *dev = *launches = *inflight = 0;
+    for (uint32_t w = 0; w < QS_MAX_VGPUS / 64; w++) {
+        uint64_t bits = atomic_load(&cc->lp_vgpus[w]);
+        while (bits) {
+            uint32_t s = w * 64 + (uint32_t)__builtin_ctzll(bits);
+            bits &= bits - 1;
+            struct qs_vgpu_state *vs = &seg->state->vgpus[s];
+            uint32_t max = seg->cfg->vgpus[s].lp_max_inflight;
+            *dev += atomic_load(&vs->device_ns);
+            *launches += atomic_load(&vs->launches);
+            *inflight += (uint64_t)atomic_load(&vs->contexts) * (max ? max : 1);
+        }
+    }
+}
+
+/* Fold the new gaps and low priority's kernels into the model; returns the penalty: how long a
+ * high-priority launch on a released card waits for the low-priority work in flight. */
+static uint64_t auto_observe(struct qs_segment *seg, uint32_t card, struct auto_model *m)
+{
+    struct qs_card_state *cs = &seg->state->cards[card];
+    for (uint32_t b = 0; b < QS_GAP_BUCKETS; b++) {
+        uint64_t c = atomic_load(&cs->gap_count[b]), s = atomic_load(&cs->gap_sum_ns[b]);
+        m->count[b] = m->count[b] * AUTO_DECAY + (double)(c - m->raw_count[b]);
+        m->sum[b] = m->sum[b] * AUTO_DECAY + (double)(s - m->raw_sum[b]);
+        m->raw_count[b] = c;
+        m->raw_sum[b] = s;
+    }
+    uint64_t dev, launches, inflight;
+    lp_totals(seg, card, &dev, &launches, &inflight);
+    if (launches > m->lp_launches && dev >= m->lp_dev) {
+        double k = (double)(dev - m->lp_dev) / (double)(launches - m->lp_launches);
+        m->lp_kernel_ns = m->lp_kernel_ns > 0 ? 0.8 * m->lp_kernel_ns + 0.2 * k : k;
+    }
+    m->lp_dev = dev;
+    m->lp_launches = launches;
+    if (inflight && m->lp_kernel_ns <= 0) /* LP has not run yet: assume it costs the bound */
+        return atomic_load(&seg->cfg->cards[card].auto_bound_ns) ? atomic_load(&seg->cfg->cards[card].auto_bound_ns) : 1;
+    return (uint64_t)(m->lp_kernel_ns * (double)inflight);
+}
+
+/* The delay for the gaps seen. Each gap longer than the delay is "exposed": low priority gets
+ * its remainder, and high priority's next launch waits `penalty` behind low priority's work.
+ * When the bound absorbs one penalty, lower the delay bucket by bucket from the maximum while
+ * what low priority gains is worth AUTO_GAIN times what high priority loses (the many short
+ * gaps inside a burst stop it); otherwise expose at most AUTO_EXPOSED of the gaps. */
+static uint64_t auto_choose(const struct auto_model *m, uint64_t bound, uint64_t max_delay,
+                            uint64_t penalty)
+{
+    double cnt_ge[QS_GAP_BUCKETS + 1] = {0};
+    for (int b = QS_GAP_BUCKETS - 1; b >= 0; b--)
+        cnt_ge[b] = cnt_ge[b + 1] + m->count[b];
+    if (cnt_ge[0] < AUTO_MIN_GAPS || penalty == 0)
+        return max_delay;
+    double delay = (double)max_delay;
+    for (int b = QS_GAP_BUCKETS - 1; b >= 0; b--) {
+        double lo = b ? (double)(1ull << b) : 0.0;
+        if (lo >= delay)
+            continue;
+        int ok;
+        if (penalty <= bound) {
+            double gain = cnt_ge[b + 1] * (delay - lo) + (m->sum[b] - m->count[b] * lo);
+            ok = gain >= AUTO_GAIN * m->count[b] * (double)penalty;
+        } else {
+            ok = cnt_ge[b] <= AUTO_EXPOSED * cnt_ge[0];
+        }
+        if (!ok)
+            break;
+        delay = lo;
+    }
+    uint64_t d = (uint64_t)delay * (penalty <= bound ? AUTO_MARGIN : 1u);
+    return d < max_delay ? d : max_delay;
+}
+
+/* Run by the release thread: revise the auto delay every AUTO_PERIOD_NS. Returns when to
+ * come back (0 while auto mode is off). */
+static uint64_t auto_tick(struct qs_segment *seg, uint32_t card, struct auto_model *m)
+{
+    struct qs_cfg_card *cc = &seg->cfg->cards[card];
+    if (!atomic_load(&cc->release_auto)) {
+        m->on = 0;
+        return 0;
+    }
+    uint64_t now = qs_now_ns();
+    if (!m->on) {
+        memset(m, 0, sizeof *m);
+        m->on = 1;
+        auto_observe(seg, card, m);
+        memset(m->count, 0, sizeof m->count);
+        memset(m->sum, 0, sizeof m->sum);
+        m->next_ns = now + AUTO_PERIOD_NS;
+    }
+    if (now < m->next_ns)
+        return m->next_ns;
+    uint64_t penalty = auto_observe(seg, card, m);
+    uint64_t delay = auto_choose(m, atomic_load(&cc->auto_bound_ns),
+                                 atomic_load(&cc->auto_max_delay_ns), penalty);
+    atomic_store(&cc->auto_penalty_ns, penalty);
+    if (atomic_exchange(&cc->auto_delay_ns, delay) != delay) {
+        struct qs_card_state *cs = &seg->state->cards[card];
+        atomic_fetch_add(&cs->wake_seq, 1); /* sleepers recompute their deadline */
+        qs_futex_wake(&cs->wake_seq, INT_MAX);
+    }
+    m->next_ns = now + AUTO_PERIOD_NS;
+    return m->next_ns;
+}
+
 /* The owner's thread per card: it releases the card on time even when no low-priority
- * context is waiting, so that idle events are exact; it sleeps on the same futex. */
+ * context is waiting, so that idle events are exact; it sleeps on the same futex, and in
+ * auto mode wakes every AUTO_PERIOD_NS to revise the delay. */
 void qs_gate_release_loop(struct qs_segment *seg, uint32_t card, _Atomic uint32_t *stop)
 {
     struct qs_card_state *cs = &seg->state->cards[card];
+    struct auto_model model = {0};
     while (!atomic_load(stop)) {
+        uint64_t tick = auto_tick(seg, card, &model);
         if (atomic_load(&cs->gate) != QS_GATE_OPEN) {
-            wait_round(seg, card, stop);
+            wait_round(seg, card, stop, tick);
             continue;
         }
         atomic_fetch_add(&cs->untimed_sleepers, 1);
         uint32_t seq = atomic_load(&cs->wake_seq);
         if (atomic_load(&cs->gate) == QS_GATE_OPEN && !atomic_load(stop))
-            qs_futex_wait(&cs->wake_seq, seq, 0);
+            qs_futex_wait(&cs->wake_seq, seq, tick);
         atomic_fetch_sub(&cs->untimed_sleepers, 1);
     }
+}
+
+int qs_card_set_release_auto(qs_node *node, uint32_t index, int enable, uint64_t p99_bound_ns,
+                             uint64_t max_delay_ns)
+{
+    qs_clear_error();
+    if (index >= QS_MAX_CARDS || !atomic_load(&node->seg.cfg->cards[index].present))
+        return qs_fail(QS_ENOENT, "no card with index %u", index);
+    max_delay_ns = max_delay_ns ? max_delay_ns : QS_DEFAULT_RELEASE_DELAY_NS;
+    if (max_delay_ns > 60000000000ull || p99_bound_ns > 60000000000ull)
+        return qs_fail(QS_EINVAL, "auto release: bound and maximum delay must be at most 60 s");
+    struct qs_cfg_card *cc = &node->seg.cfg->cards[index];
+    if (enable) {
+        atomic_store(&cc->auto_bound_ns, p99_bound_ns);
+        atomic_store(&cc->auto_max_delay_ns, max_delay_ns);
+        atomic_store(&cc->auto_delay_ns, max_delay_ns);
+        atomic_store(&cc->auto_penalty_ns, 0);
+    }
+    atomic_store(&cc->release_auto, enable ? 1u : 0u);
+    struct qs_card_state *cs = &node->seg.state->cards[index];
+    atomic_fetch_add(&cs->wake_seq, 1); /* the release thread and sleepers recompute */
+    qs_futex_wake(&cs->wake_seq, INT_MAX);
+    return QS_OK;
+}
+
+int qs_card_release_auto_get(qs_node *node, uint32_t index, qs_release_auto_stats *out)
+{
+    qs_clear_error();
+    if (index >= QS_MAX_CARDS || !atomic_load(&node->seg.cfg->cards[index].present))
+        return qs_fail(QS_ENOENT, "no card with index %u", index);
+    if (!out)
+        return qs_fail(QS_EINVAL, "out pointer is NULL");
+    const struct qs_cfg_card *cc = &node->seg.cfg->cards[index];
+    const struct qs_card_state *cs = &node->seg.state->cards[index];
+    memset(out, 0, sizeof *out);
+    out->enabled = atomic_load(&cc->release_auto);
+    out->delay_ns = out->enabled ? atomic_load(&cc->auto_delay_ns)
+                                 : atomic_load(&cc->release_delay_ns);
+    out->p99_bound_ns = atomic_load(&cc->auto_bound_ns);
+    out->max_delay_ns = atomic_load(&cc->auto_max_delay_ns);
+    out->penalty_ns = atomic_load(&cc->auto_penalty_ns);
+    for (uint32_t b = 0; b < QS_GAP_BUCKETS; b++)
+        out->gaps += atomic_load(&cs->gap_count[b]);
+    return QS_OK;
 }
 
 /* A high-priority context goes away (detach or death): it no longer holds the card,

@@ -134,9 +134,29 @@ void qs_policy_account(struct qs_segment *seg, uint32_t vslot, uint64_t ns)
     }
 }
 
+/* A new epoch of sharing on the card (policy or membership changed): fairness starts level
+ * and no fixed-share debt run up under another policy is carried over. */
+static void policy_epoch(struct qs_segment *seg, uint32_t card)
+{
+    const struct qs_cfg_card *cc = &seg->cfg->cards[card];
+    uint64_t now = qs_now_ns();
+    for (uint32_t w = 0; w < QS_MAX_VGPUS / 64; w++) {
+        uint64_t bits = atomic_load(&cc->lp_vgpus[w]);
+        while (bits) {
+            uint32_t s = w * 64 + (uint32_t)__builtin_ctzll(bits);
+            bits &= bits - 1;
+            struct qs_policy_state *ps = pstate(seg, s);
+            atomic_store(&ps->vtime_ns, 0);
+            if (atomic_load(&ps->budget_ns) > now)
+                atomic_store(&ps->budget_ns, now);
+        }
+    }
+}
+
 void qs_policy_changed(struct qs_segment *seg, uint32_t card)
 {
     struct qs_card_state *cs = &seg->state->cards[card];
+    policy_epoch(seg, card);
     atomic_fetch_add(&cs->policy_seq, 1);
     qs_futex_wake(&cs->policy_seq, INT_MAX);
 }
