@@ -57,7 +57,7 @@ async def replicas(database_url: str, bus_url: str) -> AsyncIterator[list[Alloca
     settings = [
         AllocatorSettings(
             database_url=database_url, nats_url=bus_url, instance=f"replica-{i}",
-            pending_sweep_s=1.0, pool_size=8, cluster=RULES,
+            pending_sweep_s=1.0, cluster=RULES,
         )
         for i in range(2)
     ]  # fmt: skip

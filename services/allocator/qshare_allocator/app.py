@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import signal
 from typing import Any
 
 import nats
@@ -15,13 +16,13 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from prometheus_client import start_http_server
 from pydantic import BaseModel
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
 from qshare.contracts import subjects
 from qshare.contracts.claims import CreateClaim, CreateClaimReply, DeleteClaim
 from qshare.contracts.nodes import Heartbeat, NodeRegistration
 from qshare.contracts.streams import ensure_events_stream
 from qshare.contracts.tracing import setup_tracing
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
-
 from qshare_allocator import metrics
 from qshare_allocator.claims.service import ClaimService, PendingCursor
 from qshare_allocator.db import in_transaction, make_engine
@@ -67,8 +68,12 @@ class Allocator:
         await self.stop()
 
     async def run(self) -> None:
+        """Serve until SIGTERM or SIGINT, then drain and stop."""
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
         async with self:
-            await asyncio.Event().wait()
+            await stop.wait()
 
     async def start(self) -> None:
         setup_tracing("qshare-allocator", self.settings.trace_console)

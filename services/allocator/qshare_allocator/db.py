@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
+from sqlalchemy import Select, literal, select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.sql.dml import UpdateBase
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -44,3 +47,13 @@ def sqlstate(exc: DBAPIError) -> str | None:
     orig = exc.orig
     code = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
     return str(code) if code is not None else None
+
+
+@functools.cache
+def together(*statements: UpdateBase) -> Select[Any]:
+    """One statement running several writes as data-modifying CTEs: one round trip.
+
+    Built once per combination of (themselves cached) statements.
+    """
+    ctes = [statement.cte(f"write_{i}") for i, statement in enumerate(statements)]
+    return select(literal(len(ctes))).add_cte(*ctes)

@@ -15,11 +15,11 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from opentelemetry import trace
 from pydantic import BaseModel, ValidationError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
 from qshare.contracts import envelope, rpc
 from qshare.contracts.errors import ErrorCode, FieldError, InvalidInput, QshareError
 from qshare.contracts.tracing import extract_context
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
-
 from qshare_allocator import metrics
 from qshare_allocator.db import in_transaction
 

@@ -6,31 +6,39 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from typing import Any
 
 from nats.js import JetStreamContext
 from pydantic import BaseModel
+from sqlalchemy import Insert, bindparam, delete, insert, select
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
 from qshare.contracts import envelope
 from qshare.contracts.schema import outbox
 from qshare.contracts.tracing import inject_headers
-from sqlalchemy import delete, insert, select
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
-
 from qshare_allocator.db import in_transaction
 
 log = logging.getLogger(__name__)
 BATCH = 256
 
 
-async def add_event(
-    conn: AsyncConnection, source: str, subject: str, type_: str, data: BaseModel
-) -> None:
-    """Queue an event in the current transaction; `Nats-Msg-Id` lets JetStream drop repeats."""
+def event_params(source: str, subject: str, type_: str, data: BaseModel) -> dict[str, Any]:
+    """Parameters of `event_insert()`; `Nats-Msg-Id` lets JetStream drop a repeated publish."""
     event = envelope.wrap(source, type_, data)
     headers = inject_headers({"Nats-Msg-Id": event.id})
-    await conn.execute(
-        insert(outbox).values(subject=subject, body=envelope.encode(event), headers=headers)
+    return {"o_subject": subject, "o_body": envelope.encode(event), "o_headers": headers}
+
+
+@functools.cache
+def event_insert() -> Insert:
+    """The outbox row of one event, written in the transaction of the change it reports."""
+    return insert(outbox).values(
+        subject=bindparam("o_subject"),
+        body=bindparam("o_body"),
+        headers=bindparam("o_headers", type_=JSONB),
     )
 
 

@@ -6,6 +6,7 @@ import socket
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
 from qshare.settings import ClusterSettings
 
 
@@ -15,8 +16,8 @@ class AllocatorSettings(BaseSettings):
     database_url: str = "postgresql+asyncpg://qshare:qshare@localhost:5432/qshare"
     nats_url: str = "nats://localhost:4222"
     instance: str = Field(default_factory=socket.gethostname, description="CloudEvents source")
-    pool_size: int = Field(16, ge=1)
-    max_in_flight: int = Field(32, ge=1, description="requests handled at once per replica")
+    max_in_flight: int = Field(16, ge=1, description="requests handled at once per replica")
+    pool_size: int = Field(20, ge=2, description="at least max_in_flight + 2 (relay, sweeper)")
     pending_sweep_s: float = Field(
         5.0, gt=0, description="retry pending claims at least this often"
     )

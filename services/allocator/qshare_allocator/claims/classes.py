@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncConnection
+
 from qshare.contracts.domain import Provisioner
 from qshare.contracts.errors import InvalidInput
 from qshare.contracts.schema import classes
-from sqlalchemy import select
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 
 class ClassCatalog:

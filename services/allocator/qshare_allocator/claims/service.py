@@ -1,28 +1,42 @@
 """Claim operations inside one transaction: create (place or leave Pending), retry pending,
-and delete (release). They only execute statements; the caller commits."""
+and delete (release). They only execute statements; the caller commits.
+
+Once the node is locked and its cards chosen, every write of a change (the claim, its
+vGPUs, the card and node counters, its event) goes to Postgres as one statement.
+"""
 
 from __future__ import annotations
 
+import functools
 import uuid
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
+from sqlalchemy import Insert, Row, bindparam, func, insert, select, tuple_, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.sql.dml import UpdateBase
+
 from qshare.contracts import subjects
-from qshare.contracts.claims import ClaimSpec, ClaimView, CreateClaim, CreateClaimReply, DeleteClaim
+from qshare.contracts.claims import (
+    ClaimSpec,
+    ClaimView,
+    CreateClaim,
+    CreateClaimReply,
+    DeleteClaim,
+    VgpuView,
+)
 from qshare.contracts.domain import ClaimStatus
 from qshare.contracts.errors import NotFound
 from qshare.contracts.rows import claim_view, vgpus_of
 from qshare.contracts.schema import claims
 from qshare.settings import ClusterSettings
-from sqlalchemy import Row, func, insert, select, tuple_, update
-from sqlalchemy.ext.asyncio import AsyncConnection
-
 from qshare_allocator.claims.classes import ClassCatalog
 from qshare_allocator.claims.views import demand_of, spec_of
-from qshare_allocator.outbox import add_event
-from qshare_allocator.placement.capacity import give_back, hold
+from qshare_allocator.db import together
+from qshare_allocator.outbox import event_insert, event_params
+from qshare_allocator.placement.capacity import give_back, holding
 from qshare_allocator.placement.demand import Demand, check_granularity
-from qshare_allocator.placement.finder import Choice, find_and_lock
+from qshare_allocator.placement.finder import find_and_lock
 
 PendingCursor = tuple[datetime, uuid.UUID]
 HOLDING = (ClaimStatus.PLACED.value, ClaimStatus.READY.value)
@@ -38,16 +52,16 @@ class ClaimService:
         """Place the claim now if anything fits, else record it Pending with the reason."""
         spec = command.spec
         demand = await self._demand(conn, spec)
-        if spec.idempotency_key and (
-            known := await self._by_key(conn, command.tenant, spec.idempotency_key)
-        ):
+        key = spec.idempotency_key
+        if key and (known := await self._by_key(conn, command.tenant, key)):
             return CreateClaimReply(claim=known, created=False)
         claim_id = uuid.uuid4()
         choice = await find_and_lock(conn, demand, self._rules.node_timeout_s)
-        row = await self._insert(conn, claim_id, command, demand, choice)
-        held = await hold(conn, claim_id, demand, choice) if choice else []
-        view = claim_view(row, held)
-        await self._publish(conn, view)
+        held = holding(claim_id, demand, choice) if choice else None
+        view = _new_view(claim_id, command, demand, held.vgpus if held else [])
+        writes = held.statements if held else ()
+        params = _claim_params(view, spec) | (held.params if held else {}) | self._event(view)
+        await conn.execute(together(_claim_insert(), *writes, event_insert()), params)
         return CreateClaimReply(claim=view, created=True)
 
     async def place_pending(
@@ -57,20 +71,18 @@ class ClaimService:
         query = select(claims).where(claims.c.status == ClaimStatus.PENDING.value)
         if after is not None:
             query = query.where(tuple_(claims.c.created_at, claims.c.id) > tuple_(*after))
-        query = (
-            query.order_by(claims.c.created_at, claims.c.id)
-            .limit(1)
-            .with_for_update(skip_locked=True)
-        )
-        row = (await conn.execute(query)).one_or_none()
+        query = query.order_by(claims.c.created_at, claims.c.id).limit(1)
+        row = (await conn.execute(query.with_for_update(skip_locked=True))).one_or_none()
         if row is None:
             return None
         demand = await self._demand(conn, spec_of(row))
         if choice := await find_and_lock(conn, demand, self._rules.node_timeout_s):
-            placed = await self._set_status(
-                conn, row.id, ClaimStatus.PLACED, node=choice.node, reason=None
+            held = holding(row.id, demand, choice)
+            view = claim_view(row, held.vgpus).model_copy(
+                update={"status": ClaimStatus.PLACED, "node": choice.node, "reason": None}
             )
-            await self._publish(conn, claim_view(placed, await hold(conn, row.id, demand, choice)))
+            params = _status_params(view) | held.params | self._event(view)
+            await conn.execute(together(_status_update(), *held.statements, event_insert()), params)
         return (row.created_at, row.id)
 
     async def delete(self, conn: AsyncConnection, command: DeleteClaim) -> ClaimView:
@@ -83,11 +95,9 @@ class ClaimService:
             return claim_view(row, [])
         if row.status in HOLDING:
             await give_back(conn, row.id, row.node_name)
-        released = await self._set_status(
-            conn, row.id, ClaimStatus.RELEASED, node=row.node_name, reason=None
-        )
-        view = claim_view(released, [])
-        await self._publish(conn, view)
+        view = claim_view(row, []).model_copy(update={"status": ClaimStatus.RELEASED})
+        params = _status_params(view) | self._event(view)
+        await conn.execute(together(_status_update(), event_insert()), params)
         return view
 
     async def _demand(self, conn: AsyncConnection, spec: ClaimSpec) -> Demand:
@@ -97,55 +107,76 @@ class ClaimService:
 
     async def _by_key(self, conn: AsyncConnection, tenant: str, key: str) -> ClaimView | None:
         query = select(claims).where(claims.c.tenant == tenant, claims.c.idempotency_key == key)
-        row = (await conn.execute(query)).one_or_none()
+        row: Row[Any] | None = (await conn.execute(query)).one_or_none()
         if row is None:
             return None
         return claim_view(row, (await vgpus_of(conn, [row.id])).get(row.id, []))
 
-    async def _insert(
-        self,
-        conn: AsyncConnection,
-        claim_id: uuid.UUID,
-        command: CreateClaim,
-        demand: Demand,
-        choice: Choice | None,
-    ) -> Row[Any]:
-        spec = command.spec
-        values = {
-            "id": claim_id,
-            "tenant": command.tenant,
-            "status": (ClaimStatus.PLACED if choice else ClaimStatus.PENDING).value,
-            "priority": spec.priority.value,
-            "vcore": spec.vcore,
-            "vmemory_mib": spec.vmemory,
-            "count": spec.count,
-            "class_name": spec.class_name,
-            "node_selector": spec.node_selector,
-            "placement": spec.placement.model_dump(mode="json") if spec.placement else None,
-            "idempotency_key": spec.idempotency_key,
-            "reason": None if choice else demand.describe(),
-            "node_name": choice.node if choice else None,
-        }
-        row: Row[Any] = (await conn.execute(insert(claims).values(values).returning(claims))).one()
-        return row
+    def _event(self, view: ClaimView) -> dict[str, Any]:
+        kind = view.status.value
+        subject = subjects.claim_event(str(view.id), kind)
+        return event_params(self._source, subject, f"io.qshare.claim.{kind}", view)
 
-    async def _set_status(
-        self,
-        conn: AsyncConnection,
-        claim_id: uuid.UUID,
-        status: ClaimStatus,
-        node: str | None,
-        reason: str | None,
-    ) -> Row[Any]:
-        query = (
-            update(claims)
-            .where(claims.c.id == claim_id)
-            .values(status=status.value, node_name=node, reason=reason, updated_at=func.now())
-            .returning(claims)
-        )
-        row: Row[Any] = (await conn.execute(query)).one()
-        return row
 
-    async def _publish(self, conn: AsyncConnection, view: ClaimView) -> None:
-        subject = subjects.claim_event(str(view.id), view.status.value)
-        await add_event(conn, self._source, subject, f"io.qshare.claim.{view.status.value}", view)
+def _new_view(
+    claim_id: uuid.UUID, command: CreateClaim, demand: Demand, held: list[VgpuView]
+) -> ClaimView:
+    spec, now = command.spec, datetime.now(UTC)
+    return ClaimView(
+        id=claim_id,
+        tenant=command.tenant,
+        status=ClaimStatus.PLACED if held else ClaimStatus.PENDING,
+        priority=spec.priority,
+        vcore=spec.vcore,
+        vmemory_mib=spec.vmemory,
+        count=spec.count,
+        class_name=spec.class_name,
+        node_selector=spec.node_selector,
+        placement=spec.placement,
+        idempotency_key=spec.idempotency_key,
+        reason=None if held else demand.describe(),
+        node=held[0].node if held else None,
+        vgpus=held,
+        created_at=now,
+        updated_at=now,
+    )
+
+
+CLAIM_COLUMNS = (
+    "id", "tenant", "status", "priority", "vcore", "vmemory_mib", "count", "class_name",
+    "node_selector", "placement", "idempotency_key", "reason", "node_name", "created_at",
+    "updated_at",
+)  # fmt: skip
+
+
+@functools.cache
+def _claim_insert() -> Insert:
+    return insert(claims).values(
+        {c: bindparam(f"c_{c}", type_=claims.c[c].type) for c in CLAIM_COLUMNS}
+    )
+
+
+def _claim_params(view: ClaimView, spec: ClaimSpec) -> dict[str, Any]:
+    row = view.model_dump(include=set(CLAIM_COLUMNS))
+    placement = spec.placement.model_dump(mode="json") if spec.placement else None
+    extra = {"status": view.status.value, "node_name": view.node, "placement": placement}
+    return {f"c_{k}": v for k, v in (row | extra).items()}
+
+
+@functools.cache
+def _status_update() -> UpdateBase:
+    return (
+        update(claims)
+        .where(claims.c.id == bindparam("s_id"))
+        .values(status=bindparam("s_status"), node_name=bindparam("s_node"),
+                reason=bindparam("s_reason"), updated_at=func.now())
+    )  # fmt: skip
+
+
+def _status_params(view: ClaimView) -> dict[str, Any]:
+    return {
+        "s_id": view.id,
+        "s_status": view.status.value,
+        "s_node": view.node,
+        "s_reason": view.reason,
+    }

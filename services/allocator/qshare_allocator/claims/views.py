@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from sqlalchemy import Row
+
 from qshare.contracts.claims import ClaimSpec, PlacementOverride
 from qshare.contracts.domain import Priority, Provisioner
 from qshare.settings import ClusterSettings
-from sqlalchemy import Row
-
 from qshare_allocator.placement.demand import Demand
 
 

@@ -8,15 +8,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from sqlalchemy import func, select, update
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection
+
 from qshare.contracts.errors import Conflict, NotFound
 from qshare.contracts.nodes import GpuSpec, Heartbeat, NodeRegistration, NodeView
 from qshare.contracts.rows import node_is_ready, node_views
 from qshare.contracts.schema import gpus, nodes
 from qshare.settings import ClusterSettings
-from sqlalchemy import func, select, update
-from sqlalchemy.dialects.postgresql import insert
-from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 
 class InventoryService:
@@ -38,10 +39,9 @@ class InventoryService:
 
     async def heartbeat(self, conn: AsyncConnection, node: str, beat: Heartbeat) -> bool:
         """Record a heartbeat; True when it may have freed capacity (node back, card healthy)."""
-        query = select(
-            nodes.c.heartbeat_at, node_is_ready(self._rules.node_timeout_s).label("ready")
-        ).where(nodes.c.name == node)
-        row = (await conn.execute(query.with_for_update())).one_or_none()
+        query = select(node_is_ready().label("ready")).where(nodes.c.name == node)
+        timeout = {"node_timeout_s": self._rules.node_timeout_s}
+        row = (await conn.execute(query.with_for_update(), timeout)).one_or_none()
         if row is None:
             raise NotFound(f"node {node} is not registered")
         await conn.execute(

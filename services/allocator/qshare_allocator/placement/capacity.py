@@ -2,41 +2,71 @@
 
 from __future__ import annotations
 
+import functools
 import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Boolean, Integer, bindparam, case, delete, insert, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.sql.dml import UpdateBase
 
 from qshare.contracts.claims import VgpuView
 from qshare.contracts.domain import Priority
 from qshare.contracts.schema import gpus, nodes, vgpus
-from sqlalchemy import Boolean, Integer, bindparam, case, delete, insert, select, update
-from sqlalchemy.ext.asyncio import AsyncConnection
-
 from qshare_allocator.placement.demand import Demand
 from qshare_allocator.placement.finder import Choice
 
 
-async def hold(
-    conn: AsyncConnection, claim_id: uuid.UUID, demand: Demand, choice: Choice
-) -> list[VgpuView]:
-    """Create the claim's vGPUs on the chosen cards and count them against the cards and node."""
+@dataclass(frozen=True)
+class Holding:
+    """The vGPUs a claim gets, the statements recording them against cards and node, and
+    their parameters (statements are built once per shape)."""
+
+    vgpus: list[VgpuView]
+    statements: tuple[UpdateBase, ...]
+    params: dict[str, Any]
+
+
+def holding(claim_id: uuid.UUID, demand: Demand, choice: Choice) -> Holding:
+    """Create the claim's vGPUs on the chosen cards (the caller holds the node's lock)."""
     views = [
         _vgpu(claim_id, demand, choice.node, card.uuid, card.idx, card.memory_mib)
         for card in choice.cards
     ]
-    high = demand.priority is Priority.HIGH
-    await conn.execute(
+    params: dict[str, Any] = {
+        "h_uuids": [v.gpu for v in views],
+        "h_mib": demand.vmemory_mib,
+        "h_core": demand.card_vcore,
+        "h_node": choice.node,
+        "h_taken": sum(v.vmemory_mib for v in views),
+    }
+    for i, view in enumerate(views):
+        params |= {f"v{i}_{k}": value for k, value in _vgpu_row(claim_id, view).items()}
+    return Holding(views, _statements(demand.priority, demand.whole, len(views)), params)
+
+
+@functools.cache
+def _statements(priority: Priority, whole: bool, count: int) -> tuple[UpdateBase, ...]:
+    high = priority is Priority.HIGH
+    core = bindparam("h_core", type_=Integer)
+    cards = (
         update(gpus)
-        .where(gpus.c.uuid == bindparam("b_uuid"))
+        .where(gpus.c.uuid.in_(bindparam("h_uuids")))
         .values(
-            allocated_mib=gpus.c.allocated_mib + bindparam("b_mib", type_=Integer),
-            core_high=gpus.c.core_high + (bindparam("b_core", type_=Integer) if high else 0),
-            core_low=gpus.c.core_low + (0 if high else bindparam("b_core", type_=Integer)),
+            allocated_mib=gpus.c.memory_mib if whole else gpus.c.allocated_mib + bindparam("h_mib"),
+            core_high=gpus.c.core_high + core if high else gpus.c.core_high,
+            core_low=gpus.c.core_low if high else gpus.c.core_low + core,
             vgpu_count=gpus.c.vgpu_count + 1,
-        ),
-        [{"b_uuid": v.gpu, "b_mib": v.vmemory_mib, "b_core": v.vcore} for v in views],
+        )
     )
-    await _adjust_node(conn, choice.node, -sum(v.vmemory_mib for v in views))
-    await conn.execute(insert(vgpus), [_vgpu_row(claim_id, v) for v in views])
-    return views
+    taken = nodes.c.free_mib - bindparam("h_taken", type_=Integer)
+    node = update(nodes).where(nodes.c.name == bindparam("h_node")).values(free_mib=taken)
+    slices = [
+        insert(vgpus).values({c: bindparam(f"v{i}_{c}") for c in VGPU_COLUMNS})
+        for i in range(count)
+    ]
+    return (cards, node, *slices)
 
 
 async def give_back(conn: AsyncConnection, claim_id: uuid.UUID, node: str) -> None:
@@ -93,6 +123,18 @@ def _vgpu(
         vmemory_mib=card_mib if demand.whole else demand.vmemory_mib,
         priority=demand.priority,
     )
+
+
+VGPU_COLUMNS = (
+    "id",
+    "claim_id",
+    "gpu_uuid",
+    "node_name",
+    "idx",
+    "priority",
+    "vcore",
+    "vmemory_mib",
+)
 
 
 def _vgpu_row(claim_id: uuid.UUID, v: VgpuView) -> dict[str, object]:

@@ -5,20 +5,23 @@ so replicas may place concurrently on different nodes and never on the same card
 The fast path takes the best node nobody holds (`SKIP LOCKED`); if that fails, the exact
 path lists every node with enough fitting cards and waits for each lock in turn, so a claim
 goes Pending only when nothing fits once concurrent placements have committed.
+
+Queries are built once per shape and take the demand as parameters.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
-from qshare.contracts.domain import PlacementPolicy, Priority
-from qshare.contracts.rows import node_is_ready
-from qshare.contracts.schema import gpus, nodes
-from sqlalchemy import ColumnElement, Select, and_, func, literal, select
+from sqlalchemy import ColumnElement, Select, and_, bindparam, func, select
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from qshare.contracts.domain import MAX_CORE_SHARE, PlacementPolicy, Priority
+from qshare.contracts.rows import node_is_ready
+from qshare.contracts.schema import gpus, nodes
 from qshare_allocator.placement.demand import Demand
 
 FAST_ATTEMPTS = 3
@@ -39,85 +42,105 @@ class Choice:
 
 async def find_and_lock(conn: AsyncConnection, demand: Demand, timeout_s: float) -> Choice | None:
     """The node and cards for `demand`, the node locked until commit; None when nothing fits."""
+    params = _params(demand, timeout_s)
     tried: list[str] = []
     for _ in range(FAST_ATTEMPTS):
-        node = await _scalar(conn, _node_query(demand, timeout_s, tried).limit(1), skip=True)
+        query = _best_free_node(demand.node_policy)
+        node = (await conn.execute(query, params | {"tried": tried})).scalar_one_or_none()
         if node is None:
             break
-        if choice := await _cards_on(conn, node, demand):
+        if choice := await _cards_on(conn, node, demand, params):
             return choice
         tried.append(node)
-    for node in (await conn.execute(_exact_query(demand, timeout_s, tried))).scalars().all():
-        locked = await _scalar(conn, _node_query(demand, timeout_s, []).where(nodes.c.name == node))
-        if locked is not None and (choice := await _cards_on(conn, node, demand)):
+    exact = _nodes_with_room(demand.node_policy, demand.priority, demand.whole)
+    for node in (await conn.execute(exact, params | {"tried": tried})).scalars().all():
+        locked = await conn.execute(_lock_node(), params | {"node": node})
+        if locked.scalar_one_or_none() and (choice := await _cards_on(conn, node, demand, params)):
             return choice
     return None
 
 
-async def _scalar(conn: AsyncConnection, query: Select[Any], skip: bool = False) -> str | None:
-    name: str | None = (
-        await conn.execute(query.with_for_update(skip_locked=skip))
-    ).scalar_one_or_none()
-    return name
+def _params(demand: Demand, timeout_s: float) -> dict[str, Any]:
+    return {
+        "node_timeout_s": timeout_s,
+        "need_node_mib": demand.node_free_needed,
+        "need_card_mib": demand.vmemory_mib,
+        "max_core": MAX_CORE_SHARE - demand.vcore,
+        "selector": demand.selector,
+        "count": demand.count,
+    }
 
 
-async def _cards_on(conn: AsyncConnection, node: str, demand: Demand) -> Choice | None:
-    free = gpus.c.memory_mib - gpus.c.allocated_mib
-    order = free.desc() if demand.card_policy is PlacementPolicy.SPREAD else free.asc()
-    query = (
-        select(gpus.c.uuid, gpus.c.idx, gpus.c.memory_mib)
-        .where(gpus.c.node_name == node, _card_fits(demand))
-        .order_by(order, gpus.c.idx)
-        .limit(demand.count)
-    )
-    rows = (await conn.execute(query)).all()
+async def _cards_on(
+    conn: AsyncConnection, node: str, demand: Demand, params: dict[str, Any]
+) -> Choice | None:
+    query = _fitting_cards(demand.card_policy, demand.priority, demand.whole)
+    rows = (await conn.execute(query, params | {"node": node})).all()
     if len(rows) < demand.count:
         return None
     return Choice(node, [Card(r.uuid, r.idx, r.memory_mib) for r in rows])
 
 
-def _node_query(demand: Demand, timeout_s: float, tried: list[str]) -> Select[Any]:
-    query = select(nodes.c.name).where(_node_fits(demand, timeout_s))
-    return _best_first(query, demand, tried)
+@functools.cache
+def _best_free_node(policy: PlacementPolicy) -> Select[Any]:
+    query = select(nodes.c.name).where(_node_fits(), nodes.c.name.not_in(bindparam("tried")))
+    return _ordered(query, policy).limit(1).with_for_update(skip_locked=True)
 
 
-def _exact_query(demand: Demand, timeout_s: float, tried: list[str]) -> Select[Any]:
+@functools.cache
+def _lock_node() -> Select[Any]:
+    """Wait for one named node's lock; None if it no longer fits once locked."""
+    query = select(nodes.c.name).where(nodes.c.name == bindparam("node"), _node_fits())
+    return query.with_for_update()
+
+
+@functools.cache
+def _nodes_with_room(policy: PlacementPolicy, priority: Priority, whole: bool) -> Select[Any]:
     """Every node with at least `count` fitting cards, best first (no locks)."""
     query = (
         select(nodes.c.name)
         .join(gpus, gpus.c.node_name == nodes.c.name)
-        .where(_node_fits(demand, timeout_s), _card_fits(demand))
+        .where(_node_fits(), _card_fits(priority, whole), nodes.c.name.not_in(bindparam("tried")))
         .group_by(nodes.c.name, nodes.c.free_mib)
-        .having(func.count() >= demand.count)
+        .having(func.count() >= bindparam("count"))
     )
-    return _best_first(query, demand, tried)
+    return _ordered(query, policy)
 
 
-def _best_first(query: Select[Any], demand: Demand, tried: list[str]) -> Select[Any]:
-    """Order nodes by the node policy, leaving out those already tried."""
-    if tried:
-        query = query.where(nodes.c.name.not_in(tried))
-    if demand.node_policy is PlacementPolicy.SPREAD:
+@functools.cache
+def _fitting_cards(policy: PlacementPolicy, priority: Priority, whole: bool) -> Select[Any]:
+    free = gpus.c.memory_mib - gpus.c.allocated_mib
+    order = free.desc() if policy is PlacementPolicy.SPREAD else free.asc()
+    return (
+        select(gpus.c.uuid, gpus.c.idx, gpus.c.memory_mib)
+        .where(gpus.c.node_name == bindparam("node"), _card_fits(priority, whole))
+        .order_by(order, gpus.c.idx)
+        .limit(bindparam("count"))
+    )
+
+
+def _ordered(query: Select[Any], policy: PlacementPolicy) -> Select[Any]:
+    if policy is PlacementPolicy.SPREAD:
         return query.order_by(nodes.c.free_mib.desc(), nodes.c.name.desc())
     return query.order_by(nodes.c.free_mib.asc(), nodes.c.name.asc())
 
 
-def _node_fits(demand: Demand, timeout_s: float) -> ColumnElement[bool]:
+def _node_fits() -> ColumnElement[bool]:
     return and_(
         nodes.c.schedulable,
-        node_is_ready(timeout_s),
-        nodes.c.free_mib >= demand.node_free_needed,
-        nodes.c.labels.contains(literal(demand.selector, JSONB)),
+        node_is_ready(),
+        nodes.c.free_mib >= bindparam("need_node_mib"),
+        nodes.c.labels.contains(bindparam("selector", type_=JSONB)),
     )
 
 
-def _card_fits(demand: Demand) -> ColumnElement[bool]:
-    core = gpus.c.core_high if demand.priority is Priority.HIGH else gpus.c.core_low
-    if demand.whole:
+def _card_fits(priority: Priority, whole: bool) -> ColumnElement[bool]:
+    if whole:
         return and_(gpus.c.healthy, gpus.c.vgpu_count == 0, gpus.c.allocated_mib == 0)
+    core = gpus.c.core_high if priority is Priority.HIGH else gpus.c.core_low
     return and_(
         gpus.c.healthy,
-        gpus.c.memory_mib - gpus.c.allocated_mib >= demand.vmemory_mib,
-        core + demand.vcore <= 100,
+        gpus.c.memory_mib - gpus.c.allocated_mib >= bindparam("need_card_mib"),
+        core <= bindparam("max_core"),
         gpus.c.vgpu_count < gpus.c.max_vgpus,
     )

@@ -66,10 +66,10 @@ async def claim_views(conn: AsyncConnection, rows: list[Row[Any]]) -> list[Claim
     return [claim_view(r, held.get(r.id, [])) for r in rows]
 
 
-def node_is_ready(timeout_s: float) -> ColumnElement[bool]:
-    """True for a node whose last heartbeat is younger than `timeout_s` (database clock)."""
-    interval = text("make_interval(secs => :timeout_s)").bindparams(timeout_s=timeout_s)
-    return nodes.c.heartbeat_at >= func.now() - interval
+def node_is_ready() -> ColumnElement[bool]:
+    """True for a node whose last heartbeat is younger than the parameter `node_timeout_s`
+    (seconds), on the database's clock."""
+    return nodes.c.heartbeat_at >= func.now() - text("make_interval(secs => :node_timeout_s)")
 
 
 async def node_views(
@@ -79,7 +79,7 @@ async def node_views(
     query = (
         select(
             nodes,
-            node_is_ready(timeout_s).label("ready"),
+            node_is_ready().label("ready"),
             func.count(gpus.c.uuid).label("cards"),
             func.coalesce(func.sum(gpus.c.memory_mib), 0).label("memory_mib"),
         )
@@ -89,7 +89,8 @@ async def node_views(
     )
     if name is not None:
         query = query.where(nodes.c.name == name)
-    return [_node_view(r) for r in (await conn.execute(query)).all()]
+    rows = (await conn.execute(query, {"node_timeout_s": timeout_s})).all()
+    return [_node_view(r) for r in rows]
 
 
 def _node_view(row: Row[Any]) -> NodeView:

@@ -111,6 +111,47 @@ class EmbeddedNats:
         raise RuntimeError("nats-server exited before it was ready")
 
 
+class ServiceProcess:
+    """A Python service run as `python -m <module>`, ready once its log prints `ready_text`."""
+
+    def __init__(
+        self, module: str, env: dict[str, str], ready_text: str, args: tuple[str, ...] = ()
+    ) -> None:
+        self._argv = (sys.executable, "-m", module, *args)
+        self._env = os.environ | env
+        self._ready_text = ready_text.encode()
+        self._process: asyncio.subprocess.Process | None = None
+
+    async def __aenter__(self) -> Self:
+        self._process = await asyncio.create_subprocess_exec(
+            *self._argv,
+            env=self._env,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        assert self._process.stderr is not None
+        seen: list[bytes] = []
+        async with asyncio.timeout(60):
+            while line := await self._process.stderr.readline():
+                seen.append(line)
+                if self._ready_text in line:
+                    asyncio.get_running_loop().create_task(_drain(self._process.stderr))
+                    return self
+        raise RuntimeError(
+            f"{self._argv[2]} exited before it was ready:\n" + b"".join(seen[-20:]).decode()
+        )
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._process is not None and self._process.returncode is None:
+            self._process.terminate()
+            await self._process.wait()
+
+
 async def _drain(stream: asyncio.StreamReader) -> None:
     while await stream.readline():
         pass

@@ -1,0 +1,228 @@
+"""`qshare bench allocator`: placement throughput and latency through NATS (2 allocator replicas,
+32 concurrent requesters) and through the REST API, on real Postgres and NATS servers.
+
+The inventory is 1,000 nodes × 8 cards (80 GiB each); the NATS run creates 5,000 claims, the
+REST run 1,000. `overcommitted_cards` and `double_placements` are counted by SQL over the final
+state. Postgres runs with its durable defaults (fsync and synchronous_commit on).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import random
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import nats
+from nats.aio.client import Client
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from qshare.contracts import rpc, subjects
+from qshare.contracts.claims import ClaimSpec, CreateClaim, CreateClaimReply
+from qshare.contracts.nodes import NodeRegistration, NodeView
+from qshare.testing.servers import EmbeddedNats, EmbeddedPostgres, ServiceProcess, free_port
+
+REQUESTERS = 32
+REPLICAS = 2
+ADMIN_TOKEN = "qs_bench_admin"
+OVERCOMMITTED = """
+SELECT count(*) FROM (
+  SELECT g.uuid FROM gpus g LEFT JOIN vgpus v ON v.gpu_uuid = g.uuid
+  GROUP BY g.uuid, g.memory_mib, g.max_vgpus
+  HAVING coalesce(sum(v.vmemory_mib), 0) > g.memory_mib
+      OR coalesce(sum(v.vcore) FILTER (WHERE v.priority = 'high'), 0) > 100
+      OR coalesce(sum(v.vcore) FILTER (WHERE v.priority = 'low'), 0) > 100
+      OR count(v.id) > g.max_vgpus
+) AS over
+"""
+DOUBLE_PLACED = """
+SELECT count(*) FROM (
+  SELECT c.id FROM claims c LEFT JOIN vgpus v ON v.claim_id = c.id
+  WHERE c.status IN ('placed', 'ready')
+  GROUP BY c.id, c.count HAVING count(v.id) <> c.count OR count(DISTINCT v.node_name) > 1
+  UNION ALL
+  SELECT v.claim_id FROM vgpus v JOIN claims c ON c.id = v.claim_id
+  WHERE c.status NOT IN ('placed', 'ready')
+) AS wrong
+"""
+
+
+@dataclass(frozen=True)
+class Scale:
+    nodes: int
+    cards: int
+    nats_claims: int
+    rest_claims: int
+
+
+FULL = Scale(nodes=1000, cards=8, nats_claims=5000, rest_claims=1000)
+QUICK = Scale(nodes=50, cards=8, nats_claims=500, rest_claims=100)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    return asyncio.run(_run(QUICK if args.quick else FULL))
+
+
+def table(result: dict[str, Any]) -> str:
+    lines = [f"{'path':<6} {'claims':>7} {'placed/s':>9} {'p50 ms':>8} {'p99 ms':>8}"]
+    for path in ("nats", "rest"):
+        r = result[path]
+        lines.append(
+            f"{path:<6} {r['claims']:>7} {r['placements_per_s']:>9.0f} "
+            f"{r['latency_ms']['p50']:>8.1f} {r['latency_ms']['p99']:>8.1f}"
+        )
+    lines.append(
+        f"inventory {result['nodes']} nodes × {result['cards_per_node']} cards; "
+        f"overcommitted cards {result['overcommitted_cards']}, "
+        f"double placements {result['double_placements']}"
+    )
+    return "\n".join(lines)
+
+
+async def _run(scale: Scale) -> dict[str, Any]:
+    async with _stack() as (database_url, nc, api_url):
+        await _register_inventory(nc, scale)
+        nats_figures = await _measure(scale.nats_claims, lambda i: _create_over_nats(nc, i))
+        async with httpx.AsyncClient(base_url=api_url, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+                                     limits=httpx.Limits(max_connections=REQUESTERS)) as http:  # fmt: skip
+            rest_figures = await _measure(scale.rest_claims, lambda i: _create_over_rest(http, i))
+        overcommitted, double = await _audit(database_url)
+    return {
+        "nodes": scale.nodes,
+        "cards_per_node": scale.cards,
+        "requesters": REQUESTERS,
+        "allocator_replicas": REPLICAS,
+        "nats": nats_figures,
+        "rest": rest_figures,
+        "overcommitted_cards": overcommitted,
+        "double_placements": double,
+    }
+
+
+@contextlib.asynccontextmanager
+async def _stack() -> AsyncIterator[tuple[str, Client, str]]:
+    """Postgres, NATS, two allocator processes and one API process."""
+    from qshare_allocator.migrate import upgrade
+
+    async with (
+        EmbeddedPostgres(durable=True, settings={"max_connections": "200"}) as pg,
+        EmbeddedNats() as bus,
+    ):
+        await upgrade(pg.url)
+        common = {"QSHARE_NODE_TIMEOUT_S": "86400"}
+        allocator_env = common | {
+            "QSHARE_ALLOCATOR_DATABASE_URL": pg.url,
+            "QSHARE_ALLOCATOR_NATS_URL": bus.url,
+        }
+        port = free_port()
+        api_env = common | {
+            "QSHARE_API_DATABASE_URL": pg.url, "QSHARE_API_NATS_URL": bus.url, "QSHARE_API_PORT": str(port),
+            "QSHARE_API_BOOTSTRAP_ADMIN_TOKEN": ADMIN_TOKEN, "QSHARE_API_POOL_SIZE": "16",
+        }  # fmt: skip
+        async with contextlib.AsyncExitStack() as stack:
+            for i in range(REPLICAS):
+                env = allocator_env | {"QSHARE_ALLOCATOR_INSTANCE": f"bench-{i}"}
+                await stack.enter_async_context(ServiceProcess("qshare_allocator", env, "serving"))
+            await stack.enter_async_context(
+                ServiceProcess("qshare_api", api_env, "startup complete")
+            )
+            nc = await nats.connect(bus.url)
+            try:
+                yield pg.url, nc, f"http://127.0.0.1:{port}"
+            finally:
+                await nc.drain()
+
+
+async def _register_inventory(nc: Client, scale: Scale) -> None:
+    async def one(n: int) -> None:
+        gpus = [
+            {"uuid": f"GPU-{n:04d}-{i}", "index": i, "model": "A100-80GB", "memory": "80Gi"}
+            for i in range(scale.cards)
+        ]
+        registration = NodeRegistration.model_validate(
+            {"name": f"node-{n:04d}", "labels": {"zone": f"z{n % 4}"}, "gpus": gpus}
+        )
+        await rpc.call(nc, subjects.NODES_REGISTER, "bench", registration, NodeView, timeout=30)
+
+    await _pool(scale.nodes, one)
+
+
+def _spec(i: int) -> dict[str, Any]:
+    """A reproducible mix: both priorities, shares 10–50 %, 1–8 GiB, one card in ten wants two."""
+    rng = random.Random(i)
+    return {
+        "priority": "high" if i % 2 else "low",
+        "vcore": rng.choice([10, 20, 25, 30, 50]),
+        "vmemory": rng.choice(["1Gi", "2Gi", "4Gi", "8Gi"]),
+        "count": 2 if i % 10 == 0 else 1,
+    }
+
+
+async def _create_over_nats(nc: Client, i: int) -> bool:
+    command = CreateClaim(tenant=f"tenant-{i % 8}", spec=ClaimSpec.model_validate(_spec(i)))
+    reply = await rpc.call(
+        nc, subjects.CLAIMS_CREATE, "bench", command, CreateClaimReply, timeout=30
+    )
+    return reply.claim.status == "placed"
+
+
+async def _create_over_rest(http: httpx.AsyncClient, i: int) -> bool:
+    response = await http.post("/v1/claims", json=_spec(i + 1_000_000), timeout=30)
+    response.raise_for_status()
+    return bool(response.json()["status"] == "placed")
+
+
+async def _measure(claims: int, create: Callable[[int], Awaitable[bool]]) -> dict[str, Any]:
+    """`claims` creations from REQUESTERS closed-loop requesters; latency of each request."""
+    latencies: list[float] = []
+    placed = 0
+
+    async def one(i: int) -> None:
+        nonlocal placed
+        started = time.perf_counter()
+        ok = await create(i)
+        placed += ok
+        latencies.append(time.perf_counter() - started)
+
+    started = time.perf_counter()
+    await _pool(claims, one)
+    elapsed = time.perf_counter() - started
+    return {
+        "claims": claims,
+        "placed": placed,
+        "seconds": round(elapsed, 3),
+        "placements_per_s": round(placed / elapsed, 1),
+        "latency_ms": {"p50": _percentile(latencies, 50), "p99": _percentile(latencies, 99)},
+    }
+
+
+async def _pool(total: int, work: Callable[[int], Awaitable[None]]) -> None:
+    """Run work(0..total-1) with REQUESTERS workers, each starting its next item when done."""
+    items = iter(range(total))
+
+    async def worker() -> None:
+        for i in items:
+            await work(i)
+
+    await asyncio.gather(*(worker() for _ in range(REQUESTERS)))
+
+
+def _percentile(samples: list[float], q: int) -> float:
+    ordered = sorted(samples)
+    index = min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))
+    return round(ordered[index] * 1000, 2)
+
+
+async def _audit(database_url: str) -> tuple[int, int]:
+    engine = create_async_engine(database_url)
+    async with engine.connect() as conn:
+        overcommitted = int((await conn.execute(text(OVERCOMMITTED))).scalar_one())
+        double = int((await conn.execute(text(DOUBLE_PLACED))).scalar_one())
+    await engine.dispose()
+    return overcommitted, double
