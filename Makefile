@@ -25,6 +25,7 @@ $(STAMP): pyproject.toml
 	touch $@
 
 native: $(BUILD)/libqshare.so $(FFI_STAMP)
+	$(MAKE) -s -C native/cuda CC=$(CC)
 
 $(BUILD)/libqshare.so: $(NATIVE_SRC) $(NATIVE_HDR)
 	@mkdir -p $(BUILD)

@@ -12,6 +12,7 @@ from typing import Protocol
 COMMAND_MODULES: tuple[str, ...] = (
     "qshare.bench.cli",
     "qshare.demo",
+    "qshare.launcher",
     "qshare_api.cli",
 )
 
