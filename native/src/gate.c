@@ -209,8 +209,10 @@ static uint64_t auto_observe(struct qs_segment *seg, uint32_t card, struct auto_
     }
     m->lp_dev = dev;
     m->lp_launches = launches;
-    if (inflight && m->lp_kernel_ns <= 0) /* LP has not run yet: assume it costs the bound */
-        return atomic_load(&seg->cfg->cards[card].auto_bound_ns) ? atomic_load(&seg->cfg->cards[card].auto_bound_ns) : 1;
+    if (inflight && m->lp_kernel_ns <= 0) { /* LP has not run yet: assume it costs the bound */
+        uint64_t bound = atomic_load(&seg->cfg->cards[card].auto_bound_ns);
+        return bound ? bound : 1;
+    }
     return (uint64_t)(m->lp_kernel_ns * (double)inflight);
 }
 
