@@ -183,7 +183,7 @@ static void lp_totals(struct qs_segment *seg, uint32_t card, uint64_t *dev, uint
             struct qs_vgpu_state *vs = &seg->state->vgpus[s];
             uint32_t max = seg->cfg->vgpus[s].lp_max_inflight;
             *dev += atomic_load(&vs->device_ns);
-            *launches += atomic_load(&vs->launches);
+            *launches += qs_vgpu_launches(seg, s);
             *inflight += (uint64_t)atomic_load(&vs->contexts) * (max ? max : 1);
         }
     }

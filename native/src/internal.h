@@ -207,6 +207,9 @@ int qs_sim_acquire(struct qs_segment *seg, uint32_t ctx);
 void qs_sim_release(struct qs_segment *seg, uint32_t ctx);
 void qs_sim_reap(struct qs_segment *seg, uint32_t ctx);
 
+/* vgpu.c: launches of a vGPU, its live contexts' and its departed ones' */
+uint64_t qs_vgpu_launches(struct qs_segment *seg, uint32_t slot);
+
 /* policy.c */
 int qs_policy_begin(struct qs_segment *seg, uint32_t ctx);
 void qs_policy_account(struct qs_segment *seg, uint32_t vslot, uint64_t ns);

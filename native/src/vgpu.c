@@ -195,11 +195,11 @@ int qs_vgpu_resume(qs_node *node, uint32_t id)
     return set_suspended(node, id, 0);
 }
 
-static uint64_t live_launches(qs_node *node, uint32_t slot)
+uint64_t qs_vgpu_launches(struct qs_segment *seg, uint32_t slot)
 {
-    uint64_t sum = 0;
+    uint64_t sum = atomic_load(&seg->state->vgpus[slot].launches);
     for (uint32_t i = 0; i < QS_MAX_CONTEXTS; i++) {
-        struct qs_ctx *c = &node->seg.state->ctxs[i];
+        struct qs_ctx *c = &seg->state->ctxs[i];
         if (atomic_load(&c->state) == QS_SLOT_ACTIVE && c->vgpu_slot == slot)
             sum += atomic_load_explicit(&c->launches, memory_order_relaxed);
     }
@@ -219,8 +219,7 @@ int qs_vgpu_stats_get(qs_node *node, uint32_t id, qs_vgpu_stats *out)
                            .mem_limit = atomic_load(&v->mem_limit),
                            .mem_used = __atomic_load_n(&vs->mem_used, __ATOMIC_RELAXED),
                            .device_ns = atomic_load(&vs->device_ns),
-                           .launches = atomic_load(&vs->launches) +
-                                       live_launches(node, (uint32_t)slot),
+                           .launches = qs_vgpu_launches(&node->seg, (uint32_t)slot),
                            .contexts = atomic_load(&vs->contexts),
                            .suspended = atomic_load(&v->suspended)};
     return QS_OK;

@@ -43,13 +43,12 @@ def _hp_burst(node: Node, hold_s: float) -> tuple[int, int]:
     node.set_release_delay(0, DELAY_S)
     with Client.attach(node.name, 1, node.directory) as hp:
         time.sleep(0.05)
-        t_begin = now_ns()
-        hp.launch_begin()
+        _, t_closed = hp.timed_launch_begin()  # the gate is closed for every LP by then
         time.sleep(hold_s)
         t_end = now_ns()
         hp.launch_end()
         time.sleep(DELAY_S + 0.1)
-    return t_begin, t_end
+    return t_closed, t_end
 
 
 def test_high_priority_launch_closes_the_card_at_once(node: Node) -> None:
@@ -65,10 +64,10 @@ def test_every_low_priority_context_blocks_while_high_priority_is_busy(
     node: Node, ctx: SpawnContext, spawn: Callable[..., SpawnProcess]
 ) -> None:
     stop, out = _start_lps(node, ctx, spawn, launch_loop, 3)
-    t_begin, t_end = _hp_burst(node, 0.3)
+    t_closed, t_end = _hp_burst(node, 0.3)
     timelines = _collect(stop, out, 3)
     for tl in timelines:
-        inside = [t for t, _ in tl.kernels if t_begin < t < t_end + DELAY_S * 1e9]
+        inside = [t for t, _ in tl.kernels if t_closed < t < t_end + DELAY_S * 1e9]
         assert len(inside) <= 1, f"vGPU {tl.vgpu} launched {len(inside)} times while blocked"
         assert any(t > t_end for t, _ in tl.kernels), f"vGPU {tl.vgpu} never resumed"
 
