@@ -218,35 +218,45 @@ static uint64_t auto_observe(struct qs_segment *seg, uint32_t card, struct auto_
 
 /* The delay for the gaps seen. Each gap longer than the delay is "exposed": low priority gets
  * its remainder, and high priority's next launch waits `penalty` behind low priority's work.
- * When the bound absorbs one penalty, lower the delay bucket by bucket from the maximum while
- * what low priority gains is worth AUTO_GAIN times what high priority loses (the many short
- * gaps inside a burst stop it); otherwise expose at most AUTO_EXPOSED of the gaps. */
+ * When the bound absorbs one penalty, take the bucket boundary that maximises what low
+ * priority harvests minus AUTO_GAIN times what high priority loses (the many short gaps inside
+ * a burst make small delays lose), doubled for margin; otherwise expose at most AUTO_EXPOSED
+ * of the gaps. Never above `max_delay`. */
 static uint64_t auto_choose(const struct auto_model *m, uint64_t bound, uint64_t max_delay,
                             uint64_t penalty)
 {
-    double cnt_ge[QS_GAP_BUCKETS + 1] = {0};
-    for (int b = QS_GAP_BUCKETS - 1; b >= 0; b--)
+    double cnt_ge[QS_GAP_BUCKETS + 1] = {0}, sum_ge[QS_GAP_BUCKETS + 1] = {0};
+    for (int b = QS_GAP_BUCKETS - 1; b >= 0; b--) {
         cnt_ge[b] = cnt_ge[b + 1] + m->count[b];
+        sum_ge[b] = sum_ge[b + 1] + m->sum[b];
+    }
     if (cnt_ge[0] < AUTO_MIN_GAPS || penalty == 0)
         return max_delay;
-    double delay = (double)max_delay;
-    for (int b = QS_GAP_BUCKETS - 1; b >= 0; b--) {
-        double lo = b ? (double)(1ull << b) : 0.0;
-        if (lo >= delay)
-            continue;
-        int ok;
-        if (penalty <= bound) {
-            double gain = cnt_ge[b + 1] * (delay - lo) + (m->sum[b] - m->count[b] * lo);
-            ok = gain >= AUTO_GAIN * m->count[b] * (double)penalty;
-        } else {
-            ok = cnt_ge[b] <= AUTO_EXPOSED * cnt_ge[0];
+    double cost = AUTO_GAIN * (double)penalty, delay = (double)max_delay;
+    if (penalty <= bound) {
+        uint32_t top = 63u - (uint32_t)__builtin_clzll(max_delay);
+        top = top + 1 < QS_GAP_BUCKETS ? top + 1 : QS_GAP_BUCKETS;
+        double best = sum_ge[top] - cnt_ge[top] * delay - cost * cnt_ge[top];
+        for (int b = (int)top - 1; b >= 0; b--) {
+            double d = b ? (double)(1ull << b) : 0.0;
+            double net = sum_ge[b] - cnt_ge[b] * d - cost * cnt_ge[b];
+            if (d < (double)max_delay && net > best) {
+                best = net;
+                delay = d;
+            }
         }
-        if (!ok)
-            break;
-        delay = lo;
+        uint64_t out = (uint64_t)delay * AUTO_MARGIN;
+        return out < max_delay ? out : max_delay;
     }
-    uint64_t d = (uint64_t)delay * (penalty <= bound ? AUTO_MARGIN : 1u);
-    return d < max_delay ? d : max_delay;
+    for (int b = QS_GAP_BUCKETS - 1; b >= 0; b--) {
+        double d = b ? (double)(1ull << b) : 0.0;
+        if (d >= delay)
+            continue;
+        if (cnt_ge[b] > AUTO_EXPOSED * cnt_ge[0])
+            break;
+        delay = d;
+    }
+    return (uint64_t)delay;
 }
 
 /* Run by the release thread: revise the auto delay every AUTO_PERIOD_NS. Returns when to
