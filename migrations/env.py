@@ -7,9 +7,10 @@ import os
 from logging.config import fileConfig
 
 from alembic import context
-from qshare.contracts.schema import metadata
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
+
+from qshare.contracts.schema import metadata
 
 config = context.config
 if config.config_file_name is not None and config.attributes.get("configure_logger", True):

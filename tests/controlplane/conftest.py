@@ -12,18 +12,20 @@ import httpx
 import nats
 import pytest
 from nats.aio.client import Client
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+
 from qshare.contracts import rpc, subjects
 from qshare.contracts.claims import ClaimSpec, ClaimView, CreateClaim, CreateClaimReply
 from qshare.contracts.nodes import NodeRegistration, NodeView
 from qshare.settings import ClusterSettings
 from qshare.testing.servers import EmbeddedNats, EmbeddedPostgres, nats_url, postgres_url
 from qshare_allocator.app import Allocator
+from qshare_allocator.db import in_transaction
 from qshare_allocator.migrate import upgrade
 from qshare_allocator.settings import AllocatorSettings
 from qshare_api.app import create_app
 from qshare_api.settings import ApiSettings
-from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 ADMIN_TOKEN = "qs_test_admin_secret"
 RULES = ClusterSettings(node_timeout_s=30, min_vgpu_mib=1024, gib_per_vgpu=4)
@@ -101,8 +103,11 @@ async def api(
 @pytest.fixture(autouse=True)
 async def empty_inventory(engine: AsyncEngine) -> None:
     """Every test starts with no nodes and no claims (tokens and classes stay)."""
-    async with engine.begin() as conn:
+
+    async def truncate(conn: AsyncConnection) -> None:
         await conn.execute(text("TRUNCATE nodes, gpus, claims, vgpus, outbox CASCADE"))
+
+    await in_transaction(engine, truncate)  # retried if it deadlocks with a background sweep
 
 
 def auth(token: str) -> dict[str, str]:

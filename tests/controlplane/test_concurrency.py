@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 
 from nats.aio.client import Client
-from qshare.contracts import rpc, subjects
-from qshare.contracts.claims import ClaimSpec, CreateClaim, CreateClaimReply
-from qshare_allocator.app import Allocator
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from qshare.contracts import rpc, subjects
+from qshare.contracts.claims import ClaimSpec, CreateClaim, CreateClaimReply
+from qshare_allocator.app import Allocator
 from tests.controlplane.conftest import Register
 
 OVERCOMMITTED = """
@@ -42,7 +42,9 @@ async def _race(nc: Client, requests: int, requesters: int) -> list[CreateClaimR
             queue.get_nowait()
             command = CreateClaim(tenant=f"t{n}", spec=spec)
             replies.append(
-                await rpc.call(nc, subjects.CLAIMS_CREATE, "test", command, CreateClaimReply)
+                await rpc.call(
+                    nc, subjects.CLAIMS_CREATE, "t", command, CreateClaimReply, timeout=30
+                )
             )
 
     await asyncio.gather(*(requester(n) for n in range(requesters)))

@@ -7,14 +7,14 @@ import json
 import pytest
 from nats.aio.client import Client
 from prometheus_client import REGISTRY
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
 from qshare.contracts import envelope, subjects
 from qshare.contracts.claims import ClaimSpec, CreateClaim
 from qshare.contracts.errors import ERROR_CODE_HEADER
 from qshare_allocator.app import Allocator
 from qshare_allocator.db import in_transaction
-from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncEngine
-
 from tests.controlplane.conftest import Claim, Register, eventually
 
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 from nats.aio.client import Client
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
 from qshare.contracts import envelope, rpc, subjects
 from qshare.contracts.claims import ClaimView, DeleteClaim
 from qshare.contracts.errors import InvalidInput, NotFound
 from qshare.contracts.nodes import Heartbeat
-from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncEngine
-
 from tests.controlplane.conftest import Claim, Register, claim_status, eventually
 
 

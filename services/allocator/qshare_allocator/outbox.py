@@ -23,6 +23,7 @@ from qshare_allocator.db import in_transaction
 
 log = logging.getLogger(__name__)
 BATCH = 256
+LINGER_S = 0.02
 
 
 def event_params(source: str, subject: str, type_: str, data: BaseModel) -> dict[str, Any]:
@@ -59,6 +60,7 @@ class OutboxRelay:
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=self._scan_s)
+            await asyncio.sleep(LINGER_S)  # let a burst of commits share one batch
             self._wake.clear()
             try:
                 await self.drain()

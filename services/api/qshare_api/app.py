@@ -7,10 +7,10 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 import nats
 from fastapi import FastAPI
-from qshare.contracts.domain import Role
-from qshare.contracts.tracing import setup_tracing
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from qshare.contracts.domain import Role
+from qshare.contracts.tracing import setup_tracing
 from qshare_api import health, problems
 from qshare_api.claims.endpoints import router as claims_router
 from qshare_api.classes.endpoints import router as classes_router

@@ -9,11 +9,11 @@ from typing import Annotated
 
 from fastapi import Depends
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy import select
+
 from qshare.contracts.domain import Role
 from qshare.contracts.errors import Forbidden, Unauthorized
 from qshare.contracts.schema import tokens
-from sqlalchemy import select
-
 from qshare_api.resources import Resources, resources
 
 bearer = HTTPBearer(auto_error=False, description="a qshare token: `Authorization: Bearer …`")

@@ -9,7 +9,6 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from qshare.contracts.quantities import format_mib
-
 from qshare_api.client import ApiError, Client
 
 if TYPE_CHECKING:

@@ -7,9 +7,9 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
-from qshare.contracts.errors import Unavailable
 from sqlalchemy import text
 
+from qshare.contracts.errors import Unavailable
 from qshare_api.resources import Resources, resources
 
 router = APIRouter(tags=["health"])

@@ -6,9 +6,9 @@ import json
 import time
 
 from prometheus_client import Counter, Histogram
-from qshare.contracts.errors import ErrorCode
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from qshare.contracts.errors import ErrorCode
 from qshare_api.problems import PROBLEM_JSON, TYPE_BASE
 
 REQUESTS = Counter("qshare_api_requests_total", "HTTP requests", ["method", "route", "status"])

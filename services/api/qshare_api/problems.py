@@ -9,8 +9,9 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
-from qshare.contracts.errors import ErrorCode, FieldError, QshareError
 from starlette.exceptions import HTTPException
+
+from qshare.contracts.errors import ErrorCode, FieldError, QshareError
 
 log = logging.getLogger(__name__)
 PROBLEM_JSON = "application/problem+json"

@@ -6,6 +6,7 @@ import socket
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
 from qshare.settings import ClusterSettings
 
 

@@ -6,17 +6,34 @@ The fast path takes the best node nobody holds (`SKIP LOCKED`); if that fails, t
 path lists every node with enough fitting cards and waits for each lock in turn, so a claim
 goes Pending only when nothing fits once concurrent placements have committed.
 
+A node is locked and its fitting cards read in one statement: the cards are read `FOR
+UPDATE` too, which in READ COMMITTED returns (and re-checks) their latest committed
+version, so what a concurrent placement committed a moment before is never missed.
+
 Queries are built once per shape and take the demand as parameters.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import ColumnElement, Select, and_, bindparam, func, select
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy import (
+    CTE,
+    ColumnElement,
+    Row,
+    Select,
+    Text,
+    all_,
+    and_,
+    bindparam,
+    func,
+    select,
+    true,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from qshare.contracts.domain import MAX_CORE_SHARE, PlacementPolicy, Priority
@@ -43,20 +60,24 @@ class Choice:
 async def find_and_lock(conn: AsyncConnection, demand: Demand, timeout_s: float) -> Choice | None:
     """The node and cards for `demand`, the node locked until commit; None when nothing fits."""
     params = _params(demand, timeout_s)
+    shape = (demand.priority, demand.whole, demand.card_policy)
     tried: list[str] = []
-    for _ in range(FAST_ATTEMPTS):
-        query = _best_free_node(demand.node_policy)
-        node = (await conn.execute(query, params | {"tried": tried})).scalar_one_or_none()
-        if node is None:
+    for attempt in range(FAST_ATTEMPTS):
+        query = _best_free_node(demand.node_policy, *shape, with_room=attempt > 0)
+        rows = (await conn.execute(query, params | {"tried": tried})).all()
+        if not rows:
             break
-        if choice := await _cards_on(conn, node, demand, params):
+        if choice := _choice(rows, demand):
             return choice
-        tried.append(node)
+        tried.append(rows[0].node_name)
     exact = _nodes_with_room(demand.node_policy, demand.priority, demand.whole)
     for node in (await conn.execute(exact, params | {"tried": tried})).scalars().all():
-        locked = await conn.execute(_lock_node(), params | {"node": node})
-        if locked.scalar_one_or_none() and (choice := await _cards_on(conn, node, demand, params)):
+        savepoint = await conn.begin_nested()  # a miss gives its lock back at once
+        rows = (await conn.execute(_named_node(*shape), params | {"node": node})).all()
+        if choice := _choice(rows, demand):
+            await savepoint.commit()
             return choice
+        await savepoint.rollback()
     return None
 
 
@@ -71,27 +92,55 @@ def _params(demand: Demand, timeout_s: float) -> dict[str, Any]:
     }
 
 
-async def _cards_on(
-    conn: AsyncConnection, node: str, demand: Demand, params: dict[str, Any]
-) -> Choice | None:
-    query = _fitting_cards(demand.card_policy, demand.priority, demand.whole)
-    rows = (await conn.execute(query, params | {"node": node})).all()
-    if len(rows) < demand.count:
-        return None
-    return Choice(node, [Card(r.uuid, r.idx, r.memory_mib) for r in rows])
+def _choice(rows: Sequence[Row[Any]], demand: Demand) -> Choice | None:
+    """The node's fitting cards, if there are enough of them; rows are `_cards_of` rows."""
+    cards = [Card(r.uuid, r.idx, r.memory_mib) for r in rows if r.uuid is not None]
+    return Choice(rows[0].node_name, cards) if rows and len(cards) >= demand.count else None
 
 
 @functools.cache
-def _best_free_node(policy: PlacementPolicy) -> Select[Any]:
-    query = select(nodes.c.name).where(_node_fits(), nodes.c.name.not_in(bindparam("tried")))
-    return _ordered(query, policy).limit(1).with_for_update(skip_locked=True)
+def _best_free_node(
+    policy: PlacementPolicy,
+    priority: Priority,
+    whole: bool,
+    card_policy: PlacementPolicy,
+    with_room: bool,
+) -> Select[Any]:
+    """Lock the best node nobody holds, and read its fitting cards. After a miss, only a node
+    whose cards have room (as far as the snapshot shows) is locked: a node that cannot host
+    the claim is rarely held, so transactions rarely wait on each other's misses."""
+    query = select(nodes.c.name).where(
+        _node_fits(), nodes.c.name != all_(bindparam("tried", type_=ARRAY(Text)))
+    )
+    if with_room:
+        query = query.where(_room_on_node(priority, whole))
+    node = _ordered(query, policy).limit(1).with_for_update(skip_locked=True).cte("node")
+    return _cards_of(node, priority, whole, card_policy)
 
 
 @functools.cache
-def _lock_node() -> Select[Any]:
-    """Wait for one named node's lock; None if it no longer fits once locked."""
+def _named_node(priority: Priority, whole: bool, card_policy: PlacementPolicy) -> Select[Any]:
+    """Wait for one named node's lock (nothing if it no longer fits), read its fitting cards."""
     query = select(nodes.c.name).where(nodes.c.name == bindparam("node"), _node_fits())
-    return query.with_for_update()
+    return _cards_of(query.with_for_update().cte("node"), priority, whole, card_policy)
+
+
+def _cards_of(node: CTE, priority: Priority, whole: bool, policy: PlacementPolicy) -> Select[Any]:
+    """The locked node's name with each fitting card, best first, cards locked too; a node
+    without one fitting card still yields one row (uuid NULL), so a miss can be retried."""
+    free = gpus.c.memory_mib - gpus.c.allocated_mib
+    order = free.desc() if policy is PlacementPolicy.SPREAD else free.asc()
+    fitting = (
+        select(gpus.c.uuid, gpus.c.idx, gpus.c.memory_mib)
+        .where(gpus.c.node_name == node.c.name, _card_fits(priority, whole))
+        .order_by(order, gpus.c.idx)
+        .limit(bindparam("count"))
+        .with_for_update()
+        .lateral("card")
+    )
+    return (
+        select(node.c.name.label("node_name"), fitting).select_from(node).outerjoin(fitting, true())
+    )
 
 
 @functools.cache
@@ -100,23 +149,24 @@ def _nodes_with_room(policy: PlacementPolicy, priority: Priority, whole: bool) -
     query = (
         select(nodes.c.name)
         .join(gpus, gpus.c.node_name == nodes.c.name)
-        .where(_node_fits(), _card_fits(priority, whole), nodes.c.name.not_in(bindparam("tried")))
+        .where(
+            _node_fits(),
+            _card_fits(priority, whole),
+            nodes.c.name != all_(bindparam("tried", type_=ARRAY(Text))),
+        )
         .group_by(nodes.c.name, nodes.c.free_mib)
         .having(func.count() >= bindparam("count"))
     )
     return _ordered(query, policy)
 
 
-@functools.cache
-def _fitting_cards(policy: PlacementPolicy, priority: Priority, whole: bool) -> Select[Any]:
-    free = gpus.c.memory_mib - gpus.c.allocated_mib
-    order = free.desc() if policy is PlacementPolicy.SPREAD else free.asc()
-    return (
-        select(gpus.c.uuid, gpus.c.idx, gpus.c.memory_mib)
-        .where(gpus.c.node_name == bindparam("node"), _card_fits(priority, whole))
-        .order_by(order, gpus.c.idx)
-        .limit(bindparam("count"))
+def _room_on_node(priority: Priority, whole: bool) -> ColumnElement[bool]:
+    fitting = (
+        select(func.count())
+        .where(gpus.c.node_name == nodes.c.name, _card_fits(priority, whole))
+        .scalar_subquery()
     )
+    return fitting >= bindparam("count")
 
 
 def _ordered(query: Select[Any], policy: PlacementPolicy) -> Select[Any]:

@@ -7,11 +7,11 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Query, Response, status
 from pydantic import BaseModel
+
 from qshare.contracts import rpc, subjects
 from qshare.contracts.claims import ClaimSpec, ClaimView, CreateClaim, CreateClaimReply, DeleteClaim
 from qshare.contracts.domain import ClaimStatus, Priority
 from qshare.contracts.errors import InvalidInput, NotFound
-
 from qshare_api.auth import Caller
 from qshare_api.claims.repository import ClaimFilter, get_claim, list_claims
 from qshare_api.problems import PROBLEMS

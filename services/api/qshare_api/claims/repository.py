@@ -8,13 +8,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from sqlalchemy import Select, select, tuple_
+from sqlalchemy.ext.asyncio import AsyncConnection
+
 from qshare.contracts.claims import ClaimView
 from qshare.contracts.domain import ClaimStatus, Priority
 from qshare.contracts.errors import InvalidInput
 from qshare.contracts.rows import claim_views
 from qshare.contracts.schema import claims
-from sqlalchemy import Select, select, tuple_
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 
 @dataclass(frozen=True)

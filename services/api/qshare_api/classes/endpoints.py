@@ -6,13 +6,13 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, status
 from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy import insert, select
+from sqlalchemy.exc import IntegrityError
+
 from qshare.contracts.claims import ClassName
 from qshare.contracts.domain import Provisioner
 from qshare.contracts.errors import Conflict
 from qshare.contracts.schema import classes
-from sqlalchemy import insert, select
-from sqlalchemy.exc import IntegrityError
-
 from qshare_api.auth import Admin, Caller
 from qshare_api.problems import PROBLEMS
 from qshare_api.resources import Resources, resources

@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Depends
+
 from qshare.contracts import rpc, subjects
 from qshare.contracts.errors import NotFound
 from qshare.contracts.nodes import GpuView, NodeRegistration, NodeView
 from qshare.contracts.rows import node_views
-
 from qshare_api.auth import Admin, Caller
 from qshare_api.inventory.repository import list_gpus
 from qshare_api.problems import PROBLEMS

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from sqlalchemy import Row, select
+from sqlalchemy.ext.asyncio import AsyncConnection
+
 from qshare.contracts.domain import MAX_CORE_SHARE
 from qshare.contracts.nodes import GpuView
 from qshare.contracts.schema import gpus
-from sqlalchemy import Row, select
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 
 async def list_gpus(conn: AsyncConnection, node: str | None) -> list[GpuView]:

@@ -8,9 +8,9 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, status
 from pydantic import BaseModel, ConfigDict, Field
+
 from qshare.contracts.domain import Role
 from qshare.contracts.errors import NotFound
-
 from qshare_api.auth import Admin, new_secret
 from qshare_api.problems import PROBLEMS
 from qshare_api.resources import Resources, resources

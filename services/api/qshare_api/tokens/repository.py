@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import uuid
 
-from qshare.contracts.domain import Role
-from qshare.contracts.schema import tokens
 from sqlalchemy import delete, insert, select
 from sqlalchemy.dialects.postgresql import insert as upsert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from qshare.contracts.domain import Role
+from qshare.contracts.schema import tokens
 from qshare_api.auth import hash_token
 
 

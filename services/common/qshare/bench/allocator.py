@@ -89,8 +89,7 @@ async def _run(scale: Scale) -> dict[str, Any]:
     async with _stack() as (database_url, nc, api_url):
         await _register_inventory(nc, scale)
         nats_figures = await _measure(scale.nats_claims, lambda i: _create_over_nats(nc, i))
-        async with httpx.AsyncClient(base_url=api_url, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
-                                     limits=httpx.Limits(max_connections=REQUESTERS)) as http:  # fmt: skip
+        async with _http(api_url) as http:
             rest_figures = await _measure(scale.rest_claims, lambda i: _create_over_rest(http, i))
         overcommitted, double = await _audit(database_url)
     return {
@@ -122,8 +121,8 @@ async def _stack() -> AsyncIterator[tuple[str, Client, str]]:
         }
         port = free_port()
         api_env = common | {
-            "QSHARE_API_DATABASE_URL": pg.url, "QSHARE_API_NATS_URL": bus.url, "QSHARE_API_PORT": str(port),
-            "QSHARE_API_BOOTSTRAP_ADMIN_TOKEN": ADMIN_TOKEN, "QSHARE_API_POOL_SIZE": "16",
+            "QSHARE_API_DATABASE_URL": pg.url, "QSHARE_API_NATS_URL": bus.url,
+            "QSHARE_API_PORT": str(port), "QSHARE_API_BOOTSTRAP_ADMIN_TOKEN": ADMIN_TOKEN,
         }  # fmt: skip
         async with contextlib.AsyncExitStack() as stack:
             for i in range(REPLICAS):
@@ -137,6 +136,12 @@ async def _stack() -> AsyncIterator[tuple[str, Client, str]]:
                 yield pg.url, nc, f"http://127.0.0.1:{port}"
             finally:
                 await nc.drain()
+
+
+def _http(url: str) -> httpx.AsyncClient:
+    headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    limits = httpx.Limits(max_connections=REQUESTERS)
+    return httpx.AsyncClient(base_url=url, headers=headers, limits=limits)
 
 
 async def _register_inventory(nc: Client, scale: Scale) -> None:
