@@ -3,6 +3,7 @@
 Run by `make native`; never at import time.
 """
 
+import os
 from pathlib import Path
 
 from cffi import FFI
@@ -65,6 +66,7 @@ int qs_mem_release(qs_client *client, uint64_t bytes);
 int qs_client_info_get(qs_client *client, qs_client_info *out);
 int qs_account_device_time(qs_client *client, uint64_t ns);
 int qs_sim_kernel(qs_client *client, uint64_t duration_ns);
+int qs_sim_kernels(qs_client *client, uint32_t count, uint64_t duration_ns);
 uint64_t qs_client_last_unblock_ns(qs_client *client);
 int qs_bench_launch_overhead(qs_client *client, uint64_t iterations, double *ns_per_pair);
 int qs_bench_timed_begin(qs_client *client, uint64_t *begin_ns, uint64_t *done_ns);
@@ -99,7 +101,10 @@ def main() -> None:
     built = sorted((ROOT / "build" / "ffi" / "qshare_driver").glob("_ffi*.so"))
     target_dir = ROOT / "python" / "qshare_driver"
     for so in built:
-        (target_dir / so.name).write_bytes(so.read_bytes())
+        # A new inode, never a rewrite in place: running processes keep the old mapping.
+        staged = target_dir / (so.name + ".new")
+        staged.write_bytes(so.read_bytes())
+        os.replace(staged, target_dir / so.name)
 
 
 if __name__ == "__main__":

@@ -168,6 +168,9 @@ int qs_account_device_time(qs_client *client, uint64_t ns);
  * execution resource (FIFO among contexts, sleeping) for the duration, account
  * the device time, launch_end. */
 int qs_sim_kernel(qs_client *client, uint64_t duration_ns);
+/* `count` simulated kernels back to back, each one launch (gated on its own); stops at
+ * the first error. Models a process that keeps its queue full, as real launches do. */
+int qs_sim_kernels(qs_client *client, uint32_t count, uint64_t duration_ns);
 
 /* Times for the caller's benchmark: CLOCK_MONOTONIC ns at which the last
  * qs_launch_begin of this client stopped blocking (0 if it never blocked). */

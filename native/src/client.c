@@ -259,6 +259,9 @@ int qs_account_device_time(qs_client *cl, uint64_t ns)
     return QS_OK;
 }
 
+/* How long before a simulated kernel ends its successor is woken (covers wake-up latency). */
+#define SIM_HAND_ON_NS 80000ull
+
 static void sleep_until(uint64_t deadline)
 {
     struct timespec ts = {.tv_sec = (time_t)(deadline / 1000000000ull),
@@ -279,12 +282,26 @@ int qs_sim_kernel(qs_client *cl, uint64_t duration_ns)
         return rc;
     rc = qs_sim_acquire(&cl->seg, cl->ctx);
     if (rc == QS_OK) {
-        uint64_t start = qs_now_ns();
-        sleep_until(start + duration_ns);
-        qs_account_device_time(cl, qs_now_ns() - start);
-        qs_sim_release(&cl->seg, cl->ctx);
+        uint64_t start = qs_now_ns(), end = start + duration_ns;
+        if (duration_ns > SIM_HAND_ON_NS)
+            sleep_until(end - SIM_HAND_ON_NS);
+        int handed = qs_sim_hand_on(&cl->seg, cl->ctx, end);
+        sleep_until(end);
+        uint64_t now = qs_now_ns();
+        /* once handed on, the successor owns the card from `end` */
+        qs_account_device_time(cl, (handed && now > end ? end : now) - start);
+        if (!handed)
+            qs_sim_release(&cl->seg, cl->ctx);
     }
     qs_launch_end(cl);
+    return rc;
+}
+
+int qs_sim_kernels(qs_client *cl, uint32_t count, uint64_t duration_ns)
+{
+    int rc = QS_OK;
+    for (uint32_t i = 0; i < count && rc == QS_OK; i++)
+        rc = qs_sim_kernel(cl, duration_ns);
     return rc;
 }
 

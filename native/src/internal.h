@@ -110,6 +110,7 @@ struct qs_ctx {
     _Atomic uint32_t sim_grant;     /* futex: 1 when the simulated card is ours */
     _Atomic uint32_t sim_waiting;
     _Atomic uint64_t launches;      /* written by its own process only: no locked op */
+    _Atomic uint64_t sim_start_ns;  /* simulated card: granted, but not before this time */
 };
 
 struct qs_ring_slot {
@@ -161,6 +162,15 @@ int qs_fail(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3
 int qs_fail_errno(const char *what);
 void qs_clear_error(void);
 
+static inline void qs_cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ volatile("yield");
+#endif
+}
+
 /* futex.c */
 int qs_futex_wait(_Atomic uint32_t *word, uint32_t expected, uint64_t deadline_ns);
 void qs_futex_wake(_Atomic uint32_t *word, int count);
@@ -205,6 +215,8 @@ int qs_mem_release_ctx(struct qs_segment *seg, uint32_t ctx, uint64_t bytes);
 /* simdev.c */
 int qs_sim_acquire(struct qs_segment *seg, uint32_t ctx);
 void qs_sim_release(struct qs_segment *seg, uint32_t ctx);
+/* Pass the card on ahead of `start_ns`, when this kernel ends; 1 if a successor took it. */
+int qs_sim_hand_on(struct qs_segment *seg, uint32_t ctx, uint64_t start_ns);
 void qs_sim_reap(struct qs_segment *seg, uint32_t ctx);
 
 /* vgpu.c: launches of a vGPU, its live contexts' and its departed ones' */

@@ -117,6 +117,7 @@ int qs_card_set_release_delay(qs_node *node, uint32_t index, uint64_t delay_ns)
                        (unsigned long long)delay_ns);
     struct qs_card_state *cs = &node->seg.state->cards[index];
     atomic_store(&node->seg.cfg->cards[index].release_delay_ns, delay_ns);
+    atomic_store(&node->seg.cfg->cards[index].release_auto, 0); /* a fixed delay ends auto mode */
     atomic_fetch_add(&cs->wake_seq, 1); /* sleepers recompute their deadline */
     qs_futex_wake(&cs->wake_seq, 1 << 30);
     return QS_OK;

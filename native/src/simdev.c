@@ -14,8 +14,9 @@ static int ctx_alive(struct qs_state *st, uint32_t ctx)
     return atomic_load(&st->ctxs[ctx].state) == QS_SLOT_ACTIVE;
 }
 
-/* Hand the card to the first live waiter. Called with sim_lock held. */
-static void grant_next(struct qs_state *st, struct qs_card_state *cs)
+/* Hand the card to the first live waiter, to start at `start_ns` (0: now). Called with
+ * sim_lock held. */
+static void grant_next_at(struct qs_state *st, struct qs_card_state *cs, uint64_t start_ns)
 {
     cs->sim_holder = 0;
     while (cs->sim_len) {
@@ -25,11 +26,17 @@ static void grant_next(struct qs_state *st, struct qs_card_state *cs)
         struct qs_ctx *c = &st->ctxs[next];
         if (next < QS_MAX_CONTEXTS && ctx_alive(st, next) && atomic_load(&c->sim_waiting)) {
             cs->sim_holder = next + 1;
+            atomic_store(&c->sim_start_ns, start_ns);
             atomic_store(&c->sim_grant, 1);
             qs_futex_wake(&c->sim_grant, 1);
             return;
         }
     }
+}
+
+static void grant_next(struct qs_state *st, struct qs_card_state *cs)
+{
+    grant_next_at(st, cs, 0);
 }
 
 /* A holder died inside the lock: drop a dead holder and bound the queue. */
@@ -44,6 +51,14 @@ static void sim_recover(void *arg)
     }
     if (cs->sim_holder && (cs->sim_holder > QS_MAX_CONTEXTS || !ctx_alive(st, cs->sim_holder - 1)))
         grant_next(st, cs);
+}
+
+/* A waiter woken ahead of its start time spins the last stretch: the previous kernel
+ * still holds the card and a sleep would overshoot. */
+static void wait_start(uint64_t start_ns)
+{
+    while (start_ns && qs_now_ns() < start_ns)
+        qs_cpu_relax();
 }
 
 static int lock_card(struct qs_segment *seg, uint32_t card, struct sim_recovery *rec)
@@ -74,7 +89,24 @@ int qs_sim_acquire(struct qs_segment *seg, uint32_t ctx)
     while (!atomic_load(&c->sim_grant))
         qs_futex_wait(&c->sim_grant, 0, 0);
     atomic_store(&c->sim_waiting, 0);
+    wait_start(atomic_load(&c->sim_start_ns));
     return QS_OK;
+}
+
+/* The holder's kernel is about to end at `start_ns`: wake the next waiter now, so that
+ * its wake-up latency overlaps the end of this kernel instead of idling the card. */
+int qs_sim_hand_on(struct qs_segment *seg, uint32_t ctx, uint64_t start_ns)
+{
+    struct qs_ctx *c = &seg->state->ctxs[ctx];
+    struct qs_card_state *cs = &seg->state->cards[c->card];
+    struct sim_recovery rec;
+    if (lock_card(seg, c->card, &rec) != QS_OK)
+        return 0;
+    int handed = cs->sim_holder == ctx + 1 && cs->sim_len;
+    if (handed)
+        grant_next_at(seg->state, cs, start_ns);
+    qs_robust_unlock(&cs->sim_lock);
+    return handed && cs->sim_holder != ctx + 1;
 }
 
 void qs_sim_release(struct qs_segment *seg, uint32_t ctx)

@@ -92,6 +92,12 @@ class Client:
         """One kernel of `seconds` on the simulated device (gate, FIFO card, accounting)."""
         check(lib.qs_sim_kernel(self._h, round(seconds * 1e9)))
 
+    def run_kernels(self, count: int, seconds: float) -> None:
+        """`count` kernels of `seconds` back to back, each gated as its own launch, in C."""
+        if count < 1:
+            raise ValueError(f"count must be at least 1, got {count}")
+        check(lib.qs_sim_kernels(self._h, count, round(seconds * 1e9)))
+
     def account_device_time(self, seconds: float) -> None:
         check(lib.qs_account_device_time(self._h, round(seconds * 1e9)))
 
