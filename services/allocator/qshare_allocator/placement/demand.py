@@ -35,12 +35,12 @@ class Demand:
         return MAX_CORE_SHARE if self.whole else self.vcore
 
     def describe(self) -> str:
-        shape = "empty cards" if self.whole else f"cards with {self.vmemory_mib} MiB free"
-        core = "" if self.whole else f", {self.vcore}% {self.priority} core share free"
-        where = (
-            f" on a Ready node matching {self.selector}" if self.selector else " on a Ready node"
-        )
-        return f"no capacity: needs {self.count} healthy {shape}{core} and a free vGPU slot{where}"
+        """Why nothing fits, in words (the Pending claim's reason)."""
+        cards = "1 healthy card" if self.count == 1 else f"{self.count} healthy cards on one node"
+        shape = "empty" if self.whole else f"with {self.vmemory_mib} MiB free"
+        core = "" if self.whole else f", {self.vcore}% {self.priority.value} core share free"
+        where = f"a Ready node matching {self.selector}" if self.selector else "a Ready node"
+        return f"no capacity: needs {cards} {shape}{core} and a free vGPU slot, on {where}"
 
 
 def check_granularity(vmemory_mib: int, provisioner: Provisioner, rules: ClusterSettings) -> None:
