@@ -47,9 +47,12 @@ def _lifespan(settings: ApiSettings) -> Callable[[FastAPI], AbstractAsyncContext
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         setup_tracing("qshare-api", settings.trace_console)
-        engine = create_async_engine(settings.database_url, pool_size=settings.pool_size)
+        engine = create_async_engine(
+            settings.database_url, pool_size=settings.pool_size, max_overflow=4
+        )
         nc = await nats.connect(settings.nats_url, name=f"qshare-api/{settings.instance}")
-        app.state.resources = Resources(settings, engine, nc)
+        reader = engine.execution_options(isolation_level="AUTOCOMMIT")
+        app.state.resources = Resources(settings, engine, reader, nc)
         await _bootstrap_admin(app.state.resources)
         try:
             yield

@@ -51,7 +51,7 @@ async def principal(
     query = select(tokens.c.tenant, tokens.c.role).where(
         tokens.c.token_hash == hash_token(credentials.credentials)
     )
-    async with res.engine.connect() as conn:
+    async with res.reader.connect() as conn:
         row = (await conn.execute(query)).one_or_none()
     if row is None:
         raise Unauthorized("unknown or revoked token")

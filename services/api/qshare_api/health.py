@@ -29,7 +29,7 @@ async def readyz(res: Annotated[Resources, Depends(resources)]) -> Health:
     if not res.nc.is_connected:
         raise Unavailable("NATS is not connected")
     try:
-        async with res.engine.connect() as conn:
+        async with res.reader.connect() as conn:
             await conn.execute(text("SELECT 1"))
     except Exception as exc:
         raise Unavailable("Postgres is not reachable") from exc

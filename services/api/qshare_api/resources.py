@@ -13,8 +13,12 @@ from qshare_api.settings import ApiSettings
 
 @dataclass(frozen=True)
 class Resources:
+    """`engine` is for writes (explicit transactions); `reader` runs each read statement on
+    its own (autocommit: no BEGIN/ROLLBACK round trips)."""
+
     settings: ApiSettings
     engine: AsyncEngine
+    reader: AsyncEngine
     nc: Client
 
     @property
@@ -22,6 +26,7 @@ class Resources:
         return f"qshare-api/{self.settings.instance}"
 
 
-def resources(request: Request) -> Resources:
+async def resources(request: Request) -> Resources:
+    """Async, so FastAPI calls it on the event loop rather than in a worker thread."""
     found: Resources = request.app.state.resources
     return found

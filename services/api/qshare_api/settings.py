@@ -18,7 +18,9 @@ class ApiSettings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=1, le=65535)
     instance: str = Field(default_factory=socket.gethostname)
-    pool_size: int = Field(8, ge=1)
+    pool_size: int = Field(
+        20, ge=1, description="connections kept open (one per request in flight)"
+    )
     allocator_timeout_s: float = Field(5.0, gt=0, description="wait this long for the allocator")
     max_body_bytes: int = Field(64 * 1024, ge=1024, description="larger bodies get 413")
     bootstrap_admin_token: SecretStr | None = Field(

@@ -68,14 +68,14 @@ async def list_all(
     if tenant is not None and not caller.is_admin:
         raise InvalidInput.on("tenant", "only admins may filter by tenant")
     where = ClaimFilter(tenant or caller.tenant_filter(), status_, priority, node)
-    async with res.engine.connect() as conn:
+    async with res.reader.connect() as conn:
         items, following = await list_claims(conn, where, limit, cursor)
     return ClaimPage(items=items, next_cursor=following)
 
 
 @router.get("/{claim_id}", response_model=ClaimView, summary="Get one claim")
 async def get_one(claim_id: uuid.UUID, caller: Caller, res: Res) -> ClaimView:
-    async with res.engine.connect() as conn:
+    async with res.reader.connect() as conn:
         found = await get_claim(conn, claim_id, caller.tenant_filter())
     if found is None:
         raise NotFound(f"claim {claim_id} not found")

@@ -39,7 +39,7 @@ class GpuClass(BaseModel):
 @router.get("", response_model=list[GpuClass], summary="List classes")
 async def list_classes(caller: Caller, res: Res) -> list[GpuClass]:
     query = select(classes.c.name, classes.c.provisioner, classes.c.description)
-    async with res.engine.connect() as conn:
+    async with res.reader.connect() as conn:
         rows = (await conn.execute(query.order_by(classes.c.name))).all()
     return [
         GpuClass(name=r.name, provisioner=r.provisioner, description=r.description) for r in rows

@@ -21,13 +21,13 @@ Res = Annotated[Resources, Depends(resources)]
 
 @router.get("/nodes", response_model=list[NodeView], summary="List nodes")
 async def get_nodes(caller: Caller, res: Res) -> list[NodeView]:
-    async with res.engine.connect() as conn:
+    async with res.reader.connect() as conn:
         return await node_views(conn, res.settings.cluster.node_timeout_s)
 
 
 @router.get("/nodes/{name}", response_model=NodeView, summary="Get one node")
 async def get_node(name: str, caller: Caller, res: Res) -> NodeView:
-    async with res.engine.connect() as conn:
+    async with res.reader.connect() as conn:
         found = await node_views(conn, res.settings.cluster.node_timeout_s, name)
     if not found:
         raise NotFound(f"node {name} not found")
@@ -49,5 +49,5 @@ async def register_node(registration: NodeRegistration, caller: Admin, res: Res)
 
 @router.get("/gpus", response_model=list[GpuView], summary="List cards with their capacity")
 async def get_gpus(caller: Caller, res: Res, node: str | None = None) -> list[GpuView]:
-    async with res.engine.connect() as conn:
+    async with res.reader.connect() as conn:
         return await list_gpus(conn, node)

@@ -57,7 +57,7 @@ async def issue(body: TokenRequest, caller: Admin, res: Res) -> IssuedToken:
 
 @router.get("", response_model=list[TokenInfo], summary="List tokens (never their secrets)")
 async def list_all(caller: Admin, res: Res) -> list[TokenInfo]:
-    async with res.engine.connect() as conn:
+    async with res.reader.connect() as conn:
         return [TokenInfo.model_validate(t) for t in await list_tokens(conn)]
 
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +30,7 @@ from qshare.contracts.nodes import NodeRegistration, NodeView
 from qshare.testing.servers import EmbeddedNats, EmbeddedPostgres, ServiceProcess, free_port
 
 REQUESTERS = 32
+Create = Callable[[int], Awaitable[bool]]
 REPLICAS = 2
 ADMIN_TOKEN = "qs_bench_admin"
 OVERCOMMITTED = """
@@ -88,9 +90,12 @@ def table(result: dict[str, Any]) -> str:
 async def _run(scale: Scale) -> dict[str, Any]:
     async with _stack() as (database_url, nc, api_url):
         await _register_inventory(nc, scale)
-        nats_figures = await _measure(scale.nats_claims, lambda i: _create_over_nats(nc, i))
-        async with _http(api_url) as http:
-            rest_figures = await _measure(scale.rest_claims, lambda i: _create_over_rest(http, i))
+        over_nats = functools.partial(_create_over_nats, nc)
+        nats_figures = await _measure(scale.nats_claims, [over_nats] * REQUESTERS)
+        async with contextlib.AsyncExitStack() as stack:
+            clients = [await stack.enter_async_context(_http(api_url)) for _ in range(REQUESTERS)]
+            over_rest = [functools.partial(_create_over_rest, client) for client in clients]
+            rest_figures = await _measure(scale.rest_claims, over_rest)
         overcommitted, double = await _audit(database_url)
     return {
         "nodes": scale.nodes,
@@ -123,6 +128,7 @@ async def _stack() -> AsyncIterator[tuple[str, Client, str]]:
         api_env = common | {
             "QSHARE_API_DATABASE_URL": pg.url, "QSHARE_API_NATS_URL": bus.url,
             "QSHARE_API_PORT": str(port), "QSHARE_API_BOOTSTRAP_ADMIN_TOKEN": ADMIN_TOKEN,
+            "QSHARE_API_POOL_SIZE": str(REQUESTERS),
         }  # fmt: skip
         async with contextlib.AsyncExitStack() as stack:
             for i in range(REPLICAS):
@@ -139,9 +145,10 @@ async def _stack() -> AsyncIterator[tuple[str, Client, str]]:
 
 
 def _http(url: str) -> httpx.AsyncClient:
+    """One client (one keep-alive connection) per requester: a shared pool costs the client
+    more CPU than the server spends on the request."""
     headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
-    limits = httpx.Limits(max_connections=REQUESTERS)
-    return httpx.AsyncClient(base_url=url, headers=headers, limits=limits)
+    return httpx.AsyncClient(base_url=url, headers=headers, limits=httpx.Limits(max_connections=1))
 
 
 async def _register_inventory(nc: Client, scale: Scale) -> None:
@@ -155,7 +162,7 @@ async def _register_inventory(nc: Client, scale: Scale) -> None:
         )
         await rpc.call(nc, subjects.NODES_REGISTER, "bench", registration, NodeView, timeout=30)
 
-    await _pool(scale.nodes, one)
+    await _pool(scale.nodes, [one] * REQUESTERS)
 
 
 def _spec(i: int) -> dict[str, Any]:
@@ -183,20 +190,23 @@ async def _create_over_rest(http: httpx.AsyncClient, i: int) -> bool:
     return bool(response.json()["status"] == "placed")
 
 
-async def _measure(claims: int, create: Callable[[int], Awaitable[bool]]) -> dict[str, Any]:
-    """`claims` creations from REQUESTERS closed-loop requesters; latency of each request."""
+async def _measure(claims: int, requesters: Sequence[Create]) -> dict[str, Any]:
+    """`claims` creations by closed-loop requesters (each sends its next when answered)."""
     latencies: list[float] = []
     placed = 0
 
-    async def one(i: int) -> None:
-        nonlocal placed
-        started = time.perf_counter()
-        ok = await create(i)
-        placed += ok
-        latencies.append(time.perf_counter() - started)
+    def timed(create: Create) -> Callable[[int], Awaitable[None]]:
+        async def one(i: int) -> None:
+            nonlocal placed
+            started = time.perf_counter()
+            ok = await create(i)
+            placed += ok
+            latencies.append(time.perf_counter() - started)
+
+        return one
 
     started = time.perf_counter()
-    await _pool(claims, one)
+    await _pool(claims, [timed(create) for create in requesters])
     elapsed = time.perf_counter() - started
     return {
         "claims": claims,
@@ -207,15 +217,15 @@ async def _measure(claims: int, create: Callable[[int], Awaitable[bool]]) -> dic
     }
 
 
-async def _pool(total: int, work: Callable[[int], Awaitable[None]]) -> None:
-    """Run work(0..total-1) with REQUESTERS workers, each starting its next item when done."""
+async def _pool(total: int, workers: Sequence[Callable[[int], Awaitable[None]]]) -> None:
+    """Items 0..total-1 shared by the workers, each taking the next when it is done."""
     items = iter(range(total))
 
-    async def worker() -> None:
+    async def run(work: Callable[[int], Awaitable[None]]) -> None:
         for i in items:
             await work(i)
 
-    await asyncio.gather(*(worker() for _ in range(REQUESTERS)))
+    await asyncio.gather(*(run(work) for work in workers))
 
 
 def _percentile(samples: list[float], q: int) -> float:
