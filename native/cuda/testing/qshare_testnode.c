@@ -3,7 +3,7 @@
  * It creates a segment with the cards and vGPUs named on the command line, prints
  * "ready", then prints every driver event as a line and answers commands on stdin:
  *   stats ID | suspend ID | resume ID | quit (or end of input).
- * Usage: qshare-testnode --name N [--dir D] [--release-delay-ms MS]
+ * Usage: qshare-testnode --name N [--dir D] [--release-delay-ms MS] [--release-auto-us BOUND]
  *        --card UUID:TOTAL_BYTES ... --vgpu ID:CARD:high|low:SHARE:LIMIT_BYTES ... */
 #include <pthread.h>
 #include <stdarg.h>
@@ -86,7 +86,7 @@ static void command(qs_node *node, const char *line) {
 
 int main(int argc, char **argv) {
     const char *name = NULL, *dir = NULL;
-    unsigned long long delay_ms = 0;
+    unsigned long long delay_ms = 0, auto_bound_us = 0;
     int have_delay = 0;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (strcmp(argv[i], "--name") == 0) name = argv[i + 1];
@@ -95,6 +95,7 @@ int main(int argc, char **argv) {
             delay_ms = strtoull(argv[i + 1], NULL, 10);
             have_delay = 1;
         }
+        if (strcmp(argv[i], "--release-auto-us") == 0) auto_bound_us = strtoull(argv[i + 1], NULL, 10);
     }
     qs_node *node = NULL;
     int rc = qs_node_create(name, dir, 1, &node);
@@ -105,6 +106,9 @@ int main(int argc, char **argv) {
         if (add_card(node, cards, argv[i + 1]) != 0) return 1;
         if (have_delay && (rc = qs_card_set_release_delay(node, cards, delay_ms * 1000000ull)))
             return fail("qs_card_set_release_delay", rc);
+        if (auto_bound_us &&
+            (rc = qs_card_set_release_auto(node, cards, 1, auto_bound_us * 1000ull, 0)))
+            return fail("qs_card_set_release_auto", rc);
         cards++;
     }
     for (int i = 1; i + 1 < argc; i += 2)

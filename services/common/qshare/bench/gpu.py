@@ -36,6 +36,10 @@ HP_RATE_PER_S = 30.0
 # ---- workers: run as `python -m qshare.bench.gpu ROLE SECONDS OUT` in their own process ----
 
 
+# auto release mode: let HP p99 grow by at most this much while LP harvests the gaps
+AUTO_BOUND_US = 2000
+
+
 def _hp_worker(seconds: float, out: Path) -> None:
     import random
 
@@ -224,6 +228,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "colocated_plain": _scenario(tmp, seconds, True, True, None, shm, False),
             "colocated_qshare": _scenario(tmp, seconds, True, True, seg, shm, False),
         }
+    with (
+        tempfile.TemporaryDirectory() as t,
+        test_node(Path(t), uuid, total, 100, release_auto_us=AUTO_BOUND_US) as seg,
+    ):
+        scenarios["colocated_qshare_auto"] = _scenario(
+            Path(t), seconds, True, True, seg, Path(t), False
+        )
+    with tempfile.TemporaryDirectory() as t, test_node(Path(t), uuid, total, 100) as seg:
+        tmp, shm = Path(t), Path(t)
         mps_env = _start_mps(tmp)
         if mps_env is None:
             result["mps"] = "nvidia-cuda-mps-control not available or failed to start"

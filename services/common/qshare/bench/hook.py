@@ -33,12 +33,19 @@ def build_native() -> None:
 
 @contextlib.contextmanager
 def test_node(
-    directory: Path, card_uuid: str, card_mem: int, release_delay_ms: int = 100
+    directory: Path,
+    card_uuid: str,
+    card_mem: int,
+    release_delay_ms: int = 100,
+    release_auto_us: int | None = None,
 ) -> Iterator[str]:
-    """A segment with one card, an HP vGPU (id 1) and an LP vGPU (id 2); yields its name."""
+    """A segment with one card, an HP vGPU (id 1) and an LP vGPU (id 2); yields its name.
+    With `release_auto_us`, the card's release delay is `auto` with that HP p99 bound."""
     name = f"bench-{os.getpid()}"
     argv = [str(TOOLS / "qshare-testnode"), "--name", name, "--dir", str(directory)]
     argv += ["--release-delay-ms", str(release_delay_ms), "--card", f"{card_uuid}:{card_mem}"]
+    if release_auto_us is not None:
+        argv += ["--release-auto-us", str(release_auto_us)]
     argv += ["--vgpu", f"{HP_VGPU}:0:high:100:{card_mem // 2}"]
     argv += ["--vgpu", f"{LP_VGPU}:0:low:100:{card_mem // 2}"]
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
