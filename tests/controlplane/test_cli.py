@@ -1,0 +1,68 @@
+"""`qshare claims|nodes|gpus`: the people's CLI over a real HTTP server."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+import uvicorn
+
+from qshare.cli import main
+from qshare.testing.servers import free_port
+from qshare_api.app import create_app
+from qshare_api.settings import ApiSettings
+from tests.controlplane.conftest import ADMIN_TOKEN, RULES, Register
+
+
+@pytest.fixture(scope="module")
+async def api_url(database_url: str, bus_url: str, replicas: object) -> AsyncIterator[str]:
+    port = free_port()
+    settings = ApiSettings(
+        database_url=database_url, nats_url=bus_url, port=port, cluster=RULES,
+        bootstrap_admin_token=ADMIN_TOKEN,
+    )  # fmt: skip
+    server = uvicorn.Server(uvicorn.Config(create_app(settings), port=port, log_level="warning"))
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    await task
+
+
+async def _qshare(url: str, *args: str) -> int:
+    """Run the CLI in a thread: it is synchronous and the server shares this event loop."""
+    group, *rest = args
+    argv = [group, "--url", url, "--token", ADMIN_TOKEN, *rest]
+    return await asyncio.to_thread(main, argv)
+
+
+async def test_the_cli_creates_a_claim_and_shows_where_it_went(
+    api_url: str, register: Register, capsys: pytest.CaptureFixture[str]
+) -> None:
+    await register("n1")
+    args = ("--priority", "high", "--vcore", "30", "--vmemory", "2Gi")
+    assert await _qshare(api_url, "claims", "create", *args) == 0
+    header, row = capsys.readouterr().out.splitlines()
+    assert header.split()[:4] == ["ID", "TENANT", "STATUS", "PRIO"]
+    assert row.split()[2:] == ["placed", "high", "30%", "2Gi", "1", "n1", "0"]
+
+
+async def test_the_cli_lists_cards_with_their_free_capacity(
+    api_url: str, register: Register, capsys: pytest.CaptureFixture[str]
+) -> None:
+    await register("n1", cards=2)
+    assert await _qshare(api_url, "gpus", "list") == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["NODE", "IDX", "UUID", "MODEL", "HEALTHY", "VGPUS", "MEMORY",
+                                "FREE", "HIGH", "LOW"]  # fmt: skip
+    assert [line.split()[:3] for line in lines[1:]] == [["n1", "0", "n1-g0"], ["n1", "1", "n1-g1"]]
+
+
+async def test_the_cli_reports_a_problem_and_exits_1(
+    api_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ("--priority", "high", "--vcore", "0", "--vmemory", "2Gi")
+    assert await _qshare(api_url, "claims", "create", *args) == 1
+    assert "vcore:" in capsys.readouterr().err
