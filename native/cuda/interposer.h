@@ -51,6 +51,7 @@
 /* Driver functions the interposer calls for itself but does not interpose. */
 #define QSC_HELPERS(X)                           \
     X(cuCtxGetCurrent, cuCtxGetCurrent, CUDA)    \
+    X(cuCtxSetCurrent, cuCtxSetCurrent, CUDA)    \
     X(cuCtxGetDevice, cuCtxGetDevice, CUDA)      \
     X(cuDeviceGetUuid, cuDeviceGetUuid, CUDA)    \
     X(cuEventCreate, cuEventCreate, CUDA)        \
@@ -154,7 +155,17 @@ int qsc_device_is_card(CUdevice dev);
 /* Before submitting a unit: apply the gate (low priority may block). CUDA_SUCCESS
  * or the error to return without submitting. `*tracked` says whether unit_end must follow. */
 CUresult qsc_unit_begin(CUstream stream, int *tracked);
+enum { QSC_UNIT_NONE = 0, QSC_UNIT_EVENT = 1, QSC_UNIT_JOINED = 2, QSC_UNIT_OPENING = 3 };
 /* After submitting: `submitted` is the driver's result. Tracks completion on `stream`. */
-void qsc_unit_end(CUstream stream, CUresult submitted);
+void qsc_unit_end(CUstream stream, CUresult submitted, int tracked);
+
+/* ---- high priority's coalesced units (hp_unit.c) ---- */
+int qsc_hp_coalescable(CUstream stream);
+/* Join the open unit on `stream` (1), to be followed by qsc_hp_joined once submitted. */
+int qsc_hp_join(CUstream stream);
+void qsc_hp_joined(void);
+/* Claim the right to open a unit (1); then qsc_hp_opened after the opening launch. */
+int qsc_hp_try_open(void);
+int qsc_hp_opened(CUstream stream, CUcontext ctx, CUresult submitted);
 
 #endif

@@ -14,7 +14,7 @@ static CUstream per_thread(CUstream stream) {
         CUresult rc_ = qsc_unit_begin((stream), &tracked_);      \
         if (rc_ != CUDA_SUCCESS) return rc_;                     \
         rc_ = (call);                                            \
-        if (tracked_) qsc_unit_end((stream), rc_);               \
+        if (tracked_) qsc_unit_end((stream), rc_, tracked_);     \
         return rc_;                                              \
     } while (0)
 

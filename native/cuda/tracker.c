@@ -159,11 +159,33 @@ static int capturing(CUstream stream) {
            status != CAPTURE_NONE;
 }
 
+/* High priority into a stream the completion thread can name: join the open unit (no
+ * driver call at all), or open one. */
+static int hp_fast(const qsc_session *s, CUstream stream, int *tracked, CUresult *rc) {
+    if (s->low_priority || !qsc_hp_coalescable(stream)) return 0;
+    if (qsc_hp_join(stream)) {
+        *tracked = QSC_UNIT_JOINED;
+        return 1;
+    }
+    if (!qsc_hp_try_open()) return 0;
+    int st = qs_launch_begin(s->client);
+    if (st != QS_OK) {
+        qsc_hp_opened(stream, NULL, CUDA_ERROR_NOT_PERMITTED); /* gives the slot back */
+        qsc_warn_once(QSC_WARN_DRIVER, "launch refused: %s (%s)", qs_strerror(st), qs_last_error());
+        *rc = qsc_cu_status(st);
+        return 1;
+    }
+    *tracked = QSC_UNIT_OPENING;
+    return 1;
+}
+
 CUresult qsc_unit_begin(CUstream stream, int *tracked) {
-    *tracked = 0;
+    *tracked = QSC_UNIT_NONE;
     const qsc_session *s = qsc_session_get();
     if (s->client == NULL) return s->failure;
     if (capturing(stream)) return CUDA_SUCCESS; /* recorded into a graph, not run now */
+    CUresult fast_rc = CUDA_SUCCESS;
+    if (hp_fast(s, stream, tracked, &fast_rc)) return fast_rc;
     while (end_oldest(0)) {
     }
     int rc = qs_launch_begin(s->client);
@@ -171,15 +193,23 @@ CUresult qsc_unit_begin(CUstream stream, int *tracked) {
         qsc_warn_once(QSC_WARN_DRIVER, "launch refused: %s (%s)", qs_strerror(rc), qs_last_error());
         return qsc_cu_status(rc);
     }
-    *tracked = 1;
+    *tracked = QSC_UNIT_EVENT;
     if (prepare_events(&current, current_context(), s->low_priority) == CUDA_SUCCESS &&
         s->low_priority)
         QSC_REAL(qsc_event_record_fn, cuEventRecord)(current.start, stream);
     return CUDA_SUCCESS;
 }
 
-void qsc_unit_end(CUstream stream, CUresult submitted) {
+void qsc_unit_end(CUstream stream, CUresult submitted, int tracked) {
     const qsc_session *s = qsc_session_get();
+    if (tracked == QSC_UNIT_JOINED) {
+        qsc_hp_joined();
+        return;
+    }
+    if (tracked == QSC_UNIT_OPENING) {
+        if (!qsc_hp_opened(stream, current_context(), submitted)) qs_launch_end(s->client);
+        return;
+    }
     if (submitted != CUDA_SUCCESS || current.end == NULL ||
         QSC_REAL(qsc_event_record_fn, cuEventRecord)(current.end, stream) != CUDA_SUCCESS) {
         qs_launch_end(s->client);

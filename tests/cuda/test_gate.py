@@ -48,6 +48,17 @@ def test_high_priority_stays_busy_until_its_work_completes(node: NodeOwner, hp: 
     hp.close()
 
 
+def test_high_priority_stays_busy_until_its_last_queued_kernel_completes(
+    hp: Probe, lp: Probe
+) -> None:
+    started = int(hp.ask("launch kernel 50000 4")["start"])  # four 50 ms kernels, one unit
+    lp_launch = lp.ask("launch kernel 0 1")
+    assert lp_launch["rc"] == "0"
+    assert int(lp_launch["t"]) >= started + 200 * MS
+    hp.close()
+    lp.close()
+
+
 def test_low_priority_work_in_flight_is_bounded(lp: Probe) -> None:
     launch = lp.ask("launch kernel 50000 3")  # three 50 ms kernels
     # the third could be submitted only once the first two had completed

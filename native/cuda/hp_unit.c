@@ -1,0 +1,144 @@
+/* hp_unit.c — high priority's launches, coalesced: one open unit covers every launch into
+ * one stream until the device has finished all of them. The launching thread only counts
+ * (no event, no system call, no lock); a completion thread holds one fence event behind
+ * the newest covered launch, re-records it while launches keep coming, and ends the unit
+ * (qs_launch_end: high priority turns quiet) once the fence completes with nothing after
+ * it. So "busy" ends when the work completes, at a cost of one fence per completion round
+ * instead of an event per launch. Streams a second thread cannot name (per-thread default
+ * streams) and launches into another stream while a unit is open use tracker.c's per-launch
+ * units. */
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+
+#include "internal.h"
+#include "interposer.h"
+
+enum { HP_IDLE = 0, HP_OPENING = 1, HP_OPEN = 2, HP_CLOSING = 3 };
+
+static struct {
+    _Alignas(64) _Atomic uint32_t state; /* futex: the completion thread sleeps while IDLE */
+    _Atomic uint32_t pending;            /* joined launches not yet submitted */
+    _Atomic uint64_t launched;           /* launches into the open unit, counted once submitted */
+    CUstream stream;
+    CUcontext ctx;
+    CUevent fence;
+    uint64_t covered; /* `launched` as of the fence's last recording */
+} hp;
+
+static pthread_once_t hp_once = PTHREAD_ONCE_INIT;
+
+int qsc_hp_coalescable(CUstream stream) {
+    return stream != CU_STREAM_PER_THREAD;
+}
+
+static CUresult record_fence(void) {
+    qsc_stream_is_capturing_fn is_capturing =
+        QSC_REAL(qsc_stream_is_capturing_fn, cuStreamIsCapturing);
+    int status = 0;
+    if (is_capturing != NULL && is_capturing(hp.stream, &status) == CUDA_SUCCESS && status != 0)
+        return CUDA_ERROR_NOT_PERMITTED; /* never record into a capture from this thread */
+    return QSC_REAL(qsc_event_record_fn, cuEventRecord)(hp.fence, hp.stream);
+}
+
+/* Try to end the unit: only if no launch is joining or uncounted (the Dekker pair with
+ * qsc_hp_join: join raises `pending` then reads `state`; this swaps `state` then reads
+ * `pending`). Returns 1 when ended. */
+static int try_close(const qsc_session *s) {
+    uint32_t open = HP_OPEN;
+    if (!atomic_compare_exchange_strong(&hp.state, &open, HP_CLOSING)) return 0;
+    if (atomic_load(&hp.pending) || atomic_load(&hp.launched) != hp.covered) {
+        atomic_store(&hp.state, HP_OPEN);
+        return 0;
+    }
+    atomic_store(&hp.state, HP_IDLE);
+    qs_launch_end(s->client);
+    return 1;
+}
+
+/* One round: wait for the fence; cover what came after it, or end the unit. */
+static void complete_round(const qsc_session *s) {
+    QSC_REAL(qsc_event_fn, cuEventSynchronize)(hp.fence);
+    uint64_t n = atomic_load(&hp.launched);
+    if (atomic_load(&hp.pending)) {
+        sched_yield(); /* a joined launch is being submitted: a few instructions away */
+        return;
+    }
+    if (n != hp.covered) {
+        hp.covered = n;
+        if (record_fence() == CUDA_SUCCESS) return;
+        hp.covered = atomic_load(&hp.launched); /* cannot fence (capture): end it as is */
+    }
+    try_close(s);
+}
+
+static void *completion_main(void *arg) {
+    (void)arg;
+    const qsc_session *s = qsc_session_get();
+    CUcontext current = NULL;
+    for (;;) {
+        uint32_t st = atomic_load(&hp.state);
+        if (st != HP_OPEN) {
+            if (st == HP_IDLE || st == HP_OPENING) qs_futex_wait(&hp.state, st, 0);
+            continue;
+        }
+        if (current != hp.ctx) {
+            typedef CUresult (*set_fn)(CUcontext);
+            QSC_REAL(set_fn, cuCtxSetCurrent)(hp.ctx);
+            current = hp.ctx;
+        }
+        complete_round(s);
+    }
+    return NULL;
+}
+
+static void start_completion(void) {
+    pthread_t thread;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&thread, &attr, completion_main, NULL) != 0)
+        qsc_warn_once(QSC_WARN_RING, "cannot start the high-priority completion thread");
+    pthread_attr_destroy(&attr);
+}
+
+int qsc_hp_join(CUstream stream) {
+    atomic_fetch_add(&hp.pending, 1);
+    if (atomic_load(&hp.state) == HP_OPEN && hp.stream == stream) return 1;
+    atomic_fetch_sub(&hp.pending, 1);
+    return 0;
+}
+
+void qsc_hp_joined(void) {
+    atomic_fetch_add(&hp.launched, 1);
+    atomic_fetch_sub(&hp.pending, 1);
+}
+
+int qsc_hp_try_open(void) {
+    uint32_t idle = HP_IDLE;
+    return atomic_compare_exchange_strong(&hp.state, &idle, HP_OPENING);
+}
+
+/* After the opening launch was submitted (or failed): arm the fence and hand the unit to
+ * the completion thread, or give the slot back. Returns 0 when the unit could not open. */
+int qsc_hp_opened(CUstream stream, CUcontext ctx, CUresult submitted) {
+    typedef CUresult (*create_fn)(CUevent *, unsigned int);
+    if (submitted == CUDA_SUCCESS && (hp.ctx != ctx || hp.fence == NULL)) {
+        if (hp.fence != NULL) QSC_REAL(qsc_event_fn, cuEventDestroy_v2)(hp.fence);
+        hp.fence = NULL;
+        hp.ctx = ctx;
+        QSC_REAL(create_fn, cuEventCreate)(&hp.fence, CU_EVENT_BLOCKING_SYNC |
+                                                          CU_EVENT_DISABLE_TIMING);
+    }
+    hp.stream = stream;
+    if (submitted != CUDA_SUCCESS || hp.fence == NULL || record_fence() != CUDA_SUCCESS) {
+        atomic_store(&hp.state, HP_IDLE);
+        return 0;
+    }
+    atomic_store(&hp.launched, 1);
+    hp.covered = 1;
+    pthread_once(&hp_once, start_completion);
+    atomic_store(&hp.state, HP_OPEN);
+    qs_futex_wake(&hp.state, 1);
+    return 1;
+}
