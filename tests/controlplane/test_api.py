@@ -53,6 +53,9 @@ async def test_both_priorities_may_share_a_card(
         ({"vmemory": "4Gx"}, "vmemory"),
         ({"vmemory": 0}, "vmemory"),
         ({"vmemory": 1.5}, "vmemory"),
+        ({"vmemory": "1000Pi"}, "vmemory"),
+        ({"node_selector": {"zone": "a\u0000"}}, "node_selector.zone"),
+        ({"idempotency_key": "k" * 129}, "idempotency_key"),
         ({"count": 0}, "count"),
         ({"priority": "urgent"}, "priority"),
         ({"placement": {"node": "pack"}}, "placement.node"),
@@ -71,6 +74,15 @@ async def test_a_bad_field_gets_a_422_problem_naming_it(
     problem = response.json()
     assert problem["status"] == 422
     assert field in [e["field"] for e in problem["errors"]]
+
+
+async def test_a_body_with_a_lone_surrogate_is_422_not_500(
+    api: httpx.AsyncClient, team_a: dict[str, str]
+) -> None:
+    body = b'{"priority": "high", "vcore": 5, "vmemory": "1Gi", "idempotency_key": "\\ud800"}'
+    headers = team_a | {"content-type": "application/json"}
+    response = await api.post("/v1/claims", content=body, headers=headers)
+    assert response.status_code == 422
 
 
 async def test_a_missing_field_is_named(api: httpx.AsyncClient, team_a: dict[str, str]) -> None:

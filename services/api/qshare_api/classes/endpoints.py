@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import insert, select
 from sqlalchemy.exc import IntegrityError
 
-from qshare.contracts.claims import ClassName
+from qshare.contracts.claims import ClassName, Text
 from qshare.contracts.domain import Provisioner
 from qshare.contracts.errors import Conflict
 from qshare.contracts.schema import classes
@@ -33,7 +33,7 @@ class GpuClass(BaseModel):
 
     name: ClassName
     provisioner: Provisioner
-    description: Annotated[str, Field(max_length=512)] = ""
+    description: Annotated[Text, Field(max_length=512)] = ""
 
 
 @router.get("", response_model=list[GpuClass], summary="List classes")

@@ -9,6 +9,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, status
 from pydantic import BaseModel, ConfigDict, Field
 
+from qshare.contracts.claims import Text
 from qshare.contracts.domain import Role
 from qshare.contracts.errors import NotFound
 from qshare_api.auth import Admin, new_secret
@@ -28,8 +29,8 @@ class TokenRequest(BaseModel):
         },
     )
 
-    name: Annotated[str, Field(min_length=1, max_length=128)]
-    tenant: Annotated[str, Field(min_length=1, max_length=128)]
+    name: Annotated[Text, Field(min_length=1, max_length=128)]
+    tenant: Annotated[Text, Field(min_length=1, max_length=128)]
     role: Role = Role.TENANT
 
 

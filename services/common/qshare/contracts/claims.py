@@ -11,11 +11,17 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictInt, S
 from qshare.contracts.domain import ClaimStatus, PlacementPolicy, Priority
 from qshare.contracts.quantities import parse_mib
 
+MAX_MIB = 16 * 1024 * 1024
+"""16 TiB: far above any card, and inside the 32-bit columns that store MiB."""
+
 
 def _memory(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int | str):
         raise ValueError("must be an integer number of MiB or a quantity such as '4Gi'")
-    return parse_mib(value)
+    mib = parse_mib(value)
+    if mib > MAX_MIB:
+        raise ValueError(f"must be at most {MAX_MIB} MiB (16Ti)")
+    return mib
 
 
 MemoryMiB = Annotated[
@@ -33,7 +39,9 @@ MemoryMiB = Annotated[
 ]
 """Integer MiB or a Kubernetes quantity, always stored as whole MiB."""
 
-Labels = dict[StrictStr, StrictStr]
+Text = Annotated[StrictStr, Field(max_length=253, pattern=r"^[^\x00]*$")]
+"""A short string Postgres can store (no NUL characters)."""
+Labels = dict[Text, Text]
 ClassName = Annotated[
     str, Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 ]
@@ -76,13 +84,13 @@ class ClaimSpec(BaseModel):
     class_name: ClassName = Field(default="qshare", description="how vGPUs are produced")
     node_selector: Labels = Field(default_factory=dict, description="labels a node must carry")
     placement: PlacementOverride | None = None
-    idempotency_key: Annotated[str, Field(min_length=1, max_length=128)] | None = None
+    idempotency_key: Annotated[Text, Field(min_length=1, max_length=128)] | None = None
 
 
 class CreateClaim(BaseModel):
     """Command on `qshare.allocator.claims.create`."""
 
-    tenant: Annotated[str, Field(min_length=1, max_length=128)]
+    tenant: Annotated[Text, Field(min_length=1, max_length=128)]
     spec: ClaimSpec
 
 

@@ -7,7 +7,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 
-from qshare.contracts.claims import Labels, MemoryMiB
+from qshare.contracts.claims import Labels, MemoryMiB, Text
 from qshare.contracts.domain import NodeStatus
 
 NodeName = Annotated[
@@ -23,7 +23,7 @@ class GpuSpec(BaseModel):
 
     uuid: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_-]+$")]
     index: Annotated[StrictInt, Field(ge=0, le=255)]
-    model: Annotated[str, Field(min_length=1, max_length=128)]
+    model: Annotated[Text, Field(min_length=1, max_length=128)]
     memory: MemoryMiB = Field(description="card memory: integer MiB or e.g. '80Gi'")
     healthy: bool = True
 
