@@ -60,7 +60,7 @@ class NodeRegistration(BaseModel):
 class Heartbeat(BaseModel):
     """Event on `qshare.node.<node>.heartbeat`; every card not listed unhealthy is healthy."""
 
-    unhealthy: list[str] = []
+    unhealthy: list[Text] = []
 
 
 class GpuView(BaseModel):
