@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 import sys
+from collections.abc import Callable
 
 from qshare_allocator.app import Allocator
 from qshare_allocator.migrate import upgrade
@@ -22,10 +23,21 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.run(upgrade(settings.database_url))
         return 0
     try:
-        asyncio.run(Allocator(settings).run())
+        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+            runner.run(Allocator(settings).run())
     except KeyboardInterrupt:
         return 0
     return 0
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop when installed: the allocator spends much of its time in the event loop."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory
 
 
 if __name__ == "__main__":

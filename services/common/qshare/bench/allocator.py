@@ -140,7 +140,7 @@ async def _stack() -> AsyncIterator[tuple[str, Client, str]]:
             try:
                 yield pg.url, nc, f"http://127.0.0.1:{port}"
             finally:
-                await nc.drain()
+                await nc.close()
 
 
 def _http(url: str) -> httpx.AsyncClient:
