@@ -76,3 +76,20 @@ async def test_both_replicas_serve_requests(
 
 def _served(replica: Allocator) -> int:
     return replica.served
+
+
+async def test_racing_twins_with_one_idempotency_key_make_one_claim(
+    register: Register, nc: Client, engine: AsyncEngine
+) -> None:
+    await register("n1", cards=2)
+    spec = ClaimSpec(priority="low", vcore=10, vmemory="1Gi", idempotency_key="twin")
+    command = CreateClaim(tenant="team-a", spec=spec)
+    replies = await asyncio.gather(
+        *(rpc.call(nc, subjects.CLAIMS_CREATE, "t", command, CreateClaimReply, timeout=30)
+          for _ in range(8))
+    )  # fmt: skip
+    async with engine.connect() as conn:
+        stored = (await conn.execute(text("SELECT count(*) FROM claims"))).scalar_one()
+    assert len({r.claim.id for r in replies}) == 1
+    assert stored == 1
+    assert sum(r.created for r in replies) == 1
