@@ -20,7 +20,7 @@ static struct {
     _Alignas(64) _Atomic uint32_t state; /* futex: the completion thread sleeps while IDLE */
     _Atomic uint32_t pending;            /* joined launches not yet submitted */
     _Atomic uint64_t launched;           /* launches into the open unit, counted once submitted */
-    CUstream stream;
+    _Atomic(CUstream) stream; /* written while OPENING, read by joiners */
     CUcontext ctx;
     CUevent fence;
     uint64_t covered; /* `launched` as of the fence's last recording */
@@ -103,6 +103,8 @@ static void start_completion(void) {
 }
 
 int qsc_hp_join(CUstream stream) {
+    if (atomic_load_explicit(&hp.state, memory_order_relaxed) != HP_OPEN || hp.stream != stream)
+        return 0; /* cheap miss; the check below is the one that counts */
     atomic_fetch_add(&hp.pending, 1);
     if (atomic_load(&hp.state) == HP_OPEN && hp.stream == stream) return 1;
     atomic_fetch_sub(&hp.pending, 1);

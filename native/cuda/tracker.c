@@ -163,10 +163,6 @@ static int capturing(CUstream stream) {
  * driver call at all), or open one. */
 static int hp_fast(const qsc_session *s, CUstream stream, int *tracked, CUresult *rc) {
     if (s->low_priority || !qsc_hp_coalescable(stream)) return 0;
-    if (qsc_hp_join(stream)) {
-        *tracked = QSC_UNIT_JOINED;
-        return 1;
-    }
     if (!qsc_hp_try_open()) return 0;
     int st = qs_launch_begin(s->client);
     if (st != QS_OK) {
@@ -183,6 +179,12 @@ CUresult qsc_unit_begin(CUstream stream, int *tracked) {
     *tracked = QSC_UNIT_NONE;
     const qsc_session *s = qsc_session_get();
     if (s->client == NULL) return s->failure;
+    /* Joining the open unit needs no capture check: a captured launch only counts, and a
+     * fence cannot be recorded into a capture, which ends the unit. */
+    if (!s->low_priority && qsc_hp_join(stream)) {
+        *tracked = QSC_UNIT_JOINED;
+        return CUDA_SUCCESS;
+    }
     if (capturing(stream)) return CUDA_SUCCESS; /* recorded into a graph, not run now */
     CUresult fast_rc = CUDA_SUCCESS;
     if (hp_fast(s, stream, tracked, &fast_rc)) return fast_rc;

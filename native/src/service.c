@@ -77,13 +77,14 @@ static void reap(qs_node *node, uint32_t i, uint32_t kind)
     struct qs_ctx *c = &st->ctxs[i];
     struct qs_cfg_vgpu *v = &node->seg.cfg->vgpus[c->vgpu_slot];
     uint64_t returned = c->mem_reserved;
+    /* first, while still counted as live: its launches move to the vGPU's tally */
+    atomic_fetch_add(&st->vgpus[c->vgpu_slot].launches, atomic_exchange(&c->launches, 0));
     qs_mem_reap(&node->seg, i);
     atomic_store(&c->state, QS_SLOT_DESTROYED); /* no longer alive for the simulator */
     qs_sim_reap(&node->seg, i);
     if (c->priority == QS_PRIO_HIGH)
         qs_gate_forget_hp(&node->seg, c->card, i);
     atomic_store(&c->inflight, 0);
-    atomic_fetch_add(&st->vgpus[c->vgpu_slot].launches, atomic_load(&c->launches));
     qs_ring_push(&st->ring, kind, c->card, v->id, c->pid, returned);
     if (atomic_fetch_sub(&st->vgpus[c->vgpu_slot].contexts, 1) == 1 &&
         atomic_load(&v->state) == QS_SLOT_DESTROYED && !qs_node_lock(node)) {
