@@ -66,15 +66,10 @@ void qs_gate_hp_end(struct qs_card_state *cs)
 /* Every high-priority context of the card has nothing in flight. */
 static int hp_quiet(struct qs_segment *seg, struct qs_card_state *cs)
 {
-    for (uint32_t w = 0; w < QS_MASK_WORDS; w++) {
-        uint64_t bits = atomic_load(&cs->hp_mask[w]);
-        while (bits) {
-            uint32_t i = w * 64 + (uint32_t)__builtin_ctzll(bits);
-            bits &= bits - 1;
-            if (atomic_load(&seg->state->ctxs[i].inflight))
-                return 0;
-        }
-    }
+    for (int i = qs_mask_next(cs->hp_mask, QS_MASK_WORDS, 0); i >= 0;
+         i = qs_mask_next(cs->hp_mask, QS_MASK_WORDS, (uint32_t)i + 1))
+        if (atomic_load(&seg->state->ctxs[i].inflight))
+            return 0;
     return 1;
 }
 
@@ -175,17 +170,14 @@ static void lp_totals(struct qs_segment *seg, uint32_t card, uint64_t *dev, uint
 {
     const struct qs_cfg_card *cc = &seg->cfg->cards[card];
     *dev = *launches = *inflight = 0;
-    for (uint32_t w = 0; w < QS_MAX_VGPUS / 64; w++) {
-        uint64_t bits = atomic_load(&cc->lp_vgpus[w]);
-        while (bits) {
-            uint32_t s = w * 64 + (uint32_t)__builtin_ctzll(bits);
-            bits &= bits - 1;
-            struct qs_vgpu_state *vs = &seg->state->vgpus[s];
-            uint32_t max = seg->cfg->vgpus[s].lp_max_inflight;
-            *dev += atomic_load(&vs->device_ns);
-            *launches += qs_vgpu_launches(seg, s);
-            *inflight += (uint64_t)atomic_load(&vs->contexts) * (max ? max : 1);
-        }
+    for (int i = qs_mask_next(cc->lp_vgpus, QS_MAX_VGPUS / 64, 0); i >= 0;
+         i = qs_mask_next(cc->lp_vgpus, QS_MAX_VGPUS / 64, (uint32_t)i + 1)) {
+        uint32_t s = (uint32_t)i;
+        struct qs_vgpu_state *vs = &seg->state->vgpus[s];
+        uint32_t max = seg->cfg->vgpus[s].lp_max_inflight;
+        *dev += atomic_load(&vs->device_ns);
+        *launches += qs_vgpu_launches(seg, s);
+        *inflight += (uint64_t)atomic_load(&vs->contexts) * (max ? max : 1);
     }
 }
 

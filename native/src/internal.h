@@ -171,6 +171,20 @@ static inline void qs_cpu_relax(void)
 #endif
 }
 
+/* The first set bit at or after `from` in an array of `words` atomic 64-bit masks, or -1.
+ * Iterate: for (int i = qs_mask_next(m, n, 0); i >= 0; i = qs_mask_next(m, n, i + 1)). */
+static inline int qs_mask_next(const _Atomic uint64_t *mask, uint32_t words, uint32_t from)
+{
+    for (uint32_t w = from / 64; w < words; w++) {
+        uint64_t bits = atomic_load(&mask[w]);
+        if (w == from / 64)
+            bits &= ~0ull << (from % 64);
+        if (bits)
+            return (int)(w * 64 + (uint32_t)__builtin_ctzll(bits));
+    }
+    return -1;
+}
+
 /* futex.c */
 int qs_futex_wait(_Atomic uint32_t *word, uint32_t expected, uint64_t deadline_ns);
 void qs_futex_wake(_Atomic uint32_t *word, int count);

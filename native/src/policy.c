@@ -32,20 +32,17 @@ static struct peers scan_peers(struct qs_segment *seg, uint32_t card, uint32_t s
 {
     struct peers p = {UINT64_MAX, UINT64_MAX};
     const struct qs_cfg_card *cc = &seg->cfg->cards[card];
-    for (uint32_t w = 0; w < QS_MAX_VGPUS / 64; w++) {
-        uint64_t bits = atomic_load(&cc->lp_vgpus[w]);
-        while (bits) {
-            uint32_t s = w * 64 + (uint32_t)__builtin_ctzll(bits);
-            bits &= bits - 1;
-            struct qs_policy_state *ps = pstate(seg, s);
-            if (s == self || !has_work(ps, now))
-                continue;
-            uint64_t v = atomic_load(&ps->vtime_ns);
-            p.min_vtime = v < p.min_vtime ? v : p.min_vtime;
-            if (!atomic_load(&ps->waiting)) {
-                uint64_t e = atomic_load(&ps->last_active_ns) + ACTIVE_WINDOW_NS;
-                p.expires = e < p.expires ? e : p.expires;
-            }
+    for (int i = qs_mask_next(cc->lp_vgpus, QS_MAX_VGPUS / 64, 0); i >= 0;
+         i = qs_mask_next(cc->lp_vgpus, QS_MAX_VGPUS / 64, (uint32_t)i + 1)) {
+        uint32_t s = (uint32_t)i;
+        struct qs_policy_state *ps = pstate(seg, s);
+        if (s == self || !has_work(ps, now))
+            continue;
+        uint64_t v = atomic_load(&ps->vtime_ns);
+        p.min_vtime = v < p.min_vtime ? v : p.min_vtime;
+        if (!atomic_load(&ps->waiting)) {
+            uint64_t e = atomic_load(&ps->last_active_ns) + ACTIVE_WINDOW_NS;
+            p.expires = e < p.expires ? e : p.expires;
         }
     }
     return p;
@@ -140,16 +137,13 @@ static void policy_epoch(struct qs_segment *seg, uint32_t card)
 {
     const struct qs_cfg_card *cc = &seg->cfg->cards[card];
     uint64_t now = qs_now_ns();
-    for (uint32_t w = 0; w < QS_MAX_VGPUS / 64; w++) {
-        uint64_t bits = atomic_load(&cc->lp_vgpus[w]);
-        while (bits) {
-            uint32_t s = w * 64 + (uint32_t)__builtin_ctzll(bits);
-            bits &= bits - 1;
-            struct qs_policy_state *ps = pstate(seg, s);
-            atomic_store(&ps->vtime_ns, 0);
-            if (atomic_load(&ps->budget_ns) > now)
-                atomic_store(&ps->budget_ns, now);
-        }
+    for (int i = qs_mask_next(cc->lp_vgpus, QS_MAX_VGPUS / 64, 0); i >= 0;
+         i = qs_mask_next(cc->lp_vgpus, QS_MAX_VGPUS / 64, (uint32_t)i + 1)) {
+        uint32_t s = (uint32_t)i;
+        struct qs_policy_state *ps = pstate(seg, s);
+        atomic_store(&ps->vtime_ns, 0);
+        if (atomic_load(&ps->budget_ns) > now)
+            atomic_store(&ps->budget_ns, now);
     }
 }
 

@@ -106,14 +106,21 @@ void qs_segment_unlink(const char *dir, const char *name)
             unlink(path);
 }
 
+/* The paths of both parts of segment `name`, after checking the name. */
+static int part_paths(const char *dir, const char *name, char cpath[512], char spath[512])
+{
+    int rc = qs_check_name(name);
+    if (rc == QS_OK)
+        rc = qs_segment_path(cpath, 512, dir, name, "cfg");
+    if (rc == QS_OK)
+        rc = qs_segment_path(spath, 512, dir, name, "state");
+    return rc;
+}
+
 int qs_segment_create(const char *dir, const char *name, int replace, struct qs_segment *seg)
 {
     char cpath[512], spath[512];
-    int rc = qs_check_name(name);
-    if (rc == QS_OK)
-        rc = qs_segment_path(cpath, sizeof cpath, dir, name, "cfg");
-    if (rc == QS_OK)
-        rc = qs_segment_path(spath, sizeof spath, dir, name, "state");
+    int rc = part_paths(dir, name, cpath, spath);
     if (rc != QS_OK)
         return rc;
     if (replace)
@@ -180,11 +187,7 @@ static int map_part(const char *path, uint64_t magic, size_t size, int writable,
 int qs_segment_open(const char *dir, const char *name, int writable_cfg, struct qs_segment *seg)
 {
     char cpath[512], spath[512];
-    int rc = qs_check_name(name);
-    if (rc == QS_OK)
-        rc = qs_segment_path(cpath, sizeof cpath, dir, name, "cfg");
-    if (rc == QS_OK)
-        rc = qs_segment_path(spath, sizeof spath, dir, name, "state");
+    int rc = part_paths(dir, name, cpath, spath);
     void *cmap = NULL, *smap = NULL;
     if (rc == QS_OK)
         rc = map_part(cpath, QS_CFG_MAGIC, sizeof(struct qs_cfg), writable_cfg, &cmap);
