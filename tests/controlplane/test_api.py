@@ -107,12 +107,12 @@ async def test_a_body_that_is_not_json_gets_a_422_problem(
     assert [e["field"] for e in response.json()["errors"]] == ["body"]
 
 
-async def test_an_oversized_body_gets_a_413_problem_and_writes_nothing(
+async def test_an_oversized_body_gets_a_422_problem_naming_the_body_and_writes_nothing(
     api: httpx.AsyncClient, team_a: dict[str, str]
 ) -> None:
     big = GOOD | {"node_selector": {f"k{i}": "v" * 50 for i in range(100)}}
     response = await api.post("/v1/claims", json=big, headers=team_a)
-    assert response.status_code == 413
+    assert response.status_code == 422
     assert response.json()["errors"][0]["field"] == "body"
     listed = await api.get("/v1/claims", headers=team_a)
     assert listed.json()["items"] == []

@@ -25,7 +25,7 @@ class _TooLarge(Exception):
 
 
 class BodyLimit:
-    """Answers 413 with a problem document when a body exceeds `limit` bytes."""
+    """Answers 422 with a problem document naming `body` when a body exceeds `limit` bytes."""
 
     def __init__(self, app: ASGIApp, limit: int) -> None:
         self.app = app

@@ -22,7 +22,9 @@ class ApiSettings(BaseSettings):
         20, ge=1, description="connections kept open (one per request in flight)"
     )
     allocator_timeout_s: float = Field(5.0, gt=0, description="wait this long for the allocator")
-    max_body_bytes: int = Field(64 * 1024, ge=1024, description="larger bodies get 413")
+    max_body_bytes: int = Field(
+        64 * 1024, ge=1024, description="larger bodies get a 422 problem document"
+    )
     bootstrap_admin_token: SecretStr | None = Field(
         None, description="stored (hashed) as an admin token at start-up, for the first admin"
     )

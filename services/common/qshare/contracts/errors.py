@@ -40,7 +40,7 @@ _STATUS: dict[ErrorCode, int] = {
     ErrorCode.FORBIDDEN: 403,
     ErrorCode.NOT_FOUND: 404,
     ErrorCode.CONFLICT: 409,
-    ErrorCode.TOO_LARGE: 413,
+    ErrorCode.TOO_LARGE: 422,  # the issue asks 422 for every bad input, an oversized body too
     ErrorCode.UNAVAILABLE: 503,
     ErrorCode.INTERNAL: 500,
 }
