@@ -4,7 +4,9 @@
 #ifndef QSHARE_H
 #define QSHARE_H
 
+#ifndef QS_CFFI_CDEF /* native/build_ffi.py feeds this header, preprocessed, to cffi */
 #include <stdint.h>
+#endif
 
 #ifdef __cplusplus
 extern "C" {
