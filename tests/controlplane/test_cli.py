@@ -66,3 +66,9 @@ async def test_the_cli_reports_a_problem_and_exits_1(
     args = ("--priority", "high", "--vcore", "0", "--vmemory", "2Gi")
     assert await _qshare(api_url, "claims", "create", *args) == 1
     assert "vcore:" in capsys.readouterr().err
+
+
+def test_an_unreachable_api_is_named_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    assert main(["claims", "--url", url, "--token", "t", "list"]) == 2
+    assert f"cannot reach the qshare API at {url}" in capsys.readouterr().err

@@ -8,6 +8,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import httpx
+
 from qshare.contracts.quantities import format_mib
 from qshare_api.client import ApiError, Client
 
@@ -66,6 +68,9 @@ def _command(
             for item in exc.problem.get("errors", []):
                 print(f"  {item.get('field')}: {item.get('message')}", file=sys.stderr)
             return 1
+        except httpx.HTTPError as exc:
+            print(f"error: cannot reach the qshare API at {args.url}: {exc}", file=sys.stderr)
+            return 2
         return 0
 
     return handler
