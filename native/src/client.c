@@ -193,6 +193,7 @@ static int hp_begin(qs_client *cl)
 
 int qs_launch_begin(qs_client *cl)
 {
+    QS_REQUIRE(cl, "client");
     int rc = cl->priority == QS_PRIO_HIGH ? hp_begin(cl) : lp_begin(cl);
     if (rc == QS_OK)
         atomic_store_explicit(&cl->c->launches,
@@ -203,6 +204,7 @@ int qs_launch_begin(qs_client *cl)
 
 int qs_launch_end(qs_client *cl)
 {
+    QS_REQUIRE(cl, "client");
     if (cl->priority == QS_PRIO_HIGH) {
         /* A store, not a CAS loop: racing HP ends differ by nanoseconds. */
         uint64_t now = qs_now_ns();
@@ -224,6 +226,7 @@ int qs_launch_end(qs_client *cl)
 int qs_mem_reserve(qs_client *cl, uint64_t bytes)
 {
     qs_clear_error();
+    QS_REQUIRE(cl, "client");
     if (check_live(cl) != QS_OK)
         return QS_EDESTROYED;
     return qs_mem_reserve_ctx(&cl->seg, cl->ctx, bytes);
@@ -232,12 +235,15 @@ int qs_mem_reserve(qs_client *cl, uint64_t bytes)
 int qs_mem_release(qs_client *cl, uint64_t bytes)
 {
     qs_clear_error();
+    QS_REQUIRE(cl, "client");
     return qs_mem_release_ctx(&cl->seg, cl->ctx, bytes);
 }
 
 int qs_client_info_get(qs_client *cl, qs_client_info *out)
 {
     qs_clear_error();
+    QS_REQUIRE(cl, "client");
+    QS_REQUIRE(out, "out pointer");
     const struct qs_cfg_card *card = &cl->seg.cfg->cards[cl->card];
     *out = (qs_client_info){.vgpu = cl->vgpu_id, .card = cl->card, .priority = cl->priority,
                             .core_share = atomic_load(&cl->vc->core_share),
@@ -252,6 +258,7 @@ int qs_client_info_get(qs_client *cl, qs_client_info *out)
 
 int qs_account_device_time(qs_client *cl, uint64_t ns)
 {
+    QS_REQUIRE(cl, "client");
     atomic_fetch_add_explicit(&cl->seg.state->vgpus[cl->vslot].device_ns, ns,
                               memory_order_relaxed);
     atomic_fetch_add_explicit(&cl->cs->device_ns, ns, memory_order_relaxed);
@@ -272,6 +279,7 @@ static void sleep_until(uint64_t deadline)
 
 int qs_sim_kernel(qs_client *cl, uint64_t duration_ns)
 {
+    QS_REQUIRE(cl, "client");
     static _Thread_local int slack_set;
     if (!slack_set) {
         prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0); /* simulated kernels want µs accuracy */
@@ -299,6 +307,7 @@ int qs_sim_kernel(qs_client *cl, uint64_t duration_ns)
 
 int qs_sim_kernels(qs_client *cl, uint32_t count, uint64_t duration_ns)
 {
+    QS_REQUIRE(cl, "client");
     int rc = QS_OK;
     for (uint32_t i = 0; i < count && rc == QS_OK; i++)
         rc = qs_sim_kernel(cl, duration_ns);
@@ -307,11 +316,12 @@ int qs_sim_kernels(qs_client *cl, uint32_t count, uint64_t duration_ns)
 
 uint64_t qs_client_last_unblock_ns(qs_client *cl)
 {
-    return cl->last_unblock_ns;
+    return cl ? cl->last_unblock_ns : 0;
 }
 
 int qs_bench_launch_overhead(qs_client *cl, uint64_t iterations, double *ns_per_pair)
 {
+    QS_REQUIRE(cl, "client");
     if (!iterations || !ns_per_pair)
         return qs_fail(QS_EINVAL, "iterations must be positive and ns_per_pair non-NULL");
     uint64_t start = qs_now_ns();
@@ -327,6 +337,7 @@ int qs_bench_launch_overhead(qs_client *cl, uint64_t iterations, double *ns_per_
 
 int qs_bench_timed_begin(qs_client *cl, uint64_t *begin_ns, uint64_t *done_ns)
 {
+    QS_REQUIRE(cl, "client");
     if (!begin_ns || !done_ns)
         return qs_fail(QS_EINVAL, "begin_ns and done_ns must be non-NULL");
     *begin_ns = qs_now_ns();

@@ -309,6 +309,7 @@ int qs_card_set_release_auto(qs_node *node, uint32_t index, int enable, uint64_t
                              uint64_t max_delay_ns)
 {
     qs_clear_error();
+    QS_REQUIRE(node, "node");
     if (index >= QS_MAX_CARDS || !atomic_load(&node->seg.cfg->cards[index].present))
         return qs_fail(QS_ENOENT, "no card with index %u", index);
     max_delay_ns = max_delay_ns ? max_delay_ns : QS_DEFAULT_RELEASE_DELAY_NS;
@@ -331,6 +332,7 @@ int qs_card_set_release_auto(qs_node *node, uint32_t index, int enable, uint64_t
 int qs_card_release_auto_get(qs_node *node, uint32_t index, qs_release_auto_stats *out)
 {
     qs_clear_error();
+    QS_REQUIRE(node, "node");
     if (index >= QS_MAX_CARDS || !atomic_load(&node->seg.cfg->cards[index].present))
         return qs_fail(QS_ENOENT, "no card with index %u", index);
     if (!out)

@@ -157,6 +157,13 @@ struct qs_proto_reply {
     char message[160];
 };
 
+/* Public entry points refuse a NULL handle or out-pointer with a clear error. */
+#define QS_REQUIRE(ptr, what)                                      \
+    do {                                                           \
+        if (!(ptr))                                                \
+            return qs_fail(QS_EINVAL, "%s is NULL", (what));       \
+    } while (0)
+
 /* error.c */
 int qs_fail(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int qs_fail_errno(const char *what);

@@ -98,6 +98,7 @@ static int card_add_locked(qs_node *node, uint32_t index, const char *uuid, uint
 int qs_card_add(qs_node *node, uint32_t index, const char *uuid, uint64_t total_mem)
 {
     qs_clear_error();
+    QS_REQUIRE(node, "node");
     int rc = qs_node_lock(node);
     if (rc != QS_OK)
         return rc;
@@ -109,6 +110,7 @@ int qs_card_add(qs_node *node, uint32_t index, const char *uuid, uint64_t total_
 int qs_card_set_release_delay(qs_node *node, uint32_t index, uint64_t delay_ns)
 {
     qs_clear_error();
+    QS_REQUIRE(node, "node");
     int rc = check_card(node, index);
     if (rc != QS_OK)
         return rc;
@@ -126,6 +128,7 @@ int qs_card_set_release_delay(qs_node *node, uint32_t index, uint64_t delay_ns)
 int qs_card_set_policy(qs_node *node, uint32_t index, uint32_t policy)
 {
     qs_clear_error();
+    QS_REQUIRE(node, "node");
     int rc = check_card(node, index);
     if (rc != QS_OK)
         return rc;
@@ -140,6 +143,8 @@ int qs_card_set_policy(qs_node *node, uint32_t index, uint32_t policy)
 int qs_card_stats_get(qs_node *node, uint32_t index, qs_card_stats *out)
 {
     qs_clear_error();
+    QS_REQUIRE(node, "node");
+    QS_REQUIRE(out, "out pointer");
     int rc = check_card(node, index);
     if (rc != QS_OK)
         return rc;
@@ -162,12 +167,13 @@ int qs_card_stats_get(qs_node *node, uint32_t index, qs_card_stats *out)
 
 uint64_t qs_node_dropped_events(qs_node *node)
 {
-    return atomic_load(&node->seg.state->ring.dropped);
+    return node == NULL ? 0 : atomic_load(&node->seg.state->ring.dropped);
 }
 
 int qs_node_next_event(qs_node *node, qs_event *out, int timeout_ms)
 {
     qs_clear_error();
+    QS_REQUIRE(node, "node");
     if (!out)
         return qs_fail(QS_EINVAL, "out pointer is NULL");
     int rc = qs_ring_pop(&node->seg.state->ring, &node->ring_tail, out, timeout_ms);

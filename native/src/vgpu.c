@@ -108,6 +108,7 @@ static int create_locked(qs_node *node, const qs_vgpu_spec *spec)
 int qs_vgpu_create(qs_node *node, const qs_vgpu_spec *spec)
 {
     qs_clear_error();
+    QS_REQUIRE(node, "node");
     int rc = qs_node_lock(node);
     if (rc != QS_OK)
         return rc;
@@ -135,6 +136,7 @@ static int update_locked(qs_node *node, uint32_t id, uint32_t share, uint64_t me
 int qs_vgpu_update(qs_node *node, uint32_t id, uint32_t core_share, uint64_t mem_limit)
 {
     qs_clear_error();
+    QS_REQUIRE(node, "node");
     int rc = qs_node_lock(node);
     if (rc != QS_OK)
         return rc;
@@ -148,6 +150,7 @@ int qs_vgpu_update(qs_node *node, uint32_t id, uint32_t core_share, uint64_t mem
 int qs_vgpu_destroy(qs_node *node, uint32_t id)
 {
     qs_clear_error();
+    QS_REQUIRE(node, "node");
     int rc = qs_node_lock(node);
     if (rc != QS_OK)
         return rc;
@@ -172,6 +175,7 @@ int qs_vgpu_destroy(qs_node *node, uint32_t id)
 static int set_suspended(qs_node *node, uint32_t id, uint32_t value)
 {
     qs_clear_error();
+    QS_REQUIRE(node, "node");
     struct qs_cfg_vgpu *v = NULL;
     int slot = find(node, id, &v);
     if (slot < 0)
@@ -209,6 +213,8 @@ uint64_t qs_vgpu_launches(struct qs_segment *seg, uint32_t slot)
 int qs_vgpu_stats_get(qs_node *node, uint32_t id, qs_vgpu_stats *out)
 {
     qs_clear_error();
+    QS_REQUIRE(node, "node");
+    QS_REQUIRE(out, "out pointer");
     struct qs_cfg_vgpu *v = NULL;
     int slot = find(node, id, &v);
     if (slot < 0)

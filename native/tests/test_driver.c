@@ -244,6 +244,21 @@ static int test_release_beyond_reservation_is_refused(void)
     return 0;
 }
 
+static int test_null_handles_are_refused_with_a_clear_error(void)
+{
+    EXPECT(qs_launch_begin(NULL) == QS_EINVAL);
+    EXPECT(strstr(qs_last_error(), "client is NULL") != NULL);
+    EXPECT(qs_mem_reserve(NULL, 1) == QS_EINVAL);
+    EXPECT(qs_vgpu_create(NULL, NULL) == QS_EINVAL);
+    qs_node *node = make_node("null");
+    EXPECT(node);
+    EXPECT(qs_vgpu_create(node, NULL) == QS_EINVAL);
+    EXPECT(qs_card_stats_get(node, 0, NULL) == QS_EINVAL);
+    EXPECT(qs_node_next_event(node, NULL, 0) == QS_EINVAL);
+    qs_node_close(node);
+    return 0;
+}
+
 int main(void)
 {
     const struct test_case tests[] = {
@@ -263,6 +278,8 @@ int main(void)
          test_full_ring_drops_the_oldest_and_counts_them},
         {"attach to unknown vGPU names it", test_attach_to_unknown_vgpu_names_it},
         {"release beyond reservation is refused", test_release_beyond_reservation_is_refused},
+        {"null handles are refused with a clear error",
+         test_null_handles_are_refused_with_a_clear_error},
     };
     return run_tests(tests, sizeof tests / sizeof tests[0]);
 }
