@@ -11,23 +11,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from qshare.contracts import rpc, subjects
 from qshare.contracts.claims import ClaimSpec, CreateClaim, CreateClaimReply
 from qshare_allocator.app import Allocator
+from qshare_allocator.audit import double_placements, overcommitted_cards
 from tests.controlplane.conftest import Register
-
-OVERCOMMITTED = """
-SELECT count(*) FROM (
-  SELECT g.uuid FROM gpus g LEFT JOIN vgpus v ON v.gpu_uuid = g.uuid
-  GROUP BY g.uuid, g.memory_mib, g.max_vgpus
-  HAVING coalesce(sum(v.vmemory_mib), 0) > g.memory_mib
-      OR coalesce(sum(v.vcore) FILTER (WHERE v.priority = 'high'), 0) > 100
-      OR coalesce(sum(v.vcore) FILTER (WHERE v.priority = 'low'), 0) > 100
-      OR count(v.id) > g.max_vgpus
-) over
-"""
-DOUBLE_PLACED = """
-SELECT count(*) FROM claims c LEFT JOIN vgpus v ON v.claim_id = c.id
-WHERE c.status IN ('placed', 'ready')
-GROUP BY c.id, c.count HAVING count(v.id) <> c.count OR count(DISTINCT v.node_name) > 1
-"""
 
 
 async def _race(nc: Client, requests: int, requesters: int) -> list[CreateClaimReply]:
@@ -58,10 +43,8 @@ async def test_racing_requesters_never_oversubscribe_a_card(
         await register(f"n{i}", cards=2, memory="16Gi")  # 8 cards × 3 claims of 30 % = 24 fit
     replies = await _race(nc, requests=96, requesters=32)
     async with engine.connect() as conn:
-        overcommitted = (await conn.execute(text(OVERCOMMITTED))).scalar_one()
-        double = (await conn.execute(text(DOUBLE_PLACED))).scalars().all()
-    assert overcommitted == 0
-    assert double == []
+        assert await overcommitted_cards(conn) == 0
+        assert await double_placements(conn) == 0
     assert sum(r.claim.status == "placed" for r in replies) == 24
 
 

@@ -22,38 +22,18 @@ from typing import Any
 import httpx
 import nats
 from nats.aio.client import Client
-from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from qshare.contracts import rpc, subjects
 from qshare.contracts.claims import ClaimSpec, CreateClaim, CreateClaimReply
 from qshare.contracts.nodes import NodeRegistration, NodeView
 from qshare.testing.servers import EmbeddedNats, EmbeddedPostgres, ServiceProcess, free_port
+from qshare_allocator.audit import double_placements, overcommitted_cards
 
 REQUESTERS = 32
 Create = Callable[[int], Awaitable[bool]]
 REPLICAS = 2
 ADMIN_TOKEN = "qs_bench_admin"
-OVERCOMMITTED = """
-SELECT count(*) FROM (
-  SELECT g.uuid FROM gpus g LEFT JOIN vgpus v ON v.gpu_uuid = g.uuid
-  GROUP BY g.uuid, g.memory_mib, g.max_vgpus
-  HAVING coalesce(sum(v.vmemory_mib), 0) > g.memory_mib
-      OR coalesce(sum(v.vcore) FILTER (WHERE v.priority = 'high'), 0) > 100
-      OR coalesce(sum(v.vcore) FILTER (WHERE v.priority = 'low'), 0) > 100
-      OR count(v.id) > g.max_vgpus
-) AS over
-"""
-DOUBLE_PLACED = """
-SELECT count(*) FROM (
-  SELECT c.id FROM claims c LEFT JOIN vgpus v ON v.claim_id = c.id
-  WHERE c.status IN ('placed', 'ready')
-  GROUP BY c.id, c.count HAVING count(v.id) <> c.count OR count(DISTINCT v.node_name) > 1
-  UNION ALL
-  SELECT v.claim_id FROM vgpus v JOIN claims c ON c.id = v.claim_id
-  WHERE c.status NOT IN ('placed', 'ready')
-) AS wrong
-"""
 
 
 @dataclass(frozen=True)
@@ -236,7 +216,7 @@ def _percentile(samples: list[float], q: int) -> float:
 async def _audit(database_url: str) -> tuple[int, int]:
     engine = create_async_engine(database_url)
     async with engine.connect() as conn:
-        overcommitted = int((await conn.execute(text(OVERCOMMITTED))).scalar_one())
-        double = int((await conn.execute(text(DOUBLE_PLACED))).scalar_one())
+        overcommitted = await overcommitted_cards(conn)
+        double = await double_placements(conn)
     await engine.dispose()
     return overcommitted, double
