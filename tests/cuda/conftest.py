@@ -15,11 +15,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-BUILD = ROOT / "native" / "build"
-INTERPOSER = BUILD / "libqshare-cuda.so"
-FAKE_DIR = BUILD / "fake"
-TOOLS = BUILD / "cuda-tests"
+from qshare.native_build import BUILD, FAKE_DIR, INTERPOSER, TOOLS, build_cuda
+
 CARD_UUID = "GPU-0a1b2c3d-0000-4000-8000-00000000c0de"
 OTHER_UUID = "GPU-ffffffff-0000-4000-8000-000000000bad"
 GIB = 1 << 30
@@ -31,7 +28,7 @@ _names = itertools.count()
 
 @pytest.fixture(scope="session")
 def cuda_build() -> Path:
-    subprocess.run(["make", "-s", "-C", str(ROOT / "native" / "cuda")], check=True)
+    build_cuda()
     return BUILD
 
 

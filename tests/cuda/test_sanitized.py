@@ -8,16 +8,18 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import LP_VGPU, ROOT, SMALL_LIMIT, SMALL_VGPU, NodeOwner, parse_reply
+from qshare.native_build import ASAN_TOOLS, ROOT, build_cuda
 
-ASAN_DIR = ROOT / "native" / "build" / "cuda-tests-asan"
+from .conftest import LP_VGPU, SMALL_LIMIT, SMALL_VGPU, NodeOwner, parse_reply
+
+ASAN_DIR = ASAN_TOOLS
 SUPPRESSIONS = ROOT / "native" / "cuda" / "testing" / "lsan.supp"
 KINDS = ["plain", "pitch", "managed", "async", "pool", "vmm", "array", "array3d"]
 
 
 @pytest.fixture(scope="module")
 def sanitized_probe(cuda_build: Path) -> Path:
-    subprocess.run(["make", "-s", "-C", str(ROOT / "native" / "cuda"), "asan"], check=True)
+    build_cuda("asan")
     return ASAN_DIR / "probe-direct"
 
 

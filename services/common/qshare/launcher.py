@@ -13,6 +13,8 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from qshare.native_build import INTERPOSER
+
 LIBRARY_NAME = "libqshare-cuda.so"
 DEFAULT_SEGMENT = "qshare"
 _INSTALLED = Path("/usr/lib/qshare") / LIBRARY_NAME
@@ -37,7 +39,7 @@ def find_library(explicit: Path | None, env: Mapping[str, str]) -> Path | None:
     candidates = [explicit]
     if env.get("QSHARE_CUDA_LIB"):
         candidates.append(Path(env["QSHARE_CUDA_LIB"]))
-    candidates += [Path(__file__).resolve().parents[3] / "native" / "build" / LIBRARY_NAME]
+    candidates.append(INTERPOSER)
     candidates.append(_INSTALLED)
     for path in candidates:
         if path is not None and path.is_file():

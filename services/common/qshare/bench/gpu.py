@@ -21,14 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from qshare.bench.hook import (
-    HP_VGPU,
-    INTERPOSER,
-    LP_VGPU,
-    build_native,
-    percentile,
-    test_node,
-)
+from qshare.bench.hook import HP_VGPU, LP_VGPU, percentile, test_node
+from qshare.native_build import INTERPOSER, build_cuda
 
 HP_RATE_PER_S = 30.0
 
@@ -214,7 +208,7 @@ def _launch_overhead(tmp: Path, seconds: float, seg: str, shm: Path) -> dict[str
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    build_native()
+    build_cuda()
     seconds = 8.0 if args.quick else 20.0
     name, uuid, total = _gpu_identity()
     result: dict[str, Any] = {"benchmark": "gpu", "gpu": name, "seconds_per_scenario": seconds}

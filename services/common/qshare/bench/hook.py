@@ -17,18 +17,11 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[4]
-BUILD = ROOT / "native" / "build"
-INTERPOSER = BUILD / "libqshare-cuda.so"
-TOOLS = BUILD / "cuda-tests"
-FAKE_DIR = BUILD / "fake"
+from qshare.native_build import FAKE_DIR, INTERPOSER, TOOLS, build_cuda
+
 FAKE_UUID = "GPU-0a1b2c3d-0000-4000-8000-00000000be4c"
 GIB = 1 << 30
 HP_VGPU, LP_VGPU = 1, 2
-
-
-def build_native() -> None:
-    subprocess.run(["make", "-s", "-C", str(ROOT / "native" / "cuda")], check=True)
 
 
 @contextlib.contextmanager
@@ -120,7 +113,7 @@ def attach_ms(env: dict[str, str], processes: int, rounds: int) -> list[float]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    build_native()
+    build_cuda()
     launches, repeats = (200_000, 3) if args.quick else (2_000_000, 7)
     with tempfile.TemporaryDirectory() as tmp, test_node(Path(tmp), FAKE_UUID, 16 * GIB) as seg:
         directory = Path(tmp)
