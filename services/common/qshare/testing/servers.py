@@ -84,7 +84,7 @@ class EmbeddedNats:
             nats_server_binary(), "-a", "127.0.0.1", "-p", str(port), "-js",
             "-sd", str(self._root), stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip
-        await asyncio.wait_for(self._ready(), timeout=20)
+        await _wait_until_ready(self._process, b"Server is ready", "nats-server", timeout=20)
         self.url = f"nats://127.0.0.1:{port}"
         return self
 
@@ -94,21 +94,9 @@ class EmbeddedNats:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self._process is not None and self._process.returncode is None:
-            self._process.terminate()
-            await self._process.wait()
+        await _terminate(self._process)
         if self._root is not None:
             shutil.rmtree(self._root, ignore_errors=True)
-
-    async def _ready(self) -> None:
-        """Read the server's log until it says it is ready; the rest is drained and dropped."""
-        assert self._process is not None and self._process.stderr is not None
-        stream = self._process.stderr
-        while line := await stream.readline():
-            if b"Server is ready" in line:
-                asyncio.get_running_loop().create_task(_drain(stream))
-                return
-        raise RuntimeError("nats-server exited before it was ready")
 
 
 class ServiceProcess:
@@ -129,17 +117,8 @@ class ServiceProcess:
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE,
         )
-        assert self._process.stderr is not None
-        seen: list[bytes] = []
-        async with asyncio.timeout(60):
-            while line := await self._process.stderr.readline():
-                seen.append(line)
-                if self._ready_text in line:
-                    asyncio.get_running_loop().create_task(_drain(self._process.stderr))
-                    return self
-        raise RuntimeError(
-            f"{self._argv[2]} exited before it was ready:\n" + b"".join(seen[-20:]).decode()
-        )
+        await _wait_until_ready(self._process, self._ready_text, self._argv[2], timeout=60)
+        return self
 
     async def __aexit__(
         self,
@@ -147,9 +126,28 @@ class ServiceProcess:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self._process is not None and self._process.returncode is None:
-            self._process.terminate()
-            await self._process.wait()
+        await _terminate(self._process)
+
+
+async def _wait_until_ready(
+    process: asyncio.subprocess.Process, ready: bytes, name: str, timeout: float
+) -> None:
+    """Read the process's stderr until a line contains `ready`; the rest is drained and dropped."""
+    assert process.stderr is not None
+    seen: list[bytes] = []
+    async with asyncio.timeout(timeout):
+        while line := await process.stderr.readline():
+            seen.append(line)
+            if ready in line:
+                asyncio.get_running_loop().create_task(_drain(process.stderr))
+                return
+    raise RuntimeError(f"{name} exited before it was ready:\n" + b"".join(seen[-20:]).decode())
+
+
+async def _terminate(process: asyncio.subprocess.Process | None) -> None:
+    if process is not None and process.returncode is None:
+        process.terminate()
+        await process.wait()
 
 
 async def _drain(stream: asyncio.StreamReader) -> None:
