@@ -22,7 +22,6 @@ struct qs_client {
     struct qs_cfg_vgpu *vc;
     struct qs_card_state *cs;
     uint64_t last_unblock_ns;
-    int detached;
 };
 
 static int connect_owner(const char *dir, const char *name, int *out)

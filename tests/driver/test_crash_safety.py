@@ -88,11 +88,3 @@ def test_killed_blocked_low_priority_process_leaves_the_others_running(
     assert survivor.vgpu == 11
     assert any(start > t_end for start, _ in survivor.kernels)
     assert node.vgpu_stats(10).contexts == 0
-
-
-def test_node_keeps_serving_after_each_kind_of_death(node: Node) -> None:
-    node.create_vgpu(1, 0, "low", 50, GiB)
-    with Client.attach(node.name, 1, node.directory) as c:
-        c.run_kernel(0.0001)
-        c.reserve(MiB)
-        assert node.vgpu_stats(1).launches == 1

@@ -90,3 +90,10 @@ def test_destroyed_vgpu_refuses_its_attached_context(node: Node) -> None:
         Client.attach(node.name, 1, node.directory)
     c.detach()
     node.create_vgpu(1, 0, "low", 10, GiB)
+
+
+def test_a_simulated_kernel_counts_one_launch(node: Node) -> None:
+    node.create_vgpu(1, 0, "low", 50, GiB)
+    with Client.attach(node.name, 1, node.directory) as c:
+        c.run_kernel(0.0001)
+        assert node.vgpu_stats(1).launches == 1
