@@ -20,7 +20,7 @@ HP_KERNEL_S = 0.001
 LP_KERNEL_S = 0.0005
 BURSTS = [(0.2, 30), (0.7, 15), (1.1, 40)]
 RELEASE_DELAY_S = 0.1
-COLUMN_S = 0.02
+COLUMN_NS = 20_000_000  # one column of the printed timeline
 
 
 def _start(node: Node, ctx: Any) -> tuple[list[Any], Any, Any, Any]:
@@ -63,19 +63,15 @@ def _row(tl: Timeline, t0: int, columns: int) -> str:
 
 
 def _paint(cells: list[str], start: int, end: int, mark: str) -> None:
-    for c in range(max(0, start // _col_ns()), min(len(cells), end // _col_ns() + 1)):
+    for c in range(max(0, start // COLUMN_NS), min(len(cells), end // COLUMN_NS + 1)):
         cells[c] = mark
-
-
-def _col_ns() -> int:
-    return round(COLUMN_S * 1e9)
 
 
 def _timeline(timelines: list[Timeline], out: Callable[[str], None]) -> int:
     t0 = timelines[0].submits[0] - round(0.15e9)
     t_last = max(k[1] for tl in timelines for k in tl.kernels[-1:])
-    columns = int((t_last - t0) // _col_ns()) + 1
-    out(f"timeline, one column = {COLUMN_S * 1e3:.0f} ms   (# running, - suspended)")
+    columns = int((t_last - t0) // COLUMN_NS) + 1
+    out(f"timeline, one column = {COLUMN_NS / 1e6:.0f} ms   (# running, - suspended)")
     labels = ["inference (high)", "training A (low)", "training B (low)"]
     for label, tl in zip(labels, timelines, strict=True):
         out(f"  {label:<18}|{_row(tl, t0, columns)}|")
