@@ -160,8 +160,8 @@ struct auto_model {
     uint64_t next_ns;
     uint64_t raw_count[QS_GAP_BUCKETS], raw_sum[QS_GAP_BUCKETS]; /* counters last folded in */
     double count[QS_GAP_BUCKETS], sum[QS_GAP_BUCKETS];           /* decayed histogram */
-    uint64_t lp_dev, lp_launches;
-    double lp_kernel_ns;
+    uint64_t lp_dev, lp_launches;   /* low priority's counters last folded in */
+    double lp_dev_w, lp_launches_w; /* decayed: their ratio is the mean kernel, by launch */
 };
 
 /* Low priority's device time, launches and the kernels it may have in flight on `card`. */
@@ -195,17 +195,21 @@ static uint64_t auto_observe(struct qs_segment *seg, uint32_t card, struct auto_
     }
     uint64_t dev, launches, inflight;
     lp_totals(seg, card, &dev, &launches, &inflight);
+    /* Weighted by launches, so that a period in which low priority ran one long kernel (its
+     * process woke late, say) moves the mean by one kernel, not by a whole period. */
+    m->lp_dev_w *= AUTO_DECAY;
+    m->lp_launches_w *= AUTO_DECAY;
     if (launches > m->lp_launches && dev >= m->lp_dev) {
-        double k = (double)(dev - m->lp_dev) / (double)(launches - m->lp_launches);
-        m->lp_kernel_ns = m->lp_kernel_ns > 0 ? 0.8 * m->lp_kernel_ns + 0.2 * k : k;
+        m->lp_dev_w += (double)(dev - m->lp_dev);
+        m->lp_launches_w += (double)(launches - m->lp_launches);
     }
     m->lp_dev = dev;
     m->lp_launches = launches;
-    if (inflight && m->lp_kernel_ns <= 0) { /* LP has not run yet: assume it costs the bound */
+    if (m->lp_launches_w < 1.0) { /* LP has not run yet: assume it costs the bound */
         uint64_t bound = atomic_load(&seg->cfg->cards[card].auto_bound_ns);
-        return bound ? bound : 1;
+        return inflight ? (bound ? bound : 1) : 0;
     }
-    return (uint64_t)(m->lp_kernel_ns * (double)inflight);
+    return (uint64_t)(m->lp_dev_w / m->lp_launches_w * (double)inflight);
 }
 
 /* The delay for the gaps seen. Each gap longer than the delay is "exposed": low priority gets

