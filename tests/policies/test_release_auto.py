@@ -33,8 +33,9 @@ def lp_share_under_steady_traffic(shm_dir: str, auto: bool) -> tuple[float, floa
         node.create_vgpu(2, 0, "low", 50, 1 << 30)
         if auto:
             node.set_release_auto(0, 0.001)
-        hp = HpSpec(name, shm_dir, 1, 0.0005, 4, 150.0, 3.0, seed=3)
-        workers = [start(hp_main, hp), start(lp_main, LpSpec(name, shm_dir, 2, 0.0005, 3.0))]
+        # the workers outlast the measurement: with no LP left, auto mode keeps the maximum
+        hp = HpSpec(name, shm_dir, 1, 0.0005, 4, 150.0, 3.5, seed=3)
+        workers = [start(hp_main, hp), start(lp_main, LpSpec(name, shm_dir, 2, 0.0005, 3.5))]
         t0 = go(workers)
         time.sleep((t0 - now_ns()) / 1e9 + 1.5)
         a = (now_ns(), node.vgpu_stats(2).device_ns)

@@ -124,6 +124,11 @@ def _first_time(mix: Mix, after_ns: int, k: int, below: float, window_s: float =
     return float("inf")
 
 
+def fallback_s(mix: Mix, at_s: float, k: int, below: float) -> float:
+    """Seconds from `at_s` into the run until tenant k's share over 100 ms is <= below."""
+    return _first_time(mix, mix.t0 + round(at_s * 1e9), k, below)
+
+
 def run_policies(directory: str, seconds: float) -> dict[str, Any]:
     """The four policy experiments, each `seconds` long."""
     half, w = seconds / 2, min(1.0, seconds / 4)
@@ -145,14 +150,13 @@ def run_policies(directory: str, seconds: float) -> dict[str, Any]:
         ],
     }
     bs = run_mix(directory, "burst-share", [Tenant(11, 30), Tenant(12, 70, start_s=half)], seconds)
-    joined = bs.t0 + round(half * 1e9)
     out["burst-share"] = {
         "shares": [30, 70],
         "phases": [
             _phase(bs, settle, half, w, [100, None]),
             _phase(bs, half + settle, seconds, w, [30, 70]),
         ],
-        "fallback_s": _first_time(bs, joined, 0, 32),
+        "fallback_s": fallback_s(bs, half, 0, 32),
     }
     ch = run_mix(
         directory,
