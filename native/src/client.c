@@ -265,9 +265,6 @@ int qs_account_device_time(qs_client *cl, uint64_t ns)
     return QS_OK;
 }
 
-/* How long before a simulated kernel ends its successor is woken (covers wake-up latency). */
-#define SIM_HAND_ON_NS 80000ull
-
 static void sleep_until(uint64_t deadline)
 {
     struct timespec ts = {.tv_sec = (time_t)(deadline / 1000000000ull),
@@ -276,6 +273,7 @@ static void sleep_until(uint64_t deadline)
     }
 }
 
+/* One kernel on the simulated card: gated, booked on the card's timeline, waited for. */
 int qs_sim_kernel(qs_client *cl, uint64_t duration_ns)
 {
     QS_REQUIRE(cl, "client");
@@ -287,21 +285,11 @@ int qs_sim_kernel(qs_client *cl, uint64_t duration_ns)
     int rc = qs_launch_begin(cl);
     if (rc != QS_OK)
         return rc;
-    rc = qs_sim_acquire(&cl->seg, cl->ctx);
-    if (rc == QS_OK) {
-        uint64_t start = qs_now_ns(), end = start + duration_ns;
-        if (duration_ns > SIM_HAND_ON_NS)
-            sleep_until(end - SIM_HAND_ON_NS);
-        int handed = qs_sim_hand_on(&cl->seg, cl->ctx, end);
-        sleep_until(end);
-        uint64_t now = qs_now_ns();
-        /* once handed on, the successor owns the card from `end` */
-        qs_account_device_time(cl, (handed && now > end ? end : now) - start);
-        if (!handed)
-            qs_sim_release(&cl->seg, cl->ctx);
-    }
+    uint64_t start = qs_sim_book(&cl->seg, cl->card, duration_ns);
+    sleep_until(start + duration_ns);
+    qs_account_device_time(cl, duration_ns);
     qs_launch_end(cl);
-    return rc;
+    return QS_OK;
 }
 
 int qs_sim_kernels(qs_client *cl, uint32_t count, uint64_t duration_ns)

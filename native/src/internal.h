@@ -77,10 +77,8 @@ struct qs_card_state {
     _Atomic uint64_t busy_since_ns;
     _Atomic uint64_t episodes;
     _Atomic uint64_t hp_mask[QS_MASK_WORDS]; /* contexts of high priority on this card */
-    _Alignas(QS_CACHELINE) pthread_mutex_t sim_lock;
-    uint32_t sim_holder;                     /* ctx index + 1, 0 when the card is free */
-    uint32_t sim_head, sim_len;
-    uint32_t sim_queue[QS_MAX_CONTEXTS];     /* FIFO of ctx indices waiting */
+    _Alignas(QS_CACHELINE) _Atomic uint64_t sim_busy_until_ns; /* simulated card: end of the
+                                                                 last kernel booked */
     _Atomic uint64_t device_ns;
     _Alignas(QS_CACHELINE) _Atomic uint32_t policy_seq; /* futex: policy waiters sleep here */
     _Atomic uint32_t policy_waiters;
@@ -107,10 +105,7 @@ struct qs_ctx {
     uint64_t mem_reserved;          /* guarded by the vGPU's mem_lock */
     _Atomic uint32_t inflight;      /* units between launch_begin and launch_end */
     _Atomic uint32_t inflight_waiters;
-    _Atomic uint32_t sim_grant;     /* futex: 1 when the simulated card is ours */
-    _Atomic uint32_t sim_waiting;
     _Atomic uint64_t launches;      /* written by its own process only: no locked op */
-    _Atomic uint64_t sim_start_ns;  /* simulated card: granted, but not before this time */
 };
 
 struct qs_ring_slot {
@@ -234,11 +229,8 @@ int qs_mem_reserve_ctx(struct qs_segment *seg, uint32_t ctx, uint64_t bytes);
 int qs_mem_release_ctx(struct qs_segment *seg, uint32_t ctx, uint64_t bytes);
 
 /* simdev.c */
-int qs_sim_acquire(struct qs_segment *seg, uint32_t ctx);
-void qs_sim_release(struct qs_segment *seg, uint32_t ctx);
-/* Pass the card on ahead of `start_ns`, when this kernel ends; 1 if a successor took it. */
-int qs_sim_hand_on(struct qs_segment *seg, uint32_t ctx, uint64_t start_ns);
-void qs_sim_reap(struct qs_segment *seg, uint32_t ctx);
+/* Book `card` for a kernel of `duration_ns` after every kernel booked before; its start. */
+uint64_t qs_sim_book(struct qs_segment *seg, uint32_t card, uint64_t duration_ns);
 
 /* vgpu.c: launches of a vGPU, its live contexts' and its departed ones' */
 uint64_t qs_vgpu_launches(struct qs_segment *seg, uint32_t slot);

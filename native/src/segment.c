@@ -75,8 +75,6 @@ static int create_file(const char *path, size_t size, mode_t mode, void **map)
 static int init_state(struct qs_state *st)
 {
     int rc = qs_robust_init(&st->seg_lock);
-    for (uint32_t c = 0; rc == QS_OK && c < QS_MAX_CARDS; c++)
-        rc = qs_robust_init(&st->cards[c].sim_lock);
     for (uint32_t v = 0; rc == QS_OK && v < QS_MAX_VGPUS; v++)
         rc = qs_robust_init(&st->vgpus[v].mem_lock);
     st->abi = QS_ABI_VERSION;

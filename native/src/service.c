@@ -57,8 +57,6 @@ static int attach_ctx(qs_node *node, int fd, uint32_t vgpu_id, struct qs_proto_r
     c->mem_reserved = 0;
     atomic_store(&c->inflight, 0);
     atomic_store(&c->launches, 0);
-    atomic_store(&c->sim_grant, 0);
-    atomic_store(&c->sim_waiting, 0);
     atomic_fetch_add(&node->seg.state->vgpus[slot].contexts, 1);
     atomic_store(&c->state, QS_SLOT_ACTIVE);
     if (v->priority == QS_PRIO_HIGH)
@@ -80,8 +78,7 @@ static void reap(qs_node *node, uint32_t i, uint32_t kind)
     /* first, while still counted as live: its launches move to the vGPU's tally */
     atomic_fetch_add(&st->vgpus[c->vgpu_slot].launches, atomic_exchange(&c->launches, 0));
     qs_mem_reap(&node->seg, i);
-    atomic_store(&c->state, QS_SLOT_DESTROYED); /* no longer alive for the simulator */
-    qs_sim_reap(&node->seg, i);
+    atomic_store(&c->state, QS_SLOT_DESTROYED);
     if (c->priority == QS_PRIO_HIGH)
         qs_gate_forget_hp(&node->seg, c->card, i);
     atomic_store(&c->inflight, 0);

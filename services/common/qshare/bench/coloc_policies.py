@@ -18,13 +18,15 @@ SAMPLE_S = 0.025
 
 @dataclass(frozen=True)
 class Tenant:
-    """A low-priority vGPU running `processes` training loops from `start_s` on."""
+    """A low-priority vGPU running `processes` training loops from `start_s` on. Two by
+    default: a training job keeps work queued, and with one kernel in flight per process a
+    single process leaves its share idle whenever the host wakes it late."""
 
     vgpu_id: int
     share: int
     start_s: float = 0.0
     kernel_s: float = 0.0005
-    processes: int = 1
+    processes: int = 2
 
 
 @dataclass
