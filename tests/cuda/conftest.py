@@ -9,6 +9,7 @@ import os
 import queue
 import subprocess
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,6 +79,14 @@ class NodeOwner:
         """Events of `kind` (qs_event_kind) printed so far."""
         self.stats(HP_VGPU)  # a round trip: events printed before it have been read
         return [e for e in self.seen_events if int(e["kind"]) == kind]
+
+    def wait_events(self, kind: int, count: int, timeout: float = 5.0) -> list[dict[str, str]]:
+        """Events of `kind` once `count` have been printed (or at `timeout`): the node's event
+        thread prints them on its own schedule, after whatever pushed them has returned."""
+        deadline = time.monotonic() + timeout
+        while len(found := self.events(kind)) < count and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return found
 
     def env(self, vgpu: int | None) -> dict[str, str]:
         env = dict(os.environ)

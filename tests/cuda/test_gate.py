@@ -39,10 +39,7 @@ def test_low_priority_launch_waits_until_high_priority_work_completes(hp: Probe,
 def test_high_priority_stays_busy_until_its_work_completes(node: NodeOwner, hp: Probe) -> None:
     started = int(hp.ask("launch kernel 200000 1")["start"])
     hp.ask("sync")
-    deadline = time.monotonic() + 10
-    while not node.events(QS_EV_IDLE) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    idle = node.events(QS_EV_IDLE)[0]
+    idle = node.wait_events(QS_EV_IDLE, 1, timeout=10)[0]
     assert int(idle["time"]) >= started + 200 * MS
     assert int(idle["value"]) >= 200 * MS  # busy for at least the kernel's duration
     hp.close()

@@ -42,7 +42,7 @@ def test_freed_memory_can_be_allocated_again(node: NodeOwner) -> None:
 
 def test_refused_allocation_records_an_oom_event(node: NodeOwner) -> None:
     run_probe(node, SMALL_VGPU, ["init", f"alloc plain {SMALL_LIMIT + 1}"])
-    ooms = node.events(QS_EV_OOM)
+    ooms = node.wait_events(QS_EV_OOM, 1)
     assert [(int(e["vgpu"]), int(e["value"])) for e in ooms] == [(SMALL_VGPU, SMALL_LIMIT + 1)]
 
 
