@@ -102,11 +102,11 @@ def test_policy_change_takes_effect_at_run_time(shm_dir: str) -> None:
         shm_dir,
         "best-effort",
         [Tenant(11, 20), Tenant(12, 50)],
-        2.2,
+        3.0,
         switch_to=(1.0, "fixed-share"),
     )
     before = [of_used(w) for w in windows(mix, 0.2, 1.0)]
     assert near(overall(before), [50, 50], TOL), before
-    after = windows(mix, 1.1, 2.2)
+    after = windows(mix, 1.1, 3.0)
     assert all(a <= 20 + CAP_SLACK and b <= 50 + CAP_SLACK for a, b in after), after
     assert near(overall(after), [20, 50], TOL), after
