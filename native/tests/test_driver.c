@@ -1,5 +1,6 @@
 /* test_driver.c — C-level specifications of the driver: validation, segment checks,
- * robust-lock recovery after SIGKILL, racing reservations, and the event ring. */
+ * robust-lock recovery after SIGKILL, racing reservations, the simulated card, and the
+ * event ring. */
 #include "harness.h"
 #include "node.h"
 
@@ -195,6 +196,48 @@ static int test_racing_reservations_never_exceed_the_limit(void)
     return 0;
 }
 
+static uint64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Kernels of racing processes take turns on the one simulated card: every kernel is charged
+ * its exact duration, and all of them together take at least their sum of wall time. */
+static int test_simulated_kernels_of_racing_processes_never_overlap(void)
+{
+    enum { KIDS = 4, KERNELS = 25 };
+    const uint64_t kernel_ns = 1000000;
+    qs_node *node = make_node("simq");
+    EXPECT(node);
+    for (uint32_t v = 1; v <= KIDS; v++)
+        EXPECT(vgpu(node, v, QS_PRIO_LOW, 20, GiB) == QS_OK);
+    uint64_t t0 = mono_ns();
+    pid_t kids[KIDS];
+    for (int i = 0; i < KIDS; i++) {
+        if ((kids[i] = fork()) == 0) {
+            qs_client *cl = NULL;
+            int ok = qs_client_attach(test_segment("simq"), NULL, (uint32_t)i + 1, &cl) == QS_OK &&
+                     qs_sim_kernels(cl, KERNELS, kernel_ns) == QS_OK;
+            _exit(ok ? 0 : 2);
+        }
+    }
+    int clean = 1;
+    for (int i = 0; i < KIDS; i++) {
+        int status = 0;
+        waitpid(kids[i], &status, 0);
+        clean &= WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    }
+    uint64_t elapsed = mono_ns() - t0;
+    qs_card_stats cs;
+    EXPECT(clean && qs_card_stats_get(node, 0, &cs) == QS_OK);
+    EXPECT(cs.device_ns == KIDS * KERNELS * kernel_ns);
+    EXPECT(elapsed >= cs.device_ns);
+    qs_node_close(node);
+    return 0;
+}
+
 static int test_full_ring_drops_the_oldest_and_counts_them(void)
 {
     qs_node *node = make_node("ring");
@@ -274,6 +317,8 @@ int main(void)
          test_memory_lock_held_by_a_killed_process_is_recovered},
         {"racing reservations never exceed the limit",
          test_racing_reservations_never_exceed_the_limit},
+        {"simulated kernels of racing processes never overlap",
+         test_simulated_kernels_of_racing_processes_never_overlap},
         {"full ring drops the oldest and counts them",
          test_full_ring_drops_the_oldest_and_counts_them},
         {"attach to unknown vGPU names it", test_attach_to_unknown_vgpu_names_it},
