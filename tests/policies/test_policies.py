@@ -1,6 +1,6 @@
 """Sharing policies among low-priority vGPUs, run by real processes on the simulated card.
-Shares are read from the driver's device-time counters, with tolerances; the one time bound
-(burst-share's fallback, promised within 100 ms) is checked with 3x slack.
+Shares are read from the driver's device-time counters, with tolerances; how fast a policy
+reacts is measured by `qshare bench colocation`, not asserted here.
 
 A process the host does not schedule has no work to submit, so on a shared 2-core machine
 single windows swing by several points whatever the policy does. Each test therefore holds
@@ -10,7 +10,7 @@ can only push down — to the policy's own limit in every window."""
 
 from __future__ import annotations
 
-from qshare.bench.coloc_policies import Mix, Tenant, fallback_s, run_mix, shares_between
+from qshare.bench.coloc_policies import Mix, Tenant, run_mix, shares_between
 
 TOL = 3.0  # percentage points over the whole run
 WINDOW_TOL = 15.0  # percentage points in any single window
@@ -91,7 +91,6 @@ def test_burst_share_falls_back_to_its_share_when_the_other_returns(shm_dir: str
     mix = run_mix(shm_dir, "burst-share", [Tenant(11, 30), Tenant(12, 70, start_s=1.0)], 2.2)
     alone = windows(mix, 0.2, 1.0)
     assert busy(alone) >= CONSERVING, alone
-    assert fallback_s(mix, 1.0, 0, 30 + TOL) <= 0.3
     used = [of_used(w) for w in windows(mix, 1.1, 2.2)]
     assert near(overall(used), [30, 70], TOL), used
     assert all(near(w, [30, 70], WINDOW_TOL) for w in used), used
