@@ -78,14 +78,24 @@ class NodeOwner:
     def events(self, kind: int) -> list[dict[str, str]]:
         """Events of `kind` (qs_event_kind) printed so far."""
         self.stats(HP_VGPU)  # a round trip: events printed before it have been read
+        return self._seen(kind)
+
+    def _seen(self, kind: int) -> list[dict[str, str]]:
         return [e for e in self.seen_events if int(e["kind"]) == kind]
 
     def wait_events(self, kind: int, count: int, timeout: float = 5.0) -> list[dict[str, str]]:
         """Events of `kind` once `count` have been printed (or at `timeout`): the node's event
         thread prints them on its own schedule, after whatever pushed them has returned."""
         deadline = time.monotonic() + timeout
-        while len(found := self.events(kind)) < count and time.monotonic() < deadline:
-            time.sleep(0.01)
+        found = self.events(kind)
+        while len(found) < count and (left := deadline - time.monotonic()) > 0:
+            try:
+                reply = parse_reply(self.lines.get(timeout=left))
+            except queue.Empty:
+                break
+            if reply["cmd"] == "event":
+                self.seen_events.append(reply)
+                found = self._seen(kind)
         return found
 
     def env(self, vgpu: int | None) -> dict[str, str]:
