@@ -77,8 +77,8 @@ struct qs_card_state {
     _Atomic uint64_t busy_since_ns;
     _Atomic uint64_t episodes;
     _Atomic uint64_t hp_mask[QS_MASK_WORDS]; /* contexts of high priority on this card */
-    _Alignas(QS_CACHELINE) _Atomic uint64_t sim_busy_until_ns; /* simulated card: end of the
-                                                                 last kernel booked */
+    /* simulated card: when the last kernel booked on it ends (simdev.c) */
+    _Alignas(QS_CACHELINE) _Atomic uint64_t sim_busy_until_ns;
     _Atomic uint64_t device_ns;
     _Alignas(QS_CACHELINE) _Atomic uint32_t policy_seq; /* futex: policy waiters sleep here */
     _Atomic uint32_t policy_waiters;
