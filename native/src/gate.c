@@ -205,7 +205,7 @@ static uint64_t auto_observe(struct qs_segment *seg, uint32_t card, struct auto_
     }
     m->lp_dev = dev;
     m->lp_launches = launches;
-    if (m->lp_launches_w < 1.0) { /* LP has not run yet: assume it costs the bound */
+    if (m->lp_launches_w < 1.0) { /* LP has not run lately: assume it costs the bound */
         uint64_t bound = atomic_load(&seg->cfg->cards[card].auto_bound_ns);
         return inflight ? (bound ? bound : 1) : 0;
     }
