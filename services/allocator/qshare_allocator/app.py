@@ -19,8 +19,8 @@ from pydantic import BaseModel
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from qshare.contracts import subjects
-from qshare.contracts.claims import CreateClaim, CreateClaimReply, DeleteClaim
-from qshare.contracts.nodes import Heartbeat, NodeRegistration
+from qshare.contracts.claims import ClaimView, CreateClaim, CreateClaimReply, DeleteClaim
+from qshare.contracts.nodes import Heartbeat, NodeRegistration, NodeView
 from qshare.contracts.streams import ensure_events_stream
 from qshare.contracts.tracing import setup_tracing
 from qshare_allocator import metrics
@@ -29,6 +29,7 @@ from qshare_allocator.db import in_transaction, make_engine
 from qshare_allocator.inventory.service import InventoryService
 from qshare_allocator.messaging import Route, Router
 from qshare_allocator.migrate import upgrade
+from qshare_allocator.nodes.dispatch import Dispatcher
 from qshare_allocator.outbox import OutboxRelay
 from qshare_allocator.settings import AllocatorSettings
 
@@ -47,6 +48,7 @@ class Allocator:
         self._nc: Client | None = None
         self._router: Router | None = None
         self._relay: OutboxRelay | None = None
+        self._dispatcher: Dispatcher | None = None
         self._sweep_wanted = asyncio.Event()
         self._background: list[asyncio.Task[None]] = []
 
@@ -84,6 +86,14 @@ class Allocator:
         js = self._nc.jetstream()
         await ensure_events_stream(js)
         self._relay = OutboxRelay(self._engine, js, self.settings.outbox_scan_s)
+        self._dispatcher = Dispatcher(
+            self._nc,
+            self._engine,
+            self.source,
+            self.settings.cluster.node_timeout_s,
+            self.settings.apply_timeout_s,
+            self._relay.wake,
+        )
         self._router = Router(
             self._nc,
             self._engine,
@@ -96,6 +106,7 @@ class Allocator:
         self._background = [
             asyncio.create_task(self._relay.run()),
             asyncio.create_task(self._sweeper()),
+            asyncio.create_task(self._dispatch_scanner()),
         ]
         if self.settings.metrics_port:
             start_http_server(self.settings.metrics_port)
@@ -110,6 +121,8 @@ class Allocator:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self._dispatcher is not None:
+            await self._dispatcher.stop()
         if self._engine is not None:
             await self._engine.dispose()
 
@@ -117,7 +130,7 @@ class Allocator:
         return [
             Route(subjects.CLAIMS_CREATE, CreateClaim, self._create, self._after_write),
             Route(subjects.CLAIMS_DELETE, DeleteClaim, self._delete, self._after_release),
-            Route(subjects.NODES_REGISTER, NodeRegistration, self._register, self._after_release),
+            Route(subjects.NODES_REGISTER, NodeRegistration, self._register, self._after_register),
             Route(subjects.HEARTBEATS, Heartbeat, self._heartbeat, self._after_heartbeat),
         ]
 
@@ -146,6 +159,28 @@ class Allocator:
     def _after_write(self, result: Any) -> None:
         assert self._relay is not None
         self._relay.wake()
+        claim = result.claim if isinstance(result, CreateClaimReply) else result
+        if isinstance(claim, ClaimView) and claim.node is not None:
+            self.dispatcher.wanted(claim.node)
+
+    def _after_register(self, result: Any) -> None:
+        self._after_release(None)
+        if isinstance(result, NodeView):
+            self.dispatcher.wanted(result.name)
+
+    @property
+    def dispatcher(self) -> Dispatcher:
+        assert self._dispatcher is not None, "allocator not started"
+        return self._dispatcher
+
+    async def _dispatch_scanner(self) -> None:
+        """Re-send desired state to nodes that have not confirmed it, every `dispatch_scan_s`."""
+        while True:
+            await asyncio.sleep(self.settings.dispatch_scan_s)
+            try:
+                await self.dispatcher.scan()
+            except Exception:
+                log.exception("dispatch scan failed; will retry")
 
     def _after_release(self, result: Any) -> None:
         self._after_write(result)
@@ -176,6 +211,7 @@ class Allocator:
             if cursor is None:
                 break
         self._after_write(None)
+        await self.dispatcher.scan()
 
     async def _place_after(
         self, after: PendingCursor | None, conn: AsyncConnection

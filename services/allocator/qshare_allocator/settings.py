@@ -22,6 +22,12 @@ class AllocatorSettings(BaseSettings):
         5.0, gt=0, description="retry pending claims at least this often"
     )
     outbox_scan_s: float = Field(1.0, gt=0, description="look for unpublished events this often")
+    dispatch_scan_s: float = Field(
+        1.0, gt=0, description="re-send desired state to unconfirmed nodes this often"
+    )
+    apply_timeout_s: float = Field(
+        30.0, gt=0, description="a placed claim no node confirmed in this long fails"
+    )
     metrics_port: int = Field(0, ge=0, description="serve Prometheus metrics here; 0 = off")
     migrate_on_start: bool = False
     trace_console: bool = False

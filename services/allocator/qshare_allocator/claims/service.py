@@ -137,6 +137,7 @@ def _new_view(
         reason=None if held else demand.describe(),
         node=held[0].node if held else None,
         vgpus=held,
+        gang=spec.gang,
         created_at=now,
         updated_at=now,
     )
@@ -145,7 +146,7 @@ def _new_view(
 CLAIM_COLUMNS = (
     "id", "tenant", "status", "priority", "vcore", "vmemory_mib", "count", "class_name",
     "node_selector", "placement", "idempotency_key", "reason", "node_name", "created_at",
-    "updated_at",
+    "updated_at", "gang",
 )  # fmt: skip
 
 

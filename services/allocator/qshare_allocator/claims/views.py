@@ -38,4 +38,5 @@ def spec_of(row: Row[Any]) -> ClaimSpec:
         node_selector=row.node_selector,
         placement=PlacementOverride.model_validate(row.placement) if row.placement else None,
         idempotency_key=row.idempotency_key,
+        gang=row.gang,
     )

@@ -60,11 +60,21 @@ class InventoryService:
 
     async def _upsert_node(self, conn: AsyncConnection, registration: NodeRegistration) -> None:
         statement = insert(nodes).values(
-            name=registration.name, labels=registration.labels, heartbeat_at=func.now()
+            name=registration.name,
+            labels=registration.labels,
+            heartbeat_at=func.now(),
+            segment=registration.segment,
+            shm_dir=registration.shm_dir,
         )
         statement = statement.on_conflict_do_update(
             index_elements=[nodes.c.name],
-            set_={"labels": statement.excluded.labels, "heartbeat_at": func.now()},
+            set_={
+                "labels": statement.excluded.labels,
+                "heartbeat_at": func.now(),
+                "segment": statement.excluded.segment,
+                "shm_dir": statement.excluded.shm_dir,
+                "applied_generation": -1,  # a (re)started agent confirms nothing yet
+            },
         )
         await conn.execute(statement)  # the upsert holds the node's row lock until commit
 

@@ -61,7 +61,11 @@ def _statements(priority: Priority, whole: bool, count: int) -> tuple[UpdateBase
         )
     )
     taken = nodes.c.free_mib - bindparam("h_taken", type_=Integer)
-    node = update(nodes).where(nodes.c.name == bindparam("h_node")).values(free_mib=taken)
+    node = (
+        update(nodes)
+        .where(nodes.c.name == bindparam("h_node"))
+        .values(free_mib=taken, desired_generation=nodes.c.desired_generation + 1)
+    )
     slices = [
         insert(vgpus).values({c: bindparam(f"v{i}_{c}") for c in VGPU_COLUMNS})
         for i in range(count)
@@ -107,7 +111,12 @@ async def give_back(conn: AsyncConnection, claim_id: uuid.UUID, node: str) -> No
 
 async def _adjust_node(conn: AsyncConnection, node: str, delta_mib: int) -> None:
     await conn.execute(
-        update(nodes).where(nodes.c.name == node).values(free_mib=nodes.c.free_mib + delta_mib)
+        update(nodes)
+        .where(nodes.c.name == node)
+        .values(
+            free_mib=nodes.c.free_mib + delta_mib,
+            desired_generation=nodes.c.desired_generation + 1,
+        )
     )
 
 

@@ -47,6 +47,11 @@ ClassName = Annotated[
 ]
 
 
+GangName = Annotated[
+    str, Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$")
+]
+
+
 class PlacementOverride(BaseModel):
     """Per-claim override of the cluster's placement policy, at node and at card level."""
 
@@ -85,6 +90,9 @@ class ClaimSpec(BaseModel):
     node_selector: Labels = Field(default_factory=dict, description="labels a node must carry")
     placement: PlacementOverride | None = None
     idempotency_key: Annotated[Text, Field(min_length=1, max_length=128)] | None = None
+    gang: GangName | None = Field(
+        None, description="claims of one gang are suspended and resumed together"
+    )
 
 
 class CreateClaim(BaseModel):
@@ -111,6 +119,9 @@ class VgpuView(BaseModel):
     vcore: int
     vmemory_mib: int
     priority: Priority
+    local_id: int | None = Field(None, description="the vGPU's id in the node's driver segment")
+    segment: str | None = Field(None, description="the node's driver segment")
+    shm_dir: str | None = Field(None, description="directory of the segment")
 
 
 class ClaimView(BaseModel):
@@ -130,6 +141,8 @@ class ClaimView(BaseModel):
     reason: str | None = None
     node: str | None = None
     vgpus: list[VgpuView] = []
+    gang: str | None = None
+    evict_at: datetime | None = Field(None, description="set while the claim is being evicted")
     created_at: datetime
     updated_at: datetime
 

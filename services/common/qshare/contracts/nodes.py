@@ -16,6 +16,10 @@ NodeName = Annotated[
 """A NATS subject token, so no dots: `qshare.node.<node>.heartbeat`."""
 
 
+SegmentName = Annotated[str, Field(min_length=1, max_length=47, pattern=r"^[A-Za-z0-9._-]+$")]
+"""A driver segment name (QS_NAME_MAX - 1 characters, no '/')."""
+
+
 class GpuSpec(BaseModel):
     """A physical card as the node agent discovered it."""
 
@@ -47,6 +51,10 @@ class NodeRegistration(BaseModel):
     name: NodeName
     labels: Labels = Field(default_factory=dict)
     gpus: Annotated[list[GpuSpec], Field(min_length=1, max_length=64)]
+    segment: SegmentName | None = Field(None, description="the node agent's driver segment")
+    shm_dir: Annotated[str, Field(max_length=255, pattern=r"^/[^\x00]*$")] | None = Field(
+        None, description="directory of the segment (None: the driver's default)"
+    )
 
     @model_validator(mode="after")
     def _distinct_cards(self) -> NodeRegistration:

@@ -30,6 +30,8 @@ def claim_view(row: Row[Any], held: list[VgpuView]) -> ClaimView:
         reason=row.reason,
         node=row.node_name,
         vgpus=held,
+        gang=row.gang,
+        evict_at=row.evict_at,
         created_at=row.created_at,
         updated_at=row.updated_at,
     )
@@ -44,6 +46,9 @@ def vgpu_view(row: Row[Any]) -> VgpuView:
         vcore=row.vcore,
         vmemory_mib=row.vmemory_mib,
         priority=Priority(row.priority),
+        local_id=row.local_id,
+        segment=getattr(row, "segment", None),
+        shm_dir=getattr(row, "shm_dir", None),
     )
 
 
@@ -53,7 +58,12 @@ async def vgpus_of(
     """The vGPUs of each claim, ordered by card index."""
     if not claim_ids:
         return {}
-    query = select(vgpus).where(vgpus.c.claim_id.in_(claim_ids)).order_by(vgpus.c.idx)
+    query = (
+        select(vgpus, nodes.c.segment, nodes.c.shm_dir)
+        .join(nodes, nodes.c.name == vgpus.c.node_name, isouter=True)
+        .where(vgpus.c.claim_id.in_(claim_ids))
+        .order_by(vgpus.c.idx)
+    )
     found: dict[uuid.UUID, list[VgpuView]] = {}
     for row in (await conn.execute(query)).all():
         found.setdefault(row.claim_id, []).append(vgpu_view(row))

@@ -11,6 +11,7 @@ from sqlalchemy import (
     CheckConstraint,
     Column,
     DateTime,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -37,10 +38,16 @@ nodes = Table(
     Column("heartbeat_at", DateTime(timezone=True), nullable=False),
     Column("registered_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("free_mib", BigInteger, nullable=False, server_default=text("0")),
+    Column("segment", Text, nullable=True),
+    Column("shm_dir", Text, nullable=True),
+    Column("desired_generation", BigInteger, nullable=False, server_default=text("0")),
+    Column("applied_generation", BigInteger, nullable=False, server_default=text("-1")),
     CheckConstraint("free_mib >= 0", name="nodes_free_not_negative"),
     Index("nodes_by_free", "free_mib", "name"),
 )
-"""`free_mib` sums its cards' free memory; placement orders nodes by it (spread/binpack)."""
+"""`free_mib` sums its cards' free memory; placement orders nodes by it (spread/binpack).
+`desired_generation` grows with every change of the node's vGPUs; the node agent confirms
+what it applied as `applied_generation` (-1: nothing confirmed since it registered)."""
 
 gpus = Table(
     "gpus",
@@ -74,6 +81,9 @@ classes = Table(
     Column("provisioner", Text, nullable=False),
     Column("description", Text, nullable=False, server_default=text("''")),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("evictable", Boolean, nullable=False, server_default=text("true")),
+    Column("replace_on_failure", Boolean, nullable=False, server_default=text("true")),
+    Column("eviction_grace_s", Float, nullable=False, server_default=text("30")),
     CheckConstraint("provisioner IN ('qshare', 'whole')", name="classes_known_provisioner"),
 )
 
@@ -95,6 +105,8 @@ claims = Table(
     Column("node_name", Text, nullable=True),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("gang", Text, nullable=True),
+    Column("evict_at", DateTime(timezone=True), nullable=True),
     UniqueConstraint("tenant", "idempotency_key", name="claims_idempotency"),
     Index("claims_pending", "created_at", postgresql_where=text("status = 'pending'")),
     Index("claims_by_tenant", "tenant", "created_at", "id"),
@@ -113,9 +125,12 @@ vgpus = Table(
     Column("vcore", Integer, nullable=False),
     Column("vmemory_mib", Integer, nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("local_id", Integer, nullable=False, server_default=text("nextval('vgpu_local_ids')")),
     UniqueConstraint("claim_id", "gpu_uuid", name="vgpus_distinct_cards"),
     Index("vgpus_by_gpu", "gpu_uuid"),
+    Index("vgpus_by_node", "node_name"),
 )
+"""`local_id` is the vGPU's id in its node's driver segment (from a sequence below 2^31)."""
 
 outbox = Table(
     "outbox",
@@ -127,6 +142,23 @@ outbox = Table(
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
 )
 """Events written in the transaction that caused them; a relay publishes them after commit."""
+
+preemptions = Table(
+    "preemptions",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("claim_id", Uuid, nullable=False),
+    Column("tenant", Text, nullable=False),
+    Column("gpu_uuid", Text, nullable=True),
+    Column("node_name", Text, nullable=True),
+    Column("kind", Text, nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("started_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("ended_at", DateTime(timezone=True), nullable=True),
+    CheckConstraint("kind IN ('gang', 'operator', 'eviction')", name="preemptions_known_kind"),
+)
+"""Suspensions the control plane made (gang, operator) and memory evictions; open while
+`ended_at` is NULL. The driver's own per-card preemptions are counted by the node agent."""
 
 tokens = Table(
     "tokens",

@@ -7,6 +7,10 @@ from typing import Final
 CLAIMS_CREATE: Final = "qshare.allocator.claims.create"
 CLAIMS_DELETE: Final = "qshare.allocator.claims.delete"
 NODES_REGISTER: Final = "qshare.allocator.nodes.register"
+CLAIMS_SUSPEND: Final = "qshare.preemptor.claims.suspend"
+CLAIMS_RESUME: Final = "qshare.preemptor.claims.resume"
+GPU_EVENTS: Final = "qshare.evt.gpu.>"
+PREEMPTOR_QUEUE: Final = "qshare-preemptor"
 HEARTBEATS: Final = "qshare.node.*.heartbeat"
 """Wildcard the allocator subscribes to; nodes publish on `heartbeat(node)`."""
 
@@ -28,15 +32,27 @@ def node_command(node: str, verb: str) -> str:
 
 
 def claim_event(claim_id: str, kind: str) -> str:
-    """`kind` is one of pending, placed, ready, released, failed."""
+    """`kind` is one of pending, placed, ready, released, failed, evicting, degraded,
+    suspended, resumed."""
     return f"qshare.evt.claim.{claim_id}.{kind}"
 
 
 def gpu_event(node: str, gpu: str, kind: str) -> str:
-    """`kind` is one of busy, idle, suspended, resumed, oom, attach, detach."""
+    """`kind` is one of busy, idle, suspended, resumed, oom, attach, detach, client_died."""
     return f"qshare.evt.gpu.{node}.{gpu}.{kind}"
 
 
 def node_from_heartbeat(subject: str) -> str:
     """The node name in `qshare.node.<node>.heartbeat`."""
     return subject.split(".")[2]
+
+
+def node_commands(node: str) -> str:
+    """Wildcard a node agent subscribes to: every command for its node."""
+    return f"qshare.node.{node}.cmd.*"
+
+
+def parse_gpu_event(subject: str) -> tuple[str, str, str]:
+    """(node, gpu, kind) of `qshare.evt.gpu.<node>.<gpu>.<kind>`."""
+    parts = subject.split(".")
+    return parts[3], parts[4], parts[5]

@@ -1,0 +1,94 @@
+"""What a node's answer to `cmd.apply` decides: its confirmed generation, claims whose every
+vGPU it holds become `ready`, claims with a refused vGPU `failed` (capacity given back)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from sqlalchemy import func, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from qshare.contracts import subjects
+from qshare.contracts.agent import ApplyReply
+from qshare.contracts.claims import ClaimView
+from qshare.contracts.domain import ClaimStatus
+from qshare.contracts.rows import claim_views
+from qshare.contracts.schema import claims, nodes, vgpus
+from qshare_allocator.outbox import event_insert, event_params
+from qshare_allocator.placement.capacity import give_back
+
+
+class Confirmations:
+    """Applies node answers inside the caller's transaction."""
+
+    def __init__(self, source: str) -> None:
+        self._source = source
+
+    async def confirm(self, conn: AsyncConnection, reply: ApplyReply) -> list[ClaimView]:
+        """Record the node's answer; returns the claims whose status changed."""
+        await conn.execute(select(nodes.c.name).where(nodes.c.name == reply.node).with_for_update())
+        await conn.execute(
+            update(nodes)
+            .where(nodes.c.name == reply.node)
+            .values(applied_generation=func.greatest(nodes.c.applied_generation, reply.generation))
+        )
+        refused = {r.local_id: r.reason for r in reply.refused}
+        changed = await self._fail_refused(conn, reply.node, refused)
+        changed += await self._ready(conn, reply.node, set(reply.applied))
+        return changed
+
+    async def fail(self, conn: AsyncConnection, claim_id: uuid.UUID, reason: str) -> ClaimView:
+        """Fail one holding claim (lock taken here) and give its capacity back."""
+        row = (
+            await conn.execute(select(claims).where(claims.c.id == claim_id).with_for_update())
+        ).one()
+        if row.node_name is not None:
+            await give_back(conn, row.id, row.node_name)
+        return await self._set_status(conn, row, ClaimStatus.FAILED, reason)
+
+    async def _fail_refused(
+        self, conn: AsyncConnection, node: str, refused: dict[int, str]
+    ) -> list[ClaimView]:
+        if not refused:
+            return []
+        query = select(vgpus.c.claim_id, vgpus.c.local_id).where(
+            vgpus.c.node_name == node, vgpus.c.local_id.in_(list(refused))
+        )
+        failed: dict[uuid.UUID, str] = {}
+        for row in (await conn.execute(query)).all():
+            failed.setdefault(row.claim_id, f"node {node} refused: {refused[row.local_id]}")
+        return [await self.fail(conn, claim_id, reason) for claim_id, reason in failed.items()]
+
+    async def _ready(self, conn: AsyncConnection, node: str, applied: set[int]) -> list[ClaimView]:
+        placed = (
+            await conn.execute(
+                select(claims)
+                .where(claims.c.node_name == node, claims.c.status == ClaimStatus.PLACED.value)
+                .with_for_update()
+            )
+        ).all()
+        if not placed:
+            return []
+        views = await claim_views(conn, list(placed))
+        by_id = {r.id: r for r in placed}
+        ready = [v for v in views if v.vgpus and all(g.local_id in applied for g in v.vgpus)]
+        return [await self._set_status(conn, by_id[v.id], ClaimStatus.READY, None) for v in ready]
+
+    async def _set_status(
+        self, conn: AsyncConnection, row: Any, status: ClaimStatus, reason: str | None
+    ) -> ClaimView:
+        await conn.execute(
+            update(claims)
+            .where(claims.c.id == row.id)
+            .values(status=status.value, reason=reason, updated_at=func.now())
+        )
+        view = (await claim_views(conn, [row]))[0].model_copy(
+            update={"status": status, "reason": reason}
+        )
+        kind = status.value
+        subject = subjects.claim_event(str(view.id), kind)
+        await conn.execute(
+            event_insert(), event_params(self._source, subject, f"io.qshare.claim.{kind}", view)
+        )
+        return view

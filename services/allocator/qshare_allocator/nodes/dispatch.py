@@ -1,0 +1,123 @@
+"""Sends each node its desired state after every change, one apply in flight per node: a
+change made while an apply is on its way is carried by the next one (its newer generation).
+
+Every replica dispatches the nodes it changed at once, and all replicas scan for nodes whose
+confirmed generation lags (an agent that was down, a lost reply), so nothing depends on one
+process staying up. Applies are idempotent, so a node answering two replicas is harmless.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from datetime import timedelta
+
+from nats.aio.client import Client
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from qshare.contracts import rpc, subjects
+from qshare.contracts.agent import ApplyDesired, ApplyReply
+from qshare.contracts.domain import ClaimStatus
+from qshare.contracts.errors import QshareError
+from qshare.contracts.rows import node_is_ready
+from qshare.contracts.schema import claims, nodes
+from qshare_allocator.db import in_transaction
+from qshare_allocator.nodes.confirm import Confirmations
+from qshare_allocator.nodes.desired import desired_state
+
+log = logging.getLogger(__name__)
+
+
+class Dispatcher:
+    """Carries desired states to node agents and their answers back into Postgres."""
+
+    def __init__(
+        self,
+        nc: Client,
+        engine: AsyncEngine,
+        source: str,
+        node_timeout_s: float,
+        apply_timeout_s: float,
+        on_commit: Callable[[], None],
+    ) -> None:
+        self._nc = nc
+        self._engine = engine
+        self._source = source
+        self._node_timeout_s = node_timeout_s
+        self._apply_timeout_s = apply_timeout_s
+        self._on_commit = on_commit
+        self.confirmations = Confirmations(source)
+        self._running: dict[str, asyncio.Task[None]] = {}
+        self._again: set[str] = set()
+
+    def wanted(self, node: str) -> None:
+        """Send `node` its desired state soon (coalesced with an apply already on its way)."""
+        if node in self._running:
+            self._again.add(node)
+            return
+        task = asyncio.create_task(self._send_until_current(node))
+        self._running[node] = task
+        task.add_done_callback(lambda _: self._running.pop(node, None))
+
+    async def stop(self) -> None:
+        for task in list(self._running.values()):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _send_until_current(self, node: str) -> None:
+        while True:
+            self._again.discard(node)
+            try:
+                await self.send(node)
+            except Exception:
+                log.exception("apply to node %s failed; the scan retries it", node)
+            if node not in self._again:
+                return
+
+    async def send(self, node: str) -> ApplyReply | None:
+        """One apply round trip; None when the node did not answer (it is retried later)."""
+        desired: ApplyDesired = await in_transaction(
+            self._engine, lambda conn: desired_state(conn, node)
+        )
+        subject = subjects.node_command(node, "apply")
+        try:
+            reply = await rpc.call(
+                self._nc, subject, self._source, desired, ApplyReply, timeout=5.0
+            )
+        except QshareError as error:
+            log.info("node %s did not apply generation %d: %s", node, desired.generation, error)
+            return None
+        await in_transaction(self._engine, lambda conn: self.confirmations.confirm(conn, reply))
+        self._on_commit()
+        return reply
+
+    async def scan(self) -> None:
+        """Dispatch every Ready node whose confirmation lags; fail claims no node confirmed."""
+        for node in await in_transaction(self._engine, self._lagging):
+            self.wanted(node)
+        if await in_transaction(self._engine, self._fail_overdue):
+            self._on_commit()
+
+    async def _lagging(self, conn: AsyncConnection) -> list[str]:
+        query = select(nodes.c.name).where(
+            nodes.c.applied_generation < nodes.c.desired_generation, node_is_ready()
+        )
+        rows = await conn.execute(query, {"node_timeout_s": self._node_timeout_s})
+        return list(rows.scalars().all())
+
+    async def _fail_overdue(self, conn: AsyncConnection) -> int:
+        overdue = func.now() - timedelta(seconds=self._apply_timeout_s)
+        query = select(claims.c.id, claims.c.node_name).where(
+            claims.c.status == ClaimStatus.PLACED.value, claims.c.updated_at < overdue
+        )
+        rows = (await conn.execute(query.with_for_update(skip_locked=True))).all()
+        for row in rows:
+            reason = (
+                f"node {row.node_name} did not confirm the vGPUs within {self._apply_timeout_s:g} s"
+            )
+            await self.confirmations.fail(conn, row.id, reason)
+        return len(rows)

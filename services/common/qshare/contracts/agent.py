@@ -1,0 +1,96 @@
+"""Commands the control plane sends a node agent (`qshare.node.<node>.cmd.<verb>`), their
+replies, and the card events the agent publishes (`qshare.evt.gpu.<node>.<gpu>.<kind>`).
+
+The allocator sends a node its whole desired vGPU set with a generation (level-triggered:
+a lost or repeated command changes nothing); the agent answers with what it applied and
+what it refused, each refusal with its reason.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
+
+from qshare.contracts.claims import MAX_MIB, Text
+from qshare.contracts.domain import Priority
+from qshare.contracts.nodes import NodeName
+
+LOCAL_ID_LIMIT = 0x80000000
+"""Driver vGPU ids below this belong to the allocator; the agent keeps the upper half for
+vGPUs prepared on the node itself (Kubernetes DRA, device plugin)."""
+
+LocalId = Annotated[StrictInt, Field(ge=1, lt=LOCAL_ID_LIMIT)]
+GpuUuid = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_-]+$")]
+
+
+class DesiredVgpu(BaseModel):
+    """One vGPU the node should hold."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    local_id: LocalId
+    id: uuid.UUID
+    claim_id: uuid.UUID
+    gpu: GpuUuid
+    priority: Priority
+    vcore: Annotated[StrictInt, Field(ge=1, le=100)]
+    vmemory_mib: Annotated[StrictInt, Field(ge=1, le=MAX_MIB)]
+
+
+class ApplyDesired(BaseModel):
+    """`cmd.apply`: the node's complete desired set; an older generation than the one in force
+    is ignored (its reply says so)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    node: NodeName
+    generation: Annotated[StrictInt, Field(ge=0)]
+    vgpus: Annotated[list[DesiredVgpu], Field(max_length=4096)]
+
+
+class Refusal(BaseModel):
+    local_id: int
+    reason: str
+
+
+class ApplyReply(BaseModel):
+    """What the node holds after an apply: `applied` are the desired vGPUs present and
+    matching, `refused` the ones it could not create (the segment is unchanged for them)."""
+
+    node: str
+    generation: int
+    applied: list[int]
+    refused: list[Refusal] = []
+    stale: bool = False
+
+
+class SuspendCommand(BaseModel):
+    """`cmd.suspend` / `cmd.resume`: vGPUs of this node by driver id."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    local_ids: Annotated[list[LocalId], Field(min_length=1, max_length=4096)]
+    reason: Annotated[Text, Field(max_length=253)] = ""
+
+
+class SuspendReply(BaseModel):
+    done: list[int]
+    missing: list[int] = []
+
+
+class GpuEvent(BaseModel):
+    """Body of `qshare.evt.gpu.<node>.<gpu>.<kind>`: one driver event (the ring's own unit:
+    a busy or idle episode, an attach, a death, an OOM, never one message per launch)."""
+
+    node: str
+    gpu: str
+    card: int
+    kind: str
+    vgpu: int | None = None
+    pid: int = 0
+    value: int = 0
+    seq: int
+    time_ns: int
+    dropped: int = Field(0, description="ring entries lost before the agent read them, so far")

@@ -1,0 +1,212 @@
+"""The node agent process: discovers cards, owns the node's driver segment, registers and
+heartbeats over NATS, converges to the allocator's desired vGPUs, and publishes the
+driver's events. Several agents may share one process (the cluster benchmark does)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Iterator
+
+import nats
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from prometheus_client import REGISTRY, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from pydantic import ValidationError
+
+from qshare.contracts import envelope, rpc, subjects
+from qshare.contracts.errors import InvalidInput, QshareError
+from qshare.contracts.nodes import GpuSpec, Heartbeat, NodeRegistration, NodeView
+from qshare_driver import Event, EventKind, Node
+from qshare_node_agent import metrics
+from qshare_node_agent.commands import Commands
+from qshare_node_agent.converge import Converger
+from qshare_node_agent.discovery import Card, discover, unhealthy
+from qshare_node_agent.segment import open_segment
+from qshare_node_agent.settings import NodeAgentSettings
+
+log = logging.getLogger(__name__)
+BACKOFF_MAX_S = 10.0
+
+
+class NodeAgent:
+    """One node. Use `async with NodeAgent(settings):` or `await NodeAgent(settings).run()`."""
+
+    def __init__(self, settings: NodeAgentSettings) -> None:
+        self.settings = settings
+        self.name = settings.name
+        self.source = f"qshare-node-agent/{settings.name}"
+        self.cards: list[Card] = []
+        self._node: Node | None = None
+        self._nc: Client | None = None
+        self._commands: Commands | None = None
+        self._pump: object | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._busy_since: dict[int, int] = {}
+        self.registered = asyncio.Event()
+
+    @property
+    def node(self) -> Node:
+        assert self._node is not None, "node agent not started"
+        return self._node
+
+    async def __aenter__(self) -> NodeAgent:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def run(self) -> None:
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+        async with self:
+            await stop.wait()
+
+    async def start(self) -> None:
+        from qshare_node_agent.events import EventPump
+
+        self.cards = discover(self.settings)
+        self._node = open_segment(self.settings, self.cards)
+        converger = Converger(self._node, {c.uuid: c for c in self.cards})
+        self._commands = Commands(self.name, self._node, converger)
+        self._nc = await self._connect()
+        await self._nc.subscribe(subjects.node_commands(self.name), cb=self._on_command)
+        pump = EventPump(self._node, self._nc, self.name, {c.index: c.uuid for c in self.cards})
+        pump.listeners.append(self._observe)
+        pump.start()
+        self._pump = pump
+        self._tasks = [asyncio.create_task(self._register_then_beat())]
+        if self.settings.metrics_port:
+            REGISTRY.register(metrics.DriverCollector(self))
+            start_http_server(self.settings.metrics_port, self.settings.metrics_host)
+        log.info("node agent %s: %d cards, segment %s", self.name, len(self.cards),
+                 self.settings.segment_name)  # fmt: skip
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._pump is not None:
+            await self._pump.stop()  # type: ignore[attr-defined]
+        if self._nc is not None:
+            with contextlib.suppress(Exception):
+                await self._nc.drain()
+        if self._node is not None:
+            self._node.close()
+            self._node = None
+
+    async def _connect(self) -> Client:
+        async def disconnected() -> None:
+            log.warning("node agent %s: NATS %s unreachable; reconnecting",
+                        self.name, self.settings.nats_url)  # fmt: skip
+
+        return await nats.connect(
+            self.settings.nats_url,
+            name=self.source,
+            user=self.settings.nats_user,
+            password=self.settings.nats_password,
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.5,
+            disconnected_cb=disconnected,
+        )
+
+    def registration(self) -> NodeRegistration:
+        gpus = [
+            GpuSpec(uuid=c.uuid, index=c.index, model=c.model, memory=c.memory_mib)
+            for c in self.cards
+        ]
+        shm_dir = str(self.settings.shm_dir) if self.settings.shm_dir is not None else None
+        return NodeRegistration(
+            name=self.name, labels=self._labels(), gpus=gpus,
+            segment=self.settings.segment_name, shm_dir=shm_dir,
+        )  # fmt: skip
+
+    def _labels(self) -> dict[str, str]:
+        return {"qshare.io/policy": self.settings.policy.value} | self.settings.labels
+
+    async def _register_then_beat(self) -> None:
+        await self._register()
+        while True:
+            await asyncio.sleep(self.settings.heartbeat_s)
+            await self._beat()
+
+    async def _register(self) -> None:
+        """Register, retrying with backoff until an allocator answers."""
+        assert self._nc is not None
+        wait = 0.2
+        while True:
+            try:
+                await rpc.call(self._nc, subjects.NODES_REGISTER, self.source,
+                               self.registration(), NodeView,
+                               timeout=self.settings.register_timeout_s)  # fmt: skip
+                self.registered.set()
+                return
+            except QshareError as error:
+                log.warning("node agent %s: registration failed (%s); retrying in %.1f s",
+                            self.name, error.detail, wait)  # fmt: skip
+            await asyncio.sleep(wait)
+            wait = min(wait * 2, BACKOFF_MAX_S)
+
+    async def _beat(self) -> None:
+        assert self._nc is not None
+        bad = await asyncio.to_thread(unhealthy, self.settings, self.cards)
+        body = envelope.wrap(self.source, "io.qshare.node.heartbeat", Heartbeat(unhealthy=bad))
+        try:
+            await self._nc.publish(subjects.heartbeat(self.name), envelope.encode(body))
+        except Exception as error:
+            log.warning("node agent %s: heartbeat not sent (%s)", self.name, error)
+
+    async def _on_command(self, msg: Msg) -> None:
+        assert self._nc is not None and self._commands is not None
+        verb = msg.subject.rsplit(".", 1)[-1]
+        try:
+            model = self._commands.payload_type(verb)
+            payload = _decode(msg, model)
+            result = self._commands.handle(verb, payload)
+        except QshareError as error:
+            await rpc.reply_error(self._nc, msg, error)
+            return
+        except Exception:
+            log.exception("node agent %s: command %s failed", self.name, verb)
+            await rpc.reply_error(self._nc, msg, QshareError("internal error; see node agent logs"))
+            return
+        await rpc.reply_ok(self._nc, msg, self.source, result)
+
+    def _observe(self, event: Event) -> None:
+        """Preemption episode lengths for the metrics."""
+        if event.card is None:
+            return
+        if event.kind is EventKind.IDLE:
+            gpu = next((c.uuid for c in self.cards if c.index == event.card), "")
+            metrics.BUSY_SECONDS.labels(self.name, gpu).observe(event.value / 1e9)
+
+    def metric_families(self) -> Iterator[GaugeMetricFamily]:
+        if self._node is None or self._commands is None:
+            return
+        used = metrics.family("qshare_vgpu_memory_used_bytes", "memory reserved", ["node", "vgpu"])
+        limit = metrics.family("qshare_vgpu_memory_limit_bytes", "memory limit", ["node", "vgpu"])
+        device = metrics.family("qshare_vgpu_device_seconds", "device time used", ["node", "vgpu"])
+        for local_id in list(self._commands.converger.held):
+            stats = self._node.vgpu_stats(local_id)
+            labels = [self.name, str(local_id)]
+            used.add_metric(labels, stats.mem_used)
+            limit.add_metric(labels, stats.mem_limit)
+            device.add_metric(labels, stats.device_ns / 1e9)
+        episodes = metrics.family("qshare_card_busy_episodes", "busy episodes", ["node", "gpu"])
+        for card in self.cards:
+            episodes.add_metric([self.name, card.uuid], self._node.card_stats(card.index).episodes)
+        yield from (used, limit, device, episodes)
+
+
+def _decode(msg: Msg, model: type) -> object:
+    try:
+        return envelope.decode(msg.data).payload(model)
+    except ValidationError as exc:
+        fields = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()[:5]]
+        raise InvalidInput("malformed command: " + "; ".join(fields)) from exc

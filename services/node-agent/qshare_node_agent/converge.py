@@ -1,0 +1,95 @@
+"""Level-triggered convergence of the driver segment to the allocator's desired vGPU set.
+
+The agent remembers what it applied; an apply compares the whole desired set with that and
+creates, resizes and destroys vGPUs until they match. A vGPU it cannot create is refused
+with the driver's reason and leaves the segment as it was. vGPUs prepared on the node
+itself (ids at or above LOCAL_ID_LIMIT) are never touched by an apply.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass, field
+
+from qshare.contracts.agent import LOCAL_ID_LIMIT, ApplyDesired, ApplyReply, DesiredVgpu, Refusal
+from qshare_driver import DriverError, Node, NotFoundError
+from qshare_node_agent.discovery import Card
+
+log = logging.getLogger(__name__)
+MIB = 1024 * 1024
+
+
+@dataclass
+class Converger:
+    """Owns the allocator's vGPUs in one segment."""
+
+    node: Node
+    cards: dict[str, Card]
+    held: dict[int, DesiredVgpu] = field(default_factory=dict)
+    generation: int = -1
+
+    def apply(self, desired: ApplyDesired) -> ApplyReply:
+        if desired.generation < self.generation:
+            return self._reply(desired.node, stale=True)
+        wanted = {v.local_id: v for v in desired.vgpus}
+        for local_id in [i for i in self.held if i not in wanted]:
+            self._destroy(local_id)
+        refused = [r for v in wanted.values() if (r := self._converge_one(v)) is not None]
+        self.generation = desired.generation
+        return self._reply(desired.node, refused=refused)
+
+    def adopt(self, existing: dict[int, DesiredVgpu]) -> None:
+        """Take over vGPUs found in an adopted segment (after an agent restart)."""
+        self.held.update({k: v for k, v in existing.items() if k < LOCAL_ID_LIMIT})
+
+    def _reply(
+        self, node: str, refused: list[Refusal] | None = None, stale: bool = False
+    ) -> ApplyReply:
+        return ApplyReply(
+            node=node,
+            generation=self.generation,
+            applied=sorted(self.held),
+            refused=refused or [],
+            stale=stale,
+        )
+
+    def _converge_one(self, vgpu: DesiredVgpu) -> Refusal | None:
+        problem = self._check(vgpu)
+        if problem is not None:
+            return Refusal(local_id=vgpu.local_id, reason=problem)
+        try:
+            self._place(vgpu)
+        except DriverError as error:
+            log.warning("vGPU %d refused: %s", vgpu.local_id, error)
+            return Refusal(local_id=vgpu.local_id, reason=str(error))
+        self.held[vgpu.local_id] = vgpu
+        return None
+
+    def _check(self, vgpu: DesiredVgpu) -> str | None:
+        card = self.cards.get(vgpu.gpu)
+        if card is None:
+            return f"no card {vgpu.gpu} on this node"
+        if vgpu.vmemory_mib > card.memory_mib:
+            return (
+                f"{vgpu.vmemory_mib} MiB is more than card {vgpu.gpu} has ({card.memory_mib} MiB)"
+            )
+        return None
+
+    def _place(self, vgpu: DesiredVgpu) -> None:
+        now = self.held.get(vgpu.local_id)
+        if now is not None and (now.gpu, now.priority) != (vgpu.gpu, vgpu.priority):
+            self._destroy(vgpu.local_id)
+            now = None
+        card = self.cards[vgpu.gpu].index
+        if now is None:
+            self.node.create_vgpu(
+                vgpu.local_id, card, vgpu.priority.value, vgpu.vcore, vgpu.vmemory_mib * MIB
+            )
+        elif (now.vcore, now.vmemory_mib) != (vgpu.vcore, vgpu.vmemory_mib):
+            self.node.update_vgpu(vgpu.local_id, vgpu.vcore, vgpu.vmemory_mib * MIB)
+
+    def _destroy(self, local_id: int) -> None:
+        with contextlib.suppress(NotFoundError):
+            self.node.destroy_vgpu(local_id)
+        self.held.pop(local_id, None)

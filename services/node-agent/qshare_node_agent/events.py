@@ -1,0 +1,89 @@
+"""Carries the driver's event ring to NATS: a thread waits on the ring (the C call releases
+the GIL) and hands each event to the agent's loop, which publishes it on
+`qshare.evt.gpu.<node>.<gpu>.<kind>`. The ring's unit is an episode (busy, idle, attach,
+death, OOM), never a launch, so the message rate is bounded by what happens on the card."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable
+
+from nats.aio.client import Client
+
+from qshare.contracts import envelope, subjects
+from qshare.contracts.agent import GpuEvent
+from qshare_driver import DriverError, Event, Node
+from qshare_node_agent import metrics
+
+log = logging.getLogger(__name__)
+POLL_S = 0.2
+"""How long one wait on the ring lasts before the thread checks whether to stop."""
+
+
+class EventPump:
+    """Reads `node`'s ring on a thread and publishes every event through `nc`."""
+
+    def __init__(self, node: Node, nc: Client, node_name: str, uuids: dict[int, str]) -> None:
+        self._node = node
+        self._nc = nc
+        self._name = node_name
+        self._uuids = uuids
+        self._queue: asyncio.Queue[Event] = asyncio.Queue()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.published = 0
+        self.listeners: list[Callable[[Event], None]] = []
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._read, args=(loop,), daemon=True)
+        self._thread.start()
+        self._task = asyncio.create_task(self._publish_all())
+
+    async def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join)
+        if self._task is not None:
+            self._task.cancel()
+
+    def _read(self, loop: asyncio.AbstractEventLoop) -> None:
+        while not self._stop.is_set():
+            try:
+                event = self._node.next_event(POLL_S)
+            except DriverError:
+                log.exception("reading the driver's event ring failed")
+                return
+            if event is not None:
+                loop.call_soon_threadsafe(self._queue.put_nowait, event)
+
+    async def _publish_all(self) -> None:
+        while True:
+            event = await self._queue.get()
+            for listener in self.listeners:
+                listener(event)
+            try:
+                await self._publish(event)
+            except Exception:
+                log.exception("publishing driver event %d failed", event.seq)
+
+    async def _publish(self, event: Event) -> None:
+        card = event.card if event.card is not None else -1
+        gpu = self._uuids.get(card, "node")
+        kind = event.kind.name.lower()
+        dropped = self._node.dropped_events
+        metrics.RING_DROPPED.labels(self._name).set(dropped)
+        metrics.EVENTS.labels(self._name, kind).inc()
+        body = GpuEvent(
+            node=self._name, gpu=gpu, card=card, kind=kind, vgpu=event.vgpu, pid=event.pid,
+            value=event.value, seq=event.seq, time_ns=event.time_ns, dropped=dropped,
+        )  # fmt: skip
+        wrapped = envelope.wrap(f"qshare-node-agent/{self._name}", f"io.qshare.gpu.{kind}", body)
+        subject = subjects.gpu_event(self._name, gpu, kind)
+        await self._nc.publish(
+            subject, envelope.encode(wrapped), headers={"Nats-Msg-Id": wrapped.id}
+        )
+        self.published += 1

@@ -1,0 +1,66 @@
+"""Node agent settings (env prefix `QSHARE_NODE_`), validated when built."""
+
+from __future__ import annotations
+
+import re
+import socket
+from pathlib import Path
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from qshare.contracts.domain import CardPolicy
+from qshare.contracts.quantities import parse_mib
+
+SIMULATE_FORMAT = re.compile(r"^(?P<cards>[0-9]{1,2})(:(?P<memory>[0-9]+(Ki|Mi|Gi|Ti)?))?$")
+DEFAULT_SIM_MEMORY = "16Gi"
+
+
+def _node_name() -> str:
+    return re.sub(r"[^A-Za-z0-9_-]", "-", socket.gethostname())[:63].strip("-_") or "node"
+
+
+class NodeAgentSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="QSHARE_NODE_", extra="ignore")
+
+    name: str = Field(
+        default_factory=_node_name,
+        min_length=1,
+        max_length=63,
+        pattern=r"^[A-Za-z0-9]([-A-Za-z0-9_]*[A-Za-z0-9])?$",
+        description="node name (a NATS subject token)",
+    )
+    nats_url: str = "nats://localhost:4222"
+    nats_user: str | None = None
+    nats_password: str | None = None
+    simulate: str | None = Field(
+        None, description="N[:MEM]: N simulated cards of MEM each (default 16Gi) instead of NVML"
+    )
+    segment: str | None = Field(None, description="driver segment name (default qshare-<name>)")
+    shm_dir: Path | None = Field(None, description="segment directory (default /dev/shm)")
+    labels: dict[str, str] = Field(default_factory=dict)
+    policy: CardPolicy = CardPolicy.BEST_EFFORT
+    release_delay_s: float = Field(0.1, ge=0, le=60)
+    heartbeat_s: float = Field(5.0, gt=0, le=300)
+    register_timeout_s: float = Field(5.0, gt=0)
+    metrics_port: int = Field(0, ge=0, le=65535, description="Prometheus /metrics; 0 = off")
+    metrics_host: str = "127.0.0.1"
+    sim_unhealthy_file: Path | None = Field(
+        None, description="simulated cards: a file listing UUIDs to report unhealthy (tests)"
+    )
+
+    @field_validator("simulate")
+    @classmethod
+    def _simulate_format(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        match = SIMULATE_FORMAT.match(value)
+        if not match or not 1 <= int(match["cards"]) <= 16:
+            raise ValueError(f"expected N[:MEM] with N in 1..16 and MEM like 80Gi, got {value!r}")
+        if match["memory"] and parse_mib(match["memory"]) < 1024:
+            raise ValueError(f"simulated card memory must be at least 1Gi, got {match['memory']}")
+        return value
+
+    @property
+    def segment_name(self) -> str:
+        return self.segment or f"qshare-{self.name}"[:47]

@@ -1,0 +1,158 @@
+"""Fixtures for the cluster-loop tests: real Postgres and NATS, an allocator, the API, the
+preemptor and simulated node agents (the real agent over the real driver), all in-process;
+an empty inventory for every test."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import nats
+import pytest
+from nats.aio.client import Client
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+
+from qshare.settings import ClusterSettings
+from qshare.testing.servers import EmbeddedNats, EmbeddedPostgres, nats_url, postgres_url
+from qshare_allocator.app import Allocator
+from qshare_allocator.db import in_transaction
+from qshare_allocator.migrate import upgrade
+from qshare_allocator.settings import AllocatorSettings
+from qshare_api.app import create_app
+from qshare_api.settings import ApiSettings
+from qshare_node_agent.app import NodeAgent
+from qshare_node_agent.settings import NodeAgentSettings
+
+ADMIN_TOKEN = "qs_cluster_test_admin"
+RULES = ClusterSettings(node_timeout_s=3, min_vgpu_mib=1024, gib_per_vgpu=4)
+_names = itertools.count()
+
+
+@pytest.fixture(scope="session")
+async def database_url() -> AsyncIterator[str]:
+    existing = postgres_url()
+    if existing:
+        await upgrade(existing)
+        yield existing
+        return
+    async with EmbeddedPostgres(durable=False) as server:
+        await upgrade(server.url)
+        yield server.url
+
+
+@pytest.fixture(scope="session")
+async def bus_url() -> AsyncIterator[str]:
+    existing = nats_url()
+    if existing:
+        yield existing
+        return
+    async with EmbeddedNats() as server:
+        yield server.url
+
+
+def allocator_settings(database_url: str, bus_url: str, instance: str) -> AllocatorSettings:
+    return AllocatorSettings(
+        database_url=database_url, nats_url=bus_url, instance=instance, pending_sweep_s=0.5,
+        dispatch_scan_s=0.3, apply_timeout_s=10, cluster=RULES,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+async def allocator(database_url: str, bus_url: str) -> AsyncIterator[Allocator]:
+    async with Allocator(allocator_settings(database_url, bus_url, "cluster-a")) as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
+async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
+    engine = create_async_engine(database_url)
+    yield engine
+    await engine.dispose()
+
+
+@pytest.fixture(scope="session")
+async def nc(bus_url: str) -> AsyncIterator[Client]:
+    client = await nats.connect(bus_url)
+    yield client
+    await client.drain()
+
+
+@pytest.fixture(scope="session")
+async def api(
+    database_url: str, bus_url: str, allocator: Allocator
+) -> AsyncIterator[httpx.AsyncClient]:
+    settings = ApiSettings(
+        database_url=database_url, nats_url=bus_url, bootstrap_admin_token=ADMIN_TOKEN,
+        cluster=RULES,
+    )  # fmt: skip
+    app = create_app(settings)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://qshare.test", headers=headers
+        ) as client:
+            yield client
+
+
+@pytest.fixture(autouse=True)
+async def empty_inventory(engine: AsyncEngine, allocator: Allocator) -> None:
+    async def truncate(conn: AsyncConnection) -> None:
+        await conn.execute(text("TRUNCATE nodes, gpus, claims, vgpus, outbox, preemptions CASCADE"))
+
+    await in_transaction(engine, truncate)
+
+
+StartAgent = Callable[..., Awaitable[NodeAgent]]
+
+
+@pytest.fixture
+async def start_agent(
+    bus_url: str, allocator: Allocator, tmp_path: Path
+) -> AsyncIterator[StartAgent]:
+    """Start simulated node agents (real driver segments in `tmp_path`); stopped after the test."""
+    started: list[NodeAgent] = []
+
+    async def go(cards: int = 2, memory: str = "16Gi", **overrides: Any) -> NodeAgent:
+        name = overrides.pop("name", f"node-{os.getpid()}-{next(_names)}")
+        settings = NodeAgentSettings(
+            name=name, nats_url=bus_url, simulate=f"{cards}:{memory}", shm_dir=tmp_path,
+            heartbeat_s=0.5, release_delay_s=0.02, **overrides,
+        )  # fmt: skip
+        agent = NodeAgent(settings)
+        await agent.start()
+        started.append(agent)
+        await asyncio.wait_for(agent.registered.wait(), 20)
+        return agent
+
+    yield go
+    for agent in started:
+        await agent.stop()
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], within_s: float = 20.0) -> None:
+    """Wait until `check()` holds; the bound only stops a broken test, it asserts no timing."""
+    async with asyncio.timeout(within_s):
+        while not await check():
+            await asyncio.sleep(0.05)
+
+
+async def claim_until(
+    api: httpx.AsyncClient, claim_id: str, status: str, within_s: float = 20.0
+) -> dict[str, Any]:
+    """The claim once it has `status` (polled over REST)."""
+    found: dict[str, Any] = {}
+
+    async def reached() -> bool:
+        nonlocal found
+        found = (await api.get(f"/v1/claims/{claim_id}")).json()
+        return found.get("status") == status
+
+    await eventually(reached, within_s)
+    return found
