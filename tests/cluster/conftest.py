@@ -156,3 +156,24 @@ async def claim_until(
 
     await eventually(reached, within_s)
     return found
+
+
+@pytest.fixture(scope="session")
+async def api_url(database_url: str, bus_url: str, allocator: Allocator) -> AsyncIterator[str]:
+    """The API on a real HTTP port, for the CLI run as a separate process."""
+    import uvicorn
+
+    from qshare.testing.servers import free_port
+
+    port = free_port()
+    settings = ApiSettings(
+        database_url=database_url, nats_url=bus_url, port=port, cluster=RULES,
+        bootstrap_admin_token=ADMIN_TOKEN,
+    )  # fmt: skip
+    server = uvicorn.Server(uvicorn.Config(create_app(settings), port=port, log_level="warning"))
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    await task

@@ -26,7 +26,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="run a CUDA program on a vGPU (LD_PRELOAD interposer)",
         description="Run CMD with the qshare CUDA interposer attached to vGPU ID.",
     )
-    parser.add_argument("--vgpu", type=int, required=True, help="vGPU id on this node")
+    target = parser.add_mutually_exclusive_group(required=True)
+    target.add_argument("--claim", help="run in this claim (it must be ready, on this node)")
+    target.add_argument(
+        "--vgpu", type=int, help="node-local: a vGPU id in the node's segment (no API needed)"
+    )
+    parser.add_argument("--card", type=int, help="with --claim of several cards: the card index")
+    parser.add_argument("--url", default=os.environ.get("QSHARE_URL", "http://127.0.0.1:8080"))
+    parser.add_argument("--token", default=os.environ.get("QSHARE_TOKEN"), help="or $QSHARE_TOKEN")
     parser.add_argument("--segment", default=DEFAULT_SEGMENT, help="node segment name")
     parser.add_argument("--shm-dir", type=Path, help="segment directory (default: /dev/shm)")
     parser.add_argument("--lib", type=Path, help=f"path of {LIBRARY_NAME}")
@@ -61,6 +68,16 @@ def child_environment(
     return env
 
 
+def _from_claim(args: argparse.Namespace) -> None:
+    """Fill --vgpu, --segment and --shm-dir from the claim (the API client is loaded here)."""
+    from qshare_api.claim_attach import resolve, this_node
+    from qshare_api.client import Client
+
+    found = resolve(Client(args.url, args.token), args.claim, this_node(), args.card)
+    args.vgpu, args.segment, args.gpu_uuid = found.vgpu, found.segment, found.gpu_uuid
+    args.shm_dir = found.shm_dir if found.shm_dir is not None else args.shm_dir
+
+
 def run_command(args: argparse.Namespace) -> int:
     cmd: list[str] = list(args.cmd)
     if cmd and cmd[0] == "--":
@@ -68,6 +85,12 @@ def run_command(args: argparse.Namespace) -> int:
     if not cmd:
         print("qshare run: no command given (qshare run --vgpu ID -- CMD)", file=sys.stderr)
         return 2
+    if args.claim is not None:
+        try:
+            _from_claim(args)
+        except Exception as exc:  # AttachError, ApiError, or the API out of reach
+            print(f"qshare run: {exc}", file=sys.stderr)
+            return 2
     if args.vgpu < 0:
         print(f"qshare run: --vgpu {args.vgpu} is not a vGPU id", file=sys.stderr)
         return 2
@@ -76,6 +99,8 @@ def run_command(args: argparse.Namespace) -> int:
         print(f"qshare run: {LIBRARY_NAME} not found; build it with `make native`", file=sys.stderr)
         return 2
     env = child_environment(os.environ, args.vgpu, args.segment, args.shm_dir, library)
+    if args.claim is not None:
+        env["CUDA_VISIBLE_DEVICES"] = args.gpu_uuid
     try:
         os.execvpe(cmd[0], cmd, env)
     except OSError as exc:

@@ -1,0 +1,95 @@
+"""`qshare run --claim ID -- CMD`: a program runs in its claim's vGPU on the claim's node,
+sees the claim's limit and only its card, and is refused anywhere else."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from qshare.native_build import FAKE_DIR, TOOLS, build_cuda
+
+from .conftest import ADMIN_TOKEN, StartAgent, claim_until
+
+QSHARE = str(Path(sys.executable).with_name("qshare"))
+GIB = 1 << 30
+
+
+@pytest.fixture(scope="module")
+def cuda_build() -> None:
+    build_cuda()
+
+
+def run_env(api_url: str, node: str, card_uuid: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        QSHARE_URL=api_url, QSHARE_TOKEN=ADMIN_TOKEN, QSHARE_NODE_NAME=node,
+        LD_LIBRARY_PATH=str(FAKE_DIR), QSHARE_FAKE_GPU_UUID=card_uuid,
+        QSHARE_FAKE_GPU_MEM=str(16 * GIB),
+    )  # fmt: skip
+    return env
+
+
+async def qshare_run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    argv = [QSHARE, "run", *args]
+    return await asyncio.to_thread(
+        subprocess.run, argv, env=env, capture_output=True, text=True, timeout=60
+    )
+
+
+async def ready_claim(api: httpx.AsyncClient, **spec: object) -> dict[str, object]:
+    body = {"priority": "low", "vcore": 20, "vmemory": "2Gi"} | spec
+    created = (await api.post("/v1/claims", json=body)).json()
+    return await claim_until(api, created["id"], "ready")
+
+
+async def test_a_program_run_in_a_claim_sees_its_memory_limit(
+    api: httpx.AsyncClient, api_url: str, start_agent: StartAgent, cuda_build: None
+) -> None:
+    agent = await start_agent()
+    claim = await ready_claim(api)
+    gpu = claim["vgpus"][0]["gpu"]  # type: ignore[index]
+    env = run_env(api_url, agent.name, gpu)
+    done = await qshare_run(env, "--claim", str(claim["id"]), "--", str(TOOLS / "probe-direct"),
+                            "init", "meminfo")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    meminfo = next(line for line in done.stdout.splitlines() if line.startswith("meminfo"))
+    assert f"total={2 * GIB}" in meminfo
+
+
+async def test_a_program_sees_only_its_claims_card(
+    api: httpx.AsyncClient, api_url: str, start_agent: StartAgent, cuda_build: None
+) -> None:
+    agent = await start_agent()
+    claim = await ready_claim(api)
+    gpu = claim["vgpus"][0]["gpu"]  # type: ignore[index]
+    done = await qshare_run(run_env(api_url, agent.name, gpu), "--claim", str(claim["id"]),
+                            "--", "sh", "-c", "echo $CUDA_VISIBLE_DEVICES")  # fmt: skip
+    assert done.stdout.strip() == gpu
+
+
+async def test_running_a_claim_on_another_node_is_refused(
+    api: httpx.AsyncClient, api_url: str, start_agent: StartAgent, cuda_build: None
+) -> None:
+    agent = await start_agent()
+    claim = await ready_claim(api)
+    env = run_env(api_url, "some-other-node", "GPU-x")
+    done = await qshare_run(env, "--claim", str(claim["id"]), "--", "true")
+    assert done.returncode == 2
+    assert f"runs on node {agent.name}" in done.stderr
+
+
+async def test_a_claim_of_two_cards_asks_which_card(
+    api: httpx.AsyncClient, api_url: str, start_agent: StartAgent, cuda_build: None
+) -> None:
+    agent = await start_agent()
+    claim = await ready_claim(api, count=2)
+    env = run_env(api_url, agent.name, "GPU-x")
+    done = await qshare_run(env, "--claim", str(claim["id"]), "--", "true")
+    assert done.returncode == 2
+    assert "--card INDEX" in done.stderr
