@@ -28,6 +28,8 @@ from qshare_api.app import create_app
 from qshare_api.settings import ApiSettings
 from qshare_node_agent.app import NodeAgent
 from qshare_node_agent.settings import NodeAgentSettings
+from qshare_preemptor.app import Preemptor
+from qshare_preemptor.settings import PreemptorSettings
 
 ADMIN_TOKEN = "qs_cluster_test_admin"
 RULES = ClusterSettings(node_timeout_s=3, min_vgpu_mib=1024, gib_per_vgpu=4)
@@ -70,6 +72,13 @@ async def allocator(database_url: str, bus_url: str) -> AsyncIterator[Allocator]
 
 
 @pytest.fixture(scope="session")
+async def preemptor(database_url: str, bus_url: str) -> AsyncIterator[Preemptor]:
+    settings = PreemptorSettings(database_url=database_url, nats_url=bus_url, instance="test")
+    async with Preemptor(settings) as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
 async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
     engine = create_async_engine(database_url)
     yield engine
@@ -85,7 +94,7 @@ async def nc(bus_url: str) -> AsyncIterator[Client]:
 
 @pytest.fixture(scope="session")
 async def api(
-    database_url: str, bus_url: str, allocator: Allocator
+    database_url: str, bus_url: str, allocator: Allocator, preemptor: Preemptor
 ) -> AsyncIterator[httpx.AsyncClient]:
     settings = ApiSettings(
         database_url=database_url, nats_url=bus_url, bootstrap_admin_token=ADMIN_TOKEN,

@@ -14,8 +14,11 @@ from qshare.contracts.tracing import setup_tracing
 from qshare_api import health, problems
 from qshare_api.claims.endpoints import router as claims_router
 from qshare_api.classes.endpoints import router as classes_router
+from qshare_api.events.endpoints import router as events_router
 from qshare_api.inventory.endpoints import router as inventory_router
 from qshare_api.middleware import BodyLimit, Metrics
+from qshare_api.preemptions.endpoints import actions as claim_actions_router
+from qshare_api.preemptions.endpoints import router as preemptions_router
 from qshare_api.resources import Resources
 from qshare_api.settings import ApiSettings
 from qshare_api.tokens.endpoints import router as tokens_router
@@ -35,7 +38,11 @@ def create_app(settings: ApiSettings) -> FastAPI:
         description=DESCRIPTION,
         lifespan=_lifespan(settings),
     )
-    for router in (claims_router, inventory_router, classes_router, tokens_router, health.router):
+    routers = (
+        claims_router, claim_actions_router, inventory_router, classes_router, tokens_router,
+        preemptions_router, events_router, health.router,
+    )  # fmt: skip
+    for router in routers:
         app.include_router(router)
     problems.install(app)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)

@@ -1,0 +1,81 @@
+"""`GET /v1/events`: a server-sent event stream of qshare events for integrations that do
+not speak NATS. A tenant receives its own claims' events; an admin every event."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query
+from fastapi.responses import StreamingResponse
+from nats.aio.msg import Msg
+from sqlalchemy import select
+
+from qshare.contracts.schema import claims
+from qshare_api.auth import Caller
+from qshare_api.problems import PROBLEMS
+from qshare_api.resources import Resources, resources
+
+router = APIRouter(prefix="/v1/events", tags=["events"], responses=PROBLEMS)
+Res = Annotated[Resources, Depends(resources)]
+KEEPALIVE_S = 15.0
+QUEUE_LIMIT = 1000
+
+
+@router.get(
+    "",
+    summary="Stream events (text/event-stream)",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"text/event-stream": {}}}},
+)
+async def stream(
+    caller: Caller,
+    res: Res,
+    subject: Annotated[
+        str, Query(max_length=200, pattern=r"^qshare\.evt(\.[A-Za-z0-9_*>-]+)*$")
+    ] = "qshare.evt.>",
+) -> StreamingResponse:
+    """Each event is one SSE message: `event:` the NATS subject, `data:` the envelope."""
+    queue: asyncio.Queue[Msg] = asyncio.Queue(QUEUE_LIMIT)
+
+    async def enqueue(msg: Msg) -> None:
+        with contextlib.suppress(asyncio.QueueFull):  # a slow reader loses events, not memory
+            queue.put_nowait(msg)
+
+    sub = await res.nc.subscribe(subject, cb=enqueue)
+    tenant = caller.tenant_filter()
+    return StreamingResponse(_messages(queue, sub, tenant, res), media_type="text/event-stream")
+
+
+async def _messages(
+    queue: asyncio.Queue[Msg], sub: object, tenant: str | None, res: Resources
+) -> AsyncIterator[str]:
+    try:
+        yield ": qshare events\n\n"
+        while True:
+            try:
+                msg = await asyncio.wait_for(queue.get(), KEEPALIVE_S)
+            except TimeoutError:
+                yield ": keep-alive\n\n"
+                continue
+            if tenant is None or await _visible(msg.subject, tenant, res):
+                yield f"event: {msg.subject}\ndata: {json.dumps(json.loads(msg.data))}\n\n"
+    finally:
+        with contextlib.suppress(Exception):  # the connection may be closing already
+            await sub.unsubscribe()  # type: ignore[attr-defined]
+
+
+async def _visible(subject: str, tenant: str, res: Resources) -> bool:
+    """A tenant sees the events of its own claims only."""
+    parts = subject.split(".")
+    if len(parts) < 4 or parts[2] != "claim":
+        return False
+    query = select(claims.c.tenant).where(claims.c.id == parts[3])
+    try:
+        async with res.reader.connect() as conn:
+            return (await conn.execute(query)).scalar_one_or_none() == tenant
+    except Exception:
+        return False

@@ -1,0 +1,81 @@
+"""`POST /v1/claims/{id}/suspend|resume` (carried to the nodes by the preemptor) and
+`GET /v1/preemptions` (which claim, which card, when, how long, why)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query
+from pydantic import BaseModel
+from sqlalchemy import select
+
+from qshare.contracts import rpc, subjects
+from qshare.contracts.preemption import ClaimAction, ClaimActionReply
+from qshare.contracts.schema import preemptions
+from qshare_api.auth import Caller
+from qshare_api.problems import PROBLEMS
+from qshare_api.resources import Resources, resources
+
+actions = APIRouter(prefix="/v1/claims", tags=["claims"], responses=PROBLEMS)
+router = APIRouter(prefix="/v1/preemptions", tags=["preemptions"], responses=PROBLEMS)
+Res = Annotated[Resources, Depends(resources)]
+
+
+class Preemption(BaseModel):
+    id: int
+    claim_id: uuid.UUID
+    tenant: str
+    gpu: str | None
+    node: str | None
+    kind: str
+    reason: str
+    started_at: datetime
+    ended_at: datetime | None
+    seconds: float | None
+
+
+async def _act(
+    claim_id: uuid.UUID, caller: Caller, res: Resources, suspend: bool
+) -> ClaimActionReply:
+    subject = subjects.CLAIMS_SUSPEND if suspend else subjects.CLAIMS_RESUME
+    action = ClaimAction(claim_id=claim_id, tenant=caller.tenant_filter())
+    return await rpc.call(res.nc, subject, res.source, action, ClaimActionReply,
+                          timeout=res.settings.allocator_timeout_s)  # fmt: skip
+
+
+@actions.post("/{claim_id}/suspend", response_model=ClaimActionReply, summary="Suspend a claim")
+async def suspend(claim_id: uuid.UUID, caller: Caller, res: Res) -> ClaimActionReply:
+    """Every vGPU of the claim stops at its next launch and stays stopped until resumed
+    (its memory stays resident); recorded as an `operator` preemption."""
+    return await _act(claim_id, caller, res, suspend=True)
+
+
+@actions.post("/{claim_id}/resume", response_model=ClaimActionReply, summary="Resume a claim")
+async def resume(claim_id: uuid.UUID, caller: Caller, res: Res) -> ClaimActionReply:
+    return await _act(claim_id, caller, res, suspend=False)
+
+
+@router.get("", response_model=list[Preemption], summary="Preemptions, newest first")
+async def list_preemptions(
+    caller: Caller,
+    res: Res,
+    claim: uuid.UUID | None = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 100,
+) -> list[Preemption]:
+    query = select(preemptions).order_by(preemptions.c.started_at.desc()).limit(limit)
+    if (tenant := caller.tenant_filter()) is not None:
+        query = query.where(preemptions.c.tenant == tenant)
+    if claim is not None:
+        query = query.where(preemptions.c.claim_id == claim)
+    async with res.reader.connect() as conn:
+        rows = (await conn.execute(query)).all()
+    return [
+        Preemption(
+            id=r.id, claim_id=r.claim_id, tenant=r.tenant, gpu=r.gpu_uuid, node=r.node_name,
+            kind=r.kind, reason=r.reason, started_at=r.started_at, ended_at=r.ended_at,
+            seconds=(r.ended_at - r.started_at).total_seconds() if r.ended_at else None,
+        )
+        for r in rows
+    ]  # fmt: skip

@@ -1,0 +1,24 @@
+"""Requests the preemptor answers (`qshare.preemptor.claims.suspend|resume`) and its replies."""
+
+from __future__ import annotations
+
+import uuid
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ClaimAction(BaseModel):
+    """Suspend or resume one claim on every card it holds; `tenant` None means an admin acts."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    claim_id: uuid.UUID
+    tenant: str | None = None
+    reason: str = Field("operator", max_length=253)
+
+
+class ClaimActionReply(BaseModel):
+    claim_id: uuid.UUID
+    suspended: bool
+    vgpus: int = Field(description="vGPUs the nodes acted on")
+    missing: int = Field(0, description="vGPUs a node did not have or did not answer for")

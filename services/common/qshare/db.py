@@ -1,0 +1,41 @@
+"""Running work in one Postgres transaction that commits at the edge, with retries of the
+failures that running it again resolves; shared by the services that write Postgres."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+RETRYABLE_SQLSTATES = frozenset({"40001", "40P01", "23505"})
+"""Serialization failure, deadlock, and a unique violation from a racing twin request
+(same idempotency key, same node name): running the transaction again resolves each."""
+MAX_ATTEMPTS = 5
+
+
+async def in_transaction(engine: AsyncEngine, work: Callable[[AsyncConnection], Awaitable[T]]) -> T:
+    """Run `work` in one transaction, committed when it returns and rolled back when it raises.
+
+    Services only execute statements; this is the one place that commits.
+    """
+    for attempt in range(1, MAX_ATTEMPTS + 1):
+        try:
+            async with engine.begin() as conn:
+                return await work(conn)
+        except DBAPIError as exc:
+            if attempt == MAX_ATTEMPTS or sqlstate(exc) not in RETRYABLE_SQLSTATES:
+                raise
+            log.info("retrying transaction after %s (attempt %d)", sqlstate(exc), attempt)
+    raise AssertionError("unreachable")
+
+
+def sqlstate(exc: DBAPIError) -> str | None:
+    orig = exc.orig
+    code = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
+    return str(code) if code is not None else None

@@ -1,0 +1,115 @@
+"""The preemptor process: subscribes to card busy/idle events and to operator requests, and
+acts through the node agents. One instance acts on events; requests may reach any."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Coroutine
+from typing import Any
+
+import nats
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from pydantic import ValidationError
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from qshare.contracts import envelope, rpc, subjects
+from qshare.contracts.errors import InvalidInput, QshareError
+from qshare.contracts.preemption import ClaimAction
+from qshare_preemptor.service import PreemptionService
+from qshare_preemptor.settings import PreemptorSettings
+
+log = logging.getLogger(__name__)
+
+
+class Preemptor:
+    def __init__(self, settings: PreemptorSettings) -> None:
+        self.settings = settings
+        self.source = f"qshare-preemptor/{settings.instance}"
+        self._engine: AsyncEngine | None = None
+        self._nc: Client | None = None
+        self.service: PreemptionService | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def __aenter__(self) -> Preemptor:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def run(self) -> None:
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+        async with self:
+            await stop.wait()
+
+    async def start(self) -> None:
+        s = self.settings
+        self._engine = create_async_engine(s.database_url, pool_size=s.pool_size)
+        self._nc = await nats.connect(
+            s.nats_url, name=self.source, user=s.nats_user, password=s.nats_password,
+            max_reconnect_attempts=-1, reconnect_time_wait=0.5,
+        )  # fmt: skip
+        self.service = PreemptionService(self._nc, self._engine, self.source, s.command_timeout_s)
+        await self._nc.subscribe("qshare.evt.gpu.*.*.busy", cb=self._on_card)
+        await self._nc.subscribe("qshare.evt.gpu.*.*.idle", cb=self._on_card)
+        for subject in (subjects.CLAIMS_SUSPEND, subjects.CLAIMS_RESUME):
+            await self._nc.subscribe(subject, queue=subjects.PREEMPTOR_QUEUE, cb=self._on_request)
+        log.info("preemptor %s serving", s.instance)
+
+    async def stop(self) -> None:
+        if self._nc is not None:
+            with contextlib.suppress(Exception):
+                await self._nc.drain()
+        for task in list(self._tasks):
+            task.cancel()
+        if self._engine is not None:
+            await self._engine.dispose()
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("preemptor task failed", exc_info=task.exception())
+
+    async def _on_card(self, msg: Msg) -> None:
+        assert self.service is not None
+        _node, gpu, kind = subjects.parse_gpu_event(msg.subject)
+        if kind == "busy":
+            self._spawn(self.service.card_busy(gpu))
+        else:
+            self._spawn(self.service.card_idle(gpu))
+
+    async def _on_request(self, msg: Msg) -> None:
+        self._spawn(self._answer(msg))
+
+    async def _answer(self, msg: Msg) -> None:
+        assert self._nc is not None and self.service is not None
+        try:
+            action = _decode(msg)
+            suspend = msg.subject == subjects.CLAIMS_SUSPEND
+            reply = await self.service.operator(action, suspend)
+        except QshareError as error:
+            await rpc.reply_error(self._nc, msg, error)
+            return
+        except Exception:
+            log.exception("preemptor request on %s failed", msg.subject)
+            await rpc.reply_error(self._nc, msg, QshareError("internal error; see preemptor logs"))
+            return
+        await rpc.reply_ok(self._nc, msg, self.source, reply)
+
+
+def _decode(msg: Msg) -> ClaimAction:
+    try:
+        return envelope.decode(msg.data).payload(ClaimAction)
+    except ValidationError as exc:
+        raise InvalidInput("malformed request: " + str(exc.errors()[:3])) from exc

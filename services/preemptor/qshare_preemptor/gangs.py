@@ -1,0 +1,61 @@
+"""Reading, from the allocator's inventory, which low-priority vGPUs must stop together: every
+vGPU of a multi-card claim, and every vGPU of the claims sharing a gang name."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+from sqlalchemy import ColumnElement, or_, select
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from qshare.contracts.domain import ClaimStatus, Priority
+from qshare.contracts.schema import claims, vgpus
+
+HOLDING = (ClaimStatus.PLACED.value, ClaimStatus.READY.value)
+
+
+@dataclass(frozen=True)
+class Member:
+    claim_id: uuid.UUID
+    tenant: str
+    node: str
+    gpu: str
+    local_id: int
+
+
+async def gang_of_card(conn: AsyncConnection, gpu: str) -> list[Member]:
+    """Every vGPU that must stop with the low-priority gangs holding a vGPU on `gpu`."""
+    on_card = (
+        select(claims.c.id, claims.c.gang)
+        .join(vgpus, vgpus.c.claim_id == claims.c.id)
+        .where(
+            vgpus.c.gpu_uuid == gpu,
+            claims.c.priority == Priority.LOW.value,
+            claims.c.status.in_(HOLDING),
+            or_(claims.c.count > 1, claims.c.gang.is_not(None)),
+        )
+    )
+    rows = (await conn.execute(on_card)).all()
+    ids = [r.id for r in rows]
+    names = [r.gang for r in rows if r.gang is not None]
+    return await _members(conn, ids, names) if ids else []
+
+
+async def vgpus_of_claim(conn: AsyncConnection, claim_id: uuid.UUID) -> list[Member]:
+    return await _members(conn, [claim_id], [])
+
+
+async def _members(conn: AsyncConnection, ids: list[uuid.UUID], gangs: list[str]) -> list[Member]:
+    chosen: ColumnElement[bool] = claims.c.id.in_(ids)
+    if gangs:
+        chosen = or_(chosen, claims.c.gang.in_(gangs))
+    query = (
+        select(claims.c.id, claims.c.tenant, vgpus.c.node_name, vgpus.c.gpu_uuid, vgpus.c.local_id)
+        .join(vgpus, vgpus.c.claim_id == claims.c.id)
+        .where(chosen, claims.c.status.in_(HOLDING))
+    )
+    return [
+        Member(r.id, r.tenant, r.node_name, r.gpu_uuid, r.local_id)
+        for r in (await conn.execute(query)).all()
+    ]

@@ -1,0 +1,51 @@
+"""Preemption records in Postgres: opened when the control plane suspends a claim, closed
+when it resumes it; `GET /v1/preemptions` reads them."""
+
+from __future__ import annotations
+
+import uuid
+
+from sqlalchemy import func, insert, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from qshare.contracts.schema import preemptions
+from qshare_preemptor.gangs import Member
+
+
+async def open_records(
+    conn: AsyncConnection, members: list[Member], kind: str, reason: str, gpu: str | None
+) -> None:
+    """One open record per claim among `members` that has none of this kind yet."""
+    claims = {m.claim_id: m for m in members}
+    already = await open_claims(conn, list(claims), kind)
+    rows = [
+        {"claim_id": c, "tenant": m.tenant, "gpu_uuid": gpu, "node_name": m.node,
+         "kind": kind, "reason": reason}
+        for c, m in claims.items() if c not in already
+    ]  # fmt: skip
+    if rows:
+        await conn.execute(insert(preemptions), rows)
+
+
+async def close_records(conn: AsyncConnection, claim_ids: list[uuid.UUID], kind: str) -> None:
+    await conn.execute(
+        update(preemptions)
+        .where(
+            preemptions.c.claim_id.in_(claim_ids),
+            preemptions.c.kind == kind,
+            preemptions.c.ended_at.is_(None),
+        )
+        .values(ended_at=func.now())
+    )
+
+
+async def open_claims(
+    conn: AsyncConnection, claim_ids: list[uuid.UUID], kind: str | None = None
+) -> set[uuid.UUID]:
+    """Claims among `claim_ids` with an open record (of `kind`, or of any kind)."""
+    query = select(preemptions.c.claim_id).where(
+        preemptions.c.claim_id.in_(claim_ids), preemptions.c.ended_at.is_(None)
+    )
+    if kind is not None:
+        query = query.where(preemptions.c.kind == kind)
+    return set((await conn.execute(query)).scalars().all())

@@ -1,0 +1,121 @@
+"""What the preemptor does with card events and operator requests.
+
+The driver already stops every low-priority context on a card the moment high priority
+launches there. What one card cannot see is a gang: a low-priority job whose vGPUs span
+several cards (one claim of several cards, or the claims sharing a gang name, across
+nodes). When high priority takes any card of a gang, the preemptor suspends the gang's vGPUs
+on its other cards, and resumes them all once no card of the gang is busy any more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections import defaultdict
+
+from nats.aio.client import Client
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from qshare.contracts import envelope, rpc, subjects
+from qshare.contracts.agent import SuspendCommand, SuspendReply
+from qshare.contracts.errors import NotFound, QshareError
+from qshare.contracts.preemption import ClaimAction, ClaimActionReply
+from qshare.db import in_transaction
+from qshare_preemptor.gangs import Member, gang_of_card, vgpus_of_claim
+from qshare_preemptor.records import close_records, open_claims, open_records
+
+log = logging.getLogger(__name__)
+
+
+class PreemptionService:
+    def __init__(self, nc: Client, engine: AsyncEngine, source: str, timeout_s: float) -> None:
+        self._nc = nc
+        self._engine = engine
+        self._source = source
+        self._timeout_s = timeout_s
+        self._held_by: dict[uuid.UUID, set[str]] = defaultdict(set)
+        self._members: dict[uuid.UUID, list[Member]] = {}
+        self._lock = asyncio.Lock()
+
+    async def card_busy(self, gpu: str) -> None:
+        """Suspend, on their other cards, the low-priority gangs holding a vGPU on `gpu`."""
+        async with self._lock:
+            members = await in_transaction(self._engine, lambda c: gang_of_card(c, gpu))
+            others = [m for m in members if m.gpu != gpu]
+            fresh = [m for m in others if not self._held_by[m.claim_id]]
+            for member in others:
+                self._held_by[member.claim_id].add(gpu)
+                self._members.setdefault(member.claim_id, []).append(member)
+            if fresh:
+                await self._act(fresh, suspend=True, reason=f"high priority busy on {gpu}")
+                await self._record(fresh, "gang", f"high priority busy on {gpu}", gpu)
+
+    async def card_idle(self, gpu: str) -> None:
+        """Resume the gangs whose last busy card was `gpu` (not those an operator holds)."""
+        async with self._lock:
+            released = [c for c, cards in self._held_by.items() if gpu in cards]
+            for claim_id in released:
+                self._held_by[claim_id].discard(gpu)
+            done = [c for c in released if not self._held_by[c]]
+            if not done:
+                return
+            held = await in_transaction(self._engine, lambda c: open_claims(c, done, "operator"))
+            resume = [m for c in done if c not in held for m in self._members.pop(c, [])]
+            for claim_id in done:
+                self._held_by.pop(claim_id, None)
+            if resume:
+                await self._act(resume, suspend=False, reason=f"{gpu} idle")
+            await in_transaction(self._engine, lambda c: close_records(c, done, "gang"))
+            await self._publish_claims(done, "resumed")
+
+    async def operator(self, action: ClaimAction, suspend: bool) -> ClaimActionReply:
+        members = await in_transaction(self._engine, lambda c: self._owned(c, action))
+        done, missing = await self._act(members, suspend, action.reason)
+        if suspend:
+            await self._record(members, "operator", action.reason, None)
+        else:
+            await in_transaction(
+                self._engine, lambda c: close_records(c, [action.claim_id], "operator")
+            )
+            await self._publish_claims([action.claim_id], "resumed")
+        return ClaimActionReply(
+            claim_id=action.claim_id, suspended=suspend, vgpus=done, missing=missing
+        )
+
+    async def _owned(self, conn: AsyncConnection, action: ClaimAction) -> list[Member]:
+        members = await vgpus_of_claim(conn, action.claim_id)
+        if not members or (action.tenant is not None and members[0].tenant != action.tenant):
+            raise NotFound(f"claim {action.claim_id} not found, or it holds no vGPU now")
+        return members
+
+    async def _act(self, members: list[Member], suspend: bool, reason: str) -> tuple[int, int]:
+        by_node: dict[str, list[int]] = defaultdict(list)
+        for member in members:
+            by_node[member.node].append(member.local_id)
+        replies = await asyncio.gather(
+            *(self._command(node, ids, suspend, reason) for node, ids in by_node.items())
+        )
+        return sum(len(r.done) for r in replies), sum(len(r.missing) for r in replies)
+
+    async def _command(self, node: str, ids: list[int], suspend: bool, reason: str) -> SuspendReply:
+        verb = "suspend" if suspend else "resume"
+        command = SuspendCommand(local_ids=ids, reason=reason[:253])
+        try:
+            return await rpc.call(self._nc, subjects.node_command(node, verb), self._source,
+                                  command, SuspendReply, timeout=self._timeout_s)  # fmt: skip
+        except QshareError as error:
+            log.warning("node %s did not %s %s: %s", node, verb, ids, error.detail)
+            return SuspendReply(done=[], missing=ids)
+
+    async def _record(self, members: list[Member], kind: str, reason: str, gpu: str | None) -> None:
+        await in_transaction(
+            self._engine, lambda c: open_records(c, members, kind, reason[:253], gpu)
+        )
+        await self._publish_claims(sorted({m.claim_id for m in members}), "suspended")
+
+    async def _publish_claims(self, claim_ids: list[uuid.UUID], kind: str) -> None:
+        for claim_id in claim_ids:
+            body = envelope.wrap(self._source, f"io.qshare.claim.{kind}", None)
+            body.data = {"claim_id": str(claim_id)}
+            await self._nc.publish(subjects.claim_event(str(claim_id), kind), envelope.encode(body))
