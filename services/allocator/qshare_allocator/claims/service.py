@@ -36,6 +36,7 @@ from qshare_allocator.db import together
 from qshare_allocator.outbox import event_insert, event_params
 from qshare_allocator.placement.capacity import give_back, holding
 from qshare_allocator.placement.demand import Demand, check_granularity
+from qshare_allocator.placement.diagnosis import why_not
 from qshare_allocator.placement.finder import find_and_lock
 
 PendingCursor = tuple[datetime, uuid.UUID]
@@ -58,7 +59,8 @@ class ClaimService:
         claim_id = uuid.uuid4()
         choice = await find_and_lock(conn, demand, self._rules.node_timeout_s)
         held = holding(claim_id, demand, choice) if choice else None
-        view = _new_view(claim_id, command, demand, held.vgpus if held else [])
+        reason = None if held else await why_not(conn, demand, self._rules.node_timeout_s)
+        view = _new_view(claim_id, command, held.vgpus if held else [], reason)
         writes = held.statements if held else ()
         params = _claim_params(view, spec) | (held.params if held else {}) | self._event(view)
         await conn.execute(together(_claim_insert(), *writes, event_insert()), params)
@@ -119,7 +121,7 @@ class ClaimService:
 
 
 def _new_view(
-    claim_id: uuid.UUID, command: CreateClaim, demand: Demand, held: list[VgpuView]
+    claim_id: uuid.UUID, command: CreateClaim, held: list[VgpuView], reason: str | None
 ) -> ClaimView:
     spec, now = command.spec, datetime.now(UTC)
     return ClaimView(
@@ -134,7 +136,7 @@ def _new_view(
         node_selector=spec.node_selector,
         placement=spec.placement,
         idempotency_key=spec.idempotency_key,
-        reason=None if held else demand.describe(),
+        reason=reason,
         node=held[0].node if held else None,
         vgpus=held,
         gang=spec.gang,

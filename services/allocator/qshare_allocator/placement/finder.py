@@ -114,7 +114,7 @@ def _best_free_node(
     )
     if with_room:
         query = query.where(_room_on_node(priority, whole))
-    node = _ordered(query, policy).limit(1).with_for_update(skip_locked=True).cte("node")
+    node = _ordered(query, policy, priority).limit(1).with_for_update(skip_locked=True).cte("node")
     return _cards_of(node, priority, whole, card_policy)
 
 
@@ -128,12 +128,10 @@ def _named_node(priority: Priority, whole: bool, card_policy: PlacementPolicy) -
 def _cards_of(node: CTE, priority: Priority, whole: bool, policy: PlacementPolicy) -> Select[Any]:
     """The locked node's name with each fitting card, best first, cards locked too; a node
     without one fitting card still yields one row (uuid NULL), so a miss can be retried."""
-    free = gpus.c.memory_mib - gpus.c.allocated_mib
-    order = free.desc() if policy is PlacementPolicy.SPREAD else free.asc()
     fitting = (
         select(gpus.c.uuid, gpus.c.idx, gpus.c.memory_mib)
         .where(gpus.c.node_name == node.c.name, _card_fits(priority, whole))
-        .order_by(order, gpus.c.idx)
+        .order_by(*_card_order(priority, policy), gpus.c.idx)
         .limit(bindparam("count"))
         .with_for_update()
         .lateral("card")
@@ -157,7 +155,7 @@ def _nodes_with_room(policy: PlacementPolicy, priority: Priority, whole: bool) -
         .group_by(nodes.c.name, nodes.c.free_mib)
         .having(func.count() >= bindparam("count"))
     )
-    return _ordered(query, policy)
+    return _ordered(query, policy, priority)
 
 
 def _room_on_node(priority: Priority, whole: bool) -> ColumnElement[bool]:
@@ -169,10 +167,45 @@ def _room_on_node(priority: Priority, whole: bool) -> ColumnElement[bool]:
     return fitting >= bindparam("count")
 
 
-def _ordered(query: Select[Any], policy: PlacementPolicy) -> Select[Any]:
+def _ordered(query: Select[Any], policy: PlacementPolicy, priority: Priority) -> Select[Any]:
+    """Spread or binpack against the claim's own kind first: an HP claim spreads away from
+    other HP work, not from LP work, and prefers a node with the other kind's work on it (so
+    high and low priority co-locate); free memory decides among equals."""
+    same, other = (_node_cores(c.name) for c in _kinds(priority))
+    spread = policy is PlacementPolicy.SPREAD
+    return query.order_by(
+        same.asc() if spread else same.desc(),
+        other.desc(),
+        nodes.c.free_mib.desc() if spread else nodes.c.free_mib.asc(),
+        nodes.c.name.desc() if spread else nodes.c.name.asc(),
+    )
+
+
+def _kinds(priority: Priority) -> tuple[Any, Any]:
+    """(the claim's own core column, the other priority's)."""
+    if priority is Priority.HIGH:
+        return gpus.c.core_high, gpus.c.core_low
+    return gpus.c.core_low, gpus.c.core_high
+
+
+def _node_cores(column: str) -> Any:
+    """The node's cards' sum of one core column (an alias: the outer query may join gpus)."""
+    cards = gpus.alias("node_cards")
+    return (
+        select(func.coalesce(func.sum(cards.c[column]), 0))
+        .where(cards.c.node_name == nodes.c.name)
+        .correlate(nodes)
+        .scalar_subquery()
+    )
+
+
+def _card_order(priority: Priority, policy: PlacementPolicy) -> tuple[Any, ...]:
+    """Cards as nodes: the claim's own kind spread or packed, the other kind's work sought."""
+    same, other = _kinds(priority)
+    free = gpus.c.memory_mib - gpus.c.allocated_mib
     if policy is PlacementPolicy.SPREAD:
-        return query.order_by(nodes.c.free_mib.desc(), nodes.c.name.desc())
-    return query.order_by(nodes.c.free_mib.asc(), nodes.c.name.asc())
+        return same.asc(), other.desc(), free.desc()
+    return same.desc(), other.desc(), free.asc()
 
 
 def _node_fits() -> ColumnElement[bool]:
