@@ -178,7 +178,8 @@ class Allocator:
         while True:
             await asyncio.sleep(self.settings.dispatch_scan_s)
             try:
-                await self.dispatcher.scan()
+                if await self.dispatcher.scan():
+                    self._sweep_wanted.set()
             except Exception:
                 log.exception("dispatch scan failed; will retry")
 

@@ -27,6 +27,7 @@ from qshare.contracts.schema import claims, nodes
 from qshare_allocator.db import in_transaction
 from qshare_allocator.nodes.confirm import Confirmations
 from qshare_allocator.nodes.desired import desired_state
+from qshare_allocator.nodes.health import HealthWatch
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,7 @@ class Dispatcher:
         self._apply_timeout_s = apply_timeout_s
         self._on_commit = on_commit
         self.confirmations = Confirmations(source)
+        self.health = HealthWatch(source, node_timeout_s)
         self._running: dict[str, asyncio.Task[None]] = {}
         self._again: set[str] = set()
 
@@ -95,12 +97,17 @@ class Dispatcher:
         self._on_commit()
         return reply
 
-    async def scan(self) -> None:
-        """Dispatch every Ready node whose confirmation lags; fail claims no node confirmed."""
+    async def scan(self) -> bool:
+        """Dispatch every Ready node whose confirmation lags; fail claims no node confirmed;
+        degrade (or re-place) claims on sick nodes and cards. True when claims were freed
+        for placement."""
         for node in await in_transaction(self._engine, self._lagging):
             self.wanted(node)
-        if await in_transaction(self._engine, self._fail_overdue):
+        failed = await in_transaction(self._engine, self._fail_overdue)
+        moved = await in_transaction(self._engine, self.health.scan)
+        if failed or moved:
             self._on_commit()
+        return bool(moved)
 
     async def _lagging(self, conn: AsyncConnection) -> list[str]:
         query = select(nodes.c.name).where(
