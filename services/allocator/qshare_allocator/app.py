@@ -20,6 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from qshare.contracts import subjects
 from qshare.contracts.claims import ClaimView, CreateClaim, CreateClaimReply, DeleteClaim
+from qshare.contracts.domain import Priority
 from qshare.contracts.nodes import Heartbeat, NodeRegistration, NodeView
 from qshare.contracts.streams import ensure_events_stream
 from qshare.contracts.tracing import setup_tracing
@@ -205,19 +206,22 @@ class Allocator:
                 log.exception("pending sweep failed; will retry")
 
     async def sweep_pending(self) -> None:
-        """One pass over the pending claims, oldest first, each in its own transaction."""
-        cursor: PendingCursor | None = None
-        while True:
-            cursor = await in_transaction(self.engine, functools.partial(self._place_after, cursor))
-            if cursor is None:
-                break
+        """One pass over the pending claims, high priority first, oldest first, each in its
+        own transaction."""
+        for priority in (Priority.HIGH, Priority.LOW):
+            cursor: PendingCursor | None = None
+            while True:
+                place = functools.partial(self._place_after, cursor, priority)
+                cursor = await in_transaction(self.engine, place)
+                if cursor is None:
+                    break
         self._after_write(None)
         await self.dispatcher.scan()
 
     async def _place_after(
-        self, after: PendingCursor | None, conn: AsyncConnection
+        self, after: PendingCursor | None, priority: Priority, conn: AsyncConnection
     ) -> PendingCursor | None:
-        return await self.claims.place_pending(conn, after)
+        return await self.claims.place_pending(conn, after, priority)
 
 
 class _Freed(BaseModel):

@@ -25,7 +25,7 @@ from qshare.contracts.claims import (
     DeleteClaim,
     VgpuView,
 )
-from qshare.contracts.domain import ClaimStatus
+from qshare.contracts.domain import ClaimStatus, Priority
 from qshare.contracts.errors import NotFound
 from qshare.contracts.rows import claim_view, vgpus_of
 from qshare.contracts.schema import claims
@@ -34,6 +34,7 @@ from qshare_allocator.claims.classes import ClassCatalog
 from qshare_allocator.claims.views import demand_of, spec_of
 from qshare_allocator.db import together
 from qshare_allocator.outbox import event_insert, event_params
+from qshare_allocator.placement import eviction
 from qshare_allocator.placement.capacity import give_back, holding
 from qshare_allocator.placement.demand import Demand, check_granularity
 from qshare_allocator.placement.diagnosis import why_not
@@ -59,7 +60,7 @@ class ClaimService:
         claim_id = uuid.uuid4()
         choice = await find_and_lock(conn, demand, self._rules.node_timeout_s)
         held = holding(claim_id, demand, choice) if choice else None
-        reason = None if held else await why_not(conn, demand, self._rules.node_timeout_s)
+        reason = None if held else await self._why_pending(conn, claim_id, demand)
         view = _new_view(claim_id, command, held.vgpus if held else [], reason)
         writes = held.statements if held else ()
         params = _claim_params(view, spec) | (held.params if held else {}) | self._event(view)
@@ -67,10 +68,13 @@ class ClaimService:
         return CreateClaimReply(claim=view, created=True)
 
     async def place_pending(
-        self, conn: AsyncConnection, after: PendingCursor | None
+        self, conn: AsyncConnection, after: PendingCursor | None, priority: Priority
     ) -> PendingCursor | None:
-        """Try the oldest pending claim after `after` that no replica holds; None: none left."""
-        query = select(claims).where(claims.c.status == ClaimStatus.PENDING.value)
+        """Try the oldest pending claim of `priority` after `after` that no replica holds;
+        None: none left."""
+        query = select(claims).where(
+            claims.c.status == ClaimStatus.PENDING.value, claims.c.priority == priority.value
+        )
         if after is not None:
             query = query.where(tuple_(claims.c.created_at, claims.c.id) > tuple_(*after))
         query = query.order_by(claims.c.created_at, claims.c.id).limit(1)
@@ -101,6 +105,15 @@ class ClaimService:
         params = _status_params(view) | self._event(view)
         await conn.execute(together(_status_update(), event_insert()), params)
         return view
+
+    async def _why_pending(self, conn: AsyncConnection, claim_id: uuid.UUID, demand: Demand) -> str:
+        """The reason, after evicting low-priority claims for a high-priority one if that
+        makes room."""
+        reason = await why_not(conn, demand, self._rules.node_timeout_s)
+        victims = await eviction.plan(conn, demand, self._rules.node_timeout_s)
+        if victims:
+            return await eviction.start(conn, victims, claim_id, self._source)
+        return reason
 
     async def _demand(self, conn: AsyncConnection, spec: ClaimSpec) -> Demand:
         provisioner = await self._classes.provisioner(conn, spec.class_name)

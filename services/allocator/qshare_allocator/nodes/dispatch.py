@@ -28,6 +28,7 @@ from qshare_allocator.db import in_transaction
 from qshare_allocator.nodes.confirm import Confirmations
 from qshare_allocator.nodes.desired import desired_state
 from qshare_allocator.nodes.health import HealthWatch
+from qshare_allocator.placement import eviction
 
 log = logging.getLogger(__name__)
 
@@ -105,9 +106,13 @@ class Dispatcher:
             self.wanted(node)
         failed = await in_transaction(self._engine, self._fail_overdue)
         moved = await in_transaction(self._engine, self.health.scan)
+        moved += await in_transaction(self._engine, self._evict_due)
         if failed or moved:
             self._on_commit()
         return bool(moved)
+
+    async def _evict_due(self, conn: AsyncConnection) -> int:
+        return await eviction.finish_due(conn, self._source)
 
     async def _lagging(self, conn: AsyncConnection) -> list[str]:
         query = select(nodes.c.name).where(
