@@ -34,16 +34,23 @@ class GpuClass(BaseModel):
     name: ClassName
     provisioner: Provisioner
     description: Annotated[Text, Field(max_length=512)] = ""
+    evictable: bool = Field(
+        True, description="a high-priority claim may evict this class's low-priority claims"
+    )
+    eviction_grace_s: float = Field(
+        30.0, ge=0, le=86400, description="how long an evicted claim keeps its vGPUs"
+    )
+    replace_on_failure: bool = Field(
+        True, description="re-place claims whose node goes NotReady or card unhealthy"
+    )
 
 
 @router.get("", response_model=list[GpuClass], summary="List classes")
 async def list_classes(caller: Caller, res: Res) -> list[GpuClass]:
-    query = select(classes.c.name, classes.c.provisioner, classes.c.description)
+    columns = [classes.c[name] for name in GpuClass.model_fields]
     async with res.reader.connect() as conn:
-        rows = (await conn.execute(query.order_by(classes.c.name))).all()
-    return [
-        GpuClass(name=r.name, provisioner=r.provisioner, description=r.description) for r in rows
-    ]
+        rows = (await conn.execute(select(*columns).order_by(classes.c.name))).all()
+    return [GpuClass.model_validate(r._asdict()) for r in rows]
 
 
 @router.post(
