@@ -13,6 +13,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "qshare.bench.cli",
     "qshare.demo",
     "qshare.launcher",
+    "qshare.up",
     "qshare_api.cli",
 )
 

@@ -10,13 +10,13 @@ import logging
 import signal
 from collections.abc import Iterator
 
-import nats
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from prometheus_client import REGISTRY, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from pydantic import ValidationError
 
+from qshare import bus
 from qshare.contracts import envelope, rpc, subjects
 from qshare.contracts.errors import InvalidInput, QshareError
 from qshare.contracts.nodes import GpuSpec, Heartbeat, NodeRegistration, NodeView
@@ -102,19 +102,8 @@ class NodeAgent:
             self._node = None
 
     async def _connect(self) -> Client:
-        async def disconnected() -> None:
-            log.warning("node agent %s: NATS %s unreachable; reconnecting",
-                        self.name, self.settings.nats_url)  # fmt: skip
-
-        return await nats.connect(
-            self.settings.nats_url,
-            name=self.source,
-            user=self.settings.nats_user,
-            password=self.settings.nats_password,
-            max_reconnect_attempts=-1,
-            reconnect_time_wait=0.5,
-            disconnected_cb=disconnected,
-        )
+        s = self.settings
+        return await bus.connect(s.nats_url, self.source, s.nats_user, s.nats_password)
 
     def registration(self) -> NodeRegistration:
         gpus = [

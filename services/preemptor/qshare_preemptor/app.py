@@ -10,12 +10,12 @@ import signal
 from collections.abc import Coroutine
 from typing import Any
 
-import nats
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from qshare import bus
 from qshare.contracts import envelope, rpc, subjects
 from qshare.contracts.errors import InvalidInput, QshareError
 from qshare.contracts.preemption import ClaimAction
@@ -51,10 +51,7 @@ class Preemptor:
     async def start(self) -> None:
         s = self.settings
         self._engine = create_async_engine(s.database_url, pool_size=s.pool_size)
-        self._nc = await nats.connect(
-            s.nats_url, name=self.source, user=s.nats_user, password=s.nats_password,
-            max_reconnect_attempts=-1, reconnect_time_wait=0.5,
-        )  # fmt: skip
+        self._nc = await bus.connect(s.nats_url, self.source, s.nats_user, s.nats_password)
         self.service = PreemptionService(self._nc, self._engine, self.source, s.command_timeout_s)
         await self._nc.subscribe("qshare.evt.gpu.*.*.busy", cb=self._on_card)
         await self._nc.subscribe("qshare.evt.gpu.*.*.idle", cb=self._on_card)

@@ -88,6 +88,7 @@ class EmbeddedNats:
         self._process = await asyncio.create_subprocess_exec(
             nats_server_binary(), "-a", "127.0.0.1", "-p", str(port), "-js",
             "-sd", str(self._root), stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,  # Ctrl-C on a terminal stops its owner, which stops it last
         )  # fmt: skip
         await _wait_until_ready(self._process, b"Server is ready", "nats-server", timeout=20)
         self.url = f"nats://127.0.0.1:{port}"

@@ -1,0 +1,119 @@
+"""The whole qshare stack in one process, on embedded servers: Postgres and NATS (with
+JetStream) from their wheels, the allocator, the REST API, the preemptor and simulated node
+agents over the real driver. `qshare up`, `make demo` and the cluster benchmark use it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from qshare.settings import ClusterSettings
+from qshare.testing.servers import EmbeddedNats, EmbeddedPostgres, free_port
+
+
+@dataclass
+class StackOptions:
+    nodes: int = 2
+    cards: int = 2
+    card_memory: str = "16Gi"
+    port: int = 0
+    host: str = "127.0.0.1"
+    durable: bool = True
+    shm_dir: Path | None = None
+    release_delay_s: float = 0.1
+    heartbeat_s: float = 2.0
+    node_prefix: str = "sim"
+    rules: ClusterSettings = field(default_factory=lambda: ClusterSettings(node_timeout_s=10))
+
+
+@dataclass
+class Stack:
+    url: str
+    admin_token: str
+    database_url: str
+    nats_url: str
+    agents: list[Any]
+    allocator: Any
+    preemptor: Any
+
+
+@contextlib.asynccontextmanager
+async def running_stack(options: StackOptions) -> AsyncIterator[Stack]:
+    """Start everything, yield it, stop everything (in reverse order) on exit."""
+    from qshare_allocator.migrate import upgrade
+
+    async with EmbeddedPostgres(durable=options.durable) as pg, EmbeddedNats() as bus:
+        await upgrade(pg.url)
+        async with _services(options, pg.url, bus.url) as stack:
+            yield stack
+
+
+@contextlib.asynccontextmanager
+async def _services(options: StackOptions, db: str, bus: str) -> AsyncIterator[Stack]:
+    from qshare_allocator.app import Allocator
+    from qshare_allocator.settings import AllocatorSettings
+    from qshare_preemptor.app import Preemptor
+    from qshare_preemptor.settings import PreemptorSettings
+
+    token = "qs_" + secrets.token_urlsafe(24)
+    port = options.port or free_port()
+    allocator = Allocator(AllocatorSettings(database_url=db, nats_url=bus, cluster=options.rules,
+                                            instance="up", dispatch_scan_s=0.5))  # fmt: skip
+    preemptor = Preemptor(PreemptorSettings(database_url=db, nats_url=bus, instance="up"))
+    async with allocator, preemptor, _api(options, db, bus, port, token):
+        agents = await _start_agents(options, bus)
+        try:
+            url = f"http://{options.host}:{port}"
+            yield Stack(url, token, db, bus, agents, allocator, preemptor)
+        finally:
+            for agent in agents:
+                await agent.stop()
+
+
+async def _start_agents(options: StackOptions, bus: str) -> list[Any]:
+    from qshare_node_agent.app import NodeAgent
+    from qshare_node_agent.settings import NodeAgentSettings
+
+    agents = []
+    for i in range(1, options.nodes + 1):
+        settings = NodeAgentSettings(
+            name=f"{options.node_prefix}-{i}", nats_url=bus,
+            simulate=f"{options.cards}:{options.card_memory}", shm_dir=options.shm_dir,
+            release_delay_s=options.release_delay_s, heartbeat_s=options.heartbeat_s,
+        )  # fmt: skip
+        agent = NodeAgent(settings)
+        await agent.start()
+        agents.append(agent)
+    await asyncio.gather(*(asyncio.wait_for(a.registered.wait(), 30) for a in agents))
+    return agents
+
+
+@contextlib.asynccontextmanager
+async def _api(
+    options: StackOptions, db: str, bus: str, port: int, token: str
+) -> AsyncIterator[None]:
+    import uvicorn
+    from pydantic import SecretStr
+
+    from qshare_api.app import create_app
+    from qshare_api.settings import ApiSettings
+
+    settings = ApiSettings(database_url=db, nats_url=bus, port=port, cluster=options.rules,
+                           bootstrap_admin_token=SecretStr(token))  # fmt: skip
+    config = uvicorn.Config(create_app(settings), host=options.host, port=port, log_level="warning")
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        if task.done():
+            task.result()
+        await asyncio.sleep(0.05)
+    try:
+        yield
+    finally:
+        server.should_exit = True
+        await task
