@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 from qshare.stack import Stack, StackOptions, running_stack
@@ -26,7 +27,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.set_defaults(handler=run_up)
 
 
-def _count(low: int, high: int) -> object:
+def _count(low: int, high: int) -> Callable[[str], int]:
     def parse(text: str) -> int:
         if not text.isdigit() or not low <= int(text) <= high:
             raise argparse.ArgumentTypeError(f"expected an integer {low}..{high}, got {text!r}")
