@@ -47,6 +47,7 @@ async def test_a_claim_on_an_unhealthy_card_moves_to_a_healthy_one(
         seen.append(msg.subject)
 
     sub = await nc.subscribe(f"qshare.evt.claim.{claim['id']}.*", cb=note)
+    await nc.flush()
     health.write_text(sick)
 
     async def moved() -> bool:

@@ -58,6 +58,7 @@ async def test_a_subscriber_sees_busy_and_the_gangs_suspension(
         seen.append(msg.subject)
 
     sub = await nc.subscribe("qshare.evt.>", cb=note)
+    await nc.flush()
     with attach(agent, hp["vgpus"][0]) as client:
         client.launch_begin()
         await eventually(lambda: _holds(f"qshare.evt.claim.{gang['id']}.suspended" in seen))

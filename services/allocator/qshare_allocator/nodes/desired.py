@@ -13,13 +13,19 @@ from qshare.contracts.schema import claims, nodes, vgpus
 HOLDING = (ClaimStatus.PLACED.value, ClaimStatus.READY.value)
 
 
-async def desired_state(conn: AsyncConnection, node: str) -> ApplyDesired:
-    """The node's whole desired set at its current generation (read in one snapshot)."""
-    generation = (
-        await conn.execute(select(nodes.c.desired_generation).where(nodes.c.name == node))
-    ).scalar_one_or_none()
-    if generation is None:
+async def desired_state(conn: AsyncConnection, node: str) -> ApplyDesired | None:
+    """The node's whole desired set at its current generation (read in one snapshot); None
+    for a node no agent registered (an inventory entry made over REST: placement only)."""
+    found = (
+        await conn.execute(
+            select(nodes.c.desired_generation, nodes.c.segment).where(nodes.c.name == node)
+        )
+    ).one_or_none()
+    if found is None:
         raise NotFound(f"node {node} is not registered")
+    if found.segment is None:
+        return None
+    generation = found.desired_generation
     query = (
         select(vgpus)
         .join(claims, claims.c.id == vgpus.c.claim_id)

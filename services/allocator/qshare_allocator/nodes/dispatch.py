@@ -83,9 +83,11 @@ class Dispatcher:
 
     async def send(self, node: str) -> ApplyReply | None:
         """One apply round trip; None when the node did not answer (it is retried later)."""
-        desired: ApplyDesired = await in_transaction(
+        desired: ApplyDesired | None = await in_transaction(
             self._engine, lambda conn: desired_state(conn, node)
         )
+        if desired is None:
+            return None
         subject = subjects.node_command(node, "apply")
         try:
             reply = await rpc.call(
@@ -116,15 +118,23 @@ class Dispatcher:
 
     async def _lagging(self, conn: AsyncConnection) -> list[str]:
         query = select(nodes.c.name).where(
-            nodes.c.applied_generation < nodes.c.desired_generation, node_is_ready()
+            nodes.c.applied_generation < nodes.c.desired_generation,
+            nodes.c.segment.is_not(None),
+            node_is_ready(),
         )
         rows = await conn.execute(query, {"node_timeout_s": self._node_timeout_s})
         return list(rows.scalars().all())
 
     async def _fail_overdue(self, conn: AsyncConnection) -> int:
         overdue = func.now() - timedelta(seconds=self._apply_timeout_s)
-        query = select(claims.c.id, claims.c.node_name).where(
-            claims.c.status == ClaimStatus.PLACED.value, claims.c.updated_at < overdue
+        query = (
+            select(claims.c.id, claims.c.node_name)
+            .join(nodes, nodes.c.name == claims.c.node_name)
+            .where(
+                claims.c.status == ClaimStatus.PLACED.value,
+                claims.c.updated_at < overdue,
+                nodes.c.segment.is_not(None),
+            )
         )
         rows = (await conn.execute(query.with_for_update(skip_locked=True))).all()
         for row in rows:
