@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from qshare import bus
 from qshare.contracts import envelope, rpc, subjects
+from qshare.contracts.domain import NODE_LABEL, POLICY_LABEL
 from qshare.contracts.errors import InvalidInput, QshareError
 from qshare.contracts.nodes import GpuSpec, Heartbeat, NodeRegistration, NodeView
 from qshare_driver import Event, EventKind, Node
@@ -117,7 +118,8 @@ class NodeAgent:
         )  # fmt: skip
 
     def _labels(self) -> dict[str, str]:
-        return {"qshare.io/policy": self.settings.policy.value} | self.settings.labels
+        own = {POLICY_LABEL: self.settings.policy.value, NODE_LABEL: self.name}
+        return own | self.settings.labels
 
     async def _register_then_beat(self) -> None:
         await self._register()

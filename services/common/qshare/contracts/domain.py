@@ -68,6 +68,8 @@ MAX_CORE_SHARE = 100
 """Core shares are integer percent of one card; each priority's shares sum to at most this."""
 
 POLICY_LABEL = "qshare.io/policy"
+NODE_LABEL = "qshare.io/node"
+"""Every node agent labels its node with its name, so a claim can select one node."""
 PRIORITY_ANNOTATION = "qshare.io/priority"
 VCORE_RESOURCE = "qshare.io/vcore"
 VMEMORY_RESOURCE = "qshare.io/vmemory"
