@@ -14,7 +14,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser = subparsers.add_parser("demo", help="run the co-location and control-plane demo")
     parser.add_argument(
         "--part",
-        choices=("all", "colocation", "headline", "controlplane"),
+        choices=("all", "colocation", "headline", "controlplane", "cluster"),
         default="all",
         help="run one part only",
     )
@@ -41,10 +41,16 @@ def _controlplane(out: Callable[[str], None]) -> None:
     asyncio.run(module.run_controlplane_demo(out))
 
 
+def _cluster(out: Callable[[str], None]) -> None:
+    module = importlib.import_module("qshare.demo_cluster")
+    asyncio.run(module.run_cluster_demo(out))
+
+
 PARTS: dict[str, tuple[str, Callable[[Callable[[str], None]], None]]] = {
     "colocation": ("co-location on one simulated card (driver)", _colocation),
     "headline": ("co-location benchmark, short run", _headline),
     "controlplane": ("control plane: placement over REST, NATS and Postgres", _controlplane),
+    "cluster": ("the cluster loop: claims become running vGPUs, preemption, events", _cluster),
 }
 
 
