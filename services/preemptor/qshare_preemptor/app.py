@@ -57,6 +57,7 @@ class Preemptor:
         await self._nc.subscribe("qshare.evt.gpu.*.*.idle", cb=self._on_card)
         for subject in (subjects.CLAIMS_SUSPEND, subjects.CLAIMS_RESUME):
             await self._nc.subscribe(subject, queue=subjects.PREEMPTOR_QUEUE, cb=self._on_request)
+        await self.service.reconcile()
         log.info("preemptor %s serving", s.instance)
 
     async def stop(self) -> None:

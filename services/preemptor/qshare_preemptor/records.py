@@ -9,7 +9,7 @@ from sqlalchemy import func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from qshare.contracts.schema import preemptions
-from qshare_preemptor.gangs import Member
+from qshare_preemptor.gangs import Member, vgpus_of_claim
 
 
 async def open_records(
@@ -49,3 +49,19 @@ async def open_claims(
     if kind is not None:
         query = query.where(preemptions.c.kind == kind)
     return set((await conn.execute(query)).scalars().all())
+
+
+async def open_members(conn: AsyncConnection, kind: str) -> list[Member]:
+    """The vGPUs of every claim with an open record of `kind` (not also held by an operator)."""
+    held = select(preemptions.c.claim_id).where(
+        preemptions.c.ended_at.is_(None), preemptions.c.kind == "operator"
+    )
+    query = select(preemptions.c.claim_id).where(
+        preemptions.c.ended_at.is_(None), preemptions.c.kind == kind,
+        preemptions.c.claim_id.not_in(held),
+    )  # fmt: skip
+    ids = list((await conn.execute(query)).scalars().all())
+    members: list[Member] = []
+    for claim_id in set(ids):
+        members += await vgpus_of_claim(conn, claim_id)
+    return members

@@ -23,7 +23,7 @@ from qshare.contracts.errors import NotFound, QshareError
 from qshare.contracts.preemption import ClaimAction, ClaimActionReply
 from qshare.db import in_transaction
 from qshare_preemptor.gangs import Member, gang_of_card, vgpus_of_claim
-from qshare_preemptor.records import close_records, open_claims, open_records
+from qshare_preemptor.records import close_records, open_claims, open_members, open_records
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +37,17 @@ class PreemptionService:
         self._held_by: dict[uuid.UUID, set[str]] = defaultdict(set)
         self._members: dict[uuid.UUID, list[Member]] = {}
         self._lock = asyncio.Lock()
+
+    async def reconcile(self) -> None:
+        """At start: resume the gangs a previous preemptor left suspended (it kept which
+        cards were busy in memory only). A card still busy stops its own LP at the next
+        launch, and its next busy episode suspends the gang again."""
+        left = await in_transaction(self._engine, lambda c: open_members(c, "gang"))
+        if left:
+            await self._act(left, suspend=False, reason="preemptor restarted")
+            ids = sorted({m.claim_id for m in left})
+            await in_transaction(self._engine, lambda c: close_records(c, ids, "gang"))
+            await self._publish_claims(ids, "resumed")
 
     async def card_busy(self, gpu: str) -> None:
         """Suspend, on their other cards, the low-priority gangs holding a vGPU on `gpu`."""
