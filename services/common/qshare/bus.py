@@ -3,12 +3,15 @@ one log line naming the URL instead of a traceback per attempt."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import nats
 from nats.aio.client import Client
+from nats.errors import NoServersError
 
 log = logging.getLogger(__name__)
+MAX_BACKOFF_S = 10.0
 
 
 async def connect(
@@ -35,10 +38,18 @@ async def connect(
         if not down:
             log.warning("%s: NATS %s: %s", name, url, exc or type(exc).__name__)
 
-    client = await nats.connect(
-        url, name=name, user=user, password=password, max_reconnect_attempts=-1,
-        reconnect_time_wait=0.5, disconnected_cb=disconnected, reconnected_cb=reconnected,
-        error_cb=error,
-    )  # fmt: skip
-    made.append(client)
-    return client
+    wait = 0.5
+    while True:
+        try:
+            client = await nats.connect(
+                url, name=name, user=user, password=password, max_reconnect_attempts=-1,
+                reconnect_time_wait=0.5, disconnected_cb=disconnected, reconnected_cb=reconnected,
+                error_cb=error, allow_reconnect=True, connect_timeout=2,
+            )  # fmt: skip
+            made.append(client)
+            return client
+        except (OSError, NoServersError, TimeoutError) as exc:
+            log.warning("%s: NATS %s unreachable (%s); retrying in %.1f s", name, url,
+                        type(exc).__name__, wait)  # fmt: skip
+            await asyncio.sleep(wait)
+            wait = min(wait * 2, MAX_BACKOFF_S)
