@@ -12,6 +12,7 @@ from qshare.contracts.nodes import GpuView, NodeRegistration, NodeView
 from qshare.contracts.rows import node_views
 from qshare_api.auth import Admin, Caller
 from qshare_api.inventory.repository import list_gpus
+from qshare_api.params import NodeFilter, NodeName
 from qshare_api.problems import PROBLEMS
 from qshare_api.resources import Resources, resources
 
@@ -26,7 +27,7 @@ async def get_nodes(caller: Caller, res: Res) -> list[NodeView]:
 
 
 @router.get("/nodes/{name}", response_model=NodeView, summary="Get one node")
-async def get_node(name: str, caller: Caller, res: Res) -> NodeView:
+async def get_node(name: NodeName, caller: Caller, res: Res) -> NodeView:
     async with res.reader.connect() as conn:
         found = await node_views(conn, res.settings.cluster.node_timeout_s, name)
     if not found:
@@ -48,6 +49,6 @@ async def register_node(registration: NodeRegistration, caller: Admin, res: Res)
 
 
 @router.get("/gpus", response_model=list[GpuView], summary="List cards with their capacity")
-async def get_gpus(caller: Caller, res: Res, node: str | None = None) -> list[GpuView]:
+async def get_gpus(caller: Caller, res: Res, node: NodeFilter = None) -> list[GpuView]:
     async with res.reader.connect() as conn:
         return await list_gpus(conn, node)

@@ -10,9 +10,10 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 from qshare.contracts.claims import Labels, MemoryMiB, Text
 from qshare.contracts.domain import NodeStatus
 
-NodeName = Annotated[
-    str, Field(min_length=1, max_length=63, pattern=r"^[A-Za-z0-9]([-A-Za-z0-9_]*[A-Za-z0-9])?$")
-]
+MAX_CARDS = 64
+"""Cards one node may report; a heartbeat lists at most this many unhealthy ones."""
+NODE_NAME_PATTERN = r"^[A-Za-z0-9]([-A-Za-z0-9_]*[A-Za-z0-9])?$"
+NodeName = Annotated[str, Field(min_length=1, max_length=63, pattern=NODE_NAME_PATTERN)]
 """A NATS subject token, so no dots: `qshare.node.<node>.heartbeat`."""
 
 
@@ -46,7 +47,7 @@ class NodeRegistration(BaseModel):
 
     name: NodeName
     labels: Labels = Field(default_factory=dict)
-    gpus: Annotated[list[GpuSpec], Field(min_length=1, max_length=64)]
+    gpus: Annotated[list[GpuSpec], Field(min_length=1, max_length=MAX_CARDS)]
 
     @model_validator(mode="after")
     def _distinct_cards(self) -> NodeRegistration:
@@ -60,7 +61,7 @@ class NodeRegistration(BaseModel):
 class Heartbeat(BaseModel):
     """Event on `qshare.node.<node>.heartbeat`; every card not listed unhealthy is healthy."""
 
-    unhealthy: list[Text] = []
+    unhealthy: Annotated[list[Text], Field(max_length=MAX_CARDS)] = []
 
 
 class GpuView(BaseModel):
