@@ -11,13 +11,13 @@ import logging
 import signal
 from typing import Any
 
-import nats
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from prometheus_client import start_http_server
 from pydantic import BaseModel
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from qshare import bus
 from qshare.contracts import subjects
 from qshare.contracts.claims import CreateClaim, CreateClaimReply, DeleteClaim
 from qshare.contracts.nodes import Heartbeat, NodeRegistration
@@ -80,7 +80,7 @@ class Allocator:
         if self.settings.migrate_on_start:
             await upgrade(self.settings.database_url)
         self._engine = make_engine(self.settings.database_url, self.settings.pool_size)
-        self._nc = await nats.connect(self.settings.nats_url, name=self.source)
+        self._nc = await bus.connect(self.settings.bus(self.source))
         js = self._nc.jetstream()
         await ensure_events_stream(js)
         self._relay = OutboxRelay(self._engine, js, self.settings.outbox_scan_s)
@@ -103,7 +103,7 @@ class Allocator:
 
     async def stop(self) -> None:
         if self._nc is not None:
-            await self._nc.drain()
+            await bus.close(self._nc)
         if self._router is not None:
             await self._router.drain()
         for task in self._background:

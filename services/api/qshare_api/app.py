@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
-import nats
 from fastapi import FastAPI
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from qshare import bus
 from qshare.contracts.domain import Role
 from qshare.contracts.tracing import setup_tracing
 from qshare_api import health, problems
@@ -50,14 +50,14 @@ def _lifespan(settings: ApiSettings) -> Callable[[FastAPI], AbstractAsyncContext
         engine = create_async_engine(
             settings.database_url, pool_size=settings.pool_size, max_overflow=4
         )
-        nc = await nats.connect(settings.nats_url, name=f"qshare-api/{settings.instance}")
+        nc = await bus.connect(settings.bus(f"qshare-api/{settings.instance}"))
         reader = engine.execution_options(isolation_level="AUTOCOMMIT")
         app.state.resources = Resources(settings, engine, reader, nc)
         await _bootstrap_admin(app.state.resources)
         try:
             yield
         finally:
-            await nc.drain()
+            await bus.close(nc)
             await engine.dispose()
 
     return lifespan

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from qshare.bus import BusOptions
 from qshare.settings import ClusterSettings
 
 
@@ -15,6 +17,10 @@ class ApiSettings(BaseSettings):
 
     database_url: str = "postgresql+asyncpg://qshare:qshare@localhost:5432/qshare"
     nats_url: str = "nats://localhost:4222"
+    nats_user: str | None = Field(None, description="this service's NATS identity")
+    nats_password: SecretStr | None = None
+    nats_tls_ca: Path | None = Field(None, description="CA bundle; set it to connect over TLS")
+    nats_reconnect_wait_s: float = Field(2.0, gt=0, le=60, description="between reconnects")
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=1, le=65535)
     instance: str = Field(default_factory=socket.gethostname)
@@ -30,3 +36,10 @@ class ApiSettings(BaseSettings):
     )
     trace_console: bool = False
     cluster: ClusterSettings = Field(default_factory=ClusterSettings)
+
+    def bus(self, name: str) -> BusOptions:
+        """How this service connects to NATS, as `name`."""
+        return BusOptions(
+            self.nats_url, name, self.nats_user, self.nats_password, self.nats_tls_ca,
+            self.nats_reconnect_wait_s,
+        )  # fmt: skip

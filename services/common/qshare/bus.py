@@ -1,0 +1,77 @@
+"""Connecting a service to NATS: its own identity, TLS where configured, and reconnecting
+forever (with backoff) so an outage of any length ends when NATS comes back."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import nats
+from nats.aio.client import Client
+from pydantic import SecretStr
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BusOptions:
+    """How one process connects; `user`/`password` name its identity (see `qshare.natsauth`)."""
+
+    url: str
+    name: str
+    user: str | None = None
+    password: SecretStr | None = None
+    tls_ca: Path | None = None
+    reconnect_wait_s: float = 2.0
+
+
+async def connect(options: BusOptions) -> Client:
+    """A connection that never gives up reconnecting (nats.py's default stops after 60 tries,
+    about two minutes, and then closes for good while the process stays up)."""
+    password = options.password.get_secret_value() if options.password else None
+    return await nats.connect(
+        options.url,
+        name=options.name,
+        user=options.user,
+        password=password,
+        tls=_tls(options.tls_ca),
+        allow_reconnect=True,
+        max_reconnect_attempts=-1,
+        reconnect_time_wait=options.reconnect_wait_s,
+        error_cb=_error(options.name),
+        disconnected_cb=_note(options.name, "disconnected from NATS"),
+        reconnected_cb=_note(options.name, "reconnected to NATS"),
+    )
+
+
+def _tls(ca: Path | None) -> ssl.SSLContext | None:
+    return ssl.create_default_context(cafile=str(ca)) if ca is not None else None
+
+
+def _error(name: str) -> Callable[[Exception], Awaitable[None]]:
+    async def report(error: Exception) -> None:
+        log.warning("%s: NATS error: %r", name, error)
+
+    return report
+
+
+def _note(name: str, what: str) -> Callable[[], Awaitable[None]]:
+    async def report() -> None:
+        log.warning("%s: %s", name, what)
+
+    return report
+
+
+async def close(nc: Client, within_s: float = 5.0) -> None:
+    """Drain what is in hand and close; a connection already closed or down just closes."""
+    if nc.is_closed:
+        return
+    try:
+        await asyncio.wait_for(nc.drain(), within_s)
+    except Exception as error:  # shutting down: nothing left to do about it but report it
+        log.warning("NATS drain failed (%r); closing", error)
+        await nc.close()
