@@ -13,6 +13,7 @@ from typing import Any
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.errors import MaxPayloadError
 from opentelemetry import trace
 from pydantic import BaseModel, ValidationError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -101,7 +102,12 @@ class Router:
             return failure.code.value
         if route.after_commit is not None:
             route.after_commit(result)
-        await rpc.reply_ok(self._nc, msg, self._source, result)
+        try:
+            await rpc.reply_ok(self._nc, msg, self._source, result)
+        except MaxPayloadError:
+            log.error("reply on %s too large for NATS; answering an error instead", msg.subject)
+            await rpc.reply_error(self._nc, msg, QshareError("reply too large; see allocator logs"))
+            return ErrorCode.INTERNAL.value
         return "ok"
 
 

@@ -29,7 +29,10 @@ class ApiSettings(BaseSettings):
     )
     allocator_timeout_s: float = Field(5.0, gt=0, description="wait this long for the allocator")
     max_body_bytes: int = Field(
-        64 * 1024, ge=1024, description="larger bodies get a 422 problem document"
+        64 * 1024,
+        ge=1024,
+        le=256 * 1024,
+        description="larger bodies get a 422 problem document (bounded: NATS carries 1 MiB)",
     )
     bootstrap_admin_token: SecretStr | None = Field(
         None, description="stored (hashed) as an admin token at start-up, for the first admin"

@@ -41,7 +41,12 @@ MemoryMiB = Annotated[
 
 Text = Annotated[StrictStr, Field(max_length=253, pattern=r"^[^\x00]*$")]
 """A short string Postgres can store (no NUL characters)."""
-Labels = dict[Text, Text]
+MAX_LABELS = 32
+LabelKey = Annotated[StrictStr, Field(min_length=1, max_length=253, pattern=r"^[^\x00]*$")]
+LabelValue = Annotated[StrictStr, Field(max_length=63, pattern=r"^[^\x00]*$")]
+Labels = Annotated[dict[LabelKey, LabelValue], Field(max_length=MAX_LABELS)]
+"""Node labels and selectors, bounded like Kubernetes labels: at most 32 pairs, keys up to
+253 characters, values up to 63, so no claim, reply or event can grow past a few KiB."""
 ClassName = Annotated[
     str, Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 ]
