@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from qshare import bus
 from qshare.contracts import subjects
 from qshare.contracts.claims import CreateClaim, CreateClaimReply, DeleteClaim
-from qshare.contracts.nodes import Heartbeat, NodeRegistration
+from qshare.contracts.nodes import Heartbeat, NodeRegistration, RemoveCard, RemoveNode
 from qshare.contracts.streams import ensure_events_stream
 from qshare.contracts.tracing import setup_tracing
 from qshare_allocator import metrics
@@ -42,7 +42,7 @@ class Allocator:
         self.settings = settings
         self.source = f"qshare-allocator/{settings.instance}"
         self.claims = ClaimService(settings.cluster, self.source)
-        self.inventory = InventoryService(settings.cluster)
+        self.inventory = InventoryService(settings.cluster, self.source)
         self._engine: AsyncEngine | None = None
         self._nc: Client | None = None
         self._router: Router | None = None
@@ -119,6 +119,8 @@ class Allocator:
             Route(subjects.CLAIMS_DELETE, DeleteClaim, self._delete, self._after_release),
             Route(subjects.NODES_REGISTER, NodeRegistration, self._register, self._after_release),
             Route(subjects.HEARTBEATS, Heartbeat, self._heartbeat, self._after_heartbeat),
+            Route(subjects.NODES_DELETE, RemoveNode, self._remove_node, self._after_release),
+            Route(subjects.GPUS_DELETE, RemoveCard, self._remove_card, self._after_release),
         ]
 
     async def _create(self, conn: AsyncConnection, command: CreateClaim, msg: Msg) -> BaseModel:
@@ -134,6 +136,12 @@ class Allocator:
         self, conn: AsyncConnection, registration: NodeRegistration, msg: Msg
     ) -> BaseModel:
         return await self.inventory.register(conn, registration)
+
+    async def _remove_node(self, conn: AsyncConnection, command: RemoveNode, msg: Msg) -> BaseModel:
+        return await self.inventory.remove_node(conn, command.name)
+
+    async def _remove_card(self, conn: AsyncConnection, command: RemoveCard, msg: Msg) -> BaseModel:
+        return await self.inventory.remove_card(conn, command.node, command.uuid)
 
     async def _heartbeat(
         self, conn: AsyncConnection, beat: Heartbeat, msg: Msg

@@ -8,11 +8,18 @@ from fastapi import APIRouter, Depends
 
 from qshare.contracts import rpc, subjects
 from qshare.contracts.errors import NotFound
-from qshare.contracts.nodes import GpuView, NodeRegistration, NodeView
+from qshare.contracts.nodes import (
+    GpuView,
+    NodeRegistration,
+    NodeView,
+    RemovalReply,
+    RemoveCard,
+    RemoveNode,
+)
 from qshare.contracts.rows import node_views
 from qshare_api.auth import Admin, Caller
 from qshare_api.inventory.repository import list_gpus
-from qshare_api.params import NodeFilter, NodeName
+from qshare_api.params import CardUuid, NodeFilter, NodeName
 from qshare_api.problems import PROBLEMS
 from qshare_api.resources import Resources, resources
 
@@ -44,6 +51,33 @@ async def get_node(name: NodeName, caller: Caller, res: Res) -> NodeView:
 async def register_node(registration: NodeRegistration, caller: Admin, res: Res) -> NodeView:
     return await rpc.call(
         res.nc, subjects.NODES_REGISTER, res.source, registration, NodeView,
+        timeout=res.settings.allocator_timeout_s,
+    )  # fmt: skip
+
+
+@router.delete(
+    "/nodes/{name}",
+    response_model=RemovalReply,
+    summary="Remove a node and its cards (admins)",
+    description="Claims holding vGPUs on the node turn `failed` (reason and event); the node "
+    "comes back only by registering again.",
+)
+async def remove_node(name: NodeName, caller: Admin, res: Res) -> RemovalReply:
+    return await rpc.call(
+        res.nc, subjects.NODES_DELETE, res.source, RemoveNode(name=name), RemovalReply,
+        timeout=res.settings.allocator_timeout_s,
+    )  # fmt: skip
+
+
+@router.delete(
+    "/nodes/{name}/gpus/{uuid}",
+    response_model=RemovalReply,
+    summary="Remove one card of a node (admins)",
+    description="Claims holding a vGPU on the card turn `failed` (reason and event).",
+)
+async def remove_card(name: NodeName, uuid: CardUuid, caller: Admin, res: Res) -> RemovalReply:
+    return await rpc.call(
+        res.nc, subjects.GPUS_DELETE, res.source, RemoveCard(node=name, uuid=uuid), RemovalReply,
         timeout=res.settings.allocator_timeout_s,
     )  # fmt: skip
 

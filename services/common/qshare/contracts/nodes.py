@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from datetime import datetime
 from typing import Annotated
 
@@ -64,6 +65,25 @@ class Heartbeat(BaseModel):
     unhealthy: Annotated[list[Text], Field(max_length=MAX_CARDS)] = []
 
 
+class RemoveNode(BaseModel):
+    """Request on `qshare.allocator.nodes.delete`: forget a node and its cards."""
+
+    name: NodeName
+
+
+class RemoveCard(BaseModel):
+    """Request on `qshare.allocator.gpus.delete`: forget one card of a node."""
+
+    node: NodeName
+    uuid: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_-]+$")]
+
+
+class RemovalReply(BaseModel):
+    """The claims that held vGPUs on what was removed: each is now `failed`."""
+
+    failed_claims: list[uuid.UUID] = []
+
+
 class GpuView(BaseModel):
     """A card with its allocated and free capacity."""
 
@@ -72,7 +92,10 @@ class GpuView(BaseModel):
     index: int
     model: str
     memory_mib: int
-    healthy: bool
+    healthy: bool = Field(description="what the node's heartbeats say")
+    retired: bool = Field(
+        False, description="the node no longer reports it; never placed on until it does"
+    )
     max_vgpus: int
     vgpus: int
     allocated_mib: int

@@ -7,6 +7,8 @@ from typing import Final
 CLAIMS_CREATE: Final = "qshare.allocator.claims.create"
 CLAIMS_DELETE: Final = "qshare.allocator.claims.delete"
 NODES_REGISTER: Final = "qshare.allocator.nodes.register"
+NODES_DELETE: Final = "qshare.allocator.nodes.delete"
+GPUS_DELETE: Final = "qshare.allocator.gpus.delete"
 HEARTBEATS: Final = "qshare.node.*.heartbeat"
 """Wildcard the allocator subscribes to; nodes publish on `heartbeat(node)`."""
 
