@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
@@ -20,6 +21,8 @@ from qshare_api.resources import Resources
 from qshare_api.settings import ApiSettings
 from qshare_api.tokens.endpoints import router as tokens_router
 from qshare_api.tokens.repository import ensure_token
+
+log = logging.getLogger(__name__)
 
 DESCRIPTION = """
 Platform teams ask for GPU slices (claims); the allocator places them on cards.
@@ -67,6 +70,8 @@ async def _bootstrap_admin(res: Resources) -> None:
     secret = res.settings.bootstrap_admin_token
     if secret is not None:
         async with res.engine.begin() as conn:
-            await ensure_token(
+            stored = await ensure_token(
                 conn, "bootstrap admin", "admin", Role.ADMIN, secret.get_secret_value()
             )
+        if not stored:
+            log.info("bootstrap admin token already issued once; the setting is ignored")
