@@ -8,11 +8,12 @@ from contextlib import asynccontextmanager
 import httpx
 import pytest
 
+from qshare.natsauth import NatsAuth, ServiceRole
 from qshare.testing.servers import EmbeddedPostgres
 from qshare_allocator.migrate import upgrade
 from qshare_api.app import create_app
 from qshare_api.settings import ApiSettings
-from tests.controlplane.conftest import auth
+from tests.controlplane.conftest import as_identity, auth
 
 SECRET = "qs_bootstrap_secret_for_this_test"
 
@@ -26,12 +27,13 @@ async def fresh_database() -> AsyncIterator[str]:
 
 @asynccontextmanager
 async def api_started(
-    database_url: str, bus_url: str, secret: str
+    database_url: str, bus_url: str, secret: str, nats_auth: NatsAuth
 ) -> AsyncIterator[httpx.AsyncClient]:
     """One start of the API process, with the bootstrap variable set to `secret`."""
     settings = ApiSettings(
-        database_url=database_url, nats_url=bus_url, bootstrap_admin_token=secret
-    )
+        database_url=database_url, nats_url=bus_url, bootstrap_admin_token=secret,
+        **as_identity(nats_auth, ServiceRole.API),
+    )  # fmt: skip
     app = create_app(settings)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
@@ -40,9 +42,9 @@ async def api_started(
 
 
 async def test_a_revoked_bootstrap_token_stays_revoked_after_a_restart(
-    fresh_database: str, bus_url: str
+    fresh_database: str, bus_url: str, nats_auth: NatsAuth
 ) -> None:
-    async with api_started(fresh_database, bus_url, SECRET) as api:
+    async with api_started(fresh_database, bus_url, SECRET, nats_auth) as api:
         listed = (await api.get("/v1/tokens", headers=auth(SECRET))).json()
         (bootstrap,) = [t for t in listed if t["name"] == "bootstrap admin"]
         successor = await api.post(
@@ -53,18 +55,20 @@ async def test_a_revoked_bootstrap_token_stays_revoked_after_a_restart(
         assert (
             await api.delete(f"/v1/tokens/{bootstrap['id']}", headers=auth(SECRET))
         ).status_code == 204
-    async with api_started(fresh_database, bus_url, SECRET) as api:
+    async with api_started(fresh_database, bus_url, SECRET, nats_auth) as api:
         assert (await api.get("/v1/tokens", headers=auth(SECRET))).status_code == 401
         ops = auth(successor.json()["token"])
         assert [t["name"] for t in (await api.get("/v1/tokens", headers=ops)).json()] == ["ops"]
 
 
 async def test_a_different_bootstrap_secret_later_is_ignored(
-    fresh_database: str, bus_url: str
+    fresh_database: str, bus_url: str, nats_auth: NatsAuth
 ) -> None:
-    async with api_started(fresh_database, bus_url, SECRET):
+    async with api_started(fresh_database, bus_url, SECRET, nats_auth):
         pass
-    async with api_started(fresh_database, bus_url, "qs_a_second_bootstrap_secret") as api:
+    async with api_started(
+        fresh_database, bus_url, "qs_a_second_bootstrap_secret", nats_auth
+    ) as api:
         assert (
             await api.get("/v1/nodes", headers=auth("qs_a_second_bootstrap_secret"))
         ).status_code == 401

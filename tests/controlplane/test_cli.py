@@ -9,18 +9,21 @@ import pytest
 import uvicorn
 
 from qshare.cli import main
+from qshare.natsauth import NatsAuth, ServiceRole
 from qshare.testing.servers import free_port
 from qshare_api.app import create_app
 from qshare_api.settings import ApiSettings
-from tests.controlplane.conftest import ADMIN_TOKEN, RULES, Register
+from tests.controlplane.conftest import ADMIN_TOKEN, RULES, Register, as_identity
 
 
 @pytest.fixture(scope="module")
-async def api_url(database_url: str, bus_url: str, replicas: object) -> AsyncIterator[str]:
+async def api_url(
+    database_url: str, bus_url: str, replicas: object, nats_auth: NatsAuth
+) -> AsyncIterator[str]:
     port = free_port()
     settings = ApiSettings(
         database_url=database_url, nats_url=bus_url, port=port, cluster=RULES,
-        bootstrap_admin_token=ADMIN_TOKEN,
+        bootstrap_admin_token=ADMIN_TOKEN, **as_identity(nats_auth, ServiceRole.API),
     )  # fmt: skip
     server = uvicorn.Server(uvicorn.Config(create_app(settings), port=port, log_level="warning"))
     task = asyncio.create_task(server.serve())

@@ -14,6 +14,8 @@ import nats
 from nats.aio.client import Client
 from pydantic import SecretStr
 
+from qshare.natsauth import NatsCredentials, inbox_prefix
+
 log = logging.getLogger(__name__)
 
 
@@ -29,9 +31,29 @@ class BusOptions:
     reconnect_wait_s: float = 2.0
 
 
+def options_for(url: str, name: str, credentials: NatsCredentials | None) -> BusOptions:
+    """Options of a connection as the identity `credentials` names (None: anonymous)."""
+    if credentials is None:
+        return BusOptions(url, name)
+    return BusOptions(url, name, credentials.user, credentials.password)
+
+
 async def connect(options: BusOptions) -> Client:
     """A connection that never gives up reconnecting (nats.py's default stops after 60 tries,
-    about two minutes, and then closes for good while the process stays up)."""
+    about two minutes, and then closes for good while the process stays up). A server that
+    is not up yet is waited for; one that refuses the identity fails the call at once."""
+    refused = asyncio.Event()
+    attempt = asyncio.ensure_future(_connect(options, refused))
+    waiter = asyncio.ensure_future(refused.wait())
+    done, _ = await asyncio.wait({attempt, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    waiter.cancel()
+    if attempt in done:
+        return attempt.result()
+    attempt.cancel()
+    raise PermissionError(f"NATS refused the identity {options.user!r} of {options.name}")
+
+
+async def _connect(options: BusOptions, refused: asyncio.Event) -> Client:
     password = options.password.get_secret_value() if options.password else None
     return await nats.connect(
         options.url,
@@ -39,10 +61,11 @@ async def connect(options: BusOptions) -> Client:
         user=options.user,
         password=password,
         tls=_tls(options.tls_ca),
+        inbox_prefix=inbox_prefix(options.user) if options.user else "_INBOX",
         allow_reconnect=True,
         max_reconnect_attempts=-1,
         reconnect_time_wait=options.reconnect_wait_s,
-        error_cb=_error(options.name),
+        error_cb=_error(options.name, refused),
         disconnected_cb=_note(options.name, "disconnected from NATS"),
         reconnected_cb=_note(options.name, "reconnected to NATS"),
     )
@@ -52,9 +75,11 @@ def _tls(ca: Path | None) -> ssl.SSLContext | None:
     return ssl.create_default_context(cafile=str(ca)) if ca is not None else None
 
 
-def _error(name: str) -> Callable[[Exception], Awaitable[None]]:
+def _error(name: str, refused: asyncio.Event) -> Callable[[Exception], Awaitable[None]]:
     async def report(error: Exception) -> None:
         log.warning("%s: NATS error: %r", name, error)
+        if "authorization violation" in str(error).lower():
+            refused.set()
 
     return report
 

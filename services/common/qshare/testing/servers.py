@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import signal
 import socket
 import sys
 import tempfile
@@ -132,6 +133,14 @@ class EmbeddedNats:
     async def stop(self) -> None:
         await _terminate(self._process)
         self._process = None
+
+    async def reload(self, config: str) -> None:
+        """Apply a new configuration (say, with a new node's identity) without a restart."""
+        assert self._process is not None and self._root is not None
+        self._config = config
+        (self._root / "nats.conf").write_text(config)
+        self._process.send_signal(signal.SIGHUP)
+        await asyncio.sleep(0.2)  # nats-server applies a reload at once; let it log it
 
     def _config_args(self) -> tuple[str, ...]:
         if self._config is None:
