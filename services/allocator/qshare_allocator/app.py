@@ -98,7 +98,7 @@ class Allocator:
             asyncio.create_task(self._sweeper()),
         ]
         if self.settings.metrics_port:
-            start_http_server(self.settings.metrics_port)
+            start_http_server(self.settings.metrics_port, addr=self.settings.metrics_host)
         log.info("allocator %s serving", self.settings.instance)
 
     async def stop(self) -> None:

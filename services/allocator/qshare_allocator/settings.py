@@ -9,6 +9,7 @@ from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from qshare.bus import BusOptions
+from qshare.natsauth import ServiceRole, nats_credentials
 from qshare.settings import ClusterSettings
 
 
@@ -20,6 +21,9 @@ class AllocatorSettings(BaseSettings):
     nats_user: str | None = Field(None, description="this service's NATS identity")
     nats_password: SecretStr | None = None
     nats_tls_ca: Path | None = Field(None, description="CA bundle; set it to connect over TLS")
+    nats_secrets_dir: Path | None = Field(
+        None, description="read this service's NATS password here (`python -m qshare.natsauth`)"
+    )
     nats_reconnect_wait_s: float = Field(2.0, gt=0, le=60, description="between reconnects")
     instance: str = Field(default_factory=socket.gethostname, description="CloudEvents source")
     max_in_flight: int = Field(16, ge=1, description="requests handled at once per replica")
@@ -29,13 +33,19 @@ class AllocatorSettings(BaseSettings):
     )
     outbox_scan_s: float = Field(1.0, gt=0, description="look for unpublished events this often")
     metrics_port: int = Field(0, ge=0, description="serve Prometheus metrics here; 0 = off")
+    metrics_host: str = Field(
+        "127.0.0.1", description="address the metrics server binds (0.0.0.0 in containers)"
+    )
     migrate_on_start: bool = False
     trace_console: bool = False
     cluster: ClusterSettings = Field(default_factory=ClusterSettings)
 
     def bus(self, name: str) -> BusOptions:
         """How this service connects to NATS, as `name`."""
+        user, password = self.nats_user, self.nats_password
+        if self.nats_secrets_dir is not None and password is None:
+            found = nats_credentials(ServiceRole.ALLOCATOR, secrets_dir=self.nats_secrets_dir)
+            user, password = found.user, found.password
         return BusOptions(
-            self.nats_url, name, self.nats_user, self.nats_password, self.nats_tls_ca,
-            self.nats_reconnect_wait_s,
-        )  # fmt: skip
+            self.nats_url, name, user, password, self.nats_tls_ca, self.nats_reconnect_wait_s
+        )

@@ -67,11 +67,9 @@ def _lifespan(settings: ApiSettings) -> Callable[[FastAPI], AbstractAsyncContext
 
 
 async def _bootstrap_admin(res: Resources) -> None:
-    secret = res.settings.bootstrap_admin_token
+    secret = res.settings.bootstrap_secret()
     if secret is not None:
         async with res.engine.begin() as conn:
-            stored = await ensure_token(
-                conn, "bootstrap admin", "admin", Role.ADMIN, secret.get_secret_value()
-            )
+            stored = await ensure_token(conn, "bootstrap admin", "admin", Role.ADMIN, secret)
         if not stored:
             log.info("bootstrap admin token already issued once; the setting is ignored")

@@ -9,6 +9,7 @@ from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from qshare.bus import BusOptions
+from qshare.natsauth import ServiceRole, nats_credentials
 from qshare.settings import ClusterSettings
 
 
@@ -20,6 +21,9 @@ class ApiSettings(BaseSettings):
     nats_user: str | None = Field(None, description="this service's NATS identity")
     nats_password: SecretStr | None = None
     nats_tls_ca: Path | None = Field(None, description="CA bundle; set it to connect over TLS")
+    nats_secrets_dir: Path | None = Field(
+        None, description="read this service's NATS password here (`python -m qshare.natsauth`)"
+    )
     nats_reconnect_wait_s: float = Field(2.0, gt=0, le=60, description="between reconnects")
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=1, le=65535)
@@ -37,12 +41,26 @@ class ApiSettings(BaseSettings):
     bootstrap_admin_token: SecretStr | None = Field(
         None, description="stored (hashed) as an admin token at start-up, for the first admin"
     )
+    bootstrap_admin_token_file: Path | None = Field(
+        None, description="read the bootstrap admin token from this file instead"
+    )
     trace_console: bool = False
     cluster: ClusterSettings = Field(default_factory=ClusterSettings)
 
     def bus(self, name: str) -> BusOptions:
         """How this service connects to NATS, as `name`."""
+        user, password = self.nats_user, self.nats_password
+        if self.nats_secrets_dir is not None and password is None:
+            found = nats_credentials(ServiceRole.API, secrets_dir=self.nats_secrets_dir)
+            user, password = found.user, found.password
         return BusOptions(
-            self.nats_url, name, self.nats_user, self.nats_password, self.nats_tls_ca,
-            self.nats_reconnect_wait_s,
-        )  # fmt: skip
+            self.nats_url, name, user, password, self.nats_tls_ca, self.nats_reconnect_wait_s
+        )
+
+    def bootstrap_secret(self) -> str | None:
+        """The bootstrap admin token, from the setting or its file; None when neither is set."""
+        if self.bootstrap_admin_token is not None:
+            return self.bootstrap_admin_token.get_secret_value()
+        if self.bootstrap_admin_token_file is not None:
+            return self.bootstrap_admin_token_file.read_text().strip()
+        return None

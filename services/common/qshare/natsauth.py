@@ -11,6 +11,7 @@ deployment keeps them in a secrets directory (`NatsAuth.save`, `nats_credentials
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import secrets
@@ -242,6 +243,39 @@ def identity_env(prefix: str, credentials: NatsCredentials) -> dict[str, str]:
     }
 
 
+ADMIN_TOKEN_FILE = "admin.token"
+
+
+def init_secrets(directory: Path, nodes: list[str], owner: int | None = None) -> None:
+    """Write a deployment's secrets once: NATS identities and config, and the bootstrap
+    admin token; an existing directory keeps its passwords and token (nodes are added)."""
+    auth = NatsAuth.load(directory) if directory.exists() else NatsAuth({})
+    for role in SERVICE_ROLES:
+        auth._passwords.setdefault(user_name(role), _password())
+    for node in nodes:
+        auth.add_node(node)
+    auth.save(directory)
+    token = directory / ADMIN_TOKEN_FILE
+    if not token.exists():
+        _write_secret(token, "qs_" + secrets.token_urlsafe(32))
+    if owner is not None:
+        for path in [directory, *directory.iterdir()]:
+            os.chown(path, owner, owner)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m qshare.natsauth init DIR [--node NAME]... [--owner UID]`."""
+    parser = argparse.ArgumentParser(prog="python -m qshare.natsauth")
+    parser.add_argument("action", choices=["init"])
+    parser.add_argument("directory", type=Path)
+    parser.add_argument("--node", action="append", default=[], help="a node agent's identity")
+    parser.add_argument("--owner", type=int, default=None, help="chown the files to this uid")
+    args = parser.parse_args(argv)
+    init_secrets(args.directory, args.node, args.owner)
+    print(f"secrets in {args.directory}: {CONFIG_FILE}, {ADMIN_TOKEN_FILE}, <user>.password")
+    return 0
+
+
 def _role_of(user: str) -> tuple[ServiceRole, str | None]:
     if user.startswith("node-"):
         return ServiceRole.NODE, user.removeprefix("node-")
@@ -263,3 +297,7 @@ def _write_secret(path: Path, content: str) -> None:
     path.touch(mode=0o600, exist_ok=True)
     path.chmod(0o600)
     path.write_text(content + "\n")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
