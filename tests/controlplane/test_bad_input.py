@@ -87,3 +87,28 @@ async def test_an_unsupported_method_is_a_405_problem_with_allow(
     assert response.status_code == 405
     assert response.headers["content-type"] == "application/problem+json"
     assert "POST" in response.headers["allow"]
+
+
+async def test_an_integer_written_as_a_whole_float_is_accepted_as_the_schema_says(
+    api: httpx.AsyncClient, register: Register, team_a: dict[str, str]
+) -> None:
+    await register("n1")
+    body = GOOD | {"vcore": 20.0, "count": 1.0, "vmemory": 2048.0}
+    response = await api.post("/v1/claims", json=body, headers=team_a)
+    assert response.status_code == 201, response.text
+    assert (response.json()["vcore"], response.json()["vmemory_mib"]) == (20, 2048)
+
+
+async def test_the_openapi_document_describes_problem_documents_and_outages(
+    api: httpx.AsyncClient,
+) -> None:
+    create = (await api.get("/openapi.json")).json()["paths"]["/v1/claims"]["post"]
+    for status in ("409", "422", "429", "503"):
+        assert "application/problem+json" in create["responses"][status]["content"]
+
+
+async def test_a_405_allows_every_method_of_the_path(
+    api: httpx.AsyncClient, team_a: dict[str, str]
+) -> None:
+    response = await api.patch("/v1/nodes/n1", headers=team_a)
+    assert response.headers["allow"] == "DELETE, GET"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from http import HTTPStatus
 from typing import Any
 
@@ -91,7 +92,20 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
         else _plain_problem(request, exc.status_code, str(exc.detail))
     )
     response.headers.update(exc.headers or {})
+    if exc.status_code == 405:
+        response.headers["Allow"] = ", ".join(_allowed_methods(request))
     return response
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    """Every method the OpenAPI document lists for this path (FastAPI gives each method a
+    route of its own, so the router's 405 names only one)."""
+    allowed: set[str] = set()
+    for template, operations in request.app.openapi()["paths"].items():
+        pattern = re.sub(r"\\{[^/]+?\\}", "[^/]+", re.escape(template))
+        if re.fullmatch(pattern, request.url.path):
+            allowed |= {method.upper() for method in operations}
+    return sorted(allowed)
 
 
 def _plain_problem(request: Request, status: int, detail: str) -> JSONResponse:
@@ -125,13 +139,20 @@ def _field_error(error: Any) -> FieldError:
     return FieldError(field=".".join(loc) or "body", message=str(error.get("msg", "invalid")))
 
 
+def _documented(code: ErrorCode) -> dict[str, Any]:
+    schema = {"schema": {"$ref": "#/components/schemas/Problem"}}
+    return {"model": Problem, "description": code.problem_title, "content": {PROBLEM_JSON: schema}}
+
+
 PROBLEMS: dict[int | str, dict[str, Any]] = {
-    code.status: {"model": Problem, "description": code.problem_title}
+    code.status: _documented(code)
     for code in (
         ErrorCode.UNAUTHORIZED,
         ErrorCode.FORBIDDEN,
         ErrorCode.NOT_FOUND,
+        ErrorCode.CONFLICT,
         ErrorCode.INVALID,
+        ErrorCode.RATE_LIMITED,
         ErrorCode.UNAVAILABLE,
     )
 }

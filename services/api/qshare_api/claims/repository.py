@@ -32,8 +32,11 @@ class ClaimFilter:
 async def get_claim(
     conn: AsyncConnection, claim_id: uuid.UUID, tenant: str | None
 ) -> ClaimView | None:
-    """The claim, or None when it does not exist or belongs to another tenant."""
-    query = select(claims).where(claims.c.id == claim_id)
+    """The claim, or None when it does not exist, was deleted (released) or belongs to
+    another tenant. Released claims stay listed under `?status=released`."""
+    query = select(claims).where(
+        claims.c.id == claim_id, claims.c.status != ClaimStatus.RELEASED.value
+    )
     if tenant is not None:
         query = query.where(claims.c.tenant == tenant)
     row = (await conn.execute(query)).one_or_none()

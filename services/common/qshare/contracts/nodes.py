@@ -6,9 +6,9 @@ import uuid
 from datetime import datetime
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from qshare.contracts.claims import Labels, MemoryMiB, Text
+from qshare.contracts.claims import WHOLE, Labels, MemoryMiB, Text
 from qshare.contracts.domain import NodeStatus
 
 MAX_CARDS = 64
@@ -24,7 +24,7 @@ class GpuSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     uuid: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_-]+$")]
-    index: Annotated[StrictInt, Field(ge=0, le=255)]
+    index: Annotated[int, Field(ge=0, le=255), WHOLE]
     model: Annotated[Text, Field(min_length=1, max_length=128)]
     memory: MemoryMiB = Field(description="card memory: integer MiB or e.g. '80Gi'")
     healthy: bool = True
