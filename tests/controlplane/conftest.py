@@ -127,7 +127,9 @@ async def empty_inventory(engine: AsyncEngine) -> None:
     """Every test starts with no nodes and no claims (tokens and classes stay)."""
 
     async def truncate(conn: AsyncConnection) -> None:
-        await conn.execute(text("TRUNCATE nodes, gpus, claims, vgpus, outbox, outbox_dead CASCADE"))
+        await conn.execute(
+            text("TRUNCATE nodes, gpus, claims, vgpus, outbox, outbox_dead, quotas CASCADE")
+        )
 
     await in_transaction(engine, truncate)  # retried if it deadlocks with a background sweep
 

@@ -17,6 +17,8 @@ from qshare_api.claims.endpoints import router as claims_router
 from qshare_api.classes.endpoints import router as classes_router
 from qshare_api.inventory.endpoints import router as inventory_router
 from qshare_api.middleware import BodyLimit, Metrics
+from qshare_api.quotas.endpoints import router as quotas_router
+from qshare_api.ratelimit import RateLimiter
 from qshare_api.resources import Resources
 from qshare_api.settings import ApiSettings
 from qshare_api.tokens.endpoints import router as tokens_router
@@ -38,7 +40,8 @@ def create_app(settings: ApiSettings) -> FastAPI:
         description=DESCRIPTION,
         lifespan=_lifespan(settings),
     )
-    for router in (claims_router, inventory_router, classes_router, tokens_router, health.router):
+    routers = (claims_router, inventory_router, classes_router, tokens_router, quotas_router)
+    for router in (*routers, health.router):
         app.include_router(router)
     problems.install(app)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
@@ -55,7 +58,8 @@ def _lifespan(settings: ApiSettings) -> Callable[[FastAPI], AbstractAsyncContext
         )
         nc = await bus.connect(settings.bus(f"qshare-api/{settings.instance}"))
         reader = engine.execution_options(isolation_level="AUTOCOMMIT")
-        app.state.resources = Resources(settings, engine, reader, nc)
+        limiter = RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst)
+        app.state.resources = Resources(settings, engine, reader, nc, limiter)
         await _bootstrap_admin(app.state.resources)
         try:
             yield

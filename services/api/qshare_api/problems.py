@@ -52,6 +52,7 @@ def problem_response(
 _HEADERS: dict[ErrorCode, dict[str, str]] = {
     ErrorCode.UNAUTHORIZED: {"WWW-Authenticate": "Bearer"},
     ErrorCode.UNAVAILABLE: {"Retry-After": str(RETRY_AFTER_S)},
+    ErrorCode.RATE_LIMITED: {"Retry-After": "1"},
 }
 
 

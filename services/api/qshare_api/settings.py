@@ -44,6 +44,8 @@ class ApiSettings(BaseSettings):
     bootstrap_admin_token_file: Path | None = Field(
         None, description="read the bootstrap admin token from this file instead"
     )
+    rate_limit_per_s: float = Field(200.0, gt=0, description="requests per second per token")
+    rate_limit_burst: int = Field(400, ge=1, description="requests a token may send at once")
     trace_console: bool = False
     cluster: ClusterSettings = Field(default_factory=ClusterSettings)
 

@@ -3,21 +3,32 @@
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 
 from sqlalchemy import delete, insert, select
 from sqlalchemy.dialects.postgresql import insert as upsert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from qshare.contracts.domain import Role
+from qshare.contracts.domain import Role, TokenScope
 from qshare.contracts.schema import bootstraps, tokens
 from qshare_api.auth import hash_token
 
 
 async def store_token(
-    conn: AsyncConnection, name: str, tenant: str, role: Role, secret: str
+    conn: AsyncConnection,
+    name: str,
+    tenant: str,
+    role: Role,
+    secret: str,
+    scope: TokenScope = TokenScope.WRITE,
+    expires_at: datetime | None = None,
 ) -> uuid.UUID:
     token_id = uuid.uuid4()
-    await conn.execute(insert(tokens).values(_row(token_id, name, tenant, role, secret)))
+    row = _row(token_id, name, tenant, role, secret) | {
+        "scope": scope.value,
+        "expires_at": expires_at,
+    }
+    await conn.execute(insert(tokens).values(row))
     return token_id
 
 
@@ -42,7 +53,10 @@ async def ensure_token(
 
 
 async def list_tokens(conn: AsyncConnection) -> list[dict[str, object]]:
-    query = select(tokens.c.id, tokens.c.name, tokens.c.tenant, tokens.c.role, tokens.c.created_at)
+    query = select(
+        tokens.c.id, tokens.c.name, tokens.c.tenant, tokens.c.role, tokens.c.scope,
+        tokens.c.created_at, tokens.c.expires_at,
+    )  # fmt: skip
     return [
         dict(r._mapping) for r in (await conn.execute(query.order_by(tokens.c.created_at))).all()
     ]

@@ -116,7 +116,8 @@ async def _stack() -> AsyncIterator[tuple[str, Client, str]]:
         api_env = common | {
             "QSHARE_API_DATABASE_URL": pg.url, "QSHARE_API_NATS_URL": bus.url,
             "QSHARE_API_PORT": str(port), "QSHARE_API_BOOTSTRAP_ADMIN_TOKEN": ADMIN_TOKEN,
-            "QSHARE_API_POOL_SIZE": str(REQUESTERS),
+            "QSHARE_API_POOL_SIZE": str(REQUESTERS), "QSHARE_API_RATE_LIMIT_PER_S": "1e9",
+            "QSHARE_API_RATE_LIMIT_BURST": "1000000000",
         } | identity_env("QSHARE_API_", identities.credentials(ServiceRole.API))  # fmt: skip
         async with contextlib.AsyncExitStack() as stack:
             for i in range(REPLICAS):

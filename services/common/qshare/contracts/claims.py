@@ -19,6 +19,8 @@ def _whole(value: Any) -> Any:
     """JSON Schema's `integer` admits `178.0`; so do we. `12.5`, `"12"` and `true` stay errors."""
     if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
         return int(value)
+    if value is None:
+        return None  # an optional field's type says whether None is allowed
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError("must be an integer")
     return value
