@@ -160,7 +160,7 @@ async def _gpu_table(api: httpx.AsyncClient) -> str:
          f"{g['core_high_used']}%", f"{g['core_low_used']}%")
         for g in (await api.get("/v1/gpus")).json()
     ]  # fmt: skip
-    headers = ("NODE", "IDX", "MODEL", "VGPUS", "ALLOCATED", "FREE", "HIGH", "LOW")
+    headers = ("NODE", "IDX", "MODEL", "VGPUS", "ALLOCATED", "FREE", "HIGH_USED", "LOW_USED")
     return "cards after placement:\n" + table(headers, rows)
 
 
