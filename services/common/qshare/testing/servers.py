@@ -155,6 +155,12 @@ class EmbeddedNats:
 class ServiceProcess:
     """A Python service run as `python -m <module>`, ready once its log prints `ready_text`."""
 
+    async def kill(self) -> None:
+        """SIGKILL: the process dies with whatever it had in hand (a crashed replica)."""
+        if self._process is not None and self._process.returncode is None:
+            self._process.kill()
+            await self._process.wait()
+
     def __init__(
         self, module: str, env: dict[str, str], ready_text: str, args: tuple[str, ...] = ()
     ) -> None:
