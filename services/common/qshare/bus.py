@@ -85,8 +85,10 @@ def _error(name: str, refused: asyncio.Event) -> Callable[[Exception], Awaitable
 
 
 def _note(name: str, what: str) -> Callable[[], Awaitable[None]]:
+    """Info only: a close disconnects too; an outage shows as errors while reconnecting."""
+
     async def report() -> None:
-        log.warning("%s: %s", name, what)
+        log.info("%s: %s", name, what)
 
     return report
 
