@@ -9,15 +9,16 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import httpx
-import nats
 import pytest
 from nats.aio.client import Client
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
+from qshare.bus import connect, options_for
 from qshare.contracts import rpc, subjects
 from qshare.contracts.claims import ClaimSpec, ClaimView, CreateClaim, CreateClaimReply
 from qshare.contracts.nodes import NodeRegistration, NodeView
+from qshare.natsauth import NatsAuth, ServiceRole
 from qshare.settings import ClusterSettings
 from qshare.testing.servers import EmbeddedNats, EmbeddedPostgres, nats_url, postgres_url
 from qshare_allocator.app import Allocator
@@ -44,22 +45,41 @@ async def database_url() -> AsyncIterator[str]:
 
 
 @pytest.fixture(scope="session")
-async def bus_url() -> AsyncIterator[str]:
-    existing = nats_url()
-    if existing:
-        yield existing
-        return
-    async with EmbeddedNats() as server:
-        yield server.url
+def nats_auth() -> NatsAuth:
+    """Every service's NATS identity, with fresh passwords; tests connect as `operator`."""
+    return NatsAuth.generate()
 
 
 @pytest.fixture(scope="session")
-async def replicas(database_url: str, bus_url: str) -> AsyncIterator[list[Allocator]]:
+async def nats_server(nats_auth: NatsAuth) -> AsyncIterator[EmbeddedNats | None]:
+    """The session's NATS, enforcing `nats_auth`; None when an existing server is used."""
+    if nats_url():
+        yield None
+        return
+    async with EmbeddedNats(config=nats_auth.server_config()) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def bus_url(nats_server: EmbeddedNats | None) -> str:
+    return nats_server.url if nats_server is not None else str(nats_url())
+
+
+def as_identity(nats_auth: NatsAuth, role: ServiceRole) -> dict[str, Any]:
+    """Settings fields that make a service connect as `role`."""
+    found = nats_auth.credentials(role)
+    return {"nats_user": found.user, "nats_password": found.password}
+
+
+@pytest.fixture(scope="session")
+async def replicas(
+    database_url: str, bus_url: str, nats_auth: NatsAuth
+) -> AsyncIterator[list[Allocator]]:
     """Two allocator replicas sharing the queue group, as in production."""
     settings = [
         AllocatorSettings(
             database_url=database_url, nats_url=bus_url, instance=f"replica-{i}",
-            pending_sweep_s=1.0, cluster=RULES,
+            pending_sweep_s=1.0, cluster=RULES, **as_identity(nats_auth, ServiceRole.ALLOCATOR),
         )
         for i in range(2)
     ]  # fmt: skip
@@ -79,19 +99,21 @@ async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
 
 
 @pytest.fixture(scope="session")
-async def nc(bus_url: str) -> AsyncIterator[Client]:
-    client = await nats.connect(bus_url)
+async def nc(bus_url: str, nats_auth: NatsAuth) -> AsyncIterator[Client]:
+    """A connection with every right (`operator`): tests play each role on it."""
+    operator = nats_auth.credentials(ServiceRole.OPERATOR)
+    client = await connect(options_for(bus_url, "tests", operator))
     yield client
     await client.drain()
 
 
 @pytest.fixture(scope="session")
 async def api(
-    database_url: str, bus_url: str, replicas: list[Allocator]
+    database_url: str, bus_url: str, replicas: list[Allocator], nats_auth: NatsAuth
 ) -> AsyncIterator[httpx.AsyncClient]:
     settings = ApiSettings(
         database_url=database_url, nats_url=bus_url, bootstrap_admin_token=ADMIN_TOKEN,
-        max_body_bytes=4096, cluster=RULES,
+        max_body_bytes=4096, cluster=RULES, **as_identity(nats_auth, ServiceRole.API),
     )  # fmt: skip
     app = create_app(settings)
     async with app.router.lifespan_context(app):
@@ -105,7 +127,9 @@ async def empty_inventory(engine: AsyncEngine) -> None:
     """Every test starts with no nodes and no claims (tokens and classes stay)."""
 
     async def truncate(conn: AsyncConnection) -> None:
-        await conn.execute(text("TRUNCATE nodes, gpus, claims, vgpus, outbox CASCADE"))
+        await conn.execute(
+            text("TRUNCATE nodes, gpus, claims, vgpus, outbox, outbox_dead, quotas CASCADE")
+        )
 
     await in_transaction(engine, truncate)  # retried if it deadlocks with a background sweep
 

@@ -3,24 +3,29 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 from collections.abc import AsyncIterator
 
 import pytest
 import uvicorn
 
 from qshare.cli import main
+from qshare.natsauth import NatsAuth, ServiceRole
 from qshare.testing.servers import free_port
 from qshare_api.app import create_app
 from qshare_api.settings import ApiSettings
-from tests.controlplane.conftest import ADMIN_TOKEN, RULES, Register
+from tests.controlplane.conftest import ADMIN_TOKEN, RULES, Register, as_identity
 
 
 @pytest.fixture(scope="module")
-async def api_url(database_url: str, bus_url: str, replicas: object) -> AsyncIterator[str]:
+async def api_url(
+    database_url: str, bus_url: str, replicas: object, nats_auth: NatsAuth
+) -> AsyncIterator[str]:
     port = free_port()
     settings = ApiSettings(
         database_url=database_url, nats_url=bus_url, port=port, cluster=RULES,
-        bootstrap_admin_token=ADMIN_TOKEN,
+        bootstrap_admin_token=ADMIN_TOKEN, **as_identity(nats_auth, ServiceRole.API),
     )  # fmt: skip
     server = uvicorn.Server(uvicorn.Config(create_app(settings), port=port, log_level="warning"))
     task = asyncio.create_task(server.serve())
@@ -56,7 +61,7 @@ async def test_the_cli_lists_cards_with_their_free_capacity(
     assert await _qshare(api_url, "gpus", "list") == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["NODE", "IDX", "UUID", "MODEL", "HEALTHY", "VGPUS", "MEMORY",
-                                "FREE", "HIGH", "LOW"]  # fmt: skip
+                                "FREE", "HIGH_FREE", "LOW_FREE"]  # fmt: skip
     assert [line.split()[:3] for line in lines[1:]] == [["n1", "0", "n1-g0"], ["n1", "1", "n1-g1"]]
 
 
@@ -72,3 +77,67 @@ def test_an_unreachable_api_is_named_and_exits_2(capsys: pytest.CaptureFixture[s
     url = f"http://127.0.0.1:{free_port()}"
     assert main(["claims", "--url", url, "--token", "t", "list"]) == 2
     assert f"cannot reach the qshare API at {url}" in capsys.readouterr().err
+
+
+async def _create(url: str, *extra: str) -> int:
+    args = ("--priority", "high", "--vcore", "10", "--vmemory", "1Gi")
+    return await _qshare(url, "claims", "create", *args, *extra)
+
+
+async def test_listing_pages_with_the_cursor_it_suggests(
+    api_url: str, register: Register, capsys: pytest.CaptureFixture[str]
+) -> None:
+    await register("n1", cards=2, memory="80Gi")
+    for _ in range(3):
+        assert await _create(api_url) == 0
+    capsys.readouterr()
+    assert await _qshare(api_url, "claims", "list", "--limit", "2") == 0
+    cursor = capsys.readouterr().out.rsplit("--cursor ", 1)[1].rstrip(")\n")
+    assert await _qshare(api_url, "claims", "list", "--limit", "2", "--cursor", cursor) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 2  # the header and the third claim
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (("--selector", "zone"), "'zone' is not KEY=VALUE"),
+        (("--selector", "zone=a", "--selector", "zone=b"), "--selector repeats zone"),
+        (("--vmemory", "4G"), "did you mean 4Gi?"),
+        (("--vmemory", "-4Gi"), "-4Gi"),
+    ],
+)
+async def test_bad_create_arguments_are_named_before_anything_is_sent(
+    api_url: str, capsys: pytest.CaptureFixture[str], extra: tuple[str, ...], message: str
+) -> None:
+    with contextlib.suppress(SystemExit):
+        assert await _create(api_url, *extra) != 0
+    assert message in capsys.readouterr().err
+
+
+async def test_an_empty_claim_id_is_named_not_a_traceback(
+    api_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        await _qshare(api_url, "claims", "get", "")
+    assert "'' is not a claim id" in capsys.readouterr().err
+
+
+async def test_an_error_is_printed_once_without_the_validator_prefix(
+    api_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert await _qshare(api_url, "claims", "create", "--priority", "high", "--vcore", "0",
+                         "--vmemory", "1Gi") == 1  # fmt: skip
+    err = capsys.readouterr().err
+    assert err.count("vcore") == 1 and "Value error" not in err
+
+
+async def test_get_shows_the_vgpus_and_json_output_is_the_claim(
+    api_url: str, register: Register, capsys: pytest.CaptureFixture[str]
+) -> None:
+    await register("n1")
+    assert await _qshare(api_url, "claims", "-o", "json", "create", "--priority", "high",
+                         "--vcore", "10", "--vmemory", "1Gi") == 0  # fmt: skip
+    created = json.loads(capsys.readouterr().out)
+    assert created["idempotency_key"].startswith("cli-")
+    assert await _qshare(api_url, "claims", "get", created["id"]) == 0
+    assert created["vgpus"][0]["id"] in capsys.readouterr().out

@@ -49,3 +49,13 @@ def test_run_without_a_command_is_refused() -> None:
     )
     assert done.returncode == 2
     assert "no command given" in done.stderr
+
+
+def test_run_without_a_node_segment_fails_before_starting_the_program(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    argv = [sys.executable, "-c", RUN, "run", "--vgpu", "1", "--shm-dir", str(tmp_path), "--"]
+    argv += ["touch", str(marker)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "no node segment 'qshare'" in done.stderr and "qshare.qshare.cfg" in done.stderr
+    assert not marker.exists()

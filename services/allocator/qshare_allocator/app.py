@@ -11,17 +11,23 @@ import logging
 import signal
 from typing import Any
 
-import nats
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from prometheus_client import start_http_server
 from pydantic import BaseModel
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from qshare import bus
 from qshare.contracts import subjects
 from qshare.contracts.claims import ClaimView, CreateClaim, CreateClaimReply, DeleteClaim
 from qshare.contracts.domain import Priority
-from qshare.contracts.nodes import Heartbeat, NodeRegistration, NodeView
+from qshare.contracts.nodes import (
+    Heartbeat,
+    NodeRegistration,
+    NodeView,
+    RemoveCard,
+    RemoveNode,
+)
 from qshare.contracts.streams import ensure_events_stream
 from qshare.contracts.tracing import setup_tracing
 from qshare_allocator import metrics
@@ -44,7 +50,7 @@ class Allocator:
         self.settings = settings
         self.source = f"qshare-allocator/{settings.instance}"
         self.claims = ClaimService(settings.cluster, self.source)
-        self.inventory = InventoryService(settings.cluster)
+        self.inventory = InventoryService(settings.cluster, self.source)
         self._engine: AsyncEngine | None = None
         self._nc: Client | None = None
         self._router: Router | None = None
@@ -83,7 +89,7 @@ class Allocator:
         if self.settings.migrate_on_start:
             await upgrade(self.settings.database_url)
         self._engine = make_engine(self.settings.database_url, self.settings.pool_size)
-        self._nc = await nats.connect(self.settings.nats_url, name=self.source)
+        self._nc = await bus.connect(self.settings.bus(self.source))
         js = self._nc.jetstream()
         await ensure_events_stream(js)
         self._relay = OutboxRelay(self._engine, js, self.settings.outbox_scan_s)
@@ -110,12 +116,12 @@ class Allocator:
             asyncio.create_task(self._dispatch_scanner()),
         ]
         if self.settings.metrics_port:
-            start_http_server(self.settings.metrics_port)
+            start_http_server(self.settings.metrics_port, addr=self.settings.metrics_host)
         log.info("allocator %s serving", self.settings.instance)
 
     async def stop(self) -> None:
         if self._nc is not None:
-            await self._nc.drain()
+            await bus.close(self._nc)
         if self._router is not None:
             await self._router.drain()
         for task in self._background:
@@ -133,6 +139,8 @@ class Allocator:
             Route(subjects.CLAIMS_DELETE, DeleteClaim, self._delete, self._after_release),
             Route(subjects.NODES_REGISTER, NodeRegistration, self._register, self._after_register),
             Route(subjects.HEARTBEATS, Heartbeat, self._heartbeat, self._after_heartbeat),
+            Route(subjects.NODES_DELETE, RemoveNode, self._remove_node, self._after_release),
+            Route(subjects.GPUS_DELETE, RemoveCard, self._remove_card, self._after_release),
         ]
 
     async def _create(self, conn: AsyncConnection, command: CreateClaim, msg: Msg) -> BaseModel:
@@ -148,6 +156,12 @@ class Allocator:
         self, conn: AsyncConnection, registration: NodeRegistration, msg: Msg
     ) -> BaseModel:
         return await self.inventory.register(conn, registration)
+
+    async def _remove_node(self, conn: AsyncConnection, command: RemoveNode, msg: Msg) -> BaseModel:
+        return await self.inventory.remove_node(conn, command.name)
+
+    async def _remove_card(self, conn: AsyncConnection, command: RemoveCard, msg: Msg) -> BaseModel:
+        return await self.inventory.remove_card(conn, command.node, command.uuid)
 
     async def _heartbeat(
         self, conn: AsyncConnection, beat: Heartbeat, msg: Msg

@@ -13,13 +13,21 @@ from typing import Any
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.errors import MaxPayloadError
 from opentelemetry import trace
 from pydantic import BaseModel, ValidationError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from qshare.contracts import envelope, rpc
-from qshare.contracts.errors import ErrorCode, FieldError, InvalidInput, QshareError
+from qshare.contracts.errors import (
+    ErrorCode,
+    FieldError,
+    InvalidInput,
+    QshareError,
+    Unavailable,
+)
 from qshare.contracts.tracing import extract_context
+from qshare.outages import is_outage
 from qshare_allocator import metrics
 from qshare_allocator.db import in_transaction
 
@@ -88,14 +96,28 @@ class Router:
                 metrics.REJECTED.labels(route.subject).inc()
             await rpc.reply_error(self._nc, msg, error)
             return error.code.value
-        except Exception:
-            log.exception("handling %s failed", msg.subject)
-            await rpc.reply_error(self._nc, msg, QshareError("internal error; see allocator logs"))
-            return ErrorCode.INTERNAL.value
+        except Exception as exc:
+            failure = _unexpected(msg, exc)
+            await rpc.reply_error(self._nc, msg, failure)
+            return failure.code.value
         if route.after_commit is not None:
             route.after_commit(result)
-        await rpc.reply_ok(self._nc, msg, self._source, result)
+        try:
+            await rpc.reply_ok(self._nc, msg, self._source, result)
+        except MaxPayloadError:
+            log.error("reply on %s too large for NATS; answering an error instead", msg.subject)
+            await rpc.reply_error(self._nc, msg, QshareError("reply too large; see allocator logs"))
+            return ErrorCode.INTERNAL.value
         return "ok"
+
+
+def _unexpected(msg: Msg, exc: Exception) -> QshareError:
+    """Postgres unreachable or restarting: 503, retry later. Anything else is a bug: 500."""
+    if is_outage(exc):
+        log.warning("handling %s: a backing service is unavailable: %r", msg.subject, exc)
+        return Unavailable("Postgres is unavailable; retry later")
+    log.exception("handling %s failed", msg.subject)
+    return QshareError("internal error; see allocator logs")
 
 
 def _decode(msg: Msg, model: type[BaseModel]) -> BaseModel:

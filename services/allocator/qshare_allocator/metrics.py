@@ -20,3 +20,7 @@ CLAIMS = Counter(
     "qshare_allocator_claims_total", "Claims created, by outcome", ["priority", "status"]
 )
 PENDING_PLACED = Counter("qshare_allocator_pending_placed_total", "Pending claims placed later")
+OUTBOX_DEAD = Counter(
+    "qshare_allocator_outbox_dead_total",
+    "Events that could not be published and were set aside in outbox_dead",
+)

@@ -10,15 +10,18 @@ import functools
 import logging
 from typing import Any
 
+from nats.errors import BadSubjectError, MaxPayloadError
 from nats.js import JetStreamContext
+from nats.js.errors import BadRequestError
 from pydantic import BaseModel
 from sqlalchemy import Insert, bindparam, delete, insert, select
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from qshare.contracts import envelope
-from qshare.contracts.schema import outbox
+from qshare.contracts.schema import outbox, outbox_dead
 from qshare.contracts.tracing import inject_headers
+from qshare_allocator import metrics
 from qshare_allocator.db import in_transaction
 
 log = logging.getLogger(__name__)
@@ -75,17 +78,57 @@ class OutboxRelay:
         return total
 
     async def _publish_batch(self, conn: AsyncConnection) -> int:
+        """Publish one batch; returns how many rows left the outbox (published or set aside).
+
+        Each row stands alone: a row that can never be published (too large, refused) is
+        moved to `outbox_dead` and logged; one that failed for now (NATS down) stays for the
+        next scan. Neither holds back the rows after it.
+        """
         query = (
-            select(outbox.c.id, outbox.c.subject, outbox.c.body, outbox.c.headers)
+            select(outbox.c.id, outbox.c.subject, outbox.c.body, outbox.c.headers,
+                   outbox.c.created_at)
             .order_by(outbox.c.id)
             .limit(BATCH)
             .with_for_update(skip_locked=True)
-        )
+        )  # fmt: skip
         rows = (await conn.execute(query)).all()
-        if rows:
-            await asyncio.gather(*(self._publish(r.subject, r.body, r.headers) for r in rows))
-            await conn.execute(delete(outbox).where(outbox.c.id.in_([r.id for r in rows])))
-        return len(rows)
+        if not rows:
+            return 0
+        outcomes = await asyncio.gather(
+            *(self._publish(r.subject, r.body, r.headers) for r in rows), return_exceptions=True
+        )
+        dead = [(r, o) for r, o in zip(rows, outcomes, strict=True) if _permanent(o)]
+        gone = [r.id for r, o in zip(rows, outcomes, strict=True) if o is None] + [
+            r.id for r, _ in dead
+        ]
+        await self._set_aside(conn, dead)
+        if gone:
+            await conn.execute(delete(outbox).where(outbox.c.id.in_(gone)))
+        if len(gone) < len(rows):
+            log.warning("outbox: %d events not published yet; will retry", len(rows) - len(gone))
+        return len(gone)
+
+    async def _set_aside(self, conn: AsyncConnection, dead: list[tuple[Any, Any]]) -> None:
+        for row, error in dead:
+            log.error(
+                "outbox: event %d on %s (%d bytes) cannot be published and is set aside in "
+                "outbox_dead: %r", row.id, row.subject, len(row.body), error,
+            )  # fmt: skip
+            metrics.OUTBOX_DEAD.inc()
+        if dead:
+            await conn.execute(
+                insert(outbox_dead),
+                [
+                    {"id": r.id, "subject": r.subject, "body": r.body, "headers": r.headers,
+                     "error": repr(e)[:1000], "created_at": r.created_at}
+                    for r, e in dead
+                ],
+            )  # fmt: skip
 
     async def _publish(self, subject: str, body: bytes, headers: dict[str, Any]) -> None:
         await self._js.publish(subject, body, headers={k: str(v) for k, v in headers.items()})
+
+
+def _permanent(outcome: object) -> bool:
+    """A publish error that retrying cannot cure."""
+    return isinstance(outcome, MaxPayloadError | BadSubjectError | BadRequestError)

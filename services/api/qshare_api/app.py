@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
-import nats
 from fastapi import FastAPI
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from qshare import bus
 from qshare.contracts.domain import Role
 from qshare.contracts.tracing import setup_tracing
 from qshare_api import health, problems
@@ -19,10 +20,14 @@ from qshare_api.inventory.endpoints import router as inventory_router
 from qshare_api.middleware import BodyLimit, Metrics
 from qshare_api.preemptions.endpoints import actions as claim_actions_router
 from qshare_api.preemptions.endpoints import router as preemptions_router
+from qshare_api.quotas.endpoints import router as quotas_router
+from qshare_api.ratelimit import RateLimiter
 from qshare_api.resources import Resources
 from qshare_api.settings import ApiSettings
 from qshare_api.tokens.endpoints import router as tokens_router
 from qshare_api.tokens.repository import ensure_token
+
+log = logging.getLogger(__name__)
 
 DESCRIPTION = """
 Platform teams ask for GPU slices (claims); the allocator places them on cards.
@@ -40,9 +45,9 @@ def create_app(settings: ApiSettings) -> FastAPI:
     )
     routers = (
         claims_router, claim_actions_router, inventory_router, classes_router, tokens_router,
-        preemptions_router, events_router, health.router,
+        quotas_router, preemptions_router, events_router,
     )  # fmt: skip
-    for router in routers:
+    for router in (*routers, health.router):
         app.include_router(router)
     problems.install(app)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
@@ -57,23 +62,24 @@ def _lifespan(settings: ApiSettings) -> Callable[[FastAPI], AbstractAsyncContext
         engine = create_async_engine(
             settings.database_url, pool_size=settings.pool_size, max_overflow=4
         )
-        nc = await nats.connect(settings.nats_url, name=f"qshare-api/{settings.instance}")
+        nc = await bus.connect(settings.bus(f"qshare-api/{settings.instance}"))
         reader = engine.execution_options(isolation_level="AUTOCOMMIT")
-        app.state.resources = Resources(settings, engine, reader, nc)
+        limiter = RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst)
+        app.state.resources = Resources(settings, engine, reader, nc, limiter)
         await _bootstrap_admin(app.state.resources)
         try:
             yield
         finally:
-            await nc.drain()
+            await bus.close(nc)
             await engine.dispose()
 
     return lifespan
 
 
 async def _bootstrap_admin(res: Resources) -> None:
-    secret = res.settings.bootstrap_admin_token
+    secret = res.settings.bootstrap_secret()
     if secret is not None:
         async with res.engine.begin() as conn:
-            await ensure_token(
-                conn, "bootstrap admin", "admin", Role.ADMIN, secret.get_secret_value()
-            )
+            stored = await ensure_token(conn, "bootstrap admin", "admin", Role.ADMIN, secret)
+        if not stored:
+            log.info("bootstrap admin token already issued once; the setting is ignored")

@@ -7,11 +7,11 @@ import secrets
 from dataclasses import dataclass
 from typing import Annotated
 
-from fastapi import Depends
+from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from sqlalchemy import select
+from sqlalchemy import func, select
 
-from qshare.contracts.domain import Role
+from qshare.contracts.domain import Role, TokenScope
 from qshare.contracts.errors import Forbidden, Unauthorized
 from qshare.contracts.schema import tokens
 from qshare_api.resources import Resources, resources
@@ -23,6 +23,7 @@ bearer = HTTPBearer(auto_error=False, description="a qshare token: `Authorizatio
 class Principal:
     tenant: str
     role: Role
+    read_only: bool = False
 
     @property
     def is_admin(self) -> bool:
@@ -42,20 +43,32 @@ def hash_token(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
+READS = frozenset({"GET", "HEAD"})
+
+
 async def principal(
+    request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
     res: Annotated[Resources, Depends(resources)],
 ) -> Principal:
+    """Who calls: an unexpired token's tenant and role; a read-only token may only read,
+    and each token's requests are rate-limited."""
     if credentials is None or credentials.scheme.lower() != "bearer":
         raise Unauthorized("missing bearer token")
-    query = select(tokens.c.tenant, tokens.c.role).where(
-        tokens.c.token_hash == hash_token(credentials.credentials)
-    )
+    digest = hash_token(credentials.credentials)
+    query = select(
+        tokens.c.tenant, tokens.c.role, tokens.c.scope, tokens.c.expires_at <= func.now()
+    ).where(tokens.c.token_hash == digest)
     async with res.reader.connect() as conn:
         row = (await conn.execute(query)).one_or_none()
     if row is None:
         raise Unauthorized("unknown or revoked token")
-    return Principal(tenant=row.tenant, role=Role(row.role))
+    if row[3]:
+        raise Unauthorized("token expired")
+    if row.scope == TokenScope.READ and request.method not in READS:
+        raise Forbidden("this token is read-only")
+    res.limiter.take(digest)
+    return Principal(tenant=row.tenant, role=Role(row.role), read_only=row.scope == "read")
 
 
 async def admin(caller: Annotated[Principal, Depends(principal)]) -> Principal:

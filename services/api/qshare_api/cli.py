@@ -3,19 +3,27 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import re
 import sys
+import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from qshare.contracts.quantities import format_mib
+from qshare.contracts.quantities import QuantityError, format_mib, parse_mib
 from qshare_api.client import ApiError, Client
 
 if TYPE_CHECKING:
     Sub = argparse._SubParsersAction[argparse.ArgumentParser]
 
+GPU_COLUMNS = (
+    "NODE", "IDX", "UUID", "MODEL", "HEALTHY", "VGPUS", "MEMORY", "FREE", "HIGH_FREE", "LOW_FREE",
+)  # fmt: skip
+"""HIGH_FREE/LOW_FREE: core share still free for each priority (the demo shows *_USED)."""
 CLAIM_COLUMNS = ("ID", "TENANT", "STATUS", "PRIO", "VCORE", "VMEM", "COUNT", "NODE", "CARDS")
 
 
@@ -24,23 +32,29 @@ def register(subparsers: Sub) -> None:
     create = claims.add_parser("create", help="ask for vGPUs")
     create.add_argument("--priority", required=True, choices=["high", "low"])
     create.add_argument("--vcore", required=True, type=int, help="core share per card, 1-100")
-    create.add_argument("--vmemory", required=True, help="memory per card: MiB or e.g. 4Gi")
+    create.add_argument(
+        "--vmemory", required=True, type=_memory, help="memory per card: MiB or e.g. 4Gi"
+    )
     create.add_argument("--count", type=int, default=1, help="cards, on one node")
     create.add_argument("--class", dest="class_name", default="qshare")
-    create.add_argument("--selector", action="append", default=[], metavar="KEY=VALUE")
+    create.add_argument(
+        "--selector", action="append", default=[], metavar="KEY=VALUE", type=_selector_pair
+    )
     create.add_argument("--node-policy", choices=["spread", "binpack"])
     create.add_argument("--card-policy", choices=["spread", "binpack"])
-    create.add_argument("--idempotency-key")
+    create.add_argument("--idempotency-key", help="default: a fresh one, so a retry is safe")
+    create._negative_number_matcher = re.compile(r"^-\d")  # `--vmemory -4Gi` is a value
     create.set_defaults(handler=_command(_create_claim))
     listing = claims.add_parser("list", help="list claims")
     listing.add_argument("--status")
     listing.add_argument("--priority")
     listing.add_argument("--node")
     listing.add_argument("--limit", type=int, default=50)
+    listing.add_argument("--cursor", help="the next page, as a previous listing printed it")
     listing.set_defaults(handler=_command(_list_claims))
     for verb, action in (("get", _get_claim), ("delete", _delete_claim)):
         one = claims.add_parser(verb, help=f"{verb} one claim")
-        one.add_argument("claim_id")
+        one.add_argument("claim_id", type=_claim_id)
         one.set_defaults(handler=_command(action))
     nodes = _group(subparsers, "nodes", "the inventory of nodes")
     nodes.add_parser("list", help="list nodes").set_defaults(handler=_command(_list_nodes))
@@ -54,20 +68,36 @@ def _group(subparsers: Sub, name: str, help_: str) -> Sub:
     parser = subparsers.add_parser(name, help=help_)
     parser.add_argument("--url", default=os.environ.get("QSHARE_URL", "http://127.0.0.1:8080"))
     parser.add_argument("--token", default=os.environ.get("QSHARE_TOKEN"), help="or $QSHARE_TOKEN")
+    parser.add_argument(
+        "-o", "--output", choices=["table", "json", "yaml"], default="table", help="format"
+    )
     return parser.add_subparsers(dest="action", required=True)
 
 
+class UsageError(Exception):
+    """Arguments argparse accepted one by one but not together."""
+
+
+@dataclass(frozen=True)
+class Shown:
+    """What a command answered (for `-o json|yaml`) and how a table shows it."""
+
+    data: Any
+    text: str
+
+
 def _command(
-    action: Callable[[Client, argparse.Namespace], str],
+    action: Callable[[Client, argparse.Namespace], Shown],
 ) -> Callable[[argparse.Namespace], int]:
     def handler(args: argparse.Namespace) -> int:
         try:
-            print(action(Client(args.url, args.token), args))
+            print(_render(action(Client(args.url, args.token), args), args.output))
         except ApiError as exc:
-            print(f"error {exc.status}: {exc}", file=sys.stderr)
-            for item in exc.problem.get("errors", []):
-                print(f"  {item.get('field')}: {item.get('message')}", file=sys.stderr)
+            _report(exc)
             return 1
+        except UsageError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         except httpx.HTTPError as exc:
             print(f"error: cannot reach the qshare API at {args.url}: {exc}", file=sys.stderr)
             return 2
@@ -76,58 +106,122 @@ def _command(
     return handler
 
 
-def _create_claim(client: Client, args: argparse.Namespace) -> str:
+def _render(shown: Shown, output: str) -> str:
+    if output == "json":
+        return json.dumps(shown.data, indent=2)
+    if output == "yaml":
+        import yaml
+
+        return str(yaml.safe_dump(shown.data, sort_keys=False)).rstrip()
+    return shown.text
+
+
+def _report(exc: ApiError) -> None:
+    """The problem once: its field errors when it names fields, else its detail."""
+    errors = exc.problem.get("errors") or []
+    if not errors:
+        print(f"error {exc.status}: {exc}", file=sys.stderr)
+        return
+    print(f"error {exc.status}: {exc.problem.get('title', 'invalid request')}", file=sys.stderr)
+    for item in errors:
+        message = str(item.get("message", "")).removeprefix("Value error, ")
+        print(f"  {item.get('field')}: {message}", file=sys.stderr)
+
+
+def _memory(value: str) -> int | str:
+    """Checked here so a decimal suffix gets a hint: `4G` is 10^9 bytes, `4Gi` is 4096 MiB."""
+    try:
+        parse_mib(int(value) if value.isdigit() else value)
+    except QuantityError as exc:
+        hint = f" (did you mean {value}i?)" if re.fullmatch(r"[0-9.]+[kMGTP]", value) else ""
+        raise argparse.ArgumentTypeError(f"{exc}{hint}") from exc
+    return int(value) if value.isdigit() else value
+
+
+def _selector_pair(value: str) -> tuple[str, str]:
+    key, sep, label = value.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{value!r} is not KEY=VALUE")
+    return key, label
+
+
+def _selector(pairs: list[tuple[str, str]]) -> dict[str, str]:
+    keys = [k for k, _ in pairs]
+    if repeated := sorted({k for k in keys if keys.count(k) > 1}):
+        raise UsageError(f"--selector repeats {', '.join(repeated)}: give each key once")
+    return dict(pairs)
+
+
+def _claim_id(value: str) -> str:
+    try:
+        return str(uuid.UUID(value))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a claim id (a UUID)") from exc
+
+
+def _create_claim(client: Client, args: argparse.Namespace) -> Shown:
     body: dict[str, Any] = {
         "priority": args.priority,
         "vcore": args.vcore,
-        "vmemory": int(args.vmemory) if args.vmemory.isdigit() else args.vmemory,
+        "vmemory": args.vmemory,
         "count": args.count,
         "class_name": args.class_name,
-        "node_selector": dict(s.split("=", 1) for s in args.selector if "=" in s),
+        "node_selector": _selector(args.selector),
+        "idempotency_key": args.idempotency_key or f"cli-{uuid.uuid4()}",
     }
     if args.node_policy or args.card_policy:
         body["placement"] = {"node": args.node_policy, "card": args.card_policy}
-    if args.idempotency_key:
-        body["idempotency_key"] = args.idempotency_key
-    return _claims_table([client.post("/v1/claims", body)])
+    claim = client.post("/v1/claims", body)
+    return Shown(claim, _claims_table([claim]))
 
 
-def _list_claims(client: Client, args: argparse.Namespace) -> str:
+def _list_claims(client: Client, args: argparse.Namespace) -> Shown:
     page = client.get(
-        "/v1/claims", status=args.status, priority=args.priority, node=args.node, limit=args.limit
-    )
+        "/v1/claims", status=args.status, priority=args.priority, node=args.node,
+        limit=args.limit, cursor=args.cursor,
+    )  # fmt: skip
     more = f"\n(more: --cursor {page['next_cursor']})" if page.get("next_cursor") else ""
-    return _claims_table(page["items"]) + more
+    return Shown(page, _claims_table(page["items"]) + more)
 
 
-def _get_claim(client: Client, args: argparse.Namespace) -> str:
+def _get_claim(client: Client, args: argparse.Namespace) -> Shown:
     claim = client.get(f"/v1/claims/{args.claim_id}")
     reason = f"\nreason: {claim['reason']}" if claim.get("reason") else ""
-    return _claims_table([claim]) + reason
+    return Shown(claim, _claims_table([claim]) + reason + _vgpus_table(claim))
 
 
-def _delete_claim(client: Client, args: argparse.Namespace) -> str:
-    return _claims_table([client.delete(f"/v1/claims/{args.claim_id}")])
+def _delete_claim(client: Client, args: argparse.Namespace) -> Shown:
+    claim = client.delete(f"/v1/claims/{args.claim_id}")
+    return Shown(claim, _claims_table([claim]))
 
 
-def _list_nodes(client: Client, args: argparse.Namespace) -> str:
+def _vgpus_table(claim: dict[str, Any]) -> str:
+    rows = [
+        (v["id"], v["node"], v["index"], v["gpu"], f"{v['vcore']}%", format_mib(v["vmemory_mib"]))
+        for v in claim.get("vgpus", [])
+    ]
+    return "\n\n" + table(("VGPU", "NODE", "IDX", "CARD", "VCORE", "VMEM"), rows) if rows else ""
+
+
+def _list_nodes(client: Client, args: argparse.Namespace) -> Shown:
+    nodes = client.get("/v1/nodes")
     rows = [
         (n["name"], n["status"], n["gpus"], format_mib(n["memory_mib"]), format_mib(n["free_mib"]),
          ",".join(f"{k}={v}" for k, v in sorted(n["labels"].items())))
-        for n in client.get("/v1/nodes")
+        for n in nodes
     ]  # fmt: skip
-    return table(("NAME", "STATUS", "GPUS", "MEMORY", "FREE", "LABELS"), rows)
+    return Shown(nodes, table(("NAME", "STATUS", "GPUS", "MEMORY", "FREE", "LABELS"), rows))
 
 
-def _list_gpus(client: Client, args: argparse.Namespace) -> str:
+def _list_gpus(client: Client, args: argparse.Namespace) -> Shown:
+    cards = client.get("/v1/gpus", node=args.node)
     rows = [
         (g["node"], g["index"], g["uuid"], g["model"], "yes" if g["healthy"] else "NO",
          f"{g['vgpus']}/{g['max_vgpus']}", format_mib(g["memory_mib"]), format_mib(g["free_mib"]),
          f"{g['core_high_free']}%", f"{g['core_low_free']}%")
-        for g in client.get("/v1/gpus", node=args.node)
+        for g in cards
     ]  # fmt: skip
-    headers = ("NODE", "IDX", "UUID", "MODEL", "HEALTHY", "VGPUS", "MEMORY", "FREE", "HIGH", "LOW")
-    return table(headers, rows)
+    return Shown(cards, table(GPU_COLUMNS, rows))
 
 
 def _claims_table(claims: list[dict[str, Any]]) -> str:

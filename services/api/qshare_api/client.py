@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import httpx
+
+LOST = (httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError, httpx.TimeoutException)
+"""Transport failures after which the request may or may not have been handled."""
 
 
 class ApiError(Exception):
@@ -25,8 +29,21 @@ class Client:
         clean = {k: v for k, v in params.items() if v is not None}
         return self._call("GET", path, params=clean)
 
-    def post(self, path: str, body: dict[str, Any]) -> Any:
-        return self._call("POST", path, json=body)
+    def post(self, path: str, body: dict[str, Any], idempotency_key: str | None = None) -> Any:
+        """Every POST carries an `Idempotency-Key` (a fresh one unless given), and is sent
+        once more with the same key when the connection fails before an answer came: a
+        lost reply never creates a second claim."""
+        key = idempotency_key or str(body.get("idempotency_key") or f"client-{uuid.uuid4()}")
+        headers = {"Idempotency-Key": key}
+        try:
+            return self._call("POST", path, json=body, headers=headers)
+        except (
+            httpx.ConnectError,
+            httpx.ReadError,
+            httpx.RemoteProtocolError,
+            httpx.TimeoutException,
+        ):
+            return self._call("POST", path, json=body, headers=headers)
 
     def delete(self, path: str) -> Any:
         return self._call("DELETE", path)

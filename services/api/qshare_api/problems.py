@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import re
+from http import HTTPStatus
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -12,6 +14,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
 from qshare.contracts.errors import ErrorCode, FieldError, QshareError
+from qshare.outages import OUTAGE_BASES, RETRY_AFTER_S, is_outage
 
 log = logging.getLogger(__name__)
 PROBLEM_JSON = "application/problem+json"
@@ -40,16 +43,25 @@ def problem_response(
         instance=request.url.path,
         errors=errors or [],
     )
-    headers = {"WWW-Authenticate": "Bearer"} if code is ErrorCode.UNAUTHORIZED else None
+    headers = _HEADERS.get(code)
     return JSONResponse(
         body.model_dump(exclude_none=True), code.status, headers=headers, media_type=PROBLEM_JSON
     )
+
+
+_HEADERS: dict[ErrorCode, dict[str, str]] = {
+    ErrorCode.UNAUTHORIZED: {"WWW-Authenticate": "Bearer"},
+    ErrorCode.UNAVAILABLE: {"Retry-After": str(RETRY_AFTER_S)},
+    ErrorCode.RATE_LIMITED: {"Retry-After": "1"},
+}
 
 
 def install(app: FastAPI) -> None:
     app.add_exception_handler(QshareError, _qshare_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(HTTPException, _http_error)
+    for kind in OUTAGE_BASES:  # handled here, not re-raised by the server-error middleware
+        app.add_exception_handler(kind, _unexpected)
     app.add_exception_handler(Exception, _unexpected)
 
 
@@ -66,14 +78,56 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
 
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+    """Starlette's and FastAPI's own errors as problem documents, keeping their headers
+    (`Allow` on a 405). A body FastAPI could not even decode (not UTF-8) is a 422 on `body`."""
     assert isinstance(exc, HTTPException)
+    if exc.status_code == 400:
+        detail = f"the body could not be read as UTF-8 JSON ({exc.detail})"
+        return problem_response(
+            request, ErrorCode.INVALID, detail, [FieldError(field="body", message=detail)]
+        )
     code = next((c for c in ErrorCode if c.status == exc.status_code), None)
-    if code is None:
-        return JSONResponse({"detail": exc.detail}, exc.status_code, media_type=PROBLEM_JSON)
-    return problem_response(request, code, str(exc.detail))
+    response = (
+        problem_response(request, code, str(exc.detail))
+        if code is not None
+        else _plain_problem(request, exc.status_code, str(exc.detail))
+    )
+    response.headers.update(exc.headers or {})
+    if exc.status_code == 405:
+        response.headers["Allow"] = ", ".join(_allowed_methods(request))
+    return response
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    """Every method the OpenAPI document lists for this path (FastAPI gives each method a
+    route of its own, so the router's 405 names only one)."""
+    allowed: set[str] = set()
+    for template, operations in request.app.openapi()["paths"].items():
+        pattern = re.sub(r"\\{[^/]+?\\}", "[^/]+", re.escape(template))
+        if re.fullmatch(pattern, request.url.path):
+            allowed |= {method.upper() for method in operations}
+    return sorted(allowed)
+
+
+def _plain_problem(request: Request, status: int, detail: str) -> JSONResponse:
+    phrase = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else "Error"
+    body = Problem(
+        type=f"{TYPE_BASE}http-{status}",
+        title=phrase,
+        status=status,
+        detail=detail,
+        instance=request.url.path,
+    )
+    return JSONResponse(body.model_dump(exclude_none=True), status, media_type=PROBLEM_JSON)
 
 
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    """An outage of Postgres or NATS is a 503 with `Retry-After`; anything else is a bug."""
+    if is_outage(exc):
+        log.warning("dependency unavailable on %s: %r", request.url.path, exc)
+        return problem_response(
+            request, ErrorCode.UNAVAILABLE, "a backing service is unavailable; retry later"
+        )
     log.exception("unexpected error on %s", request.url.path, exc_info=exc)
     return problem_response(request, ErrorCode.INTERNAL, "internal error; see the api logs")
 
@@ -86,13 +140,21 @@ def _field_error(error: Any) -> FieldError:
     return FieldError(field=".".join(loc) or "body", message=str(error.get("msg", "invalid")))
 
 
+def _documented(code: ErrorCode) -> dict[str, Any]:
+    schema = {"schema": {"$ref": "#/components/schemas/Problem"}}
+    return {"model": Problem, "description": code.problem_title, "content": {PROBLEM_JSON: schema}}
+
+
 PROBLEMS: dict[int | str, dict[str, Any]] = {
-    code.status: {"model": Problem, "description": code.problem_title}
+    code.status: _documented(code)
     for code in (
         ErrorCode.UNAUTHORIZED,
         ErrorCode.FORBIDDEN,
         ErrorCode.NOT_FOUND,
+        ErrorCode.CONFLICT,
         ErrorCode.INVALID,
+        ErrorCode.RATE_LIMITED,
+        ErrorCode.UNAVAILABLE,
     )
 }
 """The problem documents every authenticated route may answer, for OpenAPI."""

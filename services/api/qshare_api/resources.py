@@ -8,6 +8,7 @@ from fastapi import Request
 from nats.aio.client import Client
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from qshare_api.ratelimit import RateLimiter
 from qshare_api.settings import ApiSettings
 
 
@@ -20,6 +21,7 @@ class Resources:
     engine: AsyncEngine
     reader: AsyncEngine
     nc: Client
+    limiter: RateLimiter
 
     @property
     def source(self) -> str:

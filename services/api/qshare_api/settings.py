@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from qshare.bus import BusOptions
+from qshare.natsauth import ServiceRole, nats_credentials
 from qshare.settings import ClusterSettings
 
 
@@ -15,6 +18,13 @@ class ApiSettings(BaseSettings):
 
     database_url: str = "postgresql+asyncpg://qshare:qshare@localhost:5432/qshare"
     nats_url: str = "nats://localhost:4222"
+    nats_user: str | None = Field(None, description="this service's NATS identity")
+    nats_password: SecretStr | None = None
+    nats_tls_ca: Path | None = Field(None, description="CA bundle; set it to connect over TLS")
+    nats_secrets_dir: Path | None = Field(
+        None, description="read this service's NATS password here (`python -m qshare.natsauth`)"
+    )
+    nats_reconnect_wait_s: float = Field(2.0, gt=0, le=60, description="between reconnects")
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=1, le=65535)
     instance: str = Field(default_factory=socket.gethostname)
@@ -23,10 +33,36 @@ class ApiSettings(BaseSettings):
     )
     allocator_timeout_s: float = Field(5.0, gt=0, description="wait this long for the allocator")
     max_body_bytes: int = Field(
-        64 * 1024, ge=1024, description="larger bodies get a 422 problem document"
+        64 * 1024,
+        ge=1024,
+        le=256 * 1024,
+        description="larger bodies get a 422 problem document (bounded: NATS carries 1 MiB)",
     )
     bootstrap_admin_token: SecretStr | None = Field(
         None, description="stored (hashed) as an admin token at start-up, for the first admin"
     )
+    bootstrap_admin_token_file: Path | None = Field(
+        None, description="read the bootstrap admin token from this file instead"
+    )
+    rate_limit_per_s: float = Field(200.0, gt=0, description="requests per second per token")
+    rate_limit_burst: int = Field(400, ge=1, description="requests a token may send at once")
     trace_console: bool = False
     cluster: ClusterSettings = Field(default_factory=ClusterSettings)
+
+    def bus(self, name: str) -> BusOptions:
+        """How this service connects to NATS, as `name`."""
+        user, password = self.nats_user, self.nats_password
+        if self.nats_secrets_dir is not None and password is None:
+            found = nats_credentials(ServiceRole.API, secrets_dir=self.nats_secrets_dir)
+            user, password = found.user, found.password
+        return BusOptions(
+            self.nats_url, name, user, password, self.nats_tls_ca, self.nats_reconnect_wait_s
+        )
+
+    def bootstrap_secret(self) -> str | None:
+        """The bootstrap admin token, from the setting or its file; None when neither is set."""
+        if self.bootstrap_admin_token is not None:
+            return self.bootstrap_admin_token.get_secret_value()
+        if self.bootstrap_admin_token_file is not None:
+            return self.bootstrap_admin_token_file.read_text().strip()
+        return None

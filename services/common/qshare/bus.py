@@ -1,55 +1,128 @@
-"""Connecting a service to NATS: reconnect forever with backoff, and report an outage in
-one log line naming the URL instead of a traceback per attempt."""
+"""Connecting a service to NATS: its own identity, TLS where configured, and reconnecting
+forever (with backoff) so an outage of any length ends when NATS comes back."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
 
 import nats
 from nats.aio.client import Client
-from nats.errors import NoServersError
+from pydantic import BaseModel, Field, SecretStr
+
+from qshare.natsauth import NatsCredentials, ServiceRole, inbox_prefix, nats_credentials
 
 log = logging.getLogger(__name__)
-MAX_BACKOFF_S = 10.0
 
 
-async def connect(
-    url: str, name: str, user: str | None = None, password: str | None = None
-) -> Client:
-    """A connection that survives NATS restarts of any length."""
-    down = False
-    made: list[Client] = []
+@dataclass(frozen=True)
+class BusOptions:
+    """How one process connects; `user`/`password` name its identity (see `qshare.natsauth`)."""
 
-    async def disconnected() -> None:
-        nonlocal down
-        if made and (made[0].is_closed or made[0].is_draining):
-            return  # closing on purpose
-        if not down:
-            log.warning("%s: NATS %s unreachable; reconnecting with backoff", name, url)
-        down = True
+    url: str
+    name: str
+    user: str | None = None
+    password: SecretStr | None = None
+    tls_ca: Path | None = None
+    reconnect_wait_s: float = 2.0
 
-    async def reconnected() -> None:
-        nonlocal down
-        down = False
-        log.info("%s: NATS %s reachable again", name, url)
 
-    async def error(exc: Exception) -> None:
-        if not down:
-            log.warning("%s: NATS %s: %s", name, url, exc or type(exc).__name__)
+def options_for(url: str, name: str, credentials: NatsCredentials | None) -> BusOptions:
+    """Options of a connection as the identity `credentials` names (None: anonymous)."""
+    if credentials is None:
+        return BusOptions(url, name)
+    return BusOptions(url, name, credentials.user, credentials.password)
 
-    wait = 0.5
-    while True:
-        try:
-            client = await nats.connect(
-                url, name=name, user=user, password=password, max_reconnect_attempts=-1,
-                reconnect_time_wait=0.5, disconnected_cb=disconnected, reconnected_cb=reconnected,
-                error_cb=error, allow_reconnect=True, connect_timeout=2,
-            )  # fmt: skip
-            made.append(client)
-            return client
-        except (OSError, NoServersError, TimeoutError) as exc:
-            log.warning("%s: NATS %s unreachable (%s); retrying in %.1f s", name, url,
-                        type(exc).__name__, wait)  # fmt: skip
-            await asyncio.sleep(wait)
-            wait = min(wait * 2, MAX_BACKOFF_S)
+
+async def connect(options: BusOptions) -> Client:
+    """A connection that never gives up reconnecting (nats.py's default stops after 60 tries,
+    about two minutes, and then closes for good while the process stays up). A server that
+    is not up yet is waited for; one that refuses the identity fails the call at once."""
+    refused = asyncio.Event()
+    attempt = asyncio.ensure_future(_connect(options, refused))
+    waiter = asyncio.ensure_future(refused.wait())
+    done, _ = await asyncio.wait({attempt, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    waiter.cancel()
+    if attempt in done:
+        return attempt.result()
+    attempt.cancel()
+    raise PermissionError(f"NATS refused the identity {options.user!r} of {options.name}")
+
+
+async def _connect(options: BusOptions, refused: asyncio.Event) -> Client:
+    password = options.password.get_secret_value() if options.password else None
+    return await nats.connect(
+        options.url,
+        name=options.name,
+        user=options.user,
+        password=password,
+        tls=_tls(options.tls_ca),
+        inbox_prefix=inbox_prefix(options.user) if options.user else "_INBOX",
+        allow_reconnect=True,
+        max_reconnect_attempts=-1,
+        reconnect_time_wait=options.reconnect_wait_s,
+        error_cb=_error(options.name, refused),
+        disconnected_cb=_note(options.name, "disconnected from NATS"),
+        reconnected_cb=_note(options.name, "reconnected to NATS"),
+    )
+
+
+def _tls(ca: Path | None) -> ssl.SSLContext | None:
+    return ssl.create_default_context(cafile=str(ca)) if ca is not None else None
+
+
+def _error(name: str, refused: asyncio.Event) -> Callable[[Exception], Awaitable[None]]:
+    async def report(error: Exception) -> None:
+        log.warning("%s: NATS error: %r", name, error)
+        if "authorization violation" in str(error).lower():
+            refused.set()
+
+    return report
+
+
+def _note(name: str, what: str) -> Callable[[], Awaitable[None]]:
+    """Info only: a close disconnects too; an outage shows as errors while reconnecting."""
+
+    async def report() -> None:
+        log.info("%s: %s", name, what)
+
+    return report
+
+
+async def close(nc: Client, within_s: float = 5.0) -> None:
+    """Drain what is in hand and close; a connection already closed or down just closes."""
+    if nc.is_closed:
+        return
+    try:
+        await asyncio.wait_for(nc.drain(), within_s)
+    except Exception as error:  # shutting down: nothing left to do about it but report it
+        log.warning("NATS drain failed (%r); closing", error)
+        await nc.close()
+
+
+class BusIdentity(BaseModel):
+    """The NATS fields of a service's settings: its URL, identity, TLS and reconnect wait.
+    A service's settings class inherits them (with its own env prefix)."""
+
+    nats_url: str = "nats://localhost:4222"
+    nats_user: str | None = Field(None, description="this service's NATS identity")
+    nats_password: SecretStr | None = None
+    nats_tls_ca: Path | None = Field(None, description="CA bundle; set it to connect over TLS")
+    nats_secrets_dir: Path | None = Field(
+        None, description="read this service's NATS password here (`python -m qshare.natsauth`)"
+    )
+    nats_reconnect_wait_s: float = Field(2.0, gt=0, le=60, description="between reconnects")
+
+    def bus_as(self, name: str, role: ServiceRole, node: str | None = None) -> BusOptions:
+        """How this service connects, as `name`, with the identity of `role` (and `node`)."""
+        user, password = self.nats_user, self.nats_password
+        if self.nats_secrets_dir is not None and password is None:
+            found = nats_credentials(role, node, secrets_dir=self.nats_secrets_dir)
+            user, password = found.user, found.password
+        return BusOptions(
+            self.nats_url, name, user, password, self.nats_tls_ca, self.nats_reconnect_wait_s
+        )

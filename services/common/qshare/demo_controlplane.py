@@ -15,6 +15,7 @@ import httpx
 import uvicorn
 
 from qshare.contracts.quantities import format_mib
+from qshare.natsauth import NatsAuth, ServiceRole
 from qshare.settings import ClusterSettings
 from qshare.testing.servers import EmbeddedNats, EmbeddedPostgres, free_port
 
@@ -60,12 +61,22 @@ async def _control_plane() -> AsyncIterator[httpx.AsyncClient]:
     from qshare_api.settings import ApiSettings
 
     rules = ClusterSettings()
-    async with EmbeddedPostgres(durable=False) as pg, EmbeddedNats() as bus:
+    identities = NatsAuth.generate()
+    as_allocator = identities.credentials(ServiceRole.ALLOCATOR)
+    as_api = identities.credentials(ServiceRole.API)
+    async with (
+        EmbeddedPostgres(durable=False) as pg,
+        EmbeddedNats(config=identities.server_config()) as bus,
+    ):
         await upgrade(pg.url)
-        allocator = AllocatorSettings(database_url=pg.url, nats_url=bus.url, cluster=rules)
+        allocator = AllocatorSettings(
+            database_url=pg.url, nats_url=bus.url, cluster=rules,
+            nats_user=as_allocator.user, nats_password=as_allocator.password,
+        )  # fmt: skip
         port = free_port()
         api = ApiSettings(database_url=pg.url, nats_url=bus.url, port=port, cluster=rules,
-                          bootstrap_admin_token=ADMIN_TOKEN)  # fmt: skip
+                          bootstrap_admin_token=ADMIN_TOKEN, nats_user=as_api.user,
+                          nats_password=as_api.password)  # fmt: skip
         async with Allocator(allocator), _serve(create_app(api), port):
             headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
             async with httpx.AsyncClient(
@@ -149,7 +160,7 @@ async def _gpu_table(api: httpx.AsyncClient) -> str:
          f"{g['core_high_used']}%", f"{g['core_low_used']}%")
         for g in (await api.get("/v1/gpus")).json()
     ]  # fmt: skip
-    headers = ("NODE", "IDX", "MODEL", "VGPUS", "ALLOCATED", "FREE", "HIGH", "LOW")
+    headers = ("NODE", "IDX", "MODEL", "VGPUS", "ALLOCATED", "FREE", "HIGH_USED", "LOW_USED")
     return "cards after placement:\n" + table(headers, rows)
 
 

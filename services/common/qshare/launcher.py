@@ -54,6 +54,19 @@ def find_library(explicit: Path | None, env: Mapping[str, str]) -> Path | None:
     return None
 
 
+def missing_segment(segment: str, shm_dir: Path | None, env: Mapping[str, str]) -> str | None:
+    """Why the node segment cannot serve the program, or None: checked before it starts, so
+    a program never runs unlimited because no node agent created the segment."""
+    directory = shm_dir or Path(env.get("QSHARE_SHM_DIR") or "/dev/shm")
+    config = directory / f"qshare.{segment}.cfg"
+    if not config.is_file():
+        return (
+            f"no node segment {segment!r} in {directory} ({config.name} is missing); start "
+            "the node (agent) first, or name it with --segment/--shm-dir"
+        )
+    return None
+
+
 def child_environment(
     base: Mapping[str, str], vgpu: int, segment: str, shm_dir: Path | None, library: Path
 ) -> dict[str, str]:
@@ -93,6 +106,9 @@ def run_command(args: argparse.Namespace) -> int:
             return 2
     if args.vgpu < 0:
         print(f"qshare run: --vgpu {args.vgpu} is not a vGPU id", file=sys.stderr)
+        return 2
+    if missing := missing_segment(args.segment, args.shm_dir, os.environ):
+        print(f"qshare run: {missing}", file=sys.stderr)
         return 2
     library = find_library(args.lib, os.environ)
     if library is None:

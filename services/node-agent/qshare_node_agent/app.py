@@ -21,6 +21,7 @@ from qshare.contracts import envelope, rpc, subjects
 from qshare.contracts.domain import NODE_LABEL, POLICY_LABEL
 from qshare.contracts.errors import InvalidInput, QshareError
 from qshare.contracts.nodes import GpuSpec, Heartbeat, NodeRegistration, NodeView
+from qshare.natsauth import ServiceRole
 from qshare_driver import Event, EventKind, Node
 from qshare_node_agent import metrics
 from qshare_node_agent.commands import Commands
@@ -96,15 +97,14 @@ class NodeAgent:
         if self._pump is not None:
             await self._pump.stop()  # type: ignore[attr-defined]
         if self._nc is not None:
-            with contextlib.suppress(Exception):
-                await self._nc.drain()
+            await bus.close(self._nc)
         if self._node is not None:
             self._node.close()
             self._node = None
 
     async def _connect(self) -> Client:
-        s = self.settings
-        return await bus.connect(s.nats_url, self.source, s.nats_user, s.nats_password)
+        options = self.settings.bus_as(self.source, ServiceRole.NODE, self.name)
+        return await bus.connect(options)
 
     def registration(self) -> NodeRegistration:
         gpus = [

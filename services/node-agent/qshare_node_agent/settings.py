@@ -9,6 +9,7 @@ from pathlib import Path
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from qshare.bus import BusIdentity
 from qshare.contracts.domain import CardPolicy
 from qshare.contracts.quantities import parse_mib
 
@@ -20,7 +21,7 @@ def _node_name() -> str:
     return re.sub(r"[^A-Za-z0-9_-]", "-", socket.gethostname())[:63].strip("-_") or "node"
 
 
-class NodeAgentSettings(BaseSettings):
+class NodeAgentSettings(BaseSettings, BusIdentity):
     model_config = SettingsConfigDict(env_prefix="QSHARE_NODE_", extra="ignore")
 
     name: str = Field(
@@ -30,9 +31,6 @@ class NodeAgentSettings(BaseSettings):
         pattern=r"^[A-Za-z0-9]([-A-Za-z0-9_]*[A-Za-z0-9])?$",
         description="node name (a NATS subject token)",
     )
-    nats_url: str = "nats://localhost:4222"
-    nats_user: str | None = None
-    nats_password: str | None = None
     simulate: str | None = Field(
         None, description="N[:MEM]: N simulated cards of MEM each (default 16Gi) instead of NVML"
     )

@@ -4,7 +4,6 @@ acts through the node agents. One instance acts on events; requests may reach an
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import signal
 from collections.abc import Coroutine
@@ -19,6 +18,7 @@ from qshare import bus
 from qshare.contracts import envelope, rpc, subjects
 from qshare.contracts.errors import InvalidInput, QshareError
 from qshare.contracts.preemption import ClaimAction
+from qshare.natsauth import ServiceRole
 from qshare_preemptor.service import PreemptionService
 from qshare_preemptor.settings import PreemptorSettings
 
@@ -51,7 +51,7 @@ class Preemptor:
     async def start(self) -> None:
         s = self.settings
         self._engine = create_async_engine(s.database_url, pool_size=s.pool_size)
-        self._nc = await bus.connect(s.nats_url, self.source, s.nats_user, s.nats_password)
+        self._nc = await bus.connect(s.bus_as(self.source, ServiceRole.PREEMPTOR))
         self.service = PreemptionService(self._nc, self._engine, self.source, s.command_timeout_s)
         await self._nc.subscribe("qshare.evt.gpu.*.*.busy", cb=self._on_card)
         await self._nc.subscribe("qshare.evt.gpu.*.*.idle", cb=self._on_card)
@@ -62,8 +62,7 @@ class Preemptor:
 
     async def stop(self) -> None:
         if self._nc is not None:
-            with contextlib.suppress(Exception):
-                await self._nc.drain()
+            await bus.close(self._nc)
         for task in list(self._tasks):
             task.cancel()
         if self._engine is not None:

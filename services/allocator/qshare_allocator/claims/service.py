@@ -31,6 +31,8 @@ from qshare.contracts.rows import claim_view, vgpus_of
 from qshare.contracts.schema import claims
 from qshare.settings import ClusterSettings
 from qshare_allocator.claims.classes import ClassCatalog
+from qshare_allocator.claims.idempotency import ensure_same_request
+from qshare_allocator.claims.quotas import check_quota
 from qshare_allocator.claims.views import demand_of, spec_of
 from qshare_allocator.db import together
 from qshare_allocator.outbox import event_insert, event_params
@@ -56,7 +58,9 @@ class ClaimService:
         demand = await self._demand(conn, spec)
         key = spec.idempotency_key
         if key and (known := await self._by_key(conn, command.tenant, key)):
+            ensure_same_request(known, spec)
             return CreateClaimReply(claim=known, created=False)
+        await check_quota(conn, command.tenant, demand)
         claim_id = uuid.uuid4()
         choice = await find_and_lock(conn, demand, self._rules.node_timeout_s)
         held = holding(claim_id, demand, choice) if choice else None

@@ -8,25 +8,30 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import bindparam, case, delete, func, select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from qshare.contracts.domain import Provisioner
 from qshare.contracts.errors import Conflict, NotFound
-from qshare.contracts.nodes import GpuSpec, Heartbeat, NodeRegistration, NodeView
+from qshare.contracts.nodes import GpuSpec, Heartbeat, NodeRegistration, NodeView, RemovalReply
 from qshare.contracts.rows import node_is_ready, node_views
-from qshare.contracts.schema import gpus, nodes
+from qshare.contracts.schema import claims, classes, gpus, nodes, vgpus
 from qshare.settings import ClusterSettings
+from qshare_allocator.inventory.removal import remove_cards
 
 
 class InventoryService:
-    def __init__(self, rules: ClusterSettings) -> None:
+    def __init__(self, rules: ClusterSettings, source: str = "qshare-allocator") -> None:
         self._rules = rules
+        self._source = source
 
     async def register(self, conn: AsyncConnection, registration: NodeRegistration) -> NodeView:
-        """Create or refresh a node and its cards; it counts as a heartbeat."""
+        """Create or refresh a node and its cards; it counts as a heartbeat. A new card at the
+        index of one the node no longer reports replaces it (claims on the old one fail)."""
         await self._upsert_node(conn, registration)
+        await self._remove_replaced(conn, registration)
         try:
             await self._upsert_cards(conn, registration)
         except IntegrityError as exc:
@@ -49,11 +54,51 @@ class InventoryService:
         )
         healed = await conn.execute(
             update(gpus)
-            .where(gpus.c.node_name == node, gpus.c.healthy == gpus.c.uuid.in_(beat.unhealthy))
+            .where(
+                gpus.c.node_name == node,
+                gpus.c.healthy == gpus.c.uuid.in_(beat.unhealthy),
+                gpus.c.retired.is_(False),  # only a new registration brings a card back
+            )
             .values(healthy=gpus.c.uuid.not_in(beat.unhealthy))
             .returning(gpus.c.healthy)
         )
         return not row.ready or any(healed.scalars().all())
+
+    async def remove_node(self, conn: AsyncConnection, name: str) -> RemovalReply:
+        """Forget a node and its cards; claims on them fail with a reason and an event."""
+        await self._lock(conn, name)
+        cards = select(gpus.c.uuid).where(gpus.c.node_name == name)
+        uuids = list((await conn.execute(cards)).scalars().all())
+        failed = await remove_cards(conn, self._source, name, uuids)
+        await conn.execute(delete(nodes).where(nodes.c.name == name))
+        return RemovalReply(failed_claims=failed)
+
+    async def remove_card(self, conn: AsyncConnection, node: str, uuid: str) -> RemovalReply:
+        """Forget one card of a node; claims holding a vGPU on it fail."""
+        await self._lock(conn, node)
+        found = select(gpus.c.uuid).where(gpus.c.node_name == node, gpus.c.uuid == uuid)
+        if (await conn.execute(found)).scalar_one_or_none() is None:
+            raise NotFound(f"card {uuid} not found on node {node}")
+        failed = await remove_cards(conn, self._source, node, [uuid])
+        await self._recount(conn, node)
+        return RemovalReply(failed_claims=failed)
+
+    async def _lock(self, conn: AsyncConnection, name: str) -> None:
+        query = select(nodes.c.name).where(nodes.c.name == name).with_for_update()
+        if (await conn.execute(query)).scalar_one_or_none() is None:
+            raise NotFound(f"node {name} is not registered")
+
+    async def _remove_replaced(self, conn: AsyncConnection, registration: NodeRegistration) -> None:
+        """Cards no longer reported whose index a newly reported card takes."""
+        listed = [g.uuid for g in registration.gpus]
+        query = select(gpus.c.uuid).where(
+            gpus.c.node_name == registration.name,
+            gpus.c.uuid.not_in(listed),
+            gpus.c.idx.in_([g.index for g in registration.gpus]),
+        )
+        replaced = list((await conn.execute(query)).scalars().all())
+        if replaced:
+            await remove_cards(conn, self._source, registration.name, replaced)
 
     async def view(self, conn: AsyncConnection, name: str) -> NodeView:
         return (await node_views(conn, self._rules.node_timeout_s, name))[0]
@@ -80,17 +125,18 @@ class InventoryService:
 
     async def _upsert_cards(self, conn: AsyncConnection, registration: NodeRegistration) -> None:
         fresh = insert(gpus)
+        changed = ("idx", "model", "memory_mib", "max_vgpus", "healthy", "retired")
         statement = fresh.on_conflict_do_update(
             index_elements=[gpus.c.uuid],
-            set_={
-                k: fresh.excluded[k] for k in ("idx", "model", "memory_mib", "max_vgpus", "healthy")
-            },
+            set_={k: fresh.excluded[k] for k in changed}
+            | {"allocated_mib": _allocated_after(fresh.excluded.memory_mib)},
             where=gpus.c.node_name == fresh.excluded.node_name,
         ).returning(gpus.c.uuid)
         rows = [self._card_row(registration.name, g) for g in registration.gpus]
         for row in rows:
             if (await conn.execute(statement, row)).scalar_one_or_none() is None:
                 raise Conflict(f"card {row['uuid']} is registered on another node")
+        await conn.execute(_whole_slices_follow_their_card(), {"node": registration.name})
 
     def _card_row(self, node: str, gpu: GpuSpec) -> dict[str, Any]:
         return {
@@ -101,15 +147,17 @@ class InventoryService:
             "memory_mib": gpu.memory,
             "max_vgpus": self._rules.max_vgpus(gpu.memory),
             "healthy": gpu.healthy,
+            "retired": False,
         }
 
     async def _retire_missing(self, conn: AsyncConnection, registration: NodeRegistration) -> None:
-        """Cards the node no longer reports: unhealthy (their vGPUs stay until released)."""
+        """Cards the node no longer reports: retired (their vGPUs stay until released), apart
+        from `healthy`, which heartbeats set: no heartbeat brings a retired card back."""
         listed = [g.uuid for g in registration.gpus]
         await conn.execute(
             update(gpus)
             .where(gpus.c.node_name == registration.name, gpus.c.uuid.not_in(listed))
-            .values(healthy=False)
+            .values(retired=True)
         )
 
     async def _recount(self, conn: AsyncConnection, name: str) -> None:
@@ -119,3 +167,32 @@ class InventoryService:
         await conn.execute(
             update(nodes).where(nodes.c.name == name).values(free_mib=free.scalar_subquery())
         )
+
+
+def _whole_held() -> Any:
+    """UUIDs of cards held by a whole-card claim."""
+    return (
+        select(vgpus.c.gpu_uuid)
+        .join(claims, claims.c.id == vgpus.c.claim_id)
+        .join(classes, classes.c.name == claims.c.class_name)
+        .where(classes.c.provisioner == Provisioner.WHOLE.value)
+    )
+
+
+def _allocated_after(memory_mib: Any) -> Any:
+    """A card held whole stays allocated in full whatever memory it reports now, so no slice
+    ever lands beside a whole-card claim; other cards keep what they have allocated."""
+    return case((gpus.c.uuid.in_(_whole_held()), memory_mib), else_=gpus.c.allocated_mib)
+
+
+def _whole_slices_follow_their_card() -> Any:
+    """A whole-card vGPU's memory is its card's, so giving it back frees exactly the card."""
+    return (
+        update(vgpus)
+        .where(
+            vgpus.c.gpu_uuid == gpus.c.uuid,
+            gpus.c.node_name == bindparam("node"),
+            vgpus.c.gpu_uuid.in_(_whole_held()),
+        )
+        .values(vmemory_mib=gpus.c.memory_mib)
+    )

@@ -39,8 +39,21 @@ class Demand:
         cards = "1 healthy card" if self.count == 1 else f"{self.count} healthy cards on one node"
         shape = "empty" if self.whole else f"with {self.vmemory_mib} MiB free"
         core = "" if self.whole else f", {self.vcore}% {self.priority.value} core share free"
-        where = f"a Ready node matching {self.selector}" if self.selector else "a Ready node"
+        where = (
+            f"a Ready node matching {quoted_selector(self.selector)}"
+            if self.selector
+            else "a Ready node"
+        )
         return f"no capacity: needs {cards} {shape}{core} and a free vGPU slot, on {where}"
+
+
+MAX_REASON_SELECTOR = 200
+"""The selector is quoted in a reason only up to this many characters."""
+
+
+def quoted_selector(selector: dict[str, str]) -> str:
+    text = ",".join(f"{k}={v}" for k, v in selector.items())
+    return text if len(text) <= MAX_REASON_SELECTOR else text[:MAX_REASON_SELECTOR] + "…"
 
 
 def check_granularity(vmemory_mib: int, provisioner: Provisioner, rules: ClusterSettings) -> None:

@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from qshare.contracts.errors import InvalidInput
 from qshare.contracts.rows import node_is_ready
 from qshare.contracts.schema import gpus, nodes
-from qshare_allocator.placement.demand import Demand
+from qshare_allocator.placement.demand import Demand, quoted_selector
 
 
 async def why_not(conn: AsyncConnection, demand: Demand, timeout_s: float) -> str:
@@ -33,7 +33,7 @@ async def why_not(conn: AsyncConnection, demand: Demand, timeout_s: float) -> st
 
 
 def _reason(facts: Any, demand: Demand) -> str:
-    selector = f" matching {demand.selector}" if demand.selector else ""
+    selector = f" matching {quoted_selector(demand.selector)}" if demand.selector else ""
     if not facts.nodes:
         return "no node is registered yet"
     if not facts.ready:

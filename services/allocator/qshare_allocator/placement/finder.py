@@ -218,11 +218,12 @@ def _node_fits() -> ColumnElement[bool]:
 
 
 def _card_fits(priority: Priority, whole: bool) -> ColumnElement[bool]:
+    usable = and_(gpus.c.healthy, gpus.c.retired.is_(False))
     if whole:
-        return and_(gpus.c.healthy, gpus.c.vgpu_count == 0, gpus.c.allocated_mib == 0)
+        return and_(usable, gpus.c.vgpu_count == 0, gpus.c.allocated_mib == 0)
     core = gpus.c.core_high if priority is Priority.HIGH else gpus.c.core_low
     return and_(
-        gpus.c.healthy,
+        usable,
         gpus.c.memory_mib - gpus.c.allocated_mib >= bindparam("need_card_mib"),
         core <= bindparam("max_core"),
         gpus.c.vgpu_count < gpus.c.max_vgpus,

@@ -14,6 +14,7 @@ from qshare.contracts.domain import ClaimStatus, Priority
 from qshare.contracts.errors import InvalidInput, NotFound
 from qshare_api.auth import Caller
 from qshare_api.claims.repository import ClaimFilter, get_claim, list_claims
+from qshare_api.params import CursorParam, NodeFilter, TenantFilter
 from qshare_api.problems import PROBLEMS
 from qshare_api.resources import Resources, resources
 
@@ -60,10 +61,10 @@ async def list_all(
     res: Res,
     status_: Annotated[ClaimStatus | None, Query(alias="status")] = None,
     priority: Priority | None = None,
-    node: str | None = None,
-    tenant: Annotated[str | None, Query(description="admins only")] = None,
+    node: NodeFilter = None,
+    tenant: TenantFilter = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    cursor: str | None = None,
+    cursor: CursorParam = None,
 ) -> ClaimPage:
     if tenant is not None and not caller.is_admin:
         raise InvalidInput.on("tenant", "only admins may filter by tenant")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import Select, select, tuple_
@@ -16,6 +16,9 @@ from qshare.contracts.domain import ClaimStatus, Priority
 from qshare.contracts.errors import InvalidInput
 from qshare.contracts.rows import claim_views
 from qshare.contracts.schema import claims
+
+MIN_TIME = datetime(1970, 1, 1, tzinfo=UTC)
+MAX_TIME = datetime(9000, 1, 1, tzinfo=UTC)
 
 
 @dataclass(frozen=True)
@@ -29,8 +32,11 @@ class ClaimFilter:
 async def get_claim(
     conn: AsyncConnection, claim_id: uuid.UUID, tenant: str | None
 ) -> ClaimView | None:
-    """The claim, or None when it does not exist or belongs to another tenant."""
-    query = select(claims).where(claims.c.id == claim_id)
+    """The claim, or None when it does not exist, was deleted (released) or belongs to
+    another tenant. Released claims stay listed under `?status=released`."""
+    query = select(claims).where(
+        claims.c.id == claim_id, claims.c.status != ClaimStatus.RELEASED.value
+    )
     if tenant is not None:
         query = query.where(claims.c.tenant == tenant)
     row = (await conn.execute(query)).one_or_none()
@@ -59,10 +65,15 @@ def encode_cursor(created_at: datetime, claim_id: uuid.UUID) -> str:
 
 
 def decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
+    """The position a cursor names; anything this API did not write is refused, including a
+    time without a zone or one Postgres cannot hold once converted to UTC."""
     try:
         created, _, claim_id = base64.urlsafe_b64decode(cursor.encode()).decode().partition("|")
-        return datetime.fromisoformat(created), uuid.UUID(claim_id)
-    except ValueError as exc:
+        when = datetime.fromisoformat(created)
+        if when.tzinfo is None or not MIN_TIME <= when.astimezone(UTC) <= MAX_TIME:
+            raise ValueError(created)
+        return when, uuid.UUID(claim_id)
+    except (ValueError, OverflowError) as exc:
         raise InvalidInput.on("cursor", "not a cursor returned by this API") from exc
 
 

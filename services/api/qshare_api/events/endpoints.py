@@ -35,7 +35,12 @@ async def stream(
     caller: Caller,
     res: Res,
     subject: Annotated[
-        str, Query(max_length=200, pattern=r"^qshare\.evt(\.[A-Za-z0-9_*>-]+)*$")
+        str,
+        Query(
+            max_length=200,
+            pattern=r"^qshare\.evt(\.([A-Za-z0-9_-]+|\*))*(\.>)?$",
+            description="a NATS subject under qshare.evt: tokens, `*` for one, a final `>`",
+        ),
     ] = "qshare.evt.>",
 ) -> StreamingResponse:
     """Each event is one SSE message: `event:` the NATS subject, `data:` the envelope."""

@@ -8,10 +8,18 @@ from fastapi import APIRouter, Depends
 
 from qshare.contracts import rpc, subjects
 from qshare.contracts.errors import NotFound
-from qshare.contracts.nodes import GpuView, NodeRegistration, NodeView
+from qshare.contracts.nodes import (
+    GpuView,
+    NodeRegistration,
+    NodeView,
+    RemovalReply,
+    RemoveCard,
+    RemoveNode,
+)
 from qshare.contracts.rows import node_views
 from qshare_api.auth import Admin, Caller
 from qshare_api.inventory.repository import list_gpus
+from qshare_api.params import CardUuid, NodeFilter, NodeName
 from qshare_api.problems import PROBLEMS
 from qshare_api.resources import Resources, resources
 
@@ -26,7 +34,7 @@ async def get_nodes(caller: Caller, res: Res) -> list[NodeView]:
 
 
 @router.get("/nodes/{name}", response_model=NodeView, summary="Get one node")
-async def get_node(name: str, caller: Caller, res: Res) -> NodeView:
+async def get_node(name: NodeName, caller: Caller, res: Res) -> NodeView:
     async with res.reader.connect() as conn:
         found = await node_views(conn, res.settings.cluster.node_timeout_s, name)
     if not found:
@@ -47,7 +55,34 @@ async def register_node(registration: NodeRegistration, caller: Admin, res: Res)
     )  # fmt: skip
 
 
+@router.delete(
+    "/nodes/{name}",
+    response_model=RemovalReply,
+    summary="Remove a node and its cards (admins)",
+    description="Claims holding vGPUs on the node turn `failed` (reason and event); the node "
+    "comes back only by registering again.",
+)
+async def remove_node(name: NodeName, caller: Admin, res: Res) -> RemovalReply:
+    return await rpc.call(
+        res.nc, subjects.NODES_DELETE, res.source, RemoveNode(name=name), RemovalReply,
+        timeout=res.settings.allocator_timeout_s,
+    )  # fmt: skip
+
+
+@router.delete(
+    "/nodes/{name}/gpus/{uuid}",
+    response_model=RemovalReply,
+    summary="Remove one card of a node (admins)",
+    description="Claims holding a vGPU on the card turn `failed` (reason and event).",
+)
+async def remove_card(name: NodeName, uuid: CardUuid, caller: Admin, res: Res) -> RemovalReply:
+    return await rpc.call(
+        res.nc, subjects.GPUS_DELETE, res.source, RemoveCard(node=name, uuid=uuid), RemovalReply,
+        timeout=res.settings.allocator_timeout_s,
+    )  # fmt: skip
+
+
 @router.get("/gpus", response_model=list[GpuView], summary="List cards with their capacity")
-async def get_gpus(caller: Caller, res: Res, node: str | None = None) -> list[GpuView]:
+async def get_gpus(caller: Caller, res: Res, node: NodeFilter = None) -> list[GpuView]:
     async with res.reader.connect() as conn:
         return await list_gpus(conn, node)

@@ -27,6 +27,7 @@ def _gpu(r: Row[Any]) -> GpuView:
         model=r.model,
         memory_mib=r.memory_mib,
         healthy=r.healthy,
+        retired=r.retired,
         max_vgpus=r.max_vgpus,
         vgpus=r.vgpu_count,
         allocated_mib=r.allocated_mib,

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import uuid
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, status
 from pydantic import BaseModel, ConfigDict, Field
 
 from qshare.contracts.claims import Text
-from qshare.contracts.domain import Role
+from qshare.contracts.domain import Role, TokenScope
 from qshare.contracts.errors import NotFound
 from qshare_api.auth import Admin, new_secret
 from qshare_api.problems import PROBLEMS
@@ -32,6 +32,10 @@ class TokenRequest(BaseModel):
     name: Annotated[Text, Field(min_length=1, max_length=128)]
     tenant: Annotated[Text, Field(min_length=1, max_length=128)]
     role: Role = Role.TENANT
+    scope: TokenScope = Field(TokenScope.WRITE, description="`read`: GET requests only")
+    expires_in_s: Annotated[
+        int | None, Field(ge=60, le=10 * 365 * 86400, description="None: never expires")
+    ] = None
 
 
 class TokenInfo(BaseModel):
@@ -39,7 +43,9 @@ class TokenInfo(BaseModel):
     name: str
     tenant: str
     role: Role
+    scope: TokenScope = TokenScope.WRITE
     created_at: datetime | None = None
+    expires_at: datetime | None = None
 
 
 class IssuedToken(TokenInfo):
@@ -49,11 +55,17 @@ class IssuedToken(TokenInfo):
 @router.post("", response_model=IssuedToken, status_code=status.HTTP_201_CREATED, summary="Issue")
 async def issue(body: TokenRequest, caller: Admin, res: Res) -> IssuedToken:
     secret = new_secret()
-    async with res.engine.begin() as conn:
-        token_id = await store_token(conn, body.name, body.tenant, body.role, secret)
-    return IssuedToken(
-        id=token_id, name=body.name, tenant=body.tenant, role=body.role, token=secret
+    expires = (
+        datetime.now(UTC) + timedelta(seconds=body.expires_in_s) if body.expires_in_s else None
     )
+    async with res.engine.begin() as conn:
+        token_id = await store_token(
+            conn, body.name, body.tenant, body.role, secret, scope=body.scope, expires_at=expires
+        )
+    return IssuedToken(
+        id=token_id, name=body.name, tenant=body.tenant, role=body.role, scope=body.scope,
+        expires_at=expires, token=secret,
+    )  # fmt: skip
 
 
 @router.get("", response_model=list[TokenInfo], summary="List tokens (never their secrets)")

@@ -3,34 +3,60 @@
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 
 from sqlalchemy import delete, insert, select
 from sqlalchemy.dialects.postgresql import insert as upsert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from qshare.contracts.domain import Role
-from qshare.contracts.schema import tokens
+from qshare.contracts.domain import Role, TokenScope
+from qshare.contracts.schema import bootstraps, tokens
 from qshare_api.auth import hash_token
 
 
 async def store_token(
-    conn: AsyncConnection, name: str, tenant: str, role: Role, secret: str
+    conn: AsyncConnection,
+    name: str,
+    tenant: str,
+    role: Role,
+    secret: str,
+    scope: TokenScope = TokenScope.WRITE,
+    expires_at: datetime | None = None,
 ) -> uuid.UUID:
     token_id = uuid.uuid4()
-    await conn.execute(insert(tokens).values(_row(token_id, name, tenant, role, secret)))
+    row = _row(token_id, name, tenant, role, secret) | {
+        "scope": scope.value,
+        "expires_at": expires_at,
+    }
+    await conn.execute(insert(tokens).values(row))
     return token_id
 
 
 async def ensure_token(
     conn: AsyncConnection, name: str, tenant: str, role: Role, secret: str
-) -> None:
-    """Store `secret` unless it is stored already (bootstrap tokens, at every start)."""
+) -> bool:
+    """Store a bootstrap token the first time only, and record that it was; True if stored.
+
+    Every later start finds the record and stores nothing, so a bootstrap token revoked
+    since never comes back, whatever the variable still says."""
+    record = upsert(bootstraps).values(name=name, token_hash=hash_token(secret))
+    first = await conn.execute(
+        record.on_conflict_do_nothing(index_elements=[bootstraps.c.name]).returning(
+            bootstraps.c.name
+        )
+    )
+    if first.scalar_one_or_none() is None:
+        return False
     statement = upsert(tokens).values(_row(uuid.uuid4(), name, tenant, role, secret))
     await conn.execute(statement.on_conflict_do_nothing(index_elements=[tokens.c.token_hash]))
+    return True
 
 
 async def list_tokens(conn: AsyncConnection) -> list[dict[str, object]]:
-    query = select(tokens.c.id, tokens.c.name, tokens.c.tenant, tokens.c.role, tokens.c.created_at)
+    query = select(
+        tokens.c.id, tokens.c.name, tokens.c.tenant, tokens.c.role, tokens.c.scope,
+        tokens.c.created_at, tokens.c.expires_at,
+    )  # fmt: skip
     return [
         dict(r._mapping) for r in (await conn.execute(query.order_by(tokens.c.created_at))).all()
     ]

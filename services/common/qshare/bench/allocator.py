@@ -20,13 +20,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
-import nats
 from nats.aio.client import Client
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from qshare.bus import connect, options_for
 from qshare.contracts import rpc, subjects
 from qshare.contracts.claims import ClaimSpec, CreateClaim, CreateClaimReply
 from qshare.contracts.nodes import NodeRegistration, NodeView
+from qshare.natsauth import NatsAuth, ServiceRole, identity_env
 from qshare.testing.servers import EmbeddedNats, EmbeddedPostgres, ServiceProcess, free_port
 from qshare_allocator.audit import double_placements, overcommitted_cards
 
@@ -108,19 +109,28 @@ async def _stack() -> AsyncIterator[tuple[str, Client, str]]:
     from qshare_allocator.migrate import upgrade
 
     settings = {"max_connections": "200", "autovacuum_naptime": "1"}  # see migration 0002
-    async with EmbeddedPostgres(durable=True, settings=settings) as pg, EmbeddedNats() as bus:
+    identities = NatsAuth.generate()
+    async with (
+        EmbeddedPostgres(durable=True, settings=settings) as pg,
+        EmbeddedNats(config=identities.server_config()) as bus,
+    ):
         await upgrade(pg.url)
         common = {"QSHARE_NODE_TIMEOUT_S": "86400"}
-        allocator_env = common | {
-            "QSHARE_ALLOCATOR_DATABASE_URL": pg.url,
-            "QSHARE_ALLOCATOR_NATS_URL": bus.url,
-        }
+        allocator_env = (
+            common
+            | {
+                "QSHARE_ALLOCATOR_DATABASE_URL": pg.url,
+                "QSHARE_ALLOCATOR_NATS_URL": bus.url,
+            }
+            | identity_env("QSHARE_ALLOCATOR_", identities.credentials(ServiceRole.ALLOCATOR))
+        )
         port = free_port()
         api_env = common | {
             "QSHARE_API_DATABASE_URL": pg.url, "QSHARE_API_NATS_URL": bus.url,
             "QSHARE_API_PORT": str(port), "QSHARE_API_BOOTSTRAP_ADMIN_TOKEN": ADMIN_TOKEN,
-            "QSHARE_API_POOL_SIZE": str(REQUESTERS),
-        }  # fmt: skip
+            "QSHARE_API_POOL_SIZE": str(REQUESTERS), "QSHARE_API_RATE_LIMIT_PER_S": "1e9",
+            "QSHARE_API_RATE_LIMIT_BURST": "1000000000",
+        } | identity_env("QSHARE_API_", identities.credentials(ServiceRole.API))  # fmt: skip
         async with contextlib.AsyncExitStack() as stack:
             for i in range(REPLICAS):
                 env = allocator_env | {"QSHARE_ALLOCATOR_INSTANCE": f"bench-{i}"}
@@ -128,7 +138,8 @@ async def _stack() -> AsyncIterator[tuple[str, Client, str]]:
             await stack.enter_async_context(
                 ServiceProcess("qshare_api", api_env, "startup complete")
             )
-            nc = await nats.connect(bus.url)
+            operator = identities.credentials(ServiceRole.OPERATOR)
+            nc = await connect(options_for(bus.url, "bench", operator))
             try:
                 yield pg.url, nc, f"http://127.0.0.1:{port}"
             finally:

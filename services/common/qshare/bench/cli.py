@@ -17,6 +17,7 @@ BENCHMARKS: dict[str, str] = {
     "hook": "qshare.bench.hook",
     "gpu": "qshare.bench.gpu",
     "cluster": "qshare.bench.cluster",
+    "faults": "qshare.bench.faults",
 }
 
 
@@ -26,6 +27,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--json", dest="json_path", type=Path, help="write the figures here")
     parser.add_argument("--quick", action="store_true", help="a short smoke run")
     parser.add_argument("--out-dir", type=Path, default=Path(".bench"), help="plots and logs")
+    parser.add_argument(
+        "--nats-outage-s", type=float, help="faults: how long NATS stays down (default 180)"
+    )
     parser.set_defaults(handler=run_benchmark)
 
 

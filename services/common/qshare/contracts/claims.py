@@ -6,7 +6,7 @@ import uuid
 from datetime import datetime
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictInt, StrictStr
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictStr
 
 from qshare.contracts.domain import ClaimStatus, PlacementPolicy, Priority
 from qshare.contracts.quantities import parse_mib
@@ -15,7 +15,25 @@ MAX_MIB = 16 * 1024 * 1024
 """16 TiB: far above any card, and inside the 32-bit columns that store MiB."""
 
 
+def _whole(value: Any) -> Any:
+    """JSON Schema's `integer` admits `178.0`; so do we. `12.5`, `"12"` and `true` stay errors."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        return int(value)
+    if value is None:
+        return None  # an optional field's type says whether None is allowed
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError("must be an integer")
+    return value
+
+
+WHOLE = BeforeValidator(_whole)
+"""Put after the `Field(...)` of an int (so its bounds reach the JSON schema): an integer,
+written `178` or `178.0` (what JSON Schema calls an integer)."""
+
+
 def _memory(value: Any) -> int:
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, int | str):
         raise ValueError("must be an integer number of MiB or a quantity such as '4Gi'")
     mib = parse_mib(value)
@@ -30,7 +48,7 @@ MemoryMiB = Annotated[
     Field(
         json_schema_extra={
             "anyOf": [
-                {"type": "integer", "minimum": 1, "description": "MiB"},
+                {"type": "integer", "minimum": 1, "maximum": MAX_MIB, "description": "MiB"},
                 {"type": "string", "pattern": r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$"},
             ],
             "examples": [4096, "4Gi", "512Mi"],
@@ -41,7 +59,12 @@ MemoryMiB = Annotated[
 
 Text = Annotated[StrictStr, Field(max_length=253, pattern=r"^[^\x00]*$")]
 """A short string Postgres can store (no NUL characters)."""
-Labels = dict[Text, Text]
+MAX_LABELS = 32
+LabelKey = Annotated[StrictStr, Field(min_length=1, max_length=253, pattern=r"^[^\x00]*$")]
+LabelValue = Annotated[StrictStr, Field(max_length=63, pattern=r"^[^\x00]*$")]
+Labels = Annotated[dict[LabelKey, LabelValue], Field(max_length=MAX_LABELS)]
+"""Node labels and selectors, bounded like Kubernetes labels: at most 32 pairs, keys up to
+253 characters, values up to 63, so no claim, reply or event can grow past a few KiB."""
 ClassName = Annotated[
     str, Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 ]
@@ -83,9 +106,9 @@ class ClaimSpec(BaseModel):
     )
 
     priority: Priority = Field(description="`high` (online, preempts) or `low` (offline, yields)")
-    vcore: Annotated[StrictInt, Field(ge=1, le=100, description="core share per card, percent")]
+    vcore: Annotated[int, Field(ge=1, le=100, description="core share per card, percent"), WHOLE]
     vmemory: MemoryMiB = Field(description="memory per card: integer MiB or e.g. '4Gi'")
-    count: Annotated[StrictInt, Field(ge=1, le=64, description="distinct cards on one node")] = 1
+    count: Annotated[int, Field(ge=1, le=64, description="distinct cards on one node"), WHOLE] = 1
     class_name: ClassName = Field(default="qshare", description="how vGPUs are produced")
     node_selector: Labels = Field(default_factory=dict, description="labels a node must carry")
     placement: PlacementOverride | None = None

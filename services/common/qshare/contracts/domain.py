@@ -43,6 +43,13 @@ class Role(StrEnum):
     TENANT = "tenant"
 
 
+class TokenScope(StrEnum):
+    """`write` may do what the role allows; `read` may only read (GET)."""
+
+    WRITE = "write"
+    READ = "read"
+
+
 class Provisioner(StrEnum):
     """How a class produces vGPUs: driver-level slices, or whole cards."""
 

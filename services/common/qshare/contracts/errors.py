@@ -22,6 +22,7 @@ class ErrorCode(StrEnum):
     NOT_FOUND = "not-found"
     CONFLICT = "conflict"
     TOO_LARGE = "too-large"
+    RATE_LIMITED = "rate-limited"
     UNAVAILABLE = "unavailable"
     INTERNAL = "internal"
 
@@ -41,6 +42,7 @@ _STATUS: dict[ErrorCode, int] = {
     ErrorCode.NOT_FOUND: 404,
     ErrorCode.CONFLICT: 409,
     ErrorCode.TOO_LARGE: 422,  # the issue asks 422 for every bad input, an oversized body too
+    ErrorCode.RATE_LIMITED: 429,
     ErrorCode.UNAVAILABLE: 503,
     ErrorCode.INTERNAL: 500,
 }
@@ -51,6 +53,7 @@ _TITLES: dict[ErrorCode, str] = {
     ErrorCode.NOT_FOUND: "Not found",
     ErrorCode.CONFLICT: "Conflict",
     ErrorCode.TOO_LARGE: "Request too large",
+    ErrorCode.RATE_LIMITED: "Too many requests",
     ErrorCode.UNAVAILABLE: "Service unavailable",
     ErrorCode.INTERNAL: "Internal error",
 }
@@ -120,6 +123,10 @@ class Unavailable(QshareError):
     code = ErrorCode.UNAVAILABLE
 
 
+class RateLimited(QshareError):
+    code = ErrorCode.RATE_LIMITED
+
+
 _BY_CODE: dict[ErrorCode, type[QshareError]] = {
     ErrorCode.INVALID: InvalidInput,
     ErrorCode.UNAUTHORIZED: Unauthorized,
@@ -127,4 +134,5 @@ _BY_CODE: dict[ErrorCode, type[QshareError]] = {
     ErrorCode.NOT_FOUND: NotFound,
     ErrorCode.CONFLICT: Conflict,
     ErrorCode.UNAVAILABLE: Unavailable,
+    ErrorCode.RATE_LIMITED: RateLimited,
 }

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import uuid
 from datetime import datetime
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from qshare.contracts.claims import Labels, MemoryMiB, Text
+from qshare.contracts.claims import WHOLE, Labels, MemoryMiB, Text
 from qshare.contracts.domain import NodeStatus
 
-NodeName = Annotated[
-    str, Field(min_length=1, max_length=63, pattern=r"^[A-Za-z0-9]([-A-Za-z0-9_]*[A-Za-z0-9])?$")
-]
+MAX_CARDS = 64
+"""Cards one node may report; a heartbeat lists at most this many unhealthy ones."""
+NODE_NAME_PATTERN = r"^[A-Za-z0-9]([-A-Za-z0-9_]*[A-Za-z0-9])?$"
+NodeName = Annotated[str, Field(min_length=1, max_length=63, pattern=NODE_NAME_PATTERN)]
 """A NATS subject token, so no dots: `qshare.node.<node>.heartbeat`."""
 
 
@@ -26,7 +28,7 @@ class GpuSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     uuid: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_-]+$")]
-    index: Annotated[StrictInt, Field(ge=0, le=255)]
+    index: Annotated[int, Field(ge=0, le=255), WHOLE]
     model: Annotated[Text, Field(min_length=1, max_length=128)]
     memory: MemoryMiB = Field(description="card memory: integer MiB or e.g. '80Gi'")
     healthy: bool = True
@@ -50,7 +52,7 @@ class NodeRegistration(BaseModel):
 
     name: NodeName
     labels: Labels = Field(default_factory=dict)
-    gpus: Annotated[list[GpuSpec], Field(min_length=1, max_length=64)]
+    gpus: Annotated[list[GpuSpec], Field(min_length=1, max_length=MAX_CARDS)]
     segment: SegmentName | None = Field(None, description="the node agent's driver segment")
     shm_dir: Annotated[str, Field(max_length=255, pattern=r"^/[^\x00]*$")] | None = Field(
         None, description="directory of the segment (None: the driver's default)"
@@ -68,7 +70,26 @@ class NodeRegistration(BaseModel):
 class Heartbeat(BaseModel):
     """Event on `qshare.node.<node>.heartbeat`; every card not listed unhealthy is healthy."""
 
-    unhealthy: list[Text] = []
+    unhealthy: Annotated[list[Text], Field(max_length=MAX_CARDS)] = []
+
+
+class RemoveNode(BaseModel):
+    """Request on `qshare.allocator.nodes.delete`: forget a node and its cards."""
+
+    name: NodeName
+
+
+class RemoveCard(BaseModel):
+    """Request on `qshare.allocator.gpus.delete`: forget one card of a node."""
+
+    node: NodeName
+    uuid: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_-]+$")]
+
+
+class RemovalReply(BaseModel):
+    """The claims that held vGPUs on what was removed: each is now `failed`."""
+
+    failed_claims: list[uuid.UUID] = []
 
 
 class GpuView(BaseModel):
@@ -79,7 +100,10 @@ class GpuView(BaseModel):
     index: int
     model: str
     memory_mib: int
-    healthy: bool
+    healthy: bool = Field(description="what the node's heartbeats say")
+    retired: bool = Field(
+        False, description="the node no longer reports it; never placed on until it does"
+    )
     max_vgpus: int
     vgpus: int
     allocated_mib: int

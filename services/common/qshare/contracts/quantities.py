@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from decimal import Decimal, InvalidOperation
+from fractions import Fraction
 
 MIB = 1 << 20
 
@@ -19,6 +19,8 @@ _SUFFIXES: dict[str, int] = {
     "T": 10**12,
     "P": 10**15,
 }
+MAX_QUANTITY_CHARS = 32
+"""Longer strings are refused before any arithmetic (no quantity needs more)."""
 _QUANTITY = re.compile(r"^(?P<number>[0-9]+(?:\.[0-9]+)?)(?P<suffix>Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$")
 
 
@@ -36,6 +38,8 @@ def parse_mib(value: int | str) -> int:
         raise QuantityError("must be an integer number of MiB or a quantity such as '4Gi'")
     if isinstance(value, int):
         return _positive(value)
+    if len(value) > MAX_QUANTITY_CHARS:
+        raise QuantityError(f"must be at most {MAX_QUANTITY_CHARS} characters")
     match = _QUANTITY.match(value.strip())
     if match is None:
         raise QuantityError(f"{value!r} is not a quantity such as 4096, '4Gi' or '512Mi'")
@@ -53,12 +57,9 @@ def format_mib(mib: int) -> str:
 
 
 def _bytes_to_mib(number: str, unit: int) -> int:
-    try:
-        total = Decimal(number) * unit
-    except InvalidOperation as exc:  # pragma: no cover - the regex admits only decimals
-        raise QuantityError(f"{number!r} is not a number") from exc
-    mib, remainder = divmod(total, MIB)
-    if remainder:
+    """Exact rational arithmetic: no precision limit, so no huge number can overflow it."""
+    mib = Fraction(number) * unit / MIB
+    if mib.denominator != 1:
         raise QuantityError("must be a whole number of MiB")
     return int(mib)
 

@@ -11,6 +11,7 @@ from typing import TypeVar
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.errors import Error as NatsError
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 from pydantic import BaseModel
@@ -24,6 +25,7 @@ from qshare.contracts.errors import (
     Unavailable,
 )
 from qshare.contracts.tracing import inject_headers
+from qshare.outages import is_outage
 
 R = TypeVar("R", bound=BaseModel)
 
@@ -37,6 +39,10 @@ async def call(
         msg = await nc.request(subject, body, timeout=timeout, headers=inject_headers())
     except (NoRespondersError, NatsTimeout) as exc:
         raise Unavailable(f"no answer on {subject}") from exc
+    except NatsError as exc:
+        if not is_outage(exc):
+            raise
+        raise Unavailable(f"NATS is not connected; {subject} not sent") from exc
     if msg.headers and ERROR_CODE_HEADER in msg.headers:
         raise QshareError.from_body(ErrorBody.model_validate_json(msg.data))
     return envelope.decode(msg.data).payload(reply)

@@ -59,6 +59,7 @@ gpus = Table(
     Column("memory_mib", Integer, nullable=False),
     Column("max_vgpus", Integer, nullable=False),
     Column("healthy", Boolean, nullable=False, server_default=text("true")),
+    Column("retired", Boolean, nullable=False, server_default=text("false")),
     Column("allocated_mib", Integer, nullable=False, server_default=text("0")),
     Column("core_high", Integer, nullable=False, server_default=text("0")),
     Column("core_low", Integer, nullable=False, server_default=text("0")),
@@ -160,6 +161,19 @@ preemptions = Table(
 """Suspensions the control plane made (gang, operator) and memory evictions; open while
 `ended_at` is NULL. The driver's own per-card preemptions are counted by the node agent."""
 
+outbox_dead = Table(
+    "outbox_dead",
+    metadata,
+    Column("id", BigInteger, primary_key=True),
+    Column("subject", Text, nullable=False),
+    Column("body", LargeBinary, nullable=False),
+    Column("headers", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("error", Text, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("failed_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+"""Outbox rows the relay could not publish (too large, refused): set aside, never retried."""
+
 tokens = Table(
     "tokens",
     metadata,
@@ -169,6 +183,29 @@ tokens = Table(
     Column("role", Text, nullable=False),
     Column("token_hash", Text, nullable=False, unique=True),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("expires_at", DateTime(timezone=True), nullable=True),
+    Column("scope", Text, nullable=False, server_default=text("'write'")),
     CheckConstraint("role IN ('admin', 'tenant')", name="tokens_known_role"),
+    CheckConstraint("scope IN ('read', 'write')", name="tokens_known_scope"),
 )
 """Bearer tokens, stored as SHA-256 hex of the secret (secrets are 256 random bits)."""
+
+bootstraps = Table(
+    "bootstraps",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("token_hash", Text, nullable=False),
+    Column("done_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+"""Bootstrap tokens stored once: a revoked bootstrap token is never stored again."""
+
+quotas = Table(
+    "quotas",
+    metadata,
+    Column("tenant", Text, primary_key=True),
+    Column("memory_mib", BigInteger, nullable=True),
+    Column("cards", Integer, nullable=True),
+    Column("pending", Integer, nullable=True),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+"""Per-tenant limits (None: unlimited) on held memory, held cards and pending claims."""

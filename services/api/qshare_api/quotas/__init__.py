@@ -1,0 +1,1 @@
+"""Per-tenant quotas over REST: admins set, read and clear them."""

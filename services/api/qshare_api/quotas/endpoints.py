@@ -1,0 +1,78 @@
+"""`/v1/quotas`: admins set, list and clear per-tenant quotas (the allocator enforces them
+when a claim is created)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Path, status
+from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy import delete, func, select
+from sqlalchemy.dialects.postgresql import insert
+
+from qshare.contracts.claims import WHOLE, MemoryMiB
+from qshare.contracts.errors import NotFound
+from qshare.contracts.schema import quotas
+from qshare_api.auth import Admin
+from qshare_api.params import NO_NUL
+from qshare_api.problems import PROBLEMS
+from qshare_api.resources import Resources, resources
+
+router = APIRouter(prefix="/v1/quotas", tags=["quotas"], responses=PROBLEMS)
+Res = Annotated[Resources, Depends(resources)]
+Tenant = Annotated[str, Path(min_length=1, max_length=128, pattern=NO_NUL)]
+Limit = Annotated[int | None, Field(ge=0, le=1_000_000), WHOLE]
+
+
+class QuotaSpec(BaseModel):
+    """Limits of one tenant; a missing limit is no limit."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"memory": "64Gi", "cards": 8, "pending": 20}]},
+    )
+
+    memory: MemoryMiB | None = Field(None, description="memory its live claims may ask for")
+    cards: Limit = Field(None, description="vGPUs its live claims may ask for")
+    pending: Limit = Field(None, description="claims it may have pending at once")
+
+
+class Quota(BaseModel):
+    tenant: str
+    memory_mib: int | None
+    cards: int | None
+    pending: int | None
+
+
+@router.put("/{tenant}", response_model=Quota, summary="Set a tenant's quota (admins)")
+async def set_quota(tenant: Tenant, body: QuotaSpec, caller: Admin, res: Res) -> Quota:
+    row = {"tenant": tenant, "memory_mib": body.memory, "cards": body.cards,
+           "pending": body.pending}  # fmt: skip
+    statement = insert(quotas).values(row)
+    statement = statement.on_conflict_do_update(
+        index_elements=[quotas.c.tenant],
+        set_={k: statement.excluded[k] for k in ("memory_mib", "cards", "pending")}
+        | {"updated_at": func.now()},
+    )
+    async with res.engine.begin() as conn:
+        await conn.execute(statement)
+    return Quota.model_validate(row)
+
+
+@router.get("", response_model=list[Quota], summary="List quotas (admins)")
+async def list_quotas(caller: Admin, res: Res) -> list[Quota]:
+    async with res.reader.connect() as conn:
+        rows = (await conn.execute(select(quotas).order_by(quotas.c.tenant))).all()
+    return [Quota.model_validate(r._mapping) for r in rows]
+
+
+@router.delete(
+    "/{tenant}", status_code=status.HTTP_204_NO_CONTENT, summary="Clear a quota (admins)"
+)
+async def clear_quota(tenant: Tenant, caller: Admin, res: Res) -> None:
+    async with res.engine.begin() as conn:
+        gone = await conn.execute(
+            delete(quotas).where(quotas.c.tenant == tenant).returning(quotas.c.tenant)
+        )
+        if gone.scalar_one_or_none() is None:
+            raise NotFound(f"tenant {tenant} has no quota")

@@ -1,0 +1,114 @@
+"""Bad input found by the audit (issue 11, item 6): each gets a 422 problem naming the field,
+never a 500."""
+
+from __future__ import annotations
+
+import base64
+
+import httpx
+import pytest
+from nats.aio.client import Client
+
+from qshare.contracts import envelope
+from tests.controlplane.conftest import ADMIN_TOKEN, Register, auth
+
+GOOD = {"priority": "high", "vcore": 20, "vmemory": "2Gi"}
+
+
+@pytest.fixture
+def team_a(tenant_tokens: dict[str, str]) -> dict[str, str]:
+    return auth(tenant_tokens["team-a"])
+
+
+def _fields(response: httpx.Response) -> list[str]:
+    assert response.status_code == 422, response.text
+    assert response.headers["content-type"] == "application/problem+json"
+    return [e["field"] for e in response.json()["errors"]]
+
+
+@pytest.mark.parametrize(
+    ("path", "field"),
+    [
+        ("/v1/claims?node=n%001", "node"),
+        ("/v1/claims?tenant=a%00b", "tenant"),
+        ("/v1/gpus?node=n%001", "node"),
+        ("/v1/nodes/n%001", "name"),
+    ],
+)
+async def test_a_nul_byte_in_a_parameter_is_a_422_naming_it(
+    api: httpx.AsyncClient, path: str, field: str
+) -> None:
+    assert field in _fields(await api.get(path, headers=auth(ADMIN_TOKEN)))
+
+
+@pytest.mark.parametrize(
+    "created", ["0001-01-01T00:00:00+14:00", "9999-12-31T23:59:59-14:00", "2025-01-01T00:00:00"]
+)
+async def test_a_cursor_with_an_impossible_time_is_a_422_naming_it(
+    api: httpx.AsyncClient, team_a: dict[str, str], created: str
+) -> None:
+    raw = f"{created}|00000000-0000-0000-0000-000000000001".encode()
+    cursor = base64.urlsafe_b64encode(raw).decode()
+    assert _fields(await api.get(f"/v1/claims?cursor={cursor}", headers=team_a)) == ["cursor"]
+
+
+@pytest.mark.parametrize("vmemory", ["99999999999999999999999Pi", "1" * 40 + "Gi", "1e5Gi"])
+async def test_an_absurd_vmemory_is_a_422_naming_it(
+    api: httpx.AsyncClient, team_a: dict[str, str], vmemory: str
+) -> None:
+    response = await api.post("/v1/claims", json=GOOD | {"vmemory": vmemory}, headers=team_a)
+    assert _fields(response) == ["vmemory"]
+
+
+async def test_a_body_that_is_not_utf8_gets_a_422_problem_naming_the_body(
+    api: httpx.AsyncClient, team_a: dict[str, str]
+) -> None:
+    headers = team_a | {"content-type": "application/json"}
+    response = await api.post("/v1/claims", content=b'{"vcore": "\xff\xfe"}', headers=headers)
+    assert _fields(response) == ["body"]
+
+
+async def test_a_heartbeat_listing_too_many_cards_is_refused_naming_the_field(
+    nc: Client, register: Register
+) -> None:
+    await register("n1")
+    beat = {"unhealthy": [f"g{i}" for i in range(40_000)]}
+    body = envelope.encode(envelope.Envelope(source="test", type="io.qshare.hb", data=beat))
+    reply = await nc.request("qshare.node.n1.heartbeat", body, timeout=10)
+    assert reply.headers is not None
+    assert reply.headers["Nats-Service-Error-Code"] == "422"
+    assert b"unhealthy" in reply.data
+
+
+async def test_an_unsupported_method_is_a_405_problem_with_allow(
+    api: httpx.AsyncClient, team_a: dict[str, str]
+) -> None:
+    response = await api.put("/v1/claims", json=GOOD, headers=team_a)
+    assert response.status_code == 405
+    assert response.headers["content-type"] == "application/problem+json"
+    assert "POST" in response.headers["allow"]
+
+
+async def test_an_integer_written_as_a_whole_float_is_accepted_as_the_schema_says(
+    api: httpx.AsyncClient, register: Register, team_a: dict[str, str]
+) -> None:
+    await register("n1")
+    body = GOOD | {"vcore": 20.0, "count": 1.0, "vmemory": 2048.0}
+    response = await api.post("/v1/claims", json=body, headers=team_a)
+    assert response.status_code == 201, response.text
+    assert (response.json()["vcore"], response.json()["vmemory_mib"]) == (20, 2048)
+
+
+async def test_the_openapi_document_describes_problem_documents_and_outages(
+    api: httpx.AsyncClient,
+) -> None:
+    create = (await api.get("/openapi.json")).json()["paths"]["/v1/claims"]["post"]
+    for status in ("409", "422", "429", "503"):
+        assert "application/problem+json" in create["responses"][status]["content"]
+
+
+async def test_a_405_allows_every_method_of_the_path(
+    api: httpx.AsyncClient, team_a: dict[str, str]
+) -> None:
+    response = await api.patch("/v1/nodes/n1", headers=team_a)
+    assert response.headers["allow"] == "DELETE, GET"

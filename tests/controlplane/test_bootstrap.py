@@ -1,0 +1,74 @@
+"""The bootstrap admin token is stored once and never resurrected (issue 11, item 4)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import httpx
+import pytest
+
+from qshare.natsauth import NatsAuth, ServiceRole
+from qshare.testing.servers import EmbeddedPostgres
+from qshare_allocator.migrate import upgrade
+from qshare_api.app import create_app
+from qshare_api.settings import ApiSettings
+from tests.controlplane.conftest import as_identity, auth
+
+SECRET = "qs_bootstrap_secret_for_this_test"
+
+
+@pytest.fixture(scope="module")
+async def fresh_database() -> AsyncIterator[str]:
+    async with EmbeddedPostgres(durable=False) as server:
+        await upgrade(server.url)
+        yield server.url
+
+
+@asynccontextmanager
+async def api_started(
+    database_url: str, bus_url: str, secret: str, nats_auth: NatsAuth
+) -> AsyncIterator[httpx.AsyncClient]:
+    """One start of the API process, with the bootstrap variable set to `secret`."""
+    settings = ApiSettings(
+        database_url=database_url, nats_url=bus_url, bootstrap_admin_token=secret,
+        **as_identity(nats_auth, ServiceRole.API),
+    )  # fmt: skip
+    app = create_app(settings)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            yield client
+
+
+async def test_a_revoked_bootstrap_token_stays_revoked_after_a_restart(
+    fresh_database: str, bus_url: str, nats_auth: NatsAuth
+) -> None:
+    async with api_started(fresh_database, bus_url, SECRET, nats_auth) as api:
+        listed = (await api.get("/v1/tokens", headers=auth(SECRET))).json()
+        (bootstrap,) = [t for t in listed if t["name"] == "bootstrap admin"]
+        successor = await api.post(
+            "/v1/tokens",
+            json={"name": "ops", "tenant": "ops", "role": "admin"},
+            headers=auth(SECRET),
+        )
+        assert (
+            await api.delete(f"/v1/tokens/{bootstrap['id']}", headers=auth(SECRET))
+        ).status_code == 204
+    async with api_started(fresh_database, bus_url, SECRET, nats_auth) as api:
+        assert (await api.get("/v1/tokens", headers=auth(SECRET))).status_code == 401
+        ops = auth(successor.json()["token"])
+        assert [t["name"] for t in (await api.get("/v1/tokens", headers=ops)).json()] == ["ops"]
+
+
+async def test_a_different_bootstrap_secret_later_is_ignored(
+    fresh_database: str, bus_url: str, nats_auth: NatsAuth
+) -> None:
+    async with api_started(fresh_database, bus_url, SECRET, nats_auth):
+        pass
+    async with api_started(
+        fresh_database, bus_url, "qs_a_second_bootstrap_secret", nats_auth
+    ) as api:
+        assert (
+            await api.get("/v1/nodes", headers=auth("qs_a_second_bootstrap_secret"))
+        ).status_code == 401

@@ -1,0 +1,80 @@
+"""Deployment secrets and exposure (issue 11): generated secrets, identities read from a
+secrets directory, compose without a guessable token, metrics on loopback by default."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import psutil
+import yaml
+
+from qshare.bus import close, connect
+from qshare.natsauth import ADMIN_TOKEN_FILE, CONFIG_FILE, init_secrets, nats_credentials
+from qshare.testing.servers import EmbeddedNats, free_port
+from qshare_allocator.app import Allocator
+from qshare_allocator.settings import AllocatorSettings
+from qshare_api.settings import ApiSettings
+from tests.controlplane.conftest import RULES
+
+COMPOSE = Path(__file__).parents[2] / "compose" / "docker-compose.yml"
+
+
+def test_secrets_are_generated_once_and_kept(tmp_path: Path) -> None:
+    init_secrets(tmp_path, [])
+    token = (tmp_path / ADMIN_TOKEN_FILE).read_text()
+    api = nats_credentials("api", secrets_dir=tmp_path).password.get_secret_value()
+    init_secrets(tmp_path, ["n1"])
+    assert (tmp_path / ADMIN_TOKEN_FILE).read_text() == token
+    assert nats_credentials("api", secrets_dir=tmp_path).password.get_secret_value() == api
+    assert nats_credentials("node", "n1", secrets_dir=tmp_path).user == "node-n1"
+    assert (tmp_path / CONFIG_FILE).stat().st_mode & 0o077 == 0
+
+
+def test_a_secrets_directory_of_another_deployment_has_other_secrets(tmp_path: Path) -> None:
+    init_secrets(tmp_path / "a", [])
+    init_secrets(tmp_path / "b", [])
+    assert (tmp_path / "a" / ADMIN_TOKEN_FILE).read_text() != (
+        tmp_path / "b" / ADMIN_TOKEN_FILE
+    ).read_text()
+
+
+async def test_a_service_connects_with_the_identity_in_its_secrets_directory(
+    tmp_path: Path,
+) -> None:
+    init_secrets(tmp_path, [])
+    async with EmbeddedNats(config=(tmp_path / CONFIG_FILE).read_text()) as server:
+        settings = ApiSettings(nats_url=server.url, nats_secrets_dir=tmp_path)
+        nc = await connect(settings.bus("test"))
+        assert nc.is_connected
+        await close(nc)
+
+
+def test_compose_ships_no_token_and_gives_nats_its_identities() -> None:
+    stack = yaml.safe_load(COMPOSE.read_text())
+    services = stack["services"]
+    api_env = services["api"]["environment"]
+    assert "QSHARE_API_BOOTSTRAP_ADMIN_TOKEN" not in api_env
+    assert api_env["QSHARE_API_BOOTSTRAP_ADMIN_TOKEN_FILE"].startswith("/secrets/")
+    assert "/secrets/nats.conf" in services["nats"]["command"]
+    assert services["allocator"]["environment"]["QSHARE_ALLOCATOR_NATS_SECRETS_DIR"] == "/secrets"
+
+
+async def test_the_allocator_metrics_listen_on_loopback_by_default(
+    database_url: str, bus_url: str, nats_auth: object
+) -> None:
+    from qshare.natsauth import NatsAuth, ServiceRole
+
+    assert isinstance(nats_auth, NatsAuth)
+    found = nats_auth.credentials(ServiceRole.ALLOCATOR)
+    port = free_port()
+    settings = AllocatorSettings(
+        database_url=database_url, nats_url=bus_url, metrics_port=port, cluster=RULES,
+        nats_user=found.user, nats_password=found.password,
+    )  # fmt: skip
+    async with Allocator(settings):
+        listening = {
+            c.laddr.ip
+            for c in psutil.net_connections("tcp")
+            if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN
+        }
+    assert listening == {"127.0.0.1"}

@@ -1,0 +1,172 @@
+"""NATS identities (issue 11, design gap): every service connects as itself, and the server
+refuses what its role may not do. The session's NATS enforces `qshare.natsauth`."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import nats
+import pytest
+from nats.aio.client import Client
+
+from qshare.contracts import envelope, subjects
+from qshare.contracts.nodes import Heartbeat
+from qshare.natsauth import NatsAuth, NatsCredentials, ServiceRole, inbox_prefix
+from qshare.testing.servers import EmbeddedNats
+from qshare_allocator.app import Allocator
+from tests.controlplane.conftest import Register, eventually
+
+Connect = Callable[[NatsCredentials], Awaitable[tuple[Client, list[str]]]]
+
+
+@pytest.fixture
+async def connect_as(bus_url: str, nats_server: EmbeddedNats | None) -> AsyncIterator[Connect]:
+    """Connect as an identity; the list collects the errors the server sends it."""
+    if nats_server is None:
+        pytest.skip("an existing NATS server without qshare's identities is in use")
+    opened: list[Client] = []
+
+    async def go(credentials: NatsCredentials) -> tuple[Client, list[str]]:
+        errors: list[str] = []
+
+        async def on_error(error: Exception) -> None:
+            errors.append(str(error))
+
+        client = await nats.connect(
+            bus_url, user=credentials.user, password=credentials.password.get_secret_value(),
+            inbox_prefix=credentials.inbox_prefix, error_cb=on_error, max_reconnect_attempts=0,
+        )  # fmt: skip
+        opened.append(client)
+        return client, errors
+
+    yield go
+    for client in opened:
+        await client.close()
+
+
+@pytest.fixture
+async def node_n1(nats_auth: NatsAuth, nats_server: EmbeddedNats | None) -> NatsCredentials:
+    """The identity of node n1, added to the running server's configuration."""
+    credentials = nats_auth.add_node("n1")
+    if nats_server is not None:
+        await nats_server.reload(nats_auth.server_config())
+    return credentials
+
+
+async def _delivered(watcher: Client, subject: str, offender: Client, body: bytes) -> int:
+    """How many messages the operator saw on `subject` after `offender` published there."""
+    sub = await watcher.subscribe(subject)
+    await watcher.flush()
+    await offender.publish(subject, body)
+    await offender.flush()
+    await watcher.flush()
+    seen = sub.pending_msgs
+    await sub.unsubscribe()
+    return seen
+
+
+async def _refused(errors: list[str], action: str) -> None:
+    """Wait for the server's permissions violation (its callback runs as a task)."""
+
+    async def seen() -> bool:
+        return any(f"permissions violation for {action}" in e.lower() for e in errors)
+
+    await eventually(seen, within_s=5)
+
+
+def _beat() -> bytes:
+    return envelope.encode(envelope.wrap("n1", "io.qshare.node.heartbeat", Heartbeat()))
+
+
+async def test_an_anonymous_connection_is_refused(bus_url: str) -> None:
+    with pytest.raises(Exception, match=r"(?i)authorization"):
+        await nats.connect(bus_url, max_reconnect_attempts=0, allow_reconnect=False)
+
+
+async def test_a_wrong_password_is_refused(bus_url: str, nats_auth: NatsAuth) -> None:
+    user = nats_auth.credentials(ServiceRole.API).user
+    with pytest.raises(Exception, match=r"(?i)authorization"):
+        await nats.connect(bus_url, user=user, password="guess", allow_reconnect=False)
+
+
+async def test_a_node_heartbeats_as_itself_and_the_allocator_answers(
+    connect_as: Connect, node_n1: NatsCredentials, register: Register
+) -> None:
+    await register("n1")
+    node, errors = await connect_as(node_n1)
+    reply = await node.request(subjects.heartbeat("n1"), _beat(), timeout=5)
+    assert envelope.decode(reply.data).data == {"freed": False}
+    assert errors == []
+
+
+async def test_a_node_cannot_publish_another_nodes_heartbeat(
+    connect_as: Connect, node_n1: NatsCredentials, nc: Client
+) -> None:
+    node, errors = await connect_as(node_n1)
+    assert await _delivered(nc, subjects.heartbeat("n2"), node, _beat()) == 0
+    await _refused(errors, "publish")
+
+
+async def test_a_node_cannot_create_claims_or_forge_claim_events(
+    connect_as: Connect, node_n1: NatsCredentials, nc: Client
+) -> None:
+    node, _ = await connect_as(node_n1)
+    assert await _delivered(nc, subjects.CLAIMS_CREATE, node, b"{}") == 0
+    assert await _delivered(nc, subjects.claim_event("x", "placed"), node, b"{}") == 0
+    assert await _delivered(nc, subjects.gpu_event("n2", "g0", "busy"), node, b"{}") == 0
+
+
+async def test_a_node_may_publish_its_own_gpu_events(
+    connect_as: Connect, node_n1: NatsCredentials, nc: Client
+) -> None:
+    node, errors = await connect_as(node_n1)
+    assert await _delivered(nc, subjects.gpu_event("n1", "g0", "busy"), node, b"{}") == 1
+    assert errors == []
+
+
+@pytest.mark.parametrize(
+    "subject",
+    [subjects.CLAIMS_CREATE, subjects.CLAIMS_DELETE, subjects.NODES_REGISTER,
+     subjects.node_command("n1", "apply"), "qshare.evt.claim.x.placed"],
+)  # fmt: skip
+async def test_an_integration_cannot_send_commands_or_forge_events(
+    connect_as: Connect, nats_auth: NatsAuth, nc: Client, subject: str
+) -> None:
+    integration, errors = await connect_as(nats_auth.credentials(ServiceRole.INTEGRATION))
+    assert await _delivered(nc, subject, integration, b"{}") == 0
+    await _refused(errors, "publish")
+
+
+async def test_an_integration_reads_events(
+    connect_as: Connect, nats_auth: NatsAuth, nc: Client
+) -> None:
+    integration, errors = await connect_as(nats_auth.credentials(ServiceRole.INTEGRATION))
+    assert await _delivered(integration, "qshare.evt.claim.x.placed", nc, b"{}") == 1
+    assert errors == []
+
+
+@pytest.mark.parametrize("role", [ServiceRole.API, ServiceRole.INTEGRATION, ServiceRole.PREEMPTOR])
+async def test_only_the_allocator_may_join_the_allocator_queue_group(
+    connect_as: Connect, nats_auth: NatsAuth, role: ServiceRole, replicas: list[Allocator]
+) -> None:
+    intruder, errors = await connect_as(nats_auth.credentials(role))
+    sub = await intruder.subscribe(subjects.CLAIMS_CREATE, queue=subjects.ALLOCATOR_QUEUE)
+    await intruder.flush()
+    await _refused(errors, "subscription")
+    await sub.unsubscribe()
+
+
+async def test_no_service_reads_another_services_replies(
+    connect_as: Connect, nats_auth: NatsAuth
+) -> None:
+    api, errors = await connect_as(nats_auth.credentials(ServiceRole.API))
+    await api.subscribe(inbox_prefix("allocator") + ".>")
+    await api.flush()
+    await _refused(errors, "subscription")
+
+
+async def test_the_api_cannot_command_nodes(
+    connect_as: Connect, nats_auth: NatsAuth, nc: Client
+) -> None:
+    api, _ = await connect_as(nats_auth.credentials(ServiceRole.API))
+    assert await _delivered(nc, subjects.node_command("n1", "apply"), api, b"{}") == 0
