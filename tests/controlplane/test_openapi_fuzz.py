@@ -18,10 +18,10 @@ from qshare.testing.servers import EmbeddedNats, EmbeddedPostgres, free_port
 from qshare_allocator.app import Allocator
 from qshare_allocator.migrate import upgrade
 from qshare_allocator.settings import AllocatorSettings
-from qshare_preemptor.app import Preemptor
-from qshare_preemptor.settings import PreemptorSettings
 from qshare_api.app import create_app
 from qshare_api.settings import ApiSettings
+from qshare_preemptor.app import Preemptor
+from qshare_preemptor.settings import PreemptorSettings
 from tests.controlplane.conftest import ADMIN_TOKEN, RULES, as_identity, auth, card
 
 CONFIG = Path(__file__).with_name("schemathesis.toml")
