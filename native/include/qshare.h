@@ -12,7 +12,7 @@
 extern "C" {
 #endif
 
-#define QS_ABI_VERSION 3u
+#define QS_ABI_VERSION 4u
 #define QS_MAX_CARDS 16u
 #define QS_MAX_VGPUS_PER_CARD 64u
 #define QS_MAX_VGPUS (QS_MAX_CARDS * QS_MAX_VGPUS_PER_CARD)
@@ -117,8 +117,20 @@ typedef struct qs_node qs_node;
  * owner's service threads. A stale segment of the same name is replaced only when
  * `replace` is non-zero; otherwise QS_EEXIST. */
 int qs_node_create(const char *name, const char *dir, int replace, qs_node **out);
+/* Adopt the existing segment `name` after its owner died (kill -9, crash): re-open it as
+ * owner, restart the service threads and the vGPUs' attach sockets, keep the contexts whose
+ * process still lives (watched by pidfd from now on) and reap the others. Processes that stay
+ * attached keep working and stay limited. */
+int qs_node_adopt(const char *name, const char *dir, qs_node **out);
 /* Stop the service threads and remove the segment. */
 void qs_node_close(qs_node *node);
+/* Ids of the segment's vGPUs / indices of its cards: `*count` is how many there are; at most
+ * `cap` are written to the array (which may be NULL to ask for the count). */
+int qs_node_list_vgpus(qs_node *node, uint32_t *ids, uint32_t cap, uint32_t *count);
+int qs_node_list_cards(qs_node *node, uint32_t *indices, uint32_t cap, uint32_t *count);
+/* The directory holding vGPU `id`'s attach socket (`<dir>/qshare.<name>.v<id>`, socket `sock`
+ * inside): mount it, at the same path, into that vGPU's container and nowhere else. */
+int qs_vgpu_attach_dir(qs_node *node, uint32_t id, char *buf, uint32_t len);
 
 int qs_card_add(qs_node *node, uint32_t index, const char *uuid, uint64_t total_mem);
 int qs_card_set_release_delay(qs_node *node, uint32_t index, uint64_t delay_ns);
