@@ -28,6 +28,14 @@ struct qs_client {
     char dir[256];
 };
 
+/* QS_EXCHANGE_TIMEOUT_MS, or $QSHARE_EXCHANGE_TIMEOUT_MS when set to a positive number. */
+static int exchange_timeout_ms(void)
+{
+    const char *env = getenv("QSHARE_EXCHANGE_TIMEOUT_MS");
+    long v = env ? strtol(env, NULL, 10) : 0;
+    return v > 0 && v < 600000 ? (int)v : QS_EXCHANGE_TIMEOUT_MS;
+}
+
 /* No socket: name what is missing, the whole segment or this vGPU. */
 static int missing(const char *dir, const char *name, uint32_t id, const char *sock)
 {
@@ -55,8 +63,8 @@ static int connect_owner(const char *dir, const char *name, uint32_t id, int *ou
     int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
     if (fd < 0)
         return qs_fail_errno("socket");
-    struct timeval tv = {.tv_sec = QS_EXCHANGE_TIMEOUT_MS / 1000,
-                         .tv_usec = (QS_EXCHANGE_TIMEOUT_MS % 1000) * 1000};
+    int ms = exchange_timeout_ms();
+    struct timeval tv = {.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
     if (connect(fd, (struct sockaddr *)&addr, sizeof addr)) {
@@ -89,8 +97,9 @@ static void take_fds(struct msghdr *msg, int fds[2])
 static int exchange(int fd, const struct qs_proto_request *req, struct qs_proto_reply *rep,
                     int fds[2])
 {
+    int flags = 0; /* an owner that refused at once has closed, its reply still queued */
     if (send(fd, req, sizeof *req, MSG_NOSIGNAL) != (ssize_t)sizeof *req)
-        return qs_fail(QS_EAGENT, "node owner hung up: %s", strerror(errno));
+        flags = MSG_DONTWAIT;
     union {
         char buf[CMSG_SPACE(2 * sizeof(int))];
         struct cmsghdr align;
@@ -98,11 +107,13 @@ static int exchange(int fd, const struct qs_proto_request *req, struct qs_proto_
     struct iovec iov = {.iov_base = rep, .iov_len = sizeof *rep};
     struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
                          .msg_controllen = sizeof u.buf};
-    ssize_t n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
+    ssize_t n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC | flags);
     take_fds(&msg, fds);
+    if (n != (ssize_t)sizeof *rep && flags)
+        return qs_fail(QS_EAGENT, "node owner hung up");
     if (n != (ssize_t)sizeof *rep)
         return qs_fail(QS_EAGENT, "node owner sent no reply within %d ms",
-                       QS_EXCHANGE_TIMEOUT_MS);
+                       exchange_timeout_ms());
     rep->message[sizeof rep->message - 1] = '\0';
     return rep->status == QS_OK ? QS_OK : qs_fail(rep->status, "%s", rep->message);
 }
