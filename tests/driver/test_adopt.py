@@ -49,7 +49,9 @@ def hold_memory(
     out.put("detached")
 
 
-def _owner(ctx: SpawnContext, spawn: Callable[..., SpawnProcess], name: str, d: str) -> SpawnProcess:
+def _owner(
+    ctx: SpawnContext, spawn: Callable[..., SpawnProcess], name: str, d: str
+) -> SpawnProcess:
     ready = ctx.Event()
     owner = spawn(own_segment, name, d, ready)
     assert ready.wait(30)
@@ -145,4 +147,3 @@ def test_list_vgpus_follows_create_and_destroy(node: Node) -> None:
     node.destroy_vgpu(7)
     assert node.list_vgpus() == [9]
     assert node.attach_dir(9).name.endswith(".v9")
-
