@@ -137,6 +137,16 @@ int qs_card_set_release_delay(qs_node *node, uint32_t index, uint64_t delay_ns);
 int qs_card_set_policy(qs_node *node, uint32_t index, uint32_t policy);
 int qs_card_stats_get(qs_node *node, uint32_t index, qs_card_stats *out);
 
+/* Sleeper counts of a card, without the owner's own release thread: all 0 when no process
+ * waits (a count left raised by a dead process is a leak). */
+typedef struct qs_card_sleepers {
+    uint32_t gate_sleepers;  /* processes asleep on the gate that need a wake at HP quiet */
+    uint32_t policy_waiters; /* processes asleep in a sharing-policy wait */
+    uint32_t policy_waiting; /* processes held by the policy, all LP vGPUs of the card */
+    uint32_t pad;
+} qs_card_sleepers;
+int qs_card_sleepers_get(qs_node *node, uint32_t index, qs_card_sleepers *out);
+
 int qs_vgpu_create(qs_node *node, const qs_vgpu_spec *spec);
 int qs_vgpu_update(qs_node *node, uint32_t id, uint32_t core_share, uint64_t mem_limit);
 int qs_vgpu_destroy(qs_node *node, uint32_t id);

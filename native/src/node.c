@@ -318,3 +318,23 @@ int qs_node_next_event(qs_node *node, qs_event *out, int timeout_ms)
     int rc = qs_ring_pop(&node->seg.state->ring, &node->ring_tail, out, timeout_ms);
     return rc == QS_ETIMEDOUT ? qs_fail(rc, "no event within %d ms", timeout_ms) : rc;
 }
+
+int qs_card_sleepers_get(qs_node *node, uint32_t index, qs_card_sleepers *out)
+{
+    qs_clear_error();
+    QS_REQUIRE(node, "node");
+    QS_REQUIRE(out, "out pointer");
+    int rc = check_card(node, index);
+    if (rc != QS_OK)
+        return rc;
+    struct qs_card_state *cs = &node->seg.state->cards[index];
+    uint32_t gate = atomic_load(&cs->untimed_sleepers);
+    uint32_t own = atomic_load(&node->seg.owner->owner_untimed[index]);
+    *out = (qs_card_sleepers){.gate_sleepers = gate > own ? gate - own : 0,
+                              .policy_waiters = atomic_load(&cs->policy_waiters)};
+    for (uint32_t s = 0; s < QS_MAX_VGPUS; s++)
+        if (atomic_load(&node->seg.cfg->vgpus[s].state) != QS_SLOT_FREE &&
+            node->seg.cfg->vgpus[s].card == index)
+            out->policy_waiting += atomic_load(&node->seg.state->vgpus[s].policy.waiting);
+    return QS_OK;
+}

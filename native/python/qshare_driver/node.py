@@ -206,6 +206,16 @@ class Node:
             device_ns=int(out.device_ns),
         )
 
+    def sleepers(self, card: int) -> dict[str, int]:
+        """The card's sleeper counts without the owner's own thread: all 0 when nobody waits."""
+        out = ffi.new("qs_card_sleepers *")
+        check(lib.qs_card_sleepers_get(self._h, card, out))
+        return {
+            "gate_sleepers": int(out.gate_sleepers),
+            "policy_waiters": int(out.policy_waiters),
+            "policy_waiting": int(out.policy_waiting),
+        }
+
     def create_vgpu(
         self, vgpu_id: int, card: int, priority: Priority | str, core_share: int, mem_limit: int
     ) -> None:
