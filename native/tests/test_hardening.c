@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -330,6 +331,8 @@ static int test_attach_past_the_owners_descriptors_is_refused_without_spinning(v
     while (n < MAX && (rc = qs_client_attach(test_segment("fdcap"), NULL, 1, &cls[n])) == QS_OK)
         n++;
     int named = strstr(qs_last_error(), "capacity") != NULL;
+    if (rc != QS_EFULL || !named)
+        fprintf(stderr, "  attach %d: %d %s\n", n, rc, qs_last_error());
     long before = cpu_ticks(owner);
     sleep_ms(500);
     long used = cpu_ticks(owner) - before; /* a spinning owner uses ~50 ticks */
@@ -437,6 +440,96 @@ static int test_vgpu_socket_refuses_another_vgpus_id(void)
     return 0;
 }
 
+/* ---- trust: what a client receives ---- */
+
+/* The descriptor of this process whose link target starts with `prefix`, or -1. */
+static int fd_linking_to(const char *prefix)
+{
+    for (int fd = 3; fd < 1024; fd++) {
+        char path[64], target[512];
+        snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+        ssize_t n = readlink(path, target, sizeof target - 1);
+        if (n <= 0)
+            continue;
+        target[n] = '\0';
+        if (strncmp(target, prefix, strlen(prefix)) == 0)
+            return fd;
+    }
+    return -1;
+}
+
+static int test_client_cannot_resize_the_state_part(void)
+{
+    qs_node *node = make_node("seal");
+    EXPECT(node && vgpu(node, 1, QS_PRIO_LOW, 50, GiB) == QS_OK);
+    qs_client *cl = NULL;
+    EXPECT(qs_client_attach(test_segment("seal"), NULL, 1, &cl) == QS_OK);
+    char prefix[128];
+    snprintf(prefix, sizeof prefix, "/memfd:qshare.%s.state", test_segment("seal"));
+    int fd = fd_linking_to(prefix);
+    EXPECT(fd >= 0);
+    EXPECT(ftruncate(fd, 4096) != 0 && errno == EPERM);
+    EXPECT(ftruncate(fd, (off_t)(sizeof(struct qs_state) * 2)) != 0 && errno == EPERM);
+    EXPECT(qs_mem_reserve(cl, MiB) == QS_OK); /* the node works on */
+    EXPECT(qs_client_detach(cl) == QS_OK);
+    qs_node_close(node);
+    return 0;
+}
+
+/* The start of a shared read-only mapping of `file`, or NULL. */
+static void *read_only_mapping_of(const char *file, size_t *len)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    char line[1024];
+    void *found = NULL;
+    while (f && !found && fgets(line, sizeof line, f)) {
+        unsigned long lo, hi;
+        char perms[8];
+        if (strstr(line, file) && sscanf(line, "%lx-%lx %7s", &lo, &hi, perms) == 3 &&
+            !strcmp(perms, "r--s")) {
+            found = (void *)lo;
+            *len = hi - lo;
+        }
+    }
+    if (f)
+        fclose(f);
+    return found;
+}
+
+static int test_client_cannot_make_the_configuration_writable(void)
+{
+    qs_node *node = make_node("rocfg");
+    EXPECT(node && vgpu(node, 1, QS_PRIO_LOW, 50, GiB) == QS_OK);
+    qs_client *cl = NULL;
+    EXPECT(qs_client_attach(test_segment("rocfg"), NULL, 1, &cl) == QS_OK);
+    char file[128];
+    snprintf(file, sizeof file, "qshare.%s.cfg", test_segment("rocfg"));
+    size_t len = 0;
+    void *map = read_only_mapping_of(file, &len);
+    EXPECT(map != NULL);
+    EXPECT(mprotect(map, len, PROT_READ | PROT_WRITE) != 0 && errno == EACCES);
+    EXPECT(qs_client_detach(cl) == QS_OK);
+    qs_node_close(node);
+    return 0;
+}
+
+static int test_segment_files_are_the_owners_alone(void)
+{
+    qs_node *node = make_node("modes");
+    EXPECT(node);
+    char path[512];
+    struct stat sb;
+    const char *parts[] = {"cfg", "owner"};
+    for (int i = 0; i < 2; i++) {
+        qs_segment_path(path, sizeof path, NULL, test_segment("modes"), parts[i]);
+        EXPECT(stat(path, &sb) == 0 && (sb.st_mode & 077) == 0);
+    }
+    qs_segment_path(path, sizeof path, NULL, test_segment("modes"), "state");
+    EXPECT(stat(path, &sb) != 0); /* the state part has no path at all */
+    qs_node_close(node);
+    return 0;
+}
+
 int main(void)
 {
     const struct test_case tests[] = {
@@ -463,6 +556,10 @@ int main(void)
         {"symlink in place of a segment part is refused",
          test_symlink_in_place_of_a_segment_part_is_refused},
         {"vGPU socket refuses another vGPU's id", test_vgpu_socket_refuses_another_vgpus_id},
+        {"client cannot resize the state part", test_client_cannot_resize_the_state_part},
+        {"client cannot make the configuration writable",
+         test_client_cannot_make_the_configuration_writable},
+        {"segment files are the owner's alone", test_segment_files_are_the_owners_alone},
     };
     return run_tests(tests, sizeof tests / sizeof tests[0]);
 }
