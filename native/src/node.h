@@ -15,6 +15,7 @@ struct qs_node {
     char name[QS_NAME_MAX];
     uint64_t ring_tail;
     int epoll_fd, stop_fd, kick_fd, spare_fd;
+    int fd_limit; /* the descriptor soft limit, after raising it */
     pthread_t service_thread;
     int service_running;
     pthread_t release_threads[QS_MAX_CARDS];

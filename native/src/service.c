@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -32,8 +33,11 @@ static enum tag_kind tag_kind(uint64_t t) { return (enum tag_kind)(t >> 62); }
 static int tag_fd(uint64_t t) { return (int)((t >> 32) & 0x3fffffffu); }
 static uint32_t tag_value(uint64_t t) { return (uint32_t)t; }
 
-/* A connection's value: the listening vGPU slot + 1 before it attached, else CONN_CTX | ctx. */
+/* A connection's value: the listening vGPU slot + 1 before it attached, else CONN_CTX | ctx;
+ * CONN_REFUSE when the owner is near its descriptor limit: its request gets QS_EFULL. */
 #define CONN_CTX 0x80000000u
+#define CONN_REFUSE 0x40000000u
+#define FD_HEADROOM 16 /* descriptors kept free for the owner's own needs */
 
 static int watch(qs_node *node, int fd, uint64_t t)
 {
@@ -239,7 +243,10 @@ static int detach_by_ref(qs_node *node, int fd, const struct qs_proto_request *r
 static void answer(qs_node *node, int fd, uint32_t value, const struct qs_proto_request *req)
 {
     struct qs_proto_reply rep = {0};
-    if (req->op == QS_OP_ATTACH && value && !(value & CONN_CTX)) {
+    if (value == CONN_REFUSE) {
+        rep.status = qs_fail(QS_EFULL, "node owner is at capacity: %d descriptors open of %d; "
+                                       "attach refused", fd, node->fd_limit);
+    } else if (req->op == QS_OP_ATTACH && value && !(value & CONN_CTX)) {
         rep.status = attach_ctx(node, fd, value - 1, req->vgpu_id, &rep);
         if (rep.status == QS_OK)
             epoll_ctl(node->epoll_fd, EPOLL_CTL_MOD, fd,
@@ -258,6 +265,8 @@ static void answer(qs_node *node, int fd, uint32_t value, const struct qs_proto_
     if (rep.status != QS_OK)
         snprintf(rep.message, sizeof rep.message, "%s", qs_last_error());
     send_reply(node, fd, &rep, rep.status == QS_OK && req->op == QS_OP_ATTACH);
+    if (value == CONN_REFUSE)
+        close_conn(node, fd, 0, 0);
 }
 
 static void handle_request(qs_node *node, int fd, uint32_t value)
@@ -299,7 +308,8 @@ static void accept_conn(qs_node *node, int lfd, uint32_t slot)
             refuse_one(node, lfd);
         return;
     }
-    if (watch(node, fd, tag(TAG_CONN, fd, slot + 1)) != QS_OK)
+    uint32_t value = fd >= node->fd_limit - FD_HEADROOM ? CONN_REFUSE : slot + 1;
+    if (watch(node, fd, tag(TAG_CONN, fd, value)) != QS_OK)
         close(fd);
 }
 
@@ -439,6 +449,9 @@ static void close_fds(qs_node *node)
 
 int qs_service_start(qs_node *node)
 {
+    struct rlimit rl;
+    node->fd_limit = getrlimit(RLIMIT_NOFILE, &rl) || rl.rlim_cur > INT_MAX ? INT_MAX
+                                                                           : (int)rl.rlim_cur;
     node->epoll_fd = node->stop_fd = node->kick_fd = node->spare_fd = -1;
     for (uint32_t i = 0; i < QS_MAX_CONTEXTS; i++)
         node->conn_fd_of_ctx[i] = node->pidfd_of_ctx[i] = -1;
