@@ -120,7 +120,7 @@ int qs_node_create(const char *name, const char *dir, int replace, qs_node **out
 /* Adopt the existing segment `name` after its owner died (kill -9, crash): re-open it as
  * owner, restart the service threads and the vGPUs' attach sockets, keep the contexts whose
  * process still lives (watched by pidfd from now on) and reap the others. Processes that stay
- * attached keep working and stay limited. */
+ * attached keep working and stay limited. QS_EEXIST while the recorded owner still runs. */
 int qs_node_adopt(const char *name, const char *dir, qs_node **out);
 /* Stop the service threads and remove the segment. */
 void qs_node_close(qs_node *node);

@@ -157,6 +157,8 @@ struct qs_owner {
     uint32_t generation; /* last attach generation handed out */
     uint64_t owner_size;
     uint64_t state_ino, state_dev;                  /* identity of the state memfd */
+    int32_t owner_pid, pad_owner;                   /* the owner now, and its start time: */
+    uint64_t owner_start;                           /* a live owner cannot be adopted from */
     _Atomic uint32_t owner_untimed[QS_MAX_CARDS];    /* release threads' part of untimed_sleepers */
     struct qs_owner_rec recs[QS_MAX_CONTEXTS];
 };

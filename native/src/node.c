@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -54,6 +55,25 @@ static qs_node *new_node(const char *name, const char *dir)
     return node;
 }
 
+/* Record this process as the segment's owner. */
+static void claim(qs_node *node)
+{
+    node->seg.owner->owner_pid = (int32_t)getpid();
+    node->seg.owner->owner_start = qs_proc_start_time((int)getpid());
+}
+
+/* Adopting from an owner that still runs would make two owners of one segment. */
+static int check_owner_dead(qs_node *node)
+{
+    const struct qs_owner *own = node->seg.owner;
+    int pid = own->owner_pid;
+    if (pid <= 0 || pid == (int)getpid() || kill(pid, 0) != 0 ||
+        qs_proc_start_time(pid) != own->owner_start)
+        return QS_OK;
+    return qs_fail(QS_EEXIST, "segment '%s' is owned by process %d, which is alive", node->name,
+                   pid);
+}
+
 int qs_node_create(const char *name, const char *dir, int replace, qs_node **out)
 {
     qs_clear_error();
@@ -64,6 +84,7 @@ int qs_node_create(const char *name, const char *dir, int replace, qs_node **out
         return QS_ESYS;
     int rc = qs_segment_create(node->dir, name, replace, &node->seg);
     if (rc == QS_OK) {
+        claim(node);
         rc = qs_service_start(node);
         if (rc != QS_OK) {
             qs_segment_unmap(&node->seg);
@@ -130,7 +151,10 @@ int qs_node_adopt(const char *name, const char *dir, qs_node **out)
     if (!node)
         return QS_ESYS;
     int rc = qs_segment_open_owner(node->dir, name, &node->seg);
+    if (rc == QS_OK)
+        rc = check_owner_dead(node);
     if (rc == QS_OK && (rc = adopt_state(node)) == QS_OK) {
+        claim(node);
         forget_dead_owner(node);
         node->ring_tail = atomic_load(&node->seg.state->ring.head);
         rc = restart_services(node);

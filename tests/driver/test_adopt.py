@@ -13,7 +13,7 @@ from multiprocessing.synchronize import Event as MpEvent
 
 import pytest
 
-from qshare_driver import Client, EventKind, Node, OutOfMemoryError
+from qshare_driver import AlreadyExistsError, Client, EventKind, Node, OutOfMemoryError
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -128,6 +128,17 @@ def test_client_that_died_with_the_owner_is_reaped_by_adopt(
     with Node.adopt("adopt4", shm_dir) as node:
         assert node.vgpu_stats(1).contexts == 0
         assert node.vgpu_stats(1).mem_used == 0
+
+
+def test_adopt_is_refused_while_the_owner_lives(
+    shm_dir: str, ctx: SpawnContext, spawn: Callable[..., SpawnProcess]
+) -> None:
+    owner = _owner(ctx, spawn, "adopt5", shm_dir)
+    with pytest.raises(AlreadyExistsError, match=f"process {owner.pid}, which is alive"):
+        Node.adopt("adopt5", shm_dir)
+    _kill(owner)
+    with Node.adopt("adopt5", shm_dir) as node:
+        assert sorted(node.list_vgpus()) == [1, 2]
 
 
 def test_adopt_of_a_missing_segment_names_it(shm_dir: str) -> None:
