@@ -99,12 +99,16 @@ int qs_node_create(const char *name, const char *dir, int replace, qs_node **out
     return QS_OK;
 }
 
-/* The owner that died may have been counted asleep on a gate: that part goes back. */
+/* The owner that died may have been counted asleep on a gate (that part goes back) or
+ * killed mid-release (the gate goes back to CLOSED; its release thread reopens it). */
 static void forget_dead_owner(qs_node *node)
 {
-    for (uint32_t c = 0; c < QS_MAX_CARDS; c++)
-        qs_count_return(&node->seg.owner->owner_untimed[c],
-                        &node->seg.state->cards[c].untimed_sleepers);
+    for (uint32_t c = 0; c < QS_MAX_CARDS; c++) {
+        struct qs_card_state *cs = &node->seg.state->cards[c];
+        qs_count_return(&node->seg.owner->owner_untimed[c], &cs->untimed_sleepers);
+        uint32_t releasing = QS_GATE_RELEASING;
+        atomic_compare_exchange_strong(&cs->gate, &releasing, QS_GATE_CLOSED);
+    }
 }
 
 /* The state part: the memfd still held by a live attached process, or a new one when no

@@ -193,6 +193,26 @@ static int test_killed_gate_sleeper_leaves_no_sleeper_count(void)
     return 0;
 }
 
+static int test_gate_left_releasing_by_a_killed_process_opens_again(void)
+{
+    qs_node *node = make_node("releasing");
+    EXPECT(node && vgpu(node, 1, QS_PRIO_LOW, 50, GiB) == QS_OK);
+    EXPECT(qs_card_set_release_delay(node, 0, 1000000) == QS_OK);
+    pid_t pid = fork();
+    if (pid == 0) { /* killed between CLOSED -> RELEASING and RELEASING -> OPEN */
+        qs_client *cl = NULL;
+        if (qs_client_attach(test_segment("releasing"), NULL, 1, &cl) == QS_OK)
+            atomic_store(&node->seg.state->cards[0].gate, QS_GATE_RELEASING);
+        raise(SIGKILL);
+    }
+    waitpid(pid, NULL, 0);
+    EXPECT(wait_event(node, QS_EV_CLIENT_DIED));
+    EVENTUALLY(atomic_load(&node->seg.state->cards[0].gate) == QS_GATE_OPEN);
+    EXPECT(atomic_load(&node->seg.state->cards[0].gate) == QS_GATE_OPEN);
+    qs_node_close(node);
+    return 0;
+}
+
 static void *begin_twice(void *arg)
 {
     qs_launch_begin(arg);
@@ -541,6 +561,8 @@ int main(void)
          test_burst_share_peer_keeps_launching_after_a_policy_waiter_is_killed},
         {"killed gate sleeper leaves no sleeper count",
          test_killed_gate_sleeper_leaves_no_sleeper_count},
+        {"gate left releasing by a killed process opens again",
+         test_gate_left_releasing_by_a_killed_process_opens_again},
         {"reused context slot starts with no in-flight waiters",
          test_reused_context_slot_starts_with_no_inflight_waiters},
         {"detach from a fork leaves the parent attached",
