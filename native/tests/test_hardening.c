@@ -460,6 +460,47 @@ static int test_vgpu_socket_refuses_another_vgpus_id(void)
     return 0;
 }
 
+/* Over a connection of its own, ask the owner to detach context `ctx` of `generation`. */
+static int forged_detach(const char *name, uint32_t vgpu_id, uint32_t ctx, uint32_t generation)
+{
+    char path[512];
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    qs_vgpu_sock_path(path, sizeof path, NULL, name, vgpu_id);
+    if (strlen(path) >= sizeof addr.sun_path)
+        return QS_EINVAL;
+    memcpy(addr.sun_path, path, strlen(path) + 1);
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET, 0);
+    struct qs_proto_request req = {QS_PROTO_MAGIC, QS_OP_DETACH, vgpu_id, ctx, generation, 0};
+    struct qs_proto_reply rep = {.status = QS_EAGENT};
+    if (fd < 0 || connect(fd, (struct sockaddr *)&addr, sizeof addr) ||
+        send(fd, &req, sizeof req, 0) != sizeof req || recv(fd, &rep, sizeof rep, 0) <= 0)
+        rep.status = QS_EAGENT;
+    close(fd);
+    return rep.status;
+}
+
+static int test_another_process_cannot_detach_a_context(void)
+{
+    qs_node *node = make_node("forge");
+    EXPECT(node && vgpu(node, 1, QS_PRIO_LOW, 50, GiB) == QS_OK);
+    qs_client *cl = NULL;
+    EXPECT(qs_client_attach(test_segment("forge"), NULL, 1, &cl) == QS_OK);
+    EXPECT(qs_mem_reserve(cl, MiB) == QS_OK);
+    int ctx = ctx_of(node, (int)getpid());
+    uint32_t gen = atomic_load(&node->seg.state->ctxs[ctx].generation);
+    pid_t pid = fork();
+    if (pid == 0)
+        _exit(forged_detach(test_segment("forge"), 1, (uint32_t)ctx, gen) == QS_ESTATE ? 0 : 2);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    EXPECT(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    qs_vgpu_stats st;
+    EXPECT(qs_vgpu_stats_get(node, 1, &st) == QS_OK && st.contexts == 1 && st.mem_used == MiB);
+    EXPECT(qs_client_detach(cl) == QS_OK);
+    qs_node_close(node);
+    return 0;
+}
+
 /* ---- trust: what a client receives ---- */
 
 /* The descriptor of this process whose link target starts with `prefix`, or -1. */
@@ -578,6 +619,8 @@ int main(void)
         {"symlink in place of a segment part is refused",
          test_symlink_in_place_of_a_segment_part_is_refused},
         {"vGPU socket refuses another vGPU's id", test_vgpu_socket_refuses_another_vgpus_id},
+        {"another process cannot detach a context",
+         test_another_process_cannot_detach_a_context},
         {"client cannot resize the state part", test_client_cannot_resize_the_state_part},
         {"client cannot make the configuration writable",
          test_client_cannot_make_the_configuration_writable},
