@@ -398,6 +398,11 @@ int qs_service_vgpu_added(qs_node *node, uint32_t slot)
         return rc;
     if (mkdir(dir, 0755) && errno != EEXIST)
         return qs_fail_errno(dir);
+    struct stat sb; /* in a shared directory (/dev/shm), another user may have planted it */
+    if (lstat(dir, &sb) || !S_ISDIR(sb.st_mode) || sb.st_uid != geteuid() ||
+        (sb.st_mode & 022))
+        return qs_fail(QS_EEXIST, "%s exists and is not a directory of the owner's alone; "
+                                  "remove it", dir);
     int fd = -1;
     rc = listen_at(path, &fd);
     if (rc == QS_OK && (rc = watch(node, fd, tag(TAG_LISTEN, fd, slot))) != QS_OK)

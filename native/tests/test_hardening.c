@@ -501,6 +501,24 @@ static int test_another_process_cannot_detach_a_context(void)
     return 0;
 }
 
+static int test_planted_vgpu_directory_is_refused(void)
+{
+    qs_node *node = make_node("plant");
+    EXPECT(node);
+    char dir[512];
+    qs_vgpu_dir_path(dir, sizeof dir, NULL, test_segment("plant"), 1);
+    EXPECT(symlink("/tmp", dir) == 0); /* someone else's directory, by a link */
+    int rc = vgpu(node, 1, QS_PRIO_LOW, 50, GiB);
+    const char *msg = qs_last_error();
+    int named = strstr(msg, "remove it") != NULL;
+    unlink(dir);
+    EXPECT(rc == QS_EEXIST && named);
+    uint32_t count = 9;
+    EXPECT(qs_node_list_vgpus(node, NULL, 0, &count) == QS_OK && count == 0);
+    qs_node_close(node);
+    return 0;
+}
+
 /* ---- trust: what a client receives ---- */
 
 /* The descriptor of this process whose link target starts with `prefix`, or -1. */
@@ -619,6 +637,7 @@ int main(void)
         {"symlink in place of a segment part is refused",
          test_symlink_in_place_of_a_segment_part_is_refused},
         {"vGPU socket refuses another vGPU's id", test_vgpu_socket_refuses_another_vgpus_id},
+        {"planted vGPU directory is refused", test_planted_vgpu_directory_is_refused},
         {"another process cannot detach a context",
          test_another_process_cannot_detach_a_context},
         {"client cannot resize the state part", test_client_cannot_resize_the_state_part},
