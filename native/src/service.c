@@ -548,26 +548,48 @@ int qs_service_find_state(qs_node *node)
     return -1;
 }
 
+/* Each vGPU's context count, from the records: exact even if the dead owner was killed
+ * half-way through a reap. */
+static void recount_contexts(qs_node *node)
+{
+    uint32_t count[QS_MAX_VGPUS] = {0};
+    for (uint32_t i = 0; i < QS_MAX_CONTEXTS; i++)
+        if (atomic_load(&node->seg.owner->recs[i].state) == QS_SLOT_ACTIVE)
+            count[node->seg.owner->recs[i].vslot]++;
+    for (uint32_t s = 0; s < QS_MAX_VGPUS; s++) {
+        atomic_store(&node->seg.state->vgpus[s].contexts, count[s]);
+        uint32_t destroyed = QS_SLOT_DESTROYED; /* freed with its last context */
+        if (!count[s])
+            atomic_compare_exchange_strong(&node->seg.cfg->vgpus[s].state, &destroyed,
+                                           QS_SLOT_FREE);
+    }
+}
+
 int qs_service_adopt_contexts(qs_node *node)
 {
+    int pidfd[QS_MAX_CONTEXTS];
     for (uint32_t i = 0; i < QS_MAX_CONTEXTS; i++) {
         struct qs_owner_rec *r = &node->seg.owner->recs[i];
+        pidfd[i] = -1;
         if (atomic_load(&r->state) != QS_SLOT_ACTIVE)
             continue;
         if (r->vslot >= QS_MAX_VGPUS || r->card >= QS_MAX_CARDS) { /* never written so */
             atomic_store(&r->state, QS_SLOT_FREE);
             continue;
         }
-        int pfd = pidfd_open_live(r);
-        if (pfd < 0) {
+        if ((pidfd[i] = pidfd_open_live(r)) < 0)
             reap(node, i, QS_EV_CLIENT_DIED);
-            continue;
-        }
-        node->pidfd_of_ctx[i] = pfd;
-        if (watch(node, pfd, tag(TAG_PIDFD, pfd, i)) != QS_OK)
-            return QS_ESYS;
     }
-    return QS_OK;
+    recount_contexts(node);
+    int rc = QS_OK;
+    for (uint32_t i = 0; i < QS_MAX_CONTEXTS; i++) {
+        if (pidfd[i] < 0)
+            continue;
+        node->pidfd_of_ctx[i] = pidfd[i];
+        if (rc == QS_OK)
+            rc = watch(node, pidfd[i], tag(TAG_PIDFD, pidfd[i], i));
+    }
+    return rc;
 }
 
 void qs_service_stop(qs_node *node)

@@ -609,6 +609,37 @@ static int test_segment_files_are_the_owners_alone(void)
     return 0;
 }
 
+static int test_adopt_recounts_contexts_from_the_owners_records(void)
+{
+    int fds[2];
+    char r;
+    EXPECT(pipe(fds) == 0);
+    pid_t owner = owner_with_fd_limit("recount", 256, fds[1]);
+    EXPECT(read(fds[0], &r, 1) == 1);
+    qs_client *cl = NULL;
+    EXPECT(qs_client_attach(test_segment("recount"), NULL, 1, &cl) == QS_OK);
+    char prefix[128];
+    snprintf(prefix, sizeof prefix, "/memfd:qshare.%s.state", test_segment("recount"));
+    int sfd = fd_linking_to(prefix);
+    struct qs_state *st = sfd < 0 ? MAP_FAILED
+                                  : mmap(NULL, sizeof *st, PROT_READ | PROT_WRITE, MAP_SHARED, sfd, 0);
+    EXPECT(st != MAP_FAILED);
+    atomic_store(&st->vgpus[0].contexts, 5); /* as a reap cut short by the owner's death */
+    kill_and_wait(owner);
+    qs_node *node = NULL;
+    EXPECT(qs_node_adopt(test_segment("recount"), NULL, &node) == QS_OK);
+    qs_vgpu_stats vs;
+    EXPECT(qs_vgpu_stats_get(node, 1, &vs) == QS_OK && vs.contexts == 1);
+    EXPECT(qs_mem_reserve(cl, MiB) == QS_OK);
+    EXPECT(qs_client_detach(cl) == QS_OK); /* over a new connection, to the new owner */
+    EXPECT(qs_vgpu_stats_get(node, 1, &vs) == QS_OK && vs.contexts == 0 && vs.mem_used == 0);
+    munmap(st, sizeof *st);
+    qs_node_close(node);
+    close(fds[0]);
+    close(fds[1]);
+    return 0;
+}
+
 int main(void)
 {
     const struct test_case tests[] = {
@@ -638,6 +669,8 @@ int main(void)
          test_symlink_in_place_of_a_segment_part_is_refused},
         {"vGPU socket refuses another vGPU's id", test_vgpu_socket_refuses_another_vgpus_id},
         {"planted vGPU directory is refused", test_planted_vgpu_directory_is_refused},
+        {"adopt recounts contexts from the owner's records",
+         test_adopt_recounts_contexts_from_the_owners_records},
         {"another process cannot detach a context",
          test_another_process_cannot_detach_a_context},
         {"client cannot resize the state part", test_client_cannot_resize_the_state_part},
