@@ -50,4 +50,3 @@ def test_legacy_version_request_is_refused_as_not_found(node: NodeOwner, symbol:
 @pytest.mark.parametrize("symbol", V2_ENTRIES)
 def test_current_version_request_gets_the_v2_wrapper(node: NodeOwner, symbol: str) -> None:
     assert _lookup(node, symbol, 12000) == ["0 True True", "0 True True"]
-
