@@ -11,7 +11,7 @@ NATIVE_HDR := $(wildcard native/include/*.h native/src/*.h)
 BUILD := native/build
 FFI_STAMP := $(BUILD)/.ffi
 
-.PHONY: all setup native test test-c test-py lint demo bench clean
+.PHONY: all setup native test test-c test-tsan test-py lint demo bench clean
 
 all: setup
 
@@ -36,10 +36,14 @@ $(FFI_STAMP): $(STAMP) $(NATIVE_SRC) $(NATIVE_HDR) native/build_ffi.py
 	$(PY) native/build_ffi.py
 	touch $@
 
-test: setup lint test-py
+test: setup lint test-py test-tsan
 
 test-c: $(STAMP)
 	$(MAKE) -C native test CC=$(CC)
+
+# The driver's threaded race tests under ThreadSanitizer.
+test-tsan: $(STAMP)
+	$(MAKE) -C native tsan CC=$(CC)
 
 test-py: setup
 	$(PY) -m pytest -q

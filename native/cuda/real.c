@@ -88,6 +88,23 @@ static void *interpose_answer(const char *symbol, void *answer, int version, cuu
     return e != NULL ? e->wrapper : answer;
 }
 
+/* CUDA 3.2 (version 3020) brought the _v2 memory entries (64-bit device pointers and sizes). A
+ * request below it means the v1 ABI, with 32-bit slots our _v2 wrappers would overrun, and a v1
+ * entry left unwrapped would escape the memory limit: such requests are refused as not found
+ * (docs/driver.md). */
+#define QSC_V2_SINCE 3020
+
+static int legacy_v1_request(const char *symbol, int version) {
+    if (symbol == NULL || version >= QSC_V2_SINCE || strcmp(symbol, "cuGetProcAddress") == 0)
+        return 0;
+    size_t n = strlen(symbol);
+    for (int i = 0; i < QSC_N_WRAPPED; i++)
+        if (strcmp(entries[i].base, symbol) == 0 && strncmp(entries[i].name, symbol, n) == 0 &&
+            strcmp(entries[i].name + n, "_v2") == 0)
+            return 1;
+    return 0;
+}
+
 typedef CUresult (*get_proc_v1)(const char *, void **, int, cuuint64_t);
 typedef CUresult (*get_proc_v2)(const char *, void **, int, cuuint64_t,
                                 CUdriverProcAddressQueryResult *);
@@ -97,6 +114,10 @@ QSC_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int version
     qsc_resolve();
     get_proc_v1 real = QSC_REAL(get_proc_v1, cuGetProcAddress);
     if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
+    if (legacy_v1_request(symbol, version)) {
+        if (pfn != NULL) *pfn = NULL;
+        return CUDA_ERROR_NOT_FOUND;
+    }
     CUresult rc = real(symbol, pfn, version, flags);
     if (rc == CUDA_SUCCESS && pfn != NULL) *pfn = interpose_answer(symbol, *pfn, version, flags);
     return rc;
@@ -107,6 +128,11 @@ QSC_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int vers
     qsc_resolve();
     get_proc_v2 real = QSC_REAL(get_proc_v2, cuGetProcAddress_v2);
     if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
+    if (legacy_v1_request(symbol, version)) {
+        if (pfn != NULL) *pfn = NULL;
+        if (status != NULL) *status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+        return CUDA_ERROR_NOT_FOUND;
+    }
     CUresult rc = real(symbol, pfn, version, flags, status);
     if (rc == CUDA_SUCCESS && pfn != NULL) *pfn = interpose_answer(symbol, *pfn, version, flags);
     return rc;

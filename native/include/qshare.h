@@ -12,7 +12,7 @@
 extern "C" {
 #endif
 
-#define QS_ABI_VERSION 3u
+#define QS_ABI_VERSION 4u
 #define QS_MAX_CARDS 16u
 #define QS_MAX_VGPUS_PER_CARD 64u
 #define QS_MAX_VGPUS (QS_MAX_CARDS * QS_MAX_VGPUS_PER_CARD)
@@ -117,13 +117,39 @@ typedef struct qs_node qs_node;
  * owner's service threads. A stale segment of the same name is replaced only when
  * `replace` is non-zero; otherwise QS_EEXIST. */
 int qs_node_create(const char *name, const char *dir, int replace, qs_node **out);
+/* Adopt the existing segment `name` after its owner died (kill -9, crash): re-open it as
+ * owner, restart the service threads and the vGPUs' attach sockets, keep the contexts whose
+ * process still lives (watched by pidfd from now on) and reap the others. Processes that stay
+ * attached keep working and stay limited. QS_EEXIST while the recorded owner still runs. */
+int qs_node_adopt(const char *name, const char *dir, qs_node **out);
 /* Stop the service threads and remove the segment. */
 void qs_node_close(qs_node *node);
+/* Stop the service threads and let go of the segment without removing it: its vGPUs and
+ * the processes attached to them stay as they are until another owner adopts it
+ * (qs_node_adopt). What a node agent does when it stops for a restart or an upgrade. */
+void qs_node_leave(qs_node *node);
+/* Ids of the segment's vGPUs / indices of its cards: `*count` is how many there are; at most
+ * `cap` are written to the array (which may be NULL to ask for the count). */
+int qs_node_list_vgpus(qs_node *node, uint32_t *ids, uint32_t cap, uint32_t *count);
+int qs_node_list_cards(qs_node *node, uint32_t *indices, uint32_t cap, uint32_t *count);
+/* The directory holding vGPU `id`'s attach socket (`<dir>/qshare.<name>.v<id>`, socket `sock`
+ * inside): mount it, at the same path, into that vGPU's container and nowhere else. */
+int qs_vgpu_attach_dir(qs_node *node, uint32_t id, char *buf, uint32_t len);
 
 int qs_card_add(qs_node *node, uint32_t index, const char *uuid, uint64_t total_mem);
 int qs_card_set_release_delay(qs_node *node, uint32_t index, uint64_t delay_ns);
 int qs_card_set_policy(qs_node *node, uint32_t index, uint32_t policy);
 int qs_card_stats_get(qs_node *node, uint32_t index, qs_card_stats *out);
+
+/* Sleeper counts of a card, without the owner's own release thread: all 0 when no process
+ * waits (a count left raised by a dead process is a leak). */
+typedef struct qs_card_sleepers {
+    uint32_t gate_sleepers;  /* processes asleep on the gate that need a wake at HP quiet */
+    uint32_t policy_waiters; /* processes asleep in a sharing-policy wait */
+    uint32_t policy_waiting; /* processes held by the policy, all LP vGPUs of the card */
+    uint32_t pad;
+} qs_card_sleepers;
+int qs_card_sleepers_get(qs_node *node, uint32_t index, qs_card_sleepers *out);
 
 int qs_vgpu_create(qs_node *node, const qs_vgpu_spec *spec);
 int qs_vgpu_update(qs_node *node, uint32_t id, uint32_t core_share, uint64_t mem_limit);

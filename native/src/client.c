@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -17,18 +18,43 @@
 struct qs_client {
     struct qs_segment seg;
     int sock;
-    uint32_t ctx, vslot, card, priority, vgpu_id;
+    int pid; /* the process that attached: a fork's copy detaches only itself */
+    uint32_t ctx, vslot, card, priority, vgpu_id, generation;
     struct qs_ctx *c;
     struct qs_cfg_vgpu *vc;
     struct qs_card_state *cs;
     uint64_t last_unblock_ns;
+    char name[QS_NAME_MAX];
+    char dir[256];
 };
 
-static int connect_owner(const char *dir, const char *name, int *out)
+/* QS_EXCHANGE_TIMEOUT_MS, or $QSHARE_EXCHANGE_TIMEOUT_MS when set to a positive number. */
+static int exchange_timeout_ms(void)
+{
+    const char *env = getenv("QSHARE_EXCHANGE_TIMEOUT_MS");
+    long v = env ? strtol(env, NULL, 10) : 0;
+    return v > 0 && v < 600000 ? (int)v : QS_EXCHANGE_TIMEOUT_MS;
+}
+
+/* No socket: name what is missing, the whole segment or this vGPU. */
+static int missing(const char *dir, const char *name, uint32_t id, const char *sock)
+{
+    char cfg[512];
+    struct stat sb;
+    if (qs_segment_path(cfg, sizeof cfg, dir, name, "cfg") == QS_OK && stat(cfg, &sb))
+        return qs_fail(QS_ENOENT, "no segment at %s", cfg);
+    return qs_fail(QS_ENOENT, "no vGPU with id %u in segment '%s' (no socket at %s)", id, name,
+                   sock);
+}
+
+/* Connect to vGPU `id`'s socket, with a deadline on every exchange that follows. */
+static int connect_owner(const char *dir, const char *name, uint32_t id, int *out)
 {
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
     char path[512];
-    int rc = qs_segment_path(path, sizeof path, dir, name, "sock");
+    int rc = qs_check_name(name);
+    if (rc == QS_OK)
+        rc = qs_vgpu_sock_path(path, sizeof path, dir, name, id);
     if (rc != QS_OK)
         return rc;
     if (strlen(path) >= sizeof addr.sun_path)
@@ -37,9 +63,15 @@ static int connect_owner(const char *dir, const char *name, int *out)
     int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
     if (fd < 0)
         return qs_fail_errno("socket");
+    int ms = exchange_timeout_ms();
+    struct timeval tv = {.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
     if (connect(fd, (struct sockaddr *)&addr, sizeof addr)) {
         int e = errno;
         close(fd);
+        if (e == ENOENT)
+            return missing(dir, name, id, path);
         return qs_fail(QS_EAGENT, "node owner of segment '%s' does not answer at %s: %s", name,
                        path, strerror(e));
     }
@@ -47,27 +79,80 @@ static int connect_owner(const char *dir, const char *name, int *out)
     return QS_OK;
 }
 
-static int exchange(int fd, const struct qs_proto_request *req, struct qs_proto_reply *rep)
+/* The descriptors an ATTACH reply carries, or -1. */
+static void take_fds(struct msghdr *msg, int fds[2])
 {
+    fds[0] = fds[1] = -1;
+    for (struct cmsghdr *cm = CMSG_FIRSTHDR(msg); cm; cm = CMSG_NXTHDR(msg, cm)) {
+        if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
+            continue;
+        size_t n = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        int got[2] = {-1, -1};
+        memcpy(got, CMSG_DATA(cm), (n < 2 ? n : 2) * sizeof(int));
+        for (size_t i = 0; i < n && i < 2; i++)
+            fds[i] = got[i];
+    }
+}
+
+static int exchange(int fd, const struct qs_proto_request *req, struct qs_proto_reply *rep,
+                    int fds[2])
+{
+    int flags = 0; /* an owner that refused at once has closed, its reply still queued */
     if (send(fd, req, sizeof *req, MSG_NOSIGNAL) != (ssize_t)sizeof *req)
-        return qs_fail(QS_EAGENT, "node owner hung up: %s", strerror(errno));
-    ssize_t n = recv(fd, rep, sizeof *rep, 0);
+        flags = MSG_DONTWAIT;
+    union {
+        char buf[CMSG_SPACE(2 * sizeof(int))];
+        struct cmsghdr align;
+    } u;
+    struct iovec iov = {.iov_base = rep, .iov_len = sizeof *rep};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
+                         .msg_controllen = sizeof u.buf};
+    ssize_t n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC | flags);
+    take_fds(&msg, fds);
+    if (n != (ssize_t)sizeof *rep && flags)
+        return qs_fail(QS_EAGENT, "node owner hung up");
     if (n != (ssize_t)sizeof *rep)
-        return qs_fail(QS_EAGENT, "node owner sent no reply");
+        return qs_fail(QS_EAGENT, "node owner sent no reply within %d ms",
+                       exchange_timeout_ms());
     rep->message[sizeof rep->message - 1] = '\0';
     return rep->status == QS_OK ? QS_OK : qs_fail(rep->status, "%s", rep->message);
 }
 
-static void bind_ctx(qs_client *cl, const struct qs_proto_reply *rep, uint32_t vgpu_id)
+static int bind_ctx(qs_client *cl, const struct qs_proto_reply *rep, uint32_t vgpu_id)
 {
+    if (rep->ctx >= QS_MAX_CONTEXTS || rep->vgpu_slot >= QS_MAX_VGPUS)
+        return qs_fail(QS_ECORRUPT, "node owner replied context %u, vGPU slot %u", rep->ctx,
+                       rep->vgpu_slot);
     cl->ctx = rep->ctx;
     cl->vslot = rep->vgpu_slot;
+    cl->generation = rep->generation;
     cl->c = &cl->seg.state->ctxs[rep->ctx];
     cl->vc = &cl->seg.cfg->vgpus[rep->vgpu_slot];
-    cl->card = cl->vc->card;
+    cl->card = cl->vc->card < QS_MAX_CARDS ? cl->vc->card : 0;
     cl->priority = cl->vc->priority;
     cl->cs = &cl->seg.state->cards[cl->card];
     cl->vgpu_id = vgpu_id;
+    cl->pid = (int)getpid();
+    return QS_OK;
+}
+
+static int attach(qs_client *cl, const char *name, const char *dir, uint32_t vgpu_id)
+{
+    int rc = connect_owner(dir, name, vgpu_id, &cl->sock);
+    struct qs_proto_reply rep;
+    int fds[2] = {-1, -1};
+    if (rc == QS_OK)
+        rc = exchange(cl->sock,
+                      &(struct qs_proto_request){QS_PROTO_MAGIC, QS_OP_ATTACH, vgpu_id, 0, 0, 0},
+                      &rep, fds);
+    if (rc == QS_OK && (fds[0] < 0 || fds[1] < 0))
+        rc = qs_fail(QS_EAGENT, "node owner passed no segment descriptors");
+    if (rc == QS_OK && (rc = qs_segment_map_client(fds[0], fds[1], &cl->seg)) == QS_OK)
+        return bind_ctx(cl, &rep, vgpu_id);
+    for (int i = 0; i < 2; i++)
+        if (fds[i] >= 0)
+            close(fds[i]);
+    return rc;
 }
 
 int qs_client_attach(const char *name, const char *dir, uint32_t vgpu_id, qs_client **out)
@@ -79,13 +164,10 @@ int qs_client_attach(const char *name, const char *dir, uint32_t vgpu_id, qs_cli
     if (!cl)
         return qs_fail(QS_ESYS, "out of memory");
     cl->sock = -1;
-    int rc = qs_segment_open(dir, name, 0, &cl->seg);
-    if (rc == QS_OK)
-        rc = connect_owner(dir, name, &cl->sock);
-    struct qs_proto_reply rep;
-    if (rc == QS_OK)
-        rc = exchange(cl->sock, &(struct qs_proto_request){QS_PROTO_MAGIC, QS_OP_ATTACH, vgpu_id, 0},
-                      &rep);
+    cl->seg = (struct qs_segment){.state_fd = -1, .cfg_ro_fd = -1};
+    snprintf(cl->name, sizeof cl->name, "%s", name ? name : "");
+    snprintf(cl->dir, sizeof cl->dir, "%s", qs_default_dir(dir));
+    int rc = attach(cl, name, dir, vgpu_id);
     if (rc != QS_OK) {
         if (cl->sock >= 0)
             close(cl->sock);
@@ -93,9 +175,22 @@ int qs_client_attach(const char *name, const char *dir, uint32_t vgpu_id, qs_cli
         free(cl);
         return rc;
     }
-    bind_ctx(cl, &rep, vgpu_id);
     *out = cl;
     return QS_OK;
+}
+
+/* The attach connection is gone (the owner restarted and adopted this context): detach over
+ * a new one, naming the context and its generation. */
+static int detach_again(qs_client *cl, const struct qs_proto_request *req)
+{
+    int fd = -1, fds[2];
+    struct qs_proto_reply rep;
+    int rc = connect_owner(cl->dir, cl->name, cl->vgpu_id, &fd);
+    if (rc == QS_OK) {
+        rc = exchange(fd, req, &rep, fds);
+        close(fd);
+    }
+    return rc;
 }
 
 int qs_client_detach(qs_client *cl)
@@ -103,9 +198,16 @@ int qs_client_detach(qs_client *cl)
     qs_clear_error();
     if (!cl)
         return qs_fail(QS_EINVAL, "client is NULL");
-    struct qs_proto_reply rep;
-    int rc = exchange(cl->sock, &(struct qs_proto_request){QS_PROTO_MAGIC, QS_OP_DETACH, 0, cl->ctx},
-                      &rep);
+    int rc = QS_OK;
+    if (cl->pid == (int)getpid()) { /* a fork's copy only drops itself */
+        struct qs_proto_request req = {QS_PROTO_MAGIC, QS_OP_DETACH, cl->vgpu_id, cl->ctx,
+                                       cl->generation, 0};
+        struct qs_proto_reply rep;
+        int fds[2];
+        rc = exchange(cl->sock, &req, &rep, fds);
+        if (rc == QS_EAGENT)
+            rc = detach_again(cl, &req);
+    }
     close(cl->sock);
     qs_segment_unmap(&cl->seg);
     free(cl);
@@ -130,17 +232,23 @@ static int wait_resumed(qs_client *cl)
     return blocked;
 }
 
-static int wait_inflight_slot(qs_client *cl)
+/* Take one of the context's in-flight slots: the check against the bound and the increment
+ * are one compare-and-swap, so threads sharing the context never pass the bound together. */
+static void claim_inflight_slot(qs_client *cl)
 {
     uint32_t max = cl->vc->lp_max_inflight ? cl->vc->lp_max_inflight : 1;
     uint32_t n = atomic_load(&cl->c->inflight);
-    while (n >= max) {
+    for (;;) {
+        if (n < max) {
+            if (atomic_compare_exchange_weak(&cl->c->inflight, &n, n + 1))
+                return;
+            continue;
+        }
         atomic_fetch_add(&cl->c->inflight_waiters, 1);
         qs_futex_wait(&cl->c->inflight, n, 0);
         atomic_fetch_sub(&cl->c->inflight_waiters, 1);
         n = atomic_load(&cl->c->inflight);
     }
-    return QS_OK;
 }
 
 /* The uncontended path is a few loads and one increment; everything else is a wait. */
@@ -159,7 +267,7 @@ static int lp_wait_gate(qs_client *cl)
             return QS_EDESTROYED;
         blocked |= wait_resumed(cl);
         if (atomic_load(&cl->cs->gate) != QS_GATE_OPEN)
-            blocked |= qs_gate_wait(&cl->seg, cl->card, NULL);
+            blocked |= qs_gate_wait(&cl->seg, cl->card, NULL, &cl->c->gate_sleepers);
     }
     if (blocked)
         cl->last_unblock_ns = qs_now_ns();
@@ -171,11 +279,10 @@ static int lp_begin(qs_client *cl)
     int rc = lp_wait_gate(cl);
     if (rc != QS_OK)
         return rc;
-    wait_inflight_slot(cl);
+    claim_inflight_slot(cl);
     if (atomic_load_explicit(&cl->seg.cfg->cards[cl->card].policy, memory_order_relaxed) !=
         QS_POLICY_BEST_EFFORT)
-        rc = qs_policy_begin(&cl->seg, cl->ctx);
-    atomic_fetch_add(&cl->c->inflight, 1);
+        rc = qs_policy_begin(&cl->seg, cl->ctx, cl->card, cl->vslot);
     return rc;
 }
 
@@ -194,10 +301,8 @@ int qs_launch_begin(qs_client *cl)
 {
     QS_REQUIRE(cl, "client");
     int rc = cl->priority == QS_PRIO_HIGH ? hp_begin(cl) : lp_begin(cl);
-    if (rc == QS_OK)
-        atomic_store_explicit(&cl->c->launches,
-                              atomic_load_explicit(&cl->c->launches, memory_order_relaxed) + 1,
-                              memory_order_relaxed);
+    if (rc == QS_OK) /* exact with any number of threads */
+        atomic_fetch_add_explicit(&cl->c->launches, 1, memory_order_relaxed);
     return rc;
 }
 
@@ -228,14 +333,16 @@ int qs_mem_reserve(qs_client *cl, uint64_t bytes)
     QS_REQUIRE(cl, "client");
     if (check_live(cl) != QS_OK)
         return QS_EDESTROYED;
-    return qs_mem_reserve_ctx(&cl->seg, cl->ctx, bytes);
+    return qs_mem_reserve_ctx(&cl->seg, (struct qs_ctx_ref){cl->ctx, cl->vslot, cl->generation},
+                              bytes);
 }
 
 int qs_mem_release(qs_client *cl, uint64_t bytes)
 {
     qs_clear_error();
     QS_REQUIRE(cl, "client");
-    return qs_mem_release_ctx(&cl->seg, cl->ctx, bytes);
+    return qs_mem_release_ctx(&cl->seg, (struct qs_ctx_ref){cl->ctx, cl->vslot, cl->generation},
+                              bytes);
 }
 
 int qs_client_info_get(qs_client *cl, qs_client_info *out)

@@ -16,6 +16,8 @@
 #define AUTO_MARGIN 2u             /* twice the shortest gap worth exposing */
 #define AUTO_EXPOSED 0.0025        /* strict bound: at most this fraction of gaps exposed */
 
+#define GATE_RECHECK_NS 50000000ull /* a client's gate sleep never lasts longer unchecked */
+
 enum release_result { OPENED, NOT_QUIET, QUIET_UNTIL };
 
 static void push(struct qs_segment *seg, uint32_t kind, uint32_t card, uint64_t value)
@@ -121,34 +123,38 @@ static enum release_result try_release(struct qs_segment *seg, uint32_t card, ui
 /* One round of waiting on a closed gate: sleep until the release deadline when high
  * priority is quiet, or until high priority turns quiet, or until `cap` (0: none).
  * Returns 1 once open. */
-static int wait_round(struct qs_segment *seg, uint32_t card, _Atomic uint32_t *stop, uint64_t cap)
+static int wait_round(struct qs_segment *seg, uint32_t card, _Atomic uint32_t *stop, uint64_t cap,
+                      _Atomic uint32_t *mine)
 {
     struct qs_card_state *cs = &seg->state->cards[card];
-    atomic_fetch_add(&cs->untimed_sleepers, 1);
+    qs_count_in(mine, &cs->untimed_sleepers);
     uint32_t seq = atomic_load(&cs->wake_seq);
     uint64_t deadline = 0;
     enum release_result r = atomic_load(&cs->gate) == QS_GATE_OPEN
                                 ? OPENED
                                 : try_release(seg, card, &deadline);
     if (r == QUIET_UNTIL)
-        atomic_fetch_sub(&cs->untimed_sleepers, 1);
+        qs_count_out(mine, &cs->untimed_sleepers);
     uint64_t until = r == QUIET_UNTIL ? deadline : 0;
     if (cap && (!until || cap < until))
         until = cap;
     if (r != OPENED && !(stop && atomic_load(stop)))
         qs_futex_wait(&cs->wake_seq, seq, until);
     if (r != QUIET_UNTIL)
-        atomic_fetch_sub(&cs->untimed_sleepers, 1);
+        qs_count_out(mine, &cs->untimed_sleepers);
     return r == OPENED;
 }
 
-int qs_gate_wait(struct qs_segment *seg, uint32_t card, _Atomic uint32_t *stop)
+/* A client's wait: each round is capped, so a wake lost to a corrupted count costs a
+ * recheck after GATE_RECHECK_NS, never a hang. */
+int qs_gate_wait(struct qs_segment *seg, uint32_t card, _Atomic uint32_t *stop,
+                 _Atomic uint32_t *mine)
 {
     struct qs_card_state *cs = &seg->state->cards[card];
     int blocked = 0;
     while (atomic_load(&cs->gate) != QS_GATE_OPEN && !(stop && atomic_load(stop))) {
         blocked = 1;
-        if (wait_round(seg, card, stop, 0))
+        if (wait_round(seg, card, stop, qs_now_ns() + GATE_RECHECK_NS, mine))
             break;
     }
     return blocked;
@@ -295,17 +301,18 @@ void qs_gate_release_loop(struct qs_segment *seg, uint32_t card, _Atomic uint32_
 {
     struct qs_card_state *cs = &seg->state->cards[card];
     struct auto_model model = {0};
+    _Atomic uint32_t *mine = &seg->owner->owner_untimed[card]; /* an adopter takes it back */
     while (!atomic_load(stop)) {
         uint64_t tick = auto_tick(seg, card, &model);
         if (atomic_load(&cs->gate) != QS_GATE_OPEN) {
-            wait_round(seg, card, stop, tick);
+            wait_round(seg, card, stop, tick, mine);
             continue;
         }
-        atomic_fetch_add(&cs->untimed_sleepers, 1);
+        qs_count_in(mine, &cs->untimed_sleepers);
         uint32_t seq = atomic_load(&cs->wake_seq);
         if (atomic_load(&cs->gate) == QS_GATE_OPEN && !atomic_load(stop))
             qs_futex_wait(&cs->wake_seq, seq, tick);
-        atomic_fetch_sub(&cs->untimed_sleepers, 1);
+        qs_count_out(mine, &cs->untimed_sleepers);
     }
 }
 

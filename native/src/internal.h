@@ -98,14 +98,22 @@ struct qs_vgpu_state {
     struct qs_policy_state policy;
 };
 
+/* A context as its process sees it. The owner never trusts these fields for anything but
+ * the process's own counts: it reaps from its private record (struct qs_owner_rec). */
 struct qs_ctx {
     _Alignas(QS_CACHELINE) _Atomic uint32_t state; /* enum qs_slot_state (FREE/ACTIVE) */
     int32_t pid;
-    uint32_t vgpu_slot, card, priority, generation;
+    uint32_t vgpu_slot, card, priority;
+    _Atomic uint32_t generation;    /* of the attach that owns the slot now */
     uint64_t mem_reserved;          /* guarded by the vGPU's mem_lock */
     _Atomic uint32_t inflight;      /* units between launch_begin and launch_end */
     _Atomic uint32_t inflight_waiters;
-    _Atomic uint64_t launches;      /* written by its own process only: no locked op */
+    _Atomic uint64_t launches;
+    /* this context's part of the shared sleeper counts, returned when it is reaped */
+    _Atomic uint32_t gate_sleepers;   /* of its card's untimed_sleepers */
+    _Atomic uint32_t policy_sleepers; /* of its card's policy_waiters */
+    _Atomic uint32_t policy_waiting;  /* of its vGPU's policy.waiting */
+    uint32_t pad;
 };
 
 struct qs_ring_slot {
@@ -133,19 +141,46 @@ struct qs_state {
     struct qs_ring ring;
 };
 
-/* A mapped segment: both parts. */
+/* ---- owner part: a file only the owner can open (0600); never mapped by clients ---- */
+#define QS_OWNER_MAGIC 0x3172776f72616873ull /* "sharowr1" */
+
+struct qs_owner_rec {
+    _Atomic uint32_t state; /* enum qs_slot_state: ACTIVE while the context is attached */
+    int32_t pid;            /* as the owner sees it */
+    uint64_t start_time;    /* /proc/<pid>/stat starttime: tells a reused pid apart */
+    uint32_t vslot, card, priority, generation, vgpu_id, pad;
+};
+
+struct qs_owner {
+    uint64_t magic;
+    uint32_t abi;
+    uint32_t generation; /* last attach generation handed out */
+    uint64_t owner_size;
+    uint64_t state_ino, state_dev;                  /* identity of the state memfd */
+    int32_t owner_pid, pad_owner;                   /* the owner now, and its start time: */
+    uint64_t owner_start;                           /* a live owner cannot be adopted from */
+    _Atomic uint32_t owner_untimed[QS_MAX_CARDS];    /* release threads' part of untimed_sleepers */
+    struct qs_owner_rec recs[QS_MAX_CONTEXTS];
+};
+
+/* A mapped segment. Clients have cfg (read-only) and state; only the owner has `owner`. */
 struct qs_segment {
     struct qs_cfg *cfg;
     struct qs_state *state;
-    int writable_cfg;
+    struct qs_owner *owner;
+    int state_fd;  /* the state memfd (clients keep it: an adopting owner finds it there) */
+    int cfg_ro_fd; /* owner: a read-only descriptor of the cfg part, passed to clients */
 };
 
-/* ---- attach protocol over the owner's unix socket ---- */
-#define QS_PROTO_MAGIC 0x71736870u
+/* ---- attach protocol over a vGPU's unix socket ---- */
+#define QS_PROTO_MAGIC 0x71736871u
+#define QS_EXCHANGE_TIMEOUT_MS 5000 /* every client exchange with the owner has this deadline */
 enum qs_proto_op { QS_OP_ATTACH = 1, QS_OP_DETACH = 2 };
 struct qs_proto_request {
-    uint32_t magic, op, vgpu_id, ctx;
+    uint32_t magic, op, vgpu_id, ctx, generation, pad;
 };
+/* An ATTACH reply with status QS_OK carries two descriptors (SCM_RIGHTS): the cfg part,
+ * read-only, and the state memfd, sealed against shrinking and growing. */
 struct qs_proto_reply {
     int32_t status;
     uint32_t ctx, vgpu_slot, generation;
@@ -187,6 +222,31 @@ static inline int qs_mask_next(const _Atomic uint64_t *mask, uint32_t words, uin
     return -1;
 }
 
+/* Counts a sleeper in a shared count and in the context's own part of it. The order makes a
+ * death between the two steps leave a surplus (one spare wake), never a deficit. */
+static inline void qs_count_in(_Atomic uint32_t *mine, _Atomic uint32_t *shared)
+{
+    atomic_fetch_add(shared, 1);
+    if (mine)
+        atomic_fetch_add(mine, 1);
+}
+
+static inline void qs_count_out(_Atomic uint32_t *mine, _Atomic uint32_t *shared)
+{
+    if (mine)
+        atomic_fetch_sub(mine, 1);
+    atomic_fetch_sub(shared, 1);
+}
+
+/* Owner: take back a dead context's part (`*mine`, however corrupt) from `shared`, never
+ * below zero. */
+static inline void qs_count_return(_Atomic uint32_t *mine, _Atomic uint32_t *shared)
+{
+    uint32_t part = atomic_exchange(mine, 0), cur = atomic_load(shared);
+    while (part && !atomic_compare_exchange_weak(shared, &cur, cur - (part < cur ? part : cur))) {
+    }
+}
+
 /* futex.c */
 int qs_futex_wait(_Atomic uint32_t *word, uint32_t expected, uint64_t deadline_ns);
 void qs_futex_wake(_Atomic uint32_t *word, int count);
@@ -202,8 +262,18 @@ void qs_robust_unlock(pthread_mutex_t *m);
 int qs_check_name(const char *name);
 int qs_segment_path(char *buf, size_t len, const char *dir, const char *name, const char *suffix);
 int qs_segment_create(const char *dir, const char *name, int replace, struct qs_segment *seg);
-int qs_segment_open(const char *dir, const char *name, int writable_cfg, struct qs_segment *seg);
+/* Owner: open the cfg and owner parts of an existing segment (adopt); the state is found apart. */
+int qs_segment_open_owner(const char *dir, const char *name, struct qs_segment *seg);
+/* A new state part (memfd, sealed), recorded in the owner part. */
+int qs_segment_new_state(const char *name, struct qs_segment *seg);
+/* Map a state memfd after checking it is one of this ABI; takes over `fd` on success. */
+int qs_segment_map_state(int fd, struct qs_segment *seg);
+/* Client: map the descriptors the owner passed; takes both over on success. */
+int qs_segment_map_client(int cfg_fd, int state_fd, struct qs_segment *seg);
 void qs_segment_unmap(struct qs_segment *seg);
+/* The per-vGPU attach directory and socket of segment `name`. */
+int qs_vgpu_dir_path(char *buf, size_t len, const char *dir, const char *name, uint32_t id);
+int qs_vgpu_sock_path(char *buf, size_t len, const char *dir, const char *name, uint32_t id);
 void qs_segment_unlink(const char *dir, const char *name);
 const char *qs_default_dir(const char *dir);
 int qs_find_vgpu(const struct qs_cfg *cfg, uint32_t id); /* slot of the ACTIVE vGPU, or -1 */
@@ -216,17 +286,24 @@ int qs_ring_pop(struct qs_ring *ring, uint64_t *tail, qs_event *out, int timeout
 /* gate.c */
 void qs_gate_hp_begin(struct qs_segment *seg, uint32_t card);
 void qs_gate_hp_end(struct qs_card_state *cs);
-/* Block until the gate of `card` is open; returns 1 if it blocked. `stop` ends the wait early. */
-int qs_gate_wait(struct qs_segment *seg, uint32_t card, _Atomic uint32_t *stop);
+/* Block until the gate of `card` is open; returns 1 if it blocked. `stop` ends the wait early.
+ * `mine` is the waiter's own part of the card's untimed_sleepers. */
+int qs_gate_wait(struct qs_segment *seg, uint32_t card, _Atomic uint32_t *stop,
+                 _Atomic uint32_t *mine);
 /* Owner's release loop for one card (runs until *stop). */
 void qs_gate_release_loop(struct qs_segment *seg, uint32_t card, _Atomic uint32_t *stop);
 void qs_gate_forget_hp(struct qs_segment *seg, uint32_t card, uint32_t ctx);
 
 /* memory.c */
 void qs_mem_recover(void *vgpu_state_and_slot);
-int qs_mem_reap(struct qs_segment *seg, uint32_t ctx);
-int qs_mem_reserve_ctx(struct qs_segment *seg, uint32_t ctx, uint64_t bytes);
-int qs_mem_release_ctx(struct qs_segment *seg, uint32_t ctx, uint64_t bytes);
+/* Owner: return all that context `ctx` of vGPU slot `vslot` reserved; the amount returned. */
+uint64_t qs_mem_reap(struct qs_segment *seg, uint32_t ctx, uint32_t vslot);
+/* Client: `vslot` and `generation` are the handle's own; a context reaped since is refused. */
+struct qs_ctx_ref {
+    uint32_t ctx, vslot, generation;
+};
+int qs_mem_reserve_ctx(struct qs_segment *seg, struct qs_ctx_ref ref, uint64_t bytes);
+int qs_mem_release_ctx(struct qs_segment *seg, struct qs_ctx_ref ref, uint64_t bytes);
 
 /* simdev.c */
 /* Book `card` for a kernel of `duration_ns` after every kernel booked before; its start. */
@@ -236,7 +313,7 @@ uint64_t qs_sim_book(struct qs_segment *seg, uint32_t card, uint64_t duration_ns
 uint64_t qs_vgpu_launches(struct qs_segment *seg, uint32_t slot);
 
 /* policy.c */
-int qs_policy_begin(struct qs_segment *seg, uint32_t ctx);
+int qs_policy_begin(struct qs_segment *seg, uint32_t ctx, uint32_t card, uint32_t vslot);
 void qs_policy_account(struct qs_segment *seg, uint32_t vslot, uint64_t ns);
 void qs_policy_changed(struct qs_segment *seg, uint32_t card);
 void qs_policy_membership(struct qs_segment *seg, uint32_t vslot, int member);

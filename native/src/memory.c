@@ -23,16 +23,31 @@ static int lock_vgpu(struct qs_segment *seg, uint32_t vslot, struct qs_mem_recov
     return qs_robust_lock(&seg->state->vgpus[vslot].mem_lock, qs_mem_recover, rec);
 }
 
-/* Reserve from a client: refused (and an oom event) when it would pass the limit. */
-int qs_mem_reserve_ctx(struct qs_segment *seg, uint32_t ctx, uint64_t bytes)
+/* The handle still owns its context: the slot was not reaped (nor reused) since it attached.
+ * Checked under the vGPU's lock, which the owner's reap takes too. */
+static int check_ref(struct qs_segment *seg, struct qs_ctx_ref ref)
 {
-    struct qs_ctx *c = &seg->state->ctxs[ctx];
-    struct qs_vgpu_state *vs = &seg->state->vgpus[c->vgpu_slot];
-    const struct qs_cfg_vgpu *vc = &seg->cfg->vgpus[c->vgpu_slot];
+    struct qs_ctx *c = &seg->state->ctxs[ref.ctx];
+    if (atomic_load(&c->state) != QS_SLOT_ACTIVE || atomic_load(&c->generation) != ref.generation)
+        return qs_fail(QS_ESTATE, "this handle's context %u was detached (by this process or a "
+                                  "fork of it); attach again", ref.ctx);
+    return QS_OK;
+}
+
+/* Reserve from a client: refused (and an oom event) when it would pass the limit. */
+int qs_mem_reserve_ctx(struct qs_segment *seg, struct qs_ctx_ref ref, uint64_t bytes)
+{
+    struct qs_ctx *c = &seg->state->ctxs[ref.ctx];
+    struct qs_vgpu_state *vs = &seg->state->vgpus[ref.vslot];
+    const struct qs_cfg_vgpu *vc = &seg->cfg->vgpus[ref.vslot];
     struct qs_mem_recovery rec;
-    int rc = lock_vgpu(seg, c->vgpu_slot, &rec);
+    int rc = lock_vgpu(seg, ref.vslot, &rec);
     if (rc != QS_OK)
         return rc;
+    if ((rc = check_ref(seg, ref)) != QS_OK) {
+        qs_robust_unlock(&vs->mem_lock);
+        return rc;
+    }
     uint64_t limit = atomic_load(&vc->mem_limit);
     uint64_t used = vs->mem_used;
     if (bytes > limit || used > limit - bytes) {
@@ -48,14 +63,18 @@ int qs_mem_reserve_ctx(struct qs_segment *seg, uint32_t ctx, uint64_t bytes)
     return QS_OK;
 }
 
-int qs_mem_release_ctx(struct qs_segment *seg, uint32_t ctx, uint64_t bytes)
+int qs_mem_release_ctx(struct qs_segment *seg, struct qs_ctx_ref ref, uint64_t bytes)
 {
-    struct qs_ctx *c = &seg->state->ctxs[ctx];
-    struct qs_vgpu_state *vs = &seg->state->vgpus[c->vgpu_slot];
+    struct qs_ctx *c = &seg->state->ctxs[ref.ctx];
+    struct qs_vgpu_state *vs = &seg->state->vgpus[ref.vslot];
     struct qs_mem_recovery rec;
-    int rc = lock_vgpu(seg, c->vgpu_slot, &rec);
+    int rc = lock_vgpu(seg, ref.vslot, &rec);
     if (rc != QS_OK)
         return rc;
+    if ((rc = check_ref(seg, ref)) != QS_OK) {
+        qs_robust_unlock(&vs->mem_lock);
+        return rc;
+    }
     if (bytes > c->mem_reserved) {
         uint64_t have = c->mem_reserved;
         qs_robust_unlock(&vs->mem_lock);
@@ -68,18 +87,18 @@ int qs_mem_release_ctx(struct qs_segment *seg, uint32_t ctx, uint64_t bytes)
     return QS_OK;
 }
 
-/* Owner side, when a context goes away: return all it reserved. */
-int qs_mem_reap(struct qs_segment *seg, uint32_t ctx)
+/* Owner side, when a context goes away: return all it reserved, from the vGPU of the owner's
+ * record (never the slot a client could have written). */
+uint64_t qs_mem_reap(struct qs_segment *seg, uint32_t ctx, uint32_t vslot)
 {
     struct qs_ctx *c = &seg->state->ctxs[ctx];
-    struct qs_vgpu_state *vs = &seg->state->vgpus[c->vgpu_slot];
+    struct qs_vgpu_state *vs = &seg->state->vgpus[vslot];
     struct qs_mem_recovery rec;
-    int rc = lock_vgpu(seg, c->vgpu_slot, &rec);
-    if (rc != QS_OK)
-        return rc;
-    uint64_t had = c->mem_reserved;
-    vs->mem_used = vs->mem_used >= had ? vs->mem_used - had : 0;
+    if (lock_vgpu(seg, vslot, &rec) != QS_OK)
+        return 0;
+    uint64_t had = c->mem_reserved < vs->mem_used ? c->mem_reserved : vs->mem_used;
+    vs->mem_used -= had;
     c->mem_reserved = 0;
     qs_robust_unlock(&vs->mem_lock);
-    return QS_OK;
+    return had;
 }

@@ -14,15 +14,18 @@ struct qs_node {
     char dir[256];
     char name[QS_NAME_MAX];
     uint64_t ring_tail;
-    int listen_fd, epoll_fd, stop_fd;
+    int epoll_fd, stop_fd, kick_fd, spare_fd;
+    int fd_limit; /* the descriptor soft limit, after raising it */
     pthread_t service_thread;
     int service_running;
     pthread_t release_threads[QS_MAX_CARDS];
     int release_running[QS_MAX_CARDS];
     struct qs_release_arg release_args[QS_MAX_CARDS];
     _Atomic uint32_t stop;
-    uint32_t generation;
-    int conn_fd_of_ctx[QS_MAX_CONTEXTS]; /* service thread only */
+    int conn_fd_of_ctx[QS_MAX_CONTEXTS];  /* service thread only */
+    int pidfd_of_ctx[QS_MAX_CONTEXTS];    /* adopted contexts: liveness by pidfd */
+    _Atomic int listen_fd_of_slot[QS_MAX_VGPUS];   /* each vGPU's attach socket */
+    _Atomic int dead_listen_fd[QS_MAX_VGPUS];      /* closed by the service thread */
 };
 
 int qs_node_lock(qs_node *node);
@@ -30,5 +33,14 @@ void qs_node_unlock(qs_node *node);
 int qs_service_start(qs_node *node);
 void qs_service_stop(qs_node *node);
 int qs_service_card_added(qs_node *node, uint32_t card);
+/* Open (or, after an adopt, reopen) vGPU slot `slot`'s attach socket; close it. */
+int qs_service_vgpu_added(qs_node *node, uint32_t slot);
+void qs_service_vgpu_removed(qs_node *node, uint32_t slot);
+/* Adopt: keep the recorded contexts whose process lives (watched by pidfd), reap the rest. */
+int qs_service_adopt_contexts(qs_node *node);
+/* The state memfd held by a live recorded process, or -1. */
+int qs_service_find_state(qs_node *node);
+/* /proc/<pid>/stat starttime, or 0. */
+uint64_t qs_proc_start_time(int pid);
 
 #endif

@@ -12,6 +12,7 @@
 #define BS_SLACK_NS 2000000ull       /* burst-share: lead (scaled) before yielding */
 #define BS_LAG_NS 20000000ull        /* burst-share: credit a returning vGPU may bring */
 #define ACTIVE_WINDOW_NS 5000000ull  /* a vGPU "has work" this long after its last activity */
+#define RECHECK_NS 20000000ull       /* no policy sleep lasts longer without a recheck */
 
 static struct qs_policy_state *pstate(struct qs_segment *seg, uint32_t vslot)
 {
@@ -76,32 +77,36 @@ static uint64_t hold_until(struct qs_segment *seg, uint32_t card, uint32_t slot,
     return p.expires;
 }
 
-static void sleep_on_policy(struct qs_card_state *cs, uint64_t deadline)
+/* Every sleep has a deadline: a peer's count leaked or corrupted costs a recheck, not a hang. */
+static void sleep_on_policy(struct qs_card_state *cs, struct qs_ctx *c, uint64_t deadline,
+                            uint64_t now)
 {
+    uint64_t cap = now + RECHECK_NS;
     uint32_t seq = atomic_load(&cs->policy_seq);
-    atomic_fetch_add(&cs->policy_waiters, 1);
-    qs_futex_wait(&cs->policy_seq, seq, deadline == UINT64_MAX ? 0 : deadline);
-    atomic_fetch_sub(&cs->policy_waiters, 1);
+    qs_count_in(&c->policy_sleepers, &cs->policy_waiters);
+    qs_futex_wait(&cs->policy_seq, seq, deadline < cap ? deadline : cap);
+    qs_count_out(&c->policy_sleepers, &cs->policy_waiters);
 }
 
-int qs_policy_begin(struct qs_segment *seg, uint32_t ctx)
+/* Waiters count per context (and are given back when it is reaped): a process killed here
+ * leaves nothing raised. */
+int qs_policy_begin(struct qs_segment *seg, uint32_t ctx, uint32_t card, uint32_t slot)
 {
     struct qs_ctx *c = &seg->state->ctxs[ctx];
-    uint32_t card = c->card, slot = c->vgpu_slot;
     struct qs_policy_state *ps = pstate(seg, slot);
     uint64_t now = qs_now_ns();
     if (atomic_load(&seg->cfg->cards[card].policy) == QS_POLICY_BURST_SHARE)
         clamp_returning(seg, card, slot, now);
-    atomic_fetch_add(&ps->waiting, 1);
+    qs_count_in(&c->policy_waiting, &ps->waiting);
     uint64_t deadline;
     while ((deadline = hold_until(seg, card, slot, now)) != 0) {
-        sleep_on_policy(&seg->state->cards[card], deadline);
+        sleep_on_policy(&seg->state->cards[card], c, deadline, now);
         now = qs_now_ns();
         if (atomic_load(&seg->cfg->vgpus[slot].state) != QS_SLOT_ACTIVE)
             break;
     }
     atomic_store(&ps->last_active_ns, now);
-    atomic_fetch_sub(&ps->waiting, 1);
+    qs_count_out(&c->policy_waiting, &ps->waiting);
     return QS_OK;
 }
 

@@ -100,6 +100,9 @@ static int create_locked(qs_node *node, const qs_vgpu_spec *spec)
     atomic_store(&vs->device_ns, 0);
     atomic_store(&vs->launches, 0);
     memset(&vs->policy, 0, sizeof vs->policy);
+    rc = qs_service_vgpu_added(node, slot);
+    if (rc != QS_OK)
+        return rc; /* the slot stays FREE */
     atomic_store(&v->state, QS_SLOT_ACTIVE); /* publish last */
     qs_policy_membership(&node->seg, slot, 1);
     return QS_OK;
@@ -158,6 +161,7 @@ int qs_vgpu_destroy(qs_node *node, uint32_t id)
     int slot = find(node, id, &v);
     if (slot >= 0) {
         uint32_t contexts = atomic_load(&node->seg.state->vgpus[slot].contexts);
+        qs_service_vgpu_removed(node, (uint32_t)slot);
         atomic_store(&v->state, contexts ? QS_SLOT_DESTROYED : QS_SLOT_FREE);
         qs_policy_membership(&node->seg, (uint32_t)slot, 0);
         qs_futex_wake(&v->suspended, INT_MAX);

@@ -45,7 +45,7 @@ static int test_segment_names_are_validated(void)
 static int test_segment_of_another_version_is_refused_untouched(void)
 {
     qs_node *node = make_node("ver");
-    EXPECT(node);
+    EXPECT(node && vgpu(node, 1, QS_PRIO_LOW, 50, GiB) == QS_OK);
     char path[512];
     qs_segment_path(path, sizeof path, NULL, test_segment("ver"), "cfg");
     int fd = open(path, O_RDWR);
@@ -61,15 +61,32 @@ static int test_segment_of_another_version_is_refused_untouched(void)
     return 0;
 }
 
+/* A copy of a part's first page under another segment name: the right header, the wrong size. */
+static int write_truncated_copy(const char *from, const char *to, const char *suffix)
+{
+    char src[512], dst[512], page[4096];
+    qs_segment_path(src, sizeof src, NULL, from, suffix);
+    qs_segment_path(dst, sizeof dst, NULL, to, suffix);
+    int in = open(src, O_RDONLY), out = open(dst, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    int ok = in >= 0 && out >= 0 && read(in, page, sizeof page) == sizeof page &&
+             write(out, page, sizeof page) == sizeof page;
+    close(in);
+    close(out);
+    return ok;
+}
+
 static int test_segment_of_another_size_is_refused(void)
 {
     qs_node *node = make_node("size");
     EXPECT(node);
-    char path[512];
-    qs_segment_path(path, sizeof path, NULL, test_segment("size"), "state");
-    EXPECT(truncate(path, 4096) == 0);
-    qs_client *cl = NULL;
-    EXPECT(qs_client_attach(test_segment("size"), NULL, 1, &cl) == QS_ESIZE);
+    char other[48];
+    snprintf(other, sizeof other, "%s", test_segment("size2"));
+    EXPECT(write_truncated_copy(test_segment("size"), other, "cfg"));
+    EXPECT(write_truncated_copy(test_segment("size"), other, "owner"));
+    qs_node *adopted = NULL;
+    EXPECT(qs_node_adopt(other, NULL, &adopted) == QS_ESIZE);
+    EXPECT(strstr(qs_last_error(), "bytes") != NULL);
+    qs_segment_unlink(NULL, other);
     qs_node_close(node);
     return 0;
 }

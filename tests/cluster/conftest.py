@@ -132,7 +132,8 @@ async def start_agent(
         name = overrides.pop("name", f"node-{os.getpid()}-{next(_names)}")
         settings = NodeAgentSettings(
             name=name, nats_url=bus_url, simulate=f"{cards}:{memory}", shm_dir=tmp_path,
-            heartbeat_s=0.5, release_delay_s=0.02, **overrides,
+            heartbeat_s=0.5, release_delay_s=0.02, keep_segment_on_stop=False,
+            **overrides,
         )  # fmt: skip
         agent = NodeAgent(settings)
         await agent.start()

@@ -113,3 +113,39 @@ async def test_a_restarted_preemptor_resumes_the_gangs_its_predecessor_left_susp
 
 
 pytestmark = pytest.mark.timeout(180)
+
+
+async def test_a_node_agent_killed_and_restarted_keeps_running_workloads_limited(
+    api: Any, bus_url: str, tmp_path: Any, allocator: Any
+) -> None:
+    from qshare_driver import Client, OutOfMemoryError
+
+    name = f"restarted-{os.getpid()}"
+    args = {"QSHARE_NODE_NAME": name, "QSHARE_NODE_NATS_URL": bus_url,
+            "QSHARE_NODE_SIMULATE": "1:8Gi", "QSHARE_NODE_SHM_DIR": str(tmp_path),
+            "QSHARE_NODE_HEARTBEAT_S": "0.5"}  # fmt: skip
+    async with service("qshare_node_agent", args, b"node agent") as first:
+        claim = await _ready_claim(api, {"priority": "low", "vcore": 10, "vmemory": "2Gi"})
+        vgpu = claim["vgpus"][0]
+        client = Client.attach(f"qshare-{name}", vgpu["local_id"], tmp_path)
+        client.reserve(1 << 30)
+        first.send_signal(signal.SIGKILL)
+        await first.wait()
+    async with service("qshare_node_agent", args, b"node agent"):
+        second = await _ready_claim(api, {"priority": "low", "vcore": 10, "vmemory": "2Gi"})
+        assert second["node"] == name
+        with pytest.raises(OutOfMemoryError):
+            client.reserve(2 << 30)
+        client.reserve(512 << 20)
+        client.detach()
+    assert (await api.get(f"/v1/claims/{claim['id']}")).json()["status"] == "ready"
+
+
+async def _ready_claim(api: Any, spec: dict[str, Any]) -> dict[str, Any]:
+    created = (await api.post("/v1/claims", json=spec)).json()
+
+    async def ready() -> bool:
+        return bool((await api.get(f"/v1/claims/{created['id']}")).json()["status"] == "ready")
+
+    await eventually(ready, 30)
+    return dict((await api.get(f"/v1/claims/{created['id']}")).json())

@@ -19,6 +19,13 @@ class Priority(enum.IntEnum):
     LOW = 0
     HIGH = 1
 
+    @classmethod
+    def parse(cls, name: str) -> Priority:
+        try:
+            return cls[name.upper()]
+        except KeyError:
+            raise ValueError(f"unknown priority {name!r}: use high or low") from None
+
 
 class Policy(enum.IntEnum):
     BEST_EFFORT = 0
@@ -119,6 +126,14 @@ class Node:
         check(lib.qs_node_create(name.encode(), _opt_dir(directory), int(replace), out))
         return cls(out[0], name, directory)
 
+    @classmethod
+    def adopt(cls, name: str, directory: str | Path | None = None) -> Node:
+        """Take over the existing segment `name` after its owner died (kill -9): its cards and
+        vGPUs stay, contexts of live processes stay attached and limited, dead ones are reaped."""
+        out = ffi.new("qs_node **")
+        check(lib.qs_node_adopt(name.encode(), _opt_dir(directory), out))
+        return cls(out[0], name, directory)
+
     @property
     def _h(self) -> Any:
         if self._handle is None:
@@ -128,6 +143,13 @@ class Node:
     def close(self) -> None:
         if self._handle is not None:
             lib.qs_node_close(self._handle)
+            self._handle = None
+
+    def leave(self) -> None:
+        """Let go of the segment without removing it: vGPUs and attached processes stay until
+        another owner adopts it (`Node.adopt`)."""
+        if self._handle is not None:
+            lib.qs_node_leave(self._handle)
             self._handle = None
 
     def __enter__(self) -> Self:
@@ -140,6 +162,29 @@ class Node:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+    def list_vgpus(self) -> list[int]:
+        """Ids of the segment's vGPUs, in slot order."""
+        return self._list(lib.qs_node_list_vgpus)
+
+    def list_cards(self) -> list[int]:
+        """Indices of the segment's cards."""
+        return self._list(lib.qs_node_list_cards)
+
+    def _list(self, fn: Any) -> list[int]:
+        count = ffi.new("uint32_t *")
+        check(fn(self._h, ffi.NULL, 0, count))
+        cap = int(count[0])
+        out = ffi.new("uint32_t[]", max(cap, 1))
+        check(fn(self._h, out, cap, count))
+        return [int(out[i]) for i in range(min(cap, int(count[0])))]
+
+    def attach_dir(self, vgpu_id: int) -> Path:
+        """The directory holding vGPU `vgpu_id`'s attach socket: mount it, at the same path,
+        into that vGPU's container and nowhere else."""
+        buf = ffi.new("char[]", 512)
+        check(lib.qs_vgpu_attach_dir(self._h, vgpu_id, buf, 512))
+        return Path(text(buf))
 
     def add_card(self, index: int, uuid: str, total_mem: int) -> None:
         check(lib.qs_card_add(self._h, index, uuid.encode(), total_mem))
@@ -168,10 +213,20 @@ class Node:
             device_ns=int(out.device_ns),
         )
 
+    def sleepers(self, card: int) -> dict[str, int]:
+        """The card's sleeper counts without the owner's own thread: all 0 when nobody waits."""
+        out = ffi.new("qs_card_sleepers *")
+        check(lib.qs_card_sleepers_get(self._h, card, out))
+        return {
+            "gate_sleepers": int(out.gate_sleepers),
+            "policy_waiters": int(out.policy_waiters),
+            "policy_waiting": int(out.policy_waiting),
+        }
+
     def create_vgpu(
         self, vgpu_id: int, card: int, priority: Priority | str, core_share: int, mem_limit: int
     ) -> None:
-        prio = Priority[priority.upper()] if isinstance(priority, str) else priority
+        prio = Priority.parse(priority) if isinstance(priority, str) else priority
         spec = ffi.new("qs_vgpu_spec *", [vgpu_id, card, int(prio), core_share, mem_limit])
         check(lib.qs_vgpu_create(self._h, spec))
 

@@ -85,6 +85,7 @@ async def _start_agents(options: StackOptions, bus: str) -> list[Any]:
             name=f"{options.node_prefix}-{i}", nats_url=bus,
             simulate=f"{options.cards}:{options.card_memory}", shm_dir=options.shm_dir,
             release_delay_s=options.release_delay_s, heartbeat_s=options.heartbeat_s,
+            keep_segment_on_stop=False,
         )  # fmt: skip
         agent = NodeAgent(settings)
         await agent.start()

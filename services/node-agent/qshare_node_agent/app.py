@@ -27,7 +27,7 @@ from qshare_node_agent import metrics
 from qshare_node_agent.commands import Commands
 from qshare_node_agent.converge import Converger
 from qshare_node_agent.discovery import Card, discover, unhealthy
-from qshare_node_agent.segment import open_segment
+from qshare_node_agent.segment import existing_vgpus, open_segment
 from qshare_node_agent.settings import NodeAgentSettings
 
 log = logging.getLogger(__name__)
@@ -73,8 +73,10 @@ class NodeAgent:
         from qshare_node_agent.events import EventPump
 
         self.cards = discover(self.settings)
-        self._node = open_segment(self.settings, self.cards)
+        self._node, adopted = open_segment(self.settings, self.cards)
         converger = Converger(self._node, {c.uuid: c for c in self.cards})
+        if adopted:
+            converger.adopt(existing_vgpus(self._node, self.cards))
         self._commands = Commands(self.name, self._node, converger)
         self._nc = await self._connect()
         await self._nc.subscribe(subjects.node_commands(self.name), cb=self._on_command)
@@ -99,7 +101,10 @@ class NodeAgent:
         if self._nc is not None:
             await bus.close(self._nc)
         if self._node is not None:
-            self._node.close()
+            if self.settings.keep_segment_on_stop:
+                self._node.leave()
+            else:
+                self._node.close()
             self._node = None
 
     async def _connect(self) -> Client:

@@ -43,6 +43,11 @@ class NodeAgentSettings(BaseSettings, BusIdentity):
     register_timeout_s: float = Field(5.0, gt=0)
     metrics_port: int = Field(0, ge=0, le=65535, description="Prometheus /metrics; 0 = off")
     metrics_host: str = "127.0.0.1"
+    keep_segment_on_stop: bool = Field(
+        True,
+        description="on stop, leave the segment for the next agent to adopt (workloads "
+        "keep running); False removes it and every vGPU with it",
+    )
     sim_unhealthy_file: Path | None = Field(
         None, description="simulated cards: a file listing UUIDs to report unhealthy (tests)"
     )

@@ -18,6 +18,7 @@ BENCHMARKS: dict[str, str] = {
     "gpu": "qshare.bench.gpu",
     "cluster": "qshare.bench.cluster",
     "faults": "qshare.bench.faults",
+    "chaos": "qshare.bench.chaos",
 }
 
 

@@ -17,6 +17,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from qshare.bench import attach_scale
 from qshare.native_build import FAKE_DIR, INTERPOSER, TOOLS, build_cuda
 
 FAKE_UUID = "GPU-0a1b2c3d-0000-4000-8000-00000000be4c"
@@ -136,6 +137,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "processes_64": {"p50": percentile(crowd, 50), "p99": percentile(crowd, 99)},
         },
         "attach_ms_target": 1.0,
+        "attach_ms_by_contexts": attach_scale.measure(quick=args.quick),
     }
 
 
@@ -157,4 +159,5 @@ def table(result: dict[str, Any]) -> str:
     for key, label in (("processes_1", "1 process"), ("processes_64", "64 processes")):
         a = result["attach_ms"][key]
         lines.append(f"attach, {label:<13} p50 {a['p50']:.3f} ms   p99 {a['p99']:.3f} ms")
+    lines += attach_scale.table_lines(result["attach_ms_by_contexts"])
     return "\n".join(lines)

@@ -1,0 +1,682 @@
+/* test_hardening.c — specifications from the driver audit: a corrupted or killed client never
+ * crashes the owner nor leaves a count raised, handles are checked against the context's
+ * generation, the owner refuses attaches past its capacity without spinning, and a segment part
+ * that is not a regular file is refused without blocking. */
+#include "harness.h"
+#include "node.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+
+#define GiB (1ull << 30)
+#define MiB (1ull << 20)
+
+static qs_node *make_node(const char *tag)
+{
+    qs_node *node = NULL;
+    if (qs_node_create(test_segment(tag), NULL, 1, &node) != QS_OK)
+        return NULL;
+    if (qs_card_add(node, 0, "GPU-test-0", 16 * GiB) != QS_OK) {
+        qs_node_close(node);
+        return NULL;
+    }
+    return node;
+}
+
+static int vgpu(qs_node *node, uint32_t id, uint32_t prio, uint32_t share, uint64_t mem)
+{
+    qs_vgpu_spec spec = {.id = id, .card = 0, .priority = prio, .core_share = share,
+                         .mem_limit = mem};
+    return qs_vgpu_create(node, &spec);
+}
+
+static void sleep_ms(long ms)
+{
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* Poll (in the test only) until `cond` holds or ~2 s pass. */
+#define EVENTUALLY(cond)                                     \
+    do {                                                     \
+        for (int tries_ = 0; !(cond) && tries_ < 400; tries_++) \
+            sleep_ms(5);                                     \
+    } while (0)
+
+static int wait_event(qs_node *node, uint32_t kind)
+{
+    qs_event ev;
+    for (int i = 0; i < 100; i++)
+        if (qs_node_next_event(node, &ev, 50) == QS_OK && ev.kind == kind)
+            return 1;
+    return 0;
+}
+
+/* The context slot a process holds, from the shared state (as any client could read it). */
+static int ctx_of(qs_node *node, int pid)
+{
+    for (uint32_t i = 0; i < QS_MAX_CONTEXTS; i++)
+        if (atomic_load(&node->seg.state->ctxs[i].state) == QS_SLOT_ACTIVE &&
+            node->seg.state->ctxs[i].pid == pid)
+            return (int)i;
+    return -1;
+}
+
+static void kill_and_wait(pid_t pid)
+{
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+}
+
+static int test_corrupted_context_entry_does_not_crash_the_owner(void)
+{
+    qs_node *node = make_node("corrupt");
+    EXPECT(node && vgpu(node, 1, QS_PRIO_HIGH, 50, GiB) == QS_OK);
+    pid_t pid = fork();
+    if (pid == 0) {
+        qs_client *cl = NULL;
+        if (qs_client_attach(test_segment("corrupt"), NULL, 1, &cl) || qs_mem_reserve(cl, MiB))
+            _exit(2);
+        struct qs_ctx *c = &node->seg.state->ctxs[ctx_of(node, (int)getpid())];
+        c->vgpu_slot = 0x7fffffffu; /* a stray write from a buggy application */
+        c->card = 0x7fffffffu;
+        c->priority = 9;
+        atomic_store(&c->gate_sleepers, 0xffffffffu);
+        _exit(0);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    EXPECT(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    EXPECT(wait_event(node, QS_EV_CLIENT_DIED));
+    qs_vgpu_stats st;
+    EXPECT(qs_vgpu_stats_get(node, 1, &st) == QS_OK && st.contexts == 0 && st.mem_used == 0);
+    qs_node_close(node);
+    return 0;
+}
+
+/* Burst-share: vGPU 1 is ahead of vGPU 2, which has work; a process of vGPU 1 then waits in
+ * the policy. Returns its pid once it is counted as waiting. */
+static pid_t policy_waiter(qs_node *node, const char *tag, int *s1, int *s2)
+{
+    *s1 = qs_find_vgpu(node->seg.cfg, 1);
+    *s2 = qs_find_vgpu(node->seg.cfg, 2);
+    qs_card_set_policy(node, 0, QS_POLICY_BURST_SHARE);
+    struct qs_policy_state *p1 = &node->seg.state->vgpus[*s1].policy;
+    struct qs_policy_state *p2 = &node->seg.state->vgpus[*s2].policy;
+    atomic_store(&p1->vtime_ns, 10000000ull);
+    atomic_store(&p2->waiting, 1); /* vGPU 2 has work: one of its processes waits */
+    pid_t pid = fork();
+    if (pid == 0) {
+        qs_client *cl = NULL;
+        if (qs_client_attach(test_segment(tag), NULL, 1, &cl) == QS_OK)
+            qs_launch_begin(cl);
+        _exit(2);
+    }
+    EVENTUALLY(atomic_load(&p1->waiting) == 1);
+    return pid;
+}
+
+static int test_killed_policy_waiter_leaves_no_waiting_count(void)
+{
+    qs_node *node = make_node("polwait");
+    EXPECT(node && vgpu(node, 1, QS_PRIO_LOW, 50, GiB) == QS_OK);
+    EXPECT(vgpu(node, 2, QS_PRIO_LOW, 50, GiB) == QS_OK);
+    int s1, s2;
+    pid_t pid = policy_waiter(node, "polwait", &s1, &s2);
+    EXPECT(atomic_load(&node->seg.state->vgpus[s1].policy.waiting) == 1);
+    kill_and_wait(pid);
+    EXPECT(wait_event(node, QS_EV_CLIENT_DIED));
+    EXPECT(atomic_load(&node->seg.state->vgpus[s1].policy.waiting) == 0);
+    EXPECT(atomic_load(&node->seg.state->cards[0].policy_waiters) == 0);
+    qs_node_close(node);
+    return 0;
+}
+
+static int test_burst_share_peer_keeps_launching_after_a_policy_waiter_is_killed(void)
+{
+    qs_node *node = make_node("poldead");
+    EXPECT(node && vgpu(node, 1, QS_PRIO_LOW, 50, GiB) == QS_OK);
+    EXPECT(vgpu(node, 2, QS_PRIO_LOW, 50, GiB) == QS_OK);
+    int s1, s2;
+    pid_t pid = policy_waiter(node, "poldead", &s1, &s2);
+    kill_and_wait(pid);
+    EXPECT(wait_event(node, QS_EV_CLIENT_DIED));
+    atomic_store(&node->seg.state->vgpus[s2].policy.waiting, 0);
+    pid = fork();
+    if (pid == 0) { /* 40 ms of scaled device time: well past vGPU 1's lead */
+        alarm(5);
+        qs_client *cl = NULL;
+        int ok = qs_client_attach(test_segment("poldead"), NULL, 2, &cl) == QS_OK &&
+                 qs_sim_kernels(cl, 100, 200000) == QS_OK;
+        _exit(ok ? 0 : 2);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    EXPECT(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    qs_node_close(node);
+    return 0;
+}
+
+static int test_killed_gate_sleeper_leaves_no_sleeper_count(void)
+{
+    qs_node *node = make_node("gatewait");
+    EXPECT(node && vgpu(node, 1, QS_PRIO_HIGH, 50, GiB) == QS_OK);
+    EXPECT(vgpu(node, 2, QS_PRIO_LOW, 50, GiB) == QS_OK);
+    qs_client *hp = NULL;
+    EXPECT(qs_client_attach(test_segment("gatewait"), NULL, 1, &hp) == QS_OK);
+    EXPECT(qs_launch_begin(hp) == QS_OK);
+    pid_t pid = fork();
+    if (pid == 0) {
+        qs_client *cl = NULL;
+        if (qs_client_attach(test_segment("gatewait"), NULL, 2, &cl) == QS_OK)
+            qs_launch_begin(cl);
+        _exit(2);
+    }
+    struct qs_card_state *cs = &node->seg.state->cards[0];
+    EVENTUALLY(atomic_load(&cs->untimed_sleepers) == 2); /* the release thread and the child */
+    EXPECT(atomic_load(&cs->untimed_sleepers) == 2);
+    kill_and_wait(pid);
+    EXPECT(wait_event(node, QS_EV_CLIENT_DIED));
+    EVENTUALLY(atomic_load(&cs->untimed_sleepers) <= 1);
+    EXPECT(atomic_load(&cs->untimed_sleepers) <= 1);
+    EXPECT(qs_launch_end(hp) == QS_OK && qs_client_detach(hp) == QS_OK);
+    qs_node_close(node);
+    return 0;
+}
+
+static int test_gate_left_releasing_by_a_killed_process_opens_again(void)
+{
+    qs_node *node = make_node("releasing");
+    EXPECT(node && vgpu(node, 1, QS_PRIO_LOW, 50, GiB) == QS_OK);
+    EXPECT(qs_card_set_release_delay(node, 0, 1000000) == QS_OK);
+    pid_t pid = fork();
+    if (pid == 0) { /* killed between CLOSED -> RELEASING and RELEASING -> OPEN */
+        qs_client *cl = NULL;
+        if (qs_client_attach(test_segment("releasing"), NULL, 1, &cl) == QS_OK)
+            atomic_store(&node->seg.state->cards[0].gate, QS_GATE_RELEASING);
+        raise(SIGKILL);
+    }
+    waitpid(pid, NULL, 0);
+    EXPECT(wait_event(node, QS_EV_CLIENT_DIED));
+    EVENTUALLY(atomic_load(&node->seg.state->cards[0].gate) == QS_GATE_OPEN);
+    EXPECT(atomic_load(&node->seg.state->cards[0].gate) == QS_GATE_OPEN);
+    qs_node_close(node);
+    return 0;
+}
+
+static void *begin_twice(void *arg)
+{
+    qs_launch_begin(arg);
+    return NULL;
+}
+
+static int test_reused_context_slot_starts_with_no_inflight_waiters(void)
+{
+    qs_node *node = make_node("reuse");
+    EXPECT(node && vgpu(node, 1, QS_PRIO_LOW, 50, GiB) == QS_OK);
+    pid_t pid = fork();
+    if (pid == 0) { /* two threads, one in-flight slot: the second waits for it */
+        qs_client *cl = NULL;
+        pthread_t t;
+        if (qs_client_attach(test_segment("reuse"), NULL, 1, &cl) == QS_OK &&
+            qs_launch_begin(cl) == QS_OK && !pthread_create(&t, NULL, begin_twice, cl))
+            pthread_join(t, NULL);
+        _exit(2);
+    }
+    int slot = -1;
+    EVENTUALLY((slot = ctx_of(node, pid)) >= 0 &&
+               atomic_load(&node->seg.state->ctxs[slot].inflight_waiters) == 1);
+    EXPECT(slot >= 0 && atomic_load(&node->seg.state->ctxs[slot].inflight_waiters) == 1);
+    kill_and_wait(pid);
+    EXPECT(wait_event(node, QS_EV_CLIENT_DIED));
+    qs_client *cl = NULL;
+    EXPECT(qs_client_attach(test_segment("reuse"), NULL, 1, &cl) == QS_OK);
+    EXPECT(ctx_of(node, (int)getpid()) == slot);
+    EXPECT(atomic_load(&node->seg.state->ctxs[slot].inflight_waiters) == 0);
+    EXPECT(qs_client_detach(cl) == QS_OK);
+    qs_node_close(node);
+    return 0;
+}
+
+static int test_detach_from_a_fork_leaves_the_parent_attached(void)
+{
+    qs_node *node = make_node("forkdet");
+    EXPECT(node && vgpu(node, 1, QS_PRIO_LOW, 50, GiB) == QS_OK);
+    qs_client *cl = NULL;
+    EXPECT(qs_client_attach(test_segment("forkdet"), NULL, 1, &cl) == QS_OK);
+    EXPECT(qs_mem_reserve(cl, 512 * MiB) == QS_OK);
+    pid_t pid = fork();
+    if (pid == 0)
+        _exit(qs_client_detach(cl) == QS_OK ? 0 : 2);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    EXPECT(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    qs_vgpu_stats st;
+    EXPECT(qs_vgpu_stats_get(node, 1, &st) == QS_OK && st.contexts == 1);
+    EXPECT(st.mem_used == 512 * MiB);
+    EXPECT(qs_mem_reserve(cl, 600 * MiB) == QS_ENOMEM);
+    EXPECT(qs_client_detach(cl) == QS_OK);
+    qs_node_close(node);
+    return 0;
+}
+
+static int test_reservation_through_a_reaped_handle_is_refused(void)
+{
+    qs_node *node = make_node("stale");
+    EXPECT(node && vgpu(node, 1, QS_PRIO_LOW, 50, GiB) == QS_OK);
+    EXPECT(vgpu(node, 2, QS_PRIO_LOW, 50, GiB) == QS_OK);
+    qs_client *cl = NULL;
+    EXPECT(qs_client_attach(test_segment("stale"), NULL, 1, &cl) == QS_OK);
+    int fds[2];
+    EXPECT(pipe(fds) == 0);
+    pid_t pid = fork();
+    if (pid == 0) { /* the fork keeps a copy of the handle; the parent detaches */
+        char go;
+        if (read(fds[0], &go, 1) != 1)
+            _exit(3);
+        _exit(qs_mem_reserve(cl, 100 * MiB) == QS_ESTATE ? 0 : 2);
+    }
+    EXPECT(qs_client_detach(cl) == QS_OK);
+    qs_client *other = NULL; /* another tenant's process takes the slot */
+    EXPECT(qs_client_attach(test_segment("stale"), NULL, 2, &other) == QS_OK);
+    EXPECT(write(fds[1], "g", 1) == 1);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    EXPECT(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    qs_vgpu_stats st;
+    EXPECT(qs_vgpu_stats_get(node, 1, &st) == QS_OK && st.mem_used == 0);
+    EXPECT(qs_vgpu_stats_get(node, 2, &st) == QS_OK && st.mem_used == 0);
+    EXPECT(qs_client_detach(other) == QS_OK);
+    close(fds[0]);
+    close(fds[1]);
+    qs_node_close(node);
+    return 0;
+}
+
+/* ---- capacity ---- */
+
+static long cpu_ticks(pid_t pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    char *p = strrchr(buf, ')');
+    for (int field = 2; p && field < 14; field++)
+        p = strchr(p + 1, ' ');
+    long utime = 0, stime = 0;
+    return p && sscanf(p + 1, "%ld %ld", &utime, &stime) == 2 ? utime + stime : -1;
+}
+
+static pid_t owner_with_fd_limit(const char *tag, rlim_t limit, int ready_fd)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        struct rlimit rl = {limit, limit};
+        qs_node *node = NULL;
+        if (setrlimit(RLIMIT_NOFILE, &rl) || !(node = make_node(tag)) ||
+            vgpu(node, 1, QS_PRIO_LOW, 50, GiB) != QS_OK)
+            _exit(2);
+        if (write(ready_fd, "r", 1) != 1)
+            _exit(2);
+        for (;;)
+            pause();
+    }
+    return pid;
+}
+
+static int test_attach_past_the_owners_descriptors_is_refused_without_spinning(void)
+{
+    enum { MAX = 120 };
+    int fds[2];
+    char r;
+    EXPECT(pipe(fds) == 0);
+    pid_t owner = owner_with_fd_limit("fdcap", 64, fds[1]);
+    EXPECT(read(fds[0], &r, 1) == 1);
+    qs_client *cls[MAX] = {0};
+    int n = 0, rc = QS_OK;
+    while (n < MAX && (rc = qs_client_attach(test_segment("fdcap"), NULL, 1, &cls[n])) == QS_OK)
+        n++;
+    int named = strstr(qs_last_error(), "capacity") != NULL;
+    if (rc != QS_EFULL || !named)
+        fprintf(stderr, "  attach %d: %d %s\n", n, rc, qs_last_error());
+    long before = cpu_ticks(owner);
+    sleep_ms(500);
+    long used = cpu_ticks(owner) - before; /* a spinning owner uses ~50 ticks */
+    int freed = n > 0 && qs_client_detach(cls[0]) == QS_OK;
+    int again = freed && qs_client_attach(test_segment("fdcap"), NULL, 1, &cls[0]) == QS_OK;
+    for (int i = again ? 0 : 1; i < n; i++)
+        qs_client_detach(cls[i]);
+    kill_and_wait(owner);
+    close(fds[0]);
+    close(fds[1]);
+    qs_segment_unlink(NULL, test_segment("fdcap"));
+    EXPECT(rc == QS_EFULL && named);
+    EXPECT(before >= 0 && used < 15);
+    EXPECT(again);
+    return 0;
+}
+
+static int test_owner_that_never_answers_fails_the_attach_by_its_deadline(void)
+{
+    char dir[512], path[512];
+    const char *name = test_segment("mute");
+    qs_vgpu_dir_path(dir, sizeof dir, NULL, name, 1);
+    qs_vgpu_sock_path(path, sizeof path, NULL, name, 1);
+    mkdir(dir, 0755);
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    EXPECT(strlen(path) < sizeof addr.sun_path);
+    memcpy(addr.sun_path, path, strlen(path) + 1);
+    int lfd = socket(AF_UNIX, SOCK_SEQPACKET, 0);
+    EXPECT(lfd >= 0 && bind(lfd, (struct sockaddr *)&addr, sizeof addr) == 0);
+    EXPECT(listen(lfd, 4) == 0); /* accepts (in the kernel), never answers */
+    setenv("QSHARE_EXCHANGE_TIMEOUT_MS", "200", 1);
+    qs_client *cl = NULL;
+    uint64_t t0 = qs_now_ns();
+    int rc = qs_client_attach(name, NULL, 1, &cl);
+    uint64_t took = qs_now_ns() - t0;
+    unsetenv("QSHARE_EXCHANGE_TIMEOUT_MS");
+    close(lfd);
+    unlink(path);
+    rmdir(dir);
+    EXPECT(rc == QS_EAGENT);
+    EXPECT(took < 3000000000ull);
+    return 0;
+}
+
+/* ---- segment parts that are not what they claim ---- */
+
+static int adopt_in_child(const char *name)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        alarm(5); /* a blocking open() would hang here */
+        qs_node *node = NULL;
+        int rc = qs_node_adopt(name, NULL, &node);
+        _exit(rc == QS_EMAGIC && strstr(qs_last_error(), "regular file") ? 0 : 2);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
+static int test_fifo_in_place_of_a_segment_part_is_refused_without_blocking(void)
+{
+    const char *name = test_segment("fifo");
+    char path[512];
+    qs_segment_path(path, sizeof path, NULL, name, "cfg");
+    unlink(path);
+    EXPECT(mkfifo(path, 0600) == 0);
+    int ok = adopt_in_child(name);
+    unlink(path);
+    EXPECT(ok);
+    return 0;
+}
+
+static int test_symlink_in_place_of_a_segment_part_is_refused(void)
+{
+    qs_node *node = make_node("link");
+    EXPECT(node);
+    char target[512], path[512];
+    const char *name = "ct-link-alias";
+    qs_segment_path(target, sizeof target, NULL, test_segment("link"), "cfg");
+    qs_segment_path(path, sizeof path, NULL, name, "cfg");
+    unlink(path);
+    EXPECT(symlink(target, path) == 0);
+    qs_node *adopted = NULL;
+    int rc = qs_node_adopt(name, NULL, &adopted);
+    unlink(path);
+    EXPECT(rc == QS_EMAGIC && strstr(qs_last_error(), "symbolic link") != NULL);
+    qs_node_close(node);
+    return 0;
+}
+
+static int test_vgpu_socket_refuses_another_vgpus_id(void)
+{
+    qs_node *node = make_node("ids");
+    EXPECT(node && vgpu(node, 1, QS_PRIO_LOW, 50, GiB) == QS_OK);
+    EXPECT(vgpu(node, 2, QS_PRIO_LOW, 50, GiB) == QS_OK);
+    char sock1[512], link[512];
+    qs_vgpu_sock_path(sock1, sizeof sock1, NULL, test_segment("ids"), 1);
+    qs_vgpu_sock_path(link, sizeof link, NULL, test_segment("ids"), 2);
+    EXPECT(unlink(link) == 0 && symlink(sock1, link) == 0); /* vGPU 2's path leads to vGPU 1 */
+    qs_client *cl = NULL;
+    EXPECT(qs_client_attach(test_segment("ids"), NULL, 2, &cl) == QS_ENOENT);
+    EXPECT(strstr(qs_last_error(), "serves vGPU 1") != NULL);
+    qs_node_close(node);
+    return 0;
+}
+
+/* Over a connection of its own, ask the owner to detach context `ctx` of `generation`. */
+static int forged_detach(const char *name, uint32_t vgpu_id, uint32_t ctx, uint32_t generation)
+{
+    char path[512];
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    qs_vgpu_sock_path(path, sizeof path, NULL, name, vgpu_id);
+    if (strlen(path) >= sizeof addr.sun_path)
+        return QS_EINVAL;
+    memcpy(addr.sun_path, path, strlen(path) + 1);
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET, 0);
+    struct qs_proto_request req = {QS_PROTO_MAGIC, QS_OP_DETACH, vgpu_id, ctx, generation, 0};
+    struct qs_proto_reply rep = {.status = QS_EAGENT};
+    if (fd < 0 || connect(fd, (struct sockaddr *)&addr, sizeof addr) ||
+        send(fd, &req, sizeof req, 0) != sizeof req || recv(fd, &rep, sizeof rep, 0) <= 0)
+        rep.status = QS_EAGENT;
+    close(fd);
+    return rep.status;
+}
+
+static int test_another_process_cannot_detach_a_context(void)
+{
+    qs_node *node = make_node("forge");
+    EXPECT(node && vgpu(node, 1, QS_PRIO_LOW, 50, GiB) == QS_OK);
+    qs_client *cl = NULL;
+    EXPECT(qs_client_attach(test_segment("forge"), NULL, 1, &cl) == QS_OK);
+    EXPECT(qs_mem_reserve(cl, MiB) == QS_OK);
+    int ctx = ctx_of(node, (int)getpid());
+    uint32_t gen = atomic_load(&node->seg.state->ctxs[ctx].generation);
+    pid_t pid = fork();
+    if (pid == 0)
+        _exit(forged_detach(test_segment("forge"), 1, (uint32_t)ctx, gen) == QS_ESTATE ? 0 : 2);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    EXPECT(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    qs_vgpu_stats st;
+    EXPECT(qs_vgpu_stats_get(node, 1, &st) == QS_OK && st.contexts == 1 && st.mem_used == MiB);
+    EXPECT(qs_client_detach(cl) == QS_OK);
+    qs_node_close(node);
+    return 0;
+}
+
+static int test_planted_vgpu_directory_is_refused(void)
+{
+    qs_node *node = make_node("plant");
+    EXPECT(node);
+    char dir[512];
+    qs_vgpu_dir_path(dir, sizeof dir, NULL, test_segment("plant"), 1);
+    EXPECT(symlink("/tmp", dir) == 0); /* someone else's directory, by a link */
+    int rc = vgpu(node, 1, QS_PRIO_LOW, 50, GiB);
+    const char *msg = qs_last_error();
+    int named = strstr(msg, "remove it") != NULL;
+    unlink(dir);
+    EXPECT(rc == QS_EEXIST && named);
+    uint32_t count = 9;
+    EXPECT(qs_node_list_vgpus(node, NULL, 0, &count) == QS_OK && count == 0);
+    qs_node_close(node);
+    return 0;
+}
+
+/* ---- trust: what a client receives ---- */
+
+/* The descriptor of this process whose link target starts with `prefix`, or -1. */
+static int fd_linking_to(const char *prefix)
+{
+    for (int fd = 3; fd < 1024; fd++) {
+        char path[64], target[512];
+        snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+        ssize_t n = readlink(path, target, sizeof target - 1);
+        if (n <= 0)
+            continue;
+        target[n] = '\0';
+        if (strncmp(target, prefix, strlen(prefix)) == 0)
+            return fd;
+    }
+    return -1;
+}
+
+static int test_client_cannot_resize_the_state_part(void)
+{
+    qs_node *node = make_node("seal");
+    EXPECT(node && vgpu(node, 1, QS_PRIO_LOW, 50, GiB) == QS_OK);
+    qs_client *cl = NULL;
+    EXPECT(qs_client_attach(test_segment("seal"), NULL, 1, &cl) == QS_OK);
+    char prefix[128];
+    snprintf(prefix, sizeof prefix, "/memfd:qshare.%s.state", test_segment("seal"));
+    int fd = fd_linking_to(prefix);
+    EXPECT(fd >= 0);
+    EXPECT(ftruncate(fd, 4096) != 0 && errno == EPERM);
+    EXPECT(ftruncate(fd, (off_t)(sizeof(struct qs_state) * 2)) != 0 && errno == EPERM);
+    EXPECT(qs_mem_reserve(cl, MiB) == QS_OK); /* the node works on */
+    EXPECT(qs_client_detach(cl) == QS_OK);
+    qs_node_close(node);
+    return 0;
+}
+
+/* The start of a shared read-only mapping of `file`, or NULL. */
+static void *read_only_mapping_of(const char *file, size_t *len)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    char line[1024];
+    void *found = NULL;
+    while (f && !found && fgets(line, sizeof line, f)) {
+        unsigned long lo, hi;
+        char perms[8];
+        if (strstr(line, file) && sscanf(line, "%lx-%lx %7s", &lo, &hi, perms) == 3 &&
+            !strcmp(perms, "r--s")) {
+            found = (void *)lo;
+            *len = hi - lo;
+        }
+    }
+    if (f)
+        fclose(f);
+    return found;
+}
+
+static int test_client_cannot_make_the_configuration_writable(void)
+{
+    qs_node *node = make_node("rocfg");
+    EXPECT(node && vgpu(node, 1, QS_PRIO_LOW, 50, GiB) == QS_OK);
+    qs_client *cl = NULL;
+    EXPECT(qs_client_attach(test_segment("rocfg"), NULL, 1, &cl) == QS_OK);
+    char file[128];
+    snprintf(file, sizeof file, "qshare.%s.cfg", test_segment("rocfg"));
+    size_t len = 0;
+    void *map = read_only_mapping_of(file, &len);
+    EXPECT(map != NULL);
+    EXPECT(mprotect(map, len, PROT_READ | PROT_WRITE) != 0 && errno == EACCES);
+    EXPECT(qs_client_detach(cl) == QS_OK);
+    qs_node_close(node);
+    return 0;
+}
+
+static int test_segment_files_are_the_owners_alone(void)
+{
+    qs_node *node = make_node("modes");
+    EXPECT(node);
+    char path[512];
+    struct stat sb;
+    const char *parts[] = {"cfg", "owner"};
+    for (int i = 0; i < 2; i++) {
+        qs_segment_path(path, sizeof path, NULL, test_segment("modes"), parts[i]);
+        EXPECT(stat(path, &sb) == 0 && (sb.st_mode & 077) == 0);
+    }
+    qs_segment_path(path, sizeof path, NULL, test_segment("modes"), "state");
+    EXPECT(stat(path, &sb) != 0); /* the state part has no path at all */
+    qs_node_close(node);
+    return 0;
+}
+
+static int test_adopt_recounts_contexts_from_the_owners_records(void)
+{
+    int fds[2];
+    char r;
+    EXPECT(pipe(fds) == 0);
+    pid_t owner = owner_with_fd_limit("recount", 256, fds[1]);
+    EXPECT(read(fds[0], &r, 1) == 1);
+    qs_client *cl = NULL;
+    EXPECT(qs_client_attach(test_segment("recount"), NULL, 1, &cl) == QS_OK);
+    char prefix[128];
+    snprintf(prefix, sizeof prefix, "/memfd:qshare.%s.state", test_segment("recount"));
+    int sfd = fd_linking_to(prefix);
+    struct qs_state *st = sfd < 0 ? MAP_FAILED
+                                  : mmap(NULL, sizeof *st, PROT_READ | PROT_WRITE, MAP_SHARED, sfd, 0);
+    EXPECT(st != MAP_FAILED);
+    atomic_store(&st->vgpus[0].contexts, 5); /* as a reap cut short by the owner's death */
+    kill_and_wait(owner);
+    qs_node *node = NULL;
+    EXPECT(qs_node_adopt(test_segment("recount"), NULL, &node) == QS_OK);
+    qs_vgpu_stats vs;
+    EXPECT(qs_vgpu_stats_get(node, 1, &vs) == QS_OK && vs.contexts == 1);
+    EXPECT(qs_mem_reserve(cl, MiB) == QS_OK);
+    EXPECT(qs_client_detach(cl) == QS_OK); /* over a new connection, to the new owner */
+    EXPECT(qs_vgpu_stats_get(node, 1, &vs) == QS_OK && vs.contexts == 0 && vs.mem_used == 0);
+    munmap(st, sizeof *st);
+    qs_node_close(node);
+    close(fds[0]);
+    close(fds[1]);
+    return 0;
+}
+
+int main(void)
+{
+    const struct test_case tests[] = {
+        {"corrupted context entry does not crash the owner",
+         test_corrupted_context_entry_does_not_crash_the_owner},
+        {"killed policy waiter leaves no waiting count",
+         test_killed_policy_waiter_leaves_no_waiting_count},
+        {"burst-share peer keeps launching after a policy waiter is killed",
+         test_burst_share_peer_keeps_launching_after_a_policy_waiter_is_killed},
+        {"killed gate sleeper leaves no sleeper count",
+         test_killed_gate_sleeper_leaves_no_sleeper_count},
+        {"gate left releasing by a killed process opens again",
+         test_gate_left_releasing_by_a_killed_process_opens_again},
+        {"reused context slot starts with no in-flight waiters",
+         test_reused_context_slot_starts_with_no_inflight_waiters},
+        {"detach from a fork leaves the parent attached",
+         test_detach_from_a_fork_leaves_the_parent_attached},
+        {"reservation through a reaped handle is refused",
+         test_reservation_through_a_reaped_handle_is_refused},
+        {"attach past the owner's descriptors is refused without spinning",
+         test_attach_past_the_owners_descriptors_is_refused_without_spinning},
+        {"owner that never answers fails the attach by its deadline",
+         test_owner_that_never_answers_fails_the_attach_by_its_deadline},
+        {"FIFO in place of a segment part is refused without blocking",
+         test_fifo_in_place_of_a_segment_part_is_refused_without_blocking},
+        {"symlink in place of a segment part is refused",
+         test_symlink_in_place_of_a_segment_part_is_refused},
+        {"vGPU socket refuses another vGPU's id", test_vgpu_socket_refuses_another_vgpus_id},
+        {"planted vGPU directory is refused", test_planted_vgpu_directory_is_refused},
+        {"adopt recounts contexts from the owner's records",
+         test_adopt_recounts_contexts_from_the_owners_records},
+        {"another process cannot detach a context",
+         test_another_process_cannot_detach_a_context},
+        {"client cannot resize the state part", test_client_cannot_resize_the_state_part},
+        {"client cannot make the configuration writable",
+         test_client_cannot_make_the_configuration_writable},
+        {"segment files are the owner's alone", test_segment_files_are_the_owners_alone},
+    };
+    return run_tests(tests, sizeof tests / sizeof tests[0]);
+}
