@@ -10,6 +10,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -48,9 +49,23 @@ static void sleep_ms(long ms)
 /* Poll (in the test only) until `cond` holds or ~2 s pass. */
 #define EVENTUALLY(cond)                                     \
     do {                                                     \
-        for (int tries_ = 0; !(cond) && tries_ < 400; tries_++) \
+        for (int tries_ = 0; !(cond) && tries_ < 2000; tries_++) \
             sleep_ms(5);                                     \
     } while (0)
+
+/* fork() whose child dies with this process: a test that fails half-way leaves no child
+ * behind holding the runner's output pipe open. */
+static pid_t fork_child(void)
+{
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent)
+            _exit(3);
+    }
+    return pid;
+}
 
 static int wait_event(qs_node *node, uint32_t kind)
 {
@@ -81,7 +96,7 @@ static int test_corrupted_context_entry_does_not_crash_the_owner(void)
 {
     qs_node *node = make_node("corrupt");
     EXPECT(node && vgpu(node, 1, QS_PRIO_HIGH, 50, GiB) == QS_OK);
-    pid_t pid = fork();
+    pid_t pid = fork_child();
     if (pid == 0) {
         qs_client *cl = NULL;
         if (qs_client_attach(test_segment("corrupt"), NULL, 1, &cl) || qs_mem_reserve(cl, MiB))
@@ -114,7 +129,7 @@ static pid_t policy_waiter(qs_node *node, const char *tag, int *s1, int *s2)
     struct qs_policy_state *p2 = &node->seg.state->vgpus[*s2].policy;
     atomic_store(&p1->vtime_ns, 10000000ull);
     atomic_store(&p2->waiting, 1); /* vGPU 2 has work: one of its processes waits */
-    pid_t pid = fork();
+    pid_t pid = fork_child();
     if (pid == 0) {
         qs_client *cl = NULL;
         if (qs_client_attach(test_segment(tag), NULL, 1, &cl) == QS_OK)
@@ -151,7 +166,7 @@ static int test_burst_share_peer_keeps_launching_after_a_policy_waiter_is_killed
     kill_and_wait(pid);
     EXPECT(wait_event(node, QS_EV_CLIENT_DIED));
     atomic_store(&node->seg.state->vgpus[s2].policy.waiting, 0);
-    pid = fork();
+    pid = fork_child();
     if (pid == 0) { /* 40 ms of scaled device time: well past vGPU 1's lead */
         alarm(5);
         qs_client *cl = NULL;
@@ -174,7 +189,7 @@ static int test_killed_gate_sleeper_leaves_no_sleeper_count(void)
     qs_client *hp = NULL;
     EXPECT(qs_client_attach(test_segment("gatewait"), NULL, 1, &hp) == QS_OK);
     EXPECT(qs_launch_begin(hp) == QS_OK);
-    pid_t pid = fork();
+    pid_t pid = fork_child();
     if (pid == 0) {
         qs_client *cl = NULL;
         if (qs_client_attach(test_segment("gatewait"), NULL, 2, &cl) == QS_OK)
@@ -198,7 +213,7 @@ static int test_gate_left_releasing_by_a_killed_process_opens_again(void)
     qs_node *node = make_node("releasing");
     EXPECT(node && vgpu(node, 1, QS_PRIO_LOW, 50, GiB) == QS_OK);
     EXPECT(qs_card_set_release_delay(node, 0, 1000000) == QS_OK);
-    pid_t pid = fork();
+    pid_t pid = fork_child();
     if (pid == 0) { /* killed between CLOSED -> RELEASING and RELEASING -> OPEN */
         qs_client *cl = NULL;
         if (qs_client_attach(test_segment("releasing"), NULL, 1, &cl) == QS_OK)
@@ -223,7 +238,7 @@ static int test_reused_context_slot_starts_with_no_inflight_waiters(void)
 {
     qs_node *node = make_node("reuse");
     EXPECT(node && vgpu(node, 1, QS_PRIO_LOW, 50, GiB) == QS_OK);
-    pid_t pid = fork();
+    pid_t pid = fork_child();
     if (pid == 0) { /* two threads, one in-flight slot: the second waits for it */
         qs_client *cl = NULL;
         pthread_t t;
@@ -254,7 +269,7 @@ static int test_detach_from_a_fork_leaves_the_parent_attached(void)
     qs_client *cl = NULL;
     EXPECT(qs_client_attach(test_segment("forkdet"), NULL, 1, &cl) == QS_OK);
     EXPECT(qs_mem_reserve(cl, 512 * MiB) == QS_OK);
-    pid_t pid = fork();
+    pid_t pid = fork_child();
     if (pid == 0)
         _exit(qs_client_detach(cl) == QS_OK ? 0 : 2);
     int status = 0;
@@ -278,7 +293,7 @@ static int test_reservation_through_a_reaped_handle_is_refused(void)
     EXPECT(qs_client_attach(test_segment("stale"), NULL, 1, &cl) == QS_OK);
     int fds[2];
     EXPECT(pipe(fds) == 0);
-    pid_t pid = fork();
+    pid_t pid = fork_child();
     if (pid == 0) { /* the fork keeps a copy of the handle; the parent detaches */
         char go;
         if (read(fds[0], &go, 1) != 1)
@@ -323,7 +338,7 @@ static long cpu_ticks(pid_t pid)
 
 static pid_t owner_with_fd_limit(const char *tag, rlim_t limit, int ready_fd)
 {
-    pid_t pid = fork();
+    pid_t pid = fork_child();
     if (pid == 0) {
         struct rlimit rl = {limit, limit};
         qs_node *node = NULL;
@@ -401,7 +416,7 @@ static int test_owner_that_never_answers_fails_the_attach_by_its_deadline(void)
 
 static int adopt_in_child(const char *name)
 {
-    pid_t pid = fork();
+    pid_t pid = fork_child();
     if (pid == 0) {
         alarm(5); /* a blocking open() would hang here */
         qs_node *node = NULL;
@@ -488,7 +503,7 @@ static int test_another_process_cannot_detach_a_context(void)
     EXPECT(qs_mem_reserve(cl, MiB) == QS_OK);
     int ctx = ctx_of(node, (int)getpid());
     uint32_t gen = atomic_load(&node->seg.state->ctxs[ctx].generation);
-    pid_t pid = fork();
+    pid_t pid = fork_child();
     if (pid == 0)
         _exit(forged_detach(test_segment("forge"), 1, (uint32_t)ctx, gen) == QS_ESTATE ? 0 : 2);
     int status = 0;
