@@ -47,8 +47,8 @@ class Api:
     messages: Mapping[str, type[Any]]
     services: Mapping[str, Mapping[str, Method]]
 
-    def message(self, name: str, **fields: Any) -> Any:
-        return self.messages[name](**fields)
+    def message(self, message_name: str, /, **fields: Any) -> Any:
+        return self.messages[message_name](**fields)
 
     def service_name(self, service: str) -> str:
         return f"{self.package}.{service}"
