@@ -23,8 +23,16 @@ from qshare_node_agent.kubernetes.apiserver import KubeApi
 from qshare_node_agent.kubernetes.config import KubernetesSettings
 from qshare_node_agent.kubernetes.dra import DraPlugin
 from qshare_node_agent.kubernetes.local_vgpus import Card, LocalVgpus
+from tests.controlplane import conftest as controlplane
 
 from .doubles import ApiServerDouble, KubeletDouble
+
+# The control plane's fixtures, for the extender tests: real Postgres, NATS and allocators.
+database_url = controlplane.database_url
+bus_url = controlplane.bus_url
+replicas = controlplane.replicas
+engine = controlplane.engine
+nc = controlplane.nc
 
 K8S_VERSION = "1.36.0"
 NODE = "node-a"

@@ -21,6 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from qshare.contracts import subjects
 from qshare.contracts.claims import CreateClaim, CreateClaimReply, DeleteClaim
 from qshare.contracts.nodes import Heartbeat, NodeRegistration
+from qshare.contracts.placement import PreviewPlacement
 from qshare.contracts.streams import ensure_events_stream
 from qshare.contracts.tracing import setup_tracing
 from qshare_allocator import metrics
@@ -30,6 +31,7 @@ from qshare_allocator.inventory.service import InventoryService
 from qshare_allocator.messaging import Route, Router
 from qshare_allocator.migrate import upgrade
 from qshare_allocator.outbox import OutboxRelay
+from qshare_allocator.placement.preview import PreviewService
 from qshare_allocator.settings import AllocatorSettings
 
 log = logging.getLogger(__name__)
@@ -43,6 +45,7 @@ class Allocator:
         self.source = f"qshare-allocator/{settings.instance}"
         self.claims = ClaimService(settings.cluster, self.source)
         self.inventory = InventoryService(settings.cluster)
+        self.previews = PreviewService(settings.cluster)
         self._engine: AsyncEngine | None = None
         self._nc: Client | None = None
         self._router: Router | None = None
@@ -119,6 +122,7 @@ class Allocator:
             Route(subjects.CLAIMS_DELETE, DeleteClaim, self._delete, self._after_release),
             Route(subjects.NODES_REGISTER, NodeRegistration, self._register, self._after_release),
             Route(subjects.HEARTBEATS, Heartbeat, self._heartbeat, self._after_heartbeat),
+            Route(subjects.PLACEMENT_PREVIEW, PreviewPlacement, self._preview),
         ]
 
     async def _create(self, conn: AsyncConnection, command: CreateClaim, msg: Msg) -> BaseModel:
@@ -129,6 +133,11 @@ class Allocator:
 
     async def _delete(self, conn: AsyncConnection, command: DeleteClaim, msg: Msg) -> BaseModel:
         return await self.claims.delete(conn, command)
+
+    async def _preview(
+        self, conn: AsyncConnection, request: PreviewPlacement, msg: Msg
+    ) -> BaseModel:
+        return await self.previews.preview(conn, request)
 
     async def _register(
         self, conn: AsyncConnection, registration: NodeRegistration, msg: Msg

@@ -14,6 +14,7 @@ from qshare.contracts.tracing import setup_tracing
 from qshare_api import health, problems
 from qshare_api.claims.endpoints import router as claims_router
 from qshare_api.classes.endpoints import router as classes_router
+from qshare_api.extender.endpoints import router as extender_router
 from qshare_api.inventory.endpoints import router as inventory_router
 from qshare_api.middleware import BodyLimit, Metrics
 from qshare_api.resources import Resources
@@ -37,6 +38,8 @@ def create_app(settings: ApiSettings) -> FastAPI:
     )
     for router in (claims_router, inventory_router, classes_router, tokens_router, health.router):
         app.include_router(router)
+    if settings.extender.enabled:
+        app.include_router(extender_router)
     problems.install(app)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     app.add_middleware(Metrics)

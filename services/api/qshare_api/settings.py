@@ -8,6 +8,7 @@ from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from qshare.settings import ClusterSettings
+from qshare_api.extender.settings import ExtenderSettings
 
 
 class ApiSettings(BaseSettings):
@@ -30,3 +31,4 @@ class ApiSettings(BaseSettings):
     )
     trace_console: bool = False
     cluster: ClusterSettings = Field(default_factory=ClusterSettings)
+    extender: ExtenderSettings = Field(default_factory=ExtenderSettings)

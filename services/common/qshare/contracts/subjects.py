@@ -7,6 +7,7 @@ from typing import Final
 CLAIMS_CREATE: Final = "qshare.allocator.claims.create"
 CLAIMS_DELETE: Final = "qshare.allocator.claims.delete"
 NODES_REGISTER: Final = "qshare.allocator.nodes.register"
+PLACEMENT_PREVIEW: Final = "qshare.allocator.placement.preview"
 HEARTBEATS: Final = "qshare.node.*.heartbeat"
 """Wildcard the allocator subscribes to; nodes publish on `heartbeat(node)`."""
 
