@@ -273,3 +273,8 @@ def test_a_restarted_plugin_keeps_prepared_claims(
     finally:
         again.stop()
         node.close()
+
+
+def test_the_claims_these_tests_prepare_are_valid_resource_claims() -> None:
+    claim = resource_claim("shape", parameters={"priority": "high"})
+    validate_kubernetes(claim)
