@@ -1,141 +1,20 @@
-"""Test doubles for the two sides of Kubernetes the plugins talk to, speaking the real wire
-protocols: `KubeletDouble` calls our plugins over their unix sockets with the kubelet's gRPC
-messages; `ApiServerDouble` is a loopback HTTP server holding the few resource.k8s.io and
-core objects the code reads and writes (no admission, no watch: a test double)."""
+"""The kubelet's side as a test double speaking the real wire protocol: `KubeletDouble` calls
+our plugins over their unix sockets with the kubelet's gRPC messages and serves kubelet.sock
+for device plugin registration. The API server double is `qshare.testing.kube_apiserver`."""
 
 from __future__ import annotations
 
-import json
-import re
-import threading
 from collections.abc import Iterator
 from concurrent import futures
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import grpc
 
+from qshare.testing.kube_apiserver import ApiServerDouble
 from qshare_node_agent.kubernetes import wire
 
-
-class ApiServerDouble:
-    """Objects by path (`/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/name`)."""
-
-    def __init__(self) -> None:
-        self.objects: dict[str, dict[str, Any]] = {}
-        self.requests: list[tuple[str, str]] = []
-        self._version = 0
-        self._lock = threading.Lock()
-        double = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def _reply(self, status: int, body: Any) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def _body(self) -> Any:
-                return json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
-
-            def do_GET(self) -> None:
-                self._reply(*double.get(self.path))
-
-            def do_POST(self) -> None:
-                self._reply(*double.post(self.path, self._body()))
-
-            def do_PUT(self) -> None:
-                self._reply(*double.put(self.path, self._body()))
-
-            def do_PATCH(self) -> None:
-                self._reply(*double.patch(self.path, self._body()))
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-        self._thread.start()
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-
-    def put_object(self, path: str, body: dict[str, Any]) -> None:
-        with self._lock:
-            self._store(path, body)
-
-    def _store(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        self._version += 1
-        body.setdefault("metadata", {})["resourceVersion"] = str(self._version)
-        self.objects[path] = body
-        return body
-
-    def get(self, path: str) -> tuple[int, Any]:
-        with self._lock:
-            self.requests.append(("GET", path))
-            base, _, query = path.partition("?")
-            if base.endswith("/pods") and query:
-                node = re.search(r"spec.nodeName%3D([^&]+)", query)
-                items = [
-                    o for p, o in self.objects.items()
-                    if "/pods/" in p and node and o.get("spec", {}).get("nodeName") == node.group(1)
-                ]  # fmt: skip
-                return 200, {"kind": "PodList", "items": items}
-            if base in self.objects:
-                return 200, self.objects[base]
-            return 404, {"kind": "Status", "message": f"{base} not found", "code": 404}
-
-    def post(self, path: str, body: dict[str, Any]) -> tuple[int, Any]:
-        with self._lock:
-            self.requests.append(("POST", path))
-            if path.endswith("/binding"):
-                pod = self.objects.get(path.removesuffix("/binding"))
-                if pod is None:
-                    return 404, {"message": "pod not found"}
-                pod.setdefault("spec", {})["nodeName"] = body["target"]["name"]
-                return 201, {"kind": "Status", "status": "Success"}
-            target = f"{path}/{body['metadata']['name']}"
-            if target in self.objects:
-                return 409, {"message": f"{target} already exists"}
-            return 201, self._store(target, body)
-
-    def put(self, path: str, body: dict[str, Any]) -> tuple[int, Any]:
-        with self._lock:
-            self.requests.append(("PUT", path))
-            current = self.objects.get(path)
-            if current is None:
-                return 404, {"message": f"{path} not found"}
-            if body["metadata"].get("resourceVersion") != current["metadata"]["resourceVersion"]:
-                return 409, {"message": "the object has been modified"}
-            return 200, self._store(path, body)
-
-    def patch(self, path: str, patch: dict[str, Any]) -> tuple[int, Any]:
-        with self._lock:
-            self.requests.append(("PATCH", path))
-            current = self.objects.get(path)
-            if current is None:
-                return 404, {"message": f"{path} not found"}
-            wanted = patch.get("metadata", {}).get("resourceVersion")
-            if wanted is not None and wanted != current["metadata"]["resourceVersion"]:
-                return 409, {"message": "the object has been modified; please retry"}
-            return 200, self._store(path, _merge(current, patch))
-
-
-def _merge(target: Any, patch: Any) -> Any:
-    if not isinstance(patch, dict) or not isinstance(target, dict):
-        return patch
-    out = dict(target)
-    for key, value in patch.items():
-        if value is None:
-            out.pop(key, None)
-        else:
-            out[key] = _merge(out.get(key), value)
-    return out
+__all__ = ["ApiServerDouble", "KubeletDouble"]
 
 
 class KubeletDouble:
