@@ -16,6 +16,7 @@ BENCHMARKS: dict[str, str] = {
     "allocator": "qshare.bench.allocator",
     "hook": "qshare.bench.hook",
     "gpu": "qshare.bench.gpu",
+    "kubernetes": "qshare.bench.kubernetes",
 }
 
 
