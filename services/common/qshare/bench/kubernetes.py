@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import functools
 import json
+import multiprocessing
 import os
 import shutil
 import tempfile
@@ -27,6 +28,8 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +53,8 @@ CARD_MIB = 81920
 MIB = 1 << 20
 QS = (50, 99)
 LOW = Priority.LOW
+SEGMENT_DIR = "/dev/shm"  # the segment and its checkpoint live on tmpfs, as deployed
+CORES = 5  # 100 claims on 8 cards: at most 13 a card, 65 % of its low-priority share
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -85,7 +90,7 @@ def table(result: dict[str, Any]) -> str:
 def _claim(name: str, card: int) -> dict[str, Any]:
     result = {
         "request": "gpu", "driver": "qshare.io", "pool": NODE, "device": f"gpu-{card}",
-        "shareID": str(uuid.uuid4()), "consumedCapacity": {"memory": "2Gi", "cores": "10"},
+        "shareID": str(uuid.uuid4()), "consumedCapacity": {"memory": "2Gi", "cores": str(CORES)},
     }  # fmt: skip
     selector = {"key": "metadata.name", "operator": "In", "values": [NODE]}
     return {
@@ -109,43 +114,43 @@ def _dra(count: int) -> dict[str, Any]:
     from qshare_node_agent.kubernetes.local_vgpus import Card, LocalVgpus
 
     root = Path(tempfile.mkdtemp(prefix="qkb-", dir="/tmp"))
-    api = ApiServerDouble()
+    shm = Path(tempfile.mkdtemp(prefix="qkb-", dir=SEGMENT_DIR))
     claims = [_claim(f"c{i}", i % CARDS) for i in range(count)]
-    for c in claims:
-        api.put_object(
-            f"/apis/resource.k8s.io/v1/namespaces/bench/resourceclaims/{c['metadata']['name']}", c
-        )
+    api, api_url = _start(_serve_api, claims)
     cards = [Card(i, f"GPU-bench-{i}", "Simulated", CARD_MIB) for i in range(CARDS)]
     settings = KubernetesSettings(
         node_name=NODE, registry_dir=root / "reg", plugin_dir=root / "plugin",
-        cdi_dir=root / "cdi", api_server=api.url, token_file=None, ca_file=None,
+        cdi_dir=root / "cdi", api_server=api_url, token_file=None, ca_file=None,
         workers=count,
     )  # fmt: skip
     try:
-        with Node.create(f"bench-{os.getpid()}", root) as node:
+        with Node.create(f"bench-{os.getpid()}", shm) as node:
             for card in cards:
                 node.add_card(card.index, card.uuid, card.memory_mib * MIB)
             backend = LocalVgpus(node, cards)
             direct = _concurrently(
                 [
-                    functools.partial(backend.prepare, f"direct/{i}", i % CARDS, LOW, 10, 2048)
+                    functools.partial(backend.prepare, f"direct/{i}", i % CARDS, LOW, CORES, 2048)
                     for i in range(count)
                 ]
             )
             for key in list(backend.prepared()):
                 backend.release(key)
-            kube = KubeApi(api.url)
+            kube = KubeApi(api_url)
             plugin = DraPlugin(settings, backend, kube)
             plugin.start()
             try:
-                prepared = _prepare_all(settings.dra_socket, claims)
+                kubelet, prepared = _start(_kubelet, str(settings.dra_socket), claims)
+                kubelet.join()
                 usable = sum(_usable(plugin, node, c) for c in claims)
             finally:
                 plugin.stop()
                 kube.close()
     finally:
-        api.close()
+        api.terminate()
+        api.join()
         shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(shm, ignore_errors=True)
     prepare = percentiles(prepared, QS)
     backend_ms = percentiles(direct, QS)
     return {
@@ -157,15 +162,45 @@ def _dra(count: int) -> dict[str, Any]:
     }
 
 
+def _start(target: Callable[..., None], *args: Any) -> tuple[BaseProcess, Any]:
+    """Run `target(*args, pipe)` in a fresh process (the kubelet and the API server are other
+    processes than the node agent); return it with the first thing it sends."""
+    ctx = multiprocessing.get_context("spawn")
+    mine, theirs = ctx.Pipe()
+    process = ctx.Process(target=target, args=(*args, theirs), daemon=True)
+    process.start()
+    return process, mine.recv()
+
+
+def _serve_api(claims: list[dict[str, Any]], pipe: Connection) -> None:
+    """The API server double holding the claims, until terminated."""
+    api = ApiServerDouble()
+    for c in claims:
+        name = c["metadata"]["name"]
+        api.put_object(f"/apis/resource.k8s.io/v1/namespaces/bench/resourceclaims/{name}", c)
+    pipe.send(api.url)
+    threading.Event().wait()
+
+
+def _kubelet(socket: str, claims: list[dict[str, Any]], pipe: Connection) -> None:
+    """The kubelet's side: every claim's NodePrepareResources at once; sends the latencies."""
+    pipe.send(_prepare_all(Path(socket), claims))
+
+
 def _concurrently(calls: list[Callable[[], object]]) -> list[float]:
-    """Run every call at once, each in its own thread; their latencies in ms."""
+    """Run every call at once, each in its own thread; the latencies in ms of those that
+    succeeded (a failure is left out, and shows as a claim that is not usable)."""
     latencies: list[float] = []
     start = threading.Barrier(len(calls))
 
     def timed(call: Callable[[], object]) -> None:
         start.wait()
         began = time.perf_counter()
-        call()
+        try:
+            call()
+        except Exception as exc:
+            print(f"qshare bench kubernetes: {exc}")
+            return
         latencies.append((time.perf_counter() - began) * 1000)
 
     threads = [threading.Thread(target=timed, args=(c,)) for c in calls]

@@ -62,7 +62,7 @@ class CdiWriter:
         self.directory.mkdir(parents=True, exist_ok=True)
         path = self.path(owner)
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(spec(vgpus), indent=1))
+        tmp.write_text(json.dumps(spec(vgpus)))
         os.replace(tmp, path)
         return path
 

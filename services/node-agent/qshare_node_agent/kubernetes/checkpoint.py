@@ -6,7 +6,6 @@ It is replaced atomically (write, fsync, rename): a crash leaves the old or the 
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -59,10 +58,10 @@ def load(path: Path, segment: str) -> list[Entry]:
 
 
 def save(path: Path, segment: str, entries: list[Entry]) -> None:
-    body = Checkpoint(segment=segment, entries=entries).model_dump(mode="json")
+    body = Checkpoint(segment=segment, entries=entries).model_dump_json()
     tmp = path.with_suffix(".tmp")
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(body, f)
+        f.write(body)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)

@@ -70,6 +70,9 @@ class LocalVgpus:
         self._library = interposer or find_library(None, os.environ)
         self._device_nodes = device_nodes
         self._lock = threading.Lock()
+        self._save_lock = threading.Lock()
+        self._generation = 0  # of the in-memory state; bumped by every change
+        self._saved = 0  # the generation on disk
         self._vgpus: dict[str, LocalVgpu] = {}
         self._watchers: list[CardWatcher] = []
         self.segment_dir = Path(node.directory or os.environ.get("QSHARE_SHM_DIR") or "/dev/shm")
@@ -130,8 +133,9 @@ class LocalVgpus:
             vgpu = self._describe(key, self._free_id(), card, prio, core_share, memory_mib)
             self._create(vgpu)
             self._vgpus[key] = vgpu
-            self._save()
-            return vgpu
+            generation = self._changed()
+        self._persist(generation)
+        return vgpu
 
     def release(self, key: str) -> None:
         with self._lock:
@@ -140,7 +144,8 @@ class LocalVgpus:
                 return
             with contextlib.suppress(NotFoundError):
                 self._node.destroy_vgpu(vgpu.vgpu_id)
-            self._save()
+            generation = self._changed()
+        self._persist(generation)
 
     def restore(self) -> list[str]:
         """Re-apply the checkpoint: keep vGPUs the segment still has, re-create the missing
@@ -163,7 +168,8 @@ class LocalVgpus:
                     self._vgpus[entry.key] = vgpu
                 except BackendError:
                     lost.append(entry.key)
-            self._save()
+            generation = self._changed()
+        self._persist(generation)
         return lost
 
     def _same(
@@ -219,19 +225,22 @@ class LocalVgpus:
             raise BackendError(f"segment holds vGPU {vgpu.vgpu_id} with another shape")
         return True
 
-    def _save(self) -> None:
-        entries = [
-            checkpoint.Entry(
-                key=v.key,
-                vgpu_id=v.vgpu_id,
-                card_index=v.card_index,
-                priority=v.priority,
-                core_share=v.core_share,
-                memory_mib=v.memory_mib,
-            )
-            for v in self._vgpus.values()
-        ]
-        checkpoint.save(self.checkpoint, self._node.name, entries)
+    def _changed(self) -> int:
+        """Count a change of the in-memory state (the caller holds `_lock`)."""
+        self._generation += 1
+        return self._generation
+
+    def _persist(self, generation: int) -> None:
+        """Return once the checkpoint holds `generation` or a later state. Concurrent callers
+        share one write (group commit): whoever writes saves everything changed so far."""
+        with self._save_lock:
+            if self._saved >= generation:
+                return
+            with self._lock:
+                current = self._generation
+                entries = [_entry(v) for v in self._vgpus.values()]
+            checkpoint.save(self.checkpoint, self._node.name, entries)
+            self._saved = current
 
     def _describe(
         self, key: str, vgpu_id: int, card: Card, priority: Priority, core: int, memory_mib: int
@@ -272,3 +281,14 @@ class LocalVgpus:
         if self._library is not None:
             mounts.insert(0, Mount(str(self._library), CONTAINER_LIBRARY))
         return tuple(mounts)
+
+
+def _entry(v: LocalVgpu) -> checkpoint.Entry:
+    return checkpoint.Entry(
+        key=v.key,
+        vgpu_id=v.vgpu_id,
+        card_index=v.card_index,
+        priority=v.priority,
+        core_share=v.core_share,
+        memory_mib=v.memory_mib,
+    )
