@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 
+from qshare_api.extender.cache import PreviewCache
 from qshare_api.extender.schemas import (
     ExtenderArgs,
     ExtenderBindingArgs,
@@ -21,8 +22,13 @@ from qshare_api.resources import Resources, resources
 router = APIRouter(prefix="/extender", tags=["kubernetes scheduler extender"], responses=PROBLEMS)
 
 
-async def extender(res: Annotated[Resources, Depends(resources)]) -> Extender:
-    return Extender(res.settings.extender, res.nc, res.source, res.settings.allocator_timeout_s)
+async def extender(request: Request, res: Annotated[Resources, Depends(resources)]) -> Extender:
+    """One preview cache per application, made on first use."""
+    state = request.app.state
+    if getattr(state, "preview_cache", None) is None:
+        state.preview_cache = PreviewCache()
+    timeout = res.settings.allocator_timeout_s
+    return Extender(res.settings.extender, res.nc, res.source, timeout, state.preview_cache)
 
 
 Ext = Annotated[Extender, Depends(extender)]

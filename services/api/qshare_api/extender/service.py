@@ -16,6 +16,7 @@ from qshare.contracts.domain import ClaimStatus
 from qshare.contracts.errors import QshareError
 from qshare.contracts.placement import PlacementPreview, PreviewPlacement
 from qshare_api.extender import pods
+from qshare_api.extender.cache import PreviewCache
 from qshare_api.extender.kube import Kube, KubeError
 from qshare_api.extender.schemas import (
     ExtenderArgs,
@@ -32,22 +33,37 @@ BIND_TIME = "qshare.io/bind-time"
 
 
 class Extender:
-    def __init__(self, settings: ExtenderSettings, nc: Client, source: str, timeout_s: float):
+    def __init__(
+        self,
+        settings: ExtenderSettings,
+        nc: Client,
+        source: str,
+        timeout_s: float,
+        cache: PreviewCache,
+    ) -> None:
         self.settings = settings
         self._nc = nc
         self._source = source
         self._timeout = timeout_s
+        self._cache = cache
 
     async def preview(self, args: ExtenderArgs) -> PlacementPreview | None:
         """None for a pod that asks nothing of qshare (every node passes)."""
         if not pods.wants_qshare(args.pod):
             return None
+        names = args.candidate_names()
+        uid = str((args.pod.get("metadata") or {}).get("uid") or "")
+        if uid and (cached := self._cache.get(uid, names)) is not None:
+            return cached
         spec = pods.claim_spec(args.pod, self.settings.vmemory_unit_mib)
-        request = PreviewPlacement(spec=spec, nodes=args.candidate_names())
-        return await rpc.call(
+        request = PreviewPlacement(spec=spec, nodes=names)
+        preview = await rpc.call(
             self._nc, subjects.PLACEMENT_PREVIEW, self._source, request, PlacementPreview,
             timeout=self._timeout,
         )  # fmt: skip
+        if uid:
+            self._cache.put(uid, preview)
+        return preview
 
     async def filter(self, args: ExtenderArgs) -> ExtenderFilterResult:
         try:

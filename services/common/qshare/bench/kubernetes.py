@@ -121,7 +121,6 @@ def _dra(count: int) -> dict[str, Any]:
     settings = KubernetesSettings(
         node_name=NODE, registry_dir=root / "reg", plugin_dir=root / "plugin",
         cdi_dir=root / "cdi", api_server=api_url, token_file=None, ca_file=None,
-        workers=count,
     )  # fmt: skip
     try:
         with Node.create(f"bench-{os.getpid()}", shm) as node:
@@ -260,14 +259,13 @@ async def _extender(nodes: int, rounds: int) -> dict[str, Any]:
         both: list[float] = []
         async with httpx.AsyncClient(base_url=url, timeout=30) as http:
             for i in range(rounds):
-                preview.append(await _time_preview(nc, _pod(i), names))
+                pod = _pod(i)
+                preview.append(await _time_preview(nc, pod, names))
                 began = time.perf_counter()
-                reply = await http.post(
-                    "/extender/filter", json={"Pod": _pod(i), "NodeNames": names}
-                )
+                reply = await http.post("/extender/filter", json={"Pod": pod, "NodeNames": names})
                 fits = reply.json()["NodeNames"]
                 filtering.append((time.perf_counter() - began) * 1000)
-                await http.post("/extender/prioritize", json={"Pod": _pod(i), "NodeNames": fits})
+                await http.post("/extender/prioritize", json={"Pod": pod, "NodeNames": fits})
                 both.append((time.perf_counter() - began) * 1000)
     combined = percentiles(both, QS)
     base = percentiles(preview, QS)

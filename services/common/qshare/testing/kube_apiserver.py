@@ -24,6 +24,9 @@ class ApiServerDouble:
         double = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive, as the real API server
+            disable_nagle_algorithm = True  # headers and body leave in two writes
+
             def log_message(self, *args: Any) -> None:
                 pass
 

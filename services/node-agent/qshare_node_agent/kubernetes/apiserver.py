@@ -1,12 +1,15 @@
-"""A small synchronous client for the few Kubernetes API paths the plugins and the extender
-call (ResourceClaims, ResourceSlices, Pods); errors carry the API's status and message."""
+"""A small synchronous client for the few Kubernetes API paths the node agent's plugins call
+(ResourceClaims, ResourceSlices, Pods); errors carry the API's status and message."""
 
 from __future__ import annotations
 
+import http.client
+import json
+import ssl
+import threading
+import urllib.parse
 from pathlib import Path
 from typing import Any
-
-import httpx
 
 MERGE_PATCH = "application/merge-patch+json"
 RESOURCE = "/apis/resource.k8s.io/v1"
@@ -19,6 +22,9 @@ class ApiError(Exception):
 
 
 class KubeApi:
+    """Thread-safe; each thread keeps its own keep-alive connection (the standard library's
+    client: the plugins call from many gRPC threads and a request must stay cheap)."""
+
     def __init__(
         self,
         server: str,
@@ -26,26 +32,66 @@ class KubeApi:
         ca_file: Path | None = None,
         timeout_s: float = 5.0,
     ) -> None:
-        headers = {"Accept": "application/json"}
+        url = urllib.parse.urlsplit(server)
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise ValueError(f"API server {server!r} is not an http(s) URL")
+        self._host, self._port, self._timeout = url.hostname, url.port, timeout_s
+        self._tls: ssl.SSLContext | None = None
+        if url.scheme == "https":
+            cafile = str(ca_file) if ca_file is not None and ca_file.is_file() else None
+            self._tls = ssl.create_default_context(cafile=cafile)
+        self._headers = {"Accept": "application/json"}
         if token_file is not None and token_file.is_file():
-            headers["Authorization"] = f"Bearer {token_file.read_text().strip()}"
-        verify: str | bool = str(ca_file) if ca_file is not None and ca_file.is_file() else True
-        self._http = httpx.Client(
-            base_url=server, headers=headers, verify=verify, timeout=timeout_s
-        )
+            self._headers["Authorization"] = f"Bearer {token_file.read_text().strip()}"
+        self._local = threading.local()
+        self._all: list[http.client.HTTPConnection] = []
+        self._lock = threading.Lock()
 
     def close(self) -> None:
-        self._http.close()
+        with self._lock:
+            for conn in self._all:
+                conn.close()
+            self._all.clear()
+
+    def _connection(self) -> http.client.HTTPConnection:
+        conn: http.client.HTTPConnection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            if self._tls is not None:
+                conn = http.client.HTTPSConnection(
+                    self._host, self._port, timeout=self._timeout, context=self._tls
+                )
+            else:
+                conn = http.client.HTTPConnection(self._host, self._port, timeout=self._timeout)
+            self._local.conn = conn
+            with self._lock:
+                self._all.append(conn)
+        return conn
+
+    def _drop(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+            self._local.conn = None
 
     def request(self, method: str, path: str, body: Any = None, patch: bool = False) -> Any:
-        headers = {"Content-Type": MERGE_PATCH} if patch else {}
-        try:
-            resp = self._http.request(method, path, json=body, headers=headers)
-        except httpx.HTTPError as exc:
-            raise ApiError(0, f"{method} {path} failed: {exc}") from None
-        if resp.status_code >= 400:
-            raise ApiError(resp.status_code, _message(resp))
-        return resp.json() if resp.content else None
+        data = None if body is None else json.dumps(body).encode()
+        headers = dict(self._headers)
+        if data is not None:
+            headers["Content-Type"] = MERGE_PATCH if patch else "application/json"
+        for attempt in range(2):  # a kept-alive connection the server closed is reopened once
+            try:
+                conn = self._connection()
+                conn.request(method, path, body=data, headers=headers)
+                resp = conn.getresponse()
+                raw = resp.read()
+                break
+            except (OSError, http.client.HTTPException) as exc:
+                self._drop()
+                if attempt:
+                    raise ApiError(0, f"{method} {path} failed: {exc}") from None
+        if resp.status >= 400:
+            raise ApiError(resp.status, _message(raw))
+        return json.loads(raw) if raw else None
 
     def resource_claim(self, namespace: str, name: str) -> dict[str, Any]:
         result: dict[str, Any] = self.request(
@@ -82,18 +128,9 @@ class KubeApi:
         result: dict[str, Any] = self.request("PATCH", path, patch, patch=True)
         return result
 
-    def bind_pod(self, namespace: str, name: str, node: str, uid: str | None) -> None:
-        body = {
-            "apiVersion": "v1",
-            "kind": "Binding",
-            "metadata": {"name": name, "namespace": namespace, "uid": uid},
-            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
-        }
-        self.request("POST", f"/api/v1/namespaces/{namespace}/pods/{name}/binding", body)
 
-
-def _message(resp: httpx.Response) -> str:
+def _message(raw: bytes) -> str:
     try:
-        return str(resp.json().get("message") or resp.text)
-    except ValueError:
-        return resp.text[:200]
+        return str(json.loads(raw).get("message") or raw.decode(errors="replace"))
+    except (ValueError, AttributeError):
+        return raw.decode(errors="replace")[:200]
