@@ -278,3 +278,19 @@ def test_a_restarted_plugin_keeps_prepared_claims(
 def test_the_claims_these_tests_prepare_are_valid_resource_claims() -> None:
     claim = resource_claim("shape", parameters={"priority": "high"})
     validate_kubernetes(claim)
+
+
+def test_a_claim_shaped_unlike_any_resource_claim_fails_alone(
+    dra: DraPlugin,
+    kubelet: KubeletDouble,
+    settings: KubernetesSettings,
+    apiserver: ApiServerDouble,
+    backend: LocalVgpus,
+) -> None:
+    odd = resource_claim("odd")
+    odd["status"]["allocation"]["devices"]["results"] = ["not an object"]
+    bad, good = store_claim(apiserver, odd), store_claim(apiserver, resource_claim("fine"))
+    reply = kubelet.prepare(settings.dra_socket, [bad, good])
+    assert "cannot be read" in reply.claims[bad[2]].error
+    assert reply.claims[good[2]].error == ""
+    assert len(backend.prepared()) == 1

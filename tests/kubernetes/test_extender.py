@@ -134,6 +134,24 @@ async def test_a_bad_pod_request_gets_an_error_naming_what_is_wrong(
     assert message in reply.json()["Error"]
 
 
+async def test_a_pod_of_the_wrong_shape_gets_an_error_not_a_crash(
+    extender: httpx.AsyncClient,
+) -> None:
+    odd = {"metadata": {"name": "odd"}, "spec": {"containers": "main"}}
+    reply = await extender.post("/extender/filter", json=args(odd, ["node-a"]))
+    assert reply.status_code == 200
+    assert reply.json()["Error"] == "pod.spec.containers must be a list of containers"
+
+
+async def test_node_objects_without_a_name_get_a_problem_document(
+    extender: httpx.AsyncClient,
+) -> None:
+    body = {"Pod": pod(), "Nodes": {"items": [{"metadata": {}}]}}
+    reply = await extender.post("/extender/filter", json=body)
+    assert reply.status_code == 422
+    assert "name" in reply.text
+
+
 async def test_malformed_extender_args_get_a_problem_document_not_a_crash(
     extender: httpx.AsyncClient,
 ) -> None:

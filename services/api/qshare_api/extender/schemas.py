@@ -4,7 +4,7 @@ any case and answer with the Go names."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -21,16 +21,36 @@ class _GoJson(BaseModel):
         return {names.get(k.lower(), k): v for k, v in data.items()}
 
 
+class _NodeMeta(BaseModel):
+    name: str = Field(min_length=1, max_length=253)
+
+
+class _Node(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    metadata: _NodeMeta
+
+
+class _NodeList(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    items: list[_Node] = []
+
+
 class ExtenderArgs(_GoJson):
     pod: dict[str, Any] = Field(alias="Pod")
-    nodes: dict[str, Any] | None = Field(None, alias="Nodes")
-    node_names: list[str] | None = Field(None, alias="NodeNames")
+    nodes: _NodeList | None = Field(None, alias="Nodes")
+    node_names: list[Annotated[str, Field(max_length=253)]] | None = Field(None, alias="NodeNames")
 
     def candidate_names(self) -> list[str]:
         if self.node_names is not None:
             return self.node_names
-        items = (self.nodes or {}).get("items") or []
-        return [str((n.get("metadata") or {}).get("name")) for n in items]
+        return [n.metadata.name for n in (self.nodes.items if self.nodes else [])]
+
+    def node_objects(self, names: set[str]) -> dict[str, Any]:
+        """The given Node objects named in `names`, as a NodeList."""
+        items = self.nodes.items if self.nodes else []
+        return {"items": [n.model_dump() for n in items if n.metadata.name in names]}
 
 
 class ExtenderFilterResult(_GoJson):

@@ -75,8 +75,7 @@ class Extender:
         failed = {} if preview is None else preview.failed
         if args.node_names is not None:
             return ExtenderFilterResult(node_names=fits, failed_nodes=failed)
-        items = [n for n in (args.nodes or {}).get("items") or [] if n["metadata"]["name"] in fits]
-        return ExtenderFilterResult(nodes={"items": items}, failed_nodes=failed)
+        return ExtenderFilterResult(nodes=args.node_objects(set(fits)), failed_nodes=failed)
 
     async def prioritize(self, args: ExtenderArgs) -> list[HostPriority]:
         try:

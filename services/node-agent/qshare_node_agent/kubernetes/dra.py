@@ -132,6 +132,12 @@ class DraPlugin:
                     )
             except (ClaimError, BackendError, ApiError) as exc:
                 answer.error = f"claim {claim.namespace}/{claim.name} ({claim.uid}): {exc}"
+            except Exception as exc:  # a claim shaped unlike any ResourceClaim: this claim fails
+                log.exception("preparing claim %s failed", claim.uid)
+                answer.error = (
+                    f"claim {claim.namespace}/{claim.name} ({claim.uid}) cannot be read: "
+                    f"{type(exc).__name__}: {exc}"
+                )
         return response
 
     def _unprepare_rpc(self, request: Any, context: grpc.ServicerContext) -> Any:
@@ -177,7 +183,7 @@ class DraPlugin:
                 )
                 made.append((share, vgpu))
             self.cdi.write(_owner(uid), [v for _, v in made])
-        except (BackendError, OSError):
+        except Exception:
             for _share, vgpu in made:
                 if vgpu.key not in before:
                     self.backend.release(vgpu.key)
