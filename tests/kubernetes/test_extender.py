@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
+from fastapi import FastAPI
 from nats.aio.client import Client
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -20,6 +21,7 @@ from qshare.contracts.nodes import NodeRegistration, NodeView
 from qshare_allocator.app import Allocator
 from qshare_allocator.db import in_transaction
 from qshare_api.app import create_app
+from qshare_api.extender.reaper import Reaper
 from qshare_api.extender.settings import ExtenderSettings
 from qshare_api.settings import ApiSettings
 from tests.controlplane.conftest import RULES
@@ -40,16 +42,23 @@ async def empty_inventory(engine: AsyncEngine) -> None:
 
 
 @pytest.fixture
-async def extender(
+async def extender_app(
     database_url: str, bus_url: str, replicas: list[Allocator], apiserver: ApiServerDouble
-) -> AsyncIterator[httpx.AsyncClient]:
-    ext = ExtenderSettings(enabled=True, api_server=apiserver.url, token_file=None, ca_file=None)
+) -> AsyncIterator[FastAPI]:
+    ext = ExtenderSettings(
+        enabled=True, api_server=apiserver.url, token_file=None, ca_file=None, reap_s=3600
+    )
     settings = ApiSettings(database_url=database_url, nats_url=bus_url, cluster=RULES, extender=ext)
     app = create_app(settings)
     async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://qshare.test") as client:
-            yield client
+        yield app
+
+
+@pytest.fixture
+async def extender(extender_app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
+    transport = httpx.ASGITransport(app=extender_app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://qshare.test") as client:
+        yield client
 
 
 async def register(nc: Client, name: str, cards: int = 1, memory: str = "16Gi") -> NodeView:
@@ -236,3 +245,23 @@ async def test_a_bind_for_a_pod_the_api_server_does_not_have_fails_clearly(
     reply = await extender.post("/extender/bind", json=binding)
     assert "pod team-a/nope" in reply.json()["Error"]
     assert "404" in reply.json()["Error"]
+
+
+async def test_the_claim_of_a_finished_or_deleted_pod_is_given_back(
+    extender: httpx.AsyncClient,
+    extender_app: FastAPI,
+    nc: Client,
+    apiserver: ApiServerDouble,
+    engine: AsyncEngine,
+) -> None:
+    await register(nc, "node-a", cards=2)
+    for name in ("done", "gone", "running"):
+        reply = await extender.post("/extender/bind", json=stored_pod(apiserver, name, "node-a"))
+        assert reply.json().get("Error", "") == ""
+    reaper = Reaper(extender_app.state.resources)
+    assert await reaper.sweep() == []
+    apiserver.objects["/api/v1/namespaces/team-a/pods/done"]["status"] = {"phase": "Succeeded"}
+    del apiserver.objects["/api/v1/namespaces/team-a/pods/gone"]
+    assert len(await reaper.sweep()) == 2
+    statuses = sorted(s for s, _ in await claims_of(engine))
+    assert statuses == ["placed", "released", "released"]

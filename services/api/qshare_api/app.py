@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
@@ -15,6 +16,7 @@ from qshare_api import health, problems
 from qshare_api.claims.endpoints import router as claims_router
 from qshare_api.classes.endpoints import router as classes_router
 from qshare_api.extender.endpoints import router as extender_router
+from qshare_api.extender.reaper import Reaper
 from qshare_api.inventory.endpoints import router as inventory_router
 from qshare_api.middleware import BodyLimit, Metrics
 from qshare_api.resources import Resources
@@ -57,13 +59,20 @@ def _lifespan(settings: ApiSettings) -> Callable[[FastAPI], AbstractAsyncContext
         reader = engine.execution_options(isolation_level="AUTOCOMMIT")
         app.state.resources = Resources(settings, engine, reader, nc)
         await _bootstrap_admin(app.state.resources)
+        reaper = _start_reaper(app.state.resources) if settings.extender.enabled else None
         try:
             yield
         finally:
+            if reaper is not None:
+                reaper.cancel()
             await nc.drain()
             await engine.dispose()
 
     return lifespan
+
+
+def _start_reaper(res: Resources) -> asyncio.Task[None]:
+    return asyncio.create_task(Reaper(res).run(res.settings.extender.reap_s))
 
 
 async def _bootstrap_admin(res: Resources) -> None:

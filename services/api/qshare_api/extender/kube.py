@@ -49,6 +49,11 @@ class Kube:
         )
         return found
 
+    async def pods(self, namespace: str) -> list[dict[str, Any]]:
+        found = await self._call("GET", f"/api/v1/namespaces/{namespace}/pods")
+        items: list[dict[str, Any]] = found.get("items", [])
+        return items
+
     async def annotate(self, namespace: str, name: str, notes: dict[str, str]) -> None:
         patch = {"metadata": {"annotations": notes}}
         await self._call("PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}", patch, merge=True)

@@ -19,6 +19,7 @@ class ExtenderSettings(BaseSettings):
     ca_file: Path | None = SERVICE_ACCOUNT / "ca.crt"
     timeout_s: float = Field(5.0, gt=0)
     vmemory_unit_mib: int = Field(1, ge=1, description="MiB per unit of qshare.io/vmemory")
+    reap_s: float = Field(30.0, gt=0, description="release claims of finished pods this often")
     node_label: str = Field(
         "kubernetes.io/hostname", description="node agents register this label = node name"
     )

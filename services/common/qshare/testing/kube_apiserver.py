@@ -76,6 +76,9 @@ class ApiServerDouble:
         with self._lock:
             self.requests.append(("GET", path))
             base, _, query = path.partition("?")
+            if base.endswith("/pods") and not query:
+                items = [o for p, o in self.objects.items() if p.startswith(base + "/")]
+                return 200, {"kind": "PodList", "items": items}
             if base.endswith("/pods") and query:
                 node = re.search(r"spec.nodeName%3D([^&]+)", query)
                 items = [
