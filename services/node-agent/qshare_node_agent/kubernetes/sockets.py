@@ -13,6 +13,7 @@ from pathlib import Path
 import grpc
 
 log = logging.getLogger(__name__)
+STOP_GRACE_S = 0.1  # calls in flight may finish; the kubelet retries what did not
 
 
 class SocketServer:
@@ -62,7 +63,7 @@ class SocketServer:
 
     def _shutdown(self) -> None:
         if self._server is not None:
-            self._server.stop(grace=0.5).wait()
+            self._server.stop(grace=STOP_GRACE_S).wait()
             self._server = None
 
     def _gone(self) -> bool:
