@@ -294,3 +294,14 @@ def test_a_claim_shaped_unlike_any_resource_claim_fails_alone(
     assert "cannot be read" in reply.claims[bad[2]].error
     assert reply.claims[good[2]].error == ""
     assert len(backend.prepared()) == 1
+
+
+def test_a_restarted_plugin_publishes_a_later_pool_generation(
+    settings: KubernetesSettings, backend: LocalVgpus, kube_api: Any, apiserver: ApiServerDouble
+) -> None:
+    first = DraPlugin(settings, backend, kube_api)
+    for _ in range(3):
+        first.publish()
+    again = DraPlugin(settings, backend, kube_api)
+    again.publish()
+    assert apiserver.objects[SLICE]["spec"]["pool"]["generation"] == 4

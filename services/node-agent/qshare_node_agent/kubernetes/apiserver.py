@@ -99,18 +99,24 @@ class KubeApi:
         )
         return result
 
-    def apply_resource_slice(self, body: dict[str, Any]) -> None:
-        """Create the slice, or replace it keeping the server's resourceVersion."""
+    def apply_resource_slice(self, body: dict[str, Any]) -> int:
+        """Create the slice, or replace it keeping the server's resourceVersion; the pool
+        generation only grows (a restarted plugin continues after the published one).
+        Returns the generation written."""
         name = body["metadata"]["name"]
+        pool = body["spec"]["pool"]
         try:
             current = self.request("GET", f"{RESOURCE}/resourceslices/{name}")
         except ApiError as exc:
             if exc.status != 404:
                 raise
             self.request("POST", f"{RESOURCE}/resourceslices", body)
-            return
+            return int(pool["generation"])
+        published = int(current.get("spec", {}).get("pool", {}).get("generation", 0))
+        pool["generation"] = max(int(pool["generation"]), published + 1)
         body["metadata"]["resourceVersion"] = current["metadata"].get("resourceVersion")
         self.request("PUT", f"{RESOURCE}/resourceslices/{name}", body)
+        return int(pool["generation"])
 
     def pods_on_node(self, node: str) -> list[dict[str, Any]]:
         result = self.request("GET", f"/api/v1/pods?fieldSelector=spec.nodeName%3D{node}")

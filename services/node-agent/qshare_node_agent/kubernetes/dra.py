@@ -91,7 +91,7 @@ class DraPlugin:
             self.settings.min_vgpu_mib,
             self.generation,
         )
-        self.api.apply_resource_slice(body)
+        self.generation = self.api.apply_resource_slice(body)
         return body
 
     def _publish_loop(self) -> None:
