@@ -196,6 +196,9 @@ class DevicePlugin:
                 vgpus = self.allocate(len(container.devices_ids))
             except (pod_match.NoPodError, BackendError, ApiError) as exc:
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+            except Exception as exc:  # never let one odd pod take the plugin's answer down
+                log.exception("Allocate failed")
+                context.abort(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
             response.container_responses.append(_container_response(api, vgpus))
         return response
 

@@ -41,7 +41,7 @@ def _vcores(pod: dict[str, Any]) -> list[int]:
     for container in pod.get("spec", {}).get("containers", []):
         res = container.get("resources") or {}
         value = (res.get("limits") or {}).get(VCORE) or (res.get("requests") or {}).get(VCORE)
-        if value is not None:
+        if value is not None and str(value).isdigit():
             asked.append(int(value))
     return asked
 
