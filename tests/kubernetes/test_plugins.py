@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
+from qshare_driver.node import Policy
 from qshare_node_agent.kubernetes.config import KubernetesSettings
 from qshare_node_agent.kubernetes.local_vgpus import LocalVgpus
 from qshare_node_agent.kubernetes.plugins import KubernetesPlugins
@@ -37,3 +40,18 @@ def test_the_agent_starts_and_stops_both_plugins_together(
     plugins.stop()
     assert not settings.dra_socket.exists()
     assert not (settings.device_plugin_dir / "qshare-vcore.sock").exists()
+
+
+def test_the_node_label_names_the_card_policy(
+    settings: KubernetesSettings, backend: LocalVgpus, apiserver: ApiServerDouble
+) -> None:
+    node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a", "labels": {}}}
+    apiserver.put_object("/api/v1/nodes/node-a", node)
+    plugins = KubernetesPlugins(settings, backend)
+    assert plugins.node_policy() is None
+    node["metadata"]["labels"]["qshare.io/policy"] = "bs"
+    assert plugins.node_policy() is Policy.BURST_SHARE
+    node["metadata"]["labels"]["qshare.io/policy"] = "fastest"
+    with pytest.raises(ValueError, match="unknown policy 'fastest'"):
+        plugins.node_policy()
+    plugins.api.close()

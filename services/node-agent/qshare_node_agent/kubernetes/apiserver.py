@@ -118,6 +118,10 @@ class KubeApi:
         self.request("PUT", f"{RESOURCE}/resourceslices/{name}", body)
         return int(pool["generation"])
 
+    def node(self, name: str) -> dict[str, Any]:
+        result: dict[str, Any] = self.request("GET", f"/api/v1/nodes/{name}")
+        return result
+
     def pods_on_node(self, node: str) -> list[dict[str, Any]]:
         result = self.request("GET", f"/api/v1/pods?fieldSelector=spec.nodeName%3D{node}")
         items: list[dict[str, Any]] = result.get("items", [])

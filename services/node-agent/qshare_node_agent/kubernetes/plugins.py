@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 
+from qshare_driver.node import Policy
 from qshare_node_agent.kubernetes.apiserver import ApiError, KubeApi
 from qshare_node_agent.kubernetes.backend import VgpuBackend
 from qshare_node_agent.kubernetes.config import KubernetesSettings
@@ -14,6 +15,7 @@ from qshare_node_agent.kubernetes.dra import DraPlugin
 
 log = logging.getLogger(__name__)
 SWEEP_S = 30.0
+POLICY_LABEL = "qshare.io/policy"
 
 
 class KubernetesPlugins:
@@ -32,6 +34,7 @@ class KubernetesPlugins:
         )
         self.dra = DraPlugin(settings, backend, self.api)
         self.device_plugin = DevicePlugin(settings, backend, self.api) if device_plugin else None
+        self.node_name = settings.node_name
         self._sweep_s = sweep_s
         self._stop = threading.Event()
         self._sweeper: threading.Thread | None = None
@@ -52,6 +55,12 @@ class KubernetesPlugins:
             self.device_plugin.stop()
         self.dra.stop()
         self.api.close()
+
+    def node_policy(self) -> Policy | None:
+        """The card policy this node's label `qshare.io/policy` asks for (None: no label)."""
+        labels = self.api.node(self.node_name).get("metadata", {}).get("labels") or {}
+        value = labels.get(POLICY_LABEL)
+        return None if value is None else Policy.parse(str(value))
 
     def _sweep(self) -> None:
         assert self.device_plugin is not None
