@@ -3,8 +3,9 @@
 DRA: 100 claims prepared concurrently (one NodePrepareResources call each, as the kubelet
 sends one per pod) over the plugin's unix socket, on a simulated 8-card node with the real
 driver segment; each claim is then checked usable (its vGPU in the segment with the claim's
-limit, its CDI spec on disk). Baseline in the same run: the same 100 prepares made directly
-on the backend (no gRPC, no API server).
+limit, its CDI spec on disk). Baselines in the same run: the same 100 prepares made directly
+on the backend (no gRPC, no API server), and the 100 claim GETs alone against the API server
+double (a Python http.server in its own process, whose cost is inside every prepare).
 
 Extender: filter then prioritize over 1,000 simulated nodes (8 cards each) registered in a
 real allocator (Postgres, NATS), through the API process's extender verbs. Baseline in the
@@ -72,6 +73,7 @@ def table(result: dict[str, Any]) -> str:
     rows = [
         ("DRA NodePrepareResources", dra["prepare_ms"], f"{dra['claims']} claims, {CARDS} cards"),
         ("  baseline: backend.prepare", dra["backend_prepare_ms"], "same claims, direct"),
+        ("  baseline: claim GET", dra["api_get_ms"], "API server double, all at once"),
         ("extender filter", ext["filter_ms"], f"{ext['nodes']} nodes"),
         ("extender filter+prioritize", ext["filter_prioritize_ms"], f"{ext['rounds']} pods"),
         ("  baseline: allocator preview", ext["preview_ms"], "NATS only"),
@@ -136,6 +138,12 @@ def _dra(count: int) -> dict[str, Any]:
             for key in list(backend.prepared()):
                 backend.release(key)
             kube = KubeApi(api_url)
+            gets = _concurrently(
+                [
+                    functools.partial(kube.resource_claim, "bench", c["metadata"]["name"])
+                    for c in claims
+                ]
+            )
             plugin = DraPlugin(settings, backend, kube)
             plugin.start()
             try:
@@ -157,6 +165,7 @@ def _dra(count: int) -> dict[str, Any]:
         "claims_usable": usable,
         "prepare_ms": prepare,
         "backend_prepare_ms": backend_ms,
+        "api_get_ms": percentiles(gets, QS),
         "p99_ratio": round(prepare["p99"] / max(backend_ms["p99"], 1e-6), 1),
     }
 

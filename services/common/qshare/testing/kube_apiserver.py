@@ -53,7 +53,7 @@ class ApiServerDouble:
             def do_PATCH(self) -> None:
                 self._reply(*double.patch(self.path, self._body()))
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = _Server(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(
             target=self._server.serve_forever, args=(0.05,), daemon=True
@@ -138,3 +138,8 @@ def _merge(target: Any, patch: Any) -> Any:
         else:
             out[key] = _merge(out.get(key), value)
     return out
+
+
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 256  # many clients connect at once; the default backlog of 5 drops them
+    daemon_threads = True
