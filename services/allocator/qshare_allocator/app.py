@@ -28,6 +28,7 @@ from qshare.contracts.nodes import (
     RemoveCard,
     RemoveNode,
 )
+from qshare.contracts.placement import PreviewPlacement
 from qshare.contracts.streams import ensure_events_stream
 from qshare.contracts.tracing import setup_tracing
 from qshare_allocator import metrics
@@ -38,6 +39,7 @@ from qshare_allocator.messaging import Route, Router
 from qshare_allocator.migrate import upgrade
 from qshare_allocator.nodes.dispatch import Dispatcher
 from qshare_allocator.outbox import OutboxRelay
+from qshare_allocator.placement.preview import PreviewService
 from qshare_allocator.settings import AllocatorSettings
 
 log = logging.getLogger(__name__)
@@ -51,6 +53,7 @@ class Allocator:
         self.source = f"qshare-allocator/{settings.instance}"
         self.claims = ClaimService(settings.cluster, self.source)
         self.inventory = InventoryService(settings.cluster, self.source)
+        self.previews = PreviewService(settings.cluster)
         self._engine: AsyncEngine | None = None
         self._nc: Client | None = None
         self._router: Router | None = None
@@ -141,6 +144,7 @@ class Allocator:
             Route(subjects.HEARTBEATS, Heartbeat, self._heartbeat, self._after_heartbeat),
             Route(subjects.NODES_DELETE, RemoveNode, self._remove_node, self._after_release),
             Route(subjects.GPUS_DELETE, RemoveCard, self._remove_card, self._after_release),
+            Route(subjects.PLACEMENT_PREVIEW, PreviewPlacement, self._preview),
         ]
 
     async def _create(self, conn: AsyncConnection, command: CreateClaim, msg: Msg) -> BaseModel:
@@ -151,6 +155,11 @@ class Allocator:
 
     async def _delete(self, conn: AsyncConnection, command: DeleteClaim, msg: Msg) -> BaseModel:
         return await self.claims.delete(conn, command)
+
+    async def _preview(
+        self, conn: AsyncConnection, request: PreviewPlacement, msg: Msg
+    ) -> BaseModel:
+        return await self.previews.preview(conn, request)
 
     async def _register(
         self, conn: AsyncConnection, registration: NodeRegistration, msg: Msg

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -16,6 +17,8 @@ from qshare_api import health, problems
 from qshare_api.claims.endpoints import router as claims_router
 from qshare_api.classes.endpoints import router as classes_router
 from qshare_api.events.endpoints import router as events_router
+from qshare_api.extender.endpoints import router as extender_router
+from qshare_api.extender.reaper import Reaper
 from qshare_api.inventory.endpoints import router as inventory_router
 from qshare_api.middleware import BodyLimit, Metrics
 from qshare_api.preemptions.endpoints import actions as claim_actions_router
@@ -49,6 +52,8 @@ def create_app(settings: ApiSettings) -> FastAPI:
     )  # fmt: skip
     for router in (*routers, health.router):
         app.include_router(router)
+    if settings.extender.enabled:
+        app.include_router(extender_router)
     problems.install(app)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     app.add_middleware(Metrics)
@@ -67,13 +72,20 @@ def _lifespan(settings: ApiSettings) -> Callable[[FastAPI], AbstractAsyncContext
         limiter = RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst)
         app.state.resources = Resources(settings, engine, reader, nc, limiter)
         await _bootstrap_admin(app.state.resources)
+        reaper = _start_reaper(app.state.resources) if settings.extender.enabled else None
         try:
             yield
         finally:
+            if reaper is not None:
+                reaper.cancel()
             await bus.close(nc)
             await engine.dispose()
 
     return lifespan
+
+
+def _start_reaper(res: Resources) -> asyncio.Task[None]:
+    return asyncio.create_task(Reaper(res).run(res.settings.extender.reap_s))
 
 
 async def _bootstrap_admin(res: Resources) -> None:

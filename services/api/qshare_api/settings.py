@@ -11,6 +11,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from qshare.bus import BusOptions
 from qshare.natsauth import ServiceRole, nats_credentials
 from qshare.settings import ClusterSettings
+from qshare_api.extender.settings import ExtenderSettings
 
 
 class ApiSettings(BaseSettings):
@@ -48,6 +49,7 @@ class ApiSettings(BaseSettings):
     rate_limit_burst: int = Field(400, ge=1, description="requests a token may send at once")
     trace_console: bool = False
     cluster: ClusterSettings = Field(default_factory=ClusterSettings)
+    extender: ExtenderSettings = Field(default_factory=ExtenderSettings)
 
     def bus(self, name: str) -> BusOptions:
         """How this service connects to NATS, as `name`."""

@@ -125,6 +125,7 @@ def _api(_: str) -> tuple[list[str], list[str], bool]:
         subjects.NODES_REGISTER,
         subjects.NODES_DELETE,
         subjects.GPUS_DELETE,
+        subjects.PLACEMENT_PREVIEW,
         "qshare.preemptor.>",
         *_READ_EVENTS_PUBLISH,
     ]
@@ -132,7 +133,12 @@ def _api(_: str) -> tuple[list[str], list[str], bool]:
 
 
 def _preemptor(_: str) -> tuple[list[str], list[str], bool]:
-    publish = [subjects.node_command("*", ">"), *_READ_EVENTS_PUBLISH]
+    publish = [
+        subjects.node_command("*", ">"),
+        subjects.claim_event("*", "suspended"),
+        subjects.claim_event("*", "resumed"),
+        *_READ_EVENTS_PUBLISH,
+    ]
     return publish, ["qshare.preemptor.> qshare-preemptor", _EVENTS], True
 
 

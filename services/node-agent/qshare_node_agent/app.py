@@ -9,6 +9,7 @@ import contextlib
 import logging
 import signal
 from collections.abc import Iterator
+from typing import Any
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -31,6 +32,7 @@ from qshare_node_agent.segment import existing_vgpus, open_segment
 from qshare_node_agent.settings import NodeAgentSettings
 
 log = logging.getLogger(__name__)
+HOSTNAME_LABEL = "kubernetes.io/hostname"
 BACKOFF_MAX_S = 10.0
 
 
@@ -47,7 +49,7 @@ class NodeAgent:
         self._commands: Commands | None = None
         self._pump: object | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        self._busy_since: dict[int, int] = {}
+        self._plugins: Any = None
         self.registered = asyncio.Event()
 
     @property
@@ -84,6 +86,10 @@ class NodeAgent:
         pump.listeners.append(self._observe)
         pump.start()
         self._pump = pump
+        if self.settings.kubernetes:
+            from qshare_node_agent.kubernetes_wiring import start_plugins
+
+            self._plugins = start_plugins(converger, self.cards, self.settings.min_vgpu_mib)
         self._tasks = [asyncio.create_task(self._register_then_beat())]
         if self.settings.metrics_port:
             REGISTRY.register(metrics.DriverCollector(self))
@@ -96,6 +102,8 @@ class NodeAgent:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self._plugins is not None:
+            await asyncio.to_thread(self._plugins.stop)
         if self._pump is not None:
             await self._pump.stop()  # type: ignore[attr-defined]
         if self._nc is not None:
@@ -124,6 +132,8 @@ class NodeAgent:
 
     def _labels(self) -> dict[str, str]:
         own = {POLICY_LABEL: self.settings.policy.value, NODE_LABEL: self.name}
+        if self.settings.kubernetes:
+            own[HOSTNAME_LABEL] = self.name  # the scheduler extender places by it
         return own | self.settings.labels
 
     async def _register_then_beat(self) -> None:

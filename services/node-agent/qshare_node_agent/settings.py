@@ -43,6 +43,10 @@ class NodeAgentSettings(BaseSettings, BusIdentity):
     register_timeout_s: float = Field(5.0, gt=0)
     metrics_port: int = Field(0, ge=0, le=65535, description="Prometheus /metrics; 0 = off")
     metrics_host: str = "127.0.0.1"
+    kubernetes: bool = Field(
+        False, description="also serve the kubelet's DRA and device-plugin sockets (QSHARE_K8S_*)"
+    )
+    min_vgpu_mib: int = Field(1024, ge=1, description="smallest vGPU a DRA claim may take")
     keep_segment_on_stop: bool = Field(
         True,
         description="on stop, leave the segment for the next agent to adopt (workloads "

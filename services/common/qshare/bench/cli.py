@@ -19,6 +19,7 @@ BENCHMARKS: dict[str, str] = {
     "cluster": "qshare.bench.cluster",
     "faults": "qshare.bench.faults",
     "chaos": "qshare.bench.chaos",
+    "kubernetes": "qshare.bench.kubernetes",
 }
 
 

@@ -13,6 +13,7 @@ GPU_EVENTS: Final = "qshare.evt.gpu.>"
 PREEMPTOR_QUEUE: Final = "qshare-preemptor"
 NODES_DELETE: Final = "qshare.allocator.nodes.delete"
 GPUS_DELETE: Final = "qshare.allocator.gpus.delete"
+PLACEMENT_PREVIEW: Final = "qshare.allocator.placement.preview"
 HEARTBEATS: Final = "qshare.node.*.heartbeat"
 """Wildcard the allocator subscribes to; nodes publish on `heartbeat(node)`."""
 

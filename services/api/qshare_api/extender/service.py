@@ -1,0 +1,135 @@
+"""Filter, prioritize and bind, through the allocator: filter and prioritize ask it for a
+read-only placement preview; bind creates the pod's claim on the chosen node, annotates the
+pod with its vGPUs and binds it (undoing the claim if any later step fails)."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from nats.aio.client import Client
+
+from qshare.contracts import rpc, subjects
+from qshare.contracts.claims import ClaimView, CreateClaim, CreateClaimReply, DeleteClaim
+from qshare.contracts.domain import ClaimStatus
+from qshare.contracts.errors import QshareError
+from qshare.contracts.placement import PlacementPreview, PreviewPlacement
+from qshare_api.extender import pods
+from qshare_api.extender.cache import PreviewCache
+from qshare_api.extender.kube import Kube, KubeError
+from qshare_api.extender.schemas import (
+    ExtenderArgs,
+    ExtenderBindingArgs,
+    ExtenderBindingResult,
+    ExtenderFilterResult,
+    HostPriority,
+)
+from qshare_api.extender.settings import ExtenderSettings
+
+VGPUS = "qshare.io/vgpus"
+CLAIM = "qshare.io/claim"
+BIND_TIME = "qshare.io/bind-time"
+
+
+class Extender:
+    def __init__(
+        self,
+        settings: ExtenderSettings,
+        nc: Client,
+        source: str,
+        timeout_s: float,
+        cache: PreviewCache,
+    ) -> None:
+        self.settings = settings
+        self._nc = nc
+        self._source = source
+        self._timeout = timeout_s
+        self._cache = cache
+
+    async def preview(self, args: ExtenderArgs) -> PlacementPreview | None:
+        """None for a pod that asks nothing of qshare (every node passes)."""
+        if not pods.wants_qshare(args.pod):
+            return None
+        names = args.candidate_names()
+        uid = str((args.pod.get("metadata") or {}).get("uid") or "")
+        if uid and (cached := self._cache.get(uid, names)) is not None:
+            return cached
+        spec = pods.claim_spec(args.pod, self.settings.vmemory_unit_mib)
+        request = PreviewPlacement(spec=spec, nodes=names)
+        preview = await rpc.call(
+            self._nc, subjects.PLACEMENT_PREVIEW, self._source, request, PlacementPreview,
+            timeout=self._timeout,
+        )  # fmt: skip
+        if uid:
+            self._cache.put(uid, preview)
+        return preview
+
+    async def filter(self, args: ExtenderArgs) -> ExtenderFilterResult:
+        try:
+            preview = await self.preview(args)
+        except (pods.PodError, QshareError) as exc:
+            return ExtenderFilterResult(error=str(exc))
+        names = args.candidate_names()
+        fits = names if preview is None else [n for n in names if n in preview.scores]
+        failed = {} if preview is None else preview.failed
+        if args.node_names is not None:
+            return ExtenderFilterResult(node_names=fits, failed_nodes=failed)
+        return ExtenderFilterResult(nodes=args.node_objects(set(fits)), failed_nodes=failed)
+
+    async def prioritize(self, args: ExtenderArgs) -> list[HostPriority]:
+        try:
+            preview = await self.preview(args)
+        except (pods.PodError, QshareError):
+            preview = None
+        scores = {} if preview is None else preview.scores
+        return [HostPriority(host=n, score=scores.get(n, 0)) for n in args.candidate_names()]
+
+    async def bind(self, args: ExtenderBindingArgs) -> ExtenderBindingResult:
+        try:
+            async with Kube(self.settings) as kube:
+                await self._bind(kube, args)
+        except (pods.PodError, QshareError, KubeError) as exc:
+            return ExtenderBindingResult(error=f"pod {args.pod_namespace}/{args.pod_name}: {exc}")
+        return ExtenderBindingResult()
+
+    async def _bind(self, kube: Kube, args: ExtenderBindingArgs) -> None:
+        pod = await kube.pod(args.pod_namespace, args.pod_name)
+        uid = args.pod_uid or str(pod.get("metadata", {}).get("uid", ""))
+        claim = await self._create(pod, args, uid)
+        try:
+            await kube.annotate(args.pod_namespace, args.pod_name, _notes(claim))
+            await kube.bind(args.pod_namespace, args.pod_name, uid, args.node)
+        except KubeError:
+            await self._delete(claim, args.pod_namespace)
+            raise
+
+    async def _create(self, pod: dict[str, Any], args: ExtenderBindingArgs, uid: str) -> ClaimView:
+        spec = pods.claim_spec(pod, self.settings.vmemory_unit_mib, key=f"k8s-pod-{uid}")
+        spec = spec.model_copy(update={"node_selector": {self.settings.node_label: args.node}})
+        command = CreateClaim(tenant=_tenant(args.pod_namespace), spec=spec)
+        reply = await rpc.call(
+            self._nc, subjects.CLAIMS_CREATE, self._source, command, CreateClaimReply,
+            timeout=self._timeout,
+        )  # fmt: skip
+        claim = reply.claim
+        if claim.status not in (ClaimStatus.PLACED, ClaimStatus.READY):
+            await self._delete(claim, args.pod_namespace)
+            raise KubeError(f"no longer fits on node {args.node}: {claim.reason}")
+        return claim
+
+    async def _delete(self, claim: ClaimView, namespace: str) -> None:
+        command = DeleteClaim(claim_id=claim.id, tenant=_tenant(namespace))
+        await rpc.call(
+            self._nc, subjects.CLAIMS_DELETE, self._source, command, ClaimView,
+            timeout=self._timeout,
+        )  # fmt: skip
+
+
+def _tenant(namespace: str) -> str:
+    return f"k8s:{namespace}"
+
+
+def _notes(claim: ClaimView) -> dict[str, str]:
+    vgpus = [v.model_dump(mode="json") for v in claim.vgpus]
+    return {VGPUS: json.dumps(vgpus), CLAIM: str(claim.id), BIND_TIME: f"{time.time_ns():020d}"}

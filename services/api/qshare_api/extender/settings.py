@@ -1,0 +1,25 @@
+"""Settings of the scheduler extender (env prefix `QSHARE_EXTENDER_`); off unless enabled."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+
+class ExtenderSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="QSHARE_EXTENDER_", extra="ignore")
+
+    enabled: bool = Field(False, description="serve /extender/{filter,prioritize,bind}")
+    api_server: str = "https://kubernetes.default.svc"
+    token_file: Path | None = SERVICE_ACCOUNT / "token"
+    ca_file: Path | None = SERVICE_ACCOUNT / "ca.crt"
+    timeout_s: float = Field(5.0, gt=0)
+    vmemory_unit_mib: int = Field(1, ge=1, description="MiB per unit of qshare.io/vmemory")
+    reap_s: float = Field(30.0, gt=0, description="release claims of finished pods this often")
+    node_label: str = Field(
+        "kubernetes.io/hostname", description="node agents register this label = node name"
+    )

@@ -1,0 +1,28 @@
+"""Placement preview: where a claim would fit now, per candidate node, without placing it
+(`qshare.allocator.placement.preview`; the scheduler extender's filter and prioritize)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, Field
+
+from qshare.contracts.claims import ClaimSpec
+
+MAX_SCORE = 10
+"""The scheduler's highest extender score (MaxExtenderPriority)."""
+
+
+class PreviewPlacement(BaseModel):
+    """Request: would `spec` fit on each of `nodes` (allocator node names)?"""
+
+    spec: ClaimSpec
+    nodes: Annotated[list[Annotated[str, Field(max_length=253)]], Field(max_length=10000)]
+
+
+class PlacementPreview(BaseModel):
+    """`scores` holds every node that fits (0..MAX_SCORE, higher is better under the
+    cluster's node policy); `failed` every other node with the reason."""
+
+    scores: dict[str, int] = {}
+    failed: dict[str, str] = {}

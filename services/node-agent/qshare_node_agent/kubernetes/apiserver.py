@@ -1,0 +1,146 @@
+"""A small synchronous client for the few Kubernetes API paths the node agent's plugins call
+(ResourceClaims, ResourceSlices, Pods); errors carry the API's status and message."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import ssl
+import threading
+import urllib.parse
+from pathlib import Path
+from typing import Any
+
+MERGE_PATCH = "application/merge-patch+json"
+RESOURCE = "/apis/resource.k8s.io/v1"
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"Kubernetes API answered {status}: {message}")
+        self.status = status
+
+
+class KubeApi:
+    """Thread-safe; each thread keeps its own keep-alive connection (the standard library's
+    client: the plugins call from many gRPC threads and a request must stay cheap)."""
+
+    def __init__(
+        self,
+        server: str,
+        token_file: Path | None = None,
+        ca_file: Path | None = None,
+        timeout_s: float = 5.0,
+    ) -> None:
+        url = urllib.parse.urlsplit(server)
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise ValueError(f"API server {server!r} is not an http(s) URL")
+        self._host, self._port, self._timeout = url.hostname, url.port, timeout_s
+        self._tls: ssl.SSLContext | None = None
+        if url.scheme == "https":
+            cafile = str(ca_file) if ca_file is not None and ca_file.is_file() else None
+            self._tls = ssl.create_default_context(cafile=cafile)
+        self._headers = {"Accept": "application/json"}
+        if token_file is not None and token_file.is_file():
+            self._headers["Authorization"] = f"Bearer {token_file.read_text().strip()}"
+        self._local = threading.local()
+        self._all: list[http.client.HTTPConnection] = []
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        with self._lock:
+            for conn in self._all:
+                conn.close()
+            self._all.clear()
+
+    def _connection(self) -> http.client.HTTPConnection:
+        conn: http.client.HTTPConnection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            if self._tls is not None:
+                conn = http.client.HTTPSConnection(
+                    self._host, self._port, timeout=self._timeout, context=self._tls
+                )
+            else:
+                conn = http.client.HTTPConnection(self._host, self._port, timeout=self._timeout)
+            self._local.conn = conn
+            with self._lock:
+                self._all.append(conn)
+        return conn
+
+    def _drop(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+            self._local.conn = None
+
+    def request(self, method: str, path: str, body: Any = None, patch: bool = False) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        headers = dict(self._headers)
+        if data is not None:
+            headers["Content-Type"] = MERGE_PATCH if patch else "application/json"
+        for attempt in range(2):  # a kept-alive connection the server closed is reopened once
+            try:
+                conn = self._connection()
+                conn.request(method, path, body=data, headers=headers)
+                resp = conn.getresponse()
+                raw = resp.read()
+                break
+            except (OSError, http.client.HTTPException) as exc:
+                self._drop()
+                if attempt:
+                    raise ApiError(0, f"{method} {path} failed: {exc}") from None
+        if resp.status >= 400:
+            raise ApiError(resp.status, _message(raw))
+        return json.loads(raw) if raw else None
+
+    def resource_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        result: dict[str, Any] = self.request(
+            "GET", f"{RESOURCE}/namespaces/{namespace}/resourceclaims/{name}"
+        )
+        return result
+
+    def apply_resource_slice(self, body: dict[str, Any]) -> int:
+        """Create the slice, or replace it keeping the server's resourceVersion; the pool
+        generation only grows (a restarted plugin continues after the published one).
+        Returns the generation written."""
+        name = body["metadata"]["name"]
+        pool = body["spec"]["pool"]
+        try:
+            current = self.request("GET", f"{RESOURCE}/resourceslices/{name}")
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+            self.request("POST", f"{RESOURCE}/resourceslices", body)
+            return int(pool["generation"])
+        published = int(current.get("spec", {}).get("pool", {}).get("generation", 0))
+        pool["generation"] = max(int(pool["generation"]), published + 1)
+        body["metadata"]["resourceVersion"] = current["metadata"].get("resourceVersion")
+        self.request("PUT", f"{RESOURCE}/resourceslices/{name}", body)
+        return int(pool["generation"])
+
+    def node(self, name: str) -> dict[str, Any]:
+        result: dict[str, Any] = self.request("GET", f"/api/v1/nodes/{name}")
+        return result
+
+    def pods_on_node(self, node: str) -> list[dict[str, Any]]:
+        result = self.request("GET", f"/api/v1/pods?fieldSelector=spec.nodeName%3D{node}")
+        items: list[dict[str, Any]] = result.get("items", [])
+        return items
+
+    def pod(self, namespace: str, name: str) -> dict[str, Any]:
+        result: dict[str, Any] = self.request("GET", f"/api/v1/namespaces/{namespace}/pods/{name}")
+        return result
+
+    def patch_pod(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        """A merge patch; one carrying metadata.resourceVersion fails with 409 if the pod
+        changed since it was read (compare-and-swap)."""
+        path = f"/api/v1/namespaces/{namespace}/pods/{name}"
+        result: dict[str, Any] = self.request("PATCH", path, patch, patch=True)
+        return result
+
+
+def _message(raw: bytes) -> str:
+    try:
+        return str(json.loads(raw).get("message") or raw.decode(errors="replace"))
+    except (ValueError, AttributeError):
+        return raw.decode(errors="replace")[:200]

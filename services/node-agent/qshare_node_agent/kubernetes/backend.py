@@ -1,0 +1,82 @@
+"""The seam between the Kubernetes plugins and the node agent: what cards this node has and
+how a vGPU is prepared for, and released from, one consumer (a DRA claim or a pod)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from qshare.contracts.domain import Priority
+
+MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class CardInfo:
+    index: int
+    uuid: str
+    model: str
+    memory_mib: int
+    healthy: bool
+    numa_node: int | None
+    policy: str  # best-effort | fixed-share | burst-share
+
+
+@dataclass(frozen=True)
+class Mount:
+    host_path: str
+    container_path: str
+    read_only: bool = True
+
+
+@dataclass(frozen=True)
+class LocalVgpu:
+    """A vGPU made on this node for one consumer, and what its processes need to use it."""
+
+    key: str
+    vgpu_id: int
+    card_index: int
+    card_uuid: str
+    priority: Priority
+    core_share: int
+    memory_mib: int
+    segment: str
+    segment_dir: str
+    env: Mapping[str, str] = field(default_factory=dict)
+    mounts: tuple[Mount, ...] = ()
+    device_nodes: tuple[str, ...] = ()
+
+    def same_shape(self, card_index: int, priority: Priority, core: int, memory_mib: int) -> bool:
+        return (self.card_index, self.priority, self.core_share, self.memory_mib) == (
+            card_index,
+            priority,
+            core,
+            memory_mib,
+        )
+
+
+class BackendError(Exception):
+    """The backend refused a request; the message names what is wrong."""
+
+
+CardWatcher = Callable[[list[CardInfo]], None]
+
+
+class VgpuBackend(Protocol):
+    """What the plugins need from the node agent. `prepare` is idempotent by `key`."""
+
+    def cards(self) -> list[CardInfo]: ...
+
+    def prepare(
+        self, key: str, card_index: int, priority: Priority, core_share: int, memory_mib: int
+    ) -> LocalVgpu: ...
+
+    def release(self, key: str) -> None: ...
+
+    def prepared(self) -> dict[str, LocalVgpu]: ...
+
+    def watch_cards(self, watcher: CardWatcher) -> Callable[[], None]:
+        """Call `watcher(cards)` whenever a card's health or policy changes; returns an
+        unsubscribe function."""
+        ...

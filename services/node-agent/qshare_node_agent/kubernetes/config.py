@@ -1,0 +1,42 @@
+"""Settings of the node agent's Kubernetes plugins (env prefix `QSHARE_K8S_`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DRIVER = "qshare.io"
+IN_CLUSTER_SA = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+
+class KubernetesSettings(BaseSettings):
+    """Where the kubelet looks for plugins, where CDI specs go, and how to reach the API server."""
+
+    model_config = SettingsConfigDict(env_prefix="QSHARE_K8S_", extra="ignore")
+
+    node_name: str = Field(..., min_length=1, description="this node's Kubernetes name")
+    driver: str = DRIVER
+    registry_dir: Path = Path("/var/lib/kubelet/plugins_registry")
+    plugin_dir: Path = Path("/var/lib/kubelet/plugins/qshare.io")
+    device_plugin_dir: Path = Path("/var/lib/kubelet/device-plugins")
+    cdi_dir: Path = Path("/var/run/cdi")
+    api_server: str = "https://kubernetes.default.svc"
+    token_file: Path | None = IN_CLUSTER_SA / "token"
+    ca_file: Path | None = IN_CLUSTER_SA / "ca.crt"
+    api_timeout_s: float = Field(5.0, gt=0)
+    min_vgpu_mib: int = Field(1024, ge=1, description="smallest memory a claim may consume")
+    socket_check_s: float = Field(1.0, gt=0, description="how often a vanished socket is noticed")
+    vmemory_unit_mib: int = Field(
+        1, ge=1, description="MiB per qshare.io/vmemory device the device plugin advertises"
+    )
+    workers: int = Field(16, ge=1, description="gRPC worker threads per plugin socket")
+
+    @property
+    def registration_socket(self) -> Path:
+        return self.registry_dir / f"{self.driver}-reg.sock"
+
+    @property
+    def dra_socket(self) -> Path:
+        return self.plugin_dir / "dra.sock"

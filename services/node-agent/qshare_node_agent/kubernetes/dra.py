@@ -1,0 +1,212 @@
+"""The DRA kubelet plugin of driver `qshare.io`: registers with the kubelet, serves
+NodePrepareResources / NodeUnprepareResources (v1 and v1beta1) and publishes this node's
+cards as a ResourceSlice, republished when a card's health or policy changes.
+
+Prepare reads the claim's allocation from the API server, asks the backend for one vGPU per
+allocated share (idempotent by claim, request, device and share), writes the claim's CDI
+spec and answers with its CDI device ids. Each claim gets its own answer or error; a claim
+that fails gives back whatever this call made for it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from qshare_node_agent.kubernetes import cdi, resourceslice, wire
+from qshare_node_agent.kubernetes.allocation import ClaimError, DeviceShare, shares
+from qshare_node_agent.kubernetes.apiserver import ApiError, KubeApi
+from qshare_node_agent.kubernetes.backend import BackendError, CardInfo, LocalVgpu, VgpuBackend
+from qshare_node_agent.kubernetes.config import KubernetesSettings
+from qshare_node_agent.kubernetes.registration import Registration
+from qshare_node_agent.kubernetes.sockets import SocketServer
+
+log = logging.getLogger(__name__)
+SERVICES = ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+RETRY_PUBLISH_S = 2.0
+
+
+class DraPlugin:
+    """Use `start()` / `stop()`; thread-safe; the backend is shared with the node agent."""
+
+    def __init__(self, settings: KubernetesSettings, backend: VgpuBackend, api: KubeApi) -> None:
+        self.settings = settings
+        self.backend = backend
+        self.api = api
+        self.cdi = cdi.CdiWriter(settings.cdi_dir)
+        self.registration = Registration(
+            "DRAPlugin", settings.driver, str(settings.dra_socket), SERVICES
+        )
+        self.generation = 0
+        self._publish_wanted = threading.Event()
+        self._stopping = threading.Event()
+        self._publisher: threading.Thread | None = None
+        self._unwatch: Callable[[], None] | None = None
+        self._servers = [
+            SocketServer(
+                settings.dra_socket, self._dra_handlers(), settings.workers, settings.socket_check_s
+            ),
+            SocketServer(
+                settings.registration_socket,
+                [self.registration.handler()],
+                2,
+                settings.socket_check_s,
+                on_recreate=self._publish_wanted.set,
+            ),
+        ]
+
+    def start(self) -> None:
+        self._stopping.clear()
+        for server in self._servers:
+            server.start()
+        self._unwatch = self.backend.watch_cards(lambda _cards: self._publish_wanted.set())
+        self._publish_wanted.set()
+        self._publisher = threading.Thread(
+            target=self._publish_loop, name="resourceslice", daemon=True
+        )
+        self._publisher.start()
+
+    def stop(self) -> None:
+        if self._unwatch is not None:
+            self._unwatch()
+        self._stopping.set()
+        self._publish_wanted.set()
+        if self._publisher is not None:
+            self._publisher.join()
+        for server in self._servers:
+            server.stop()
+
+    # -- ResourceSlice -----------------------------------------------------------------
+    def publish(self) -> dict[str, Any]:
+        """Publish the slice now (a new pool generation) and return what was sent."""
+        self.generation += 1
+        body = resourceslice.resource_slice(
+            self.settings.node_name,
+            self.settings.driver,
+            self.backend.cards(),
+            self.settings.min_vgpu_mib,
+            self.generation,
+        )
+        self.generation = self.api.apply_resource_slice(body)
+        return body
+
+    def _publish_loop(self) -> None:
+        while True:
+            self._publish_wanted.wait()
+            if self._stopping.is_set():
+                return
+            self._publish_wanted.clear()
+            try:
+                self.publish()
+            except ApiError as exc:
+                log.warning("publishing the ResourceSlice failed (%s); retrying", exc)
+                self._stopping.wait(RETRY_PUBLISH_S)
+                self._publish_wanted.set()
+
+    # -- gRPC --------------------------------------------------------------------------
+    def _dra_handlers(self) -> list[grpc.GenericRpcHandler]:
+        impl = {
+            "NodePrepareResources": self._prepare_rpc,
+            "NodeUnprepareResources": self._unprepare_rpc,
+        }
+        return [
+            wire.service_handler(wire.api(proto), "DRAPlugin", impl)
+            for proto in (wire.DRA_V1, wire.DRA_V1BETA1)
+        ]
+
+    def _prepare_rpc(self, request: Any, context: grpc.ServicerContext) -> Any:
+        response = _api_of(request).message("NodePrepareResourcesResponse")
+        for claim in request.claims:
+            answer = response.claims[claim.uid]
+            try:
+                for share, vgpu in self.prepare_claim(claim.namespace, claim.name, claim.uid):
+                    answer.devices.add(
+                        request_names=[share.request],
+                        pool_name=self.settings.node_name,
+                        device_name=share.device,
+                        cdi_device_ids=[cdi.qualified(cdi.device_name(vgpu.key))],
+                    )
+            except (ClaimError, BackendError, ApiError) as exc:
+                answer.error = f"claim {claim.namespace}/{claim.name} ({claim.uid}): {exc}"
+            except Exception as exc:  # a claim shaped unlike any ResourceClaim: this claim fails
+                log.exception("preparing claim %s failed", claim.uid)
+                answer.error = (
+                    f"claim {claim.namespace}/{claim.name} ({claim.uid}) cannot be read: "
+                    f"{type(exc).__name__}: {exc}"
+                )
+        return response
+
+    def _unprepare_rpc(self, request: Any, context: grpc.ServicerContext) -> Any:
+        response = _api_of(request).message("NodeUnprepareResourcesResponse")
+        for claim in request.claims:
+            answer = response.claims[claim.uid]
+            try:
+                self.unprepare_claim(claim.uid)
+            except (BackendError, OSError) as exc:
+                answer.error = f"claim {claim.namespace}/{claim.name} ({claim.uid}): {exc}"
+        return response
+
+    # -- claims ------------------------------------------------------------------------
+    def prepare_claim(
+        self, namespace: str, name: str, uid: str
+    ) -> list[tuple[DeviceShare, LocalVgpu]]:
+        """Make the claim's vGPUs and its CDI spec; all or nothing."""
+        try:
+            claim = self.api.resource_claim(namespace, name)
+        except ApiError as exc:
+            if exc.status == 404:
+                raise ClaimError(f"ResourceClaim {namespace}/{name} does not exist") from None
+            raise
+        cards = {c.index: c.memory_mib for c in self.backend.cards()}
+        wanted = shares(
+            claim,
+            uid,
+            self.settings.driver,
+            self.settings.node_name,
+            cards,
+            self.settings.min_vgpu_mib,
+        )
+        before = set(self.backend.prepared())
+        made: list[tuple[DeviceShare, LocalVgpu]] = []
+        try:
+            for share in wanted:
+                vgpu = self.backend.prepare(
+                    share.key(uid),
+                    share.card_index,
+                    share.config.priority,
+                    share.cores,
+                    share.memory_mib,
+                )
+                made.append((share, vgpu))
+            self.cdi.write(_owner(uid), [v for _, v in made])
+        except Exception:
+            for _share, vgpu in made:
+                if vgpu.key not in before:
+                    self.backend.release(vgpu.key)
+            raise
+        return made
+
+    def unprepare_claim(self, uid: str) -> None:
+        prefix = f"dra/{uid}/"
+        for key in [k for k in self.backend.prepared() if k.startswith(prefix)]:
+            self.backend.release(key)
+        self.cdi.remove(_owner(uid))
+
+    def prepared_claims(self) -> set[str]:
+        return {k.split("/")[1] for k in self.backend.prepared() if k.startswith("dra/")}
+
+    def cards(self) -> list[CardInfo]:
+        return self.backend.cards()
+
+
+def _owner(uid: str) -> str:
+    return f"claim_{uid}"
+
+
+def _api_of(request: Any) -> wire.Api:
+    package = request.DESCRIPTOR.file.package
+    return wire.api(wire.DRA_V1 if package == "v1" else wire.DRA_V1BETA1)

@@ -1,0 +1,307 @@
+"""`LocalVgpus`: the `VgpuBackend` over the agent's own `qshare_driver.Node`.
+
+vGPUs prepared here take ids 0x80000000..0xFFFFFFFE; the allocator's ids stay below, so both
+kinds live in one segment without colliding. Every change is checkpointed next to the
+segment; `restore` re-applies the checkpoint to a (possibly new) segment after a restart.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from qshare.contracts.domain import MAX_CORE_SHARE, Priority
+from qshare.launcher import find_library
+from qshare_driver.errors import DriverError, NotFoundError
+from qshare_driver.node import Node, Policy
+from qshare_node_agent.kubernetes import checkpoint
+from qshare_node_agent.kubernetes.backend import (
+    MIB,
+    BackendError,
+    CardInfo,
+    CardWatcher,
+    LocalVgpu,
+    Mount,
+)
+
+FIRST_LOCAL_ID = 0x80000000
+LAST_LOCAL_ID = 0xFFFFFFFE
+CONTAINER_LIBRARY = "/usr/lib/qshare/libqshare-cuda.so"
+CONTROL_DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+
+
+@dataclass(frozen=True)
+class Card:
+    """What discovery knows about a card that the driver does not keep."""
+
+    index: int
+    uuid: str
+    model: str
+    memory_mib: int
+    numa_node: int | None = None
+
+
+def card_device_nodes(index: int) -> tuple[str, ...]:
+    """The card's device nodes that exist on this host (none on a simulated node)."""
+    wanted = (f"/dev/nvidia{index}", *CONTROL_DEVICE_NODES)
+    return tuple(p for p in wanted if os.path.exists(p))
+
+
+class LocalVgpus:
+    """Prepares vGPUs on `node`'s cards. Thread-safe; `prepare` is idempotent by key."""
+
+    def __init__(
+        self,
+        node: Node,
+        cards: Iterable[Card],
+        min_vgpu_mib: int = 1024,
+        interposer: Path | None = None,
+        device_nodes: Callable[[int], tuple[str, ...]] = card_device_nodes,
+    ) -> None:
+        self._node = node
+        self._cards = {c.index: c for c in cards}
+        self._health = dict.fromkeys(self._cards, True)
+        self._min_mib = min_vgpu_mib
+        self._library = interposer or find_library(None, os.environ)
+        self._device_nodes = device_nodes
+        self._lock = threading.Lock()
+        self._save_lock = threading.Lock()
+        self._generation = 0  # of the in-memory state; bumped by every change
+        self._saved = 0  # the generation on disk
+        self._vgpus: dict[str, LocalVgpu] = {}
+        self._watchers: list[CardWatcher] = []
+        self.segment_dir = Path(node.directory or os.environ.get("QSHARE_SHM_DIR") or "/dev/shm")
+        self.checkpoint = checkpoint.checkpoint_path(self.segment_dir, node.name)
+
+    # -- cards -------------------------------------------------------------------------
+    def cards(self) -> list[CardInfo]:
+        return [self._card_info(c) for c in sorted(self._cards.values(), key=lambda c: c.index)]
+
+    def _card_info(self, card: Card) -> CardInfo:
+        policy = self._node.card_stats(card.index).policy.name.lower().replace("_", "-")
+        healthy = self._health[card.index]
+        return CardInfo(
+            card.index, card.uuid, card.model, card.memory_mib, healthy, card.numa_node, policy
+        )
+
+    def set_health(self, index: int, healthy: bool) -> None:
+        """Record a card's health (from NVML or the simulator) and tell the watchers."""
+        self._known(index)
+        if self._health[index] != healthy:
+            self._health[index] = healthy
+            self._notify()
+
+    def set_policy(self, index: int, policy: Policy | str) -> None:
+        self._known(index)
+        self._node.set_policy(index, policy)
+        self._notify()
+
+    def watch_cards(self, watcher: CardWatcher) -> Callable[[], None]:
+        self._watchers.append(watcher)
+        return lambda: self._watchers.remove(watcher)
+
+    def _notify(self) -> None:
+        cards = self.cards()
+        for watcher in list(self._watchers):
+            watcher(cards)
+
+    def _known(self, index: int) -> Card:
+        card = self._cards.get(index)
+        if card is None:
+            raise BackendError(f"card {index} is not on this node (cards: {sorted(self._cards)})")
+        return card
+
+    # -- vGPUs -------------------------------------------------------------------------
+    def prepared(self) -> dict[str, LocalVgpu]:
+        with self._lock:
+            return dict(self._vgpus)
+
+    def prepare(
+        self, key: str, card_index: int, priority: Priority, core_share: int, memory_mib: int
+    ) -> LocalVgpu:
+        with self._lock:
+            existing = self._vgpus.get(key)
+            if existing is not None:
+                return self._same(existing, card_index, priority, core_share, memory_mib)
+            card = self._check(card_index, core_share, memory_mib)
+            prio = Priority(priority)
+            vgpu = self._describe(key, self._free_id(), card, prio, core_share, memory_mib)
+            self._create(vgpu)
+            self._vgpus[key] = vgpu
+            generation = self._changed()
+        self._persist(generation)
+        return vgpu
+
+    def describe(
+        self,
+        key: str,
+        vgpu_id: int,
+        card_index: int,
+        priority: Priority,
+        core: int,
+        memory_mib: int,
+    ) -> LocalVgpu:
+        """What a process needs to use vGPU `vgpu_id`, which someone else created (the node
+        agent, for the allocator): the same environment and mounts as a prepared one."""
+        return self._describe(key, vgpu_id, self._known(card_index), priority, core, memory_mib)
+
+    def release(self, key: str) -> None:
+        with self._lock:
+            vgpu = self._vgpus.pop(key, None)
+            if vgpu is None:
+                return
+            with contextlib.suppress(NotFoundError):
+                self._node.destroy_vgpu(vgpu.vgpu_id)
+            generation = self._changed()
+        self._persist(generation)
+
+    def restore(self) -> list[str]:
+        """Re-apply the checkpoint: keep vGPUs the segment still has, re-create the missing
+        ones with their old ids. Returns the keys that could not be restored (and dropped)."""
+        lost: list[str] = []
+        with self._lock:
+            for entry in checkpoint.load(self.checkpoint, self._node.name):
+                try:
+                    card = self._known(entry.card_index)
+                    vgpu = self._describe(
+                        entry.key,
+                        entry.vgpu_id,
+                        card,
+                        entry.priority,
+                        entry.core_share,
+                        entry.memory_mib,
+                    )
+                    if not self._matches_segment(vgpu):
+                        self._create(vgpu)
+                    self._vgpus[entry.key] = vgpu
+                except BackendError:
+                    lost.append(entry.key)
+            generation = self._changed()
+        self._persist(generation)
+        return lost
+
+    def _same(
+        self, vgpu: LocalVgpu, card_index: int, priority: Priority, core: int, memory_mib: int
+    ) -> LocalVgpu:
+        if vgpu.same_shape(card_index, priority, core, memory_mib):
+            return vgpu
+        raise BackendError(
+            f"{vgpu.key} is already prepared as card {vgpu.card_index}, {vgpu.priority.value}, "
+            f"{vgpu.core_share}% and {vgpu.memory_mib} MiB; it cannot change shape"
+        )
+
+    def _check(self, card_index: int, core_share: int, memory_mib: int) -> Card:
+        card = self._known(card_index)
+        if not self._health[card_index]:
+            raise BackendError(f"card {card_index} ({card.uuid}) is unhealthy")
+        if not 1 <= core_share <= MAX_CORE_SHARE:
+            raise BackendError(f"cores must be 1-{MAX_CORE_SHARE} percent, got {core_share}")
+        if not self._min_mib <= memory_mib <= card.memory_mib:
+            raise BackendError(
+                f"memory must be {self._min_mib}-{card.memory_mib} MiB on card {card_index}, "
+                f"got {memory_mib} MiB"
+            )
+        return card
+
+    def _free_id(self) -> int:
+        used = {v.vgpu_id for v in self._vgpus.values()}
+        start = FIRST_LOCAL_ID + len(used)
+        ids = itertools.chain(range(start, LAST_LOCAL_ID + 1), range(FIRST_LOCAL_ID, start))
+        for candidate in ids:
+            if candidate not in used:
+                return candidate
+        raise BackendError("no local vGPU id is free")
+
+    def _create(self, vgpu: LocalVgpu) -> None:
+        try:
+            self._node.create_vgpu(
+                vgpu.vgpu_id,
+                vgpu.card_index,
+                vgpu.priority.value,
+                vgpu.core_share,
+                vgpu.memory_mib * MIB,
+            )
+        except DriverError as exc:
+            raise BackendError(f"the driver refused {vgpu.key}: {exc}") from None
+
+    def _matches_segment(self, vgpu: LocalVgpu) -> bool:
+        try:
+            stats = self._node.vgpu_stats(vgpu.vgpu_id)
+        except NotFoundError:
+            return False
+        if stats.card != vgpu.card_index or stats.mem_limit != vgpu.memory_mib * MIB:
+            raise BackendError(f"segment holds vGPU {vgpu.vgpu_id} with another shape")
+        return True
+
+    def _changed(self) -> int:
+        """Count a change of the in-memory state (the caller holds `_lock`)."""
+        self._generation += 1
+        return self._generation
+
+    def _persist(self, generation: int) -> None:
+        """Return once the checkpoint holds `generation` or a later state. Concurrent callers
+        share one write (group commit): whoever writes saves everything changed so far."""
+        with self._save_lock:
+            if self._saved >= generation:
+                return
+            with self._lock:
+                current = self._generation
+                entries = [_entry(v) for v in self._vgpus.values()]
+            checkpoint.save(self.checkpoint, self._node.name, entries)
+            self._saved = current
+
+    def _describe(
+        self, key: str, vgpu_id: int, card: Card, priority: Priority, core: int, memory_mib: int
+    ) -> LocalVgpu:
+        vgpu = LocalVgpu(
+            key,
+            vgpu_id,
+            card.index,
+            card.uuid,
+            priority,
+            core,
+            memory_mib,
+            self._node.name,
+            str(self.segment_dir),
+        )
+        return replace(
+            vgpu,
+            env=self._env(vgpu),
+            mounts=self._mounts(vgpu_id),
+            device_nodes=self._device_nodes(card.index),
+        )
+
+    def _env(self, vgpu: LocalVgpu) -> dict[str, str]:
+        return {
+            "QSHARE_VGPU": str(vgpu.vgpu_id),
+            "QSHARE_SEGMENT": vgpu.segment,
+            "QSHARE_SHM_DIR": vgpu.segment_dir,
+            "LD_PRELOAD": CONTAINER_LIBRARY,
+            "CUDA_VISIBLE_DEVICES": vgpu.card_uuid,
+        }
+
+    def _mounts(self, vgpu_id: int) -> tuple[Mount, ...]:
+        """The interposer and the vGPU's attach directory (its socket: the container's only
+        way to the driver, see docs/driver.md), at the same path as on the host. Nothing
+        of the segment itself is mounted: the owner hands a client its mappings."""
+        attach = str(self.segment_dir / f"qshare.{self._node.name}.v{vgpu_id}")
+        mounts = [Mount(attach, attach, read_only=False)]
+        if self._library is not None:
+            mounts.insert(0, Mount(str(self._library), CONTAINER_LIBRARY))
+        return tuple(mounts)
+
+
+def _entry(v: LocalVgpu) -> checkpoint.Entry:
+    return checkpoint.Entry(
+        key=v.key,
+        vgpu_id=v.vgpu_id,
+        card_index=v.card_index,
+        priority=v.priority,
+        core_share=v.core_share,
+        memory_mib=v.memory_mib,
+    )

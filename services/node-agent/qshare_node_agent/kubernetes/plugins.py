@@ -1,0 +1,74 @@
+"""Both kubelet plugins of one node agent behind one start/stop: the DRA plugin, the device
+plugin (optional) and the device plugin's periodic sweep of finished pods."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from qshare_driver.node import Policy
+from qshare_node_agent.kubernetes.apiserver import ApiError, KubeApi
+from qshare_node_agent.kubernetes.backend import VgpuBackend
+from qshare_node_agent.kubernetes.config import KubernetesSettings
+from qshare_node_agent.kubernetes.device_plugin import DevicePlugin
+from qshare_node_agent.kubernetes.dra import DraPlugin
+
+log = logging.getLogger(__name__)
+SWEEP_S = 30.0
+POLICY_LABEL = "qshare.io/policy"
+
+
+class KubernetesPlugins:
+    """`start()` after the backend is restored (`LocalVgpus.restore()`); `stop()` before the
+    node segment closes. Thread-based: safe to call from an asyncio agent."""
+
+    def __init__(
+        self,
+        settings: KubernetesSettings,
+        backend: VgpuBackend,
+        device_plugin: bool = True,
+        sweep_s: float = SWEEP_S,
+    ) -> None:
+        self.api = KubeApi(
+            settings.api_server, settings.token_file, settings.ca_file, settings.api_timeout_s
+        )
+        self.dra = DraPlugin(settings, backend, self.api)
+        self.device_plugin = DevicePlugin(settings, backend, self.api) if device_plugin else None
+        self.node_name = settings.node_name
+        self._sweep_s = sweep_s
+        self._stop = threading.Event()
+        self._sweeper: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._stop.clear()
+        self.dra.start()
+        if self.device_plugin is not None:
+            self.device_plugin.start()
+            self._sweeper = threading.Thread(target=self._sweep, name="pod sweep", daemon=True)
+            self._sweeper.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._sweeper is not None:
+            self._sweeper.join()
+        if self.device_plugin is not None:
+            self.device_plugin.stop()
+        self.dra.stop()
+        self.api.close()
+
+    def node_policy(self) -> Policy | None:
+        """The card policy this node's label `qshare.io/policy` asks for (None: no label)."""
+        labels = self.api.node(self.node_name).get("metadata", {}).get("labels") or {}
+        value = labels.get(POLICY_LABEL)
+        return None if value is None else Policy.parse(str(value))
+
+    def _sweep(self) -> None:
+        assert self.device_plugin is not None
+        while not self._stop.wait(self._sweep_s):
+            try:
+                released = self.device_plugin.sweep()
+            except ApiError as exc:
+                log.warning("sweeping finished pods failed: %s", exc)
+                continue
+            if released:
+                log.info("released the vGPUs of finished pods: %s", released)

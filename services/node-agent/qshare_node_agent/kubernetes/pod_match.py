@@ -1,0 +1,92 @@
+"""Which pod an `Allocate` call is for. The device plugin API names no pod, so the plugin
+takes the oldest pod on this node that the scheduler extender bound (it carries the
+`qshare.io/vgpus` annotation), that nobody has taken yet, and whose container asks for this
+many vcores; it takes it with a compare-and-swap on the pod's resourceVersion, so concurrent
+allocations never take the same pod and never wait on a node-wide lock."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
+
+from qshare.contracts.claims import VgpuView
+from qshare_node_agent.kubernetes.apiserver import ApiError, KubeApi
+
+VGPUS = "qshare.io/vgpus"
+CLAIM = "qshare.io/claim"
+BIND_TIME = "qshare.io/bind-time"
+TAKEN = "qshare.io/allocated"
+VCORE = "qshare.io/vcore"
+MAX_ROUNDS = 5
+_views = TypeAdapter(list[VgpuView])
+
+
+class NoPodError(Exception):
+    """No bound pod matches the request; the message says what was looked for."""
+
+
+@dataclass(frozen=True)
+class BoundPod:
+    namespace: str
+    name: str
+    uid: str
+    vgpus: list[VgpuView]
+
+
+def _vcores(pod: dict[str, Any]) -> list[int]:
+    asked = []
+    for container in pod.get("spec", {}).get("containers", []):
+        res = container.get("resources") or {}
+        value = (res.get("limits") or {}).get(VCORE) or (res.get("requests") or {}).get(VCORE)
+        if value is not None and str(value).isdigit():
+            asked.append(int(value))
+    return asked
+
+
+def candidates(pods: list[dict[str, Any]], vcores: int) -> list[dict[str, Any]]:
+    """Bound, not yet taken, not finished pods asking `vcores`, oldest binding first."""
+    out = []
+    for pod in pods:
+        meta = pod.get("metadata", {})
+        notes = meta.get("annotations") or {}
+        live = pod.get("status", {}).get("phase") not in ("Succeeded", "Failed")
+        fresh = meta.get("deletionTimestamp") is None
+        if VGPUS in notes and TAKEN not in notes and live and fresh and vcores in _vcores(pod):
+            out.append(pod)
+    return sorted(out, key=lambda p: p["metadata"]["annotations"].get(BIND_TIME, ""))
+
+
+def take(api: KubeApi, node: str, vcores: int, taker: str) -> BoundPod:
+    """Take the matching pod (compare-and-swap), retrying when another allocation won."""
+    for _ in range(MAX_ROUNDS):
+        for pod in candidates(api.pods_on_node(node), vcores):
+            meta = pod["metadata"]
+            patch = {
+                "metadata": {
+                    "resourceVersion": meta["resourceVersion"],
+                    "annotations": {TAKEN: taker},
+                }
+            }
+            try:
+                api.patch_pod(meta["namespace"], meta["name"], patch)
+            except ApiError as exc:
+                if exc.status == 409:
+                    continue  # someone took or changed it first: try the next one
+                raise
+            return BoundPod(meta["namespace"], meta["name"], meta.get("uid", ""), _parse(pod))
+    raise NoPodError(
+        f"no pod on node {node} bound by the qshare extender asks for {vcores} {VCORE}"
+    )
+
+
+def _parse(pod: dict[str, Any]) -> list[VgpuView]:
+    raw = pod["metadata"]["annotations"][VGPUS]
+    try:
+        return _views.validate_python(json.loads(raw))
+    except (ValueError, ValidationError) as exc:
+        raise NoPodError(
+            f"annotation {VGPUS} of pod {pod['metadata']['name']} is malformed: {exc}"
+        ) from None

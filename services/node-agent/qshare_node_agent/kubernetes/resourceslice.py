@@ -1,0 +1,70 @@
+"""This node's cards as one ResourceSlice of driver `qshare.io`: a shareable device per card
+with capacities `memory` and `cores` and its attributes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from qshare.contracts.domain import MAX_CORE_SHARE
+from qshare_node_agent.kubernetes.backend import CardInfo
+
+DEFAULT_CORES = 10
+
+
+def slice_name(node: str, driver: str) -> str:
+    return f"{node}-{driver.replace('.', '-')}"
+
+
+def device(card: CardInfo, min_mib: int) -> dict[str, Any]:
+    attrs: dict[str, Any] = {
+        "uuid": {"string": card.uuid},
+        "model": {"string": card.model},
+        "index": {"int": card.index},
+        "policy": {"string": card.policy},
+        "healthy": {"bool": card.healthy},
+    }
+    if card.numa_node is not None:
+        attrs["numaNode"] = {"int": card.numa_node}
+    return {
+        "name": f"gpu-{card.index}",
+        "allowMultipleAllocations": True,
+        "attributes": attrs,
+        "capacity": {
+            "memory": {
+                "value": f"{card.memory_mib}Mi",
+                "requestPolicy": {
+                    "default": f"{min_mib}Mi",
+                    "validRange": {
+                        "min": f"{min_mib}Mi",
+                        "max": f"{card.memory_mib}Mi",
+                        "step": "1Mi",
+                    },
+                },
+            },
+            "cores": {
+                "value": str(MAX_CORE_SHARE),
+                "requestPolicy": {
+                    "default": str(DEFAULT_CORES),
+                    "validRange": {"min": "1", "max": str(MAX_CORE_SHARE), "step": "1"},
+                },
+            },
+        },
+    }
+
+
+def resource_slice(
+    node: str, driver: str, cards: list[CardInfo], min_mib: int, generation: int
+) -> dict[str, Any]:
+    """The slice; the DeviceClasses select only `healthy` cards, so nothing new lands on a
+    card that turned unhealthy while what it already runs stays visible."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": slice_name(node, driver)},
+        "spec": {
+            "driver": driver,
+            "nodeName": node,
+            "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
+            "devices": [device(c, min_mib) for c in cards],
+        },
+    }

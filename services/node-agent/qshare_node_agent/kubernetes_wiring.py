@@ -1,0 +1,70 @@
+"""The node agent's side of the Kubernetes plugins: one backend over the agent's segment, so
+the DRA plugin and the device plugin drive the same vGPUs the agent applies, never a second
+set. A device-plugin pod runs in the allocator's vGPU (placed by the scheduler extender,
+applied by this agent); a DRA claim gets a vGPU prepared on the node (ids at or above 2^31).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from qshare.contracts.domain import Priority
+from qshare_node_agent.converge import Converger
+from qshare_node_agent.discovery import Card
+from qshare_node_agent.kubernetes.backend import BackendError, CardInfo, CardWatcher, LocalVgpu
+from qshare_node_agent.kubernetes.config import KubernetesSettings
+from qshare_node_agent.kubernetes.local_vgpus import Card as KubeCard
+from qshare_node_agent.kubernetes.local_vgpus import LocalVgpus
+from qshare_node_agent.kubernetes.plugins import KubernetesPlugins
+
+log = logging.getLogger(__name__)
+ALLOCATOR_KEY = "allocator/"
+
+
+class AgentBackend:
+    """`VgpuBackend` for the plugins: allocator vGPUs come from what the agent applied."""
+
+    def __init__(self, local: LocalVgpus, converger: Converger) -> None:
+        self._local = local
+        self._converger = converger
+
+    def cards(self) -> list[CardInfo]:
+        return self._local.cards()
+
+    def watch_cards(self, watcher: CardWatcher) -> Callable[[], None]:
+        return self._local.watch_cards(watcher)
+
+    def prepared(self) -> dict[str, LocalVgpu]:
+        return self._local.prepared()
+
+    def prepare(
+        self, key: str, card_index: int, priority: Priority, core_share: int, memory_mib: int
+    ) -> LocalVgpu:
+        if not key.startswith(ALLOCATOR_KEY):
+            return self._local.prepare(key, card_index, priority, core_share, memory_mib)
+        wanted = key.removeprefix(ALLOCATOR_KEY)
+        for local_id, vgpu in list(self._converger.held.items()):
+            if str(vgpu.id) == wanted:
+                index = self._converger.cards[vgpu.gpu].index
+                return self._local.describe(key, local_id, index, vgpu.priority, vgpu.vcore,
+                                            vgpu.vmemory_mib)  # fmt: skip
+        raise BackendError(f"vGPU {wanted} is not applied on this node yet; try again shortly")
+
+    def release(self, key: str) -> None:
+        """An allocator vGPU leaves with its claim (the extender's reaper deletes it)."""
+        if not key.startswith(ALLOCATOR_KEY):
+            self._local.release(key)
+
+
+def start_plugins(converger: Converger, cards: list[Card], min_vgpu_mib: int) -> KubernetesPlugins:
+    """Restore the prepared claims, start the DRA and device plugins (settings QSHARE_K8S_*)."""
+    settings = KubernetesSettings()
+    kube_cards = [KubeCard(c.index, c.uuid, c.model, c.memory_mib) for c in cards]
+    local = LocalVgpus(converger.node, kube_cards, min_vgpu_mib=min_vgpu_mib)
+    kept = local.restore()
+    plugins = KubernetesPlugins(settings, AgentBackend(local, converger))
+    plugins.start()
+    log.info("kubernetes plugins serving for node %s (%d prepared claims kept)",
+             settings.node_name, len(kept))  # fmt: skip
+    return plugins

@@ -1,0 +1,96 @@
+"""The kubelet's side as a test double speaking the real wire protocol: `KubeletDouble` calls
+our plugins over their unix sockets with the kubelet's gRPC messages and serves kubelet.sock
+for device plugin registration. The API server double is `qshare.testing.kube_apiserver`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from qshare.testing.kube_apiserver import ApiServerDouble
+from qshare_node_agent.kubernetes import wire
+
+__all__ = ["ApiServerDouble", "KubeletDouble"]
+
+
+class KubeletDouble:
+    """The kubelet's side of plugin registration, DRA and the device plugin API."""
+
+    def __init__(self) -> None:
+        self._channels: list[grpc.Channel] = []
+        self.device_plugins: list[Any] = []  # RegisterRequests received on kubelet.sock
+        self._server: grpc.Server | None = None
+
+    def close(self) -> None:
+        for channel in self._channels:
+            channel.close()
+        if self._server is not None:
+            self._server.stop(0).wait()
+
+    def _channel(self, socket: Path) -> grpc.Channel:
+        channel = grpc.insecure_channel(wire.unix_target(socket))
+        grpc.channel_ready_future(channel).result(timeout=10)
+        self._channels.append(channel)
+        return channel
+
+    # -- plugin registration (what the plugin watcher does on finding a socket) ----------
+    def register_plugin(self, registration_socket: Path, accept: bool = True) -> Any:
+        api = wire.api(wire.REGISTRATION)
+        calls = wire.stub(api, "Registration", self._channel(registration_socket))
+        info = calls["GetInfo"](api.message("InfoRequest"), timeout=5)
+        status = api.message("RegistrationStatus", plugin_registered=accept)
+        if not accept:
+            status.error = "refused by the test kubelet"
+        calls["NotifyRegistrationStatus"](status, timeout=5)
+        return info
+
+    # -- DRA ------------------------------------------------------------------------------
+    def dra(self, socket: Path, version: str = wire.DRA_V1) -> tuple[wire.Api, dict[str, Any]]:
+        api = wire.api(version)
+        return api, wire.stub(api, "DRAPlugin", self._channel(socket))
+
+    def prepare(
+        self, socket: Path, claims: list[tuple[str, str, str]], version: str = wire.DRA_V1
+    ) -> Any:
+        api, calls = self.dra(socket, version)
+        request = api.message("NodePrepareResourcesRequest")
+        for namespace, name, uid in claims:
+            request.claims.add(namespace=namespace, name=name, uid=uid)
+        return calls["NodePrepareResources"](request, timeout=10)
+
+    def unprepare(
+        self, socket: Path, claims: list[tuple[str, str, str]], version: str = wire.DRA_V1
+    ) -> Any:
+        api, calls = self.dra(socket, version)
+        request = api.message("NodeUnprepareResourcesRequest")
+        for namespace, name, uid in claims:
+            request.claims.add(namespace=namespace, name=name, uid=uid)
+        return calls["NodeUnprepareResources"](request, timeout=10)
+
+    # -- device plugin ----------------------------------------------------------------------
+    def serve_device_registration(self, kubelet_socket: Path) -> None:
+        """Serve kubelet.sock: record every RegisterRequest."""
+        api = wire.api(wire.DEVICE_PLUGIN)
+
+        def register(request: Any, context: grpc.ServicerContext) -> Any:
+            self.device_plugins.append(request)
+            return api.message("Empty")
+
+        handler = wire.service_handler(api, "Registration", {"Register": register})
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        self._server.add_generic_rpc_handlers((handler,))
+        self._server.add_insecure_port(f"unix://{kubelet_socket}")
+        self._server.start()
+
+    def device_plugin(self, socket: Path) -> tuple[wire.Api, dict[str, Any]]:
+        api = wire.api(wire.DEVICE_PLUGIN)
+        return api, wire.stub(api, "DevicePlugin", self._channel(socket))
+
+    def list_and_watch(self, socket: Path) -> Iterator[Any]:
+        api, calls = self.device_plugin(socket)
+        stream: Iterator[Any] = calls["ListAndWatch"](api.message("Empty"), timeout=30)
+        return stream

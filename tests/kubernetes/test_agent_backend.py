@@ -1,0 +1,59 @@
+"""The node agent's backend for the plugins: a device-plugin pod gets the vGPU the agent
+applied for the allocator (never a second one), a DRA claim a vGPU of the node's own, which
+the allocator's applies leave alone."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from qshare.contracts.agent import ApplyDesired, DesiredVgpu
+from qshare.contracts.domain import Priority
+from qshare_driver.node import Node
+from qshare_node_agent.converge import Converger
+from qshare_node_agent.discovery import Card as AgentCard
+from qshare_node_agent.kubernetes.backend import BackendError
+from qshare_node_agent.kubernetes.local_vgpus import LocalVgpus
+from qshare_node_agent.kubernetes_wiring import AgentBackend
+
+from .conftest import CARDS
+
+
+def converger(node: Node) -> Converger:
+    cards = [AgentCard(c.index, c.uuid, c.model, c.memory_mib) for c in CARDS]
+    return Converger(node, {c.uuid: c for c in cards})
+
+
+def applied(conv: Converger, node: Node, local_id: int) -> DesiredVgpu:
+    vgpu = DesiredVgpu(
+        local_id=local_id, id=uuid.uuid4(), claim_id=uuid.uuid4(), gpu=CARDS[1].uuid,
+        priority=Priority.LOW, vcore=20, vmemory_mib=2048,
+    )  # fmt: skip
+    reply = conv.apply(ApplyDesired(node=node.name, generation=1, vgpus=[vgpu]))
+    assert reply.applied == [local_id]
+    return vgpu
+
+
+def test_a_device_plugin_pod_gets_the_vgpu_the_agent_applied(node: Node) -> None:
+    conv = converger(node)
+    vgpu = applied(conv, node, 7)
+    backend = AgentBackend(LocalVgpus(node, CARDS), conv)
+    found = backend.prepare(f"allocator/{vgpu.id}", 1, Priority.LOW, 20, 2048)
+    assert (found.vgpu_id, found.env["QSHARE_VGPU"]) == (7, "7")
+    assert node.list_vgpus() == [7]
+
+
+def test_a_pod_whose_vgpu_is_not_applied_yet_is_told_to_retry(node: Node) -> None:
+    backend = AgentBackend(LocalVgpus(node, CARDS), converger(node))
+    with pytest.raises(BackendError, match="not applied on this node yet"):
+        backend.prepare(f"allocator/{uuid.uuid4()}", 0, Priority.LOW, 20, 2048)
+
+
+def test_a_dra_claims_vgpu_survives_the_allocators_next_apply(node: Node) -> None:
+    conv = converger(node)
+    backend = AgentBackend(LocalVgpus(node, CARDS), conv)
+    claim = backend.prepare("claim/ns/name/uid", 0, Priority.HIGH, 30, 4096)
+    assert claim.vgpu_id >= 0x80000000
+    applied(conv, node, 7)
+    assert sorted(node.list_vgpus()) == [7, claim.vgpu_id]

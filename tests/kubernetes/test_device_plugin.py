@@ -1,0 +1,206 @@
+"""The device plugin path, driven over its unix sockets as the kubelet drives it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import pytest
+
+from qshare_node_agent.kubernetes.apiserver import KubeApi
+from qshare_node_agent.kubernetes.config import KubernetesSettings
+from qshare_node_agent.kubernetes.device_plugin import DevicePlugin
+from qshare_node_agent.kubernetes.local_vgpus import LocalVgpus
+
+from .conftest import CARDS, NODE
+from .doubles import ApiServerDouble, KubeletDouble
+
+
+def wait_for(predicate: Any, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def plugin(
+    settings: KubernetesSettings, backend: LocalVgpus, kube_api: KubeApi, kubelet: KubeletDouble
+) -> Iterator[DevicePlugin]:
+    settings.device_plugin_dir.mkdir(parents=True)
+    kubelet.serve_device_registration(settings.device_plugin_dir / "kubelet.sock")
+    dp = DevicePlugin(settings, backend, kube_api)
+    dp.start()
+    wait_for(lambda: len(kubelet.device_plugins) == 2)
+    yield dp
+    dp.stop()
+
+
+def bound_pod(
+    apiserver: ApiServerDouble, name: str, vcore: int = 30, card: int = 0, bind_time: str = "1"
+) -> str:
+    """A pod as the extender leaves it: bound to this node, its vGPU in an annotation."""
+    vgpu = {
+        "id": str(uuid.uuid4()),
+        "node": NODE,
+        "gpu": CARDS[card].uuid,
+        "index": card,
+        "vcore": vcore,
+        "vmemory_mib": 2048,
+        "priority": "low",
+    }
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": "default",
+            "uid": str(uuid.uuid4()),
+            "annotations": {
+                "qshare.io/vgpus": json.dumps([vgpu]),
+                "qshare.io/bind-time": bind_time,
+            },
+        },
+        "spec": {
+            "nodeName": NODE,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "busybox",
+                    "resources": {
+                        "limits": {"qshare.io/vcore": str(vcore), "qshare.io/vmemory": "8"}
+                    },
+                }
+            ],
+        },
+        "status": {"phase": "Pending"},
+    }
+    apiserver.put_object(f"/api/v1/namespaces/default/pods/{name}", pod)
+    return vgpu["id"]
+
+
+def allocate(kubelet: KubeletDouble, settings: KubernetesSettings, count: int) -> Any:
+    api, calls = kubelet.device_plugin(settings.device_plugin_dir / "qshare-vcore.sock")
+    request = api.message("AllocateRequest")
+    request.container_requests.add(devices_ids=[f"{CARDS[0].uuid}-c{n}" for n in range(count)])
+    return calls["Allocate"](request, timeout=10)
+
+
+def test_both_resources_register_with_the_kubelet(
+    plugin: DevicePlugin, kubelet: KubeletDouble
+) -> None:
+    seen = {(r.resource_name, r.endpoint, r.version) for r in kubelet.device_plugins}
+    assert seen == {
+        ("qshare.io/vcore", "qshare-vcore.sock", "v1beta1"),
+        ("qshare.io/vmemory", "qshare-vmemory.sock", "v1beta1"),
+    }
+
+
+def test_the_plugin_registers_again_when_a_restarted_kubelet_empties_its_directory(
+    plugin: DevicePlugin, kubelet: KubeletDouble, settings: KubernetesSettings
+) -> None:
+    kubelet.close()  # the kubelet stops ...
+    shutil.rmtree(settings.device_plugin_dir)  # ... and its restart empties the directory
+    settings.device_plugin_dir.mkdir()
+    restarted = KubeletDouble()
+    restarted.serve_device_registration(settings.device_plugin_dir / "kubelet.sock")
+    try:
+        wait_for(lambda: len(restarted.device_plugins) == 2)
+        assert (settings.device_plugin_dir / "qshare-vcore.sock").exists()
+        stream = restarted.list_and_watch(settings.device_plugin_dir / "qshare-vcore.sock")
+        assert len(next(stream).devices) == 200
+    finally:
+        restarted.close()
+
+
+def test_list_and_watch_advertises_each_cards_capacity(
+    plugin: DevicePlugin, kubelet: KubeletDouble, settings: KubernetesSettings
+) -> None:
+    cores = next(kubelet.list_and_watch(settings.device_plugin_dir / "qshare-vcore.sock"))
+    memory = next(kubelet.list_and_watch(settings.device_plugin_dir / "qshare-vmemory.sock"))
+    assert len(cores.devices) == 2 * 100
+    assert len(memory.devices) == 2 * 16384 // 256
+    assert {d.health for d in cores.devices} == {"Healthy"}
+    assert cores.devices[150].topology.nodes[0].ID == 1
+
+
+def test_list_and_watch_sends_a_new_list_when_a_card_turns_unhealthy(
+    plugin: DevicePlugin, kubelet: KubeletDouble, settings: KubernetesSettings, backend: LocalVgpus
+) -> None:
+    stream = kubelet.list_and_watch(settings.device_plugin_dir / "qshare-vcore.sock")
+    next(stream)
+    backend.set_health(1, False)
+    update = next(stream)
+    unhealthy = {d.ID.rsplit("-c", 1)[0] for d in update.devices if d.health == "Unhealthy"}
+    assert unhealthy == {CARDS[1].uuid}
+
+
+def test_allocate_gives_the_bound_pods_vgpu_environment_and_mounts(
+    plugin: DevicePlugin,
+    kubelet: KubeletDouble,
+    settings: KubernetesSettings,
+    apiserver: ApiServerDouble,
+    backend: LocalVgpus,
+) -> None:
+    vgpu_id = bound_pod(apiserver, "web", vcore=30)
+    [container] = allocate(kubelet, settings, 30).container_responses
+    prepared = backend.prepared()[f"allocator/{vgpu_id}"]
+    assert container.envs["QSHARE_VGPU"] == str(prepared.vgpu_id)
+    assert container.envs["CUDA_VISIBLE_DEVICES"] == CARDS[0].uuid
+    assert container.envs["LD_PRELOAD"] == "/usr/lib/qshare/libqshare-cuda.so"
+    attach = f".v{prepared.vgpu_id}"
+    assert any(m.container_path.endswith(attach) for m in container.mounts)
+    pod = apiserver.objects["/api/v1/namespaces/default/pods/web"]
+    assert pod["metadata"]["annotations"]["qshare.io/allocated"] == NODE
+
+
+def test_concurrent_allocations_take_different_pods(
+    plugin: DevicePlugin,
+    kubelet: KubeletDouble,
+    settings: KubernetesSettings,
+    apiserver: ApiServerDouble,
+    backend: LocalVgpus,
+) -> None:
+    ids = {bound_pod(apiserver, f"p{i}", vcore=20, bind_time=str(i)) for i in range(4)}
+    replies: list[Any] = []
+    threads = [
+        threading.Thread(target=lambda: replies.append(allocate(kubelet, settings, 20)))
+        for _ in range(4)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    vgpus = {r.container_responses[0].envs["QSHARE_VGPU"] for r in replies}
+    assert len(vgpus) == 4
+    assert {k.removeprefix("allocator/") for k in backend.prepared()} == ids
+
+
+def test_allocate_without_a_bound_pod_fails_with_a_clear_reason(
+    plugin: DevicePlugin, kubelet: KubeletDouble, settings: KubernetesSettings
+) -> None:
+    with pytest.raises(grpc.RpcError) as err:
+        allocate(kubelet, settings, 30)
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "no pod on node node-a bound by the qshare extender asks for 30" in err.value.details()
+
+
+def test_the_sweep_releases_vgpus_of_finished_pods(
+    plugin: DevicePlugin,
+    kubelet: KubeletDouble,
+    settings: KubernetesSettings,
+    apiserver: ApiServerDouble,
+    backend: LocalVgpus,
+) -> None:
+    vgpu_id = bound_pod(apiserver, "batch", vcore=10)
+    allocate(kubelet, settings, 10)
+    assert plugin.sweep() == []
+    apiserver.objects["/api/v1/namespaces/default/pods/batch"]["status"]["phase"] = "Succeeded"
+    assert plugin.sweep() == [f"allocator/{vgpu_id}"]
+    assert backend.prepared() == {}

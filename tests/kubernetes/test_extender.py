@@ -1,0 +1,276 @@
+"""The scheduler extender: filter, prioritize and bind with the scheduler's JSON types,
+placing through the real allocator (Postgres, NATS) and annotating pods through the API
+server double."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI
+from nats.aio.client import Client
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from qshare.contracts import rpc, subjects
+from qshare.contracts.nodes import NodeRegistration, NodeView
+from qshare.natsauth import NatsAuth, ServiceRole
+from qshare_allocator.app import Allocator
+from qshare_allocator.db import in_transaction
+from qshare_api.app import create_app
+from qshare_api.extender.reaper import Reaper
+from qshare_api.extender.settings import ExtenderSettings
+from qshare_api.settings import ApiSettings
+from tests.controlplane.conftest import RULES, as_identity
+
+from .doubles import ApiServerDouble
+
+HOSTNAME = "kubernetes.io/hostname"
+
+
+@pytest.fixture(autouse=True)
+async def empty_inventory(engine: AsyncEngine) -> None:
+    """Every test starts with no nodes and no claims."""
+
+    async def truncate(conn: AsyncConnection) -> None:
+        await conn.execute(text("TRUNCATE nodes, gpus, claims, vgpus, outbox CASCADE"))
+
+    await in_transaction(engine, truncate)
+
+
+@pytest.fixture
+async def extender_app(
+    database_url: str,
+    bus_url: str,
+    replicas: list[Allocator],
+    apiserver: ApiServerDouble,
+    nats_auth: NatsAuth,
+) -> AsyncIterator[FastAPI]:
+    ext = ExtenderSettings(
+        enabled=True, api_server=apiserver.url, token_file=None, ca_file=None, reap_s=3600
+    )
+    settings = ApiSettings(
+        database_url=database_url, nats_url=bus_url, cluster=RULES, extender=ext,
+        **as_identity(nats_auth, ServiceRole.API),
+    )  # fmt: skip
+    app = create_app(settings)
+    async with app.router.lifespan_context(app):
+        yield app
+
+
+@pytest.fixture
+async def extender(extender_app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
+    transport = httpx.ASGITransport(app=extender_app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://qshare.test") as client:
+        yield client
+
+
+async def register(nc: Client, name: str, cards: int = 1, memory: str = "16Gi") -> NodeView:
+    gpus = [
+        {"uuid": f"{name}-g{i}", "index": i, "model": "A100", "memory": memory}
+        for i in range(cards)
+    ]
+    body = {"name": name, "labels": {HOSTNAME: name}, "gpus": gpus}
+    registration = NodeRegistration.model_validate(body)
+    return await rpc.call(nc, subjects.NODES_REGISTER, "test", registration, NodeView)
+
+
+def pod(
+    name: str = "infer", vcore: Any = 50, vmemory: Any = 8192, priority: str = "high"
+) -> dict[str, Any]:
+    limits = (
+        {} if vcore is None else {"qshare.io/vcore": str(vcore), "qshare.io/vmemory": str(vmemory)}
+    )
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": "team-a",
+            "uid": str(uuid.uuid4()),
+            "annotations": {"qshare.io/priority": priority},
+        },
+        "spec": {"containers": [{"name": "main", "image": "img", "resources": {"limits": limits}}]},
+    }
+
+
+def args(p: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    return {"Pod": p, "NodeNames": names}
+
+
+async def test_filter_keeps_nodes_where_the_pod_fits_and_says_why_others_do_not(
+    extender: httpx.AsyncClient, nc: Client
+) -> None:
+    await register(nc, "node-a", memory="16Gi")
+    await register(nc, "node-b", memory="4Gi")
+    reply = await extender.post("/extender/filter", json=args(pod(), ["node-a", "node-b", "ghost"]))
+    body = reply.json()
+    assert body["NodeNames"] == ["node-a"]
+    assert "no capacity" in body["FailedNodes"]["node-b"]
+    assert "not a qshare node" in body["FailedNodes"]["ghost"]
+    assert body.get("Error", "") == ""
+
+
+async def test_filter_answers_with_node_objects_when_given_node_objects(
+    extender: httpx.AsyncClient, nc: Client
+) -> None:
+    await register(nc, "node-a")
+    nodes = {"items": [{"metadata": {"name": "node-a"}}, {"metadata": {"name": "node-z"}}]}
+    reply = await extender.post("/extender/filter", json={"pod": pod(), "nodes": nodes})
+    assert [n["metadata"]["name"] for n in reply.json()["Nodes"]["items"]] == ["node-a"]
+
+
+async def test_a_pod_that_asks_nothing_of_qshare_passes_every_node(
+    extender: httpx.AsyncClient,
+) -> None:
+    reply = await extender.post("/extender/filter", json=args(pod(vcore=None), ["x", "y"]))
+    assert reply.json()["NodeNames"] == ["x", "y"]
+
+
+@pytest.mark.parametrize(
+    ("vcore", "vmemory", "message"),
+    [
+        (101, 4096, "qshare.io/vcore: Input should be less than or equal to 100"),
+        (0, 4096, "qshare.io/vcore: Input should be greater than or equal to 1"),
+        (10, "lots", "must be whole numbers"),
+        (10, 512, "vmemory: must be at least 1024 MiB"),
+    ],
+)
+async def test_a_bad_pod_request_gets_an_error_naming_what_is_wrong(
+    extender: httpx.AsyncClient, nc: Client, vcore: Any, vmemory: Any, message: str
+) -> None:
+    await register(nc, "node-a")
+    reply = await extender.post(
+        "/extender/filter", json=args(pod(vcore=vcore, vmemory=vmemory), ["node-a"])
+    )
+    assert reply.status_code == 200
+    assert message in reply.json()["Error"]
+
+
+async def test_a_pod_of_the_wrong_shape_gets_an_error_not_a_crash(
+    extender: httpx.AsyncClient,
+) -> None:
+    odd = {"metadata": {"name": "odd"}, "spec": {"containers": "main"}}
+    reply = await extender.post("/extender/filter", json=args(odd, ["node-a"]))
+    assert reply.status_code == 200
+    assert reply.json()["Error"] == "pod.spec.containers must be a list of containers"
+
+
+async def test_node_objects_without_a_name_get_a_problem_document(
+    extender: httpx.AsyncClient,
+) -> None:
+    body = {"Pod": pod(), "Nodes": {"items": [{"metadata": {}}]}}
+    reply = await extender.post("/extender/filter", json=body)
+    assert reply.status_code == 422
+    assert "name" in reply.text
+
+
+async def test_malformed_extender_args_get_a_problem_document_not_a_crash(
+    extender: httpx.AsyncClient,
+) -> None:
+    reply = await extender.post("/extender/filter", json={"NodeNames": "node-a"})
+    assert reply.status_code == 422
+    assert reply.headers["content-type"].startswith("application/problem+json")
+
+
+def stored_pod(apiserver: ApiServerDouble, name: str, node: str, **kw: Any) -> dict[str, Any]:
+    """Store a pod in the API server double; return the scheduler's binding args for it."""
+    p = pod(name, **kw)
+    apiserver.put_object(f"/api/v1/namespaces/team-a/pods/{name}", p)
+    return {"PodName": name, "PodNamespace": "team-a", "PodUID": p["metadata"]["uid"], "Node": node}
+
+
+async def claims_of(engine: AsyncEngine) -> list[tuple[str, str | None]]:
+    async with engine.connect() as conn:
+        rows = await conn.execute(text("SELECT status, node_name FROM claims ORDER BY created_at"))
+        return [(r.status, r.node_name) for r in rows]
+
+
+async def test_prioritize_scores_the_freer_node_higher_under_spread(
+    extender: httpx.AsyncClient, nc: Client, apiserver: ApiServerDouble
+) -> None:
+    await register(nc, "node-a")
+    await register(nc, "node-b")
+    busy = await extender.post("/extender/bind", json=stored_pod(apiserver, "first", "node-b"))
+    assert busy.json().get("Error", "") == ""
+    reply = await extender.post(
+        "/extender/prioritize", json=args(pod("next"), ["node-a", "node-b"])
+    )
+    scores = {h["Host"]: h["Score"] for h in reply.json()}
+    assert scores["node-a"] == 10 > scores["node-b"]
+
+
+async def test_bind_creates_the_claim_on_the_node_annotates_and_binds_the_pod(
+    extender: httpx.AsyncClient, nc: Client, apiserver: ApiServerDouble, engine: AsyncEngine
+) -> None:
+    await register(nc, "node-a", cards=2)
+    reply = await extender.post("/extender/bind", json=stored_pod(apiserver, "web", "node-a"))
+    assert reply.json().get("Error", "") == ""
+    stored = apiserver.objects["/api/v1/namespaces/team-a/pods/web"]
+    assert stored["spec"]["nodeName"] == "node-a"
+    [vgpu] = json.loads(stored["metadata"]["annotations"]["qshare.io/vgpus"])
+    assert (vgpu["node"], vgpu["vcore"], vgpu["vmemory_mib"], vgpu["priority"]) == (
+        "node-a",
+        50,
+        8192,
+        "high",
+    )
+    assert await claims_of(engine) == [("placed", "node-a")]
+
+
+async def test_a_repeated_bind_of_the_same_pod_keeps_one_claim(
+    extender: httpx.AsyncClient, nc: Client, apiserver: ApiServerDouble, engine: AsyncEngine
+) -> None:
+    await register(nc, "node-a")
+    binding = stored_pod(apiserver, "web", "node-a")
+    for _ in range(2):
+        reply = await extender.post("/extender/bind", json=binding)
+        assert reply.json().get("Error", "") == ""
+    assert await claims_of(engine) == [("placed", "node-a")]
+
+
+async def test_a_bind_that_no_longer_fits_fails_and_leaves_no_claim(
+    extender: httpx.AsyncClient, nc: Client, apiserver: ApiServerDouble, engine: AsyncEngine
+) -> None:
+    await register(nc, "node-a", memory="4Gi")
+    reply = await extender.post("/extender/bind", json=stored_pod(apiserver, "big", "node-a"))
+    error = reply.json()["Error"]
+    assert "no longer fits on node node-a" in error or "more than any card" in error
+    assert "spec" not in apiserver.objects["/api/v1/namespaces/team-a/pods/big"] or (
+        "nodeName" not in apiserver.objects["/api/v1/namespaces/team-a/pods/big"]["spec"]
+    )
+    assert [s for s, _ in await claims_of(engine) if s in ("placed", "pending")] == []
+
+
+async def test_a_bind_for_a_pod_the_api_server_does_not_have_fails_clearly(
+    extender: httpx.AsyncClient, nc: Client
+) -> None:
+    await register(nc, "node-a")
+    binding = {"PodName": "nope", "PodNamespace": "team-a", "PodUID": "u", "Node": "node-a"}
+    reply = await extender.post("/extender/bind", json=binding)
+    assert "pod team-a/nope" in reply.json()["Error"]
+    assert "404" in reply.json()["Error"]
+
+
+async def test_the_claim_of_a_finished_or_deleted_pod_is_given_back(
+    extender: httpx.AsyncClient,
+    extender_app: FastAPI,
+    nc: Client,
+    apiserver: ApiServerDouble,
+    engine: AsyncEngine,
+) -> None:
+    await register(nc, "node-a", cards=2)
+    for name in ("done", "gone", "running"):
+        reply = await extender.post("/extender/bind", json=stored_pod(apiserver, name, "node-a"))
+        assert reply.json().get("Error", "") == ""
+    reaper = Reaper(extender_app.state.resources)
+    assert await reaper.sweep() == []
+    apiserver.objects["/api/v1/namespaces/team-a/pods/done"]["status"] = {"phase": "Succeeded"}
+    del apiserver.objects["/api/v1/namespaces/team-a/pods/gone"]
+    assert len(await reaper.sweep()) == 2
+    statuses = sorted(s for s, _ in await claims_of(engine))
+    assert statuses == ["placed", "released", "released"]

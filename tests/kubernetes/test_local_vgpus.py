@@ -1,0 +1,73 @@
+"""LocalVgpus: the backend the plugins drive, over the agent's own driver segment."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from qshare.contracts.domain import Priority
+from qshare_node_agent.kubernetes.backend import BackendError
+from qshare_node_agent.kubernetes.checkpoint import CheckpointError, checkpoint_path
+from qshare_node_agent.kubernetes.local_vgpus import FIRST_LOCAL_ID, LocalVgpus
+
+from .conftest import CARDS, make_node
+
+LOW, HIGH = Priority.LOW, Priority.HIGH
+
+
+def test_local_vgpus_take_ids_above_the_allocators_range(backend: LocalVgpus) -> None:
+    ids = [backend.prepare(f"k{i}", 0, LOW, 10, 1024).vgpu_id for i in range(3)]
+    assert ids == [FIRST_LOCAL_ID, FIRST_LOCAL_ID + 1, FIRST_LOCAL_ID + 2]
+
+
+def test_the_vgpu_carries_the_environment_the_launcher_sets(backend: LocalVgpus) -> None:
+    vgpu = backend.prepare("k", 1, HIGH, 50, 2048)
+    assert vgpu.env["QSHARE_VGPU"] == str(vgpu.vgpu_id)
+    assert vgpu.env["QSHARE_SEGMENT"] == backend._node.name
+    assert vgpu.env["QSHARE_SHM_DIR"] == str(backend.segment_dir)
+    assert vgpu.env["CUDA_VISIBLE_DEVICES"] == CARDS[1].uuid
+    assert vgpu.env["LD_PRELOAD"].endswith("libqshare-cuda.so")
+
+
+def test_preparing_a_key_again_with_another_shape_is_refused(backend: LocalVgpus) -> None:
+    backend.prepare("k", 0, LOW, 10, 1024)
+    with pytest.raises(BackendError, match="cannot change shape"):
+        backend.prepare("k", 0, LOW, 20, 1024)
+
+
+def test_an_unhealthy_card_takes_no_new_vgpu(backend: LocalVgpus) -> None:
+    backend.set_health(0, False)
+    with pytest.raises(BackendError, match=r"card 0 .* is unhealthy"):
+        backend.prepare("k", 0, LOW, 10, 1024)
+
+
+def test_the_drivers_refusal_is_a_backend_error_and_nothing_is_kept(backend: LocalVgpus) -> None:
+    backend.prepare("a", 0, LOW, 60, 1024)
+    with pytest.raises(BackendError, match="low-priority core shares would sum to 120"):
+        backend.prepare("b", 0, LOW, 60, 1024)
+    assert list(backend.prepared()) == ["a"]
+
+
+def test_a_checkpoint_of_another_segment_is_refused(short_dir: Path) -> None:
+    with make_node(short_dir, "seg-one") as node:
+        LocalVgpus(node, CARDS).prepare("k", 0, LOW, 10, 1024)
+    checkpoint_path(short_dir, "seg-one").rename(checkpoint_path(short_dir, "seg-two"))
+    with make_node(short_dir, "seg-two") as node, pytest.raises(CheckpointError, match="seg-one"):
+        LocalVgpus(node, CARDS).restore()
+
+
+def test_a_corrupt_checkpoint_is_refused_with_its_path(short_dir: Path) -> None:
+    checkpoint_path(short_dir, "seg").write_text("{not json")
+    with make_node(short_dir, "seg") as node, pytest.raises(CheckpointError, match="is corrupt"):
+        LocalVgpus(node, CARDS).restore()
+
+
+def test_restore_keeps_vgpus_the_segment_still_has(short_dir: Path) -> None:
+    with make_node(short_dir, "kept") as node:
+        first = LocalVgpus(node, CARDS)
+        vgpu = first.prepare("k", 1, HIGH, 30, 3072)
+        again = LocalVgpus(node, CARDS)  # the agent restarted, the segment survived
+        assert again.restore() == []
+        assert again.prepared()["k"].vgpu_id == vgpu.vgpu_id
+        assert node.vgpu_stats(vgpu.vgpu_id).mem_limit == 3072 << 20

@@ -1,0 +1,57 @@
+"""Both plugins behind one start/stop, as the node agent runs them."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from qshare_driver.node import Policy
+from qshare_node_agent.kubernetes.config import KubernetesSettings
+from qshare_node_agent.kubernetes.local_vgpus import LocalVgpus
+from qshare_node_agent.kubernetes.plugins import KubernetesPlugins
+
+from .doubles import ApiServerDouble, KubeletDouble
+
+SLICE = "/apis/resource.k8s.io/v1/resourceslices/node-a-qshare-io"
+
+
+def test_the_agent_starts_and_stops_both_plugins_together(
+    settings: KubernetesSettings,
+    backend: LocalVgpus,
+    kubelet: KubeletDouble,
+    apiserver: ApiServerDouble,
+) -> None:
+    settings.device_plugin_dir.mkdir(parents=True)
+    kubelet.serve_device_registration(settings.device_plugin_dir / "kubelet.sock")
+    plugins = KubernetesPlugins(settings, backend, sweep_s=0.05)
+    plugins.start()
+    deadline = time.monotonic() + 5
+    while (len(kubelet.device_plugins) < 2 or SLICE not in apiserver.objects) and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(0.02)
+    assert kubelet.register_plugin(settings.registration_socket).name == "qshare.io"
+    assert {r.resource_name for r in kubelet.device_plugins} == {
+        "qshare.io/vcore",
+        "qshare.io/vmemory",
+    }
+    assert SLICE in apiserver.objects
+    plugins.stop()
+    assert not settings.dra_socket.exists()
+    assert not (settings.device_plugin_dir / "qshare-vcore.sock").exists()
+
+
+def test_the_node_label_names_the_card_policy(
+    settings: KubernetesSettings, backend: LocalVgpus, apiserver: ApiServerDouble
+) -> None:
+    node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a", "labels": {}}}
+    apiserver.put_object("/api/v1/nodes/node-a", node)
+    plugins = KubernetesPlugins(settings, backend)
+    assert plugins.node_policy() is None
+    node["metadata"]["labels"]["qshare.io/policy"] = "bs"
+    assert plugins.node_policy() is Policy.BURST_SHARE
+    node["metadata"]["labels"]["qshare.io/policy"] = "fastest"
+    with pytest.raises(ValueError, match="unknown policy 'fastest'"):
+        plugins.node_policy()
+    plugins.api.close()
