@@ -2,7 +2,10 @@
 
 Launches per second straight to the fake libcuda.so.1 and through libqshare-cuda.so (as a
 high- and as a low-priority vGPU), the nanoseconds each launch gains, and how long a process
-takes to attach (its first cuInit), alone and with 64 processes starting at once.
+takes to attach (its first cuInit), alone and with 64 processes starting at once. The
+replay runs the ResNet-50 training trace (bench/traces/) through the fake driver, kernels
+of their recorded durations on its device thread and the recorded host gaps between
+launches, directly and as a low-priority vGPU: the throughput ratio and the added ns/launch.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from qshare.bench import traces
 from qshare.native_build import FAKE_DIR, INTERPOSER, TOOLS, build_cuda
 
 FAKE_UUID = "GPU-0a1b2c3d-0000-4000-8000-00000000be4c"
@@ -112,11 +116,54 @@ def attach_ms(env: dict[str, str], processes: int, rounds: int) -> list[float]:
     return times
 
 
+def replay_wall_ns(env: dict[str, str], timeline: Path, passes: int) -> tuple[int, int]:
+    """(wall ns of `passes` timed passes, launches per pass) of one trace-replay run."""
+    done = subprocess.run(
+        [str(TOOLS / "trace-replay"), str(timeline), str(passes)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+    )
+    fields = dict(pair.split("=", 1) for pair in done.stdout.split()[1:])
+    if done.returncode != 0 or fields.get("rc") != "0":
+        raise RuntimeError(f"trace-replay failed: {done.stdout.strip()} {done.stderr.strip()}")
+    return int(fields["wall_ns"]), int(fields["launches"])
+
+
+def replay(directory: Path, seg: str, passes: int, repeats: int) -> dict[str, Any]:
+    """The training trace, direct and under the interposer (LP), runs interleaved."""
+    timeline = directory / "timeline.txt"
+    traces.write_timeline(timeline, traces.LP_TRAINING)
+    direct: list[int] = []
+    hooked: list[int] = []
+    launches = 0
+    for _ in range(repeats):
+        wall, launches = replay_wall_ns(vgpu_env(directory, seg, None), timeline, passes)
+        direct.append(wall)
+        hooked.append(replay_wall_ns(vgpu_env(directory, seg, LP_VGPU), timeline, passes)[0])
+    d, h = statistics.median(direct), statistics.median(hooked)
+    ratios = [a / b for a, b in zip(direct, hooked, strict=True)]
+    return {
+        "workload": traces.LP_TRAINING,
+        "host_scale": traces.HOST_SCALE,
+        "passes_per_run": passes,
+        "launches_per_pass": launches,
+        "wall_ms": {"direct": d / 1e6, "interposed": h / 1e6},
+        "lp_throughput_ratio": d / h,
+        "lp_throughput_ratio_runs": ratios,
+        "ns_per_launch_added": (h - d) / (passes * launches),
+        "lp_throughput_ratio_target": 0.97,
+    }
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     build_cuda()
     launches, repeats = (200_000, 3) if args.quick else (2_000_000, 7)
     with tempfile.TemporaryDirectory() as tmp, test_node(Path(tmp), FAKE_UUID, 16 * GIB) as seg:
         directory = Path(tmp)
+        replayed = replay(directory, seg, 5 if args.quick else 20, 3 if args.quick else 5)
         direct = ns_per_launch(vgpu_env(directory, seg, None), launches, repeats)
         hp = ns_per_launch(vgpu_env(directory, seg, HP_VGPU), launches, repeats)
         lp = ns_per_launch(vgpu_env(directory, seg, LP_VGPU), launches, repeats)
@@ -136,6 +183,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "processes_64": {"p50": percentile(crowd, 50), "p99": percentile(crowd, 99)},
         },
         "attach_ms_target": 1.0,
+        "replay": replayed,
     }
 
 
@@ -157,4 +205,14 @@ def table(result: dict[str, Any]) -> str:
     for key, label in (("processes_1", "1 process"), ("processes_64", "64 processes")):
         a = result["attach_ms"][key]
         lines.append(f"attach, {label:<13} p50 {a['p50']:.3f} ms   p99 {a['p99']:.3f} ms")
+    r = result["replay"]
+    lines.append(
+        f"replay {r['workload']} ({r['passes_per_run']} passes of {r['launches_per_pass']} "
+        f"launches): direct {r['wall_ms']['direct']:.1f} ms, interposed "
+        f"{r['wall_ms']['interposed']:.1f} ms"
+    )
+    lines.append(
+        f"  lp_throughput_ratio {r['lp_throughput_ratio']:.3f} (target >= "
+        f"{r['lp_throughput_ratio_target']}), ns_per_launch_added {r['ns_per_launch_added']:.0f}"
+    )
     return "\n".join(lines)

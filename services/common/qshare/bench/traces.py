@@ -1,0 +1,68 @@
+"""Real kernel timelines (bench/traces/, captured on an H100) turned into launch timelines
+that the fake CUDA driver and the simulated card replay: per launch, the host time before
+it and the device time it runs.
+
+The profiler that captured them slows the host about twice (a training step took ~43 ms
+profiled against 22.4 ms measured unprofiled on the same card), so host gaps are scaled
+by HOST_SCALE by default. A trace has fewer launch calls than device operations (some
+calls run several kernels); the device operations are shared out among the calls in
+order, so each call's device time is the sum of its share and the total is kept.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+TRACE_FILE = Path(__file__).parent / "traces" / "h100-pytorch-2.11.json"
+HOST_SCALE = 0.5
+LP_TRAINING = "lp_resnet50_train_bs64"
+LP_GPT2 = "lp_gpt2_train_bs8x512"
+HP_GRAPH = "hp_resnet50_infer_bs1_graph"
+HP_EAGER = "hp_resnet50_infer_bs1_eager"
+HP_BERT = "hp_bert_base_infer_bs1x128_eager"
+
+
+@cache
+def _workloads() -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(TRACE_FILE.read_text())
+    return dict(data["workloads"])
+
+
+def names() -> list[str]:
+    return sorted(_workloads())
+
+
+def summary(name: str) -> dict[str, Any]:
+    return dict(_workloads()[_known(name)]["summary"])
+
+
+def _known(name: str) -> str:
+    if name not in _workloads():
+        raise ValueError(f"unknown trace workload {name!r}; known: {', '.join(names())}")
+    return name
+
+
+def timeline(name: str, host_scale: float = HOST_SCALE) -> list[tuple[int, int]]:
+    """(host gap ns before the launch, device ns of the launch) for each launch call."""
+    if not 0.0 <= host_scale <= 10.0:
+        raise ValueError(f"host_scale must be in [0, 10], got {host_scale}")
+    w = _workloads()[_known(name)]
+    host: list[list[float]] = w["host_launches"]
+    device = [float(d[2]) for d in w["device"]]
+    calls = len(host)
+    out: list[tuple[int, int]] = []
+    for i, (start, _dur) in enumerate(host):
+        first, last = i * len(device) // calls, (i + 1) * len(device) // calls
+        gap_us = start - host[i - 1][0] if i else 0.0
+        out.append((round(gap_us * host_scale * 1000), round(sum(device[first:last]) * 1000)))
+    return out
+
+
+def write_timeline(path: Path, name: str, host_scale: float = HOST_SCALE) -> int:
+    """Write the timeline as trace-replay reads it; returns the number of launches."""
+    rows = timeline(name, host_scale)
+    path.write_text("".join(f"{gap} {dur}\n" for gap, dur in rows))
+    return len(rows)
