@@ -21,6 +21,10 @@ extern "C" {
 #define QS_UUID_MAX 64u
 #define QS_EVENT_RING_SIZE 4096u
 #define QS_DEFAULT_RELEASE_DELAY_NS 100000000ull
+/* Low priority's in-flight window on a card, in estimated device time (about one long
+ * low-priority kernel: what high priority may wait behind when the gate closes). */
+#define QS_DEFAULT_LP_WINDOW_NS 1000000ull
+#define QS_MAX_LP_WINDOW_NS 1000000000ull
 
 /* Status codes: every function returns QS_OK or one of these (negative). */
 enum qs_status {
@@ -101,6 +105,7 @@ typedef struct qs_card_stats {
     uint64_t episodes;   /* busy transitions so far */
     uint64_t device_ns;  /* simulated device time used, all vGPUs */
     char uuid[QS_UUID_MAX];
+    uint64_t lp_window_ns; /* low priority's in-flight window (qs_card_set_lp_window) */
 } qs_card_stats;
 
 /* ---- errors ---- */
@@ -204,6 +209,17 @@ typedef struct qs_release_auto_stats {
 int qs_card_set_release_auto(qs_node *node, uint32_t index, int enable, uint64_t p99_bound_ns,
                              uint64_t max_delay_ns);
 int qs_card_release_auto_get(qs_node *node, uint32_t index, qs_release_auto_stats *out);
+
+/* ---- low priority's in-flight window ---- */
+/* The device time low priority may have submitted and not yet completed on card `index`,
+ * per process (1 µs .. QS_MAX_LP_WINDOW_NS); takes effect at the next launch. Launchers that
+ * track completion by batch (the CUDA interposer) apply it; read it in qs_card_stats. */
+int qs_card_set_lp_window(qs_node *node, uint32_t index, uint64_t window_ns);
+/* The window of the client's card, as a launcher applies it. */
+uint64_t qs_client_lp_window_ns(qs_client *client);
+/* Replace the vGPU's in-flight bound in launches for this process only (0: the vGPU's): a
+ * launcher that bounds its in-flight work in device time itself lifts it. */
+int qs_client_set_inflight_cap(qs_client *client, uint32_t max_launches);
 
 #ifdef __cplusplus
 }

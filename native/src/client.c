@@ -22,6 +22,7 @@ struct qs_client {
     struct qs_cfg_vgpu *vc;
     struct qs_card_state *cs;
     uint64_t last_unblock_ns;
+    uint32_t inflight_cap; /* qs_client_set_inflight_cap; 0: the vGPU's bound */
 };
 
 static int connect_owner(const char *dir, const char *name, int *out)
@@ -132,7 +133,8 @@ static int wait_resumed(qs_client *cl)
 
 static int wait_inflight_slot(qs_client *cl)
 {
-    uint32_t max = cl->vc->lp_max_inflight ? cl->vc->lp_max_inflight : 1;
+    uint32_t max = cl->inflight_cap ? cl->inflight_cap
+                   : cl->vc->lp_max_inflight ? cl->vc->lp_max_inflight : 1;
     uint32_t n = atomic_load(&cl->c->inflight);
     while (n >= max) {
         atomic_fetch_add(&cl->c->inflight_waiters, 1);
@@ -331,4 +333,16 @@ int qs_bench_timed_begin(qs_client *cl, uint64_t *begin_ns, uint64_t *done_ns)
     int rc = qs_launch_begin(cl);
     *done_ns = qs_now_ns();
     return rc;
+}
+
+uint64_t qs_client_lp_window_ns(qs_client *cl)
+{
+    return cl ? qs_card_lp_window(&cl->seg.cfg->cards[cl->card]) : QS_DEFAULT_LP_WINDOW_NS;
+}
+
+int qs_client_set_inflight_cap(qs_client *cl, uint32_t max_launches)
+{
+    QS_REQUIRE(cl, "client");
+    cl->inflight_cap = max_launches;
+    return QS_OK;
 }

@@ -36,6 +36,7 @@ struct qs_cfg_card {
     _Atomic uint64_t auto_max_delay_ns; /* the chosen delay never exceeds this */
     _Atomic uint64_t auto_delay_ns;     /* the delay chosen now */
     _Atomic uint64_t auto_penalty_ns;   /* estimated wait of HP behind LP work in flight */
+    _Atomic uint64_t lp_window_ns;      /* LP in-flight device time per process; 0: default */
 };
 
 struct qs_cfg_vgpu {
@@ -132,6 +133,9 @@ struct qs_state {
     struct qs_ctx ctxs[QS_MAX_CONTEXTS];
     struct qs_ring ring;
 };
+
+/* Low priority's in-flight window on a card (lp_window.c): the default when unset. */
+uint64_t qs_card_lp_window(const struct qs_cfg_card *card);
 
 /* A mapped segment: both parts. */
 struct qs_segment {

@@ -138,9 +138,11 @@ static void *worker_main(void *arg) {
         if (st->first == NULL) st->last = NULL;
         pthread_mutex_unlock(&st->lock);
         run_op(st, o);
+        /* Waiters wait for an event or an empty stream: wake them only for those. */
+        int wake = o->kind == OP_EVENT;
         free(o);
+        if (atomic_fetch_sub(&st->pending, 1) != 1 && !wake) continue;
         pthread_mutex_lock(&done_lock);
-        atomic_fetch_sub(&st->pending, 1);
         pthread_cond_broadcast(&done_cond);
         pthread_mutex_unlock(&done_lock);
     }

@@ -35,6 +35,7 @@ def test_node(
     card_mem: int,
     release_delay_ms: int = 100,
     release_auto_us: int | None = None,
+    lp_window_us: int | None = None,
 ) -> Iterator[str]:
     """A segment with one card, an HP vGPU (id 1) and an LP vGPU (id 2); yields its name.
     With `release_auto_us`, the card's release delay is `auto` with that HP p99 bound."""
@@ -43,6 +44,8 @@ def test_node(
     argv += ["--release-delay-ms", str(release_delay_ms), "--card", f"{card_uuid}:{card_mem}"]
     if release_auto_us is not None:
         argv += ["--release-auto-us", str(release_auto_us)]
+    if lp_window_us is not None:
+        argv += ["--lp-window-us", str(lp_window_us)]
     argv += ["--vgpu", f"{HP_VGPU}:0:high:100:{card_mem // 2}"]
     argv += ["--vgpu", f"{LP_VGPU}:0:low:100:{card_mem // 2}"]
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
