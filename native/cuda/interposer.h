@@ -183,9 +183,11 @@ int qsc_lp_tracks(CUstream stream, CUcontext ctx);
 /* Wait while the batched launches in flight are estimated at `window_ns` or more. */
 void qsc_lp_wait_window(uint64_t window_ns);
 /* Before a batched launch: when nothing is in flight, mark where its batch starts. */
-void qsc_lp_opening(void);
+void qsc_lp_opening(const qsc_session *s);
 /* After a batched launch was submitted: count it (may close a batch). */
 void qsc_lp_counted(uint64_t window_ns);
+/* The window in force (device ns), as of the last batch completed. */
+uint64_t qsc_lp_window(const qsc_session *s);
 /* How many launches the window holds, by the current estimate (at least 1). */
 uint64_t qsc_lp_window_launches(uint64_t window_ns);
 

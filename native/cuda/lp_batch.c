@@ -6,8 +6,8 @@
  * in order, ends their launches (qs_launch_end), accounts the device time between
  * consecutive fences and keeps the estimate of device time per launch. A launch waits
  * while the process's launches in flight are estimated at the card's window or more
- * (qs_client_lp_window_ns), so the device stays fed while high priority, when the gate
- * closes, waits at most for the window. A launch that neither blocks nor closes a batch
+ * (qs_client_lp_window_ns, re-read at every batch), so the device stays fed while high
+ * priority, when the gate closes, waits at most for the window. A launch that neither blocks nor closes a batch
  * makes no system call and takes no lock. Other streams use tracker.c's per-launch units. */
 #include <limits.h>
 #include <pthread.h>
@@ -38,6 +38,7 @@ static struct {
     _Atomic uint32_t work_seq;              /* futex: ... here */
     _Alignas(64) _Atomic uint64_t completed; /* launches ended */
     _Atomic uint64_t est_ns;                 /* device ns per launch, 0 until measured */
+    _Atomic uint64_t window_ns;              /* the window in force, re-read every batch */
     _Atomic uint32_t done_seq;               /* futex: launches waiting for the window */
     _Atomic uint32_t done_waiters;
     _Alignas(64) pthread_mutex_t lock; /* the fence queue: taken once per batch */
@@ -106,6 +107,7 @@ static uint64_t batch_device_ns(const fence *f, uint64_t launches) {
 
 static void complete_oldest(const qsc_session *s, fence f) {
     QSC_REAL(qsc_event_fn, cuEventSynchronize)(f.ev);
+    atomic_store_explicit(&lp.window_ns, qs_client_lp_window_ns(s->client), memory_order_relaxed);
     uint64_t device_ns = batch_device_ns(&f, f.covered - atomic_load(&lp.completed));
     end_launches(s, f.covered, device_ns);
     pthread_mutex_lock(&lp.lock);
@@ -200,12 +202,22 @@ void qsc_lp_counted(uint64_t window_ns) {
     pthread_mutex_unlock(&lp.lock);
 }
 
-void qsc_lp_opening(void) {
+void qsc_lp_opening(const qsc_session *s) {
     uint64_t done = atomic_load(&lp.completed);
     if (atomic_load(&lp.launched) != done) return;
+    atomic_store_explicit(&lp.window_ns, qs_client_lp_window_ns(s->client), memory_order_relaxed);
     pthread_mutex_lock(&lp.lock);
     if (lp.head == lp.tail) push_fence_locked(1);
     pthread_mutex_unlock(&lp.lock);
+}
+
+uint64_t qsc_lp_window(const qsc_session *s) {
+    uint64_t w = atomic_load_explicit(&lp.window_ns, memory_order_relaxed);
+    if (w == 0) {
+        w = qs_client_lp_window_ns(s->client);
+        atomic_store_explicit(&lp.window_ns, w, memory_order_relaxed);
+    }
+    return w;
 }
 
 uint64_t qsc_lp_window_launches(uint64_t window_ns) {

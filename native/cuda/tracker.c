@@ -178,7 +178,7 @@ static int hp_fast(const qsc_session *s, CUstream stream, int *tracked, CUresult
 /* Low priority: batched into the tracked stream, or one unit per launch (bounded by the
  * same window, counted in launches) into any other. */
 static CUresult lp_begin(const qsc_session *s, CUstream stream, int *tracked) {
-    uint64_t window = qs_client_lp_window_ns(s->client);
+    uint64_t window = qsc_lp_window(s);
     CUcontext ctx = current_context();
     int batched = qsc_lp_tracks(stream, ctx);
     if (batched) {
@@ -194,7 +194,7 @@ static CUresult lp_begin(const qsc_session *s, CUstream stream, int *tracked) {
         return qsc_cu_status(rc);
     }
     *tracked = batched ? QSC_UNIT_BATCHED : QSC_UNIT_EVENT;
-    if (batched) qsc_lp_opening();
+    if (batched) qsc_lp_opening(s);
     else if (prepare_events(&current, ctx, 1) == CUDA_SUCCESS)
         QSC_REAL(qsc_event_record_fn, cuEventRecord)(current.start, stream);
     return CUDA_SUCCESS;
@@ -233,7 +233,7 @@ void qsc_unit_end(CUstream stream, CUresult submitted, int tracked) {
         return;
     }
     if (tracked == QSC_UNIT_BATCHED) {
-        if (submitted == CUDA_SUCCESS) qsc_lp_counted(qs_client_lp_window_ns(s->client));
+        if (submitted == CUDA_SUCCESS) qsc_lp_counted(qsc_lp_window(s));
         else qs_launch_end(s->client);
         return;
     }

@@ -25,6 +25,9 @@ extern "C" {
  * low-priority kernel: what high priority may wait behind when the gate closes). */
 #define QS_DEFAULT_LP_WINDOW_NS 1000000ull
 #define QS_MAX_LP_WINDOW_NS 1000000000ull
+/* The window while no high-priority process is attached to the card: nobody to protect,
+ * but a bound still (deep enough for the host to run ahead of a training step's phases). */
+#define QS_LP_WINDOW_ALONE_NS 20000000ull
 
 /* Status codes: every function returns QS_OK or one of these (negative). */
 enum qs_status {
@@ -215,7 +218,8 @@ int qs_card_release_auto_get(qs_node *node, uint32_t index, qs_release_auto_stat
  * per process (1 µs .. QS_MAX_LP_WINDOW_NS); takes effect at the next launch. Launchers that
  * track completion by batch (the CUDA interposer) apply it; read it in qs_card_stats. */
 int qs_card_set_lp_window(qs_node *node, uint32_t index, uint64_t window_ns);
-/* The window of the client's card, as a launcher applies it. */
+/* The window as a launcher applies it now: the card's while a high-priority process is
+ * attached to the card, else the larger of it and QS_LP_WINDOW_ALONE_NS. */
 uint64_t qs_client_lp_window_ns(qs_client *client);
 /* Replace the vGPU's in-flight bound in launches for this process only (0: the vGPU's): a
  * launcher that bounds its in-flight work in device time itself lifts it. */

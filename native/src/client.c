@@ -337,7 +337,13 @@ int qs_bench_timed_begin(qs_client *cl, uint64_t *begin_ns, uint64_t *done_ns)
 
 uint64_t qs_client_lp_window_ns(qs_client *cl)
 {
-    return cl ? qs_card_lp_window(&cl->seg.cfg->cards[cl->card]) : QS_DEFAULT_LP_WINDOW_NS;
+    if (!cl)
+        return QS_DEFAULT_LP_WINDOW_NS;
+    uint64_t window = qs_card_lp_window(&cl->seg.cfg->cards[cl->card]);
+    for (uint32_t w = 0; w < QS_MASK_WORDS; w++)
+        if (atomic_load_explicit(&cl->cs->hp_mask[w], memory_order_relaxed))
+            return window;
+    return window > QS_LP_WINDOW_ALONE_NS ? window : QS_LP_WINDOW_ALONE_NS;
 }
 
 int qs_client_set_inflight_cap(qs_client *cl, uint32_t max_launches)

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from .conftest import LP_VGPU, NodeOwner, run_probe
+from collections.abc import Iterator
+
+from .conftest import HP_VGPU, LP_VGPU, NodeOwner, Probe, run_probe
 
 MS = 1_000_000
 
@@ -41,13 +43,34 @@ def test_deep_window_keeps_over_64_launches_in_flight_without_failing(
     assert node.stats(LP_VGPU)["launches"] == 300
 
 
-def test_narrow_window_keeps_submission_close_to_the_device(node: NodeOwner) -> None:
-    """With a 2 ms window, 40 kernels of 5 ms cannot be submitted much ahead of the device:
-    once the kernel time is measured, a launch waits until the one before has completed."""
+@pytest.fixture
+def idle_hp(node: NodeOwner) -> Iterator[Probe]:
+    """A high-priority process attached to the card, launching nothing."""
+    probe = Probe(node, HP_VGPU)
+    assert probe.ask("init")["rc"] == "0"
+    yield probe
+    probe.close()
+
+
+def test_narrow_window_keeps_submission_close_to_the_device(
+    node: NodeOwner, idle_hp: Probe
+) -> None:
+    """With a 2 ms window and a high-priority process attached, 40 kernels of 5 ms cannot
+    be submitted much ahead of the device: once the kernel time is measured, a launch
+    waits until the one before has completed."""
     assert node.command("window 0 2000")["rc"] == "0"
     run = run_probe(node, LP_VGPU, ["init", "launch kernel 5000 40", "sync"])
     assert run.rc("launch") == 0
     assert int(run.reply("launch")["t"]) - int(run.reply("launch")["start"]) >= 150 * MS
+
+
+def test_window_widens_while_no_high_priority_process_is_attached(node: NodeOwner) -> None:
+    """Nobody to protect: the 2 ms window acts as 20 ms, so the launch loop of 40 kernels of
+    5 ms returns while more than 12 ms of them are still queued."""
+    assert node.command("window 0 2000")["rc"] == "0"
+    run = run_probe(node, LP_VGPU, ["init", "launch kernel 5000 40", "sync"])
+    assert run.rc("sync") == 0
+    assert int(run.reply("sync")["t"]) - int(run.reply("launch")["t"]) >= 12 * MS
 
 
 def test_batched_device_time_is_accounted_from_batch_events(node: NodeOwner) -> None:
