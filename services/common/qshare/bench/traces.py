@@ -66,3 +66,22 @@ def write_timeline(path: Path, name: str, host_scale: float = HOST_SCALE) -> int
     rows = timeline(name, host_scale)
     path.write_text("".join(f"{gap} {dur}\n" for gap, dur in rows))
     return len(rows)
+
+
+def replay_model_ns(rows: list[tuple[int, int]], window_ns: int | None) -> int:
+    """Wall time of a timeline on an ideal launcher and card: the host spends each gap, the
+    card runs kernels in order, and a launch waits while the unfinished device work queued
+    is `window_ns` or more (None: never). What a window costs by itself, with no overhead."""
+    host = device_end = 0
+    for gap, dur in rows:
+        host += gap
+        if window_ns is not None and device_end - host >= window_ns:
+            host = device_end - window_ns + 1
+        device_end = max(host, device_end) + dur
+    return max(host, device_end)
+
+
+def window_model_ratio(name: str, window_ns: int, host_scale: float = HOST_SCALE) -> float:
+    """Throughput with the window ÷ without, on the ideal launcher (replay_model_ns)."""
+    rows = timeline(name, host_scale)
+    return replay_model_ns(rows, None) / replay_model_ns(rows, window_ns)
