@@ -121,6 +121,12 @@ class Client:
         """CLOCK_MONOTONIC ns when the last launch_begin stopped blocking (0: never blocked)."""
         return int(lib.qs_client_last_unblock_ns(self._h))
 
+    @property
+    def lp_window_s(self) -> float:
+        """Low priority's in-flight window as a launcher applies it now: the card's while a
+        high-priority process is attached to the card, else at least 20 ms."""
+        return int(lib.qs_client_lp_window_ns(self._h)) / 1e9
+
     def timed_launch_begin(self) -> tuple[int, int]:
         """launch_begin with the driver's clock read just before and after it, in C."""
         begin, done = ffi.new("uint64_t *"), ffi.new("uint64_t *")
