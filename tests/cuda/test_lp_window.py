@@ -4,9 +4,9 @@ process never fails for it), completion is tracked by batch and device time acco
 
 from __future__ import annotations
 
-import pytest
-
 from collections.abc import Iterator
+
+import pytest
 
 from .conftest import HP_VGPU, LP_VGPU, NodeOwner, Probe, run_probe
 

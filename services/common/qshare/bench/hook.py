@@ -141,7 +141,10 @@ def idle_high_priority(env: dict[str, str]) -> Iterator[None]:
     """A high-priority process attached to the card that launches nothing: the LP window is
     then the card's (1 ms by default) instead of the wider one kept while nobody needs it."""
     proc = subprocess.Popen(
-        [str(TOOLS / "probe-direct")], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        [str(TOOLS / "probe-direct")],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
         text=True,
     )
     assert proc.stdin is not None and proc.stdout is not None
@@ -172,7 +175,9 @@ def replay_pairs(
     return direct, hooked, launches
 
 
-def replay_figures(direct: list[int], hooked: list[int], launches: int, passes: int) -> dict[str, Any]:
+def replay_figures(
+    direct: list[int], hooked: list[int], launches: int, passes: int
+) -> dict[str, Any]:
     d, h = statistics.median(direct), statistics.median(hooked)
     ratios = sorted(a / b for a, b in zip(direct, hooked, strict=True))
     return {
@@ -266,7 +271,8 @@ def table(result: dict[str, Any]) -> str:
         lines.append(
             f"  {label:<22} direct {row['wall_ms']['direct']:8.1f} ms  interposed "
             f"{row['wall_ms']['interposed']:8.1f} ms  ratio {row['lp_throughput_ratio']:.3f} "
-            f"[{runs['min']:.3f}..{runs['max']:.3f}]  added {row['ns_per_launch_added']:.0f} ns/launch"
+            f"[{runs['min']:.3f}..{runs['max']:.3f}]  "
+            f"added {row['ns_per_launch_added']:.0f} ns/launch"
         )
     b = r["beside_idle_hp"]
     lines.append(
