@@ -181,6 +181,17 @@ int qs_sim_kernel(qs_client *client, uint64_t duration_ns);
 /* `count` simulated kernels back to back, each one launch (gated on its own); stops at
  * the first error. Models a process that keeps its queue full, as real launches do. */
 int qs_sim_kernels(qs_client *client, uint32_t count, uint64_t duration_ns);
+/* Replay a recorded timeline on the simulated card: for each of `count` launches, spend
+ * gap_ns[i] on the host, then launch (gated) a kernel of dur_ns[i], booked on the card
+ * without waiting for it, as a real launch queues; kernels are ended (and their device
+ * time accounted) as the card finishes them. With `window_ns` > 0 a launch first waits
+ * while the process's queued work ends that far or more in the future. Returns once all
+ * completed; *first_end_ns and *last_end_ns (may be NULL) get the first and last kernel's
+ * end. Stops at the first error, having ended what it launched. The vGPU's in-flight bound
+ * in launches is lifted for the call (qs_client_set_inflight_cap, restored to 0 after). */
+int qs_sim_replay(qs_client *client, const uint64_t *gap_ns, const uint64_t *dur_ns,
+                  uint32_t count, uint64_t window_ns, uint64_t *first_end_ns,
+                  uint64_t *last_end_ns);
 
 /* Times for the caller's benchmark: CLOCK_MONOTONIC ns at which the last
  * qs_launch_begin of this client stopped blocking (0 if it never blocked). */

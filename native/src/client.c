@@ -346,6 +346,12 @@ uint64_t qs_client_lp_window_ns(qs_client *cl)
     return window > QS_LP_WINDOW_ALONE_NS ? window : QS_LP_WINDOW_ALONE_NS;
 }
 
+struct qs_segment *qs_client_segment(qs_client *cl, uint32_t *card)
+{
+    *card = cl->card;
+    return &cl->seg;
+}
+
 int qs_client_set_inflight_cap(qs_client *cl, uint32_t max_launches)
 {
     QS_REQUIRE(cl, "client");

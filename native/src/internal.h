@@ -235,6 +235,8 @@ int qs_mem_release_ctx(struct qs_segment *seg, uint32_t ctx, uint64_t bytes);
 /* simdev.c */
 /* Book `card` for a kernel of `duration_ns` after every kernel booked before; its start. */
 uint64_t qs_sim_book(struct qs_segment *seg, uint32_t card, uint64_t duration_ns);
+/* The client's segment and card (for the simulated card's replay, simdev.c). */
+struct qs_segment *qs_client_segment(qs_client *cl, uint32_t *card);
 
 /* vgpu.c: launches of a vGPU, its live contexts' and its departed ones' */
 uint64_t qs_vgpu_launches(struct qs_segment *seg, uint32_t slot);

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,6 +97,23 @@ class Client:
         if count < 1:
             raise ValueError(f"count must be at least 1, got {count}")
         check(lib.qs_sim_kernels(self._h, count, round(seconds * 1e9)))
+
+    def replay(
+        self, timeline: Sequence[tuple[int, int]], window_s: float | None = None
+    ) -> tuple[int, int]:
+        """Replay (host gap ns, kernel ns) launches on the simulated card, in C: launches
+        queue without waiting, bounded by `window_s` of queued device time (None: no bound).
+        Returns the driver-clock ns at which the first and the last kernel ended."""
+        if window_s is not None and window_s <= 0:
+            raise ValueError(f"window must be positive, got {window_s} s")
+        if any(g < 0 or d < 0 for g, d in timeline):
+            raise ValueError("host gaps and kernel durations must be >= 0 ns")
+        gaps = ffi.new("uint64_t[]", [g for g, _ in timeline])
+        durs = ffi.new("uint64_t[]", [d for _, d in timeline])
+        first, last = ffi.new("uint64_t *"), ffi.new("uint64_t *")
+        window = round(window_s * 1e9) if window_s is not None else 0
+        check(lib.qs_sim_replay(self._h, gaps, durs, len(timeline), window, first, last))
+        return int(first[0]), int(last[0])
 
     def account_device_time(self, seconds: float) -> None:
         check(lib.qs_account_device_time(self._h, round(seconds * 1e9)))
