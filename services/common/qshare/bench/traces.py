@@ -61,6 +61,22 @@ def timeline(name: str, host_scale: float = HOST_SCALE) -> list[tuple[int, int]]
     return out
 
 
+def host_scale(name: str) -> float:
+    """The host scale a workload is replayed at: training's host gaps are halved (calibrated
+    to the unprofiled step time); inference requests keep theirs (an eager ResNet-50
+    request took 7 ms unprofiled, as in the trace)."""
+    return HOST_SCALE if name.startswith("lp_") else 1.0
+
+
+def request_timeline(name: str) -> list[tuple[int, int]]:
+    """One inference request: the middle of the trace's profiled steps, from its first launch."""
+    rows = timeline(name, host_scale(name))
+    steps = int(summary(name)["steps"])
+    per = len(rows) // steps
+    middle = rows[per : 2 * per] if steps >= 2 else rows
+    return [(0, middle[0][1]), *middle[1:]]
+
+
 def write_timeline(path: Path, name: str, host_scale: float = HOST_SCALE) -> int:
     """Write the timeline as trace-replay reads it; returns the number of launches."""
     rows = timeline(name, host_scale)
