@@ -22,8 +22,9 @@ extern "C" {
 #define QS_EVENT_RING_SIZE 4096u
 #define QS_DEFAULT_RELEASE_DELAY_NS 100000000ull
 /* Low priority's in-flight window on a card, in estimated device time (about one long
- * low-priority kernel: what high priority may wait behind when the gate closes). */
-#define QS_DEFAULT_LP_WINDOW_NS 1000000ull
+ * low-priority kernel, ResNet-50 training's longest being 453 µs on an H100: what high
+ * priority may wait behind when the gate closes). */
+#define QS_DEFAULT_LP_WINDOW_NS 500000ull
 #define QS_MAX_LP_WINDOW_NS 1000000000ull
 /* The window while no high-priority process is attached to the card: nobody to protect,
  * but a bound still (deep enough for the host to run ahead of a training step's phases). */

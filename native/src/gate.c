@@ -209,7 +209,10 @@ static uint64_t auto_observe(struct qs_segment *seg, uint32_t card, struct auto_
         uint64_t bound = atomic_load(&seg->cfg->cards[card].auto_bound_ns);
         return inflight ? (bound ? bound : 1) : 0;
     }
-    return (uint64_t)(m->lp_dev_w / m->lp_launches_w * (double)inflight);
+    /* A launcher that queues by device time (the interposer) may hold its whole window. */
+    uint64_t per_kernel = (uint64_t)(m->lp_dev_w / m->lp_launches_w * (double)inflight);
+    uint64_t windowed = inflight * qs_card_lp_window(&seg->cfg->cards[card]);
+    return per_kernel > windowed ? per_kernel : windowed;
 }
 
 /* The delay for the gaps seen. Each gap longer than the delay is "exposed": low priority gets

@@ -11,8 +11,8 @@ from qshare_driver._lib import check, lib
 GiB = 1 << 30
 
 
-def test_window_defaults_to_one_millisecond(node: Node) -> None:
-    assert node.card_stats(0).lp_window_s == pytest.approx(0.001)
+def test_window_defaults_to_500_microseconds(node: Node) -> None:
+    assert node.card_stats(0).lp_window_s == pytest.approx(0.0005)
 
 
 def test_window_set_at_run_time_is_reported_in_card_stats(node: Node) -> None:
@@ -24,7 +24,7 @@ def test_window_set_at_run_time_is_reported_in_card_stats(node: Node) -> None:
 def test_window_outside_1us_to_1s_is_refused(node: Node, seconds: float) -> None:
     with pytest.raises(ValueError, match="LP window"):
         node.set_lp_window(0, seconds)
-    assert node.card_stats(0).lp_window_s == pytest.approx(0.001)
+    assert node.card_stats(0).lp_window_s == pytest.approx(0.0005)
 
 
 def test_window_on_an_unknown_card_is_refused_by_name(node: Node) -> None:

@@ -26,7 +26,7 @@ from qshare.native_build import FAKE_DIR, INTERPOSER, TOOLS, build_cuda
 FAKE_UUID = "GPU-0a1b2c3d-0000-4000-8000-00000000be4c"
 GIB = 1 << 30
 HP_VGPU, LP_VGPU = 1, 2
-DEFAULT_LP_WINDOW_US = 1000  # QS_DEFAULT_LP_WINDOW_NS
+DEFAULT_LP_WINDOW_US = 500  # QS_DEFAULT_LP_WINDOW_NS
 
 
 @contextlib.contextmanager
@@ -139,7 +139,7 @@ def replay_wall_ns(env: dict[str, str], timeline: Path, passes: int) -> tuple[in
 @contextlib.contextmanager
 def idle_high_priority(env: dict[str, str]) -> Iterator[None]:
     """A high-priority process attached to the card that launches nothing: the LP window is
-    then the card's (1 ms by default) instead of the wider one kept while nobody needs it."""
+    then the card's (500 us by default) instead of the wider one kept while nobody needs it."""
     proc = subprocess.Popen(
         [str(TOOLS / "probe-direct")],
         env=env,
