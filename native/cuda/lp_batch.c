@@ -20,6 +20,8 @@
 #define FENCES 16u        /* batches in flight, plus the completed one kept as reference */
 #define EST_INITIAL_DIV 8 /* before any batch was measured: a launch costs window / 8 */
 #define BATCH_DIV 4       /* a batch closes at a quarter of the window */
+#define BATCH_MAX 256u    /* ... or at this many launches, whatever the estimate */
+#define TAIL_QUIET_NS 50000ull /* launches this far apart end a burst: its tail gets a fence */
 
 enum { UNBOUND = 0, BINDING = 1, BOUND = 2 };
 
@@ -35,6 +37,7 @@ static struct {
     _Alignas(64) _Atomic uint64_t launched; /* submitted into the stream, counted after */
     _Atomic uint64_t covered;               /* `launched` as of the newest fence */
     _Atomic uint32_t sleeping;              /* the completion thread waits for work */
+    _Atomic uint32_t watching;              /* ... or for the end of a burst */
     _Atomic uint32_t work_seq;              /* futex: ... here */
     _Alignas(64) _Atomic uint64_t completed; /* launches ended */
     _Atomic uint64_t est_ns;                 /* device ns per launch, 0 until measured */
@@ -44,7 +47,8 @@ static struct {
     _Alignas(64) pthread_mutex_t lock; /* the fence queue: taken once per batch */
     fence q[FENCES];
     uint64_t head, tail; /* q[head] oldest pending, q[head - 1] the reference */
-    int ref_valid;       /* completion thread only: q[head - 1] completed in this burst */
+    int ref_valid; /* completion thread only: q[head - 1] has completed (a launch into an idle
+                    * pipeline records a marker, so the reference never spans an idle card) */
 } lp = {.lock = PTHREAD_MUTEX_INITIALIZER, .head = 1, .tail = 1};
 
 static pthread_once_t lp_once = PTHREAD_ONCE_INIT;
@@ -118,11 +122,32 @@ static void complete_oldest(const qsc_session *s, fence f) {
 
 /* Nothing in flight: sleep until a launch is counted (the Dekker pair with qsc_lp_counted). */
 static void idle(void) {
-    lp.ref_valid = 0;
     uint32_t seq = atomic_load(&lp.work_seq);
     atomic_store(&lp.sleeping, 1);
     if (atomic_load(&lp.launched) == atomic_load(&lp.covered)) qs_futex_wait(&lp.work_seq, seq, 0);
     atomic_store(&lp.sleeping, 0);
+}
+
+/* Launches counted but not fenced, none pending: while they keep coming, the launches close
+ * their own batches; once they pause (or one waits for the window), fence the tail. 1 when
+ * the burst has paused at `n` launches. */
+static int burst_paused(uint64_t n) {
+    if (atomic_load(&lp.done_waiters)) return 1;
+    uint32_t seq = atomic_load(&lp.work_seq);
+    atomic_store(&lp.watching, 1);
+    qs_futex_wait(&lp.work_seq, seq, qs_now_ns() + TAIL_QUIET_NS);
+    atomic_store(&lp.watching, 0);
+    return atomic_load(&lp.launched) == n;
+}
+
+static void fence_tail(const qsc_session *s, uint64_t n) {
+    pthread_mutex_lock(&lp.lock);
+    int pushed = lp.head != lp.tail || push_fence_locked(0);
+    pthread_mutex_unlock(&lp.lock);
+    if (!pushed) { /* cannot fence them (a capture began): end them as they are */
+        atomic_store(&lp.covered, n);
+        end_launches(s, n, 0);
+    }
 }
 
 static void *completion_main(void *arg) {
@@ -132,20 +157,16 @@ static void *completion_main(void *arg) {
     QSC_REAL(set_fn, cuCtxSetCurrent)(lp.ctx);
     for (;;) {
         pthread_mutex_lock(&lp.lock);
-        int pushed = lp.head != lp.tail || push_fence_locked(0);
+        int pending = lp.head != lp.tail;
         fence f = lp.q[lp.head % FENCES];
         pthread_mutex_unlock(&lp.lock);
-        if (pushed) {
-            complete_oldest(s, f);
-            continue;
-        }
         uint64_t n = atomic_load(&lp.launched);
-        if (n != atomic_load(&lp.covered)) { /* cannot fence them (a capture began): end them */
-            atomic_store(&lp.covered, n);
-            end_launches(s, n, 0);
-            continue;
-        }
-        idle();
+        if (pending)
+            complete_oldest(s, f);
+        else if (n == atomic_load(&lp.covered))
+            idle();
+        else if (burst_paused(n))
+            fence_tail(s, n);
     }
     return NULL;
 }
@@ -194,12 +215,15 @@ void qsc_lp_counted(uint64_t window_ns) {
         qs_futex_wake(&lp.work_seq, 1);
         return;
     }
-    if ((n - atomic_load_explicit(&lp.covered, memory_order_relaxed)) * estimate(window_ns) <
-        window_ns / BATCH_DIV)
-        return;
+    uint64_t open = n - atomic_load_explicit(&lp.covered, memory_order_relaxed);
+    if (open < BATCH_MAX && open * estimate(window_ns) < window_ns / BATCH_DIV) return;
     if (pthread_mutex_trylock(&lp.lock) != 0) return; /* another launch is closing one */
-    push_fence_locked(0);
+    int pushed = push_fence_locked(0);
     pthread_mutex_unlock(&lp.lock);
+    if (pushed && atomic_load(&lp.watching)) { /* the completion thread waits: it has work */
+        atomic_fetch_add(&lp.work_seq, 1);
+        qs_futex_wake(&lp.work_seq, 1);
+    }
 }
 
 void qsc_lp_opening(const qsc_session *s) {
