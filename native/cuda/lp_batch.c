@@ -203,6 +203,10 @@ void qsc_lp_wait_window(uint64_t window_ns) {
         uint64_t done = atomic_load(&lp.completed), inflight = atomic_load(&lp.launched) - done;
         if (inflight == 0 || inflight * estimate(window_ns) < window_ns) return;
         atomic_fetch_add(&lp.done_waiters, 1);
+        if (atomic_load(&lp.watching)) { /* it waits for the burst to pause: this is the pause */
+            atomic_fetch_add(&lp.work_seq, 1);
+            qs_futex_wake(&lp.work_seq, 1);
+        }
         qs_futex_wait(&lp.done_seq, seq, 0);
         atomic_fetch_sub(&lp.done_waiters, 1);
     }
