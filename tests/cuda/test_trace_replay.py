@@ -12,7 +12,7 @@ import pytest
 from qshare.bench import traces
 from qshare.native_build import TOOLS
 
-from .conftest import LP_VGPU, NodeOwner, run_probe
+from .conftest import LP_VGPU, NodeOwner, parse_reply
 
 MS = 1_000_000
 
@@ -37,9 +37,18 @@ def test_a_window_costs_an_ideal_launcher_only_where_the_host_runs_ahead() -> No
 
 
 def test_fake_driver_runs_kernels_asynchronously_and_in_order(node: NodeOwner) -> None:
-    run = run_probe(node, None, ["init", "launch kernel 5000 20", "sync"])
-    launched, synced = int(run.reply("launch")["t"]), int(run.reply("sync")["t"])
-    start = int(run.reply("launch")["start"])
+    done = subprocess.run(
+        [str(TOOLS / "probe-direct"), "init", "launch kernel 5000 20", "sync"],
+        env=node.env(None),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    replies = {r["cmd"]: r for r in map(parse_reply, done.stdout.splitlines())}
+    assert replies["launch"]["rc"] == "0"
+    launched, synced = int(replies["launch"]["t"]), int(replies["sync"]["t"])
+    start = int(replies["launch"]["start"])
     assert launched - start < 50 * MS  # submitting did not wait for the 100 ms of kernels
     assert synced - start >= 100 * MS  # they ran one after the other
 
