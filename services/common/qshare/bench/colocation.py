@@ -185,9 +185,9 @@ def run_scenario(
             trace=HP_TRACE,
         )
         log = (timeline_at_s - 0.05, timeline_at_s + 0.95) if timeline_at_s >= 0 else (0.0, 0.0)
-        lps = [
-            LpSpec("coloc", directory, LP_VGPU, lp.kernel_s, seconds, *log, trace=lp.trace)
-        ] * (lp.processes if mode.lp else 0)
+        lps = [LpSpec("coloc", directory, LP_VGPU, lp.kernel_s, seconds, *log, trace=lp.trace)] * (
+            lp.processes if mode.lp else 0
+        )
         workers = [start(hp_main, hp)] + [start(lp_main, s) for s in lps]
         gate = _GateLog(node)
         try:
