@@ -155,7 +155,13 @@ int qsc_device_is_card(CUdevice dev);
 /* Before submitting a unit: apply the gate (low priority may block). CUDA_SUCCESS
  * or the error to return without submitting. `*tracked` says whether unit_end must follow. */
 CUresult qsc_unit_begin(CUstream stream, int *tracked);
-enum { QSC_UNIT_NONE = 0, QSC_UNIT_EVENT = 1, QSC_UNIT_JOINED = 2, QSC_UNIT_OPENING = 3 };
+enum {
+    QSC_UNIT_NONE = 0,
+    QSC_UNIT_EVENT = 1,
+    QSC_UNIT_JOINED = 2,
+    QSC_UNIT_OPENING = 3,
+    QSC_UNIT_BATCHED = 4
+};
 /* After submitting: `submitted` is the driver's result. Tracks completion on `stream`. */
 void qsc_unit_end(CUstream stream, CUresult submitted, int tracked);
 
@@ -167,5 +173,22 @@ void qsc_hp_joined(void);
 /* Claim the right to open a unit (1); then qsc_hp_opened after the opening launch. */
 int qsc_hp_try_open(void);
 int qsc_hp_opened(CUstream stream, CUcontext ctx, CUresult submitted);
+
+/* ---- low priority's launches tracked by batch (lp_batch.c) ---- */
+/* Launches a low-priority process may have between begin and end (all paths together). */
+#define QSC_LP_MAX_INFLIGHT (1u << 20)
+/* 1 if launches into `stream` from context `ctx` are tracked by batch (the first such
+ * launch chooses the stream). */
+int qsc_lp_tracks(CUstream stream, CUcontext ctx);
+/* Wait while the batched launches in flight are estimated at `window_ns` or more. */
+void qsc_lp_wait_window(uint64_t window_ns);
+/* Before a batched launch: when nothing is in flight, mark where its batch starts. */
+void qsc_lp_opening(const qsc_session *s);
+/* After a batched launch was submitted: count it (may close a batch). */
+void qsc_lp_counted(uint64_t window_ns);
+/* The window in force (device ns), as of the last batch completed. */
+uint64_t qsc_lp_window(const qsc_session *s);
+/* How many launches the window holds, by the current estimate (at least 1). */
+uint64_t qsc_lp_window_launches(uint64_t window_ns);
 
 #endif

@@ -82,6 +82,9 @@ static void attach(void) {
         return;
     }
     session.low_priority = info.priority == QS_PRIO_LOW;
+    /* Low priority's work in flight is bounded in device time here (lp_batch.c), not in
+     * launches by the driver. */
+    if (session.low_priority) qs_client_set_inflight_cap(client, QSC_LP_MAX_INFLIGHT);
     memcpy(session.card_uuid, info.card_uuid, sizeof session.card_uuid);
     session.card_uuid[QS_UUID_MAX - 1] = '\0';
     char bytes[16];

@@ -175,6 +175,31 @@ static int hp_fast(const qsc_session *s, CUstream stream, int *tracked, CUresult
     return 1;
 }
 
+/* Low priority: batched into the tracked stream, or one unit per launch (bounded by the
+ * same window, counted in launches) into any other. */
+static CUresult lp_begin(const qsc_session *s, CUstream stream, int *tracked) {
+    uint64_t window = qsc_lp_window(s);
+    CUcontext ctx = current_context();
+    int batched = qsc_lp_tracks(stream, ctx);
+    if (batched) {
+        qsc_lp_wait_window(window);
+    } else {
+        uint64_t limit = qsc_lp_window_launches(window);
+        while (atomic_load(&tracker.tail) - atomic_load(&tracker.head) >= limit && end_oldest(1)) {
+        }
+    }
+    int rc = qs_launch_begin(s->client);
+    if (rc != QS_OK) {
+        qsc_warn_once(QSC_WARN_DRIVER, "launch refused: %s (%s)", qs_strerror(rc), qs_last_error());
+        return qsc_cu_status(rc);
+    }
+    *tracked = batched ? QSC_UNIT_BATCHED : QSC_UNIT_EVENT;
+    if (batched) qsc_lp_opening(s);
+    else if (prepare_events(&current, ctx, 1) == CUDA_SUCCESS)
+        QSC_REAL(qsc_event_record_fn, cuEventRecord)(current.start, stream);
+    return CUDA_SUCCESS;
+}
+
 CUresult qsc_unit_begin(CUstream stream, int *tracked) {
     *tracked = QSC_UNIT_NONE;
     const qsc_session *s = qsc_session_get();
@@ -186,6 +211,7 @@ CUresult qsc_unit_begin(CUstream stream, int *tracked) {
         return CUDA_SUCCESS;
     }
     if (capturing(stream)) return CUDA_SUCCESS; /* recorded into a graph, not run now */
+    if (s->low_priority) return lp_begin(s, stream, tracked);
     CUresult fast_rc = CUDA_SUCCESS;
     if (hp_fast(s, stream, tracked, &fast_rc)) return fast_rc;
     while (end_oldest(0)) {
@@ -196,9 +222,7 @@ CUresult qsc_unit_begin(CUstream stream, int *tracked) {
         return qsc_cu_status(rc);
     }
     *tracked = QSC_UNIT_EVENT;
-    if (prepare_events(&current, current_context(), s->low_priority) == CUDA_SUCCESS &&
-        s->low_priority)
-        QSC_REAL(qsc_event_record_fn, cuEventRecord)(current.start, stream);
+    prepare_events(&current, current_context(), 0);
     return CUDA_SUCCESS;
 }
 
@@ -206,6 +230,11 @@ void qsc_unit_end(CUstream stream, CUresult submitted, int tracked) {
     const qsc_session *s = qsc_session_get();
     if (tracked == QSC_UNIT_JOINED) {
         qsc_hp_joined();
+        return;
+    }
+    if (tracked == QSC_UNIT_BATCHED) {
+        if (submitted == CUDA_SUCCESS) qsc_lp_counted(qsc_lp_window(s));
+        else qs_launch_end(s->client);
         return;
     }
     if (tracked == QSC_UNIT_OPENING) {

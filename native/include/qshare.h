@@ -21,6 +21,14 @@ extern "C" {
 #define QS_UUID_MAX 64u
 #define QS_EVENT_RING_SIZE 4096u
 #define QS_DEFAULT_RELEASE_DELAY_NS 100000000ull
+/* Low priority's in-flight window on a card, in estimated device time (about one long
+ * low-priority kernel, ResNet-50 training's longest being 453 µs on an H100: what high
+ * priority may wait behind when the gate closes). */
+#define QS_DEFAULT_LP_WINDOW_NS 500000ull
+#define QS_MAX_LP_WINDOW_NS 1000000000ull
+/* The window while no high-priority process is attached to the card: nobody to protect,
+ * but a bound still (deep enough for the host to run ahead of a training step's phases). */
+#define QS_LP_WINDOW_ALONE_NS 20000000ull
 
 /* Status codes: every function returns QS_OK or one of these (negative). */
 enum qs_status {
@@ -101,6 +109,7 @@ typedef struct qs_card_stats {
     uint64_t episodes;   /* busy transitions so far */
     uint64_t device_ns;  /* simulated device time used, all vGPUs */
     char uuid[QS_UUID_MAX];
+    uint64_t lp_window_ns; /* low priority's in-flight window (qs_card_set_lp_window) */
 } qs_card_stats;
 
 /* ---- errors ---- */
@@ -199,6 +208,17 @@ int qs_sim_kernel(qs_client *client, uint64_t duration_ns);
 /* `count` simulated kernels back to back, each one launch (gated on its own); stops at
  * the first error. Models a process that keeps its queue full, as real launches do. */
 int qs_sim_kernels(qs_client *client, uint32_t count, uint64_t duration_ns);
+/* Replay a recorded timeline on the simulated card: for each of `count` launches, spend
+ * gap_ns[i] on the host, then launch (gated) a kernel of dur_ns[i], booked on the card
+ * without waiting for it, as a real launch queues; kernels are ended (and their device
+ * time accounted) as the card finishes them. With `window_ns` > 0 a launch first waits
+ * while the process's queued work ends that far or more in the future. Returns once all
+ * completed; *first_end_ns and *last_end_ns (may be NULL) get the first and last kernel's
+ * end. Stops at the first error, having ended what it launched. The vGPU's in-flight bound
+ * in launches is lifted for the call (qs_client_set_inflight_cap, restored to 0 after). */
+int qs_sim_replay(qs_client *client, const uint64_t *gap_ns, const uint64_t *dur_ns,
+                  uint32_t count, uint64_t window_ns, uint64_t *first_end_ns,
+                  uint64_t *last_end_ns);
 
 /* Times for the caller's benchmark: CLOCK_MONOTONIC ns at which the last
  * qs_launch_begin of this client stopped blocking (0 if it never blocked). */
@@ -230,6 +250,18 @@ typedef struct qs_release_auto_stats {
 int qs_card_set_release_auto(qs_node *node, uint32_t index, int enable, uint64_t p99_bound_ns,
                              uint64_t max_delay_ns);
 int qs_card_release_auto_get(qs_node *node, uint32_t index, qs_release_auto_stats *out);
+
+/* ---- low priority's in-flight window ---- */
+/* The device time low priority may have submitted and not yet completed on card `index`,
+ * per process (1 µs .. QS_MAX_LP_WINDOW_NS); takes effect at the next launch. Launchers that
+ * track completion by batch (the CUDA interposer) apply it; read it in qs_card_stats. */
+int qs_card_set_lp_window(qs_node *node, uint32_t index, uint64_t window_ns);
+/* The window as a launcher applies it now: the card's while a high-priority process is
+ * attached to the card, else the larger of it and QS_LP_WINDOW_ALONE_NS. */
+uint64_t qs_client_lp_window_ns(qs_client *client);
+/* Replace the vGPU's in-flight bound in launches for this process only (0: the vGPU's): a
+ * launcher that bounds its in-flight work in device time itself lifts it. */
+int qs_client_set_inflight_cap(qs_client *client, uint32_t max_launches);
 
 #ifdef __cplusplus
 }

@@ -26,6 +26,7 @@ struct qs_client {
     uint64_t last_unblock_ns;
     char name[QS_NAME_MAX];
     char dir[256];
+    uint32_t inflight_cap; /* qs_client_set_inflight_cap; 0: the vGPU's bound */
 };
 
 /* QS_EXCHANGE_TIMEOUT_MS, or $QSHARE_EXCHANGE_TIMEOUT_MS when set to a positive number. */
@@ -236,7 +237,8 @@ static int wait_resumed(qs_client *cl)
  * are one compare-and-swap, so threads sharing the context never pass the bound together. */
 static void claim_inflight_slot(qs_client *cl)
 {
-    uint32_t max = cl->vc->lp_max_inflight ? cl->vc->lp_max_inflight : 1;
+    uint32_t max = cl->inflight_cap ? cl->inflight_cap
+                   : cl->vc->lp_max_inflight ? cl->vc->lp_max_inflight : 1;
     uint32_t n = atomic_load(&cl->c->inflight);
     for (;;) {
         if (n < max) {
@@ -438,4 +440,28 @@ int qs_bench_timed_begin(qs_client *cl, uint64_t *begin_ns, uint64_t *done_ns)
     int rc = qs_launch_begin(cl);
     *done_ns = qs_now_ns();
     return rc;
+}
+
+uint64_t qs_client_lp_window_ns(qs_client *cl)
+{
+    if (!cl)
+        return QS_DEFAULT_LP_WINDOW_NS;
+    uint64_t window = qs_card_lp_window(&cl->seg.cfg->cards[cl->card]);
+    for (uint32_t w = 0; w < QS_MASK_WORDS; w++)
+        if (atomic_load_explicit(&cl->cs->hp_mask[w], memory_order_relaxed))
+            return window;
+    return window > QS_LP_WINDOW_ALONE_NS ? window : QS_LP_WINDOW_ALONE_NS;
+}
+
+struct qs_segment *qs_client_segment(qs_client *cl, uint32_t *card)
+{
+    *card = cl->card;
+    return &cl->seg;
+}
+
+int qs_client_set_inflight_cap(qs_client *cl, uint32_t max_launches)
+{
+    QS_REQUIRE(cl, "client");
+    cl->inflight_cap = max_launches;
+    return QS_OK;
 }

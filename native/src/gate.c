@@ -14,7 +14,7 @@
 #define AUTO_MIN_GAPS 50.0         /* below this many gaps, keep the maximum delay */
 #define AUTO_GAIN 4.0              /* expose a gap only if LP gains 4x what HP loses */
 #define AUTO_MARGIN 2u             /* twice the shortest gap worth exposing */
-#define AUTO_EXPOSED 0.0025        /* strict bound: at most this fraction of gaps exposed */
+#define AUTO_REQUEST_GAP_LOG2 21u  /* gaps of 2^21 ns (2.1 ms) or more separate HP requests */
 
 #define GATE_RECHECK_NS 50000000ull /* a client's gate sleep never lasts longer unchecked */
 
@@ -215,15 +215,20 @@ static uint64_t auto_observe(struct qs_segment *seg, uint32_t card, struct auto_
         uint64_t bound = atomic_load(&seg->cfg->cards[card].auto_bound_ns);
         return inflight ? (bound ? bound : 1) : 0;
     }
-    return (uint64_t)(m->lp_dev_w / m->lp_launches_w * (double)inflight);
+    /* A launcher that queues by device time (the interposer) may hold its whole window. */
+    uint64_t per_kernel = (uint64_t)(m->lp_dev_w / m->lp_launches_w * (double)inflight);
+    uint64_t windowed = inflight * qs_card_lp_window(&seg->cfg->cards[card]);
+    return per_kernel > windowed ? per_kernel : windowed;
 }
 
 /* The delay for the gaps seen. Each gap longer than the delay is "exposed": low priority gets
  * its remainder, and high priority's next launch waits `penalty` behind low priority's work.
- * When the bound absorbs one penalty, take the bucket boundary that maximises what low
- * priority harvests minus AUTO_GAIN times what high priority loses (the many short gaps inside
- * a burst make small delays lose), doubled for margin; otherwise expose at most AUTO_EXPOSED
- * of the gaps. Never above `max_delay`. */
+ * Exposures are counted per request (gaps shorter than 2^AUTO_REQUEST_GAP_LOG2 ns are taken
+ * as inside one request, as the device gaps of a host-bound model are): a delay is a
+ * candidate only if a request's exposures cost at most the bound. Among the candidates, take
+ * the bucket boundary that maximises what low priority harvests minus AUTO_GAIN times what
+ * high priority loses, doubled for margin. When not even one exposure fits the bound, fall
+ * back to `max_delay` (the fixed delay). */
 static uint64_t auto_choose(const struct auto_model *m, uint64_t bound, uint64_t max_delay,
                             uint64_t penalty)
 {
@@ -234,31 +239,26 @@ static uint64_t auto_choose(const struct auto_model *m, uint64_t bound, uint64_t
     }
     if (cnt_ge[0] < AUTO_MIN_GAPS || penalty == 0)
         return max_delay;
+    if (penalty > bound)
+        return max_delay;
     double cost = AUTO_GAIN * (double)penalty, delay = (double)max_delay;
-    if (penalty <= bound) {
-        uint32_t top = 63u - (uint32_t)__builtin_clzll(max_delay);
-        top = top + 1 < QS_GAP_BUCKETS ? top + 1 : QS_GAP_BUCKETS;
-        double best = sum_ge[top] - cnt_ge[top] * delay - cost * cnt_ge[top];
-        for (int b = (int)top - 1; b >= 0; b--) {
-            double d = b ? (double)(1ull << b) : 0.0;
-            double net = sum_ge[b] - cnt_ge[b] * d - cost * cnt_ge[b];
-            if (d < (double)max_delay && net > best) {
-                best = net;
-                delay = d;
-            }
-        }
-        uint64_t out = (uint64_t)delay * AUTO_MARGIN;
-        return out < max_delay ? out : max_delay;
-    }
-    for (int b = QS_GAP_BUCKETS - 1; b >= 0; b--) {
+    double requests = cnt_ge[AUTO_REQUEST_GAP_LOG2] > 1.0 ? cnt_ge[AUTO_REQUEST_GAP_LOG2] : 1.0;
+    uint32_t top = 63u - (uint32_t)__builtin_clzll(max_delay);
+    top = top + 1 < QS_GAP_BUCKETS ? top + 1 : QS_GAP_BUCKETS;
+    double best = sum_ge[top] - cnt_ge[top] * delay - cost * cnt_ge[top];
+    for (int b = (int)top - 1; b >= 0; b--) {
         double d = b ? (double)(1ull << b) : 0.0;
-        if (d >= delay)
-            continue;
-        if (cnt_ge[b] > AUTO_EXPOSED * cnt_ge[0])
-            break;
-        delay = d;
+        double inside = (uint32_t)b < AUTO_REQUEST_GAP_LOG2 ? cnt_ge[b] - requests : 0.0;
+        if ((1.0 + (inside > 0.0 ? inside : 0.0) / requests) * (double)penalty > (double)bound)
+            continue; /* a request would wait behind LP more often than the bound allows */
+        double net = sum_ge[b] - cnt_ge[b] * d - cost * cnt_ge[b];
+        if (d < (double)max_delay && net > best) {
+            best = net;
+            delay = d;
+        }
     }
-    return (uint64_t)delay;
+    uint64_t out = (uint64_t)delay * AUTO_MARGIN;
+    return out < max_delay ? out : max_delay;
 }
 
 /* Run by the release thread: revise the auto delay every AUTO_PERIOD_NS. Returns when to

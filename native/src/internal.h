@@ -36,6 +36,7 @@ struct qs_cfg_card {
     _Atomic uint64_t auto_max_delay_ns; /* the chosen delay never exceeds this */
     _Atomic uint64_t auto_delay_ns;     /* the delay chosen now */
     _Atomic uint64_t auto_penalty_ns;   /* estimated wait of HP behind LP work in flight */
+    _Atomic uint64_t lp_window_ns;      /* LP in-flight device time per process; 0: default */
 };
 
 struct qs_cfg_vgpu {
@@ -162,6 +163,9 @@ struct qs_owner {
     _Atomic uint32_t owner_untimed[QS_MAX_CARDS];    /* release threads' part of untimed_sleepers */
     struct qs_owner_rec recs[QS_MAX_CONTEXTS];
 };
+
+/* Low priority's in-flight window on a card (lp_window.c): the default when unset. */
+uint64_t qs_card_lp_window(const struct qs_cfg_card *card);
 
 /* A mapped segment. Clients have cfg (read-only) and state; only the owner has `owner`. */
 struct qs_segment {
@@ -308,6 +312,8 @@ int qs_mem_release_ctx(struct qs_segment *seg, struct qs_ctx_ref ref, uint64_t b
 /* simdev.c */
 /* Book `card` for a kernel of `duration_ns` after every kernel booked before; its start. */
 uint64_t qs_sim_book(struct qs_segment *seg, uint32_t card, uint64_t duration_ns);
+/* The client's segment and card (for the simulated card's replay, simdev.c). */
+struct qs_segment *qs_client_segment(qs_client *cl, uint32_t *card);
 
 /* vgpu.c: launches of a vGPU, its live contexts' and its departed ones' */
 uint64_t qs_vgpu_launches(struct qs_segment *seg, uint32_t slot);

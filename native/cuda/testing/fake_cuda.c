@@ -1,14 +1,20 @@
 /* fake_cuda.c — TEST DOUBLE of libcuda.so.1 for CI machines without a GPU. Not a real
  * driver: one device (fake_cuda_config.h), one context, and streams that execute their
- * work in order on a worker thread, a kernel being a sleep whose length its name gives
- * ("sleep_us_250" runs 250 µs; any other name runs 0 ns). Work submitted to an idle
- * stream that takes no time completes inline, so launch overhead can be measured.
+ * work asynchronously and in order on a device thread each, a kernel taking the time its
+ * name gives ("sleep_us_250" runs 250 µs; "replay" runs the nanoseconds its first
+ * parameter points to, a uint64_t, so a trace's kernels can be replayed; any other name
+ * runs 0 ns). Each stream keeps a device clock: a kernel starts when the one before it
+ * ends or when it was submitted, whichever is later, so the device thread's own wake-up
+ * delays move when completions are seen, never when work runs, as on a real card. Work
+ * submitted to an idle stream that takes no time completes inline, so launch overhead
+ * can be measured.
  * All default streams (NULL, legacy, per-thread) are one stream. Device memory is
  * address space only: allocations are counted against the fake card's total, never
  * backed. The interposer under test runs against this exactly as against libcuda.
  * Linked with -Bsymbolic: like the real driver, its calls to itself stay inside it. */
 #include <pthread.h>
 #include <stdatomic.h>
+#include <sys/prctl.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,9 +33,9 @@ static uint64_t now_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-static void sleep_ns(uint64_t ns) {
-    struct timespec ts = {(time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull)};
-    while (nanosleep(&ts, &ts) != 0) {
+static void sleep_until_ns(uint64_t deadline) {
+    struct timespec ts = {(time_t)(deadline / 1000000000ull), (long)(deadline % 1000000000ull)};
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) != 0) {
     }
 }
 
@@ -42,6 +48,7 @@ struct CUmod_st {
 };
 struct CUfunc_st {
     uint64_t duration_ns;
+    int replay; /* duration from the launch's first parameter */
 };
 struct CUgraph_st {
     int unused;
@@ -67,6 +74,7 @@ enum op_kind { OP_KERNEL, OP_EVENT, OP_HOST };
 typedef struct op {
     enum op_kind kind;
     uint64_t duration_ns;
+    uint64_t submit_ns;
     CUevent event;
     CUhostFn fn;
     void *data;
@@ -79,6 +87,7 @@ struct CUstream_st {
     op *first, *last;
     _Atomic uint64_t pending; /* submitted, not yet done */
     int stop;
+    uint64_t clock_ns; /* device clock: when the last work run on this stream ended */
     pthread_t worker;
     struct CUstream_st *next_stream;
 };
@@ -95,23 +104,28 @@ static pthread_mutex_t streams_lock = PTHREAD_MUTEX_INITIALIZER;
 static CUstream all_streams;
 static CUstream default_stream;
 
-static void complete_event(CUevent ev) {
-    if (ev->timed) ev->time_ns = now_ns();
+static void complete_event(CUevent ev, uint64_t at_ns) {
+    if (ev->timed) ev->time_ns = at_ns;
     atomic_store(&ev->state, EV_DONE);
 }
 
-static void run_op(op *o) {
+/* Run `o` on the device clock of `st`: it starts when the stream's previous work ended
+ * or when it was submitted, whichever is later; the thread then waits until it ends. */
+static void run_op(CUstream st, op *o) {
+    uint64_t start = o->submit_ns > st->clock_ns ? o->submit_ns : st->clock_ns;
+    st->clock_ns = start + (o->kind == OP_KERNEL ? o->duration_ns : 0);
     switch (o->kind) {
     case OP_KERNEL:
-        if (o->duration_ns) sleep_ns(o->duration_ns);
+        if (o->duration_ns && st->clock_ns > now_ns()) sleep_until_ns(st->clock_ns);
         break;
-    case OP_EVENT: complete_event(o->event); break;
+    case OP_EVENT: complete_event(o->event, st->clock_ns); break;
     case OP_HOST: o->fn(o->data); break;
     }
 }
 
 static void *worker_main(void *arg) {
     CUstream st = arg;
+    prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0); /* kernels of a few µs want µs accuracy */
     for (;;) {
         pthread_mutex_lock(&st->lock);
         while (st->first == NULL && !st->stop) pthread_cond_wait(&st->work, &st->lock);
@@ -123,10 +137,12 @@ static void *worker_main(void *arg) {
         st->first = o->next;
         if (st->first == NULL) st->last = NULL;
         pthread_mutex_unlock(&st->lock);
-        run_op(o);
+        run_op(st, o);
+        /* Waiters wait for an event or an empty stream: wake them only for those. */
+        int wake = o->kind == OP_EVENT;
         free(o);
+        if (atomic_fetch_sub(&st->pending, 1) != 1 && !wake) continue;
         pthread_mutex_lock(&done_lock);
-        atomic_fetch_sub(&st->pending, 1);
         pthread_cond_broadcast(&done_cond);
         pthread_mutex_unlock(&done_lock);
     }
@@ -164,8 +180,9 @@ static CUresult submit(CUstream stream, op o) {
     CUstream st = resolve(stream);
     if (st == NULL) return CUDA_ERROR_INVALID_HANDLE;
     int instant = o.kind != OP_KERNEL || o.duration_ns == 0;
+    o.submit_ns = now_ns();
     if (instant && atomic_load(&st->pending) == 0) {
-        run_op(&o);
+        run_op(st, &o); /* the device thread is parked: nothing else moves the clock */
         return CUDA_SUCCESS;
     }
     op *copy = malloc(sizeof *copy);
@@ -296,40 +313,46 @@ EXPORT CUresult cuModuleGetFunction(CUfunction *f, CUmodule module, const char *
     CUfunction fn = calloc(1, sizeof *fn);
     if (fn == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
     if (strncmp(name, "sleep_us_", 9) == 0) fn->duration_ns = strtoull(name + 9, NULL, 10) * 1000u;
+    fn->replay = strcmp(name, "replay") == 0;
     *f = fn;
     return CUDA_SUCCESS;
 }
 
-static CUresult launch(CUfunction f, CUstream stream) {
+static CUresult launch(CUfunction f, CUstream stream, void **params) {
     if (f == NULL) return CUDA_ERROR_INVALID_HANDLE;
-    return submit(stream, (op){.kind = OP_KERNEL, .duration_ns = f->duration_ns});
+    uint64_t duration = f->duration_ns;
+    if (f->replay) {
+        if (params == NULL || params[0] == NULL) return CUDA_ERROR_INVALID_VALUE;
+        memcpy(&duration, params[0], sizeof duration);
+    }
+    return submit(stream, (op){.kind = OP_KERNEL, .duration_ns = duration});
 }
 
 #define KERNEL_ARGS                                                                     \
     CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, \
         unsigned int by, unsigned int bz, unsigned int shared, CUstream stream, void **params
 #define UNUSED_KERNEL_ARGS \
-    (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shared, (void)params
+    (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shared
 
 EXPORT CUresult cuLaunchKernel(KERNEL_ARGS, void **extra) {
     UNUSED_KERNEL_ARGS, (void)extra;
-    return launch(f, stream);
+    return launch(f, stream, params);
 }
 EXPORT CUresult cuLaunchKernel_ptsz(KERNEL_ARGS, void **extra) {
     UNUSED_KERNEL_ARGS, (void)extra;
-    return launch(f, stream);
+    return launch(f, stream, params);
 }
 EXPORT CUresult cuLaunchCooperativeKernel(KERNEL_ARGS) {
     UNUSED_KERNEL_ARGS;
-    return launch(f, stream);
+    return launch(f, stream, params);
 }
 EXPORT CUresult cuLaunchCooperativeKernel_ptsz(KERNEL_ARGS) {
     UNUSED_KERNEL_ARGS;
-    return launch(f, stream);
+    return launch(f, stream, params);
 }
 EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **p, void **e) {
-    (void)p, (void)e;
-    return c == NULL ? CUDA_ERROR_INVALID_VALUE : launch(f, c->hStream);
+    (void)e;
+    return c == NULL ? CUDA_ERROR_INVALID_VALUE : launch(f, c->hStream, p);
 }
 EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *c, CUfunction f, void **p, void **e) {
     return cuLaunchKernelEx(c, f, p, e);

@@ -2,9 +2,9 @@
  * benchmarks (on machines where the node agent and the Python binding are not set up).
  * It creates a segment with the cards and vGPUs named on the command line, prints
  * "ready", then prints every driver event as a line and answers commands on stdin:
- *   stats ID | suspend ID | resume ID | quit (or end of input).
+ *   stats ID | suspend ID | resume ID | window CARD US (LP window) | quit (or end of input).
  * Usage: qshare-testnode --name N [--dir D] [--release-delay-ms MS] [--release-auto-us BOUND]
- *        --card UUID:TOTAL_BYTES ... --vgpu ID:CARD:high|low:SHARE:LIMIT_BYTES ... */
+ *        [--lp-window-us US] --card UUID:TOTAL_BYTES ... --vgpu ID:CARD:high|low:SHARE:LIMIT ... */
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -67,7 +67,8 @@ static int add_vgpu(qs_node *node, const char *spec) {
 static void command(qs_node *node, const char *line) {
     char verb[16] = "";
     unsigned id = 0;
-    if (sscanf(line, "%15s %u", verb, &id) < 1) return;
+    unsigned long long us = 0;
+    if (sscanf(line, "%15s %u %llu", verb, &id, &us) < 1) return;
     if (strcmp(verb, "stats") == 0) {
         qs_vgpu_stats s;
         int rc = qs_vgpu_stats_get(node, id, &s);
@@ -79,6 +80,11 @@ static void command(qs_node *node, const char *line) {
         say("suspend rc=%d\n", qs_vgpu_suspend(node, id));
     } else if (strcmp(verb, "resume") == 0) {
         say("resume rc=%d\n", qs_vgpu_resume(node, id));
+    } else if (strcmp(verb, "window") == 0) {
+        int rc = qs_card_set_lp_window(node, id, us * 1000ull);
+        qs_card_stats c = {0};
+        if (rc == QS_OK) rc = qs_card_stats_get(node, id, &c);
+        say("window rc=%d card=%u lp_window_ns=%llu\n", rc, id, (unsigned long long)c.lp_window_ns);
     } else {
         say("%s rc=-1 error=unknown-command\n", verb);
     }
@@ -86,7 +92,7 @@ static void command(qs_node *node, const char *line) {
 
 int main(int argc, char **argv) {
     const char *name = NULL, *dir = NULL;
-    unsigned long long delay_ms = 0, auto_bound_us = 0;
+    unsigned long long delay_ms = 0, auto_bound_us = 0, window_us = 0;
     int have_delay = 0;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (strcmp(argv[i], "--name") == 0) name = argv[i + 1];
@@ -96,6 +102,7 @@ int main(int argc, char **argv) {
             have_delay = 1;
         }
         if (strcmp(argv[i], "--release-auto-us") == 0) auto_bound_us = strtoull(argv[i + 1], NULL, 10);
+        if (strcmp(argv[i], "--lp-window-us") == 0) window_us = strtoull(argv[i + 1], NULL, 10);
     }
     qs_node *node = NULL;
     int rc = qs_node_create(name, dir, 1, &node);
@@ -109,6 +116,8 @@ int main(int argc, char **argv) {
         if (auto_bound_us &&
             (rc = qs_card_set_release_auto(node, cards, 1, auto_bound_us * 1000ull, 0)))
             return fail("qs_card_set_release_auto", rc);
+        if (window_us && (rc = qs_card_set_lp_window(node, cards, window_us * 1000ull)))
+            return fail("qs_card_set_lp_window", rc);
         cards++;
     }
     for (int i = 1; i + 1 < argc; i += 2)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,6 +98,23 @@ class Client:
             raise ValueError(f"count must be at least 1, got {count}")
         check(lib.qs_sim_kernels(self._h, count, round(seconds * 1e9)))
 
+    def replay(
+        self, timeline: Sequence[tuple[int, int]], window_s: float | None = None
+    ) -> tuple[int, int]:
+        """Replay (host gap ns, kernel ns) launches on the simulated card, in C: launches
+        queue without waiting, bounded by `window_s` of queued device time (None: no bound).
+        Returns the driver-clock ns at which the first and the last kernel ended."""
+        if window_s is not None and window_s <= 0:
+            raise ValueError(f"window must be positive, got {window_s} s")
+        if any(g < 0 or d < 0 for g, d in timeline):
+            raise ValueError("host gaps and kernel durations must be >= 0 ns")
+        gaps = ffi.new("uint64_t[]", [g for g, _ in timeline])
+        durs = ffi.new("uint64_t[]", [d for _, d in timeline])
+        first, last = ffi.new("uint64_t *"), ffi.new("uint64_t *")
+        window = round(window_s * 1e9) if window_s is not None else 0
+        check(lib.qs_sim_replay(self._h, gaps, durs, len(timeline), window, first, last))
+        return int(first[0]), int(last[0])
+
     def account_device_time(self, seconds: float) -> None:
         check(lib.qs_account_device_time(self._h, round(seconds * 1e9)))
 
@@ -120,6 +137,12 @@ class Client:
     def last_unblock_ns(self) -> int:
         """CLOCK_MONOTONIC ns when the last launch_begin stopped blocking (0: never blocked)."""
         return int(lib.qs_client_last_unblock_ns(self._h))
+
+    @property
+    def lp_window_s(self) -> float:
+        """Low priority's in-flight window as a launcher applies it now: the card's while a
+        high-priority process is attached to the card, else at least 20 ms."""
+        return int(lib.qs_client_lp_window_ns(self._h)) / 1e9
 
     def timed_launch_begin(self) -> tuple[int, int]:
         """launch_begin with the driver's clock read just before and after it, in C."""

@@ -91,6 +91,7 @@ class CardStats:
     vgpus: int
     episodes: int
     device_ns: int
+    lp_window_s: float  # low priority's in-flight window in device time (set_lp_window)
 
 
 _NONE = 0xFFFFFFFF
@@ -194,6 +195,13 @@ class Node:
             raise ValueError(f"release delay must be >= 0 s, got {seconds}")
         check(lib.qs_card_set_release_delay(self._h, card, round(seconds * 1e9)))
 
+    def set_lp_window(self, card: int, seconds: float) -> None:
+        """Bound low priority's work in flight on `card` to `seconds` of estimated device time
+        per process (what high priority may wait behind when the gate closes); 1 µs .. 1 s."""
+        if not 1e-6 <= seconds <= 1.0:
+            raise ValueError(f"LP window must be within 1 us .. 1 s, got {seconds} s")
+        check(lib.qs_card_set_lp_window(self._h, card, round(seconds * 1e9)))
+
     def set_policy(self, card: int, policy: Policy | str) -> None:
         value = Policy.parse(policy) if isinstance(policy, str) else policy
         check(lib.qs_card_set_policy(self._h, card, int(value)))
@@ -211,6 +219,7 @@ class Node:
             vgpus=int(out.vgpus),
             episodes=int(out.episodes),
             device_ns=int(out.device_ns),
+            lp_window_s=int(out.lp_window_ns) / 1e9,
         )
 
     def sleepers(self, card: int) -> dict[str, int]:

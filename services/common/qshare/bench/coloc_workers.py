@@ -1,5 +1,8 @@
 """Workload processes on the simulated device, for the co-location benchmark and the policy
 tests: a low-priority "training" loop and a high-priority "inference" request generator.
+Either is synthetic (kernels of one size) or a replay of a real kernel timeline
+(bench/traces/, `trace` set): training replays its steps back to back, bounded by the
+card's LP window; each inference request replays one recorded request.
 
 Each runs in its own process (multiprocessing, spawn), attaches to one vGPU through the real
 driver and reports what it saw through a queue. Times are the driver's CLOCK_MONOTONIC ns.
@@ -14,6 +17,7 @@ from dataclasses import dataclass, field
 from multiprocessing.queues import Queue
 from typing import Any
 
+from qshare.bench import traces
 from qshare_driver import Client
 from qshare_driver.client import now_ns
 
@@ -32,12 +36,14 @@ class LpSpec:
     log_from_s: float = 0.0  # kernels launched in [log_from_s, log_to_s) after start are logged
     log_to_s: float = 0.0
     delay_s: float = 0.0  # begin this long after the common start (the end stays the same)
+    trace: str = ""  # a trace workload to replay instead of kernels of kernel_s
 
 
 @dataclass
 class LpResult:
     vgpu_id: int
     kernels: int
+    steps: int = 0  # training steps replayed (trace workloads)
     unblocks: list[int] = field(default_factory=list)
     # (launch ns, unblock ns or 0, end ns) of kernels launched inside the log window
     intervals: list[tuple[int, int, int]] = field(default_factory=list)
@@ -58,6 +64,7 @@ class HpSpec:
     seed: int
     busy_s: float = 0.0
     period_s: float = 0.0
+    trace: str = ""  # a trace workload whose one request is replayed instead of kernels
 
 
 @dataclass
@@ -79,9 +86,20 @@ def _sleep_until(t_ns: int) -> None:
         time.sleep(left / 1e9)
 
 
+def _lp_round(client: Client, spec: LpSpec, rows: list[tuple[int, int]]) -> tuple[int, int]:
+    """One round of the training loop: (kernels, steps) it ran."""
+    if rows:
+        client.replay(rows, client.lp_window_s)
+        return len(rows), traces.summary(spec.trace)["steps"]
+    batch = max(1, round(LP_BATCH_S / spec.kernel_s))
+    client.run_kernels(batch, spec.kernel_s)
+    return batch, 0
+
+
 def lp_main(spec: LpSpec, inbox: Queue[Any], out: Queue[Any]) -> None:
     """Attach, report ready, wait for the start time from `inbox`, run the training loop and
     put an `LpResult` on `out`."""
+    rows = traces.timeline(spec.trace, traces.host_scale(spec.trace)) if spec.trace else []
     with Client.attach(spec.segment, spec.vgpu_id, spec.directory) as client:
         out.put("ready")
         start_ns: int = inbox.get()
@@ -90,26 +108,46 @@ def lp_main(spec: LpSpec, inbox: Queue[Any], out: Queue[Any]) -> None:
         result = LpResult(spec.vgpu_id, 0)
         _sleep_until(start_ns + round(spec.delay_s * 1e9))
         last = 0
-        batch = max(1, round(LP_BATCH_S / spec.kernel_s))
         while (t0 := now_ns()) < end_ns:
-            client.run_kernels(batch, spec.kernel_s)
+            kernels, steps = _lp_round(client, spec, rows)
             unblock = client.last_unblock_ns
             if unblock != last:
                 result.unblocks.append(unblock)
                 last = unblock
             if log_from <= t0 < log_to:
                 result.intervals.append((t0, unblock if unblock >= t0 else 0, now_ns()))
-            result.kernels += batch
+            result.kernels += kernels
+            result.steps += steps
     out.put(result)
 
 
-def _calibrate(client: Client, kernel_s: float) -> int:
+def _calibrate(client: Client, spec: HpSpec, rows: list[tuple[int, int]]) -> int:
+    """Median wall time to the end of a request's first kernel, alone on the card."""
     walls = []
-    for _ in range(40):
+    for _ in range(40 if not rows else 10):
         t0 = now_ns()
-        client.run_kernel(kernel_s)
-        walls.append(now_ns() - t0)
+        if rows:
+            walls.append(client.replay(rows)[0] - t0)
+        else:
+            client.run_kernel(spec.kernel_s)
+            walls.append(now_ns() - t0)
     return sorted(walls)[len(walls) // 2]
+
+
+def _serve(client: Client, spec: HpSpec, rows: list[tuple[int, int]], result: HpResult) -> None:
+    """One request: its kernels, their end times recorded."""
+    t0 = now_ns()
+    if rows:
+        first, last = client.replay(rows)
+        result.first_kernel_ns.append(first - t0)
+        result.kernel_ends.append(last)
+        return
+    client.run_kernel(spec.kernel_s)
+    result.kernel_ends.append(now_ns())
+    result.first_kernel_ns.append(result.kernel_ends[-1] - t0)
+    for _ in range(spec.kernels - 1):
+        client.run_kernel(spec.kernel_s)
+        result.kernel_ends.append(now_ns())
 
 
 def arrival_times(spec: HpSpec, start_ns: int) -> list[int]:
@@ -129,19 +167,14 @@ def arrival_times(spec: HpSpec, start_ns: int) -> list[int]:
 def hp_main(spec: HpSpec, inbox: Queue[Any], out: Queue[Any]) -> None:
     """Attach and calibrate alone, report ready, wait for the start time from `inbox`, serve
     the requests and put an `HpResult` on `out`."""
+    rows = traces.request_timeline(spec.trace) if spec.trace else []
     with Client.attach(spec.segment, spec.vgpu_id, spec.directory) as client:
-        result = HpResult(_calibrate(client, spec.kernel_s))
+        result = HpResult(_calibrate(client, spec, rows))
         out.put("ready")
         start_ns: int = inbox.get()
         for arrival in arrival_times(spec, start_ns):
             _sleep_until(arrival)
-            t0 = now_ns()
-            client.run_kernel(spec.kernel_s)
-            result.kernel_ends.append(now_ns())
-            result.first_kernel_ns.append(result.kernel_ends[-1] - t0)
-            for _ in range(spec.kernels - 1):
-                client.run_kernel(spec.kernel_s)
-                result.kernel_ends.append(now_ns())
+            _serve(client, spec, rows, result)
             result.arrivals.append(arrival)
             result.ends.append(result.kernel_ends[-1])
     out.put(result)

@@ -2,9 +2,13 @@
 training (low priority) on one simulated card through the real driver, against plain GPU
 time-slicing, at several release delays and in auto mode; and the three sharing policies.
 
-Every workload is a real process (see coloc_workers); kernels sleep on the simulated device,
-so the run needs little CPU. Figures come from the driver's device-time counters and
-events and from the workloads' own CLOCK_MONOTONIC timestamps.
+The workloads replay real kernel timelines (bench/traces/, an H100): inference requests of
+ResNet-50 as one CUDA graph, training steps of ResNet-50 (and GPT-2 as a variant), host gaps
+included, training's launches queued up to the card's LP window as through the interposer.
+Synthetic training loops (kernels of one size) are kept as extra rows. Every workload is a
+real process (see coloc_workers); kernels sleep on the simulated device. Figures come from
+the driver's device-time counters and events and from the workloads' own CLOCK_MONOTONIC
+timestamps.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from qshare.bench import traces
 from qshare.bench.coloc_plots import plot_inflation, plot_timeline
 from qshare.bench.coloc_policies import run_policies, table_policies
 from qshare.bench.coloc_stats import ms, percentile, release_latencies
@@ -37,7 +42,8 @@ from qshare_driver import EventKind, Node
 from qshare_driver.client import now_ns
 
 HP_VGPU, LP_VGPU = 1, 2
-HP_KERNEL_S, HP_KERNELS = 0.0005, 4
+HP_KERNEL_S, HP_KERNELS = 0.0005, 4  # the synthetic request (HpSpec without a trace)
+HP_TRACE = traces.HP_GRAPH
 AUTO_BOUND_S = 0.001  # auto mode: HP p99 may grow by at most this
 
 
@@ -78,10 +84,23 @@ class Lp:
     name: str
     kernel_s: float
     processes: int
+    trace: str = ""  # a training trace replayed instead of kernels of kernel_s
+
+    @property
+    def kernel_p99_ms(self) -> float:
+        """A long kernel of this workload: what high priority may wait behind."""
+        if self.trace:
+            return float(traces.summary(self.trace)["kernel_us_p99"]) / 1e3
+        return self.kernel_s * 1e3
 
 
-MAIN_LP = Lp("lp-0.5ms-x1", 0.0005, 1)
-VARIANT_LPS = (Lp("lp-2ms-x1", 0.002, 1), Lp("lp-0.5ms-x3", 0.0005, 3))
+MAIN_LP = Lp("lp-resnet50-train", 0.0, 1, traces.LP_TRAINING)
+VARIANT_LPS = (
+    Lp("lp-gpt2-train", 0.0, 1, traces.LP_GPT2),
+    Lp("lp-0.5ms-x1", 0.0005, 1),
+    Lp("lp-2ms-x1", 0.002, 1),
+    Lp("lp-0.5ms-x3", 0.0005, 3),
+)
 
 
 @dataclass(frozen=True)
@@ -163,9 +182,10 @@ def run_scenario(
             seed=7,
             busy_s=shape.busy_s,
             period_s=shape.period_s,
+            trace=HP_TRACE,
         )
         log = (timeline_at_s - 0.05, timeline_at_s + 0.95) if timeline_at_s >= 0 else (0.0, 0.0)
-        lps = [LpSpec("coloc", directory, LP_VGPU, lp.kernel_s, seconds, *log)] * (
+        lps = [LpSpec("coloc", directory, LP_VGPU, lp.kernel_s, seconds, *log, trace=lp.trace)] * (
             lp.processes if mode.lp else 0
         )
         workers = [start(hp_main, hp)] + [start(lp_main, s) for s in lps]
@@ -221,6 +241,7 @@ def _figures(
         "preempt_p50_ms": ms(percentile(wait, 50)),
         "preempt_p99_ms": ms(percentile(wait, 99)),
         "lp_kernels_per_s": sum(r.kernels for r in lps) / (span / 1e9),
+        "lp_steps_per_s": sum(r.steps for r in lps) / (span / 1e9),
         "lp_device_share": lp_dev / span,
         "harvest": lp_dev / max(1, span - hp_dev) if lps else None,
         "utilization": (hp_dev + lp_dev) / span,
@@ -276,7 +297,7 @@ def _targets(rows: list[dict[str, Any]], lp: Lp) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for shape in ("steady", "bursty"):
         alone, q100 = row("hp-alone", shape), row("qshare-100ms", shape)
-        limit = alone["hp_p99_ms"] * 1.05 + lp.kernel_s * 1e3
+        limit = alone["hp_p99_ms"] * 1.05 + lp.kernel_p99_ms
         out[f"{shape}_100ms_hp_p99_ms"] = q100["hp_p99_ms"]
         out[f"{shape}_100ms_hp_p99_limit_ms"] = limit
         out[f"{shape}_100ms_hp_p99_met"] = q100["hp_p99_ms"] <= limit
@@ -303,7 +324,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         at = plan.timeline_at_s if shape is BURSTY and lp.processes > 1 else -1.0
                         rows.append(run_scenario(d, mode, shape, lp, plan.variant_s, at))
         else:
-            several = VARIANT_LPS[1]
+            several = next(v for v in VARIANT_LPS if v.processes > 1)
             for mode in (m for m in MODES if m.name in ("qshare-100ms", "qshare-auto")):
                 rows.append(run_scenario(d, mode, BURSTY, several, 1.2, plan.timeline_at_s))
         policies = run_policies(d, plan.policy_s)
@@ -317,8 +338,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "benchmark": "colocation",
         "quick": bool(args.quick),
         "hp": {
-            "kernel_ms": HP_KERNEL_S * 1e3,
-            "kernels_per_request": HP_KERNELS,
+            "trace": HP_TRACE,
+            "request_device_ms": sum(d for _, d in traces.request_timeline(HP_TRACE)) / 1e6,
             "steady_rate": STEADY.rate,
             "bursty_rate_while_busy": BURSTY.rate,
             "bursty_busy_s": BURSTY.busy_s,
@@ -338,7 +359,7 @@ def _fmt(v: Any, spec: str = ".2f") -> str:
 
 def table(result: dict[str, Any]) -> str:
     head = (
-        f"{'shape':7} {'lp':12} {'mode':13} {'reqs':>5} {'p50':>6} {'p99':>6} {'p999':>6} "
+        f"{'shape':7} {'lp':17} {'mode':13} {'reqs':>5} {'p50':>6} {'p99':>6} {'p999':>6} "
         f"{'x p99':>6} {'pre99':>6} {'harv':>5} {'util':>5} {'u/rel':>5} {'rel50':>6} "
         f"{'rel99':>6}"
     )
@@ -349,7 +370,7 @@ def table(result: dict[str, Any]) -> str:
     ]
     for r in result["scenarios"]:
         lines.append(
-            f"{r['shape']:7} {r['lp'] or '-':12} {r['mode']:13} {r['hp_requests']:5d} "
+            f"{r['shape']:7} {r['lp'] or '-':17} {r['mode']:13} {r['hp_requests']:5d} "
             f"{r['hp_p50_ms']:6.2f} {r['hp_p99_ms']:6.2f} {r['hp_p999_ms']:6.2f} "
             f"{_fmt(r.get('hp_p99_inflation')):>6} {r['preempt_p99_ms']:6.2f} "
             f"{_fmt(r['harvest'], '.0%'):>5} {r['utilization']:5.0%} "

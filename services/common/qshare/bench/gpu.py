@@ -1,11 +1,15 @@
 """`qshare bench gpu`: online/offline co-location on a real NVIDIA GPU with PyTorch.
 
-A high-priority ResNet-50 inference loop (batch 1, Poisson arrivals) runs beside a
-low-priority ResNet-50 training loop: alone, co-located without qshare, co-located under
-the interposer, and each co-location again under MPS with the low-priority client at
-CUDA_MPS_CLIENT_PRIORITY=1. Reports HP latency p50/p99, LP throughput, the latency HP
-gains over running alone (what preemption leaves), and the per-launch cost of the
-interposer on the real driver. Needs a GPU and PyTorch; CI never runs it.
+High priority (HP) serves batch-1 inference requests at Poisson arrivals: ResNet-50 as one
+CUDA graph (how latency-critical inference is usually served), ResNet-50 eager (host-bound,
+many sub-millisecond device gaps per request) or a BERT-base-shaped encoder. Low priority
+(LP) trains ResNet-50 (batch 64) or a GPT-2-shaped model (124M, kernels up to ms long).
+Each scenario (alone, co-located without qshare, under MPS with LP at client priority 1,
+under qshare at release 100 ms, 1 ms or auto) runs three times, rounds interleaved, and is
+reported as median and spread. Reports HP latency p50/p99, LP throughput, the harvest (LP
+throughput ÷ LP alone × the share of time HP leaves the card idle) and the targets of issue
+9; plots HP latency and LP throughput side by side. Needs a GPU and PyTorch; CI never runs
+it (`qshare bench hook` replays the same workloads through the fake driver).
 """
 
 from __future__ import annotations
@@ -14,29 +18,31 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from qshare.bench import traces
 from qshare.bench.hook import HP_VGPU, LP_VGPU, percentile, test_node
 from qshare.native_build import INTERPOSER, build_cuda
 
 HP_RATE_PER_S = 30.0
+AUTO_BOUND_US = 2000  # auto release: HP p99 may grow by at most this much
+ROUNDS = 3
+LP_BATCH = {"resnet50": 64, "gpt2": 8}
 
 
-# ---- workers: run as `python -m qshare.bench.gpu ROLE SECONDS OUT` in their own process ----
+# ---- workers: run as `python -m qshare.bench.gpu ROLE KIND SECONDS OUT` in their own process ----
 
 
-# auto release mode: let HP p99 grow by at most this much while LP harvests the gaps
-AUTO_BOUND_US = 2000
-
-
-def _hp_worker(seconds: float, out: Path) -> None:
-    import random
-
+def _resnet50_infer(graph: bool) -> Any:
     import torch  # type: ignore[import-not-found, unused-ignore]
     import torchvision  # type: ignore[import-not-found, unused-ignore]
 
@@ -46,22 +52,55 @@ def _hp_worker(seconds: float, out: Path) -> None:
         for _ in range(20):
             model(x)
         torch.cuda.synchronize()
-        latencies: list[float] = []
-        rng = random.Random(7)
+        if not graph:
+            return lambda: model(x)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            model(x)
+    return g.replay
+
+
+def _bert_infer() -> Any:
+    import torch  # type: ignore[import-not-found, unused-ignore]
+
+    layer = torch.nn.TransformerEncoderLayer(768, 12, 3072, batch_first=True)
+    model = torch.nn.TransformerEncoder(layer, 12, enable_nested_tensor=False).cuda().half().eval()
+    x = torch.randn(1, 128, 768, device="cuda", dtype=torch.half)
+    with torch.inference_mode():
+        for _ in range(20):
+            model(x)
+    torch.cuda.synchronize()
+    return lambda: model(x)
+
+
+def _hp_worker(kind: str, seconds: float, out: Path) -> None:
+    import random
+
+    import torch  # type: ignore[import-not-found, unused-ignore]
+
+    request = _bert_infer() if kind == "bert" else _resnet50_infer(kind == "graph")
+    latencies: list[float] = []
+    device_ms = 0.0
+    rng = random.Random(7)
+    with torch.inference_mode():
         start = time.perf_counter()
         arrival = start
         while arrival - start < seconds:
             arrival += rng.expovariate(HP_RATE_PER_S)
-            delay = arrival - time.perf_counter()
-            if delay > 0:
+            if (delay := arrival - time.perf_counter()) > 0:
                 time.sleep(delay)
-            model(x)
-            torch.cuda.synchronize()
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            request()
+            end.record()
+            end.synchronize()
             latencies.append((time.perf_counter() - arrival) * 1e3)
-    out.write_text(json.dumps({"latency_ms": latencies}))
+            device_ms += begin.elapsed_time(end)
+        wall = time.perf_counter() - start
+    out.write_text(json.dumps({"latency_ms": latencies, "busy_share": device_ms / 1e3 / wall}))
 
 
-def _lp_worker(seconds: float, out: Path) -> None:
+def _resnet50_step() -> Any:
     import torch  # type: ignore[import-not-found, unused-ignore]
     import torchvision  # type: ignore[import-not-found, unused-ignore]
 
@@ -69,7 +108,6 @@ def _lp_worker(seconds: float, out: Path) -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x = torch.randn(64, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
     y = torch.randint(0, 1000, (64,), device="cuda")
-    ready = out.with_suffix(".ready")
 
     def step() -> None:
         with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -78,22 +116,63 @@ def _lp_worker(seconds: float, out: Path) -> None:
         loss.backward()
         opt.step()
 
+    return step
+
+
+def _gpt2_step() -> Any:
+    import torch  # type: ignore[import-not-found, unused-ignore]
+
+    vocab, seq, width = 50257, 512, 768
+    layer = torch.nn.TransformerEncoderLayer(
+        width, 12, 4 * width, batch_first=True, norm_first=True
+    )
+    body = torch.nn.TransformerEncoder(layer, 12, enable_nested_tensor=False)
+    model = torch.nn.ModuleDict(
+        {
+            "tok": torch.nn.Embedding(vocab, width),
+            "pos": torch.nn.Embedding(seq, width),
+            "body": body,
+            "head": torch.nn.Linear(width, vocab, bias=False),
+        }
+    ).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    ids = torch.randint(0, vocab, (8, seq), device="cuda")
+    mask = torch.nn.Transformer.generate_square_subsequent_mask(seq, device="cuda")
+    pos = torch.arange(seq, device="cuda")
+
+    def step() -> None:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            h = model["body"](model["tok"](ids) + model["pos"](pos), mask=mask, is_causal=True)
+            logits = model["head"](h)
+            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), ids.flatten())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    return step
+
+
+def _lp_worker(kind: str, seconds: float, out: Path) -> None:
+    import torch  # type: ignore[import-not-found, unused-ignore]
+
+    step = _gpt2_step() if kind == "gpt2" else _resnet50_step()
     for _ in range(5):
         step()
     torch.cuda.synchronize()
-    ready.write_text("1")
+    out.with_suffix(".ready").write_text("1")
     steps, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
         step()
         steps += 1
     torch.cuda.synchronize()
     elapsed = time.perf_counter() - start
-    out.write_text(json.dumps({"images_per_s": steps * 64 / elapsed, "steps": steps}))
+    out.write_text(json.dumps({"items_per_s": steps * LP_BATCH[kind] / elapsed, "steps": steps}))
 
 
-def _launch_worker(seconds: float, out: Path) -> None:
+def _launch_worker(kind: str, seconds: float, out: Path) -> None:
     import torch  # type: ignore[import-not-found, unused-ignore]
 
+    del kind
     a = torch.ones(16, device="cuda")
     for _ in range(1000):
         a.add_(1)
@@ -111,18 +190,46 @@ def _launch_worker(seconds: float, out: Path) -> None:
 WORKERS = {"hp": _hp_worker, "lp": _lp_worker, "launch": _launch_worker}
 
 
-# ---- orchestration ----
+# ---- scenarios ----
 
 
-def _spawn(role: str, seconds: float, out: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    argv = [sys.executable, "-m", "qshare.bench.gpu", role, str(seconds), str(out)]
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    hp: str | None  # graph | eager | bert
+    lp: str | None  # resnet50 | gpt2
+    mode: str  # plain | mps | qshare-100ms | qshare-1ms | qshare-auto
+
+
+SCENARIOS = (
+    Scenario("lp_alone", None, "resnet50", "plain"),
+    Scenario("lp_alone_qshare", None, "resnet50", "qshare-100ms"),
+    Scenario("graph_alone", "graph", None, "plain"),
+    Scenario("graph+lp_plain", "graph", "resnet50", "plain"),
+    Scenario("graph+lp_mps", "graph", "resnet50", "mps"),
+    Scenario("graph+lp_qshare_100ms", "graph", "resnet50", "qshare-100ms"),
+    Scenario("graph+lp_qshare_1ms", "graph", "resnet50", "qshare-1ms"),
+    Scenario("eager_alone", "eager", None, "plain"),
+    Scenario("eager+lp_plain", "eager", "resnet50", "plain"),
+    Scenario("eager+lp_qshare_100ms", "eager", "resnet50", "qshare-100ms"),
+    Scenario("eager+lp_qshare_auto", "eager", "resnet50", "qshare-auto"),
+    Scenario("bert_alone", "bert", None, "plain"),
+    Scenario("bert+lp_qshare_1ms", "bert", "resnet50", "qshare-1ms"),
+    Scenario("gpt2_alone", None, "gpt2", "plain"),
+    Scenario("graph+gpt2_plain", "graph", "gpt2", "plain"),
+    Scenario("graph+gpt2_qshare_1ms", "graph", "gpt2", "qshare-1ms"),
+)
+
+
+def _spawn(
+    role: str, kind: str, seconds: float, out: Path, env: dict[str, str]
+) -> subprocess.Popen[bytes]:
+    argv = [sys.executable, "-m", "qshare.bench.gpu", role, kind, str(seconds), str(out)]
     return subprocess.Popen(argv, env=env)
 
 
-def _env(
-    base: dict[str, str], vgpu: int | None, seg: str, shm: Path, mps_low: bool
-) -> dict[str, str]:
-    env = dict(base)
+def _env(vgpu: int | None, seg: str, shm: Path, mps_low: bool) -> dict[str, str]:
+    env = dict(os.environ)
     if vgpu is not None:
         env.update(QSHARE_VGPU=str(vgpu), QSHARE_SEGMENT=seg, QSHARE_SHM_DIR=str(shm))
         env["LD_PRELOAD"] = str(INTERPOSER)
@@ -131,35 +238,53 @@ def _env(
     return env
 
 
-def _scenario(
-    tmp: Path, seconds: float, hp: bool, lp: bool, qshare: str | None, shm: Path, mps: bool
-) -> dict[str, Any]:
-    base = dict(os.environ)
+@contextmanager
+def _segment(tmp: Path, mode: str, uuid: str, total: int) -> Iterator[str | None]:
+    """The node for `mode`: a test node at its release setting, or none (plain, MPS)."""
+    if not mode.startswith("qshare"):
+        yield None
+        return
+    auto = AUTO_BOUND_US if mode == "qshare-auto" else None
+    delay_ms = 1 if mode == "qshare-1ms" else 100
+    with test_node(tmp, uuid, total, delay_ms, release_auto_us=auto) as seg:
+        yield seg
+
+
+def _wait_ready(out: Path, timeout_s: float = 180.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not out.with_suffix(".ready").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def _run_once(tmp: Path, sc: Scenario, seconds: float, uuid: str, total: int) -> dict[str, Any]:
     result: dict[str, Any] = {}
     procs: list[tuple[str, subprocess.Popen[bytes], Path]] = []
-    if lp:
-        out = tmp / f"lp-{time.monotonic_ns()}.json"
-        env = _env(base, LP_VGPU if qshare else None, qshare or "", shm, mps)
-        procs.append(("lp", _spawn("lp", seconds + (5 if hp else 0), out, env), out))
-        deadline = time.monotonic() + 180
-        while not out.with_suffix(".ready").exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
-    if hp:
-        out = tmp / f"hp-{time.monotonic_ns()}.json"
-        env = _env(base, HP_VGPU if qshare else None, qshare or "", shm, False)
-        procs.append(("hp", _spawn("hp", seconds, out, env), out))
-    for role, proc, out in procs:
-        if proc.wait(timeout=600) != 0 or not out.exists():
-            result[f"{role}_error"] = f"exit status {proc.returncode}"
-            continue
-        data = json.loads(out.read_text())
-        if role == "hp":
-            lat = data["latency_ms"]
-            result.update(hp_p50_ms=percentile(lat, 50), hp_p99_ms=percentile(lat, 99))
-            result["hp_requests"] = len(lat)
-        else:
-            result["lp_images_per_s"] = data["images_per_s"]
+    with _segment(tmp, sc.mode, uuid, total) as seg:
+        mps = sc.mode == "mps"
+        if sc.lp:
+            out = tmp / f"lp-{time.monotonic_ns()}.json"
+            env = _env(LP_VGPU if seg else None, seg or "", tmp, mps)
+            procs.append(("lp", _spawn("lp", sc.lp, seconds + (5 if sc.hp else 0), out, env), out))
+            _wait_ready(out)
+        if sc.hp:
+            out = tmp / f"hp-{time.monotonic_ns()}.json"
+            env = _env(HP_VGPU if seg else None, seg or "", tmp, False)
+            procs.append(("hp", _spawn("hp", sc.hp, seconds, out, env), out))
+        for role, proc, out in procs:
+            if proc.wait(timeout=600) != 0 or not out.exists():
+                result[f"{role}_error"] = f"exit status {proc.returncode}"
+                continue
+            data = json.loads(out.read_text())
+            if role == "hp":
+                lat = data["latency_ms"]
+                result.update(hp_p50_ms=percentile(lat, 50), hp_p99_ms=percentile(lat, 99))
+                result.update(hp_requests=len(lat), hp_busy_share=data["busy_share"])
+            else:
+                result["lp_items_per_s"] = data["items_per_s"]
     return result
+
+
+# ---- MPS ----
 
 
 def _start_mps(tmp: Path) -> dict[str, str] | None:
@@ -183,6 +308,26 @@ def _stop_mps(env: dict[str, str]) -> None:
         subprocess.run([control], input=b"quit\n", env=env, timeout=60)
 
 
+@contextmanager
+def _mps(tmp: Path) -> Iterator[bool]:
+    """MPS running for the block (os.environ pointing at it); False if it cannot start."""
+    env = _start_mps(tmp)
+    if env is None:
+        yield False
+        return
+    saved = dict(os.environ)
+    os.environ.update(env)
+    try:
+        yield True
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+        _stop_mps(env)
+
+
+# ---- orchestration and figures ----
+
+
 def _gpu_identity() -> tuple[str, str, int]:
     query = "--query-gpu=name,uuid,memory.total"
     line = subprocess.run(
@@ -195,107 +340,230 @@ def _gpu_identity() -> tuple[str, str, int]:
     return name, uuid, int(mib) << 20
 
 
-def _launch_overhead(tmp: Path, seconds: float, seg: str, shm: Path) -> dict[str, float]:
+def _launch_overhead(tmp: Path, seconds: float, uuid: str, total: int) -> dict[str, float]:
     figures: dict[str, float] = {}
-    for label, vgpu in (("without_qshare", None), ("with_qshare", HP_VGPU)):
-        out = tmp / f"launch-{label}.json"
-        proc = _spawn("launch", seconds, out, _env(dict(os.environ), vgpu, seg, shm, False))
-        if proc.wait(timeout=300) == 0:
-            figures[label] = json.loads(out.read_text())["ns_per_launch"]
+    with test_node(tmp, uuid, total, 100) as seg:
+        for label, vgpu in (("without_qshare", None), ("with_qshare", HP_VGPU)):
+            out = tmp / f"launch-{label}.json"
+            proc = _spawn("launch", "-", seconds, out, _env(vgpu, seg, tmp, False))
+            if proc.wait(timeout=300) == 0:
+                figures[label] = json.loads(out.read_text())["ns_per_launch"]
     if len(figures) == 2:
         figures["added"] = figures["with_qshare"] - figures["without_qshare"]
     return figures
 
 
+def _rounds(seconds: float, uuid: str, total: int, rounds: int) -> dict[str, list[dict[str, Any]]]:
+    """Every scenario `rounds` times, one round after the other (interleaved)."""
+    runs: dict[str, list[dict[str, Any]]] = {sc.name: [] for sc in SCENARIOS}
+    for _ in range(rounds):
+        for sc in SCENARIOS:
+            with tempfile.TemporaryDirectory() as t:
+                if sc.mode == "mps":
+                    with _mps(Path(t)) as ok:
+                        run = _run_once(Path(t), sc, seconds, uuid, total) if ok else {}
+                        if not ok:
+                            run["error"] = "nvidia-cuda-mps-control not available or failed"
+                else:
+                    run = _run_once(Path(t), sc, seconds, uuid, total)
+            runs[sc.name].append(run)
+    return runs
+
+
+def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median and spread (min, max) of each figure over the runs that produced it."""
+    out: dict[str, Any] = {"runs": len(runs)}
+    keys = sorted({k for r in runs for k, v in r.items() if isinstance(v, int | float)})
+    for key in keys:
+        values = [float(r[key]) for r in runs if key in r]
+        out[key] = statistics.median(values)
+        out[f"{key}_spread"] = [min(values), max(values)]
+    errors = [r[k] for r in runs for k in r if k.endswith("error")]
+    if errors:
+        out["errors"] = errors
+    return out
+
+
+def add_derived(scenarios: dict[str, dict[str, Any]]) -> None:
+    """Added HP latency against HP alone, and the harvest: LP throughput ÷ (LP alone × the
+    share of time HP leaves idle, as HP alone measured it)."""
+    by = {sc.name: sc for sc in SCENARIOS}
+    for name, s in scenarios.items():
+        sc = by.get(name)
+        if sc is None or sc.hp is None:
+            continue
+        alone = scenarios.get(f"{sc.hp}_alone", {})
+        if "hp_p99_ms" in alone and "hp_p99_ms" in s:
+            s["hp_p99_added_ms"] = s["hp_p99_ms"] - alone["hp_p99_ms"]
+        lp_alone = scenarios.get("lp_alone" if sc.lp == "resnet50" else f"{sc.lp}_alone", {})
+        if sc.lp and "lp_items_per_s" in s and "lp_items_per_s" in lp_alone:
+            idle = 1.0 - float(alone.get("hp_busy_share", 0.0))
+            s["harvest"] = s["lp_items_per_s"] / (lp_alone["lp_items_per_s"] * idle)
+
+
+def targets(scenarios: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Issue 9's targets, judged on the medians (None where a figure is missing)."""
+
+    def fig(name: str, key: str) -> float | None:
+        v = scenarios.get(name, {}).get(key)
+        return None if v is None else float(v)
+
+    def le(a: float | None, b: float | None) -> bool | None:
+        return None if a is None or b is None else a <= b
+
+    graph, eager = fig("graph_alone", "hp_p99_ms"), fig("eager+lp_qshare_100ms", "hp_p99_ms")
+    lp, lp_q = fig("lp_alone", "lp_items_per_s"), fig("lp_alone_qshare", "lp_items_per_s")
+    bound = None if graph is None else graph * 1.05
+    gpt2_kernel_ms = float(traces.summary(traces.LP_GPT2)["kernel_us_p99"]) / 1e3
+    harvest = fig("graph+lp_qshare_1ms", "harvest")
+    auto_lp = fig("eager+lp_qshare_auto", "lp_items_per_s")
+    fixed_lp = fig("eager+lp_qshare_100ms", "lp_items_per_s")
+    return {
+        "lp_alone_qshare_ratio": None if not lp or lp_q is None else lp_q / lp,
+        "lp_alone_qshare_ratio_met": None if not lp or lp_q is None else lp_q / lp >= 0.97,
+        "graph_1ms_hp_p99_met": le(fig("graph+lp_qshare_1ms", "hp_p99_ms"), bound),
+        "graph_1ms_harvest_met": None if harvest is None else harvest >= 0.9,
+        "graph_100ms_hp_p99_met": le(fig("graph+lp_qshare_100ms", "hp_p99_ms"), bound),
+        "gpt2_hp_p99_met": le(
+            fig("graph+gpt2_qshare_1ms", "hp_p99_ms"),
+            None if graph is None else graph + gpt2_kernel_ms,
+        ),
+        "eager_auto_hp_p99_met": le(fig("eager+lp_qshare_auto", "hp_p99_ms"), eager),
+        "eager_auto_lp_above_met": None
+        if auto_lp is None or fixed_lp is None
+        else auto_lp > fixed_lp,
+    }
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     build_cuda()
     seconds = 8.0 if args.quick else 20.0
+    rounds = 1 if args.quick else ROUNDS
     name, uuid, total = _gpu_identity()
     result: dict[str, Any] = {"benchmark": "gpu", "gpu": name, "seconds_per_scenario": seconds}
-    result["hp"] = f"ResNet-50 inference, batch 1, fp16, Poisson {HP_RATE_PER_S:g}/s"
-    result["lp"] = "ResNet-50 training, batch 64, bf16 autocast, SGD"
-    with tempfile.TemporaryDirectory() as t, test_node(Path(t), uuid, total, 100) as seg:
-        tmp, shm = Path(t), Path(t)
-        scenarios: dict[str, Any] = {
-            "hp_alone": _scenario(tmp, seconds, True, False, None, shm, False),
-            "lp_alone": _scenario(tmp, seconds, False, True, None, shm, False),
-            "colocated_plain": _scenario(tmp, seconds, True, True, None, shm, False),
-            "colocated_qshare": _scenario(tmp, seconds, True, True, seg, shm, False),
-        }
-    with (
-        tempfile.TemporaryDirectory() as t,
-        test_node(Path(t), uuid, total, 100, release_auto_us=AUTO_BOUND_US) as seg,
-    ):
-        scenarios["colocated_qshare_auto"] = _scenario(
-            Path(t), seconds, True, True, seg, Path(t), False
-        )
-    with tempfile.TemporaryDirectory() as t, test_node(Path(t), uuid, total, 100) as seg:
-        tmp, shm = Path(t), Path(t)
-        mps_env = _start_mps(tmp)
-        if mps_env is None:
-            result["mps"] = "nvidia-cuda-mps-control not available or failed to start"
-        else:
-            saved = dict(os.environ)
-            os.environ.update(mps_env)
-            try:
-                scenarios["colocated_mps_lp_priority_low"] = _scenario(
-                    tmp, seconds, True, True, None, shm, True
-                )
-                scenarios["colocated_qshare_mps_lp_priority_low"] = _scenario(
-                    tmp, seconds, True, True, seg, shm, True
-                )
-            finally:
-                os.environ.clear()
-                os.environ.update(saved)
-                _stop_mps(mps_env)
-        result["launch_overhead_ns"] = _launch_overhead(tmp, 3.0, seg, shm)
-    alone = scenarios["hp_alone"].get("hp_p50_ms")
-    for figures in scenarios.values():
-        if alone is not None and "hp_p50_ms" in figures:
-            figures["hp_p50_added_ms"] = figures["hp_p50_ms"] - alone
+    result["rounds"] = rounds
+    result["hp"] = (
+        f"batch-1 inference (ResNet-50 graph/eager fp16, BERT-base), Poisson {HP_RATE_PER_S:g}/s"
+    )
+    result["lp"] = (
+        "training: ResNet-50 batch 64 bf16 SGD (images/s), GPT-2 124M 8x512 AdamW (samples/s)"
+    )
+    scenarios = {n: summarize(r) for n, r in _rounds(seconds, uuid, total, rounds).items()}
+    add_derived(scenarios)
     result["scenarios"] = scenarios
-    _plot(result, args.out_dir)
+    result["targets"] = targets(scenarios)
+    with tempfile.TemporaryDirectory() as t:
+        result["launch_overhead_ns"] = _launch_overhead(Path(t), 3.0, uuid, total)
+    result["plot"] = plot(result, args.out_dir)
     return result
 
 
-def _plot(result: dict[str, Any], out_dir: Path) -> None:
+def plot(result: dict[str, Any], out_dir: Path) -> str | None:
+    """HP latency and LP throughput side by side, one row per scenario; values past the axis
+    (set by the bulk of the data) are drawn to the edge and labelled with their value."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return
-    names = [n for n, s in result["scenarios"].items() if "hp_p50_ms" in s]
-    fig, ax = plt.subplots(figsize=(9, 4.5))
-    xs = range(len(names))
-    p50 = [result["scenarios"][n]["hp_p50_ms"] for n in names]
-    p99 = [result["scenarios"][n]["hp_p99_ms"] for n in names]
-    ax.bar([x - 0.2 for x in xs], p50, width=0.4, label="HP p50")
-    ax.bar([x + 0.2 for x in xs], p99, width=0.4, label="HP p99")
-    ax.set_xticks(list(xs), [n.replace("_", "\n", 1) for n in names], fontsize=7)
-    ax.set_ylabel("HP request latency (ms)")
-    ax.set_title(f"qshare co-location on {result['gpu']}: {result['hp']}")
-    ax.legend()
+        return None
+    names = list(result["scenarios"])
+    rows = [result["scenarios"][n] for n in names]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 0.45 * len(names) + 1.6), sharey=True)
+    ys = list(range(len(names)))[::-1]
+    _bars(left, ys, rows, ("hp_p50_ms", "hp_p99_ms"), ("HP p50", "HP p99"), "HP latency (ms)")
+    _bars(right, ys, rows, ("lp_items_per_s",), ("LP throughput",), "LP images or samples / s")
+    left.set_yticks(ys, names, fontsize=8)
+    fig.suptitle(f"qshare on {result['gpu']}: median of {result['rounds']} runs, bars = spread")
     out_dir.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(out_dir / "gpu.png", dpi=120)
+    path = out_dir / "gpu.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return str(path)
+
+
+def axis_limit(values: list[float]) -> float:
+    """An axis end that the bulk of the values sets: 1.3 x the 80th percentile, at least the
+    median's double, so one or two outliers do not squash the rest."""
+    if not values:
+        return 1.0
+    ordered = sorted(values)
+    p80 = ordered[min(len(ordered) - 1, round(0.8 * (len(ordered) - 1)))]
+    return max(1.3 * p80, 2 * statistics.median(ordered), 1e-9)
+
+
+def _bars(
+    ax: Any,
+    ys: list[int],
+    rows: list[dict[str, Any]],
+    keys: tuple[str, ...],
+    labels: tuple[str, ...],
+    title: str,
+) -> None:
+    height = 0.8 / len(keys)
+    limit = axis_limit([float(r[k]) for r in rows for k in keys if k in r])
+    for i, (key, label) in enumerate(zip(keys, labels, strict=True)):
+        offset = (i - (len(keys) - 1) / 2) * height
+        drawn = [(y, r) for y, r in zip(ys, rows, strict=True) if key in r]
+        for n, (y, r) in enumerate(drawn):
+            _bar(ax, y - offset, height, r, key, limit, f"C{i}", label if n == 0 else None)
+    ax.set_xlim(0, limit)
+    ax.set_xlabel(title)
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+
+
+def _bar(
+    ax: Any,
+    y: float,
+    height: float,
+    r: dict[str, Any],
+    key: str,
+    limit: float,
+    color: str,
+    label: str | None,
+) -> None:
+    """One bar, clipped at `limit` with its value written in; the spread as an error bar."""
+    value = float(r[key])
+    lo, hi = r.get(f"{key}_spread", [value, value])
+    ax.barh(y, min(value, limit), height, color=color, label=label)
+    if value > limit:
+        ax.text(limit, y, f"{value:.3g} >", va="center", ha="right", fontsize=7, color="white")
+    elif hi > lo:
+        err = [[value - lo], [min(hi, limit) - value]]
+        ax.errorbar(value, y, xerr=err, fmt="none", ecolor="black", capsize=2, lw=0.8)
 
 
 def table(result: dict[str, Any]) -> str:
-    lines = [f"gpu bench on {result['gpu']} — HP: {result['hp']}; LP: {result['lp']}"]
+    lines = [f"gpu bench on {result['gpu']} ({result['rounds']} rounds, median [min..max])"]
+    lines.append(f"HP: {result['hp']}; LP: {result['lp']}")
     lines.append(
-        f"{'scenario':<40}{'HP p50 ms':>10}{'HP p99 ms':>10}{'+p50 ms':>9}{'LP img/s':>10}"
+        f"{'scenario':<26}{'HP p50 ms':>10}{'HP p99 ms':>22}{'+p99 ms':>9}"
+        f"{'LP /s':>20}{'harvest':>9}"
     )
     for name, s in result["scenarios"].items():
-        cells = [s.get(k) for k in ("hp_p50_ms", "hp_p99_ms", "hp_p50_added_ms", "lp_images_per_s")]
-        text = ["-" if c is None else f"{c:.2f}" for c in cells]
-        lines.append(f"{name:<40}{text[0]:>10}{text[1]:>10}{text[2]:>9}{text[3]:>10}")
+        lines.append(
+            f"{name:<26}{_cell(s, 'hp_p50_ms', 10)}{_cell(s, 'hp_p99_ms', 22, True)}"
+            f"{_cell(s, 'hp_p99_added_ms', 9)}{_cell(s, 'lp_items_per_s', 20, True, '.0f')}"
+            f"{_cell(s, 'harvest', 9)}" + (f"  errors: {s['errors']}" if "errors" in s else "")
+        )
+    lines.append(f"targets: {result['targets']}")
     lines.append(f"launch overhead (ns/launch): {result['launch_overhead_ns']}")
-    if "mps" in result:
-        lines.append(f"MPS: {result['mps']}")
+    lines.append(f"plot: {result['plot']}")
     return "\n".join(lines)
 
 
+def _cell(s: dict[str, Any], key: str, width: int, spread: bool = False, spec: str = ".2f") -> str:
+    if key not in s:
+        return f" {'-':>{width - 1}}"
+    text = format(s[key], spec)
+    if spread and f"{key}_spread" in s:
+        lo, hi = s[f"{key}_spread"]
+        text += f" [{format(lo, spec)}..{format(hi, spec)}]"
+    return f" {text:>{width - 1}}"
+
+
 if __name__ == "__main__":
-    WORKERS[sys.argv[1]](float(sys.argv[2]), Path(sys.argv[3]))
+    WORKERS[sys.argv[1]](sys.argv[2], float(sys.argv[3]), Path(sys.argv[4]))

@@ -2,7 +2,10 @@
 
 Launches per second straight to the fake libcuda.so.1 and through libqshare-cuda.so (as a
 high- and as a low-priority vGPU), the nanoseconds each launch gains, and how long a process
-takes to attach (its first cuInit), alone and with 64 processes starting at once.
+takes to attach (its first cuInit), alone and with 64 processes starting at once. The
+replay runs the ResNet-50 training trace (bench/traces/) through the fake driver, kernels
+of their recorded durations on its device thread and the recorded host gaps between
+launches, directly and as a low-priority vGPU: the throughput ratio and the added ns/launch.
 """
 
 from __future__ import annotations
@@ -18,11 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from qshare.bench import attach_scale
+from qshare.bench import traces
 from qshare.native_build import FAKE_DIR, INTERPOSER, TOOLS, build_cuda
 
 FAKE_UUID = "GPU-0a1b2c3d-0000-4000-8000-00000000be4c"
 GIB = 1 << 30
 HP_VGPU, LP_VGPU = 1, 2
+DEFAULT_LP_WINDOW_US = 500  # QS_DEFAULT_LP_WINDOW_NS
 
 
 @contextlib.contextmanager
@@ -32,6 +37,7 @@ def test_node(
     card_mem: int,
     release_delay_ms: int = 100,
     release_auto_us: int | None = None,
+    lp_window_us: int | None = None,
 ) -> Iterator[str]:
     """A segment with one card, an HP vGPU (id 1) and an LP vGPU (id 2); yields its name.
     With `release_auto_us`, the card's release delay is `auto` with that HP p99 bound."""
@@ -40,6 +46,8 @@ def test_node(
     argv += ["--release-delay-ms", str(release_delay_ms), "--card", f"{card_uuid}:{card_mem}"]
     if release_auto_us is not None:
         argv += ["--release-auto-us", str(release_auto_us)]
+    if lp_window_us is not None:
+        argv += ["--lp-window-us", str(lp_window_us)]
     argv += ["--vgpu", f"{HP_VGPU}:0:high:100:{card_mem // 2}"]
     argv += ["--vgpu", f"{LP_VGPU}:0:low:100:{card_mem // 2}"]
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -113,11 +121,111 @@ def attach_ms(env: dict[str, str], processes: int, rounds: int) -> list[float]:
     return times
 
 
+def replay_wall_ns(env: dict[str, str], timeline: Path, passes: int) -> tuple[int, int]:
+    """(wall ns of `passes` timed passes, launches per pass) of one trace-replay run."""
+    done = subprocess.run(
+        [str(TOOLS / "trace-replay"), str(timeline), str(passes)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+    )
+    fields = dict(pair.split("=", 1) for pair in done.stdout.split()[1:])
+    if done.returncode != 0 or fields.get("rc") != "0":
+        raise RuntimeError(f"trace-replay failed: {done.stdout.strip()} {done.stderr.strip()}")
+    return int(fields["wall_ns"]), int(fields["launches"])
+
+
+@contextlib.contextmanager
+def idle_high_priority(env: dict[str, str]) -> Iterator[None]:
+    """A high-priority process attached to the card that launches nothing: the LP window is
+    then the card's (500 us by default) instead of the wider one kept while nobody needs it."""
+    proc = subprocess.Popen(
+        [str(TOOLS / "probe-direct")],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write("init\n")
+    proc.stdin.flush()
+    if "rc=0" not in proc.stdout.readline():
+        proc.kill()
+        raise RuntimeError("the idle high-priority process could not attach")
+    try:
+        yield
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=30)
+
+
+def replay_pairs(
+    directory: Path, seg: str, timeline: Path, passes: int, repeats: int
+) -> tuple[list[int], list[int], int]:
+    """Wall ns of direct and interposed (LP) runs, interleaved, the order alternating."""
+    direct: list[int] = []
+    hooked: list[int] = []
+    launches = 0
+    for i in range(repeats):
+        envs = [vgpu_env(directory, seg, None), vgpu_env(directory, seg, LP_VGPU)]
+        for env in envs if i % 2 == 0 else envs[::-1]:
+            wall, launches = replay_wall_ns(env, timeline, passes)
+            (direct if "LD_PRELOAD" not in env else hooked).append(wall)
+    return direct, hooked, launches
+
+
+def replay_figures(
+    direct: list[int], hooked: list[int], launches: int, passes: int
+) -> dict[str, Any]:
+    """Medians of the pairs (each pair ran back to back, so a shared machine's load shifts
+    both runs of a pair alike) and the spread of the pairs' ratios."""
+    pairs = list(zip(direct, hooked, strict=True))
+    ratios = sorted(a / b for a, b in pairs)
+    return {
+        "wall_ms": {
+            "direct": statistics.median(direct) / 1e6,
+            "interposed": statistics.median(hooked) / 1e6,
+        },
+        "lp_throughput_ratio": statistics.median(ratios),
+        "lp_throughput_ratio_runs": {"min": ratios[0], "max": ratios[-1]},
+        "ns_per_launch_added": statistics.median(b - a for a, b in pairs) / (passes * launches),
+    }
+
+
+def replay(directory: Path, seg: str, passes: int, repeats: int) -> dict[str, Any]:
+    """The training trace, direct and under the interposer as LP: alone on the card (the
+    target), then beside an idle high-priority process (the card's window in force), with
+    what that window costs an ideal launcher (traces.window_model_ratio)."""
+    timeline = directory / "timeline.txt"
+    traces.write_timeline(timeline, traces.LP_TRAINING)
+    alone = replay_pairs(directory, seg, timeline, passes, repeats)
+    with idle_high_priority(vgpu_env(directory, seg, HP_VGPU)):
+        beside_hp = replay_pairs(directory, seg, timeline, passes, repeats)
+    window_ns = DEFAULT_LP_WINDOW_US * 1000
+    return {
+        "workload": traces.LP_TRAINING,
+        "host_scale": traces.HOST_SCALE,
+        "passes_per_run": passes,
+        "runs": repeats,
+        "launches_per_pass": alone[2],
+        **replay_figures(*alone, passes),
+        "lp_throughput_ratio_target": 0.97,
+        "beside_idle_hp": {
+            "lp_window_us": DEFAULT_LP_WINDOW_US,
+            **replay_figures(*beside_hp, passes),
+            "window_model_ratio": traces.window_model_ratio(traces.LP_TRAINING, window_ns),
+        },
+    }
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     build_cuda()
     launches, repeats = (200_000, 3) if args.quick else (2_000_000, 7)
     with tempfile.TemporaryDirectory() as tmp, test_node(Path(tmp), FAKE_UUID, 16 * GIB) as seg:
         directory = Path(tmp)
+        replayed = replay(directory, seg, 3 if args.quick else 5, 9 if args.quick else 21)
         direct = ns_per_launch(vgpu_env(directory, seg, None), launches, repeats)
         hp = ns_per_launch(vgpu_env(directory, seg, HP_VGPU), launches, repeats)
         lp = ns_per_launch(vgpu_env(directory, seg, LP_VGPU), launches, repeats)
@@ -138,6 +246,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         },
         "attach_ms_target": 1.0,
         "attach_ms_by_contexts": attach_scale.measure(quick=args.quick),
+        "replay": replayed,
     }
 
 
@@ -160,4 +269,22 @@ def table(result: dict[str, Any]) -> str:
         a = result["attach_ms"][key]
         lines.append(f"attach, {label:<13} p50 {a['p50']:.3f} ms   p99 {a['p99']:.3f} ms")
     lines += attach_scale.table_lines(result["attach_ms_by_contexts"])
+    r = result["replay"]
+    lines.append(
+        f"replay {r['workload']} ({r['runs']} runs of {r['passes_per_run']} passes of "
+        f"{r['launches_per_pass']} launches, host gaps x{r['host_scale']})"
+    )
+    for label, row in (("LP alone on the card", r), ("LP beside an idle HP", r["beside_idle_hp"])):
+        runs = row["lp_throughput_ratio_runs"]
+        lines.append(
+            f"  {label:<22} direct {row['wall_ms']['direct']:8.1f} ms  interposed "
+            f"{row['wall_ms']['interposed']:8.1f} ms  ratio {row['lp_throughput_ratio']:.3f} "
+            f"[{runs['min']:.3f}..{runs['max']:.3f}]  "
+            f"added {row['ns_per_launch_added']:.0f} ns/launch"
+        )
+    b = r["beside_idle_hp"]
+    lines.append(
+        f"  target ratio (alone) >= {r['lp_throughput_ratio_target']}; a {b['lp_window_us']} us "
+        f"window costs an ideal launcher {1 - b['window_model_ratio']:.1%}"
+    )
     return "\n".join(lines)

@@ -1,0 +1,80 @@
+"""Low priority's in-flight window in device time, through the interposer and the fake
+driver: settable per card at run time, deep windows keep many launches in flight (the
+process never fails for it), completion is tracked by batch and device time accounted."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from .conftest import HP_VGPU, LP_VGPU, NodeOwner, Probe, run_probe
+
+MS = 1_000_000
+
+
+def test_window_is_set_at_run_time_and_reported_in_card_stats(node: NodeOwner) -> None:
+    reply = node.command("window 0 2500")
+    assert reply["rc"] == "0"
+    assert int(reply["lp_window_ns"]) == 2_500_000
+
+
+@pytest.mark.parametrize("us", [0, 2_000_000])
+def test_window_outside_its_range_is_refused(node: NodeOwner, us: int) -> None:
+    assert node.command(f"window 0 {us}")["rc"] != "0"
+
+
+def test_window_on_an_unknown_card_is_refused(node: NodeOwner) -> None:
+    assert node.command("window 5 1000")["rc"] != "0"
+
+
+@pytest.mark.parametrize("style", ["direct", "runtime-per-thread"])
+def test_deep_window_keeps_over_64_launches_in_flight_without_failing(
+    node: NodeOwner, style: str
+) -> None:
+    """300 kernels of 1 ms under a 1 s window: the launch loop returns while more than 100
+    of them are still queued on the device (batched on a named stream; one unit per launch
+    on the per-thread default stream), every call succeeds and every launch is counted."""
+    assert node.command("window 0 1000000")["rc"] == "0"
+    run = run_probe(node, LP_VGPU, ["init", "launch kernel 1000 300", "sync"], style=style)
+    assert run.returncode == 0, run.stderr
+    assert run.rc("launch") == 0 and run.rc("sync") == 0
+    assert int(run.reply("sync")["t"]) - int(run.reply("launch")["t"]) >= 100 * MS
+    assert node.stats(LP_VGPU)["launches"] == 300
+
+
+@pytest.fixture
+def idle_hp(node: NodeOwner) -> Iterator[Probe]:
+    """A high-priority process attached to the card, launching nothing."""
+    probe = Probe(node, HP_VGPU)
+    assert probe.ask("init")["rc"] == "0"
+    yield probe
+    probe.close()
+
+
+def test_narrow_window_keeps_submission_close_to_the_device(
+    node: NodeOwner, idle_hp: Probe
+) -> None:
+    """With a 2 ms window and a high-priority process attached, 40 kernels of 5 ms cannot
+    be submitted much ahead of the device: once the kernel time is measured, a launch
+    waits until the one before has completed."""
+    assert node.command("window 0 2000")["rc"] == "0"
+    run = run_probe(node, LP_VGPU, ["init", "launch kernel 5000 40", "sync"])
+    assert run.rc("launch") == 0
+    assert int(run.reply("launch")["t"]) - int(run.reply("launch")["start"]) >= 150 * MS
+
+
+def test_window_widens_while_no_high_priority_process_is_attached(node: NodeOwner) -> None:
+    """Nobody to protect: the 2 ms window acts as 20 ms, so the launch loop of 40 kernels of
+    5 ms returns while more than 12 ms of them are still queued."""
+    assert node.command("window 0 2000")["rc"] == "0"
+    run = run_probe(node, LP_VGPU, ["init", "launch kernel 5000 40", "sync"])
+    assert run.rc("sync") == 0
+    assert int(run.reply("sync")["t"]) - int(run.reply("launch")["t"]) >= 12 * MS
+
+
+def test_batched_device_time_is_accounted_from_batch_events(node: NodeOwner) -> None:
+    run = run_probe(node, LP_VGPU, ["init", "launch kernel 2000 100", "sync"])
+    assert run.rc("sync") == 0
+    device_ns = node.stats(LP_VGPU)["device_ns"]
+    assert 180 * MS <= device_ns <= 400 * MS  # 100 kernels of 2 ms, measured by batch

@@ -1,0 +1,49 @@
+"""Low priority's in-flight window in device time: set per card at run time, reported in
+the card's statistics, applied as the card's while a high-priority process is attached."""
+
+from __future__ import annotations
+
+import pytest
+
+from qshare_driver import Client, InvalidArgumentError, Node, NotFoundError
+from qshare_driver._lib import check, lib
+
+GiB = 1 << 30
+
+
+def test_window_defaults_to_500_microseconds(node: Node) -> None:
+    assert node.card_stats(0).lp_window_s == pytest.approx(0.0005)
+
+
+def test_window_set_at_run_time_is_reported_in_card_stats(node: Node) -> None:
+    node.set_lp_window(0, 0.0025)
+    assert node.card_stats(0).lp_window_s == pytest.approx(0.0025)
+
+
+@pytest.mark.parametrize("seconds", [0.0, 2.0])
+def test_window_outside_1us_to_1s_is_refused(node: Node, seconds: float) -> None:
+    with pytest.raises(ValueError, match="LP window"):
+        node.set_lp_window(0, seconds)
+    assert node.card_stats(0).lp_window_s == pytest.approx(0.0005)
+
+
+def test_window_on_an_unknown_card_is_refused_by_name(node: Node) -> None:
+    with pytest.raises(NotFoundError, match="card"):
+        node.set_lp_window(3, 0.002)
+
+
+def test_driver_refuses_a_window_below_one_microsecond(node: Node) -> None:
+    with pytest.raises(InvalidArgumentError, match="LP window"):
+        check(lib.qs_card_set_lp_window(node._h, 0, 999))
+
+
+def test_launcher_applies_the_card_window_only_while_high_priority_is_attached(
+    node: Node, shm_dir: str
+) -> None:
+    node.create_vgpu(1, 0, "high", 50, GiB)
+    node.create_vgpu(2, 0, "low", 50, GiB)
+    node.set_lp_window(0, 0.002)
+    with Client.attach(node.name, 2, shm_dir) as lp:
+        assert lp.lp_window_s == pytest.approx(0.020)  # nobody to protect
+        with Client.attach(node.name, 1, shm_dir):
+            assert lp.lp_window_s == pytest.approx(0.002)

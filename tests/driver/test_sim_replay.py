@@ -1,0 +1,76 @@
+"""Replaying a recorded timeline on the simulated card: launches queue without waiting for
+each kernel, every kernel is gated, ended and accounted, and a low-priority replay keeps
+no more than its window queued ahead of a high-priority kernel."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+from collections.abc import Callable
+from multiprocessing.context import SpawnProcess
+from typing import Any
+
+import pytest
+
+from qshare_driver import Client, Node
+from qshare_driver.client import now_ns
+
+GiB = 1 << 30
+MS = 1_000_000
+
+
+def test_replay_queues_launches_and_accounts_every_kernel(node: Node, shm_dir: str) -> None:
+    node.create_vgpu(2, 0, "low", 50, GiB)
+    with Client.attach(node.name, 2, shm_dir) as lp:
+        t0 = now_ns()
+        first, last = lp.replay([(0, 2 * MS)] * 50)
+    stats = node.vgpu_stats(2)
+    assert stats.launches == 50
+    assert stats.device_ns == 100 * MS
+    assert last - first == 98 * MS  # back to back on the card: nothing waited in between
+    assert first >= t0 + 2 * MS
+
+
+def test_replay_spends_the_host_gaps(node: Node, shm_dir: str) -> None:
+    node.create_vgpu(2, 0, "low", 50, GiB)
+    with Client.attach(node.name, 2, shm_dir) as lp:
+        t0 = now_ns()
+        _, last = lp.replay([(1 * MS, 0)] * 20)
+    assert last - t0 >= 20 * MS
+
+
+@pytest.mark.parametrize("bad", [[(-1, 5)], [(5, -1)]])
+def test_negative_gaps_or_durations_are_refused(
+    node: Node, shm_dir: str, bad: list[tuple[int, int]]
+) -> None:
+    node.create_vgpu(2, 0, "low", 50, GiB)
+    with Client.attach(node.name, 2, shm_dir) as lp, pytest.raises(ValueError, match=">= 0"):
+        lp.replay(bad)
+
+
+def _lp_replay(name: str, directory: str, ready: Any, window_s: float) -> None:
+    with Client.attach(name, 2, directory) as lp:
+        ready.set()
+        lp.replay([(0, 1 * MS)] * 300, window_s)
+
+
+def test_high_priority_waits_at_most_the_low_priority_window(
+    node: Node,
+    shm_dir: str,
+    ctx: mp.context.SpawnContext,
+    spawn: Callable[..., SpawnProcess],
+) -> None:
+    node.create_vgpu(1, 0, "high", 50, GiB)
+    node.create_vgpu(2, 0, "low", 50, GiB)
+    node.set_release_delay(0, 0.0)
+    ready = ctx.Event()
+    with Client.attach(node.name, 1, shm_dir) as hp:
+        proc = spawn(_lp_replay, node.name, shm_dir, ready, 0.003)
+        assert ready.wait(10)
+        time.sleep(0.1)  # the replay (300 ms of kernels) is under way
+        t0 = now_ns()
+        hp.run_kernel(0.001)
+        waited = now_ns() - t0
+        proc.join(10)
+    # behind at most the 3 ms window (plus the kernel running), never the 200 ms queued
+    assert waited < 20 * MS
