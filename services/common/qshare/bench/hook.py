@@ -20,8 +20,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from qshare.bench import attach_scale
-from qshare.bench import traces
+from qshare.bench import attach_scale, traces
 from qshare.native_build import FAKE_DIR, INTERPOSER, TOOLS, build_cuda
 
 FAKE_UUID = "GPU-0a1b2c3d-0000-4000-8000-00000000be4c"
