@@ -180,7 +180,10 @@ async def api_url(database_url: str, bus_url: str, allocator: Allocator) -> Asyn
         database_url=database_url, nats_url=bus_url, port=port, cluster=RULES,
         bootstrap_admin_token=ADMIN_TOKEN,
     )  # fmt: skip
-    server = uvicorn.Server(uvicorn.Config(create_app(settings), port=port, log_level="warning"))
+    config = uvicorn.Config(
+        create_app(settings), port=port, log_level="warning", timeout_graceful_shutdown=1
+    )
+    server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
     while not server.started:
         await asyncio.sleep(0.05)

@@ -5,6 +5,7 @@ operator can suspend and resume a claim."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from typing import Any
 
@@ -107,6 +108,8 @@ async def test_events_reach_a_server_sent_event_stream(api_url: str, nc: Nats) -
     await nc.publish("qshare.evt.test.ping", body.encode())
     await eventually(lambda: _holds("event: qshare.evt.test.ping" in lines), 10)
     reader.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await reader
 
 
 async def _holds(value: bool) -> bool:

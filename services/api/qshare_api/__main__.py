@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
 import sys
 
@@ -10,11 +11,20 @@ import uvicorn
 from qshare_api.app import create_app
 from qshare_api.settings import ApiSettings
 
+GRACEFUL_SHUTDOWN_S = 5.0
+"""Open event streams (`/v1/events`) never end by themselves: stop waiting for them then."""
 
-def main() -> int:
+
+def main(argv: list[str] | None = None) -> int:
+    argparse.ArgumentParser(
+        prog="python -m qshare_api",
+        description="The qshare REST API. Settings come from QSHARE_API_* variables "
+        "(DATABASE_URL, NATS_URL, NATS_SECRETS_DIR, HOST, PORT, BOOTSTRAP_ADMIN_TOKEN_FILE, ...).",
+    ).parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     settings = ApiSettings()
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info")
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info",
+                timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)  # fmt: skip
     return 0
 
 

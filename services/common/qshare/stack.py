@@ -106,7 +106,8 @@ async def _api(
 
     settings = ApiSettings(database_url=db, nats_url=bus, port=port, cluster=options.rules,
                            bootstrap_admin_token=SecretStr(token))  # fmt: skip
-    config = uvicorn.Config(create_app(settings), host=options.host, port=port, log_level="warning")
+    config = uvicorn.Config(create_app(settings), host=options.host, port=port,
+                            log_level="warning", timeout_graceful_shutdown=2)  # fmt: skip
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
     while not server.started:
