@@ -11,7 +11,7 @@ import uvicorn
 from qshare_api.app import create_app
 from qshare_api.settings import ApiSettings
 
-GRACEFUL_SHUTDOWN_S = 5.0
+GRACEFUL_SHUTDOWN_S = 5
 """Open event streams (`/v1/events`) never end by themselves: stop waiting for them then."""
 
 
