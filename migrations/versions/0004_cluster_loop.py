@@ -5,6 +5,9 @@ gangs, evictions and preemption records.
   can say what a process needs to attach.
 - `nodes.desired_generation` / `applied_generation`: bumped with every change of the
   node's vGPUs (under the node's row lock); the node agent confirms a generation.
+- `nodes.core_high`, `nodes.core_low`: the sums of the node's cards' core shares per priority,
+  kept with `free_mib`, so placement can judge each priority against its own kind per node
+  without reading every card.
 - `vgpus.local_id`: the vGPU's id in the node's driver segment (below 2^31; the node agent
   keeps the upper half for vGPUs prepared locally, e.g. by Kubernetes DRA).
 - `claims.gang`, `claims.evict_at`: gang name for suspension across cards and nodes; the
@@ -36,6 +39,12 @@ def upgrade() -> None:
     )
     op.add_column(
         "nodes", sa.Column("applied_generation", sa.BigInteger, nullable=False, server_default="-1")
+    )
+    op.add_column("nodes", sa.Column("core_high", sa.BigInteger, nullable=False, server_default="0"))
+    op.add_column("nodes", sa.Column("core_low", sa.BigInteger, nullable=False, server_default="0"))
+    op.execute(
+        "UPDATE nodes SET core_high = s.h, core_low = s.l FROM (SELECT node_name, sum(core_high) h,"
+        " sum(core_low) l FROM gpus GROUP BY node_name) s WHERE s.node_name = nodes.name"
     )
     op.execute("CREATE SEQUENCE vgpu_local_ids AS integer START 1 MAXVALUE 2147483646 CYCLE")
     op.add_column(
@@ -99,5 +108,12 @@ def downgrade() -> None:
     op.drop_index("vgpus_by_node", "vgpus")
     op.drop_column("vgpus", "local_id")
     op.execute("DROP SEQUENCE vgpu_local_ids")
-    for column in ("applied_generation", "desired_generation", "shm_dir", "segment"):
+    for column in (
+        "core_low",
+        "core_high",
+        "applied_generation",
+        "desired_generation",
+        "shm_dir",
+        "segment",
+    ):
         op.drop_column("nodes", column)

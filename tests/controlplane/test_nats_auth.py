@@ -99,6 +99,35 @@ async def test_a_node_heartbeats_as_itself_and_the_allocator_answers(
     assert errors == []
 
 
+async def test_a_node_registers_itself_on_its_own_subject(
+    connect_as: Connect, node_n1: NatsCredentials
+) -> None:
+    node, errors = await connect_as(node_n1)
+    body = {"name": "n1", "gpus": [{"uuid": "n1-g0", "index": 0, "model": "A", "memory": 4096}]}
+    wrapped = envelope.encode(envelope.Envelope(source="n1", type="t", data=body))
+    reply = await node.request(subjects.node_register("n1"), wrapped, timeout=5)
+    assert envelope.decode(reply.data).data["name"] == "n1"  # type: ignore[index]
+    assert errors == []
+
+
+async def test_a_node_cannot_register_under_another_nodes_name(
+    connect_as: Connect, node_n1: NatsCredentials, nc: Client
+) -> None:
+    node, errors = await connect_as(node_n1)
+    assert await _delivered(nc, subjects.node_register("n2"), node, b"{}") == 0
+    assert await _delivered(nc, subjects.NODES_REGISTER, node, b"{}") == 0
+    await _refused(errors, "publish")
+
+
+async def test_a_registration_naming_another_node_on_a_nodes_subject_is_refused(
+    nc: Client,
+) -> None:
+    body = {"name": "n2", "gpus": [{"uuid": "n2-g0", "index": 0, "model": "A", "memory": 4096}]}
+    wrapped = envelope.encode(envelope.Envelope(source="n1", type="t", data=body))
+    reply = await nc.request(subjects.node_register("n1"), wrapped, timeout=5)
+    assert b"must name node n1" in reply.data
+
+
 async def test_a_node_cannot_publish_another_nodes_heartbeat(
     connect_as: Connect, node_n1: NatsCredentials, nc: Client
 ) -> None:

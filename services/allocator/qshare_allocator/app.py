@@ -21,6 +21,7 @@ from qshare import bus
 from qshare.contracts import subjects
 from qshare.contracts.claims import ClaimView, CreateClaim, CreateClaimReply, DeleteClaim
 from qshare.contracts.domain import Priority
+from qshare.contracts.errors import InvalidInput
 from qshare.contracts.nodes import (
     Heartbeat,
     NodeRegistration,
@@ -141,6 +142,12 @@ class Allocator:
             Route(subjects.CLAIMS_CREATE, CreateClaim, self._create, self._after_write),
             Route(subjects.CLAIMS_DELETE, DeleteClaim, self._delete, self._after_release),
             Route(subjects.NODES_REGISTER, NodeRegistration, self._register, self._after_register),
+            Route(
+                subjects.NODE_REGISTRATIONS,
+                NodeRegistration,
+                self._register_own,
+                self._after_register,
+            ),
             Route(subjects.HEARTBEATS, Heartbeat, self._heartbeat, self._after_heartbeat),
             Route(subjects.NODES_DELETE, RemoveNode, self._remove_node, self._after_release),
             Route(subjects.GPUS_DELETE, RemoveCard, self._remove_card, self._after_release),
@@ -171,6 +178,17 @@ class Allocator:
 
     async def _remove_card(self, conn: AsyncConnection, command: RemoveCard, msg: Msg) -> BaseModel:
         return await self.inventory.remove_card(conn, command.node, command.uuid)
+
+    async def _register_own(
+        self, conn: AsyncConnection, registration: NodeRegistration, msg: Msg
+    ) -> BaseModel:
+        """A node agent's registration on its own subject: the name must be the subject's."""
+        subject_node = msg.subject.split(".")[2]
+        if registration.name != subject_node:
+            raise InvalidInput.on(
+                "name", f"a registration on {msg.subject} must name node {subject_node}"
+            )
+        return await self.inventory.register(conn, registration)
 
     async def _heartbeat(
         self, conn: AsyncConnection, beat: Heartbeat, msg: Msg

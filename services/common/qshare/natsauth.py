@@ -115,7 +115,12 @@ def _allocator(_: str) -> tuple[list[str], list[str], bool]:
         *_READ_EVENTS_PUBLISH,
     ]
     queue = subjects.ALLOCATOR_QUEUE
-    subscribe = [f"{_ALLOCATOR_REQUESTS} {queue}", f"{subjects.HEARTBEATS} {queue}", _EVENTS]
+    subscribe = [
+        f"{_ALLOCATOR_REQUESTS} {queue}",
+        f"{subjects.HEARTBEATS} {queue}",
+        f"{subjects.NODE_REGISTRATIONS} {queue}",
+        _EVENTS,
+    ]
     return publish, subscribe, True
 
 
@@ -148,7 +153,7 @@ def _integration(_: str) -> tuple[list[str], list[str], bool]:
 
 def _node(node: str) -> tuple[list[str], list[str], bool]:
     publish = [
-        subjects.NODES_REGISTER,
+        subjects.node_register(node),
         "qshare.allocator.nodes.sync",
         subjects.heartbeat(node),
         subjects.gpu_event(node, "*", "*"),

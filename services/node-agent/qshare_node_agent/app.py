@@ -148,7 +148,7 @@ class NodeAgent:
         wait = 0.2
         while True:
             try:
-                await rpc.call(self._nc, subjects.NODES_REGISTER, self.source,
+                await rpc.call(self._nc, subjects.node_register(self.name), self.source,
                                self.registration(), NodeView,
                                timeout=self.settings.register_timeout_s)  # fmt: skip
                 self.registered.set()

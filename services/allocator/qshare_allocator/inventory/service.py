@@ -164,8 +164,16 @@ class InventoryService:
         free = select(func.coalesce(func.sum(gpus.c.memory_mib - gpus.c.allocated_mib), 0)).where(
             gpus.c.node_name == name
         )
+        cores = {
+            column: select(func.coalesce(func.sum(gpus.c[column]), 0))
+            .where(gpus.c.node_name == name)
+            .scalar_subquery()
+            for column in ("core_high", "core_low")
+        }
         await conn.execute(
-            update(nodes).where(nodes.c.name == name).values(free_mib=free.scalar_subquery())
+            update(nodes)
+            .where(nodes.c.name == name)
+            .values(free_mib=free.scalar_subquery(), **cores)
         )
 
 

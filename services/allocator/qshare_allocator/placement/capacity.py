@@ -40,6 +40,7 @@ def holding(claim_id: uuid.UUID, demand: Demand, choice: Choice) -> Holding:
         "h_core": demand.card_vcore,
         "h_node": choice.node,
         "h_taken": sum(v.vmemory_mib for v in views),
+        "h_node_core": demand.card_vcore * len(views),
     }
     for i, view in enumerate(views):
         params |= {f"v{i}_{k}": value for k, value in _vgpu_row(claim_id, view).items()}
@@ -61,10 +62,16 @@ def _statements(priority: Priority, whole: bool, count: int) -> tuple[UpdateBase
         )
     )
     taken = nodes.c.free_mib - bindparam("h_taken", type_=Integer)
+    node_core = bindparam("h_node_core", type_=Integer)
     node = (
         update(nodes)
         .where(nodes.c.name == bindparam("h_node"))
-        .values(free_mib=taken, desired_generation=nodes.c.desired_generation + 1)
+        .values(
+            free_mib=taken,
+            desired_generation=nodes.c.desired_generation + 1,
+            core_high=nodes.c.core_high + node_core if high else nodes.c.core_high,
+            core_low=nodes.c.core_low if high else nodes.c.core_low + node_core,
+        )
     )
     slices = [
         insert(vgpus).values({c: bindparam(f"v{i}_{c}") for c in VGPU_COLUMNS})
@@ -106,16 +113,22 @@ async def give_back(conn: AsyncConnection, claim_id: uuid.UUID, node: str) -> No
             for r in held
         ],
     )
-    await _adjust_node(conn, node, sum(r.vmemory_mib for r in held))
+    high = sum(r.vcore for r in held if r.priority == "high")
+    low = sum(r.vcore for r in held if r.priority != "high")
+    await _adjust_node(conn, node, sum(r.vmemory_mib for r in held), high, low)
 
 
-async def _adjust_node(conn: AsyncConnection, node: str, delta_mib: int) -> None:
+async def _adjust_node(
+    conn: AsyncConnection, node: str, delta_mib: int, high: int, low: int
+) -> None:
     await conn.execute(
         update(nodes)
         .where(nodes.c.name == node)
         .values(
             free_mib=nodes.c.free_mib + delta_mib,
             desired_generation=nodes.c.desired_generation + 1,
+            core_high=nodes.c.core_high - high,
+            core_low=nodes.c.core_low - low,
         )
     )
 

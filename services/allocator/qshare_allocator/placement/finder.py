@@ -152,7 +152,7 @@ def _nodes_with_room(policy: PlacementPolicy, priority: Priority, whole: bool) -
             _card_fits(priority, whole),
             nodes.c.name != all_(bindparam("tried", type_=ARRAY(Text))),
         )
-        .group_by(nodes.c.name, nodes.c.free_mib)
+        .group_by(nodes.c.name, nodes.c.free_mib, nodes.c.core_high, nodes.c.core_low)
         .having(func.count() >= bindparam("count"))
     )
     return _ordered(query, policy, priority)
@@ -170,8 +170,13 @@ def _room_on_node(priority: Priority, whole: bool) -> ColumnElement[bool]:
 def _ordered(query: Select[Any], policy: PlacementPolicy, priority: Priority) -> Select[Any]:
     """Spread or binpack against the claim's own kind first: an HP claim spreads away from
     other HP work, not from LP work, and prefers a node with the other kind's work on it (so
-    high and low priority co-locate); free memory decides among equals."""
-    same, other = (_node_cores(c.name) for c in _kinds(priority))
+    high and low priority co-locate); free memory decides among equals. The per-node core
+    sums are kept on the node row with its free memory."""
+    same, other = (
+        (nodes.c.core_high, nodes.c.core_low)
+        if priority is Priority.HIGH
+        else (nodes.c.core_low, nodes.c.core_high)
+    )
     spread = policy is PlacementPolicy.SPREAD
     return query.order_by(
         same.asc() if spread else same.desc(),
@@ -182,21 +187,10 @@ def _ordered(query: Select[Any], policy: PlacementPolicy, priority: Priority) ->
 
 
 def _kinds(priority: Priority) -> tuple[Any, Any]:
-    """(the claim's own core column, the other priority's)."""
+    """(the claim's own core column of a card, the other priority's)."""
     if priority is Priority.HIGH:
         return gpus.c.core_high, gpus.c.core_low
     return gpus.c.core_low, gpus.c.core_high
-
-
-def _node_cores(column: str) -> Any:
-    """The node's cards' sum of one core column (an alias: the outer query may join gpus)."""
-    cards = gpus.alias("node_cards")
-    return (
-        select(func.coalesce(func.sum(cards.c[column]), 0))
-        .where(cards.c.node_name == nodes.c.name)
-        .correlate(nodes)
-        .scalar_subquery()
-    )
 
 
 def _card_order(priority: Priority, policy: PlacementPolicy) -> tuple[Any, ...]:

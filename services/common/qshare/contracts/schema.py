@@ -42,6 +42,8 @@ nodes = Table(
     Column("shm_dir", Text, nullable=True),
     Column("desired_generation", BigInteger, nullable=False, server_default=text("0")),
     Column("applied_generation", BigInteger, nullable=False, server_default=text("-1")),
+    Column("core_high", BigInteger, nullable=False, server_default=text("0")),
+    Column("core_low", BigInteger, nullable=False, server_default=text("0")),
     CheckConstraint("free_mib >= 0", name="nodes_free_not_negative"),
     Index("nodes_by_free", "free_mib", "name"),
 )

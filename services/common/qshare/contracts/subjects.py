@@ -25,6 +25,15 @@ EVENTS_SUBJECTS: Final = ("qshare.evt.>",)
 """JetStream stream holding every `qshare.evt.…` event (claims, GPUs)."""
 
 
+NODE_REGISTRATIONS: Final = "qshare.node.*.register"
+"""A node agent registers on its own node's subject: its NATS identity may publish nothing
+else, so it cannot register under another node's name (the allocator checks the name)."""
+
+
+def node_register(node: str) -> str:
+    return f"qshare.node.{node}.register"
+
+
 def heartbeat(node: str) -> str:
     return f"qshare.node.{node}.heartbeat"
 
