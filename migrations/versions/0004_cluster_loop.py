@@ -40,11 +40,20 @@ def upgrade() -> None:
     op.add_column(
         "nodes", sa.Column("applied_generation", sa.BigInteger, nullable=False, server_default="-1")
     )
-    op.add_column("nodes", sa.Column("core_high", sa.BigInteger, nullable=False, server_default="0"))
+    op.add_column(
+        "nodes", sa.Column("core_high", sa.BigInteger, nullable=False, server_default="0")
+    )
     op.add_column("nodes", sa.Column("core_low", sa.BigInteger, nullable=False, server_default="0"))
     op.execute(
         "UPDATE nodes SET core_high = s.h, core_low = s.l FROM (SELECT node_name, sum(core_high) h,"
         " sum(core_low) l FROM gpus GROUP BY node_name) s WHERE s.node_name = nodes.name"
+    )
+    # spread (the default) walks these in order and stops at the first node that fits
+    op.execute(
+        "CREATE INDEX nodes_spread_high ON nodes (core_high, core_low DESC, free_mib DESC, name DESC)"
+    )
+    op.execute(
+        "CREATE INDEX nodes_spread_low ON nodes (core_low, core_high DESC, free_mib DESC, name DESC)"
     )
     op.execute("CREATE SEQUENCE vgpu_local_ids AS integer START 1 MAXVALUE 2147483646 CYCLE")
     op.add_column(
@@ -100,6 +109,8 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.drop_table("preemptions")
+    op.drop_index("nodes_spread_low", "nodes")
+    op.drop_index("nodes_spread_high", "nodes")
     for column in ("eviction_grace_s", "replace_on_failure", "evictable"):
         op.drop_column("classes", column)
     op.drop_index("claims_by_gang", "claims")

@@ -46,6 +46,20 @@ nodes = Table(
     Column("core_low", BigInteger, nullable=False, server_default=text("0")),
     CheckConstraint("free_mib >= 0", name="nodes_free_not_negative"),
     Index("nodes_by_free", "free_mib", "name"),
+    Index(
+        "nodes_spread_high",
+        "core_high",
+        text("core_low DESC"),
+        text("free_mib DESC"),
+        text("name DESC"),
+    ),
+    Index(
+        "nodes_spread_low",
+        "core_low",
+        text("core_high DESC"),
+        text("free_mib DESC"),
+        text("name DESC"),
+    ),
 )
 """`free_mib` sums its cards' free memory; placement orders nodes by it (spread/binpack).
 `desired_generation` grows with every change of the node's vGPUs; the node agent confirms
