@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import functools
 import logging
-import signal
 from typing import Any
 
 from nats.aio.client import Client
@@ -32,6 +31,7 @@ from qshare.contracts.nodes import (
 from qshare.contracts.placement import PreviewPlacement
 from qshare.contracts.streams import ensure_events_stream
 from qshare.contracts.tracing import setup_tracing
+from qshare.service import Service
 from qshare_allocator import metrics
 from qshare_allocator.claims.service import ClaimService, PendingCursor
 from qshare_allocator.db import in_transaction, make_engine
@@ -46,7 +46,7 @@ from qshare_allocator.settings import AllocatorSettings
 log = logging.getLogger(__name__)
 
 
-class Allocator:
+class Allocator(Service):
     """One replica. Use `async with Allocator(settings):` or `await Allocator(settings).run()`."""
 
     def __init__(self, settings: AllocatorSettings) -> None:
@@ -72,21 +72,6 @@ class Allocator:
     def served(self) -> int:
         """Messages this replica has handled."""
         return self._router.handled if self._router is not None else 0
-
-    async def __aenter__(self) -> Allocator:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
-
-    async def run(self) -> None:
-        """Serve until SIGTERM or SIGINT, then drain and stop."""
-        stop = asyncio.Event()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
-        async with self:
-            await stop.wait()
 
     async def start(self) -> None:
         setup_tracing("qshare-allocator", self.settings.trace_console)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,6 +22,7 @@ from qshare.contracts.domain import NODE_LABEL, POLICY_LABEL
 from qshare.contracts.errors import InvalidInput, QshareError
 from qshare.contracts.nodes import GpuSpec, Heartbeat, NodeRegistration, NodeView
 from qshare.natsauth import ServiceRole
+from qshare.service import Service
 from qshare_driver import Event, EventKind, Node
 from qshare_node_agent import metrics
 from qshare_node_agent.commands import Commands
@@ -36,7 +36,7 @@ HOSTNAME_LABEL = "kubernetes.io/hostname"
 BACKOFF_MAX_S = 10.0
 
 
-class NodeAgent:
+class NodeAgent(Service):
     """One node. Use `async with NodeAgent(settings):` or `await NodeAgent(settings).run()`."""
 
     def __init__(self, settings: NodeAgentSettings) -> None:
@@ -56,20 +56,6 @@ class NodeAgent:
     def node(self) -> Node:
         assert self._node is not None, "node agent not started"
         return self._node
-
-    async def __aenter__(self) -> NodeAgent:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
-
-    async def run(self) -> None:
-        stop = asyncio.Event()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
-        async with self:
-            await stop.wait()
 
     async def start(self) -> None:
         from qshare_node_agent.events import EventPump

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 from collections.abc import Coroutine
 from typing import Any
 
@@ -19,13 +18,14 @@ from qshare.contracts import envelope, rpc, subjects
 from qshare.contracts.errors import InvalidInput, QshareError
 from qshare.contracts.preemption import ClaimAction
 from qshare.natsauth import ServiceRole
+from qshare.service import Service
 from qshare_preemptor.service import PreemptionService
 from qshare_preemptor.settings import PreemptorSettings
 
 log = logging.getLogger(__name__)
 
 
-class Preemptor:
+class Preemptor(Service):
     def __init__(self, settings: PreemptorSettings) -> None:
         self.settings = settings
         self.source = f"qshare-preemptor/{settings.instance}"
@@ -33,20 +33,6 @@ class Preemptor:
         self._nc: Client | None = None
         self.service: PreemptionService | None = None
         self._tasks: set[asyncio.Task[None]] = set()
-
-    async def __aenter__(self) -> Preemptor:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
-
-    async def run(self) -> None:
-        stop = asyncio.Event()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
-        async with self:
-            await stop.wait()
 
     async def start(self) -> None:
         s = self.settings
