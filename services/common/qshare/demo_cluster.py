@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import nats
 from nats.aio.msg import Msg
 
 from qshare.contracts import envelope
 from qshare.native_build import FAKE_DIR, TOOLS, build_cuda
+from qshare.natsauth import ServiceRole
 from qshare.stack import Stack, StackOptions, running_stack
 
 Out = Callable[[str], None]
@@ -53,7 +53,7 @@ async def run_cluster_demo(out: Out = print) -> None:
 
 
 async def _subscribe(stack: Stack, out: Out) -> Any:
-    nc = await nats.connect(stack.nats_url)
+    nc = await stack.connect("qshare-demo", ServiceRole.INTEGRATION)
 
     async def show(msg: Msg) -> None:
         data = envelope.decode(msg.data).data or {}

@@ -12,6 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nats.aio.client import Client
+
+from qshare import bus
+from qshare.natsauth import NatsAuth, ServiceRole
 from qshare.settings import ClusterSettings
 from qshare.testing.servers import EmbeddedNats, EmbeddedPostgres, free_port
 
@@ -40,6 +44,23 @@ class Stack:
     agents: list[Any]
     allocator: Any
     preemptor: Any
+    identities: NatsAuth
+
+    async def connect(self, name: str, role: ServiceRole = ServiceRole.OPERATOR) -> Client:
+        """A NATS connection as `role` (tools and tests: the operator, who may do anything;
+        integrations: ServiceRole.INTEGRATION, read-only events)."""
+        return await bus.connect(
+            bus.options_for(self.nats_url, name, self.identities.credentials(role))
+        )
+
+
+def _node_names(options: StackOptions) -> list[str]:
+    return [f"{options.node_prefix}-{i}" for i in range(1, options.nodes + 1)]
+
+
+def _as(identities: NatsAuth, role: ServiceRole, node: str | None = None) -> dict[str, Any]:
+    found = identities.credentials(role, node)
+    return {"nats_user": found.user, "nats_password": found.password}
 
 
 @contextlib.asynccontextmanager
@@ -47,14 +68,20 @@ async def running_stack(options: StackOptions) -> AsyncIterator[Stack]:
     """Start everything, yield it, stop everything (in reverse order) on exit."""
     from qshare_allocator.migrate import upgrade
 
-    async with EmbeddedPostgres(durable=options.durable) as pg, EmbeddedNats() as bus:
+    identities = NatsAuth.generate(nodes=_node_names(options))
+    async with (
+        EmbeddedPostgres(durable=options.durable) as pg,
+        EmbeddedNats(config=identities.server_config()) as server,
+    ):
         await upgrade(pg.url)
-        async with _services(options, pg.url, bus.url) as stack:
+        async with _services(options, pg.url, server.url, identities) as stack:
             yield stack
 
 
 @contextlib.asynccontextmanager
-async def _services(options: StackOptions, db: str, bus: str) -> AsyncIterator[Stack]:
+async def _services(
+    options: StackOptions, db: str, url: str, identities: NatsAuth
+) -> AsyncIterator[Stack]:
     from qshare_allocator.app import Allocator
     from qshare_allocator.settings import AllocatorSettings
     from qshare_preemptor.app import Preemptor
@@ -62,27 +89,32 @@ async def _services(options: StackOptions, db: str, bus: str) -> AsyncIterator[S
 
     token = "qs_" + secrets.token_urlsafe(24)
     port = options.port or free_port()
-    allocator = Allocator(AllocatorSettings(database_url=db, nats_url=bus, cluster=options.rules,
-                                            instance="up", dispatch_scan_s=0.5))  # fmt: skip
-    preemptor = Preemptor(PreemptorSettings(database_url=db, nats_url=bus, instance="up"))
-    async with allocator, preemptor, _api(options, db, bus, port, token):
-        agents = await _start_agents(options, bus)
+    allocator = Allocator(AllocatorSettings(
+        database_url=db, nats_url=url, cluster=options.rules, instance="up", dispatch_scan_s=0.5,
+        **_as(identities, ServiceRole.ALLOCATOR),
+    ))  # fmt: skip
+    preemptor = Preemptor(PreemptorSettings(
+        database_url=db, nats_url=url, instance="up", **_as(identities, ServiceRole.PREEMPTOR)
+    ))  # fmt: skip
+    api = _api(options, db, url, port, token, _as(identities, ServiceRole.API))
+    async with allocator, preemptor, api:
+        agents = await _start_agents(options, url, identities)
         try:
-            url = f"http://{options.host}:{port}"
-            yield Stack(url, token, db, bus, agents, allocator, preemptor)
+            http = f"http://{options.host}:{port}"
+            yield Stack(http, token, db, url, agents, allocator, preemptor, identities)
         finally:
             for agent in agents:
                 await agent.stop()
 
 
-async def _start_agents(options: StackOptions, bus: str) -> list[Any]:
+async def _start_agents(options: StackOptions, url: str, identities: NatsAuth) -> list[Any]:
     from qshare_node_agent.app import NodeAgent
     from qshare_node_agent.settings import NodeAgentSettings
 
     agents = []
-    for i in range(1, options.nodes + 1):
+    for name in _node_names(options):
         settings = NodeAgentSettings(
-            name=f"{options.node_prefix}-{i}", nats_url=bus,
+            name=name, nats_url=url, **_as(identities, ServiceRole.NODE, name),
             simulate=f"{options.cards}:{options.card_memory}", shm_dir=options.shm_dir,
             release_delay_s=options.release_delay_s, heartbeat_s=options.heartbeat_s,
             keep_segment_on_stop=False,
@@ -96,7 +128,7 @@ async def _start_agents(options: StackOptions, bus: str) -> list[Any]:
 
 @contextlib.asynccontextmanager
 async def _api(
-    options: StackOptions, db: str, bus: str, port: int, token: str
+    options: StackOptions, db: str, url: str, port: int, token: str, identity: dict[str, Any]
 ) -> AsyncIterator[None]:
     import uvicorn
     from pydantic import SecretStr
@@ -104,8 +136,8 @@ async def _api(
     from qshare_api.app import create_app
     from qshare_api.settings import ApiSettings
 
-    settings = ApiSettings(database_url=db, nats_url=bus, port=port, cluster=options.rules,
-                           bootstrap_admin_token=SecretStr(token))  # fmt: skip
+    settings = ApiSettings(database_url=db, nats_url=url, port=port, cluster=options.rules,
+                           bootstrap_admin_token=SecretStr(token), **identity)  # fmt: skip
     config = uvicorn.Config(create_app(settings), host=options.host, port=port,
                             log_level="warning", timeout_graceful_shutdown=2)  # fmt: skip
     server = uvicorn.Server(config)

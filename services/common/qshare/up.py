@@ -9,6 +9,7 @@ import signal
 from collections.abc import Callable
 from pathlib import Path
 
+from qshare.natsauth import ServiceRole
 from qshare.stack import Stack, StackOptions, running_stack
 
 
@@ -62,10 +63,12 @@ async def _serve(options: StackOptions) -> None:
 def describe(stack: Stack) -> str:
     nodes = ", ".join(f"{a.name} ({len(a.cards)} cards)" for a in stack.agents)
     first = stack.agents[0].name
+    reader = stack.identities.credentials(ServiceRole.INTEGRATION)
     return "\n".join([
         f"API      {stack.url}   (docs: {stack.url}/docs)",
         f"token    {stack.admin_token}   (admin)",
-        f"NATS     {stack.nats_url}",
+        f"NATS     {stack.nats_url}   (read-only events: user {reader.user}, password "
+        f"{reader.password.get_secret_value()})",
         f"nodes    {nodes}",
         "",
         f"export QSHARE_URL={stack.url} QSHARE_TOKEN={stack.admin_token}",

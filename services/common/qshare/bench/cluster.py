@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import nats
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from sqlalchemy import text
@@ -82,7 +81,7 @@ async def _run(scale: Scale) -> dict[str, Any]:
         rules=ClusterSettings(node_timeout_s=60, node_policy="spread", card_policy="spread"),
     )  # fmt: skip
     async with running_stack(options) as stack:
-        nc = await nats.connect(stack.nats_url)
+        nc = await stack.connect("qshare-bench")
         try:
             load = await _claims_open_loop(nc, scale)
             share = await _hp_colocated_share(stack.database_url)
