@@ -44,6 +44,8 @@ from qshare_allocator.placement.preview import PreviewService
 from qshare_allocator.settings import AllocatorSettings
 
 log = logging.getLogger(__name__)
+STOP_DRAIN_S = 10.0
+"""How long a stopping replica waits for the messages in hand."""
 
 
 class Allocator(Service):
@@ -112,7 +114,8 @@ class Allocator(Service):
         if self._nc is not None:
             await bus.close(self._nc)
         if self._router is not None:
-            await self._router.drain()
+            with contextlib.suppress(TimeoutError):  # a handler stuck on a dead server
+                await asyncio.wait_for(self._router.drain(), STOP_DRAIN_S)
         for task in self._background:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

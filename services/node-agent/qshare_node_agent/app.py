@@ -91,7 +91,8 @@ class NodeAgent(Service):
         if self._plugins is not None:
             await asyncio.to_thread(self._plugins.stop)
         if self._pump is not None:
-            await self._pump.stop()  # type: ignore[attr-defined]
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._pump.stop(), 5)  # type: ignore[attr-defined]
         if self._nc is not None:
             await bus.close(self._nc)
         if self._node is not None:

@@ -204,10 +204,18 @@ async def _wait_until_ready(
     raise RuntimeError(f"{name} exited before it was ready:\n" + b"".join(seen[-20:]).decode())
 
 
+STOP_GRACE_S = 10.0
+"""A server that has not exited this long after SIGTERM is killed: a stop never hangs."""
+
+
 async def _terminate(process: asyncio.subprocess.Process | None) -> None:
     if process is not None and process.returncode is None:
         process.terminate()
-        await process.wait()
+        try:
+            await asyncio.wait_for(process.wait(), STOP_GRACE_S)
+        except TimeoutError:
+            process.kill()
+            await process.wait()
 
 
 async def _drain(stream: asyncio.StreamReader) -> None:
