@@ -103,10 +103,15 @@ async def test_events_reach_a_server_sent_event_stream(api_url: str, nc: Nats) -
                 lines.append(line)
 
     reader = asyncio.create_task(read())
-    await asyncio.sleep(0.3)
     body = json.dumps({"specversion": "1.0", "id": "x", "source": "test", "type": "t", "data": {}})
-    await nc.publish("qshare.evt.test.ping", body.encode())
-    await eventually(lambda: _holds("event: qshare.evt.test.ping" in lines), 10)
+
+    async def seen() -> bool:
+        """Publish until the stream shows it: the stream subscribes once its request arrives."""
+        await nc.publish("qshare.evt.test.ping", body.encode())
+        await asyncio.sleep(0.1)
+        return "event: qshare.evt.test.ping" in lines
+
+    await eventually(seen, 20)
     reader.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await reader
