@@ -9,10 +9,8 @@ from dataclasses import dataclass
 from sqlalchemy import ColumnElement, or_, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from qshare.contracts.domain import ClaimStatus, Priority
+from qshare.contracts.domain import HOLDING_STATUSES, Priority
 from qshare.contracts.schema import claims, vgpus
-
-HOLDING = (ClaimStatus.PLACED.value, ClaimStatus.READY.value)
 
 
 @dataclass(frozen=True)
@@ -32,7 +30,7 @@ async def gang_of_card(conn: AsyncConnection, gpu: str) -> list[Member]:
         .where(
             vgpus.c.gpu_uuid == gpu,
             claims.c.priority == Priority.LOW.value,
-            claims.c.status.in_(HOLDING),
+            claims.c.status.in_(HOLDING_STATUSES),
             or_(claims.c.count > 1, claims.c.gang.is_not(None)),
         )
     )
@@ -53,7 +51,7 @@ async def _members(conn: AsyncConnection, ids: list[uuid.UUID], gangs: list[str]
     query = (
         select(claims.c.id, claims.c.tenant, vgpus.c.node_name, vgpus.c.gpu_uuid, vgpus.c.local_id)
         .join(vgpus, vgpus.c.claim_id == claims.c.id)
-        .where(chosen, claims.c.status.in_(HOLDING))
+        .where(chosen, claims.c.status.in_(HOLDING_STATUSES))
     )
     return [
         Member(r.id, r.tenant, r.node_name, r.gpu_uuid, r.local_id)

@@ -25,7 +25,7 @@ from qshare.contracts.claims import (
     DeleteClaim,
     VgpuView,
 )
-from qshare.contracts.domain import ClaimStatus, Priority
+from qshare.contracts.domain import HOLDING_STATUSES, ClaimStatus, Priority
 from qshare.contracts.errors import NotFound
 from qshare.contracts.rows import claim_view, vgpus_of
 from qshare.contracts.schema import claims
@@ -43,7 +43,6 @@ from qshare_allocator.placement.diagnosis import why_not
 from qshare_allocator.placement.finder import find_and_lock
 
 PendingCursor = tuple[datetime, uuid.UUID]
-HOLDING = (ClaimStatus.PLACED.value, ClaimStatus.READY.value)
 
 
 class ClaimService:
@@ -103,7 +102,7 @@ class ClaimService:
             raise NotFound(f"claim {command.claim_id} not found")
         if row.status == ClaimStatus.RELEASED.value:
             return claim_view(row, [])
-        if row.status in HOLDING:
+        if row.status in HOLDING_STATUSES:
             await give_back(conn, row.id, row.node_name)
         view = claim_view(row, []).model_copy(update={"status": ClaimStatus.RELEASED})
         params = _status_params(view) | self._event(view)

@@ -6,17 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import delete, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from qshare.contracts import subjects
-from qshare.contracts.domain import ClaimStatus
-from qshare.contracts.rows import claim_view
+from qshare.contracts.domain import HOLDING_STATUSES, ClaimStatus
 from qshare.contracts.schema import claims, gpus, vgpus
-from qshare_allocator.outbox import event_insert, event_params
-from qshare_allocator.placement.capacity import give_back
-
-HOLDING = (ClaimStatus.PLACED.value, ClaimStatus.READY.value)
+from qshare_allocator.claims.transitions import transition
 
 
 async def fail_claims_on(
@@ -26,7 +21,7 @@ async def fail_claims_on(
     on_cards = select(vgpus.c.claim_id).where(vgpus.c.gpu_uuid.in_(card_uuids))
     query = (
         select(claims)
-        .where(claims.c.id.in_(on_cards), claims.c.status.in_(HOLDING))
+        .where(claims.c.id.in_(on_cards), claims.c.status.in_(HOLDING_STATUSES))
         .order_by(claims.c.id)
         .with_for_update()
     )
@@ -46,14 +41,4 @@ async def remove_cards(
 
 
 async def _fail(conn: AsyncConnection, source: str, row: Any, reason: str) -> None:
-    await give_back(conn, row.id, row.node_name)
-    await conn.execute(
-        update(claims)
-        .where(claims.c.id == row.id)
-        .values(status=ClaimStatus.FAILED.value, reason=reason)
-    )
-    view = claim_view(row, []).model_copy(update={"status": ClaimStatus.FAILED, "reason": reason})
-    subject = subjects.claim_event(str(row.id), ClaimStatus.FAILED.value)
-    await conn.execute(
-        event_insert(), event_params(source, subject, "io.qshare.claim.failed", view)
-    )
+    await transition(conn, source, row, ClaimStatus.FAILED, reason, release=True)

@@ -4,19 +4,16 @@ vGPU it holds become `ready`, claims with a refused vGPU `failed` (capacity give
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
 from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from qshare.contracts import subjects
 from qshare.contracts.agent import ApplyReply
 from qshare.contracts.claims import ClaimView
 from qshare.contracts.domain import ClaimStatus
 from qshare.contracts.rows import claim_views
 from qshare.contracts.schema import claims, nodes, vgpus
-from qshare_allocator.outbox import event_insert, event_params
-from qshare_allocator.placement.capacity import give_back
+from qshare_allocator.claims.transitions import transition
 
 
 class Confirmations:
@@ -43,9 +40,7 @@ class Confirmations:
         row = (
             await conn.execute(select(claims).where(claims.c.id == claim_id).with_for_update())
         ).one()
-        if row.node_name is not None:
-            await give_back(conn, row.id, row.node_name)
-        return await self._set_status(conn, row, ClaimStatus.FAILED, reason)
+        return await transition(conn, self._source, row, ClaimStatus.FAILED, reason, release=True)
 
     async def _fail_refused(
         self, conn: AsyncConnection, node: str, refused: dict[int, str]
@@ -73,22 +68,7 @@ class Confirmations:
         views = await claim_views(conn, list(placed))
         by_id = {r.id: r for r in placed}
         ready = [v for v in views if v.vgpus and all(g.local_id in applied for g in v.vgpus)]
-        return [await self._set_status(conn, by_id[v.id], ClaimStatus.READY, None) for v in ready]
-
-    async def _set_status(
-        self, conn: AsyncConnection, row: Any, status: ClaimStatus, reason: str | None
-    ) -> ClaimView:
-        await conn.execute(
-            update(claims)
-            .where(claims.c.id == row.id)
-            .values(status=status.value, reason=reason, updated_at=func.now())
-        )
-        view = (await claim_views(conn, [row]))[0].model_copy(
-            update={"status": status, "reason": reason}
-        )
-        kind = status.value
-        subject = subjects.claim_event(str(view.id), kind)
-        await conn.execute(
-            event_insert(), event_params(self._source, subject, f"io.qshare.claim.{kind}", view)
-        )
-        return view
+        return [
+            await transition(conn, self._source, by_id[v.id], ClaimStatus.READY, None)
+            for v in ready
+        ]

@@ -6,11 +6,9 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from qshare.contracts.agent import ApplyDesired, DesiredVgpu
-from qshare.contracts.domain import ClaimStatus, Priority
+from qshare.contracts.domain import HOLDING_STATUSES, Priority
 from qshare.contracts.errors import NotFound
 from qshare.contracts.schema import claims, nodes, vgpus
-
-HOLDING = (ClaimStatus.PLACED.value, ClaimStatus.READY.value)
 
 
 async def desired_state(conn: AsyncConnection, node: str) -> ApplyDesired | None:
@@ -29,7 +27,7 @@ async def desired_state(conn: AsyncConnection, node: str) -> ApplyDesired | None
     query = (
         select(vgpus)
         .join(claims, claims.c.id == vgpus.c.claim_id)
-        .where(vgpus.c.node_name == node, claims.c.status.in_(HOLDING))
+        .where(vgpus.c.node_name == node, claims.c.status.in_(HOLDING_STATUSES))
         .order_by(vgpus.c.local_id)
     )
     rows = (await conn.execute(query)).all()

@@ -7,18 +7,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import exists, func, not_, or_, select, update
+from sqlalchemy import exists, not_, or_, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from qshare.contracts import subjects
-from qshare.contracts.domain import ClaimStatus
-from qshare.contracts.rows import claim_views, node_is_ready
+from qshare.contracts.domain import HOLDING_STATUSES, ClaimStatus
+from qshare.contracts.rows import node_is_ready
 from qshare.contracts.schema import claims, classes, gpus, nodes, vgpus
-from qshare_allocator.outbox import event_insert, event_params
-from qshare_allocator.placement.capacity import give_back
+from qshare_allocator.claims.transitions import transition
 
 DEGRADED = "degraded: "
-HOLDING = (ClaimStatus.PLACED.value, ClaimStatus.READY.value)
 
 
 class HealthWatch:
@@ -34,35 +31,18 @@ class HealthWatch:
             await self._degrade(conn, row)
         for row in (await conn.execute(_recovered(), self._timeout)).all():
             changed += 1
-            await self._mark(conn, row, ClaimStatus(row.status), None, "recovered")
+            await transition(conn, self._source, row, ClaimStatus(row.status), None,
+                             kind="recovered")  # fmt: skip
         return changed
 
     async def _degrade(self, conn: AsyncConnection, row: Any) -> None:
         why = f"node {row.node_name} is NotReady or a card of it is unhealthy"
         if row.replace_on_failure:
-            await give_back(conn, row.id, row.node_name)
-            reason = f"re-placing: {why}"
-            await self._mark(conn, row, ClaimStatus.PENDING, reason, "pending", node=None)
+            await transition(conn, self._source, row, ClaimStatus.PENDING, f"re-placing: {why}",
+                             release=True, node_name=None)  # fmt: skip
             return
-        await self._mark(conn, row, ClaimStatus(row.status), DEGRADED + why, "degraded")
-
-    async def _mark(
-        self, conn: AsyncConnection, row: Any, status: ClaimStatus, reason: str | None,
-        kind: str, node: str | None = "",
-    ) -> None:  # fmt: skip
-        values: dict[str, Any] = {
-            "status": status.value,
-            "reason": reason,
-            "updated_at": func.now(),
-        }
-        if node is None:
-            values["node_name"] = None
-        await conn.execute(update(claims).where(claims.c.id == row.id).values(**values))
-        fresh = (await conn.execute(select(claims).where(claims.c.id == row.id))).one()
-        view = (await claim_views(conn, [fresh]))[0]
-        subject = subjects.claim_event(str(row.id), kind)
-        params = event_params(self._source, subject, f"io.qshare.claim.{kind}", view)
-        await conn.execute(event_insert(), params)
+        await transition(conn, self._source, row, ClaimStatus(row.status), DEGRADED + why,
+                         kind="degraded")  # fmt: skip
 
 
 def _sick_node_or_card() -> Any:
@@ -80,7 +60,7 @@ def _newly_degraded() -> Any:
         .join(nodes, nodes.c.name == claims.c.node_name)
         .join(classes, classes.c.name == claims.c.class_name)
         .where(
-            claims.c.status.in_(HOLDING),
+            claims.c.status.in_(HOLDING_STATUSES),
             or_(claims.c.reason.is_(None), not_(claims.c.reason.startswith(DEGRADED))),
             _sick_node_or_card(),
         )
@@ -93,7 +73,7 @@ def _recovered() -> Any:
         select(claims.c.id, claims.c.status)
         .join(nodes, nodes.c.name == claims.c.node_name)
         .where(
-            claims.c.status.in_(HOLDING),
+            claims.c.status.in_(HOLDING_STATUSES),
             claims.c.reason.startswith(DEGRADED),
             not_(_sick_node_or_card()),
         )

@@ -15,15 +15,11 @@ from sqlalchemy import Integer, and_, bindparam, func, insert, select, update
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from qshare.contracts import subjects
-from qshare.contracts.domain import MAX_CORE_SHARE, ClaimStatus, Priority
-from qshare.contracts.rows import claim_views, node_is_ready
+from qshare.contracts.domain import HOLDING_STATUSES, MAX_CORE_SHARE, ClaimStatus, Priority
+from qshare.contracts.rows import node_is_ready
 from qshare.contracts.schema import claims, classes, gpus, nodes, preemptions, vgpus
-from qshare_allocator.outbox import event_insert, event_params
-from qshare_allocator.placement.capacity import give_back
+from qshare_allocator.claims.transitions import emit, transition
 from qshare_allocator.placement.demand import Demand
-
-HOLDING = (ClaimStatus.PLACED.value, ClaimStatus.READY.value)
 
 
 @dataclass(frozen=True)
@@ -65,7 +61,7 @@ async def start(
             claim_id=victim.claim_id, tenant=victim.tenant, gpu_uuid=victim.gpu,
             node_name=victim.node, kind="eviction", reason=reason,
         ))  # fmt: skip
-        await _event(conn, victim.claim_id, "evicting", source)
+        await emit(conn, source, victim.claim_id, "evicting")
     grace_s = max(v.grace_s for v in victims)
     return (
         f"waiting for {len(victims)} low-priority claim(s) to be evicted from card "
@@ -78,35 +74,21 @@ async def finish_due(conn: AsyncConnection, source: str) -> int:
     due = (
         await conn.execute(
             select(claims)
-            .where(claims.c.status.in_(HOLDING), claims.c.evict_at <= func.now())
+            .where(claims.c.status.in_(HOLDING_STATUSES), claims.c.evict_at <= func.now())
             .with_for_update(skip_locked=True)
         )
     ).all()
+    reason = "evicted for a high-priority claim; waiting to be placed again"
     for row in due:
-        await give_back(conn, row.id, row.node_name)
-        await conn.execute(
-            update(claims).where(claims.c.id == row.id).values(
-                status=ClaimStatus.PENDING.value, node_name=None, evict_at=None,
-                reason="evicted for a high-priority claim; waiting to be placed again",
-                updated_at=func.now(),
-            )
-        )  # fmt: skip
+        await transition(conn, source, row, ClaimStatus.PENDING, reason, release=True,
+                         node_name=None, evict_at=None)  # fmt: skip
         await conn.execute(
             update(preemptions)
             .where(preemptions.c.claim_id == row.id, preemptions.c.kind == "eviction",
                    preemptions.c.ended_at.is_(None))
             .values(ended_at=func.now())
         )  # fmt: skip
-        await _event(conn, row.id, "pending", source)
     return len(due)
-
-
-async def _event(conn: AsyncConnection, claim_id: uuid.UUID, kind: str, source: str) -> None:
-    row = (await conn.execute(select(claims).where(claims.c.id == claim_id))).one()
-    view = (await claim_views(conn, [row]))[0]
-    params = event_params(source, subjects.claim_event(str(claim_id), kind),
-                          f"io.qshare.claim.{kind}", view)  # fmt: skip
-    await conn.execute(event_insert(), params)
 
 
 def _by_card(rows: list[Any]) -> dict[str, list[Any]]:
@@ -160,7 +142,7 @@ def _candidates() -> Any:
             classes.c.evictable,
             claims.c.evict_at.is_(None),
             claims.c.priority == Priority.LOW.value,
-            claims.c.status.in_(HOLDING),
+            claims.c.status.in_(HOLDING_STATUSES),
         )
         .order_by(vgpus.c.gpu_uuid, claims.c.created_at.desc())
     )

@@ -29,6 +29,10 @@ class ClaimStatus(StrEnum):
     FAILED = "failed"
 
 
+HOLDING_STATUSES = (ClaimStatus.PLACED.value, ClaimStatus.READY.value)
+"""A claim in these statuses holds vGPUs (capacity on its cards)."""
+
+
 class NodeStatus(StrEnum):
     """A node is Ready while its heartbeats arrive within the allocator's timeout."""
 

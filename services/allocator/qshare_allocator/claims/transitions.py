@@ -1,0 +1,49 @@
+"""Moving a stored claim to another status inside the caller's transaction: its row, its
+event (`qshare.evt.claim.<id>.<kind>`) written to the outbox, and, when it leaves its cards,
+its capacity given back. The one place the allocator's background work changes a claim."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from sqlalchemy import func, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from qshare.contracts import subjects
+from qshare.contracts.claims import ClaimView
+from qshare.contracts.domain import ClaimStatus
+from qshare.contracts.rows import claim_views
+from qshare.contracts.schema import claims
+from qshare_allocator.outbox import event_insert, event_params
+from qshare_allocator.placement.capacity import give_back
+
+
+async def transition(
+    conn: AsyncConnection,
+    source: str,
+    row: Any,
+    status: ClaimStatus,
+    reason: str | None,
+    *,
+    release: bool = False,
+    kind: str | None = None,
+    **columns: Any,
+) -> ClaimView:
+    """Set `row`'s status and reason (and `columns`); `release` gives its vGPUs back first.
+    The event's kind is the status unless `kind` names another (degraded, recovered)."""
+    if release and row.node_name is not None:
+        await give_back(conn, row.id, row.node_name)
+    values = {"status": status.value, "reason": reason, "updated_at": func.now(), **columns}
+    await conn.execute(update(claims).where(claims.c.id == row.id).values(**values))
+    return await emit(conn, source, row.id, kind or status.value)
+
+
+async def emit(conn: AsyncConnection, source: str, claim_id: uuid.UUID, kind: str) -> ClaimView:
+    """Write the claim's event of `kind`, carrying the claim as stored now."""
+    fresh = (await conn.execute(select(claims).where(claims.c.id == claim_id))).one()
+    view = (await claim_views(conn, [fresh]))[0]
+    subject = subjects.claim_event(str(claim_id), kind)
+    params = event_params(source, subject, f"io.qshare.claim.{kind}", view)
+    await conn.execute(event_insert(), params)
+    return view
