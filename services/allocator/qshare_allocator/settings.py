@@ -3,28 +3,19 @@
 from __future__ import annotations
 
 import socket
-from pathlib import Path
 
-from pydantic import Field, SecretStr
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from qshare.bus import BusOptions
-from qshare.natsauth import ServiceRole, nats_credentials
+from qshare.bus import BusIdentity, BusOptions
+from qshare.natsauth import ServiceRole
 from qshare.settings import ClusterSettings
 
 
-class AllocatorSettings(BaseSettings):
+class AllocatorSettings(BaseSettings, BusIdentity):
     model_config = SettingsConfigDict(env_prefix="QSHARE_ALLOCATOR_", extra="ignore")
 
     database_url: str = "postgresql+asyncpg://qshare:qshare@localhost:5432/qshare"
-    nats_url: str = "nats://localhost:4222"
-    nats_user: str | None = Field(None, description="this service's NATS identity")
-    nats_password: SecretStr | None = None
-    nats_tls_ca: Path | None = Field(None, description="CA bundle; set it to connect over TLS")
-    nats_secrets_dir: Path | None = Field(
-        None, description="read this service's NATS password here (`python -m qshare.natsauth`)"
-    )
-    nats_reconnect_wait_s: float = Field(2.0, gt=0, le=60, description="between reconnects")
     instance: str = Field(default_factory=socket.gethostname, description="CloudEvents source")
     max_in_flight: int = Field(16, ge=1, description="requests handled at once per replica")
     pool_size: int = Field(20, ge=2, description="at least max_in_flight + 2 (relay, sweeper)")
@@ -48,10 +39,4 @@ class AllocatorSettings(BaseSettings):
 
     def bus(self, name: str) -> BusOptions:
         """How this service connects to NATS, as `name`."""
-        user, password = self.nats_user, self.nats_password
-        if self.nats_secrets_dir is not None and password is None:
-            found = nats_credentials(ServiceRole.ALLOCATOR, secrets_dir=self.nats_secrets_dir)
-            user, password = found.user, found.password
-        return BusOptions(
-            self.nats_url, name, user, password, self.nats_tls_ca, self.nats_reconnect_wait_s
-        )
+        return self.bus_as(name, ServiceRole.ALLOCATOR)

@@ -8,24 +8,16 @@ from pathlib import Path
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from qshare.bus import BusOptions
-from qshare.natsauth import ServiceRole, nats_credentials
+from qshare.bus import BusIdentity, BusOptions
+from qshare.natsauth import ServiceRole
 from qshare.settings import ClusterSettings
 from qshare_api.extender.settings import ExtenderSettings
 
 
-class ApiSettings(BaseSettings):
+class ApiSettings(BaseSettings, BusIdentity):
     model_config = SettingsConfigDict(env_prefix="QSHARE_API_", extra="ignore")
 
     database_url: str = "postgresql+asyncpg://qshare:qshare@localhost:5432/qshare"
-    nats_url: str = "nats://localhost:4222"
-    nats_user: str | None = Field(None, description="this service's NATS identity")
-    nats_password: SecretStr | None = None
-    nats_tls_ca: Path | None = Field(None, description="CA bundle; set it to connect over TLS")
-    nats_secrets_dir: Path | None = Field(
-        None, description="read this service's NATS password here (`python -m qshare.natsauth`)"
-    )
-    nats_reconnect_wait_s: float = Field(2.0, gt=0, le=60, description="between reconnects")
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=1, le=65535)
     instance: str = Field(default_factory=socket.gethostname)
@@ -53,13 +45,7 @@ class ApiSettings(BaseSettings):
 
     def bus(self, name: str) -> BusOptions:
         """How this service connects to NATS, as `name`."""
-        user, password = self.nats_user, self.nats_password
-        if self.nats_secrets_dir is not None and password is None:
-            found = nats_credentials(ServiceRole.API, secrets_dir=self.nats_secrets_dir)
-            user, password = found.user, found.password
-        return BusOptions(
-            self.nats_url, name, user, password, self.nats_tls_ca, self.nats_reconnect_wait_s
-        )
+        return self.bus_as(name, ServiceRole.API)
 
     def bootstrap_secret(self) -> str | None:
         """The bootstrap admin token, from the setting or its file; None when neither is set."""
