@@ -245,7 +245,7 @@ class Allocator(Service):
                 if cursor is None:
                     break
         self._after_write(None)
-        await self.dispatcher.scan()
+        await self.dispatcher.dispatch_lagging()  # the claims it placed; the scanner does the rest
 
     async def _place_after(
         self, after: PendingCursor | None, priority: Priority, conn: AsyncConnection

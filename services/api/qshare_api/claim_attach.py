@@ -4,12 +4,11 @@
 from __future__ import annotations
 
 import os
-import re
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from qshare.contracts.nodes import default_node_name
 from qshare_api.client import Client
 
 
@@ -27,10 +26,7 @@ class Attachment:
 
 def this_node() -> str:
     """The node name the local agent uses by default: $QSHARE_NODE_NAME or the host name."""
-    configured = os.environ.get("QSHARE_NODE_NAME")
-    if configured:
-        return configured
-    return re.sub(r"[^A-Za-z0-9_-]", "-", socket.gethostname())[:63].strip("-_") or "node"
+    return os.environ.get("QSHARE_NODE_NAME") or default_node_name()
 
 
 def resolve(client: Client, claim_id: str, node: str, card: int | None) -> Attachment:

@@ -28,6 +28,7 @@ from qshare_node_agent import metrics
 from qshare_node_agent.commands import Commands
 from qshare_node_agent.converge import Converger
 from qshare_node_agent.discovery import Card, discover, unhealthy
+from qshare_node_agent.events import EventPump
 from qshare_node_agent.segment import existing_vgpus, open_segment
 from qshare_node_agent.settings import NodeAgentSettings
 
@@ -47,7 +48,7 @@ class NodeAgent(Service):
         self._node: Node | None = None
         self._nc: Client | None = None
         self._commands: Commands | None = None
-        self._pump: object | None = None
+        self._pump: EventPump | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._plugins: Any = None
         self.registered = asyncio.Event()
@@ -58,8 +59,6 @@ class NodeAgent(Service):
         return self._node
 
     async def start(self) -> None:
-        from qshare_node_agent.events import EventPump
-
         self.cards = discover(self.settings)
         self._node, adopted = open_segment(self.settings, self.cards)
         converger = Converger(self._node, {c.uuid: c for c in self.cards})
@@ -92,7 +91,7 @@ class NodeAgent(Service):
             await asyncio.to_thread(self._plugins.stop)
         if self._pump is not None:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._pump.stop(), 5)  # type: ignore[attr-defined]
+                await asyncio.wait_for(self._pump.stop(), 5)
         if self._nc is not None:
             await bus.close(self._nc)
         if self._node is not None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import socket
 from pathlib import Path
 
 from pydantic import Field, field_validator
@@ -11,21 +10,18 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from qshare.bus import BusIdentity
 from qshare.contracts.domain import CardPolicy
+from qshare.contracts.nodes import default_node_name
 from qshare.contracts.quantities import parse_mib
 
 SIMULATE_FORMAT = re.compile(r"^(?P<cards>[0-9]{1,2})(:(?P<memory>[0-9]+(Ki|Mi|Gi|Ti)?))?$")
 DEFAULT_SIM_MEMORY = "16Gi"
 
 
-def _node_name() -> str:
-    return re.sub(r"[^A-Za-z0-9_-]", "-", socket.gethostname())[:63].strip("-_") or "node"
-
-
 class NodeAgentSettings(BaseSettings, BusIdentity):
     model_config = SettingsConfigDict(env_prefix="QSHARE_NODE_", extra="ignore")
 
     name: str = Field(
-        default_factory=_node_name,
+        default_factory=default_node_name,
         min_length=1,
         max_length=63,
         pattern=r"^[A-Za-z0-9]([-A-Za-z0-9_]*[A-Za-z0-9])?$",

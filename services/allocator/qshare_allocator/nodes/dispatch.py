@@ -104,14 +104,18 @@ class Dispatcher:
         """Dispatch every Ready node whose confirmation lags; fail claims no node confirmed;
         degrade (or re-place) claims on sick nodes and cards. True when claims were freed
         for placement."""
-        for node in await in_transaction(self._engine, self._lagging):
-            self.wanted(node)
+        await self.dispatch_lagging()
         failed = await in_transaction(self._engine, self._fail_overdue)
         moved = await in_transaction(self._engine, self.health.scan)
         moved += await in_transaction(self._engine, self._evict_due)
         if failed or moved:
             self._on_commit()
         return bool(moved)
+
+    async def dispatch_lagging(self) -> None:
+        """Send desired state to every Ready node whose confirmed generation lags."""
+        for node in await in_transaction(self._engine, self._lagging):
+            self.wanted(node)
 
     async def _evict_due(self, conn: AsyncConnection) -> int:
         return await eviction.finish_due(conn, self._source)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import socket
 import uuid
 from datetime import datetime
 from typing import Annotated
@@ -16,6 +18,11 @@ MAX_CARDS = 64
 NODE_NAME_PATTERN = r"^[A-Za-z0-9]([-A-Za-z0-9_]*[A-Za-z0-9])?$"
 NodeName = Annotated[str, Field(min_length=1, max_length=63, pattern=NODE_NAME_PATTERN)]
 """A NATS subject token, so no dots: `qshare.node.<node>.heartbeat`."""
+
+
+def default_node_name() -> str:
+    """This host's node name when none is configured: the host name as a subject token."""
+    return re.sub(r"[^A-Za-z0-9_-]", "-", socket.gethostname())[:63].strip("-_") or "node"
 
 
 SegmentName = Annotated[str, Field(min_length=1, max_length=47, pattern=r"^[A-Za-z0-9._-]+$")]
