@@ -153,6 +153,22 @@ async def eventually(check: Callable[[], Awaitable[bool]], within_s: float = 20.
             await asyncio.sleep(0.05)
 
 
+async def create_claim(api: httpx.AsyncClient, **spec: Any) -> dict[str, Any]:
+    """Create a claim over REST (low priority, 20 %, 2 GiB unless `spec` says otherwise)."""
+    body = {"priority": "low", "vcore": 20, "vmemory": "2Gi"} | spec
+    response = await api.post("/v1/claims", json=body)
+    assert response.status_code == 201, response.text
+    return dict(response.json())
+
+
+async def ready_claim(
+    api: httpx.AsyncClient, within_s: float = 20.0, **spec: Any
+) -> dict[str, Any]:
+    """Create a claim and wait until it is ready."""
+    created = await create_claim(api, **spec)
+    return await claim_until(api, created["id"], "ready", within_s)
+
+
 async def claim_until(
     api: httpx.AsyncClient, claim_id: str, status: str, within_s: float = 20.0
 ) -> dict[str, Any]:

@@ -6,23 +6,16 @@ import httpx
 
 from qshare_node_agent.app import NodeAgent
 
-from .conftest import StartAgent, claim_until, eventually
+from .conftest import StartAgent, claim_until, create_claim, eventually
 
 GIB = 1 << 30
-
-
-async def create(api: httpx.AsyncClient, **spec: object) -> dict[str, object]:
-    body = {"priority": "low", "vcore": 20, "vmemory": "2Gi"} | spec
-    response = await api.post("/v1/claims", json=body)
-    assert response.status_code == 201, response.text
-    return dict(response.json())
 
 
 async def test_a_claim_becomes_ready_once_its_node_applied_it(
     api: httpx.AsyncClient, start_agent: StartAgent
 ) -> None:
     agent = await start_agent()
-    claim = await create(api)
+    claim = await create_claim(api)
     ready = await claim_until(api, str(claim["id"]), "ready")
     vgpu = ready["vgpus"][0]
     assert vgpu["segment"] == agent.settings.segment_name
@@ -33,7 +26,7 @@ async def test_a_deleted_claim_leaves_the_segment(
     api: httpx.AsyncClient, start_agent: StartAgent
 ) -> None:
     agent = await start_agent()
-    claim = await create(api)
+    claim = await create_claim(api)
     ready = await claim_until(api, str(claim["id"]), "ready")
     local_id = ready["vgpus"][0]["local_id"]
     assert (await api.delete(f"/v1/claims/{claim['id']}")).status_code in (200, 202, 204)

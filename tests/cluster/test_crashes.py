@@ -23,7 +23,7 @@ from qshare.contracts.errors import QshareError
 from qshare_allocator.audit import double_placements, overcommitted_cards
 from qshare_preemptor.app import Preemptor
 
-from .conftest import StartAgent, eventually
+from .conftest import StartAgent, eventually, ready_claim
 
 
 @contextlib.asynccontextmanager
@@ -92,14 +92,7 @@ async def test_a_restarted_preemptor_resumes_the_gangs_its_predecessor_left_susp
     api: Any, start_agent: StartAgent, preemptor: Preemptor, engine: AsyncEngine
 ) -> None:
     agent = await start_agent()
-    created = (await api.post("/v1/claims", json={"priority": "low", "vcore": 5,
-                                                  "vmemory": "1Gi"})).json()  # fmt: skip
-
-    async def ready() -> bool:
-        return bool((await api.get(f"/v1/claims/{created['id']}")).json()["status"] == "ready")
-
-    await eventually(ready)
-    claim = (await api.get(f"/v1/claims/{created['id']}")).json()
+    claim = await ready_claim(api, vcore=5, vmemory="1Gi")
     local_id = claim["vgpus"][0]["local_id"]
     agent.node.suspend(local_id)  # as a preemptor killed mid-episode left it
     async with engine.begin() as conn:
@@ -125,27 +118,17 @@ async def test_a_node_agent_killed_and_restarted_keeps_running_workloads_limited
             "QSHARE_NODE_SIMULATE": "1:8Gi", "QSHARE_NODE_SHM_DIR": str(tmp_path),
             "QSHARE_NODE_HEARTBEAT_S": "0.5"}  # fmt: skip
     async with service("qshare_node_agent", args, b"node agent") as first:
-        claim = await _ready_claim(api, {"priority": "low", "vcore": 10, "vmemory": "2Gi"})
+        claim = await ready_claim(api, 30, vcore=10)
         vgpu = claim["vgpus"][0]
         client = Client.attach(f"qshare-{name}", vgpu["local_id"], tmp_path)
         client.reserve(1 << 30)
         first.send_signal(signal.SIGKILL)
         await first.wait()
     async with service("qshare_node_agent", args, b"node agent"):
-        second = await _ready_claim(api, {"priority": "low", "vcore": 10, "vmemory": "2Gi"})
+        second = await ready_claim(api, 30, vcore=10)
         assert second["node"] == name
         with pytest.raises(OutOfMemoryError):
             client.reserve(2 << 30)
         client.reserve(512 << 20)
         client.detach()
     assert (await api.get(f"/v1/claims/{claim['id']}")).json()["status"] == "ready"
-
-
-async def _ready_claim(api: Any, spec: dict[str, Any]) -> dict[str, Any]:
-    created = (await api.post("/v1/claims", json=spec)).json()
-
-    async def ready() -> bool:
-        return bool((await api.get(f"/v1/claims/{created['id']}")).json()["status"] == "ready")
-
-    await eventually(ready, 30)
-    return dict((await api.get(f"/v1/claims/{created['id']}")).json())

@@ -4,20 +4,11 @@ placed again or wait with the reason."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import httpx
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from .conftest import StartAgent, claim_until
-
-
-async def create(api: httpx.AsyncClient, **spec: Any) -> dict[str, Any]:
-    body = {"priority": "low", "vcore": 20, "vmemory": "2Gi"} | spec
-    response = await api.post("/v1/claims", json=body)
-    assert response.status_code == 201, response.text
-    return dict(response.json())
+from .conftest import StartAgent, claim_until, create_claim
 
 
 async def short_grace(engine: AsyncEngine) -> None:
@@ -30,10 +21,10 @@ async def test_high_priority_evicts_the_youngest_low_priority_claim_and_becomes_
 ) -> None:
     await short_grace(engine)
     await start_agent(cards=1, memory="8Gi")
-    older = await create(api, vmemory="4Gi")
-    younger = await create(api, vmemory="4Gi")
+    older = await create_claim(api, vmemory="4Gi")
+    younger = await create_claim(api, vmemory="4Gi")
     await claim_until(api, younger["id"], "ready")
-    high = await create(api, priority="high", vcore=50, vmemory="4Gi")
+    high = await create_claim(api, priority="high", vcore=50, vmemory="4Gi")
     assert high["status"] == "pending" and "evicted" in high["reason"]
     await claim_until(api, high["id"], "ready")
     evicted = await claim_until(api, younger["id"], "pending")
@@ -46,8 +37,8 @@ async def test_an_eviction_is_recorded_as_a_preemption(
 ) -> None:
     await short_grace(engine)
     await start_agent(cards=1, memory="4Gi")
-    low = await create(api, vmemory="4Gi")
-    high = await create(api, priority="high", vcore=50, vmemory="4Gi")
+    low = await create_claim(api, vmemory="4Gi")
+    high = await create_claim(api, priority="high", vcore=50, vmemory="4Gi")
     await claim_until(api, high["id"], "ready")
     records = (await api.get("/v1/preemptions", params={"claim": low["id"]})).json()
     assert [r["kind"] for r in records] == ["eviction"]
@@ -58,7 +49,7 @@ async def test_high_priority_never_evicts_high_priority(
 ) -> None:
     await short_grace(engine)
     await start_agent(cards=1, memory="4Gi")
-    await create(api, priority="high", vcore=20, vmemory="4Gi")
-    second = await create(api, priority="high", vcore=20, vmemory="4Gi")
+    await create_claim(api, priority="high", vcore=20, vmemory="4Gi")
+    second = await create_claim(api, priority="high", vcore=20, vmemory="4Gi")
     assert second["status"] == "pending"
     assert "evicted" not in second["reason"]

@@ -4,26 +4,19 @@ event and are placed again elsewhere (their class allows it by default)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import httpx
 from nats.aio.client import Client as Nats
 from nats.aio.msg import Msg
 
-from .conftest import StartAgent, claim_until, eventually
-
-
-async def ready(api: httpx.AsyncClient, **spec: Any) -> dict[str, Any]:
-    body = {"priority": "low", "vcore": 20, "vmemory": "2Gi"} | spec
-    created = (await api.post("/v1/claims", json=body)).json()
-    return await claim_until(api, created["id"], "ready")
+from .conftest import StartAgent, eventually, ready_claim
 
 
 async def test_a_claim_on_a_silent_node_is_placed_again_on_another(
     api: httpx.AsyncClient, start_agent: StartAgent
 ) -> None:
     first = await start_agent()
-    claim = await ready(api)
+    claim = await ready_claim(api)
     second = await start_agent()
     await first.stop()
 
@@ -39,7 +32,7 @@ async def test_a_claim_on_an_unhealthy_card_moves_to_a_healthy_one(
 ) -> None:
     health = tmp_path / "unhealthy"
     await start_agent(cards=2, sim_unhealthy_file=health)
-    claim = await ready(api)
+    claim = await ready_claim(api)
     sick = claim["vgpus"][0]["gpu"]
     seen: list[str] = []
 

@@ -16,13 +16,7 @@ from nats.aio.msg import Msg
 from qshare_driver import Client
 from qshare_node_agent.app import NodeAgent
 
-from .conftest import ADMIN_TOKEN, StartAgent, claim_until, eventually
-
-
-async def ready(api: httpx.AsyncClient, **spec: Any) -> dict[str, Any]:
-    body = {"priority": "low", "vcore": 20, "vmemory": "2Gi"} | spec
-    created = (await api.post("/v1/claims", json=body)).json()
-    return await claim_until(api, created["id"], "ready")
+from .conftest import ADMIN_TOKEN, StartAgent, eventually, ready_claim
 
 
 def suspended(agent: NodeAgent, local_id: int) -> bool:
@@ -37,8 +31,8 @@ async def test_high_priority_busy_on_one_card_suspends_the_gang_on_the_other(
     api: httpx.AsyncClient, start_agent: StartAgent
 ) -> None:
     agent = await start_agent(cards=2)
-    gang = await ready(api, count=2)
-    hp = await ready(api, priority="high", vcore=50)
+    gang = await ready_claim(api, count=2)
+    hp = await ready_claim(api, priority="high", vcore=50)
     other = next(v for v in gang["vgpus"] if v["gpu"] != hp["vgpus"][0]["gpu"])
     with attach(agent, hp["vgpus"][0]) as client:
         client.launch_begin()
@@ -51,8 +45,8 @@ async def test_a_subscriber_sees_busy_and_the_gangs_suspension(
     api: httpx.AsyncClient, start_agent: StartAgent, nc: Nats
 ) -> None:
     agent = await start_agent(cards=2)
-    gang = await ready(api, count=2)
-    hp = await ready(api, priority="high", vcore=50)
+    gang = await ready_claim(api, count=2)
+    hp = await ready_claim(api, priority="high", vcore=50)
     seen: list[str] = []
 
     async def note(msg: Msg) -> None:
@@ -72,7 +66,7 @@ async def test_an_operator_suspends_and_resumes_a_claim(
     api: httpx.AsyncClient, start_agent: StartAgent
 ) -> None:
     agent = await start_agent()
-    claim = await ready(api)
+    claim = await ready_claim(api)
     local_id = claim["vgpus"][0]["local_id"]
     response = await api.post(f"/v1/claims/{claim['id']}/suspend")
     assert response.status_code == 200, response.text
@@ -85,7 +79,7 @@ async def test_an_operator_suspension_is_recorded_with_its_length(
     api: httpx.AsyncClient, start_agent: StartAgent
 ) -> None:
     await start_agent()
-    claim = await ready(api)
+    claim = await ready_claim(api)
     await api.post(f"/v1/claims/{claim['id']}/suspend")
     await api.post(f"/v1/claims/{claim['id']}/resume")
     records = (await api.get("/v1/preemptions", params={"claim": claim["id"]})).json()

@@ -14,7 +14,7 @@ import pytest
 
 from qshare.native_build import FAKE_DIR, TOOLS, build_cuda
 
-from .conftest import ADMIN_TOKEN, StartAgent, claim_until
+from .conftest import ADMIN_TOKEN, StartAgent, ready_claim
 
 QSHARE = str(Path(sys.executable).with_name("qshare"))
 GIB = 1 << 30
@@ -40,12 +40,6 @@ async def qshare_run(env: dict[str, str], *args: str) -> subprocess.CompletedPro
     return await asyncio.to_thread(
         subprocess.run, argv, env=env, capture_output=True, text=True, timeout=60
     )
-
-
-async def ready_claim(api: httpx.AsyncClient, **spec: object) -> dict[str, object]:
-    body = {"priority": "low", "vcore": 20, "vmemory": "2Gi"} | spec
-    created = (await api.post("/v1/claims", json=body)).json()
-    return await claim_until(api, created["id"], "ready")
 
 
 async def test_a_program_run_in_a_claim_sees_its_memory_limit(
