@@ -187,8 +187,7 @@ async def claim_until(
 @pytest.fixture(scope="session")
 async def api_url(database_url: str, bus_url: str, allocator: Allocator) -> AsyncIterator[str]:
     """The API on a real HTTP port, for the CLI run as a separate process."""
-    import uvicorn
-
+    from qshare.stack import serving
     from qshare.testing.servers import free_port
 
     port = free_port()
@@ -196,13 +195,5 @@ async def api_url(database_url: str, bus_url: str, allocator: Allocator) -> Asyn
         database_url=database_url, nats_url=bus_url, port=port, cluster=RULES,
         bootstrap_admin_token=ADMIN_TOKEN,
     )  # fmt: skip
-    config = uvicorn.Config(
-        create_app(settings), port=port, log_level="warning", timeout_graceful_shutdown=1
-    )
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        await asyncio.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    await task
+    async with serving(create_app(settings), "127.0.0.1", port, grace_s=1):
+        yield f"http://127.0.0.1:{port}"

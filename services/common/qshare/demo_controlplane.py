@@ -12,11 +12,11 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
-import uvicorn
 
 from qshare.contracts.quantities import format_mib
 from qshare.natsauth import NatsAuth, ServiceRole
 from qshare.settings import ClusterSettings
+from qshare.stack import serving
 from qshare.testing.servers import EmbeddedNats, EmbeddedPostgres, free_port
 
 ADMIN_TOKEN = "qs_demo_admin"
@@ -77,27 +77,12 @@ async def _control_plane() -> AsyncIterator[httpx.AsyncClient]:
         api = ApiSettings(database_url=pg.url, nats_url=bus.url, port=port, cluster=rules,
                           bootstrap_admin_token=ADMIN_TOKEN, nats_user=as_api.user,
                           nats_password=as_api.password)  # fmt: skip
-        async with Allocator(allocator), _serve(create_app(api), port):
+        async with Allocator(allocator), serving(create_app(api), "127.0.0.1", port):
             headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
             async with httpx.AsyncClient(
                 base_url=f"http://127.0.0.1:{port}", headers=headers
             ) as http:
                 yield http
-
-
-@contextlib.asynccontextmanager
-async def _serve(app: Any, port: int) -> AsyncIterator[None]:
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        if task.done():
-            task.result()
-        await asyncio.sleep(0.05)
-    try:
-        yield
-    finally:
-        server.should_exit = True
-        await task
 
 
 async def _register_nodes(api: httpx.AsyncClient, out: Callable[[str], None]) -> None:

@@ -130,7 +130,6 @@ async def _start_agents(options: StackOptions, url: str, identities: NatsAuth) -
 async def _api(
     options: StackOptions, db: str, url: str, port: int, token: str, identity: dict[str, Any]
 ) -> AsyncIterator[None]:
-    import uvicorn
     from pydantic import SecretStr
 
     from qshare_api.app import create_app
@@ -138,8 +137,19 @@ async def _api(
 
     settings = ApiSettings(database_url=db, nats_url=url, port=port, cluster=options.rules,
                            bootstrap_admin_token=SecretStr(token), **identity)  # fmt: skip
-    config = uvicorn.Config(create_app(settings), host=options.host, port=port,
-                            log_level="warning", timeout_graceful_shutdown=2)  # fmt: skip
+    async with serving(create_app(settings), options.host, port):
+        yield
+
+
+@contextlib.asynccontextmanager
+async def serving(app: Any, host: str, port: int, grace_s: int = 2) -> AsyncIterator[None]:
+    """An ASGI app on a real HTTP port in this event loop, until the block ends; open event
+    streams are cut after `grace_s`."""
+    import uvicorn
+
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=grace_s
+    )
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
     while not server.started:
