@@ -38,5 +38,4 @@ async def test_a_deleted_claim_leaves_the_segment(
 
 
 def agent_vgpus(agent: NodeAgent) -> set[int]:
-    assert agent._commands is not None
-    return set(agent._commands.converger.held)
+    return set(agent.applied)

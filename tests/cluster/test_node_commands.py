@@ -32,8 +32,7 @@ async def apply(nc: Nats, node: str, desired: ApplyDesired) -> ApplyReply:
 
 
 def held(agent: NodeAgent) -> set[int]:
-    assert agent._commands is not None
-    return set(agent._commands.converger.held)
+    return set(agent.applied)
 
 
 async def test_a_malformed_apply_is_refused_naming_the_field(

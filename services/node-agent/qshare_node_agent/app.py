@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from qshare import bus
 from qshare.contracts import envelope, rpc, subjects
+from qshare.contracts.agent import DesiredVgpu
 from qshare.contracts.domain import NODE_LABEL, POLICY_LABEL
 from qshare.contracts.errors import InvalidInput, QshareError
 from qshare.contracts.nodes import GpuSpec, Heartbeat, NodeRegistration, NodeView
@@ -52,6 +53,12 @@ class NodeAgent(Service):
         self._tasks: list[asyncio.Task[None]] = []
         self._plugins: Any = None
         self.registered = asyncio.Event()
+
+    @property
+    def applied(self) -> dict[int, DesiredVgpu]:
+        """The allocator's vGPUs this agent holds in its segment, by driver id."""
+        assert self._commands is not None, "node agent not started"
+        return self._commands.converger.held
 
     @property
     def node(self) -> Node:

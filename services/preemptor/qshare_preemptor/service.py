@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from qshare.contracts import envelope, rpc, subjects
 from qshare.contracts.agent import SuspendCommand, SuspendReply
 from qshare.contracts.errors import NotFound, QshareError
-from qshare.contracts.preemption import ClaimAction, ClaimActionReply
+from qshare.contracts.preemption import ClaimAction, ClaimActionReply, ClaimRef
 from qshare.db import in_transaction
 from qshare_preemptor.gangs import Member, gang_of_card, vgpus_of_claim
 from qshare_preemptor.records import close_records, open_claims, open_members, open_records
@@ -127,6 +127,7 @@ class PreemptionService:
 
     async def _publish_claims(self, claim_ids: list[uuid.UUID], kind: str) -> None:
         for claim_id in claim_ids:
-            body = envelope.wrap(self._source, f"io.qshare.claim.{kind}", None)
-            body.data = {"claim_id": str(claim_id)}
+            body = envelope.wrap(
+                self._source, f"io.qshare.claim.{kind}", ClaimRef(claim_id=claim_id)
+            )
             await self._nc.publish(subjects.claim_event(str(claim_id), kind), envelope.encode(body))

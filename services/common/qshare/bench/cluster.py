@@ -177,7 +177,7 @@ def _hp_vgpus(stack: Stack) -> list[tuple[Any, int]]:
     chosen: list[tuple[Any, int]] = []
     for agent in stack.agents:
         seen: set[str] = set()
-        for local_id, vgpu in agent._commands.converger.held.items():
+        for local_id, vgpu in agent.applied.items():
             if vgpu.priority.value == "high" and vgpu.gpu not in seen:
                 seen.add(vgpu.gpu)
                 chosen.append((agent, local_id))
@@ -229,7 +229,7 @@ async def _applied_claim(nc: Client, spec: dict[str, Any], agent: Any) -> tuple[
     """Create a claim and wait until `agent` holds all its vGPUs: (claim id, vGPU ids)."""
     command = CreateClaim(tenant="bench", spec=ClaimSpec.model_validate(spec))
     reply = await rpc.call(nc, subjects.CLAIMS_CREATE, "bench", command, CreateClaimReply, 30)
-    held = agent._commands.converger.held
+    held = agent.applied
     count = spec.get("count", 1)
     async with asyncio.timeout(30):
         while len(ids := [k for k, d in held.items() if d.claim_id == reply.claim.id]) < count:

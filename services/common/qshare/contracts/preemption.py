@@ -22,3 +22,9 @@ class ClaimActionReply(BaseModel):
     suspended: bool
     vgpus: int = Field(description="vGPUs the nodes acted on")
     missing: int = Field(0, description="vGPUs a node did not have or did not answer for")
+
+
+class ClaimRef(BaseModel):
+    """Body of the preemptor's `qshare.evt.claim.<id>.suspended|resumed` events."""
+
+    claim_id: uuid.UUID
