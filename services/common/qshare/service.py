@@ -4,6 +4,7 @@ an async context manager, or `run()` until SIGTERM or SIGINT."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import signal
 from typing import Self
 
@@ -30,4 +31,13 @@ class Service:
         for sig in (signal.SIGTERM, signal.SIGINT):
             asyncio.get_running_loop().add_signal_handler(sig, stop.set)
         async with self:
+            settle_heap()
             await stop.wait()
+
+
+def settle_heap() -> None:
+    """Move what start-up allocated (modules, schemas, caches) out of the collector's sight:
+    a full collection then never walks it again, so it stops pausing the event loop for
+    100 ms or more once the heap has grown."""
+    gc.collect()
+    gc.freeze()

@@ -15,9 +15,9 @@ from typing import Any
 from nats.aio.client import Client
 
 from qshare import bus
-from qshare.natsauth import NatsAuth, ServiceRole
+from qshare.natsauth import NatsAuth, ServiceRole, identity_env
 from qshare.settings import ClusterSettings
-from qshare.testing.servers import EmbeddedNats, EmbeddedPostgres, free_port
+from qshare.testing.servers import EmbeddedNats, EmbeddedPostgres, ServiceProcess, free_port
 
 
 @dataclass
@@ -33,6 +33,9 @@ class StackOptions:
     heartbeat_s: float = 2.0
     node_prefix: str = "sim"
     rules: ClusterSettings = field(default_factory=lambda: ClusterSettings(node_timeout_s=10))
+    service_processes: bool = False
+    """Run the allocator and the preemptor as their own processes, as in a deployment (the
+    benchmark), rather than in this process's event loop (`qshare up`, the demo)."""
 
 
 @dataclass
@@ -52,6 +55,10 @@ class Stack:
         return await bus.connect(
             bus.options_for(self.nats_url, name, self.identities.credentials(role))
         )
+
+
+DISPATCH_SCAN_S = 0.5
+"""How often the stack's allocator re-sends desired state to lagging nodes."""
 
 
 def _node_names(options: StackOptions) -> list[str]:
@@ -82,29 +89,59 @@ async def running_stack(options: StackOptions) -> AsyncIterator[Stack]:
 async def _services(
     options: StackOptions, db: str, url: str, identities: NatsAuth
 ) -> AsyncIterator[Stack]:
-    from qshare_allocator.app import Allocator
-    from qshare_allocator.settings import AllocatorSettings
-    from qshare_preemptor.app import Preemptor
-    from qshare_preemptor.settings import PreemptorSettings
-
     token = "qs_" + secrets.token_urlsafe(24)
     port = options.port or free_port()
-    allocator = Allocator(AllocatorSettings(
-        database_url=db, nats_url=url, cluster=options.rules, instance="up", dispatch_scan_s=0.5,
-        **_as(identities, ServiceRole.ALLOCATOR),
-    ))  # fmt: skip
-    preemptor = Preemptor(PreemptorSettings(
-        database_url=db, nats_url=url, instance="up", **_as(identities, ServiceRole.PREEMPTOR)
-    ))  # fmt: skip
+    control = _processes if options.service_processes else _in_process
     api = _api(options, db, url, port, token, _as(identities, ServiceRole.API))
-    async with allocator, preemptor, api:
+    async with control(options, db, url, identities) as (allocator, preemptor), api:
         agents = await _start_agents(options, url, identities)
         try:
             http = f"http://{options.host}:{port}"
             yield Stack(http, token, db, url, agents, allocator, preemptor, identities)
         finally:
-            for agent in agents:
-                await agent.stop()
+            await asyncio.gather(*(agent.stop() for agent in agents))
+
+
+@contextlib.asynccontextmanager
+async def _in_process(
+    options: StackOptions, db: str, url: str, identities: NatsAuth
+) -> AsyncIterator[tuple[Any, Any]]:
+    """The allocator and the preemptor in this process's event loop."""
+    from qshare_allocator.app import Allocator
+    from qshare_allocator.settings import AllocatorSettings
+    from qshare_preemptor.app import Preemptor
+    from qshare_preemptor.settings import PreemptorSettings
+
+    allocator = Allocator(AllocatorSettings(
+        database_url=db, nats_url=url, cluster=options.rules, instance="up",
+        dispatch_scan_s=DISPATCH_SCAN_S, **_as(identities, ServiceRole.ALLOCATOR),
+    ))  # fmt: skip
+    preemptor = Preemptor(PreemptorSettings(
+        database_url=db, nats_url=url, instance="up", **_as(identities, ServiceRole.PREEMPTOR)
+    ))  # fmt: skip
+    async with allocator, preemptor:
+        yield allocator, preemptor
+
+
+@contextlib.asynccontextmanager
+async def _processes(
+    options: StackOptions, db: str, url: str, identities: NatsAuth
+) -> AsyncIterator[tuple[Any, Any]]:
+    """The allocator and the preemptor as `python -m` processes, configured by environment."""
+    allocator_env = {
+        "QSHARE_ALLOCATOR_DATABASE_URL": db, "QSHARE_ALLOCATOR_NATS_URL": url,
+        "QSHARE_ALLOCATOR_INSTANCE": "up", "QSHARE_ALLOCATOR_DISPATCH_SCAN_S": str(DISPATCH_SCAN_S),
+        "QSHARE_ALLOCATOR_CLUSTER": options.rules.model_dump_json(),
+    } | identity_env("QSHARE_ALLOCATOR_", identities.credentials(ServiceRole.ALLOCATOR))  # fmt: skip
+    preemptor_env = {
+        "QSHARE_PREEMPTOR_DATABASE_URL": db, "QSHARE_PREEMPTOR_NATS_URL": url,
+        "QSHARE_PREEMPTOR_INSTANCE": "up",
+    } | identity_env("QSHARE_PREEMPTOR_", identities.credentials(ServiceRole.PREEMPTOR))  # fmt: skip
+    async with (
+        ServiceProcess("qshare_allocator", allocator_env, "serving") as allocator,
+        ServiceProcess("qshare_preemptor", preemptor_env, "serving") as preemptor,
+    ):
+        yield allocator, preemptor
 
 
 async def _start_agents(options: StackOptions, url: str, identities: NatsAuth) -> list[Any]:

@@ -18,8 +18,9 @@ from qshare_driver import DriverError, Event, Node
 from qshare_node_agent import metrics
 
 log = logging.getLogger(__name__)
-POLL_S = 0.2
-"""How long one wait on the ring lasts before the thread checks whether to stop."""
+POLL_S = 1.0
+"""How long one wait on the ring lasts before the thread checks whether to stop (the upper
+bound of a stop; shorter waits cost wake-ups that contend for the interpreter's lock)."""
 
 
 class EventPump:

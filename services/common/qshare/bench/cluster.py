@@ -33,6 +33,7 @@ from qshare.bench.stats import percentiles
 from qshare.contracts import envelope, rpc, subjects
 from qshare.contracts.claims import ClaimSpec, CreateClaim, CreateClaimReply
 from qshare.contracts.domain import NODE_LABEL
+from qshare.service import settle_heap
 from qshare.settings import ClusterSettings
 from qshare.stack import Stack, StackOptions, running_stack
 
@@ -77,10 +78,11 @@ async def _run(scale: Scale) -> dict[str, Any]:
     options = StackOptions(
         nodes=scale.nodes, cards=scale.cards, card_memory="16Gi", durable=True,
         shm_dir=Path(tempfile.mkdtemp(prefix="qshare-bench-")), release_delay_s=0.002,
-        heartbeat_s=5.0, node_prefix="bench",
+        heartbeat_s=5.0, node_prefix="bench", service_processes=True,
         rules=ClusterSettings(node_timeout_s=60, node_policy="spread", card_policy="spread"),
     )  # fmt: skip
     async with running_stack(options) as stack:
+        settle_heap()
         nc = await stack.connect("qshare-bench")
         try:
             load = await _claims_open_loop(nc, scale)
