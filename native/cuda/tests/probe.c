@@ -2,11 +2,14 @@
  * clock of the driver's events, so tests can order what several processes saw. */
 #include "probe.h"
 
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #define MAX_ALLOCS 256
 
@@ -20,6 +23,7 @@ typedef struct allocation {
 
 typedef struct probe {
     const probe_driver *d;
+    CUcontext ctx;
     CUstream stream;
     CUmodule module;
     CUgraphExec graph;
@@ -44,6 +48,7 @@ static void cmd_init(probe *p) {
     CUgraph graph = NULL;
     if (rc == CUDA_SUCCESS) rc = d->cuDevicePrimaryCtxRetain(&ctx, 0);
     if (rc == CUDA_SUCCESS) rc = d->cuCtxSetCurrent(ctx);
+    p->ctx = ctx;
     if (rc == CUDA_SUCCESS) rc = d->cuModuleLoadData(&p->module, "fake image");
     if (rc == CUDA_SUCCESS) rc = d->cuStreamCreate(&p->stream, 0);
     if (rc == CUDA_SUCCESS) rc = d->cuGraphCreate(&graph, 0);
@@ -169,6 +174,38 @@ static void cmd_bench(probe *p, unsigned long count) {
            count ? (double)(t1 - t0) / (double)count : 0.0);
 }
 
+typedef struct spinner {
+    probe *p;
+    CUfunction f;
+} spinner;
+
+/* Launch into the probe's stream until the process ends, whatever the launches return. */
+static void *spin_main(void *arg) {
+    spinner *sp = arg;
+    sp->p->d->cuCtxSetCurrent(sp->p->ctx);
+    for (;;) launch_one(sp->p, "kernel", sp->f);
+    return NULL;
+}
+
+/* A thread that keeps launching `us` µs kernels: the process exits while it launches. */
+static void cmd_spin(probe *p, unsigned long us) {
+    static spinner sp;
+    sp = (spinner){p, kernel_of(p, us)};
+    pthread_t thread;
+    int rc = pthread_create(&thread, NULL, spin_main, &sp);
+    if (rc == 0) pthread_detach(thread);
+    printf("spin rc=%d\n", rc);
+}
+
+/* A child forked after attach that exits normally (running the interposer's exit path). */
+static void cmd_fork(void) {
+    pid_t child = fork();
+    if (child == 0) exit(0);
+    int status = -1;
+    if (child > 0) waitpid(child, &status, 0);
+    printf("fork rc=%d status=%d\n", child > 0 ? 0 : -1, status);
+}
+
 static void run(probe *p, char *line) {
     char cmd[32] = "", arg1[32] = "";
     unsigned long n1 = 0, n2 = 0;
@@ -185,13 +222,17 @@ static void run(probe *p, char *line) {
         printf("sync rc=%d t=%llu\n", rc, (unsigned long long)now_ns());
     } else if (strcmp(cmd, "now") == 0) printf("now t=%llu\n", (unsigned long long)now_ns());
     else if (strcmp(cmd, "bench") == 0) cmd_bench(p, strtoul(arg1, NULL, 10));
+    else if (strcmp(cmd, "spin") == 0) cmd_spin(p, strtoul(arg1, NULL, 10));
+    else if (strcmp(cmd, "fork") == 0) cmd_fork();
     else printf("%s rc=-1 error=unknown-command\n", cmd);
     fflush(stdout);
 }
 
 int probe_main(const probe_driver *d, int argc, char **argv, int first) {
     static probe p;
-    p.d = d;
+    static probe_driver table; /* outlives main: a spinning thread still launches at exit */
+    table = *d;
+    p.d = &table;
     if (first < argc) {
         for (int i = first; i < argc; i++) run(&p, argv[i]);
         return 0;
