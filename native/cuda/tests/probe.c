@@ -177,23 +177,41 @@ static void cmd_bench(probe *p, unsigned long count) {
 typedef struct spinner {
     probe *p;
     CUfunction f;
+    pthread_mutex_t lock;
+    pthread_cond_t started;
+    CUresult first; /* the first launch's result, once it returned */
+    int launched;
 } spinner;
 
 /* Launch into the probe's stream until the process ends, whatever the launches return. */
 static void *spin_main(void *arg) {
     spinner *sp = arg;
     sp->p->d->cuCtxSetCurrent(sp->p->ctx);
+    CUresult first = launch_one(sp->p, "kernel", sp->f);
+    pthread_mutex_lock(&sp->lock);
+    sp->first = first;
+    sp->launched = 1;
+    pthread_cond_signal(&sp->started);
+    pthread_mutex_unlock(&sp->lock);
     for (;;) launch_one(sp->p, "kernel", sp->f);
     return NULL;
 }
 
-/* A thread that keeps launching `us` µs kernels: the process exits while it launches. */
+/* A thread that keeps launching `us` µs kernels (answered once its first launch returned):
+ * the process exits while it launches. */
 static void cmd_spin(probe *p, unsigned long us) {
-    static spinner sp;
-    sp = (spinner){p, kernel_of(p, us)};
+    static spinner sp = {.lock = PTHREAD_MUTEX_INITIALIZER, .started = PTHREAD_COND_INITIALIZER};
+    sp.p = p;
+    sp.f = kernel_of(p, us);
     pthread_t thread;
     int rc = pthread_create(&thread, NULL, spin_main, &sp);
-    if (rc == 0) pthread_detach(thread);
+    if (rc == 0) {
+        pthread_detach(thread);
+        pthread_mutex_lock(&sp.lock);
+        while (!sp.launched) pthread_cond_wait(&sp.started, &sp.lock);
+        rc = sp.first;
+        pthread_mutex_unlock(&sp.lock);
+    }
     printf("spin rc=%d\n", rc);
 }
 
