@@ -143,6 +143,8 @@ static CUresult launch_one(probe *p, const char *kind, CUfunction f) {
     }
     if (strcmp(kind, "graph") == 0) return d->cuGraphLaunch(p->graph, p->stream);
     if (strcmp(kind, "host") == 0) return d->cuLaunchHostFunc(p->stream, host_fn, NULL);
+    if (strcmp(kind, "default") == 0) /* the default stream, not the probe's own */
+        return d->cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
     return CUDA_ERROR_INVALID_VALUE;
 }
 
