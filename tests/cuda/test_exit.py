@@ -64,6 +64,17 @@ def test_exit_while_another_thread_launches_detaches(node: NodeOwner) -> None:
     assert node.events(QS_EV_CLIENT_DIED) == []
 
 
+def test_exit_while_another_thread_is_held_in_a_launch_is_a_death_without_waiting_for_it(
+    node: NodeOwner,
+) -> None:
+    run = run_probe(node, LP_VGPU, ["init", "hold"])  # that launch never returns
+    assert run.returncode == 0, run.stderr
+    assert run.rc("hold") == 0
+    assert "records this exit as the process's death" in run.stderr
+    assert len(node.wait_events(QS_EV_CLIENT_DIED, 1)) == 1
+    assert node.events(QS_EV_DETACH) == []
+
+
 def test_exit_while_a_thread_launches_into_a_closed_gate_does_not_wait_for_the_gate(
     node: NodeOwner,
 ) -> None:

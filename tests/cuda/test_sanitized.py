@@ -65,3 +65,10 @@ def test_exit_while_another_thread_launches_runs_clean(
     run_sanitized(sanitized_probe, node, LP_VGPU, commands)
     assert len(node.wait_events(QS_EV_DETACH, 1)) == 1
     assert node.events(QS_EV_CLIENT_DIED) == []
+
+
+def test_exit_while_another_thread_is_held_in_a_launch_runs_clean(
+    sanitized_probe: Path, node: NodeOwner
+) -> None:
+    run_sanitized(sanitized_probe, node, LP_VGPU, ["init", "hold"])
+    assert len(node.wait_events(QS_EV_CLIENT_DIED, 1)) == 1

@@ -2,6 +2,7 @@
  * clock of the driver's events, so tests can order what several processes saw. */
 #include "probe.h"
 
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -148,11 +149,15 @@ static CUresult launch_one(probe *p, const char *kind, CUfunction f) {
     return CUDA_ERROR_INVALID_VALUE;
 }
 
+static CUfunction kernel_of_name(probe *p, const char *name) {
+    CUfunction f = NULL;
+    return p->d->cuModuleGetFunction(&f, p->module, name) == CUDA_SUCCESS ? f : NULL;
+}
+
 static CUfunction kernel_of(probe *p, unsigned long us) {
     char name[64];
     snprintf(name, sizeof name, "sleep_us_%lu", us);
-    CUfunction f = NULL;
-    return p->d->cuModuleGetFunction(&f, p->module, name) == CUDA_SUCCESS ? f : NULL;
+    return kernel_of_name(p, name);
 }
 
 static void cmd_launch(probe *p, const char *kind, unsigned long us, unsigned long count) {
@@ -217,6 +222,27 @@ static void cmd_spin(probe *p, unsigned long us) {
     printf("spin rc=%d\n", rc);
 }
 
+static void *hold_main(void *arg) {
+    probe *p = arg;
+    p->d->cuCtxSetCurrent(p->ctx);
+    launch_one(p, "kernel", kernel_of_name(p, "hold_launch"));
+    return NULL;
+}
+
+/* A thread whose launch the (fake) driver holds for good: answered once it is held, so the
+ * process then exits while another thread is inside a launch. */
+static void cmd_hold(probe *p) {
+    typedef void (*wait_held_fn)(int);
+    wait_held_fn wait_held = (wait_held_fn)dlsym(RTLD_DEFAULT, "qshare_fake_wait_held");
+    pthread_t thread;
+    int rc = wait_held == NULL ? -1 : pthread_create(&thread, NULL, hold_main, p);
+    if (rc == 0) {
+        pthread_detach(thread);
+        wait_held(1);
+    }
+    printf("hold rc=%d\n", rc);
+}
+
 /* A child forked after attach that exits normally (running the interposer's exit path). */
 static void cmd_fork(void) {
     pid_t child = fork();
@@ -244,6 +270,7 @@ static void run(probe *p, char *line) {
     else if (strcmp(cmd, "bench") == 0) cmd_bench(p, strtoul(arg1, NULL, 10));
     else if (strcmp(cmd, "spin") == 0) cmd_spin(p, strtoul(arg1, NULL, 10));
     else if (strcmp(cmd, "fork") == 0) cmd_fork();
+    else if (strcmp(cmd, "hold") == 0) cmd_hold(p);
     else printf("%s rc=-1 error=unknown-command\n", cmd);
     fflush(stdout);
 }
