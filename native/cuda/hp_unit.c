@@ -44,7 +44,7 @@ static CUresult record_fence(void) {
 /* Try to end the unit: only if no launch is joining or uncounted (the Dekker pair with
  * qsc_hp_join: join raises `pending` then reads `state`; this swaps `state` then reads
  * `pending`). Returns 1 when ended. */
-static int try_close(const qsc_session *s) {
+static int try_close(void) {
     uint32_t open = HP_OPEN;
     if (!atomic_compare_exchange_strong(&hp.state, &open, HP_CLOSING)) return 0;
     if (atomic_load(&hp.pending) || atomic_load(&hp.launched) != hp.covered) {
@@ -52,12 +52,14 @@ static int try_close(const qsc_session *s) {
         return 0;
     }
     atomic_store(&hp.state, HP_IDLE);
-    qs_launch_end(s->client);
+    const qsc_session *s = qsc_enter(); /* nothing to end once the process detached */
+    if (s->client != NULL) qs_launch_end(s->client);
+    qsc_leave(s);
     return 1;
 }
 
 /* One round: wait for the fence; cover what came after it, or end the unit. */
-static void complete_round(const qsc_session *s) {
+static void complete_round(void) {
     QSC_REAL(qsc_event_fn, cuEventSynchronize)(hp.fence);
     uint64_t n = atomic_load(&hp.launched);
     if (atomic_load(&hp.pending)) {
@@ -69,12 +71,11 @@ static void complete_round(const qsc_session *s) {
         if (record_fence() == CUDA_SUCCESS) return;
         hp.covered = atomic_load(&hp.launched); /* cannot fence (capture): end it as is */
     }
-    try_close(s);
+    try_close();
 }
 
 static void *completion_main(void *arg) {
     (void)arg;
-    const qsc_session *s = qsc_session_get();
     CUcontext current = NULL;
     for (;;) {
         uint32_t st = atomic_load(&hp.state);
@@ -87,7 +88,7 @@ static void *completion_main(void *arg) {
             QSC_REAL(set_fn, cuCtxSetCurrent)(hp.ctx);
             current = hp.ctx;
         }
-        complete_round(s);
+        complete_round();
     }
     return NULL;
 }

@@ -139,22 +139,37 @@ typedef struct qsc_session {
     CUresult failure;  /* what interposed calls return when client is NULL */
     char card_uuid[QS_UUID_MAX];
     int card_uuid_valid; /* card_uuid is an NVIDIA GPU UUID we can match devices by */
+    int pid;             /* the process that attached (a fork's copy is not it) */
 } qsc_session;
 
-/* Attach on first use (thread-safe); never NULL. */
+/* Attach on first use (thread-safe); never NULL. Its `client` may be tested, never used:
+ * calls that use the client go through qsc_enter. */
 const qsc_session *qsc_session_get(void);
+/* Every use of the client lies between qsc_enter and qsc_leave, so that the detach at a
+ * normal exit waits for it. Once the process has begun to detach, qsc_enter returns the
+ * detached session (client NULL, failure CUDA_ERROR_DEINITIALIZED). Never NULL; nests. */
+const qsc_session *qsc_enter(void);
+void qsc_leave(const qsc_session *s);
 /* Print a message prefixed by "qshare:" once per distinct `key`. */
 void qsc_warn_once(int key, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-enum { QSC_WARN_ATTACH, QSC_WARN_UNWRAPPED, QSC_WARN_DRIVER, QSC_WARN_RING, QSC_WARN_COUNT };
+enum {
+    QSC_WARN_ATTACH,
+    QSC_WARN_UNWRAPPED,
+    QSC_WARN_DRIVER,
+    QSC_WARN_RING,
+    QSC_WARN_EXIT,
+    QSC_WARN_COUNT
+};
 /* Map a failing qs_status to the CUresult returned to the program. */
 CUresult qsc_cu_status(int qs_status);
 /* 1 if device `dev` is the vGPU's card (or if devices cannot be told apart). */
 int qsc_device_is_card(CUdevice dev);
 
 /* ---- units of device work (tracker.c) ---- */
-/* Before submitting a unit: apply the gate (low priority may block). CUDA_SUCCESS
- * or the error to return without submitting. `*tracked` says whether unit_end must follow. */
-CUresult qsc_unit_begin(CUstream stream, int *tracked);
+/* Before submitting a unit, within qsc_enter (`s`): apply the gate (low priority may block).
+ * CUDA_SUCCESS or the error to return without submitting. `*tracked` says whether unit_end
+ * must follow. */
+CUresult qsc_unit_begin(const qsc_session *s, CUstream stream, int *tracked);
 enum {
     QSC_UNIT_NONE = 0,
     QSC_UNIT_EVENT = 1,
@@ -162,8 +177,9 @@ enum {
     QSC_UNIT_OPENING = 3,
     QSC_UNIT_BATCHED = 4
 };
-/* After submitting: `submitted` is the driver's result. Tracks completion on `stream`. */
-void qsc_unit_end(CUstream stream, CUresult submitted, int tracked);
+/* After submitting, within the same qsc_enter: `submitted` is the driver's result. Tracks
+ * completion on `stream`. */
+void qsc_unit_end(const qsc_session *s, CUstream stream, CUresult submitted, int tracked);
 
 /* ---- high priority's coalesced units (hp_unit.c) ---- */
 int qsc_hp_coalescable(CUstream stream);

@@ -8,14 +8,18 @@ static CUstream per_thread(CUstream stream) {
     return stream == NULL ? CU_STREAM_PER_THREAD : stream;
 }
 
-#define QSC_GATED(stream, call)                                  \
-    do {                                                         \
-        int tracked_;                                            \
-        CUresult rc_ = qsc_unit_begin((stream), &tracked_);      \
-        if (rc_ != CUDA_SUCCESS) return rc_;                     \
-        rc_ = (call);                                            \
-        if (tracked_) qsc_unit_end((stream), rc_, tracked_);     \
-        return rc_;                                              \
+/* The whole submission, from the gate to its tracking, is one use of the client. */
+#define QSC_GATED(stream, call)                                          \
+    do {                                                                 \
+        int tracked_;                                                    \
+        const qsc_session *s_ = qsc_enter();                             \
+        CUresult rc_ = qsc_unit_begin(s_, (stream), &tracked_);          \
+        if (rc_ == CUDA_SUCCESS) {                                       \
+            rc_ = (call);                                                \
+            if (tracked_) qsc_unit_end(s_, (stream), rc_, tracked_);     \
+        }                                                                \
+        qsc_leave(s_);                                                   \
+        return rc_;                                                      \
     } while (0)
 
 typedef CUresult (*launch_kernel_fn)(QSC_LAUNCH_KERNEL_ARGS, void **extra);

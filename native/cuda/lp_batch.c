@@ -83,11 +83,12 @@ static int push_fence_locked(int marker) {
     return 1;
 }
 
-/* End launches up to `covered`, charging `device_ns` for them, and wake window waiters. */
+/* End launches up to `covered`, charging `device_ns` for them (`s` from qsc_enter: once the
+ * process detached, there is nothing to end or charge), and wake window waiters. */
 static void end_launches(const qsc_session *s, uint64_t covered, uint64_t device_ns) {
     uint64_t from = atomic_load(&lp.completed);
-    if (device_ns) qs_account_device_time(s->client, device_ns);
-    for (uint64_t i = from; i < covered; i++) qs_launch_end(s->client);
+    if (device_ns && s->client != NULL) qs_account_device_time(s->client, device_ns);
+    for (uint64_t i = from; i < covered && s->client != NULL; i++) qs_launch_end(s->client);
     atomic_store(&lp.completed, covered);
     atomic_fetch_add(&lp.done_seq, 1);
     if (atomic_load(&lp.done_waiters)) qs_futex_wake(&lp.done_seq, INT_MAX);
@@ -109,11 +110,15 @@ static uint64_t batch_device_ns(const fence *f, uint64_t launches) {
     return launches * atomic_load(&lp.est_ns);
 }
 
-static void complete_oldest(const qsc_session *s, fence f) {
+static void complete_oldest(fence f) {
     QSC_REAL(qsc_event_fn, cuEventSynchronize)(f.ev);
-    atomic_store_explicit(&lp.window_ns, qs_client_lp_window_ns(s->client), memory_order_relaxed);
+    const qsc_session *s = qsc_enter();
+    if (s->client != NULL)
+        atomic_store_explicit(&lp.window_ns, qs_client_lp_window_ns(s->client),
+                              memory_order_relaxed);
     uint64_t device_ns = batch_device_ns(&f, f.covered - atomic_load(&lp.completed));
     end_launches(s, f.covered, device_ns);
+    qsc_leave(s);
     pthread_mutex_lock(&lp.lock);
     lp.head++;
     pthread_mutex_unlock(&lp.lock);
@@ -140,19 +145,20 @@ static int burst_paused(uint64_t n) {
     return atomic_load(&lp.launched) == n;
 }
 
-static void fence_tail(const qsc_session *s, uint64_t n) {
+static void fence_tail(uint64_t n) {
     pthread_mutex_lock(&lp.lock);
     int pushed = lp.head != lp.tail || push_fence_locked(0);
     pthread_mutex_unlock(&lp.lock);
     if (!pushed) { /* cannot fence them (a capture began): end them as they are */
         atomic_store(&lp.covered, n);
+        const qsc_session *s = qsc_enter();
         end_launches(s, n, 0);
+        qsc_leave(s);
     }
 }
 
 static void *completion_main(void *arg) {
     (void)arg;
-    const qsc_session *s = qsc_session_get();
     typedef CUresult (*set_fn)(CUcontext);
     QSC_REAL(set_fn, cuCtxSetCurrent)(lp.ctx);
     for (;;) {
@@ -162,11 +168,11 @@ static void *completion_main(void *arg) {
         pthread_mutex_unlock(&lp.lock);
         uint64_t n = atomic_load(&lp.launched);
         if (pending)
-            complete_oldest(s, f);
+            complete_oldest(f);
         else if (n == atomic_load(&lp.covered))
             idle();
         else if (burst_paused(n))
-            fence_tail(s, n);
+            fence_tail(n);
     }
     return NULL;
 }

@@ -93,18 +93,25 @@ static uint64_t map_take(size_map *m, uint64_t key) {
 }
 
 static CUresult reserve(uint64_t bytes) {
-    const qsc_session *s = qsc_session_get();
-    if (s->client == NULL) return s->failure;
+    const qsc_session *s = qsc_enter();
+    if (s->client == NULL) {
+        qsc_leave(s);
+        return s->failure;
+    }
     int rc = qs_mem_reserve(s->client, bytes);
+    qsc_leave(s);
     if (rc != QS_OK && rc != QS_ENOMEM)
         qsc_warn_once(QSC_WARN_DRIVER, "memory reservation failed: %s (%s)", qs_strerror(rc),
                       qs_last_error());
     return qsc_cu_status(rc);
 }
 
+/* Once the process detached, the owner has taken its reservations back: nothing to release. */
 static void release(uint64_t bytes) {
-    const qsc_session *s = qsc_session_get();
-    if (bytes != 0 && s->client != NULL) qs_mem_release(s->client, bytes);
+    if (bytes == 0) return;
+    const qsc_session *s = qsc_enter();
+    if (s->client != NULL) qs_mem_release(s->client, bytes);
+    qsc_leave(s);
 }
 
 /* After the driver answered an allocation that `bytes` were reserved for: remember it,
@@ -265,9 +272,11 @@ QSC_EXPORT CUresult cuArrayDestroy(CUarray array) {
 /* ---- what the program is shown: the vGPU's limit and its use ---- */
 
 static int slice_view(uint64_t *limit, uint64_t *used) {
-    const qsc_session *s = qsc_session_get();
+    const qsc_session *s = qsc_enter();
     qs_client_info info;
-    if (s->client == NULL || qs_client_info_get(s->client, &info) != QS_OK) return 0;
+    int ok = s->client != NULL && qs_client_info_get(s->client, &info) == QS_OK;
+    qsc_leave(s);
+    if (!ok) return 0;
     *limit = info.mem_limit;
     *used = info.mem_used < info.mem_limit ? info.mem_used : info.mem_limit;
     return 1;

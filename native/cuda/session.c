@@ -1,24 +1,32 @@
 /* session.c — the process's attachment to its vGPU. The identity comes from the
  * environment that `qshare run` sets (QSHARE_VGPU, QSHARE_SEGMENT, QSHARE_SHM_DIR);
  * limits and priority come from the segment. A process that cannot attach gets a
- * clear message and an error from every interposed call, never an unlimited GPU. */
+ * clear message and an error from every interposed call, never an unlimited GPU.
+ * A normal exit detaches (the owner records a detach, not a death): see detach_at_exit. */
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "gpu_uuid.h"
+#include "internal.h"
 #include "interposer.h"
 
 #define QSC_DEFAULT_SEGMENT "qshare"
 #define QSC_MAX_DEVICES 64
+#define QSC_DRAIN_NS 250000000ull /* at exit, how long calls in progress are waited for */
 
 static qsc_session session;
+static qsc_session detached; /* what qsc_enter returns once the process detaches */
 static pthread_once_t attach_once = PTHREAD_ONCE_INIT;
 static atomic_int attached;
+static _Alignas(64) _Atomic uint32_t users; /* calls between qsc_enter and qsc_leave; futex */
+static _Atomic uint32_t closing;            /* the process has begun to detach */
 static atomic_int warned[QSC_WARN_COUNT];
 
 void qsc_warn_once(int key, const char *fmt, ...) {
@@ -89,6 +97,9 @@ static void attach(void) {
     session.card_uuid[QS_UUID_MAX - 1] = '\0';
     char bytes[16];
     session.card_uuid_valid = qsc_uuid_parse(session.card_uuid, bytes);
+    session.pid = (int)getpid();
+    detached = session;
+    detached.failure = CUDA_ERROR_DEINITIALIZED;
     session.client = client;
     session.failure = CUDA_SUCCESS;
 }
@@ -99,6 +110,52 @@ const qsc_session *qsc_session_get(void) {
     pthread_once(&attach_once, attach);
     atomic_store_explicit(&attached, 1, memory_order_release);
     return &session;
+}
+
+/* The Dekker pair with detach_at_exit: raise `users`, then read `closing`; it raises
+ * `closing`, then reads `users`. So either this call sees the detach coming, or the detach
+ * waits for this call. */
+const qsc_session *qsc_enter(void) {
+    const qsc_session *s = qsc_session_get();
+    if (s->client == NULL) return s;
+    atomic_fetch_add(&users, 1);
+    if (!atomic_load(&closing)) return s;
+    qsc_leave(s);
+    return &detached;
+}
+
+void qsc_leave(const qsc_session *s) {
+    if (s->client == NULL) return;
+    if (atomic_fetch_sub(&users, 1) == 1 && atomic_load(&closing)) qs_futex_wake(&users, INT_MAX);
+}
+
+/* Wait, at most QSC_DRAIN_NS, until no call uses the client. 1 when none does. */
+static int drained(void) {
+    uint64_t deadline = qs_now_ns() + QSC_DRAIN_NS;
+    for (;;) {
+        uint32_t n = atomic_load(&users);
+        if (n == 0) return 1;
+        if (qs_futex_wait(&users, n, deadline) == QS_ETIMEDOUT) return atomic_load(&users) == 0;
+    }
+}
+
+/* A normal exit (return from main, exit(), or unloading the library) detaches. A destructor,
+ * not atexit: it runs after the program's own exit handlers (the CUDA runtime's teardown
+ * still frees through the interposer) and once only. Calls that other threads have in
+ * progress are waited for, briefly; one still running (say, held at the gate) makes the exit
+ * a death, as a crash or SIGKILL is: the owner reaps the context when the process is gone.
+ * A fork's copy only drops itself (qs_client_detach knows the attaching pid). */
+__attribute__((destructor)) static void detach_at_exit(void) {
+    if (!atomic_load(&attached) || session.client == NULL || atomic_exchange(&closing, 1)) return;
+    if (session.pid == (int)getpid() && !drained()) {
+        qsc_warn_once(QSC_WARN_EXIT, "exiting while another thread is in a CUDA call; the node "
+                                     "records this exit as the process's death");
+        return;
+    }
+    int rc = qs_client_detach(session.client);
+    if (rc != QS_OK)
+        qsc_warn_once(QSC_WARN_EXIT, "detaching at exit failed: %s (%s)", qs_strerror(rc),
+                      qs_last_error());
 }
 
 /* Per device ordinal: 0 unknown, 1 the card, 2 another card. */

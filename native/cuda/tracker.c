@@ -72,8 +72,9 @@ static CUresult prepare_events(events *ev, CUcontext ctx, int timed) {
     return rc;
 }
 
-static void finish(const events *ev, int completed) {
-    const qsc_session *s = qsc_session_get();
+/* End a unit (`s` from qsc_enter; nothing to end once the process detached). */
+static void finish(const qsc_session *s, const events *ev, int completed) {
+    if (s->client == NULL) return;
     if (s->low_priority && completed && ev->start != NULL) {
         float ms = 0.0f;
         if (QSC_REAL(qsc_event_elapsed_fn, cuEventElapsedTime)(&ms, ev->start, ev->end) ==
@@ -96,7 +97,9 @@ static int end_oldest(int wait) {
     CUresult rc = check(s->ev.end);
     if (rc == CUDA_ERROR_NOT_READY) return 0;
     if (!atomic_compare_exchange_strong(&tracker.head, &h, h + 1)) return 1;
-    finish(&s->ev, rc == CUDA_SUCCESS);
+    const qsc_session *session = qsc_enter();
+    finish(session, &s->ev, rc == CUDA_SUCCESS);
+    qsc_leave(session);
     atomic_store_explicit(&s->state, SLOT_FREE, memory_order_release);
     return 1;
 }
@@ -200,9 +203,8 @@ static CUresult lp_begin(const qsc_session *s, CUstream stream, int *tracked) {
     return CUDA_SUCCESS;
 }
 
-CUresult qsc_unit_begin(CUstream stream, int *tracked) {
+CUresult qsc_unit_begin(const qsc_session *s, CUstream stream, int *tracked) {
     *tracked = QSC_UNIT_NONE;
-    const qsc_session *s = qsc_session_get();
     if (s->client == NULL) return s->failure;
     /* Joining the open unit needs no capture check: a captured launch only counts, and a
      * fence cannot be recorded into a capture, which ends the unit. */
@@ -226,8 +228,7 @@ CUresult qsc_unit_begin(CUstream stream, int *tracked) {
     return CUDA_SUCCESS;
 }
 
-void qsc_unit_end(CUstream stream, CUresult submitted, int tracked) {
-    const qsc_session *s = qsc_session_get();
+void qsc_unit_end(const qsc_session *s, CUstream stream, CUresult submitted, int tracked) {
     if (tracked == QSC_UNIT_JOINED) {
         qsc_hp_joined();
         return;
@@ -248,7 +249,7 @@ void qsc_unit_end(CUstream stream, CUresult submitted, int tracked) {
     }
     if (atomic_load(&tracker.head) == atomic_load(&tracker.tail) &&
         QSC_REAL(qsc_event_fn, cuEventQuery)(current.end) == CUDA_SUCCESS) {
-        finish(&current, 1);
+        finish(s, &current, 1);
         return;
     }
     append();

@@ -24,11 +24,15 @@ struct test_case {
     int (*fn)(void);
 };
 
+/* Runs every test, or with $QSHARE_C_TEST set only those whose name contains it. */
 static inline int run_tests(const struct test_case *tests, size_t n)
 {
     int passed = 0, failed = 0;
+    const char *only = getenv("QSHARE_C_TEST");
     test_pid = (int)getpid();
     for (size_t i = 0; i < n; i++) {
+        if (only && *only && !strstr(tests[i].name, only))
+            continue;
         int rc = tests[i].fn();
         printf("%s %s\n", rc ? "FAIL" : "ok  ", tests[i].name);
         rc ? failed++ : passed++;

@@ -1,5 +1,6 @@
 """`qshare run --claim ID -- CMD`: a program runs in its claim's vGPU on the claim's node,
-sees the claim's limit and only its card, and is refused anywhere else."""
+sees the claim's limit and only its card, is refused anywhere else, and its normal exit
+reaches subscribers as a detach, not as a death."""
 
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ from pathlib import Path
 
 import httpx
 import pytest
+from nats.aio.client import Client as Nats
+from nats.aio.msg import Msg
 
 from qshare.native_build import FAKE_DIR, TOOLS, build_cuda
 
-from .conftest import ADMIN_TOKEN, StartAgent, ready_claim
+from .conftest import ADMIN_TOKEN, StartAgent, eventually, ready_claim
 
 QSHARE = str(Path(sys.executable).with_name("qshare"))
 GIB = 1 << 30
@@ -87,3 +90,30 @@ async def test_a_claim_of_two_cards_asks_which_card(
     done = await qshare_run(env, "--claim", str(claim["id"]), "--", "true")
     assert done.returncode == 2
     assert "--card INDEX" in done.stderr
+
+
+async def test_a_program_that_exits_normally_is_published_as_detached(
+    api: httpx.AsyncClient, api_url: str, start_agent: StartAgent, cuda_build: None, nc: Nats
+) -> None:
+    agent = await start_agent()
+    claim = await ready_claim(api)
+    gpu = claim["vgpus"][0]["gpu"]  # type: ignore[index]
+    kinds: list[str] = []
+
+    async def note(msg: Msg) -> None:
+        kinds.append(msg.subject.rsplit(".", 1)[-1])
+
+    sub = await nc.subscribe(f"qshare.evt.gpu.{agent.name}.{gpu}.*", cb=note)
+    await nc.flush()
+    done = await qshare_run(run_env(api_url, agent.name, gpu), "--claim", str(claim["id"]),
+                            "--", str(TOOLS / "probe-direct"), "init", "launch kernel 100 5",
+                            "sync")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+
+    async def detached() -> bool:
+        return "detach" in kinds
+
+    await eventually(detached)
+    await sub.unsubscribe()
+    assert kinds.count("attach") == 1 and kinds.count("detach") == 1
+    assert "client_died" not in kinds

@@ -43,6 +43,23 @@ def test_deep_window_keeps_over_64_launches_in_flight_without_failing(
     assert node.stats(LP_VGPU)["launches"] == 300
 
 
+def test_deep_window_beside_the_tracked_stream_counts_every_launch_past_the_unit_ring(
+    node: NodeOwner,
+) -> None:
+    """The default stream takes the batched tracking; the probe's own stream then goes one
+    unit per launch: 3,000 kernels of 100 us under a 1 s window is more units than the
+    tracker's ring of 1,024 slots holds, and every call succeeds, every launch is counted and
+    its device time accounted."""
+    assert node.command("window 0 1000000")["rc"] == "0"
+    commands = ["init", "launch default 1 50", "launch kernel 100 3000", "sync"]
+    run = run_probe(node, LP_VGPU, commands)
+    assert run.returncode == 0, run.stderr
+    assert run.rc("launch", 0) == 0 and run.rc("launch", 1) == 0 and run.rc("sync") == 0
+    stats = node.stats(LP_VGPU)
+    assert stats["launches"] == 3050
+    assert 250 * MS <= stats["device_ns"] <= 600 * MS
+
+
 @pytest.fixture
 def idle_hp(node: NodeOwner) -> Iterator[Probe]:
     """A high-priority process attached to the card, launching nothing."""

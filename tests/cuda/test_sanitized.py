@@ -14,6 +14,8 @@ from .conftest import LP_VGPU, SMALL_LIMIT, SMALL_VGPU, NodeOwner, parse_reply
 
 ASAN_DIR = ASAN_TOOLS
 SUPPRESSIONS = ROOT / "native" / "cuda" / "testing" / "lsan.supp"
+QS_EV_DETACH = 7
+QS_EV_CLIENT_DIED = 8
 KINDS = ["plain", "pitch", "managed", "async", "pool", "vmm", "array", "array3d"]
 
 
@@ -54,3 +56,19 @@ def test_launch_paths_run_clean(sanitized_probe: Path, node: NodeOwner) -> None:
         for line in run_sanitized(sanitized_probe, node, LP_VGPU, [*commands, "sync"])
     ]
     assert all(r["rc"] == "0" for r in replies)
+
+
+def test_exit_while_another_thread_launches_runs_clean(
+    sanitized_probe: Path, node: NodeOwner
+) -> None:
+    commands = ["init", "spin 0", "launch kernel 10 50", "alloc plain 4096"]
+    run_sanitized(sanitized_probe, node, LP_VGPU, commands)
+    assert len(node.wait_events(QS_EV_DETACH, 1)) == 1
+    assert node.events(QS_EV_CLIENT_DIED) == []
+
+
+def test_exit_while_another_thread_is_held_in_a_launch_runs_clean(
+    sanitized_probe: Path, node: NodeOwner
+) -> None:
+    run_sanitized(sanitized_probe, node, LP_VGPU, ["init", "hold"])
+    assert len(node.wait_events(QS_EV_CLIENT_DIED, 1)) == 1

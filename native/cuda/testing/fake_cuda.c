@@ -2,8 +2,8 @@
  * driver: one device (fake_cuda_config.h), one context, and streams that execute their
  * work asynchronously and in order on a device thread each, a kernel taking the time its
  * name gives ("sleep_us_250" runs 250 µs; "replay" runs the nanoseconds its first
- * parameter points to, a uint64_t, so a trace's kernels can be replayed; any other name
- * runs 0 ns). Each stream keeps a device clock: a kernel starts when the one before it
+ * parameter points to, a uint64_t, so a trace's kernels can be replayed; "hold_launch" is
+ * never submitted: its launch call blocks for good; any other name runs 0 ns). Each stream keeps a device clock: a kernel starts when the one before it
  * ends or when it was submitted, whichever is later, so the device thread's own wake-up
  * delays move when completions are seen, never when work runs, as on a real card. Work
  * submitted to an idle stream that takes no time completes inline, so launch overhead
@@ -49,6 +49,7 @@ struct CUmod_st {
 struct CUfunc_st {
     uint64_t duration_ns;
     int replay; /* duration from the launch's first parameter */
+    int hold;   /* "hold_launch": the launch call never returns */
 };
 struct CUgraph_st {
     int unused;
@@ -314,12 +315,34 @@ EXPORT CUresult cuModuleGetFunction(CUfunction *f, CUmodule module, const char *
     if (fn == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
     if (strncmp(name, "sleep_us_", 9) == 0) fn->duration_ns = strtoull(name + 9, NULL, 10) * 1000u;
     fn->replay = strcmp(name, "replay") == 0;
+    fn->hold = strcmp(name, "hold_launch") == 0;
     *f = fn;
     return CUDA_SUCCESS;
 }
 
+/* A launch of "hold_launch" blocks its caller for good, as a real launch blocks while the
+ * driver's queue is full; qshare_fake_wait_held (not a CUDA entry point) lets a test program
+ * wait until `count` calls are held. */
+static pthread_mutex_t held_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t held_cond = PTHREAD_COND_INITIALIZER;
+static int held;
+
+static void hold_forever(void) {
+    pthread_mutex_lock(&held_lock);
+    held++;
+    pthread_cond_broadcast(&held_cond);
+    for (;;) pthread_cond_wait(&held_cond, &held_lock);
+}
+
+EXPORT void qshare_fake_wait_held(int count) {
+    pthread_mutex_lock(&held_lock);
+    while (held < count) pthread_cond_wait(&held_cond, &held_lock);
+    pthread_mutex_unlock(&held_lock);
+}
+
 static CUresult launch(CUfunction f, CUstream stream, void **params) {
     if (f == NULL) return CUDA_ERROR_INVALID_HANDLE;
+    if (f->hold) hold_forever();
     uint64_t duration = f->duration_ns;
     if (f->replay) {
         if (params == NULL || params[0] == NULL) return CUDA_ERROR_INVALID_VALUE;

@@ -2,11 +2,15 @@
  * clock of the driver's events, so tests can order what several processes saw. */
 #include "probe.h"
 
+#include <dlfcn.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #define MAX_ALLOCS 256
 
@@ -20,6 +24,7 @@ typedef struct allocation {
 
 typedef struct probe {
     const probe_driver *d;
+    CUcontext ctx;
     CUstream stream;
     CUmodule module;
     CUgraphExec graph;
@@ -44,6 +49,7 @@ static void cmd_init(probe *p) {
     CUgraph graph = NULL;
     if (rc == CUDA_SUCCESS) rc = d->cuDevicePrimaryCtxRetain(&ctx, 0);
     if (rc == CUDA_SUCCESS) rc = d->cuCtxSetCurrent(ctx);
+    p->ctx = ctx;
     if (rc == CUDA_SUCCESS) rc = d->cuModuleLoadData(&p->module, "fake image");
     if (rc == CUDA_SUCCESS) rc = d->cuStreamCreate(&p->stream, 0);
     if (rc == CUDA_SUCCESS) rc = d->cuGraphCreate(&graph, 0);
@@ -138,14 +144,20 @@ static CUresult launch_one(probe *p, const char *kind, CUfunction f) {
     }
     if (strcmp(kind, "graph") == 0) return d->cuGraphLaunch(p->graph, p->stream);
     if (strcmp(kind, "host") == 0) return d->cuLaunchHostFunc(p->stream, host_fn, NULL);
+    if (strcmp(kind, "default") == 0) /* the default stream, not the probe's own */
+        return d->cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
     return CUDA_ERROR_INVALID_VALUE;
+}
+
+static CUfunction kernel_of_name(probe *p, const char *name) {
+    CUfunction f = NULL;
+    return p->d->cuModuleGetFunction(&f, p->module, name) == CUDA_SUCCESS ? f : NULL;
 }
 
 static CUfunction kernel_of(probe *p, unsigned long us) {
     char name[64];
     snprintf(name, sizeof name, "sleep_us_%lu", us);
-    CUfunction f = NULL;
-    return p->d->cuModuleGetFunction(&f, p->module, name) == CUDA_SUCCESS ? f : NULL;
+    return kernel_of_name(p, name);
 }
 
 static void cmd_launch(probe *p, const char *kind, unsigned long us, unsigned long count) {
@@ -169,6 +181,77 @@ static void cmd_bench(probe *p, unsigned long count) {
            count ? (double)(t1 - t0) / (double)count : 0.0);
 }
 
+typedef struct spinner {
+    probe *p;
+    CUfunction f;
+    pthread_mutex_t lock;
+    pthread_cond_t started;
+    CUresult first; /* the first launch's result, once it returned */
+    int launched;
+} spinner;
+
+/* Launch into the probe's stream until the process ends, whatever the launches return. */
+static void *spin_main(void *arg) {
+    spinner *sp = arg;
+    sp->p->d->cuCtxSetCurrent(sp->p->ctx);
+    CUresult first = launch_one(sp->p, "kernel", sp->f);
+    pthread_mutex_lock(&sp->lock);
+    sp->first = first;
+    sp->launched = 1;
+    pthread_cond_signal(&sp->started);
+    pthread_mutex_unlock(&sp->lock);
+    for (;;) launch_one(sp->p, "kernel", sp->f);
+    return NULL;
+}
+
+/* A thread that keeps launching `us` µs kernels (answered once its first launch returned):
+ * the process exits while it launches. */
+static void cmd_spin(probe *p, unsigned long us) {
+    static spinner sp = {.lock = PTHREAD_MUTEX_INITIALIZER, .started = PTHREAD_COND_INITIALIZER};
+    sp.p = p;
+    sp.f = kernel_of(p, us);
+    pthread_t thread;
+    int rc = pthread_create(&thread, NULL, spin_main, &sp);
+    if (rc == 0) {
+        pthread_detach(thread);
+        pthread_mutex_lock(&sp.lock);
+        while (!sp.launched) pthread_cond_wait(&sp.started, &sp.lock);
+        rc = sp.first;
+        pthread_mutex_unlock(&sp.lock);
+    }
+    printf("spin rc=%d\n", rc);
+}
+
+static void *hold_main(void *arg) {
+    probe *p = arg;
+    p->d->cuCtxSetCurrent(p->ctx);
+    launch_one(p, "kernel", kernel_of_name(p, "hold_launch"));
+    return NULL;
+}
+
+/* A thread whose launch the (fake) driver holds for good: answered once it is held, so the
+ * process then exits while another thread is inside a launch. */
+static void cmd_hold(probe *p) {
+    typedef void (*wait_held_fn)(int);
+    wait_held_fn wait_held = (wait_held_fn)dlsym(RTLD_DEFAULT, "qshare_fake_wait_held");
+    pthread_t thread;
+    int rc = wait_held == NULL ? -1 : pthread_create(&thread, NULL, hold_main, p);
+    if (rc == 0) {
+        pthread_detach(thread);
+        wait_held(1);
+    }
+    printf("hold rc=%d\n", rc);
+}
+
+/* A child forked after attach that exits normally (running the interposer's exit path). */
+static void cmd_fork(void) {
+    pid_t child = fork();
+    if (child == 0) exit(0);
+    int status = -1;
+    if (child > 0) waitpid(child, &status, 0);
+    printf("fork rc=%d status=%d\n", child > 0 ? 0 : -1, status);
+}
+
 static void run(probe *p, char *line) {
     char cmd[32] = "", arg1[32] = "";
     unsigned long n1 = 0, n2 = 0;
@@ -185,13 +268,18 @@ static void run(probe *p, char *line) {
         printf("sync rc=%d t=%llu\n", rc, (unsigned long long)now_ns());
     } else if (strcmp(cmd, "now") == 0) printf("now t=%llu\n", (unsigned long long)now_ns());
     else if (strcmp(cmd, "bench") == 0) cmd_bench(p, strtoul(arg1, NULL, 10));
+    else if (strcmp(cmd, "spin") == 0) cmd_spin(p, strtoul(arg1, NULL, 10));
+    else if (strcmp(cmd, "fork") == 0) cmd_fork();
+    else if (strcmp(cmd, "hold") == 0) cmd_hold(p);
     else printf("%s rc=-1 error=unknown-command\n", cmd);
     fflush(stdout);
 }
 
 int probe_main(const probe_driver *d, int argc, char **argv, int first) {
     static probe p;
-    p.d = d;
+    static probe_driver table; /* outlives main: a spinning thread still launches at exit */
+    table = *d;
+    p.d = &table;
     if (first < argc) {
         for (int i = first; i < argc; i++) run(&p, argv[i]);
         return 0;
