@@ -49,6 +49,7 @@ class StarvationWatch:
         self.cards: dict[str, CardWindow] = {}
         self._tried: dict[uuid.UUID, float] = {}
         self._lock = asyncio.Lock()
+        self.taken = 0
         self.refused = 0
         self.reported = 0
         self.moved = 0
@@ -72,6 +73,7 @@ class StarvationWatch:
         for card in report.cards:
             window = self.cards.setdefault(card.gpu, CardWindow(report.node))
             window.add(now, report.interval_ns, card, self.window_s)
+        self.taken += 1
         await self._judge(report.node, now)
 
     async def _judge(self, node: str, now: float) -> None:
