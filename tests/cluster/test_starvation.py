@@ -130,14 +130,16 @@ async def test_a_low_priority_claim_on_an_idle_card_is_not_reported(
 
 
 async def test_a_starved_claim_whose_class_allows_it_moves_to_an_idle_card(
-    api: httpx.AsyncClient, start_agent: StartAgent
+    api: httpx.AsyncClient, start_agent: StartAgent, nc: Nats
 ) -> None:
     agent = await start_reporting(start_agent, cards=2)
     lp = await ready_claim(api, class_name=await watched_class(api, move=True))
     hp = await ready_claim(api, priority="high", vcore=50)
     assert _gpu(lp) == _gpu(hp), "HP seeks the card with LP work on it"
+    events = await nc.subscribe(subjects.claim_event(lp["id"], "moved"))
     with busy(agent, hp["vgpus"][0]):
         await eventually(lambda: _moved_and_ready(api, lp["id"], away_from=_gpu(hp)), 30)
+    assert (await events.next_msg(timeout=5)).subject.endswith(".moved")
     [record] = await records(api, lp)
     moved = (await api.get(f"/v1/claims/{lp['id']}")).json()
     assert (record["open"], record["moved_to"]) == (False, _gpu(moved))
@@ -200,6 +202,16 @@ async def test_malformed_and_forged_usage_reports_are_refused_and_the_watch_goes
     taken = watch.taken
     await eventually(lambda: _holds(watch.taken > taken + 1))
     assert agent.cards[0].uuid in watch.cards
+
+
+async def test_a_class_with_a_starvation_share_above_one_is_refused(
+    api: httpx.AsyncClient,
+) -> None:
+    body = {"name": f"bad-{uuid.uuid4().hex[:8]}", "provisioner": "qshare",
+            "starvation_share": 1.5}  # fmt: skip
+    response = await api.post("/v1/classes", json=body)
+    assert response.status_code == 422
+    assert "starvation_share" in response.text
 
 
 def _usage(node: str, gpu: str) -> bytes:
