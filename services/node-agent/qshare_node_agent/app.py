@@ -86,7 +86,8 @@ class NodeAgent(Service):
         self._tasks = [asyncio.create_task(self._register_then_beat())]
         if self.settings.usage_interval_s:
             reader = UsageReader(self._node, self.name, {c.index: c.uuid for c in self.cards})
-            usage = report(reader, self._nc, self.source, self.settings.usage_interval_s)
+            interval = self.settings.usage_interval_s
+            usage = report(reader, self._nc, self.source, interval, self.registered)
             self._tasks.append(asyncio.create_task(usage))
         if self.settings.metrics_port:
             REGISTRY.register(metrics.DriverCollector(self))

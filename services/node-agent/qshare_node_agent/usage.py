@@ -64,9 +64,14 @@ class UsageReader:
             card.vgpus.append(VgpuUsage(local_id=stats.id, device_ns=used_ns))
 
 
-async def report(reader: UsageReader, nc: Client, source: str, interval_s: float) -> None:
-    """Publish one usage message every `interval_s` until cancelled."""
+async def report(
+    reader: UsageReader, nc: Client, source: str, interval_s: float, registered: asyncio.Event
+) -> None:
+    """Once the node is registered, publish one usage message every `interval_s` until
+    cancelled."""
     subject = subjects.usage(reader.node_name)
+    await registered.wait()
+    reader.read()  # the first interval starts now
     while True:
         await asyncio.sleep(interval_s)
         try:

@@ -47,6 +47,7 @@ class StarvationWatch:
         self.window_s = window_s
         self._timeout_s = timeout_s
         self.cards: dict[str, CardWindow] = {}
+        self._node_cards: dict[str, set[str]] = {}
         self._tried: dict[uuid.UUID, float] = {}
         self._lock = asyncio.Lock()
         self.taken = 0
@@ -65,16 +66,23 @@ class StarvationWatch:
             log.warning("usage report on %s refused: %s", subject, why)
 
     async def _take(self, report: NodeUsage) -> None:
-        own = await in_transaction(self._engine, lambda c: starved.node_cards(c, report.node))
-        foreign = sorted(c.gpu for c in report.cards if c.gpu not in own)
-        if foreign:
-            raise Refused(f"cards {foreign[:3]} are not cards of node {report.node}")
+        await self._check_cards(report)
         now = time.monotonic()
         for card in report.cards:
-            window = self.cards.setdefault(card.gpu, CardWindow(report.node))
+            window = self.cards.setdefault(card.gpu, CardWindow())
             window.add(now, report.interval_ns, card, self.window_s)
         self.taken += 1
         await self._judge(report.node, now)
+
+    async def _check_cards(self, report: NodeUsage) -> None:
+        """Every card named must be the node's (inventory read again on an unknown card)."""
+        named = {c.gpu for c in report.cards}
+        if not named <= self._node_cards.get(report.node, set()):
+            own = await in_transaction(self._engine, lambda c: starved.node_cards(c, report.node))
+            self._node_cards[report.node] = own
+        foreign = sorted(named - self._node_cards[report.node])
+        if foreign:
+            raise Refused(f"cards {foreign[:3]} are not cards of node {report.node}")
 
     async def _judge(self, node: str, now: float) -> None:
         async def read(conn: AsyncConnection) -> tuple[list[Watched], dict[Key, int]]:
@@ -85,7 +93,8 @@ class StarvationWatch:
             await self._judge_claim(claim, records, now)
         present = {(c.claim_id, c.gpu) for c in claims}
         gone = [record for key, record in records.items() if key not in present]
-        await in_transaction(self._engine, lambda c: starved.close(c, gone))
+        if gone:
+            await in_transaction(self._engine, lambda c: starved.close(c, gone))
 
     async def _judge_claim(self, claim: Watched, records: dict[Key, int], now: float) -> None:
         window = self.cards.get(claim.gpu)
@@ -136,6 +145,7 @@ class StarvationWatch:
         """Ask the allocator to move the claim to a better card, at most once per window."""
         if now - self._tried.get(claim.claim_id, -self.window_s) < self.window_s:
             return
+        self._tried = {c: t for c, t in self._tried.items() if now - t < self.window_s}
         self._tried[claim.claim_id] = now
         targets = self.better_cards(claim.gpu, claim.threshold, harvestable, now)
         if not targets:

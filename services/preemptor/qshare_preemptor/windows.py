@@ -28,7 +28,6 @@ class Sample:
 
 @dataclass
 class CardWindow:
-    node: str
     samples: deque[Sample] = field(default_factory=deque)
 
     def add(self, at: float, interval_ns: int, usage: CardUsage, window_s: float) -> None:
