@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 import uuid
 
@@ -31,6 +32,8 @@ from qshare_preemptor.windows import CardWindow
 
 log = logging.getLogger(__name__)
 MAX_TARGETS = 64
+CLASSES_REFRESH_S = 10.0
+"""A class added with a `starvation_share` is watched from at most this long after."""
 
 
 class Refused(Exception):
@@ -50,6 +53,8 @@ class StarvationWatch:
         self._node_cards: dict[str, set[str]] = {}
         self._tried: dict[uuid.UUID, float] = {}
         self._lock = asyncio.Lock()
+        self._watching = False
+        self._classes_read_at = -math.inf
         self.taken = 0
         self.refused = 0
         self.reported = 0
@@ -64,6 +69,9 @@ class StarvationWatch:
         except Refused as why:
             self.refused += 1
             log.warning("usage report on %s refused: %s", subject, why)
+        except Exception as error:  # Postgres or NATS away: one line, the next report retries
+            log.warning("usage report on %s not judged: %s: %s", subject,
+                        type(error).__name__, error)  # fmt: skip
 
     async def _take(self, report: NodeUsage) -> None:
         await self._check_cards(report)
@@ -72,7 +80,16 @@ class StarvationWatch:
             window = self.cards.setdefault(card.gpu, CardWindow())
             window.add(now, report.interval_ns, card, self.window_s)
         self.taken += 1
-        await self._judge(report.node, now)
+        if await self._any_watched(now):
+            await self._judge(report.node, now)
+
+    async def _any_watched(self, now: float) -> bool:
+        """Whether some class is watched (re-read every `CLASSES_REFRESH_S` at most): a
+        cluster that watches nothing pays no query per report."""
+        if now - self._classes_read_at >= min(self.window_s, CLASSES_REFRESH_S):
+            self._watching = await in_transaction(self._engine, starved.any_watched_class)
+            self._classes_read_at = now
+        return self._watching
 
     async def _check_cards(self, report: NodeUsage) -> None:
         """Every card named must be the node's (inventory read again on an unknown card)."""

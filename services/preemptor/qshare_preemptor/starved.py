@@ -33,6 +33,11 @@ async def node_cards(conn: AsyncConnection, node: str) -> set[str]:
     return set((await conn.execute(query)).scalars().all())
 
 
+async def any_watched_class(conn: AsyncConnection) -> bool:
+    query = select(classes.c.name).where(classes.c.starvation_share > 0).limit(1)
+    return (await conn.execute(query)).first() is not None
+
+
 async def watched(conn: AsyncConnection, node: str) -> list[Watched]:
     query = (
         select(
