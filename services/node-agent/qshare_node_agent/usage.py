@@ -75,7 +75,7 @@ async def report(
     while True:
         await asyncio.sleep(interval_s)
         try:
-            usage = await asyncio.to_thread(reader.read)
+            usage = reader.read()  # shared-memory counters: ~0.1 ms for 4 cards, 10 vGPUs
             body = envelope.wrap(source, "io.qshare.node.usage", usage)
             await nc.publish(subject, envelope.encode(body))
         except Exception as error:

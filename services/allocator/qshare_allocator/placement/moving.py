@@ -110,6 +110,8 @@ def _refusal(row: Any, held: list[Any], command: MoveClaim) -> str | None:
         return f"class {row.class_name} does not allow moving (move_on_starvation is false)"
     if row.status not in HOLDING_STATUSES:
         return f"claim is {row.status}, not holding a card"
+    if row.evict_at is not None:
+        return "claim is being evicted"
     if len(held) != 1:
         return "only single-card claims are moved"
     if held[0].gpu_uuid != command.from_gpu:
