@@ -114,6 +114,19 @@ async def test_a_low_priority_claim_starved_by_busy_high_priority_on_its_card_is
     assert record["harvestable_share"] < SHARE
 
 
+async def test_a_starved_claim_fed_again_has_its_record_closed(
+    api: httpx.AsyncClient, start_agent: StartAgent
+) -> None:
+    agent = await start_reporting(start_agent, cards=1)
+    lp = await ready_claim(api, class_name=await watched_class(api))
+    hp = await ready_claim(api, priority="high", vcore=50)
+    with busy(agent, hp["vgpus"][0]):
+        await eventually(lambda: reported(api, lp))
+    await eventually(lambda: _closed(api, lp))
+    [record] = await records(api, lp)
+    assert record["moved_to"] is None
+
+
 async def test_a_low_priority_claim_on_an_idle_card_is_not_reported(
     api: httpx.AsyncClient, start_agent: StartAgent
 ) -> None:
@@ -230,6 +243,10 @@ def _gpu(claim: dict[str, Any]) -> str:
 async def _moved_and_ready(api: httpx.AsyncClient, claim_id: str, away_from: str) -> bool:
     claim = (await api.get(f"/v1/claims/{claim_id}")).json()
     return bool(claim["status"] == "ready" and claim["vgpus"] and _gpu(claim) != away_from)
+
+
+async def _closed(api: httpx.AsyncClient, claim: dict[str, Any]) -> bool:
+    return all(not r["open"] for r in await records(api, claim))
 
 
 async def _noted(api: httpx.AsyncClient, claim: dict[str, Any]) -> bool:
