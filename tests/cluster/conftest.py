@@ -34,6 +34,8 @@ from qshare_preemptor.settings import PreemptorSettings
 ADMIN_TOKEN = "qs_cluster_test_admin"
 RULES = ClusterSettings(node_timeout_s=3, min_vgpu_mib=1024, gib_per_vgpu=4)
 _names = itertools.count()
+STARVATION_WINDOW_S = 1.0
+"""Short, so the starvation tests take seconds; agents in them report usage every 0.2 s."""
 
 
 @pytest.fixture(scope="session")
@@ -73,7 +75,10 @@ async def allocator(database_url: str, bus_url: str) -> AsyncIterator[Allocator]
 
 @pytest.fixture(scope="session")
 async def preemptor(database_url: str, bus_url: str) -> AsyncIterator[Preemptor]:
-    settings = PreemptorSettings(database_url=database_url, nats_url=bus_url, instance="test")
+    settings = PreemptorSettings(
+        database_url=database_url, nats_url=bus_url, instance="test",
+        starvation_window_s=STARVATION_WINDOW_S,
+    )  # fmt: skip
     async with Preemptor(settings) as running:
         yield running
 
@@ -113,7 +118,9 @@ async def api(
 @pytest.fixture(autouse=True)
 async def empty_inventory(engine: AsyncEngine, allocator: Allocator) -> None:
     async def truncate(conn: AsyncConnection) -> None:
-        await conn.execute(text("TRUNCATE nodes, gpus, claims, vgpus, outbox, preemptions CASCADE"))
+        await conn.execute(
+            text("TRUNCATE nodes, gpus, claims, vgpus, outbox, preemptions, starvations CASCADE")
+        )
 
     await in_transaction(engine, truncate)
 

@@ -153,6 +153,32 @@ async def test_a_node_may_publish_its_own_gpu_events(
     assert errors == []
 
 
+async def test_a_node_publishes_its_own_usage_and_the_preemptor_reads_it(
+    connect_as: Connect, node_n1: NatsCredentials, nats_auth: NatsAuth
+) -> None:
+    node, errors = await connect_as(node_n1)
+    preemptor, _ = await connect_as(nats_auth.credentials(ServiceRole.PREEMPTOR))
+    assert await _delivered(preemptor, subjects.usage("n1"), node, b"{}") == 1
+    assert errors == []
+
+
+async def test_the_preemptor_may_report_starvation_and_ask_for_moves(
+    connect_as: Connect, nats_auth: NatsAuth, nc: Client
+) -> None:
+    preemptor, errors = await connect_as(nats_auth.credentials(ServiceRole.PREEMPTOR))
+    assert await _delivered(nc, subjects.claim_event("x", "starved"), preemptor, b"{}") == 1
+    assert await _delivered(nc, subjects.CLAIMS_MOVE, preemptor, b"{}") == 1
+    assert errors == []
+
+
+async def test_a_node_cannot_publish_another_nodes_usage(
+    connect_as: Connect, node_n1: NatsCredentials, nc: Client
+) -> None:
+    node, errors = await connect_as(node_n1)
+    assert await _delivered(nc, subjects.usage("n2"), node, b"{}") == 0
+    await _refused(errors, "publish")
+
+
 @pytest.mark.parametrize(
     "subject",
     [subjects.CLAIMS_CREATE, subjects.CLAIMS_DELETE, subjects.NODES_REGISTER,

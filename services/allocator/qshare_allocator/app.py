@@ -31,6 +31,7 @@ from qshare.contracts.nodes import (
 from qshare.contracts.placement import PreviewPlacement
 from qshare.contracts.streams import ensure_events_stream
 from qshare.contracts.tracing import setup_tracing
+from qshare.contracts.usage import MoveClaim, MoveReply
 from qshare.service import Service
 from qshare_allocator import metrics
 from qshare_allocator.claims.service import ClaimService, PendingCursor
@@ -40,6 +41,7 @@ from qshare_allocator.messaging import Route, Router
 from qshare_allocator.migrate import upgrade
 from qshare_allocator.nodes.dispatch import Dispatcher
 from qshare_allocator.outbox import OutboxRelay
+from qshare_allocator.placement.moving import Mover
 from qshare_allocator.placement.preview import PreviewService
 from qshare_allocator.settings import AllocatorSettings
 
@@ -57,6 +59,7 @@ class Allocator(Service):
         self.claims = ClaimService(settings.cluster, self.source)
         self.inventory = InventoryService(settings.cluster, self.source)
         self.previews = PreviewService(settings.cluster)
+        self.mover = Mover(settings.cluster, self.source)
         self._engine: AsyncEngine | None = None
         self._nc: Client | None = None
         self._router: Router | None = None
@@ -140,6 +143,7 @@ class Allocator(Service):
             Route(subjects.NODES_DELETE, RemoveNode, self._remove_node, self._after_release),
             Route(subjects.GPUS_DELETE, RemoveCard, self._remove_card, self._after_release),
             Route(subjects.PLACEMENT_PREVIEW, PreviewPlacement, self._preview),
+            Route(subjects.CLAIMS_MOVE, MoveClaim, self._move, self._after_move),
         ]
 
     async def _create(self, conn: AsyncConnection, command: CreateClaim, msg: Msg) -> BaseModel:
@@ -150,6 +154,16 @@ class Allocator(Service):
 
     async def _delete(self, conn: AsyncConnection, command: DeleteClaim, msg: Msg) -> BaseModel:
         return await self.claims.delete(conn, command)
+
+    async def _move(self, conn: AsyncConnection, command: MoveClaim, msg: Msg) -> BaseModel:
+        return await self.mover.move(conn, command)
+
+    def _after_move(self, result: Any) -> None:
+        self._after_write(None)
+        if isinstance(result, MoveReply) and result.moved_to is not None:
+            for node in (result.from_node, result.to_node):
+                if node is not None:
+                    self.dispatcher.wanted(node)
 
     async def _preview(
         self, conn: AsyncConnection, request: PreviewPlacement, msg: Msg

@@ -27,6 +27,7 @@ from qshare_api.quotas.endpoints import router as quotas_router
 from qshare_api.ratelimit import RateLimiter
 from qshare_api.resources import Resources
 from qshare_api.settings import ApiSettings
+from qshare_api.starvation.endpoints import router as starvation_router
 from qshare_api.tokens.endpoints import router as tokens_router
 from qshare_api.tokens.repository import ensure_token
 
@@ -48,7 +49,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
     )
     routers = (
         claims_router, claim_actions_router, inventory_router, classes_router, tokens_router,
-        quotas_router, preemptions_router, events_router,
+        quotas_router, preemptions_router, events_router, starvation_router,
     )  # fmt: skip
     for router in (*routers, health.router):
         app.include_router(router)

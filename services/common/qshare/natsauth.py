@@ -142,9 +142,12 @@ def _preemptor(_: str) -> tuple[list[str], list[str], bool]:
         subjects.node_command("*", ">"),
         subjects.claim_event("*", "suspended"),
         subjects.claim_event("*", "resumed"),
+        subjects.claim_event("*", "starved"),
+        subjects.CLAIMS_MOVE,
         *_READ_EVENTS_PUBLISH,
     ]
-    return publish, ["qshare.preemptor.> qshare-preemptor", _EVENTS], True
+    subscribe = ["qshare.preemptor.> qshare-preemptor", _EVENTS, subjects.NODE_USAGES]
+    return publish, subscribe, True
 
 
 def _integration(_: str) -> tuple[list[str], list[str], bool]:
@@ -156,6 +159,7 @@ def _node(node: str) -> tuple[list[str], list[str], bool]:
         subjects.node_register(node),
         "qshare.allocator.nodes.sync",
         subjects.heartbeat(node),
+        subjects.usage(node),
         subjects.gpu_event(node, "*", "*"),
         "$JS.API.INFO",
         f"$JS.API.STREAM.INFO.{_JS_STREAM}",

@@ -129,14 +129,17 @@ async def _processes(
 ) -> AsyncIterator[tuple[Any, Any]]:
     """The allocator and the preemptor as `python -m` processes, configured by environment."""
     allocator_env = {
-        "QSHARE_ALLOCATOR_DATABASE_URL": db, "QSHARE_ALLOCATOR_NATS_URL": url,
-        "QSHARE_ALLOCATOR_INSTANCE": "up", "QSHARE_ALLOCATOR_DISPATCH_SCAN_S": str(DISPATCH_SCAN_S),
+        "QSHARE_ALLOCATOR_DATABASE_URL": db,
+        "QSHARE_ALLOCATOR_NATS_URL": url,
+        "QSHARE_ALLOCATOR_INSTANCE": "up",
+        "QSHARE_ALLOCATOR_DISPATCH_SCAN_S": str(DISPATCH_SCAN_S),
         "QSHARE_ALLOCATOR_CLUSTER": options.rules.model_dump_json(),
-    } | identity_env("QSHARE_ALLOCATOR_", identities.credentials(ServiceRole.ALLOCATOR))  # fmt: skip
+    } | identity_env("QSHARE_ALLOCATOR_", identities.credentials(ServiceRole.ALLOCATOR))
     preemptor_env = {
-        "QSHARE_PREEMPTOR_DATABASE_URL": db, "QSHARE_PREEMPTOR_NATS_URL": url,
+        "QSHARE_PREEMPTOR_DATABASE_URL": db,
+        "QSHARE_PREEMPTOR_NATS_URL": url,
         "QSHARE_PREEMPTOR_INSTANCE": "up",
-    } | identity_env("QSHARE_PREEMPTOR_", identities.credentials(ServiceRole.PREEMPTOR))  # fmt: skip
+    } | identity_env("QSHARE_PREEMPTOR_", identities.credentials(ServiceRole.PREEMPTOR))
     async with (
         ServiceProcess("qshare_allocator", allocator_env, "serving") as allocator,
         ServiceProcess("qshare_preemptor", preemptor_env, "serving") as preemptor,

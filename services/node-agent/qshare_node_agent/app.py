@@ -32,6 +32,7 @@ from qshare_node_agent.discovery import Card, discover, unhealthy
 from qshare_node_agent.events import EventPump
 from qshare_node_agent.segment import existing_vgpus, open_segment
 from qshare_node_agent.settings import NodeAgentSettings
+from qshare_node_agent.usage import UsageReader, report
 
 log = logging.getLogger(__name__)
 HOSTNAME_LABEL = "kubernetes.io/hostname"
@@ -83,6 +84,11 @@ class NodeAgent(Service):
 
             self._plugins = start_plugins(converger, self.cards, self.settings.min_vgpu_mib)
         self._tasks = [asyncio.create_task(self._register_then_beat())]
+        if self.settings.usage_interval_s:
+            reader = UsageReader(self._node, self.name, {c.index: c.uuid for c in self.cards})
+            interval = self.settings.usage_interval_s
+            usage = report(reader, self._nc, self.source, interval, self.registered)
+            self._tasks.append(asyncio.create_task(usage))
         if self.settings.metrics_port:
             REGISTRY.register(metrics.DriverCollector(self))
             start_http_server(self.settings.metrics_port, self.settings.metrics_host)

@@ -37,6 +37,9 @@ class NodeAgentSettings(BaseSettings, BusIdentity):
     release_delay_s: float = Field(0.1, ge=0, le=60)
     heartbeat_s: float = Field(5.0, gt=0, le=300)
     register_timeout_s: float = Field(5.0, gt=0)
+    usage_interval_s: float = Field(
+        5.0, ge=0, le=300, description="publish device-time usage this often; 0 = never"
+    )
     metrics_port: int = Field(0, ge=0, le=65535, description="Prometheus /metrics; 0 = off")
     metrics_host: str = "127.0.0.1"
     kubernetes: bool = Field(

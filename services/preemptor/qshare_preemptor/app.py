@@ -21,6 +21,7 @@ from qshare.natsauth import ServiceRole
 from qshare.service import Service
 from qshare_preemptor.service import PreemptionService
 from qshare_preemptor.settings import PreemptorSettings
+from qshare_preemptor.starvation import StarvationWatch
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +33,7 @@ class Preemptor(Service):
         self._engine: AsyncEngine | None = None
         self._nc: Client | None = None
         self.service: PreemptionService | None = None
+        self.starvation: StarvationWatch | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
@@ -43,6 +45,9 @@ class Preemptor(Service):
         await self._nc.subscribe("qshare.evt.gpu.*.*.idle", cb=self._on_card)
         for subject in (subjects.CLAIMS_SUSPEND, subjects.CLAIMS_RESUME):
             await self._nc.subscribe(subject, queue=subjects.PREEMPTOR_QUEUE, cb=self._on_request)
+        self.starvation = StarvationWatch(self._nc, self._engine, self.source,
+                                          s.starvation_window_s, s.command_timeout_s)  # fmt: skip
+        await self._nc.subscribe(subjects.NODE_USAGES, cb=self._on_usage)
         await self.service.reconcile()
         log.info("preemptor %s serving", s.instance)
 
@@ -71,6 +76,10 @@ class Preemptor(Service):
             self._spawn(self.service.card_busy(gpu))
         else:
             self._spawn(self.service.card_idle(gpu))
+
+    async def _on_usage(self, msg: Msg) -> None:
+        assert self.starvation is not None
+        self._spawn(self.starvation.usage(msg.subject, msg.data))
 
     async def _on_request(self, msg: Msg) -> None:
         self._spawn(self._answer(msg))

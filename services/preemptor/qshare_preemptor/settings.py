@@ -17,3 +17,6 @@ class PreemptorSettings(BaseSettings, BusIdentity):
     instance: str = Field(default_factory=socket.gethostname, description="CloudEvents source")
     command_timeout_s: float = Field(2.0, gt=0, description="wait this long for a node's answer")
     pool_size: int = Field(5, ge=1)
+    starvation_window_s: float = Field(
+        60.0, gt=0, le=86400, description="the starvation watch judges this much usage at once"
+    )

@@ -43,6 +43,17 @@ class GpuClass(BaseModel):
     replace_on_failure: bool = Field(
         True, description="re-place claims whose node goes NotReady or card unhealthy"
     )
+    starvation_share: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="a low-priority claim that gets less than this share of its card over the "
+        "preemptor's window, while high priority leaves less than that to harvest, is "
+        "starved (event, GET /v1/starvation); 0 = not watched",
+    )
+    move_on_starvation: bool = Field(
+        False, description="move a starved single-card claim to a card with more harvestable time"
+    )
 
 
 @router.get("", response_model=list[GpuClass], summary="List classes")

@@ -101,7 +101,12 @@ classes = Table(
     Column("evictable", Boolean, nullable=False, server_default=text("true")),
     Column("replace_on_failure", Boolean, nullable=False, server_default=text("true")),
     Column("eviction_grace_s", Float, nullable=False, server_default=text("30")),
+    Column("starvation_share", Float, nullable=False, server_default=text("0")),
+    Column("move_on_starvation", Boolean, nullable=False, server_default=text("false")),
     CheckConstraint("provisioner IN ('qshare', 'whole')", name="classes_known_provisioner"),
+    CheckConstraint(
+        "starvation_share >= 0 AND starvation_share <= 1", name="classes_starvation_share"
+    ),
 )
 
 claims = Table(
@@ -176,6 +181,27 @@ preemptions = Table(
 )
 """Suspensions the control plane made (gang, operator) and memory evictions; open while
 `ended_at` is NULL. The driver's own per-card preemptions are counted by the node agent."""
+
+starvations = Table(
+    "starvations",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("claim_id", Uuid, nullable=False),
+    Column("tenant", Text, nullable=False),
+    Column("gpu_uuid", Text, nullable=False),
+    Column("node_name", Text, nullable=False),
+    Column("share", Float, nullable=False),
+    Column("harvestable_share", Float, nullable=False),
+    Column("window_s", Float, nullable=False),
+    Column("moved_to", Text, nullable=True),
+    Column("note", Text, nullable=False, server_default=text("''")),
+    Column("started_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("ended_at", DateTime(timezone=True), nullable=True),
+    Index("starvations_open", "claim_id", postgresql_where=text("ended_at IS NULL")),
+    Index("starvations_by_time", "started_at", "id"),
+)
+"""Low-priority claims the preemptor found starved on a card (open while it lasts), with the
+shares that decided it and, if it was moved, the card it went to."""
 
 outbox_dead = Table(
     "outbox_dead",

@@ -14,6 +14,10 @@ PREEMPTOR_QUEUE: Final = "qshare-preemptor"
 NODES_DELETE: Final = "qshare.allocator.nodes.delete"
 GPUS_DELETE: Final = "qshare.allocator.gpus.delete"
 PLACEMENT_PREVIEW: Final = "qshare.allocator.placement.preview"
+CLAIMS_MOVE: Final = "qshare.allocator.claims.move"
+"""The preemptor asks the allocator to move a starved low-priority claim to a better card."""
+NODE_USAGES: Final = "qshare.node.*.usage"
+"""Wildcard the preemptor subscribes to; node agents publish on `usage(node)`."""
 HEARTBEATS: Final = "qshare.node.*.heartbeat"
 """Wildcard the allocator subscribes to; nodes publish on `heartbeat(node)`."""
 
@@ -38,6 +42,15 @@ def heartbeat(node: str) -> str:
     return f"qshare.node.{node}.heartbeat"
 
 
+def usage(node: str) -> str:
+    return f"qshare.node.{node}.usage"
+
+
+def node_from_usage(subject: str) -> str:
+    """The node name in `qshare.node.<node>.usage`."""
+    return subject.split(".")[2]
+
+
 def node_command(node: str, verb: str) -> str:
     """`verb` is one of apply, release, suspend, resume, policy."""
     return f"qshare.node.{node}.cmd.{verb}"
@@ -45,7 +58,7 @@ def node_command(node: str, verb: str) -> str:
 
 def claim_event(claim_id: str, kind: str) -> str:
     """`kind` is one of pending, placed, ready, released, failed, evicting, degraded,
-    suspended, resumed."""
+    suspended, resumed, starved, moved."""
     return f"qshare.evt.claim.{claim_id}.{kind}"
 
 

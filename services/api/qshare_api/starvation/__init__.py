@@ -1,0 +1,1 @@
+"""`GET /v1/starvation`: low-priority claims the preemptor found starved."""
