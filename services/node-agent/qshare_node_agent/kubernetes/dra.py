@@ -2,7 +2,8 @@
 NodePrepareResources / NodeUnprepareResources (v1 and v1beta1) and publishes this node's
 cards as a ResourceSlice, republished when a card's health or policy changes.
 
-Prepare reads the claim's allocation from the API server, asks the backend for one vGPU per
+Prepare reads the claim's allocation from the claims held by LIST + WATCH (`ClaimCache`;
+a GET to the API server when the claim is not held yet), asks the backend for one vGPU per
 allocated share (idempotent by claim, request, device and share), writes the claim's CDI
 spec and answers with its CDI device ids. Each claim gets its own answer or error; a claim
 that fails gives back whatever this call made for it.
@@ -21,6 +22,7 @@ from qshare_node_agent.kubernetes import cdi, resourceslice, wire
 from qshare_node_agent.kubernetes.allocation import ClaimError, DeviceShare, shares
 from qshare_node_agent.kubernetes.apiserver import ApiError, KubeApi
 from qshare_node_agent.kubernetes.backend import BackendError, CardInfo, LocalVgpu, VgpuBackend
+from qshare_node_agent.kubernetes.claim_cache import ClaimCache
 from qshare_node_agent.kubernetes.config import KubernetesSettings
 from qshare_node_agent.kubernetes.registration import Registration
 from qshare_node_agent.kubernetes.sockets import SocketServer
@@ -37,6 +39,7 @@ class DraPlugin:
         self.settings = settings
         self.backend = backend
         self.api = api
+        self.claims = ClaimCache(api)
         self.cdi = cdi.CdiWriter(settings.cdi_dir)
         self.registration = Registration(
             "DRAPlugin", settings.driver, str(settings.dra_socket), SERVICES
@@ -61,6 +64,7 @@ class DraPlugin:
 
     def start(self) -> None:
         self._stopping.clear()
+        self.claims.start()
         for server in self._servers:
             server.start()
         self._unwatch = self.backend.watch_cards(lambda _cards: self._publish_wanted.set())
@@ -79,6 +83,7 @@ class DraPlugin:
             self._publisher.join()
         for server in self._servers:
             server.stop()
+        self.claims.stop()
 
     # -- ResourceSlice -----------------------------------------------------------------
     def publish(self) -> dict[str, Any]:
@@ -155,12 +160,7 @@ class DraPlugin:
         self, namespace: str, name: str, uid: str
     ) -> list[tuple[DeviceShare, LocalVgpu]]:
         """Make the claim's vGPUs and its CDI spec; all or nothing."""
-        try:
-            claim = self.api.resource_claim(namespace, name)
-        except ApiError as exc:
-            if exc.status == 404:
-                raise ClaimError(f"ResourceClaim {namespace}/{name} does not exist") from None
-            raise
+        claim = self.claims.get(namespace, name, uid) or self._read_claim(namespace, name)
         cards = {c.index: c.memory_mib for c in self.backend.cards()}
         wanted = shares(
             claim,
@@ -189,6 +189,14 @@ class DraPlugin:
                     self.backend.release(vgpu.key)
             raise
         return made
+
+    def _read_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        try:
+            return self.api.resource_claim(namespace, name)
+        except ApiError as exc:
+            if exc.status == 404:
+                raise ClaimError(f"ResourceClaim {namespace}/{name} does not exist") from None
+            raise
 
     def unprepare_claim(self, uid: str) -> None:
         prefix = f"dra/{uid}/"
