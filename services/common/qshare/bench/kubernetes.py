@@ -3,9 +3,12 @@
 DRA: 100 claims prepared concurrently (one NodePrepareResources call each, as the kubelet
 sends one per pod) over the plugin's unix socket, on a simulated 8-card node with the real
 driver segment; each claim is then checked usable (its vGPU in the segment with the claim's
-limit, its CDI spec on disk). Baselines in the same run: the same 100 prepares made directly
-on the backend (no gRPC, no API server), and the 100 claim GETs alone against the API server
-double (a Python http.server in its own process, whose cost is inside every prepare).
+limit, its CDI spec on disk). The claims reach the API server after the plugin started, as
+the scheduler allocates them in a cluster, so the plugin's LIST + WATCH cache receives them
+as watch events; the result counts the prepares served from it and those that fell back to
+a GET. Baselines in the same run: the same 100 prepares made directly on the backend (no
+gRPC, no API server), and the 100 claim GETs alone against the API server double (a Python
+http.server in its own process: what each prepare paid before the cache).
 
 Extender: filter then prioritize over 1,000 simulated nodes (8 cards each) registered in a
 real allocator (Postgres, NATS), through the API process's extender verbs. Baseline in the
@@ -54,7 +57,8 @@ CARD_MIB = 81920
 MIB = 1 << 20
 QS = (50, 99)
 LOW = Priority.LOW
-SEGMENT_DIR = "/dev/shm"  # the segment and its checkpoint live on tmpfs, as deployed
+SEGMENT_DIR = "/dev/shm"  # the segment, its checkpoint and the CDI specs (/var/run/cdi)
+# live on tmpfs, as deployed
 CORES = 5  # 100 claims on 8 cards: at most 13 a card, 65 % of its low-priority share
 
 
@@ -81,7 +85,8 @@ def table(result: dict[str, Any]) -> str:
     lines = [f"{'path':<30} {'p50 ms':>8} {'p99 ms':>8}  note"]
     lines += [f"{n:<30} {p['p50']:>8.2f} {p['p99']:>8.2f}  {note}" for n, p, note in rows]
     lines.append(
-        f"claims usable after prepare: {dra['claims_usable']}/{dra['claims']}; "
+        f"claims usable after prepare: {dra['claims_usable']}/{dra['claims']} "
+        f"({dra['claims_from_cache']} read from the watch cache, {dra['claims_got']} by GET); "
         f"prepare p99 / backend p99 = {dra['p99_ratio']}; "
         f"filter+prioritize p99 / preview p99 = {ext['p99_ratio']}"
     )
@@ -118,11 +123,11 @@ def _dra(count: int) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="qkb-", dir="/tmp"))
     shm = Path(tempfile.mkdtemp(prefix="qkb-", dir=SEGMENT_DIR))
     claims = [_claim(f"c{i}", i % CARDS) for i in range(count)]
-    api, api_url = _start(_serve_api, claims)
+    api, (api_url, to_api) = _start(_serve_api)
     cards = [Card(i, f"GPU-bench-{i}", "Simulated", CARD_MIB) for i in range(CARDS)]
     settings = KubernetesSettings(
         node_name=NODE, registry_dir=root / "reg", plugin_dir=root / "plugin",
-        cdi_dir=root / "cdi", api_server=api_url, token_file=None, ca_file=None,
+        cdi_dir=shm / "cdi", api_server=api_url, token_file=None, ca_file=None,
     )  # fmt: skip
     try:
         with Node.create(f"bench-{os.getpid()}", shm) as node:
@@ -138,18 +143,21 @@ def _dra(count: int) -> dict[str, Any]:
             for key in list(backend.prepared()):
                 backend.release(key)
             kube = KubeApi(api_url)
-            gets = _concurrently(
-                [
-                    functools.partial(kube.resource_claim, "bench", c["metadata"]["name"])
-                    for c in claims
-                ]
-            )
             plugin = DraPlugin(settings, backend, kube)
             plugin.start()
             try:
+                to_api.send(claims)  # the scheduler allocates them: the watch delivers them
+                to_api.recv()
                 kubelet, prepared = _start(_kubelet, str(settings.dra_socket), claims)
                 kubelet.join()
                 usable = sum(_usable(plugin, node, c) for c in claims)
+                gets = _concurrently(
+                    [
+                        functools.partial(kube.resource_claim, "bench", c["metadata"]["name"])
+                        for c in claims
+                    ]
+                )
+                cached = plugin.claims.hits
             finally:
                 plugin.stop()
                 kube.close()
@@ -166,6 +174,8 @@ def _dra(count: int) -> dict[str, Any]:
         "prepare_ms": prepare,
         "backend_prepare_ms": backend_ms,
         "api_get_ms": percentiles(gets, QS),
+        "claims_from_cache": cached,
+        "claims_got": count - cached,
         "p99_ratio": round(prepare["p99"] / max(backend_ms["p99"], 1e-6), 1),
     }
 
@@ -180,13 +190,16 @@ def _start(target: Callable[..., None], *args: Any) -> tuple[BaseProcess, Any]:
     return process, mine.recv()
 
 
-def _serve_api(claims: list[dict[str, Any]], pipe: Connection) -> None:
-    """The API server double holding the claims, until terminated."""
+def _serve_api(pipe: Connection) -> None:
+    """The API server double, until terminated: sends its URL and a pipe end; stores the
+    claims sent there (answering when they are stored)."""
     api = ApiServerDouble()
-    for c in claims:
+    mine, theirs = multiprocessing.Pipe()
+    pipe.send((api.url, theirs))
+    for c in mine.recv():
         name = c["metadata"]["name"]
         api.put_object(f"/apis/resource.k8s.io/v1/namespaces/bench/resourceclaims/{name}", c)
-    pipe.send(api.url)
+    mine.send(True)
     threading.Event().wait()
 
 

@@ -45,6 +45,7 @@ class DraPlugin:
             "DRAPlugin", settings.driver, str(settings.dra_socket), SERVICES
         )
         self.generation = 0
+        self._card_mib = _card_mib(backend.cards())  # kept current by the card watch
         self._publish_wanted = threading.Event()
         self._stopping = threading.Event()
         self._publisher: threading.Thread | None = None
@@ -67,7 +68,7 @@ class DraPlugin:
         self.claims.start()
         for server in self._servers:
             server.start()
-        self._unwatch = self.backend.watch_cards(lambda _cards: self._publish_wanted.set())
+        self._unwatch = self.backend.watch_cards(self._cards_changed)
         self._publish_wanted.set()
         self._publisher = threading.Thread(
             target=self._publish_loop, name="resourceslice", daemon=True
@@ -84,6 +85,10 @@ class DraPlugin:
         for server in self._servers:
             server.stop()
         self.claims.stop()
+
+    def _cards_changed(self, cards: list[CardInfo]) -> None:
+        self._card_mib = _card_mib(cards)
+        self._publish_wanted.set()
 
     # -- ResourceSlice -----------------------------------------------------------------
     def publish(self) -> dict[str, Any]:
@@ -161,13 +166,12 @@ class DraPlugin:
     ) -> list[tuple[DeviceShare, LocalVgpu]]:
         """Make the claim's vGPUs and its CDI spec; all or nothing."""
         claim = self.claims.get(namespace, name, uid) or self._read_claim(namespace, name)
-        cards = {c.index: c.memory_mib for c in self.backend.cards()}
         wanted = shares(
             claim,
             uid,
             self.settings.driver,
             self.settings.node_name,
-            cards,
+            self._card_mib,
             self.settings.min_vgpu_mib,
         )
         before = set(self.backend.prepared())
@@ -209,6 +213,10 @@ class DraPlugin:
 
     def cards(self) -> list[CardInfo]:
         return self.backend.cards()
+
+
+def _card_mib(cards: list[CardInfo]) -> dict[int, int]:
+    return {c.index: c.memory_mib for c in cards}
 
 
 def _owner(uid: str) -> str:

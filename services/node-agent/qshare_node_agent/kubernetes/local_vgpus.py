@@ -74,6 +74,7 @@ class LocalVgpus:
         self._generation = 0  # of the in-memory state; bumped by every change
         self._saved = 0  # the generation on disk
         self._vgpus: dict[str, LocalVgpu] = {}
+        self._entries: dict[str, checkpoint.Entry] = {}  # the checkpoint's, made once each
         self._watchers: list[CardWatcher] = []
         self.segment_dir = Path(node.directory or os.environ.get("QSHARE_SHM_DIR") or "/dev/shm")
         self.checkpoint = checkpoint.checkpoint_path(self.segment_dir, node.name)
@@ -132,7 +133,7 @@ class LocalVgpus:
             prio = Priority(priority)
             vgpu = self._describe(key, self._free_id(), card, prio, core_share, memory_mib)
             self._create(vgpu)
-            self._vgpus[key] = vgpu
+            self._keep(vgpu)
             generation = self._changed()
         self._persist(generation)
         return vgpu
@@ -155,6 +156,7 @@ class LocalVgpus:
             vgpu = self._vgpus.pop(key, None)
             if vgpu is None:
                 return
+            del self._entries[key]
             with contextlib.suppress(NotFoundError):
                 self._node.destroy_vgpu(vgpu.vgpu_id)
             generation = self._changed()
@@ -178,12 +180,16 @@ class LocalVgpus:
                     )
                     if not self._matches_segment(vgpu):
                         self._create(vgpu)
-                    self._vgpus[entry.key] = vgpu
+                    self._keep(vgpu)
                 except BackendError:
                     lost.append(entry.key)
             generation = self._changed()
         self._persist(generation)
         return lost
+
+    def _keep(self, vgpu: LocalVgpu) -> None:
+        self._vgpus[vgpu.key] = vgpu
+        self._entries[vgpu.key] = _entry(vgpu)
 
     def _same(
         self, vgpu: LocalVgpu, card_index: int, priority: Priority, core: int, memory_mib: int
@@ -251,7 +257,7 @@ class LocalVgpus:
                 return
             with self._lock:
                 current = self._generation
-                entries = [_entry(v) for v in self._vgpus.values()]
+                entries = list(self._entries.values())
             checkpoint.save(self.checkpoint, self._node.name, entries)
             self._saved = current
 
