@@ -7,8 +7,9 @@ limit, its CDI spec on disk). The claims reach the API server after the plugin s
 the scheduler allocates them in a cluster, so the plugin's LIST + WATCH cache receives them
 as watch events; the result counts the prepares served from it and those that fell back to
 a GET. Baselines in the same run: the same 100 prepares made directly on the backend (no
-gRPC, no API server), and the 100 claim GETs alone against the API server double (a Python
-http.server in its own process: what each prepare paid before the cache).
+gRPC, no API server); the 100 claim GETs alone against the API server double (a Python
+http.server in its own process: what each prepare paid before the cache); and 100 empty
+NodePrepareResources at once after the prepares (the Python gRPC round trip on its own).
 
 Extender: filter then prioritize over 1,000 simulated nodes (8 cards each) registered in a
 real allocator (Postgres, NATS), through the API process's extender verbs. Baseline in the
@@ -78,6 +79,7 @@ def table(result: dict[str, Any]) -> str:
         ("DRA NodePrepareResources", dra["prepare_ms"], f"{dra['claims']} claims, {CARDS} cards"),
         ("  baseline: backend.prepare", dra["backend_prepare_ms"], "same claims, direct"),
         ("  baseline: claim GET", dra["api_get_ms"], "API server double, all at once"),
+        ("  baseline: empty gRPC call", dra["grpc_empty_ms"], "as many at once, no claim"),
         ("extender filter", ext["filter_ms"], f"{ext['nodes']} nodes"),
         ("extender filter+prioritize", ext["filter_prioritize_ms"], f"{ext['rounds']} pods"),
         ("  baseline: allocator preview", ext["preview_ms"], "NATS only"),
@@ -148,7 +150,7 @@ def _dra(count: int) -> dict[str, Any]:
             try:
                 to_api.send(claims)  # the scheduler allocates them: the watch delivers them
                 to_api.recv()
-                kubelet, prepared = _start(_kubelet, str(settings.dra_socket), claims)
+                kubelet, (prepared, empty) = _start(_kubelet, str(settings.dra_socket), claims)
                 kubelet.join()
                 usable = sum(_usable(plugin, node, c) for c in claims)
                 gets = _concurrently(
@@ -174,6 +176,7 @@ def _dra(count: int) -> dict[str, Any]:
         "prepare_ms": prepare,
         "backend_prepare_ms": backend_ms,
         "api_get_ms": percentiles(gets, QS),
+        "grpc_empty_ms": percentiles(empty, QS),
         "claims_from_cache": cached,
         "claims_got": count - cached,
         "p99_ratio": round(prepare["p99"] / max(backend_ms["p99"], 1e-6), 1),
@@ -204,7 +207,8 @@ def _serve_api(pipe: Connection) -> None:
 
 
 def _kubelet(socket: str, claims: list[dict[str, Any]], pipe: Connection) -> None:
-    """The kubelet's side: every claim's NodePrepareResources at once; sends the latencies."""
+    """The kubelet's side: every claim's NodePrepareResources at once; sends the latencies
+    (and those of the empty requests)."""
     pipe.send(_prepare_all(Path(socket), claims))
 
 
@@ -232,7 +236,9 @@ def _concurrently(calls: list[Callable[[], object]]) -> list[float]:
     return latencies
 
 
-def _prepare_all(socket: Path, claims: list[dict[str, Any]]) -> list[float]:
+def _prepare_all(socket: Path, claims: list[dict[str, Any]]) -> tuple[list[float], list[float]]:
+    """The prepares' latencies, then those of as many empty requests at once afterwards (the
+    gRPC round trip on its own: the transport's share of every prepare)."""
     from qshare_node_agent.kubernetes import wire
 
     api = wire.api(wire.DRA_V1)
@@ -248,7 +254,11 @@ def _prepare_all(socket: Path, claims: list[dict[str, Any]]) -> list[float]:
             if answer.error:
                 raise RuntimeError(answer.error)
 
-        return _concurrently([functools.partial(prepare, c) for c in claims])
+        def empty() -> None:
+            call(api.message("NodePrepareResourcesRequest"), timeout=30)
+
+        prepared = _concurrently([functools.partial(prepare, c) for c in claims])
+        return prepared, _concurrently([empty] * len(claims))
 
 
 def _usable(plugin: Any, node: Any, claim: dict[str, Any]) -> bool:
