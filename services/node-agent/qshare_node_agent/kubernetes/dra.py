@@ -184,6 +184,7 @@ class DraPlugin:
                     share.config.priority,
                     share.cores,
                     share.memory_mib,
+                    share.config.policy,
                 )
                 made.append((share, vgpu))
             self.cdi.write(_owner(uid), [v for _, v in made])

@@ -84,7 +84,7 @@ class LocalVgpus:
         return [self._card_info(c) for c in sorted(self._cards.values(), key=lambda c: c.index)]
 
     def _card_info(self, card: Card) -> CardInfo:
-        policy = self._node.card_stats(card.index).policy.name.lower().replace("_", "-")
+        policy = _policy_name(self._node.card_stats(card.index).policy)
         healthy = self._health[card.index]
         return CardInfo(
             card.index, card.uuid, card.model, card.memory_mib, healthy, card.numa_node, policy
@@ -123,20 +123,44 @@ class LocalVgpus:
             return dict(self._vgpus)
 
     def prepare(
-        self, key: str, card_index: int, priority: Priority, core_share: int, memory_mib: int
+        self,
+        key: str,
+        card_index: int,
+        priority: Priority,
+        core_share: int,
+        memory_mib: int,
+        policy: str | None = None,
     ) -> LocalVgpu:
         with self._lock:
             existing = self._vgpus.get(key)
             if existing is not None:
                 return self._same(existing, card_index, priority, core_share, memory_mib)
             card = self._check(card_index, core_share, memory_mib)
+            switched = policy is not None and self._apply_policy(card, Policy.parse(policy))
             prio = Priority(priority)
             vgpu = self._describe(key, self._free_id(), card, prio, core_share, memory_mib)
             self._create(vgpu)
             self._keep(vgpu)
             generation = self._changed()
         self._persist(generation)
+        if switched:
+            self._notify()
         return vgpu
+
+    def _apply_policy(self, card: Card, wanted: Policy) -> bool:
+        """Give an empty card the policy a claim asks for (True when it changed); a card
+        already running vGPUs keeps its policy, and a claim asking another is refused."""
+        stats = self._node.card_stats(card.index)
+        if stats.policy == wanted:
+            return False
+        if stats.vgpus:
+            raise BackendError(
+                f"card {card.index} runs {_policy_name(stats.policy)} with {stats.vgpus} "
+                f"other vGPU(s); policy {_policy_name(wanted)} can only be set on a card "
+                f"with no vGPUs"
+            )
+        self._node.set_policy(card.index, wanted)
+        return True
 
     def describe(
         self,
@@ -300,6 +324,10 @@ class LocalVgpus:
         if self._library is not None:
             mounts.insert(0, Mount(str(self._library), CONTAINER_LIBRARY))
         return tuple(mounts)
+
+
+def _policy_name(policy: Policy) -> str:
+    return policy.name.lower().replace("_", "-")
 
 
 def _entry(v: LocalVgpu) -> checkpoint.Entry:
