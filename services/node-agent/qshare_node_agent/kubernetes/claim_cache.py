@@ -52,6 +52,12 @@ class ClaimCache:
             self._thread.join()
             self._thread = None
 
+    def holds(self, namespace: str, name: str, uid: str) -> bool:
+        """Whether `get` would answer the claim now (counting nothing)."""
+        with self._lock:
+            claim = self._claims.get((namespace, name))
+            return claim is not None and _uid(claim) == uid and _allocated(claim)
+
     def get(self, namespace: str, name: str, uid: str) -> dict[str, Any] | None:
         """The held claim if it is claim `uid` and allocated; None (a miss) otherwise."""
         with self._lock:

@@ -11,6 +11,7 @@ that fails gives back whatever this call made for it.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from collections.abc import Callable
@@ -25,7 +26,7 @@ from qshare_node_agent.kubernetes.backend import BackendError, CardInfo, LocalVg
 from qshare_node_agent.kubernetes.claim_cache import ClaimCache
 from qshare_node_agent.kubernetes.config import KubernetesSettings
 from qshare_node_agent.kubernetes.registration import Registration
-from qshare_node_agent.kubernetes.sockets import SocketServer
+from qshare_node_agent.kubernetes.sockets import LoopSocketServer, SocketServer
 
 log = logging.getLogger(__name__)
 SERVICES = ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
@@ -51,7 +52,7 @@ class DraPlugin:
         self._publisher: threading.Thread | None = None
         self._unwatch: Callable[[], None] | None = None
         self._servers = [
-            SocketServer(
+            LoopSocketServer(
                 settings.dra_socket, self._dra_handlers(), settings.workers, settings.socket_check_s
             ),
             SocketServer(
@@ -120,15 +121,25 @@ class DraPlugin:
     # -- gRPC --------------------------------------------------------------------------
     def _dra_handlers(self) -> list[grpc.GenericRpcHandler]:
         impl = {
-            "NodePrepareResources": self._prepare_rpc,
-            "NodeUnprepareResources": self._unprepare_rpc,
+            "NodePrepareResources": self._prepare_async,
+            "NodeUnprepareResources": self._unprepare_async,
         }
         return [
             wire.service_handler(wire.api(proto), "DRAPlugin", impl)
             for proto in (wire.DRA_V1, wire.DRA_V1BETA1)
         ]
 
-    def _prepare_rpc(self, request: Any, context: grpc.ServicerContext) -> Any:
+    async def _prepare_async(self, request: Any, context: Any) -> Any:
+        """On the server's loop when every claim is held (no I/O but the node's own, under a
+        millisecond); in a thread when one must be read from the API server."""
+        if all(self.claims.holds(c.namespace, c.name, c.uid) for c in request.claims):
+            return self._prepare_rpc(request, context)
+        return await asyncio.to_thread(self._prepare_rpc, request, context)
+
+    async def _unprepare_async(self, request: Any, context: Any) -> Any:
+        return self._unprepare_rpc(request, context)
+
+    def _prepare_rpc(self, request: Any, context: Any) -> Any:
         response = _api_of(request).message("NodePrepareResourcesResponse")
         for claim in request.claims:
             answer = response.claims[claim.uid]
@@ -150,7 +161,7 @@ class DraPlugin:
                 )
         return response
 
-    def _unprepare_rpc(self, request: Any, context: grpc.ServicerContext) -> Any:
+    def _unprepare_rpc(self, request: Any, context: Any) -> Any:
         response = _api_of(request).message("NodeUnprepareResourcesResponse")
         for claim in request.claims:
             answer = response.claims[claim.uid]
