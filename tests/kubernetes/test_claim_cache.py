@@ -125,3 +125,19 @@ def test_prepare_of_a_claim_not_held_yet_gets_it(
     answer = kubelet.prepare(settings.dra_socket, [claim]).claims[claim[2]]
     assert answer.error == ""
     assert claim_gets(apiserver) == [f"{CLAIMS}/uncached"]
+
+
+def test_a_cache_that_cannot_list_holds_nothing_and_stops_cleanly(
+    apiserver: ApiServerDouble,
+) -> None:
+    dead = KubeApi("http://127.0.0.1:9")  # nothing listens: every list fails
+    held = ClaimCache(dead, retry_s=0.01)
+    held.start()
+    try:
+        ns, name, uid = store_claim(apiserver, resource_claim("unlisted"))
+        time.sleep(0.1)
+        assert not held.synced.is_set()
+        assert held.get(ns, name, uid) is None
+    finally:
+        held.stop()
+        dead.close()

@@ -19,6 +19,7 @@ from qshare_node_agent.kubernetes.apiserver import ApiError, KubeApi, Watch
 log = logging.getLogger(__name__)
 WATCH_S = 300  # one watch request's length; the next continues from the last version seen
 RETRY_S = 1.0
+MAX_RETRY_S = 30.0
 GONE = 410
 
 
@@ -70,15 +71,18 @@ class ClaimCache:
         return claim if usable else None
 
     def _run(self) -> None:
+        delay = self._retry_s  # doubles while listing keeps failing (an API server down)
         while not self._stop.is_set():
             try:
                 version = self._relist()
+                delay = self._retry_s
                 while not self._stop.is_set():
                     version = self._follow(version)
             except ApiError as exc:
                 if exc.status != GONE and not self._stop.is_set():
                     log.warning("watching ResourceClaims failed (%s); listing again", exc)
-                    self._stop.wait(self._retry_s)
+                    self._stop.wait(delay)
+                    delay = min(delay * 2, MAX_RETRY_S)
 
     def _relist(self) -> str:
         items, version = self._api.resource_claims()
