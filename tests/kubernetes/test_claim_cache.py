@@ -65,15 +65,17 @@ def test_a_deleted_claim_is_no_longer_held(cache: ClaimCache, apiserver: ApiServ
     wait_for(lambda: cache.get(ns, name, uid) is None)
 
 
-def test_a_claim_of_another_uid_or_not_allocated_is_a_miss(
+def test_a_claim_of_another_uid_not_allocated_or_reserved_for_no_pod_is_a_miss(
     cache: ClaimCache, apiserver: ApiServerDouble
 ) -> None:
-    claim = resource_claim("pending")
-    del claim["status"]
-    ns, name, uid = store_claim(apiserver, claim)
+    pending = resource_claim("pending")
+    del pending["status"]
+    unreserved = resource_claim("unreserved")
+    del unreserved["status"]["reservedFor"]
+    misses = [store_claim(apiserver, pending), store_claim(apiserver, unreserved)]
     other = store_claim(apiserver, resource_claim("other"))
     wait_for(lambda: cache.get(*other) is not None)
-    assert cache.get(ns, name, uid) is None
+    assert [cache.get(*claim) for claim in misses] == [None, None]
     assert cache.get(other[0], other[1], "not-its-uid") is None
 
 
@@ -141,3 +143,19 @@ def test_a_cache_that_cannot_list_holds_nothing_and_stops_cleanly(
     finally:
         held.stop()
         dead.close()
+
+
+def test_an_unprepared_claim_is_read_afresh_when_prepared_again(
+    dra: DraPlugin,
+    kubelet: KubeletDouble,
+    settings: KubernetesSettings,
+    apiserver: ApiServerDouble,
+) -> None:
+    claim = store_claim(apiserver, resource_claim("again"))
+    wait_for(lambda: dra.claims.get(*claim) is not None)
+    assert kubelet.prepare(settings.dra_socket, [claim]).claims[claim[2]].error == ""
+    assert kubelet.unprepare(settings.dra_socket, [claim]).claims[claim[2]].error == ""
+    assert not dra.claims.holds(*claim)
+    dra.claims.stop()  # the watch brings nothing new: the next prepare must GET
+    assert kubelet.prepare(settings.dra_socket, [claim]).claims[claim[2]].error == ""
+    assert claim_gets(apiserver) == [f"{CLAIMS}/again"]

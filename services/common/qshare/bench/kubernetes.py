@@ -110,7 +110,8 @@ def _claim(name: str, card: int) -> dict[str, Any]:
             "allocation": {
                 "devices": {"results": [result]},
                 "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [selector]}]},
-            }
+            },
+            "reservedFor": [{"resource": "pods", "name": f"{name}-pod", "uid": str(uuid.uuid4())}],
         },
     }
 

@@ -2,10 +2,13 @@
 prepare reads its claim here instead of making one GET to the API server per claim.
 
 A claim is served from here only when it is the very claim the kubelet names (same uid)
-and what is held is allocated; anything else (not seen yet, another uid, not allocated in
-the held copy) is a miss and the caller GETs it: a lagging watch costs a GET, never a wrong
-answer. A held allocation is current: a claim is deallocated only once no pod is reserved
-for it, and the kubelet prepares a claim for a pod reserved for it.
+and the held copy is allocated with a pod reserved for it; anything else (not seen yet,
+another uid, not allocated, nobody reserved in the held copy) is a miss and the caller GETs
+it: a lagging watch costs a GET, not a wrong answer. A held allocation with a reservation
+is current: a claim is deallocated only once no pod is reserved for it, and the kubelet
+prepares a claim for a pod reserved for it. `forget` drops a claim when it is unprepared,
+so a claim allocated again later (to another device, for another pod) is read afresh
+rather than from a copy of its earlier allocation.
 """
 
 from __future__ import annotations
@@ -57,18 +60,25 @@ class ClaimCache:
         """Whether `get` would answer the claim now (counting nothing)."""
         with self._lock:
             claim = self._claims.get((namespace, name))
-            return claim is not None and _uid(claim) == uid and _allocated(claim)
+            return claim is not None and _uid(claim) == uid and _reserved(claim)
 
     def get(self, namespace: str, name: str, uid: str) -> dict[str, Any] | None:
-        """The held claim if it is claim `uid` and allocated; None (a miss) otherwise."""
+        """The held claim if it is claim `uid`, allocated and reserved; None (a miss)
+        otherwise."""
         with self._lock:
             claim = self._claims.get((namespace, name))
-            usable = claim is not None and _uid(claim) == uid and _allocated(claim)
+            usable = claim is not None and _uid(claim) == uid and _reserved(claim)
             if usable:
                 self.hits += 1
             else:
                 self.misses += 1
         return claim if usable else None
+
+    def forget(self, uid: str) -> None:
+        """Drop claim `uid` (it was unprepared); the watch brings its next change."""
+        with self._lock:
+            for key in [k for k, c in self._claims.items() if _uid(c) == uid]:
+                del self._claims[key]
 
     def _run(self) -> None:
         delay = self._retry_s  # doubles while listing keeps failing (an API server down)
@@ -125,5 +135,6 @@ def _uid(claim: dict[str, Any]) -> str:
     return str((claim.get("metadata") or {}).get("uid", ""))
 
 
-def _allocated(claim: dict[str, Any]) -> bool:
-    return bool((claim.get("status") or {}).get("allocation"))
+def _reserved(claim: dict[str, Any]) -> bool:
+    status = claim.get("status") or {}
+    return bool(status.get("allocation")) and bool(status.get("reservedFor"))

@@ -215,6 +215,7 @@ class DraPlugin:
             raise
 
     def unprepare_claim(self, uid: str) -> None:
+        self.claims.forget(uid)
         prefix = f"dra/{uid}/"
         for key in [k for k in self.backend.prepared() if k.startswith(prefix)]:
             self.backend.release(key)
