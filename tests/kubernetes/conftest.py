@@ -142,7 +142,8 @@ def resource_claim(
     parameters: Any = None,
     namespace: str = "default",
 ) -> dict[str, Any]:
-    """A ResourceClaim as the scheduler leaves it: allocated to `device` on `node`."""
+    """A ResourceClaim as the scheduler leaves it: allocated to `device` on `node`, reserved
+    for a pod."""
     result: dict[str, Any] = {
         "request": "gpu",
         "driver": DRIVER,
@@ -182,7 +183,10 @@ def resource_claim(
                 ]
             }
         },
-        "status": {"allocation": {"devices": devices, "nodeSelector": selector}},
+        "status": {
+            "allocation": {"devices": devices, "nodeSelector": selector},
+            "reservedFor": [{"resource": "pods", "name": f"{name}-pod", "uid": str(uuid.uuid4())}],
+        },
     }
 
 

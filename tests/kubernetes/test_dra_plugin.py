@@ -84,6 +84,7 @@ def test_the_published_resource_slice_is_valid_and_describes_every_card(
     assert devices[1]["capacity"]["memory"]["value"] == "16384Mi"
     assert devices[1]["capacity"]["memory"]["requestPolicy"]["validRange"]["min"] == "1024Mi"
     assert devices[1]["capacity"]["cores"]["requestPolicy"]["validRange"]["max"] == "100"
+    assert [d["capacity"]["cores"]["value"] for d in devices] == ["100", "100"]  # each card's own
     assert devices[1]["attributes"]["uuid"] == {"string": CARDS[1].uuid}
     assert devices[1]["attributes"]["numaNode"] == {"int": 1}
 
@@ -305,3 +306,55 @@ def test_a_restarted_plugin_publishes_a_later_pool_generation(
     again = DraPlugin(settings, backend, kube_api)
     again.publish()
     assert apiserver.objects[SLICE]["spec"]["pool"]["generation"] == 4
+
+
+def test_a_policy_hint_sets_the_policy_of_a_card_with_no_vgpus(
+    dra: DraPlugin,
+    kubelet: KubeletDouble,
+    settings: KubernetesSettings,
+    apiserver: ApiServerDouble,
+    backend: LocalVgpus,
+) -> None:
+    hinted = resource_claim("hinted", device="gpu-1", parameters={"policy": "fs"})
+    answer = prepare_one(kubelet, settings, store_claim(apiserver, hinted))
+    assert answer.error == ""
+    assert backend.cards()[1].policy == "fixed-share"
+    wait_for(
+        lambda: (
+            apiserver.objects[SLICE]["spec"]["devices"][1]["attributes"]["policy"]
+            == {"string": "fixed-share"}
+        )
+    )
+
+
+def test_a_policy_hint_for_a_card_running_vgpus_under_another_policy_is_refused(
+    dra: DraPlugin,
+    kubelet: KubeletDouble,
+    settings: KubernetesSettings,
+    apiserver: ApiServerDouble,
+    backend: LocalVgpus,
+) -> None:
+    assert (
+        prepare_one(kubelet, settings, store_claim(apiserver, resource_claim("first"))).error == ""
+    )
+    hinted = store_claim(apiserver, resource_claim("hinted", parameters={"policy": "burst-share"}))
+    answer = prepare_one(kubelet, settings, hinted)
+    assert "card 0 runs best-effort with 1 other vGPU(s)" in answer.error
+    assert "policy burst-share can only be set on a card with no vGPUs" in answer.error
+    assert len(backend.prepared()) == 1
+    assert backend.cards()[0].policy == "best-effort"
+
+
+def test_a_policy_hint_matching_the_cards_policy_joins_its_vgpus(
+    dra: DraPlugin,
+    kubelet: KubeletDouble,
+    settings: KubernetesSettings,
+    apiserver: ApiServerDouble,
+    backend: LocalVgpus,
+) -> None:
+    assert (
+        prepare_one(kubelet, settings, store_claim(apiserver, resource_claim("first"))).error == ""
+    )
+    same = store_claim(apiserver, resource_claim("same", parameters={"policy": "best-effort"}))
+    assert prepare_one(kubelet, settings, same).error == ""
+    assert len(backend.prepared()) == 2

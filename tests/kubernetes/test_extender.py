@@ -204,6 +204,17 @@ async def test_prioritize_scores_the_freer_node_higher_under_spread(
     assert scores["node-a"] == 10 > scores["node-b"]
 
 
+async def test_a_node_named_twice_is_scored_as_if_named_once(
+    extender: httpx.AsyncClient, nc: Client, apiserver: ApiServerDouble
+) -> None:
+    await register(nc, "node-a", cards=2)
+    busy = await extender.post("/extender/bind", json=stored_pod(apiserver, "first", "node-a"))
+    assert busy.json().get("Error", "") == ""
+    once = await extender.post("/extender/prioritize", json=args(pod("x"), ["node-a"]))
+    twice = await extender.post("/extender/prioritize", json=args(pod("y"), ["node-a", "node-a"]))
+    assert [h["Score"] for h in twice.json()] == [once.json()[0]["Score"]] * 2
+
+
 async def test_bind_creates_the_claim_on_the_node_annotates_and_binds_the_pod(
     extender: httpx.AsyncClient, nc: Client, apiserver: ApiServerDouble, engine: AsyncEngine
 ) -> None:

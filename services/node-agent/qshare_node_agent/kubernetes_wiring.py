@@ -39,10 +39,16 @@ class AgentBackend:
         return self._local.prepared()
 
     def prepare(
-        self, key: str, card_index: int, priority: Priority, core_share: int, memory_mib: int
+        self,
+        key: str,
+        card_index: int,
+        priority: Priority,
+        core_share: int,
+        memory_mib: int,
+        policy: str | None = None,
     ) -> LocalVgpu:
         if not key.startswith(ALLOCATOR_KEY):
-            return self._local.prepare(key, card_index, priority, core_share, memory_mib)
+            return self._local.prepare(key, card_index, priority, core_share, memory_mib, policy)
         wanted = key.removeprefix(ALLOCATOR_KEY)
         for local_id, vgpu in list(self._converger.held.items()):
             if str(vgpu.id) == wanted:

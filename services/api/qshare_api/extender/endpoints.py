@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Request, Response
 
 from qshare_api.extender.cache import PreviewCache
 from qshare_api.extender.schemas import (
@@ -40,8 +40,8 @@ async def filter_nodes(args: ExtenderArgs, ext: Ext) -> ExtenderFilterResult:
 
 
 @router.post("/prioritize", response_model=list[HostPriority], response_model_by_alias=True)
-async def prioritize(args: ExtenderArgs, ext: Ext) -> list[HostPriority]:
-    return await ext.prioritize(args)
+async def prioritize(args: ExtenderArgs, ext: Ext) -> Response:
+    return Response(await ext.prioritize(args), media_type="application/json")
 
 
 @router.post("/bind", response_model=ExtenderBindingResult, response_model_by_alias=True)

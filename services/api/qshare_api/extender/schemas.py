@@ -7,10 +7,18 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import to_json
 
 
-class _GoJson(BaseModel):
+class _GoOut(BaseModel):
+    """An answer: built by our code with Python names, written with the Go names."""
+
     model_config = ConfigDict(populate_by_name=True, extra="ignore")
+
+
+class _GoJson(_GoOut):
+    """A request: any case of the Go names is accepted (the check runs per object, so
+    answers, which can hold a thousand hosts, do not inherit it)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -53,7 +61,7 @@ class ExtenderArgs(_GoJson):
         return {"items": [n.model_dump() for n in items if n.metadata.name in names]}
 
 
-class ExtenderFilterResult(_GoJson):
+class ExtenderFilterResult(_GoOut):
     nodes: dict[str, Any] | None = Field(None, alias="Nodes")
     node_names: list[str] | None = Field(None, alias="NodeNames")
     failed_nodes: dict[str, str] = Field(default_factory=dict, alias="FailedNodes")
@@ -63,9 +71,14 @@ class ExtenderFilterResult(_GoJson):
     error: str = Field("", alias="Error")
 
 
-class HostPriority(_GoJson):
+class HostPriority(_GoOut):
     host: str = Field(alias="Host")
     score: int = Field(alias="Score")
+
+
+def host_priorities(scores: list[tuple[str, int]]) -> bytes:
+    """`[{"Host": ..., "Score": ...}, ...]`, the JSON of a list of `HostPriority`."""
+    return to_json([{"Host": host, "Score": score} for host, score in scores])
 
 
 class ExtenderBindingArgs(_GoJson):
@@ -75,5 +88,5 @@ class ExtenderBindingArgs(_GoJson):
     node: str = Field(alias="Node", min_length=1, max_length=253)
 
 
-class ExtenderBindingResult(_GoJson):
+class ExtenderBindingResult(_GoOut):
     error: str = Field("", alias="Error")

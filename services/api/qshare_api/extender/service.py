@@ -23,7 +23,7 @@ from qshare_api.extender.schemas import (
     ExtenderBindingArgs,
     ExtenderBindingResult,
     ExtenderFilterResult,
-    HostPriority,
+    host_priorities,
 )
 from qshare_api.extender.settings import ExtenderSettings
 
@@ -77,13 +77,15 @@ class Extender:
             return ExtenderFilterResult(node_names=fits, failed_nodes=failed)
         return ExtenderFilterResult(nodes=args.node_objects(set(fits)), failed_nodes=failed)
 
-    async def prioritize(self, args: ExtenderArgs) -> list[HostPriority]:
+    async def prioritize(self, args: ExtenderArgs) -> bytes:
+        """The `HostPriority` list as JSON, written directly: a thousand hosts built as
+        models first cost more than the preview itself."""
         try:
             preview = await self.preview(args)
         except (pods.PodError, QshareError):
             preview = None
         scores = {} if preview is None else preview.scores
-        return [HostPriority(host=n, score=scores.get(n, 0)) for n in args.candidate_names()]
+        return host_priorities([(n, scores.get(n, 0)) for n in args.candidate_names()])
 
     async def bind(self, args: ExtenderBindingArgs) -> ExtenderBindingResult:
         try:

@@ -3,9 +3,13 @@
 DRA: 100 claims prepared concurrently (one NodePrepareResources call each, as the kubelet
 sends one per pod) over the plugin's unix socket, on a simulated 8-card node with the real
 driver segment; each claim is then checked usable (its vGPU in the segment with the claim's
-limit, its CDI spec on disk). Baselines in the same run: the same 100 prepares made directly
-on the backend (no gRPC, no API server), and the 100 claim GETs alone against the API server
-double (a Python http.server in its own process, whose cost is inside every prepare).
+limit, its CDI spec on disk). The claims reach the API server after the plugin started, as
+the scheduler allocates them in a cluster, so the plugin's LIST + WATCH cache receives them
+as watch events; the result counts the prepares served from it and those that fell back to
+a GET. Baselines in the same run: the same 100 prepares made directly on the backend (no
+gRPC, no API server); the 100 claim GETs alone against the API server double (a Python
+http.server in its own process: what each prepare paid before the cache); and 100 empty
+NodePrepareResources at once after the prepares (the Python gRPC round trip on its own).
 
 Extender: filter then prioritize over 1,000 simulated nodes (8 cards each) registered in a
 real allocator (Postgres, NATS), through the API process's extender verbs. Baseline in the
@@ -54,7 +58,8 @@ CARD_MIB = 81920
 MIB = 1 << 20
 QS = (50, 99)
 LOW = Priority.LOW
-SEGMENT_DIR = "/dev/shm"  # the segment and its checkpoint live on tmpfs, as deployed
+SEGMENT_DIR = "/dev/shm"  # the segment, its checkpoint and the CDI specs (/var/run/cdi)
+# live on tmpfs, as deployed
 CORES = 5  # 100 claims on 8 cards: at most 13 a card, 65 % of its low-priority share
 
 
@@ -74,6 +79,7 @@ def table(result: dict[str, Any]) -> str:
         ("DRA NodePrepareResources", dra["prepare_ms"], f"{dra['claims']} claims, {CARDS} cards"),
         ("  baseline: backend.prepare", dra["backend_prepare_ms"], "same claims, direct"),
         ("  baseline: claim GET", dra["api_get_ms"], "API server double, all at once"),
+        ("  baseline: empty gRPC call", dra["grpc_empty_ms"], "as many at once, no claim"),
         ("extender filter", ext["filter_ms"], f"{ext['nodes']} nodes"),
         ("extender filter+prioritize", ext["filter_prioritize_ms"], f"{ext['rounds']} pods"),
         ("  baseline: allocator preview", ext["preview_ms"], "NATS only"),
@@ -81,7 +87,8 @@ def table(result: dict[str, Any]) -> str:
     lines = [f"{'path':<30} {'p50 ms':>8} {'p99 ms':>8}  note"]
     lines += [f"{n:<30} {p['p50']:>8.2f} {p['p99']:>8.2f}  {note}" for n, p, note in rows]
     lines.append(
-        f"claims usable after prepare: {dra['claims_usable']}/{dra['claims']}; "
+        f"claims usable after prepare: {dra['claims_usable']}/{dra['claims']} "
+        f"({dra['claims_from_cache']} read from the watch cache, {dra['claims_got']} by GET); "
         f"prepare p99 / backend p99 = {dra['p99_ratio']}; "
         f"filter+prioritize p99 / preview p99 = {ext['p99_ratio']}"
     )
@@ -103,7 +110,8 @@ def _claim(name: str, card: int) -> dict[str, Any]:
             "allocation": {
                 "devices": {"results": [result]},
                 "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [selector]}]},
-            }
+            },
+            "reservedFor": [{"resource": "pods", "name": f"{name}-pod", "uid": str(uuid.uuid4())}],
         },
     }
 
@@ -118,11 +126,11 @@ def _dra(count: int) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="qkb-", dir="/tmp"))
     shm = Path(tempfile.mkdtemp(prefix="qkb-", dir=SEGMENT_DIR))
     claims = [_claim(f"c{i}", i % CARDS) for i in range(count)]
-    api, api_url = _start(_serve_api, claims)
+    api, (api_url, to_api) = _start(_serve_api)
     cards = [Card(i, f"GPU-bench-{i}", "Simulated", CARD_MIB) for i in range(CARDS)]
     settings = KubernetesSettings(
         node_name=NODE, registry_dir=root / "reg", plugin_dir=root / "plugin",
-        cdi_dir=root / "cdi", api_server=api_url, token_file=None, ca_file=None,
+        cdi_dir=shm / "cdi", api_server=api_url, token_file=None, ca_file=None,
     )  # fmt: skip
     try:
         with Node.create(f"bench-{os.getpid()}", shm) as node:
@@ -138,18 +146,21 @@ def _dra(count: int) -> dict[str, Any]:
             for key in list(backend.prepared()):
                 backend.release(key)
             kube = KubeApi(api_url)
-            gets = _concurrently(
-                [
-                    functools.partial(kube.resource_claim, "bench", c["metadata"]["name"])
-                    for c in claims
-                ]
-            )
             plugin = DraPlugin(settings, backend, kube)
             plugin.start()
             try:
-                kubelet, prepared = _start(_kubelet, str(settings.dra_socket), claims)
+                to_api.send(claims)  # the scheduler allocates them: the watch delivers them
+                to_api.recv()
+                kubelet, (prepared, empty) = _start(_kubelet, str(settings.dra_socket), claims)
                 kubelet.join()
                 usable = sum(_usable(plugin, node, c) for c in claims)
+                gets = _concurrently(
+                    [
+                        functools.partial(kube.resource_claim, "bench", c["metadata"]["name"])
+                        for c in claims
+                    ]
+                )
+                cached = plugin.claims.hits
             finally:
                 plugin.stop()
                 kube.close()
@@ -166,6 +177,9 @@ def _dra(count: int) -> dict[str, Any]:
         "prepare_ms": prepare,
         "backend_prepare_ms": backend_ms,
         "api_get_ms": percentiles(gets, QS),
+        "grpc_empty_ms": percentiles(empty, QS),
+        "claims_from_cache": cached,
+        "claims_got": count - cached,
         "p99_ratio": round(prepare["p99"] / max(backend_ms["p99"], 1e-6), 1),
     }
 
@@ -180,18 +194,22 @@ def _start(target: Callable[..., None], *args: Any) -> tuple[BaseProcess, Any]:
     return process, mine.recv()
 
 
-def _serve_api(claims: list[dict[str, Any]], pipe: Connection) -> None:
-    """The API server double holding the claims, until terminated."""
+def _serve_api(pipe: Connection) -> None:
+    """The API server double, until terminated: sends its URL and a pipe end; stores the
+    claims sent there (answering when they are stored)."""
     api = ApiServerDouble()
-    for c in claims:
+    mine, theirs = multiprocessing.Pipe()
+    pipe.send((api.url, theirs))
+    for c in mine.recv():
         name = c["metadata"]["name"]
         api.put_object(f"/apis/resource.k8s.io/v1/namespaces/bench/resourceclaims/{name}", c)
-    pipe.send(api.url)
+    mine.send(True)
     threading.Event().wait()
 
 
 def _kubelet(socket: str, claims: list[dict[str, Any]], pipe: Connection) -> None:
-    """The kubelet's side: every claim's NodePrepareResources at once; sends the latencies."""
+    """The kubelet's side: every claim's NodePrepareResources at once; sends the latencies
+    (and those of the empty requests)."""
     pipe.send(_prepare_all(Path(socket), claims))
 
 
@@ -219,7 +237,9 @@ def _concurrently(calls: list[Callable[[], object]]) -> list[float]:
     return latencies
 
 
-def _prepare_all(socket: Path, claims: list[dict[str, Any]]) -> list[float]:
+def _prepare_all(socket: Path, claims: list[dict[str, Any]]) -> tuple[list[float], list[float]]:
+    """The prepares' latencies, then those of as many empty requests at once afterwards (the
+    gRPC round trip on its own: the transport's share of every prepare)."""
     from qshare_node_agent.kubernetes import wire
 
     api = wire.api(wire.DRA_V1)
@@ -235,7 +255,11 @@ def _prepare_all(socket: Path, claims: list[dict[str, Any]]) -> list[float]:
             if answer.error:
                 raise RuntimeError(answer.error)
 
-        return _concurrently([functools.partial(prepare, c) for c in claims])
+        def empty() -> None:
+            call(api.message("NodePrepareResourcesRequest"), timeout=30)
+
+        prepared = _concurrently([functools.partial(prepare, c) for c in claims])
+        return prepared, _concurrently([empty] * len(claims))
 
 
 def _usable(plugin: Any, node: Any, claim: dict[str, Any]) -> bool:

@@ -1,26 +1,40 @@
 """A test double of the Kubernetes API server for the few resource.k8s.io and core paths
 qshare calls: a loopback HTTP server holding objects by path, with create, replace, merge
-patch (compare-and-swap on metadata.resourceVersion), pod binding and a pod list by node.
-No admission, no watch, no authentication: it stands in for the API server in tests and
-benchmarks only."""
+patch (compare-and-swap on metadata.resourceVersion), delete, pod binding, a pod list by
+node, and LIST + WATCH of a collection as the real server speaks them: a list carries the
+collection's resourceVersion; `?watch=true&resourceVersion=N` streams every later change as
+newline-delimited JSON events (`ADDED`, `MODIFIED`, `DELETED`) over a chunked response until
+`timeoutSeconds`, and answers a version older than its history with an `ERROR` event of
+status 410 (Gone), after which a client lists again. No admission, no authentication: it
+stands in for the API server in tests and benchmarks only."""
 
 from __future__ import annotations
 
 import json
 import re
 import threading
+import time
+import urllib.parse
+from collections import deque
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+HISTORY = 10_000  # watch events kept; a watch from an older version gets 410 Gone
+Event = tuple[int, str, str, dict[str, Any]]  # resourceVersion, type, path, object
 
 
 class ApiServerDouble:
     """Objects by path (`/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/name`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, history: int = HISTORY) -> None:
         self.objects: dict[str, dict[str, Any]] = {}
         self.requests: list[tuple[str, str]] = []
         self._version = 0
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._events: deque[Event] = deque(maxlen=history)
+        self._closing = False
         double = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -42,7 +56,31 @@ class ApiServerDouble:
                 return json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
 
             def do_GET(self) -> None:
-                self._reply(*double.get(self.path))
+                base, _, query = self.path.partition("?")
+                params = urllib.parse.parse_qs(query)
+                if params.get("watch", [""])[0] in ("true", "1"):
+                    self._stream(double.watch(base, params))
+                else:
+                    self._reply(*double.get(self.path))
+
+            def do_DELETE(self) -> None:
+                self._reply(*double.delete(self.path))
+
+            def _stream(self, events: Iterator[dict[str, Any]]) -> None:
+                """Each event one JSON line in its own chunk, flushed as it happens."""
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                try:
+                    for event in events:
+                        line = json.dumps(event).encode() + b"\n"
+                        self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
+                        self.wfile.flush()
+                    self.wfile.write(b"0\r\n\r\n")
+                except OSError:
+                    pass  # the client went away
+                self.close_connection = True
 
             def do_POST(self) -> None:
                 self._reply(*double.post(self.path, self._body()))
@@ -61,6 +99,9 @@ class ApiServerDouble:
         self._thread.start()
 
     def close(self) -> None:
+        with self._lock:
+            self._closing = True
+            self._changed.notify_all()
         self._server.shutdown()
         self._server.server_close()
 
@@ -68,11 +109,65 @@ class ApiServerDouble:
         with self._lock:
             self._store(path, body)
 
+    def delete_object(self, path: str) -> None:
+        self.delete(path)
+
     def _store(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         self._version += 1
         body.setdefault("metadata", {})["resourceVersion"] = str(self._version)
+        kind = "MODIFIED" if path in self.objects else "ADDED"
         self.objects[path] = body
+        self._record(kind, path, body)
         return body
+
+    def _record(self, kind: str, path: str, body: dict[str, Any]) -> None:
+        self._events.append((self._version, kind, path, json.loads(json.dumps(body))))
+        self._changed.notify_all()
+
+    def delete(self, path: str) -> tuple[int, Any]:
+        with self._lock:
+            self.requests.append(("DELETE", path))
+            gone = self.objects.pop(path, None)
+            if gone is None:
+                return 404, {"kind": "Status", "message": f"{path} not found", "code": 404}
+            self._version += 1
+            self._record("DELETED", path, gone)
+            return 200, gone
+
+    def watch(self, collection: str, params: dict[str, list[str]]) -> Iterator[dict[str, Any]]:
+        """The events of `collection` after `resourceVersion` (all current objects as
+        ADDED when it is absent or 0), until `timeoutSeconds` or close."""
+        timeout = float(params.get("timeoutSeconds", ["300"])[0])
+        since = int(params.get("resourceVersion", ["0"])[0] or 0)
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            self.requests.append(("WATCH", collection))
+            expired = bool(self._events) and 0 < since < self._events[0][0] - 1
+            if since == 0:
+                pending = [
+                    (self._version, "ADDED", p, o)
+                    for p, o in self.objects.items()
+                    if _in_collection(collection, p)
+                ]
+                since = self._version
+            else:
+                pending = []
+        if expired:
+            yield _gone()
+            return
+        yield from (_event(kind, obj) for _v, kind, _p, obj in pending)
+        while (left := deadline - time.monotonic()) > 0:
+            with self._lock:
+                fresh = [e for e in self._events if e[0] > since]
+                if not fresh and not self._closing:
+                    self._changed.wait(left)
+                    fresh = [e for e in self._events if e[0] > since]
+                if self._closing:
+                    return
+            for version, kind, path, obj in fresh:
+                since = version
+                if _in_collection(collection, path):
+                    yield _event(kind, obj)
 
     def get(self, path: str) -> tuple[int, Any]:
         with self._lock:
@@ -90,6 +185,10 @@ class ApiServerDouble:
                 return 200, {"kind": "PodList", "items": items}
             if base in self.objects:
                 return 200, self.objects[base]
+            if _is_collection(base):
+                items = [o for p, o in self.objects.items() if _in_collection(base, p)]
+                meta = {"resourceVersion": str(self._version)}
+                return 200, {"kind": "List", "metadata": meta, "items": items}
             return 404, {"kind": "Status", "message": f"{base} not found", "code": 404}
 
     def post(self, path: str, body: dict[str, Any]) -> tuple[int, Any]:
@@ -126,6 +225,39 @@ class ApiServerDouble:
             if wanted is not None and wanted != current["metadata"]["resourceVersion"]:
                 return 409, {"message": "the object has been modified; please retry"}
             return 200, self._store(path, _merge(current, patch))
+
+
+def _rest(path: str) -> list[str]:
+    """The path's segments after its group and version (`/apis/g/v/...`, `/api/v1/...`)."""
+    parts = path.strip("/").split("/")
+    return parts[3:] if parts[:1] == ["apis"] else parts[2:]
+
+
+def _is_collection(path: str) -> bool:
+    rest = _rest(path)
+    return len(rest) == 1 or (len(rest) == 3 and rest[0] == "namespaces")
+
+
+def _in_collection(collection: str, path: str) -> bool:
+    """`path` is an object of `collection` (a namespaced one, or every namespace's)."""
+    rest, want = _rest(path), _rest(collection)
+    prefix = collection.rstrip("/").removesuffix("/".join(want)).rstrip("/")
+    if not path.startswith(prefix + "/"):
+        return False
+    if len(want) == 3:
+        return rest[:3] == want and len(rest) == 4
+    named = len(rest) == 4 and rest[0] == "namespaces" and rest[2] == want[0]
+    return named or (len(rest) == 2 and rest[0] == want[0])
+
+
+def _event(kind: str, obj: dict[str, Any]) -> dict[str, Any]:
+    return {"type": kind, "object": obj}
+
+
+def _gone() -> dict[str, Any]:
+    status = {"kind": "Status", "status": "Failure", "reason": "Expired", "code": 410,
+              "message": "too old resource version"}  # fmt: skip
+    return _event("ERROR", status)
 
 
 def _merge(target: Any, patch: Any) -> Any:

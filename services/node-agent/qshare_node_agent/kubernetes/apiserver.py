@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
+import socket
 import ssl
 import threading
 import urllib.parse
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,15 +56,17 @@ class KubeApi:
                 conn.close()
             self._all.clear()
 
+    def _connect(self, timeout_s: float) -> http.client.HTTPConnection:
+        if self._tls is not None:
+            return http.client.HTTPSConnection(
+                self._host, self._port, timeout=timeout_s, context=self._tls
+            )
+        return http.client.HTTPConnection(self._host, self._port, timeout=timeout_s)
+
     def _connection(self) -> http.client.HTTPConnection:
         conn: http.client.HTTPConnection | None = getattr(self._local, "conn", None)
         if conn is None:
-            if self._tls is not None:
-                conn = http.client.HTTPSConnection(
-                    self._host, self._port, timeout=self._timeout, context=self._tls
-                )
-            else:
-                conn = http.client.HTTPConnection(self._host, self._port, timeout=self._timeout)
+            conn = self._connect(self._timeout)
             self._local.conn = conn
             with self._lock:
                 self._all.append(conn)
@@ -98,6 +103,20 @@ class KubeApi:
             "GET", f"{RESOURCE}/namespaces/{namespace}/resourceclaims/{name}"
         )
         return result
+
+    def resource_claims(self) -> tuple[list[dict[str, Any]], str]:
+        """Every namespace's ResourceClaims and the list's resourceVersion (to watch from)."""
+        result = self.request("GET", f"{RESOURCE}/resourceclaims")
+        items: list[dict[str, Any]] = result.get("items") or []
+        return items, str((result.get("metadata") or {}).get("resourceVersion", ""))
+
+    def watch_resource_claims(self, resource_version: str, timeout_s: int) -> Watch:
+        """The changes to every namespace's ResourceClaims after `resource_version`."""
+        query = urllib.parse.urlencode(
+            {"watch": "true", "resourceVersion": resource_version,
+             "timeoutSeconds": timeout_s, "allowWatchBookmarks": "true"}
+        )  # fmt: skip
+        return Watch(self, f"{RESOURCE}/resourceclaims?{query}", timeout_s)
 
     def apply_resource_slice(self, body: dict[str, Any]) -> int:
         """Create the slice, or replace it keeping the server's resourceVersion; the pool
@@ -137,6 +156,53 @@ class KubeApi:
         path = f"/api/v1/namespaces/{namespace}/pods/{name}"
         result: dict[str, Any] = self.request("PATCH", path, patch, patch=True)
         return result
+
+
+class Watch:
+    """One watch request on its own connection: iterate it for the events (`type`,
+    `object`); `close()` from any thread ends the iteration. An `ERROR` event (such as 410
+    Gone for a version the server no longer has) raises `ApiError` with its code."""
+
+    def __init__(self, api: KubeApi, path: str, timeout_s: int) -> None:
+        # the server ends the watch after timeout_s; the socket waits a little longer
+        self._conn = api._connect(timeout_s + 10.0)
+        self._path = path
+        self._headers = dict(api._headers)
+        self._closed = False
+
+    def close(self) -> None:
+        self._closed = True
+        sock = self._conn.sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        self._conn.close()
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        try:
+            self._conn.request("GET", self._path, headers=self._headers)
+            resp = self._conn.getresponse()
+            if resp.status >= 400:
+                raise ApiError(resp.status, _message(resp.read()))
+            while not self._closed and (line := resp.readline()):
+                if line.strip():
+                    yield _checked(json.loads(line))
+        except ApiError:
+            raise
+        except Exception as exc:  # a stream cut mid-chunk fails in many ways; all end it
+            if not self._closed:
+                raise ApiError(0, f"watch {self._path} failed: {exc!r}") from None
+        finally:
+            self._conn.close()
+
+
+def _checked(event: Any) -> dict[str, Any]:
+    if not isinstance(event, dict) or not isinstance(event.get("object"), dict):
+        raise ApiError(0, f"a watch event is not an object with an object: {event!r:.200}")
+    if event.get("type") == "ERROR":
+        status = event["object"]
+        raise ApiError(int(status.get("code") or 0), str(status.get("message", "watch error")))
+    return event
 
 
 def _message(raw: bytes) -> str:

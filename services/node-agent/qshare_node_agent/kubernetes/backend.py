@@ -69,8 +69,17 @@ class VgpuBackend(Protocol):
     def cards(self) -> list[CardInfo]: ...
 
     def prepare(
-        self, key: str, card_index: int, priority: Priority, core_share: int, memory_mib: int
-    ) -> LocalVgpu: ...
+        self,
+        key: str,
+        card_index: int,
+        priority: Priority,
+        core_share: int,
+        memory_mib: int,
+        policy: str | None = None,
+    ) -> LocalVgpu:
+        """`policy` (a claim's hint) is set on the card if it has no vGPUs yet; a card
+        running vGPUs under another policy refuses it with `BackendError`."""
+        ...
 
     def release(self, key: str) -> None: ...
 

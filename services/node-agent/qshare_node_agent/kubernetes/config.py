@@ -31,7 +31,10 @@ class KubernetesSettings(BaseSettings):
     vmemory_unit_mib: int = Field(
         1, ge=1, description="MiB per qshare.io/vmemory device the device plugin advertises"
     )
-    workers: int = Field(16, ge=1, description="gRPC worker threads per plugin socket")
+    workers: int = Field(
+        16, ge=1, description="gRPC worker threads per threaded plugin socket (the device "
+        "plugin's and registration's; the DRA socket is served on an event loop)",
+    )  # fmt: skip
 
     @property
     def registration_socket(self) -> Path:

@@ -2,7 +2,8 @@
 NodePrepareResources / NodeUnprepareResources (v1 and v1beta1) and publishes this node's
 cards as a ResourceSlice, republished when a card's health or policy changes.
 
-Prepare reads the claim's allocation from the API server, asks the backend for one vGPU per
+Prepare reads the claim's allocation from the claims held by LIST + WATCH (`ClaimCache`;
+a GET to the API server when the claim is not held yet), asks the backend for one vGPU per
 allocated share (idempotent by claim, request, device and share), writes the claim's CDI
 spec and answers with its CDI device ids. Each claim gets its own answer or error; a claim
 that fails gives back whatever this call made for it.
@@ -10,6 +11,7 @@ that fails gives back whatever this call made for it.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from collections.abc import Callable
@@ -21,9 +23,10 @@ from qshare_node_agent.kubernetes import cdi, resourceslice, wire
 from qshare_node_agent.kubernetes.allocation import ClaimError, DeviceShare, shares
 from qshare_node_agent.kubernetes.apiserver import ApiError, KubeApi
 from qshare_node_agent.kubernetes.backend import BackendError, CardInfo, LocalVgpu, VgpuBackend
+from qshare_node_agent.kubernetes.claim_cache import ClaimCache
 from qshare_node_agent.kubernetes.config import KubernetesSettings
 from qshare_node_agent.kubernetes.registration import Registration
-from qshare_node_agent.kubernetes.sockets import SocketServer
+from qshare_node_agent.kubernetes.sockets import LoopSocketServer, SocketServer
 
 log = logging.getLogger(__name__)
 SERVICES = ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
@@ -37,17 +40,19 @@ class DraPlugin:
         self.settings = settings
         self.backend = backend
         self.api = api
+        self.claims = ClaimCache(api)
         self.cdi = cdi.CdiWriter(settings.cdi_dir)
         self.registration = Registration(
             "DRAPlugin", settings.driver, str(settings.dra_socket), SERVICES
         )
         self.generation = 0
+        self._card_mib = _card_mib(backend.cards())  # kept current by the card watch
         self._publish_wanted = threading.Event()
         self._stopping = threading.Event()
         self._publisher: threading.Thread | None = None
         self._unwatch: Callable[[], None] | None = None
         self._servers = [
-            SocketServer(
+            LoopSocketServer(
                 settings.dra_socket, self._dra_handlers(), settings.workers, settings.socket_check_s
             ),
             SocketServer(
@@ -61,9 +66,10 @@ class DraPlugin:
 
     def start(self) -> None:
         self._stopping.clear()
+        self.claims.start()
         for server in self._servers:
             server.start()
-        self._unwatch = self.backend.watch_cards(lambda _cards: self._publish_wanted.set())
+        self._unwatch = self.backend.watch_cards(self._cards_changed)
         self._publish_wanted.set()
         self._publisher = threading.Thread(
             target=self._publish_loop, name="resourceslice", daemon=True
@@ -79,6 +85,11 @@ class DraPlugin:
             self._publisher.join()
         for server in self._servers:
             server.stop()
+        self.claims.stop()
+
+    def _cards_changed(self, cards: list[CardInfo]) -> None:
+        self._card_mib = _card_mib(cards)
+        self._publish_wanted.set()
 
     # -- ResourceSlice -----------------------------------------------------------------
     def publish(self) -> dict[str, Any]:
@@ -110,15 +121,25 @@ class DraPlugin:
     # -- gRPC --------------------------------------------------------------------------
     def _dra_handlers(self) -> list[grpc.GenericRpcHandler]:
         impl = {
-            "NodePrepareResources": self._prepare_rpc,
-            "NodeUnprepareResources": self._unprepare_rpc,
+            "NodePrepareResources": self._prepare_async,
+            "NodeUnprepareResources": self._unprepare_async,
         }
         return [
             wire.service_handler(wire.api(proto), "DRAPlugin", impl)
             for proto in (wire.DRA_V1, wire.DRA_V1BETA1)
         ]
 
-    def _prepare_rpc(self, request: Any, context: grpc.ServicerContext) -> Any:
+    async def _prepare_async(self, request: Any, context: Any) -> Any:
+        """On the server's loop when every claim is held (no I/O but the node's own, under a
+        millisecond); in a thread when one must be read from the API server."""
+        if all(self.claims.holds(c.namespace, c.name, c.uid) for c in request.claims):
+            return self._prepare_rpc(request, context)
+        return await asyncio.to_thread(self._prepare_rpc, request, context)
+
+    async def _unprepare_async(self, request: Any, context: Any) -> Any:
+        return self._unprepare_rpc(request, context)
+
+    def _prepare_rpc(self, request: Any, context: Any) -> Any:
         response = _api_of(request).message("NodePrepareResourcesResponse")
         for claim in request.claims:
             answer = response.claims[claim.uid]
@@ -140,7 +161,7 @@ class DraPlugin:
                 )
         return response
 
-    def _unprepare_rpc(self, request: Any, context: grpc.ServicerContext) -> Any:
+    def _unprepare_rpc(self, request: Any, context: Any) -> Any:
         response = _api_of(request).message("NodeUnprepareResourcesResponse")
         for claim in request.claims:
             answer = response.claims[claim.uid]
@@ -155,19 +176,13 @@ class DraPlugin:
         self, namespace: str, name: str, uid: str
     ) -> list[tuple[DeviceShare, LocalVgpu]]:
         """Make the claim's vGPUs and its CDI spec; all or nothing."""
-        try:
-            claim = self.api.resource_claim(namespace, name)
-        except ApiError as exc:
-            if exc.status == 404:
-                raise ClaimError(f"ResourceClaim {namespace}/{name} does not exist") from None
-            raise
-        cards = {c.index: c.memory_mib for c in self.backend.cards()}
+        claim = self.claims.get(namespace, name, uid) or self._read_claim(namespace, name)
         wanted = shares(
             claim,
             uid,
             self.settings.driver,
             self.settings.node_name,
-            cards,
+            self._card_mib,
             self.settings.min_vgpu_mib,
         )
         before = set(self.backend.prepared())
@@ -180,6 +195,7 @@ class DraPlugin:
                     share.config.priority,
                     share.cores,
                     share.memory_mib,
+                    share.config.policy,
                 )
                 made.append((share, vgpu))
             self.cdi.write(_owner(uid), [v for _, v in made])
@@ -190,7 +206,16 @@ class DraPlugin:
             raise
         return made
 
+    def _read_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        try:
+            return self.api.resource_claim(namespace, name)
+        except ApiError as exc:
+            if exc.status == 404:
+                raise ClaimError(f"ResourceClaim {namespace}/{name} does not exist") from None
+            raise
+
     def unprepare_claim(self, uid: str) -> None:
+        self.claims.forget(uid)
         prefix = f"dra/{uid}/"
         for key in [k for k in self.backend.prepared() if k.startswith(prefix)]:
             self.backend.release(key)
@@ -201,6 +226,10 @@ class DraPlugin:
 
     def cards(self) -> list[CardInfo]:
         return self.backend.cards()
+
+
+def _card_mib(cards: list[CardInfo]) -> dict[int, int]:
+    return {c.index: c.memory_mib for c in cards}
 
 
 def _owner(uid: str) -> str:

@@ -74,6 +74,7 @@ class LocalVgpus:
         self._generation = 0  # of the in-memory state; bumped by every change
         self._saved = 0  # the generation on disk
         self._vgpus: dict[str, LocalVgpu] = {}
+        self._entries: dict[str, checkpoint.Entry] = {}  # the checkpoint's, made once each
         self._watchers: list[CardWatcher] = []
         self.segment_dir = Path(node.directory or os.environ.get("QSHARE_SHM_DIR") or "/dev/shm")
         self.checkpoint = checkpoint.checkpoint_path(self.segment_dir, node.name)
@@ -83,7 +84,7 @@ class LocalVgpus:
         return [self._card_info(c) for c in sorted(self._cards.values(), key=lambda c: c.index)]
 
     def _card_info(self, card: Card) -> CardInfo:
-        policy = self._node.card_stats(card.index).policy.name.lower().replace("_", "-")
+        policy = _policy_name(self._node.card_stats(card.index).policy)
         healthy = self._health[card.index]
         return CardInfo(
             card.index, card.uuid, card.model, card.memory_mib, healthy, card.numa_node, policy
@@ -122,20 +123,44 @@ class LocalVgpus:
             return dict(self._vgpus)
 
     def prepare(
-        self, key: str, card_index: int, priority: Priority, core_share: int, memory_mib: int
+        self,
+        key: str,
+        card_index: int,
+        priority: Priority,
+        core_share: int,
+        memory_mib: int,
+        policy: str | None = None,
     ) -> LocalVgpu:
         with self._lock:
             existing = self._vgpus.get(key)
             if existing is not None:
                 return self._same(existing, card_index, priority, core_share, memory_mib)
             card = self._check(card_index, core_share, memory_mib)
+            switched = policy is not None and self._apply_policy(card, Policy.parse(policy))
             prio = Priority(priority)
             vgpu = self._describe(key, self._free_id(), card, prio, core_share, memory_mib)
             self._create(vgpu)
-            self._vgpus[key] = vgpu
+            self._keep(vgpu)
             generation = self._changed()
         self._persist(generation)
+        if switched:
+            self._notify()
         return vgpu
+
+    def _apply_policy(self, card: Card, wanted: Policy) -> bool:
+        """Give an empty card the policy a claim asks for (True when it changed); a card
+        already running vGPUs keeps its policy, and a claim asking another is refused."""
+        stats = self._node.card_stats(card.index)
+        if stats.policy == wanted:
+            return False
+        if stats.vgpus:
+            raise BackendError(
+                f"card {card.index} runs {_policy_name(stats.policy)} with {stats.vgpus} "
+                f"other vGPU(s); policy {_policy_name(wanted)} can only be set on a card "
+                f"with no vGPUs"
+            )
+        self._node.set_policy(card.index, wanted)
+        return True
 
     def describe(
         self,
@@ -155,6 +180,7 @@ class LocalVgpus:
             vgpu = self._vgpus.pop(key, None)
             if vgpu is None:
                 return
+            del self._entries[key]
             with contextlib.suppress(NotFoundError):
                 self._node.destroy_vgpu(vgpu.vgpu_id)
             generation = self._changed()
@@ -178,12 +204,16 @@ class LocalVgpus:
                     )
                     if not self._matches_segment(vgpu):
                         self._create(vgpu)
-                    self._vgpus[entry.key] = vgpu
+                    self._keep(vgpu)
                 except BackendError:
                     lost.append(entry.key)
             generation = self._changed()
         self._persist(generation)
         return lost
+
+    def _keep(self, vgpu: LocalVgpu) -> None:
+        self._vgpus[vgpu.key] = vgpu
+        self._entries[vgpu.key] = _entry(vgpu)
 
     def _same(
         self, vgpu: LocalVgpu, card_index: int, priority: Priority, core: int, memory_mib: int
@@ -251,7 +281,7 @@ class LocalVgpus:
                 return
             with self._lock:
                 current = self._generation
-                entries = [_entry(v) for v in self._vgpus.values()]
+                entries = list(self._entries.values())
             checkpoint.save(self.checkpoint, self._node.name, entries)
             self._saved = current
 
@@ -294,6 +324,10 @@ class LocalVgpus:
         if self._library is not None:
             mounts.insert(0, Mount(str(self._library), CONTAINER_LIBRARY))
         return tuple(mounts)
+
+
+def _policy_name(policy: Policy) -> str:
+    return policy.name.lower().replace("_", "-")
 
 
 def _entry(v: LocalVgpu) -> checkpoint.Entry:

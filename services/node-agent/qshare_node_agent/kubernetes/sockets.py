@@ -1,14 +1,17 @@
 """A gRPC server on a unix socket that comes back when its socket file is removed (the
-kubelet empties its plugin directories when it restarts) and then calls `on_recreate`."""
+kubelet empties its plugin directories when it restarts) and then calls `on_recreate`;
+threaded (`SocketServer`) or on an event loop of its own (`LoopSocketServer`)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import threading
 from collections.abc import Callable, Sequence
 from concurrent import futures
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -87,3 +90,57 @@ class SocketServer:
                     log.exception(
                         "re-announcing %s failed; will retry on the next removal", self.path
                     )
+
+
+class LoopSocketServer(SocketServer):
+    """The same served by `grpc.aio` on an event loop in a thread of its own: handlers are
+    coroutines and run one at a time on that loop, with no pool of threads contending for
+    the interpreter lock (under a hundred concurrent calls, the pool's switching costs as
+    much as the calls' own work). A handler must not block the loop for long."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._stopping: asyncio.Event | None = None
+
+    def _serve(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.unlink(missing_ok=True)
+        started: futures.Future[None] = futures.Future()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._run, args=(self._loop, started), name=f"serve {self.path.name}",
+            daemon=True,
+        )  # fmt: skip
+        self._thread.start()
+        started.result()  # raises what stopped the server from starting
+        self._inode = os.stat(self.path).st_ino
+
+    def _run(self, loop: asyncio.AbstractEventLoop, started: futures.Future[None]) -> None:
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_until_complete(self._main(started))
+        finally:
+            loop.close()
+
+    async def _main(self, started: futures.Future[None]) -> None:
+        try:
+            server = grpc.aio.server()
+            server.add_generic_rpc_handlers(tuple(self._handlers))
+            server.add_insecure_port(f"unix://{self.path}")
+            await server.start()
+        except Exception as exc:
+            started.set_exception(exc)
+            return
+        self._stopping = asyncio.Event()
+        started.set_result(None)
+        await self._stopping.wait()
+        await server.stop(STOP_GRACE_S)  # stopped from its own loop: grpc.aio needs that
+
+    def _shutdown(self) -> None:
+        if self._thread is None or self._loop is None or self._stopping is None:
+            return
+        self._loop.call_soon_threadsafe(self._stopping.set)
+        self._thread.join()
+        self._thread = None

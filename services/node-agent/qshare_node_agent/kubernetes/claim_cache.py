@@ -1,0 +1,140 @@
+"""ResourceClaims kept in memory by LIST + WATCH (the informer pattern of DRA drivers), so a
+prepare reads its claim here instead of making one GET to the API server per claim.
+
+A claim is served from here only when it is the very claim the kubelet names (same uid)
+and the held copy is allocated with a pod reserved for it; anything else (not seen yet,
+another uid, not allocated, nobody reserved in the held copy) is a miss and the caller GETs
+it: a lagging watch costs a GET, not a wrong answer. A held allocation with a reservation
+is current: a claim is deallocated only once no pod is reserved for it, and the kubelet
+prepares a claim for a pod reserved for it. `forget` drops a claim when it is unprepared,
+so a claim allocated again later (to another device, for another pod) is read afresh
+rather than from a copy of its earlier allocation.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from qshare_node_agent.kubernetes.apiserver import ApiError, KubeApi, Watch
+
+log = logging.getLogger(__name__)
+WATCH_S = 300  # one watch request's length; the next continues from the last version seen
+RETRY_S = 1.0
+MAX_RETRY_S = 30.0
+GONE = 410
+
+
+class ClaimCache:
+    """`start()` / `stop()`; `get` is thread-safe."""
+
+    def __init__(self, api: KubeApi, watch_s: int = WATCH_S, retry_s: float = RETRY_S) -> None:
+        self._api = api
+        self._watch_s = watch_s
+        self._retry_s = retry_s
+        self._claims: dict[tuple[str, str], dict[str, Any]] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._watch: Watch | None = None
+        self._thread: threading.Thread | None = None
+        self.synced = threading.Event()  # set once the first LIST is held
+        self.hits = 0
+        self.misses = 0
+
+    def start(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="claim watch", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        with self._lock:
+            if self._watch is not None:
+                self._watch.close()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def holds(self, namespace: str, name: str, uid: str) -> bool:
+        """Whether `get` would answer the claim now (counting nothing)."""
+        with self._lock:
+            claim = self._claims.get((namespace, name))
+            return claim is not None and _uid(claim) == uid and _reserved(claim)
+
+    def get(self, namespace: str, name: str, uid: str) -> dict[str, Any] | None:
+        """The held claim if it is claim `uid`, allocated and reserved; None (a miss)
+        otherwise."""
+        with self._lock:
+            claim = self._claims.get((namespace, name))
+            usable = claim is not None and _uid(claim) == uid and _reserved(claim)
+            if usable:
+                self.hits += 1
+            else:
+                self.misses += 1
+        return claim if usable else None
+
+    def forget(self, uid: str) -> None:
+        """Drop claim `uid` (it was unprepared); the watch brings its next change."""
+        with self._lock:
+            for key in [k for k, c in self._claims.items() if _uid(c) == uid]:
+                del self._claims[key]
+
+    def _run(self) -> None:
+        delay = self._retry_s  # doubles while listing keeps failing (an API server down)
+        while not self._stop.is_set():
+            try:
+                version = self._relist()
+                delay = self._retry_s
+                while not self._stop.is_set():
+                    version = self._follow(version)
+            except ApiError as exc:
+                if exc.status != GONE and not self._stop.is_set():
+                    log.warning("watching ResourceClaims failed (%s); listing again", exc)
+                    self._stop.wait(delay)
+                    delay = min(delay * 2, MAX_RETRY_S)
+
+    def _relist(self) -> str:
+        items, version = self._api.resource_claims()
+        held = {_key(c): c for c in items}
+        with self._lock:
+            self._claims = held
+        self.synced.set()
+        return version
+
+    def _follow(self, version: str) -> str:
+        """One watch from `version` until the server ends it; returns the last version."""
+        watch = self._api.watch_resource_claims(version, self._watch_s)
+        with self._lock:
+            self._watch = watch
+        if self._stop.is_set():
+            watch.close()
+        for event in watch:
+            version = self._apply(event) or version
+        return version
+
+    def _apply(self, event: dict[str, Any]) -> str:
+        claim = event["object"]
+        version = str((claim.get("metadata") or {}).get("resourceVersion") or "")
+        if event.get("type") == "BOOKMARK":
+            return version
+        with self._lock:
+            if event.get("type") == "DELETED":
+                self._claims.pop(_key(claim), None)
+            else:
+                self._claims[_key(claim)] = claim
+        return version
+
+
+def _key(claim: dict[str, Any]) -> tuple[str, str]:
+    meta = claim.get("metadata") or {}
+    return str(meta.get("namespace", "")), str(meta.get("name", ""))
+
+
+def _uid(claim: dict[str, Any]) -> str:
+    return str((claim.get("metadata") or {}).get("uid", ""))
+
+
+def _reserved(claim: dict[str, Any]) -> bool:
+    status = claim.get("status") or {}
+    return bool(status.get("allocation")) and bool(status.get("reservedFor"))
