@@ -1,5 +1,7 @@
-"""Sends each node its desired state after every change, one apply in flight per node: a
-change made while an apply is on its way is carried by the next one (its newer generation).
+"""Sends each node its desired state after every change. Changes coalesce only while an apply
+has not read the desired state yet: one made after that read gets an apply of its own at once
+(a newer generation) instead of waiting for the earlier round trip, up to MAX_IN_FLIGHT per
+node; the node applies them in order and answers a late, older one as stale.
 
 Every replica dispatches the nodes it changed at once, and all replicas scan for nodes whose
 confirmed generation lags (an agent that was down, a lost reply), so nothing depends on one
@@ -31,6 +33,8 @@ from qshare_allocator.nodes.health import HealthWatch
 from qshare_allocator.placement import eviction
 
 log = logging.getLogger(__name__)
+MAX_IN_FLIGHT = 3
+"""Applies on their way to one node at once; a change beyond it waits for one to finish."""
 
 
 class Dispatcher:
@@ -53,38 +57,48 @@ class Dispatcher:
         self._on_commit = on_commit
         self.confirmations = Confirmations(source)
         self.health = HealthWatch(source, node_timeout_s)
-        self._running: dict[str, asyncio.Task[None]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._in_flight: dict[str, int] = {}
+        self._unread: set[str] = set()
         self._again: set[str] = set()
 
     def wanted(self, node: str) -> None:
-        """Send `node` its desired state soon (coalesced with an apply already on its way)."""
-        if node in self._running:
+        """Send `node` its desired state soon: joins an apply that has not read it yet, else
+        starts one (or, at MAX_IN_FLIGHT, has the next one to finish send again)."""
+        if node in self._unread:
+            return
+        if self._in_flight.get(node, 0) >= MAX_IN_FLIGHT:
             self._again.add(node)
             return
-        task = asyncio.create_task(self._send_until_current(node))
-        self._running[node] = task
-        task.add_done_callback(lambda _: self._running.pop(node, None))
+        self._unread.add(node)
+        self._in_flight[node] = self._in_flight.get(node, 0) + 1
+        task = asyncio.create_task(self._send_one(node))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def stop(self) -> None:
-        for task in list(self._running.values()):
+        for task in list(self._tasks):
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
-    async def _send_until_current(self, node: str) -> None:
-        while True:
+    async def _send_one(self, node: str) -> None:
+        try:
+            await self.send(node)
+        except Exception:
+            log.exception("apply to node %s failed; the scan retries it", node)
+        finally:
+            self._in_flight[node] -= 1
+            if not self._in_flight[node]:
+                del self._in_flight[node]
+        if node in self._again:
             self._again.discard(node)
-            try:
-                await self.send(node)
-            except Exception:
-                log.exception("apply to node %s failed; the scan retries it", node)
-            if node not in self._again:
-                return
+            self.wanted(node)
 
     async def send(self, node: str) -> ApplyReply | None:
         """One apply round trip; None when the node did not answer (it is retried later)."""
         desired: ApplyDesired | None = await in_transaction(
-            self._engine, lambda conn: desired_state(conn, node)
+            self._engine, lambda conn: self._read_desired(conn, node)
         )
         if desired is None:
             return None
@@ -100,6 +114,12 @@ class Dispatcher:
         self._on_commit()
         return reply
 
+    async def _read_desired(self, conn: AsyncConnection, node: str) -> ApplyDesired | None:
+        """The desired state as of now; a change committed after this point is not in it,
+        so it must start an apply of its own (wanted() no longer joins this one)."""
+        self._unread.discard(node)
+        return await desired_state(conn, node)
+
     async def scan(self) -> bool:
         """Dispatch every Ready node whose confirmation lags; fail claims no node confirmed;
         degrade (or re-place) claims on sick nodes and cards. True when claims were freed
@@ -113,9 +133,11 @@ class Dispatcher:
         return bool(moved)
 
     async def dispatch_lagging(self) -> None:
-        """Send desired state to every Ready node whose confirmed generation lags."""
+        """Send desired state to every Ready node whose confirmed generation lags and that
+        has no apply on its way."""
         for node in await in_transaction(self._engine, self._lagging):
-            self.wanted(node)
+            if node not in self._in_flight:  # its answer is on the way
+                self.wanted(node)
 
     async def _evict_due(self, conn: AsyncConnection) -> int:
         return await eviction.finish_due(conn, self._source)
