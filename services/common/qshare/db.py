@@ -35,6 +35,14 @@ async def in_transaction(engine: AsyncEngine, work: Callable[[AsyncConnection], 
     raise AssertionError("unreachable")
 
 
+async def read_once(engine: AsyncEngine, work: Callable[[AsyncConnection], Awaitable[T]]) -> T:
+    """Run `work`, one read-only statement, outside a transaction: no BEGIN and COMMIT round
+    trips on a hot path where a single statement's own snapshot is all that is needed."""
+    async with engine.connect() as conn:
+        autocommit = await conn.execution_options(isolation_level="AUTOCOMMIT")
+        return await work(autocommit)
+
+
 def sqlstate(exc: DBAPIError) -> str | None:
     orig = exc.orig
     code = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)

@@ -23,7 +23,8 @@ class Member:
 
 
 async def gang_of_card(conn: AsyncConnection, gpu: str) -> list[Member]:
-    """Every vGPU that must stop with the low-priority gangs holding a vGPU on `gpu`."""
+    """Every vGPU that must stop with the low-priority gangs holding a vGPU on `gpu` (one
+    statement: it runs on the path from a busy card to its gangs being suspended)."""
     on_card = (
         select(claims.c.id, claims.c.gang)
         .join(vgpus, vgpus.c.claim_id == claims.c.id)
@@ -33,21 +34,20 @@ async def gang_of_card(conn: AsyncConnection, gpu: str) -> list[Member]:
             claims.c.status.in_(HOLDING_STATUSES),
             or_(claims.c.count > 1, claims.c.gang.is_not(None)),
         )
+        .cte("on_card")
     )
-    rows = (await conn.execute(on_card)).all()
-    ids = [r.id for r in rows]
-    names = [r.gang for r in rows if r.gang is not None]
-    return await _members(conn, ids, names) if ids else []
+    chosen = or_(
+        claims.c.id.in_(select(on_card.c.id)),
+        claims.c.gang.in_(select(on_card.c.gang).where(on_card.c.gang.is_not(None))),
+    )
+    return await _members(conn, chosen)
 
 
 async def vgpus_of_claim(conn: AsyncConnection, claim_id: uuid.UUID) -> list[Member]:
-    return await _members(conn, [claim_id], [])
+    return await _members(conn, claims.c.id == claim_id)
 
 
-async def _members(conn: AsyncConnection, ids: list[uuid.UUID], gangs: list[str]) -> list[Member]:
-    chosen: ColumnElement[bool] = claims.c.id.in_(ids)
-    if gangs:
-        chosen = or_(chosen, claims.c.gang.in_(gangs))
+async def _members(conn: AsyncConnection, chosen: ColumnElement[bool]) -> list[Member]:
     query = (
         select(claims.c.id, claims.c.tenant, vgpus.c.node_name, vgpus.c.gpu_uuid, vgpus.c.local_id)
         .join(vgpus, vgpus.c.claim_id == claims.c.id)

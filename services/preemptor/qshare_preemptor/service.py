@@ -21,7 +21,7 @@ from qshare.contracts import envelope, rpc, subjects
 from qshare.contracts.agent import SuspendCommand, SuspendReply
 from qshare.contracts.errors import NotFound, QshareError
 from qshare.contracts.preemption import ClaimAction, ClaimActionReply, ClaimRef
-from qshare.db import in_transaction
+from qshare.db import in_transaction, read_once
 from qshare_preemptor.gangs import Member, gang_of_card, vgpus_of_claim
 from qshare_preemptor.records import close_records, open_claims, open_members, open_records
 
@@ -52,15 +52,14 @@ class PreemptionService:
     async def card_busy(self, gpu: str) -> None:
         """Suspend, on their other cards, the low-priority gangs holding a vGPU on `gpu`."""
         async with self._lock:
-            members = await in_transaction(self._engine, lambda c: gang_of_card(c, gpu))
+            members = await read_once(self._engine, lambda c: gang_of_card(c, gpu))
             others = [m for m in members if m.gpu != gpu]
             fresh = [m for m in others if not self._held_by[m.claim_id]]
             for member in others:
                 self._held_by[member.claim_id].add(gpu)
                 self._members.setdefault(member.claim_id, []).append(member)
             if fresh:
-                await self._act(fresh, suspend=True, reason=f"high priority busy on {gpu}")
-                await self._record(fresh, "gang", f"high priority busy on {gpu}", gpu)
+                await self._suspend(fresh, "gang", f"high priority busy on {gpu}", gpu)
 
     async def card_idle(self, gpu: str) -> None:
         """Resume the gangs whose last busy card was `gpu` (not those an operator holds)."""
@@ -82,10 +81,10 @@ class PreemptionService:
 
     async def operator(self, action: ClaimAction, suspend: bool) -> ClaimActionReply:
         members = await in_transaction(self._engine, lambda c: self._owned(c, action))
-        done, missing = await self._act(members, suspend, action.reason)
         if suspend:
-            await self._record(members, "operator", action.reason, None)
+            done, missing = await self._suspend(members, "operator", action.reason, None)
         else:
+            done, missing = await self._act(members, False, action.reason)
             await in_transaction(
                 self._engine, lambda c: close_records(c, [action.claim_id], "operator")
             )
@@ -119,11 +118,19 @@ class PreemptionService:
             log.warning("node %s did not %s %s: %s", node, verb, ids, error.detail)
             return SuspendReply(done=[], missing=ids)
 
-    async def _record(self, members: list[Member], kind: str, reason: str, gpu: str | None) -> None:
-        await in_transaction(
-            self._engine, lambda c: open_records(c, members, kind, reason[:253], gpu)
+    async def _suspend(
+        self, members: list[Member], kind: str, reason: str, gpu: str | None
+    ) -> tuple[int, int]:
+        """Suspend `members` on their nodes while the preemption record is written (the two
+        at once: the gang stops a commit sooner), then announce it."""
+        acted, _ = await asyncio.gather(
+            self._act(members, suspend=True, reason=reason),
+            in_transaction(
+                self._engine, lambda c: open_records(c, members, kind, reason[:253], gpu)
+            ),
         )
         await self._publish_claims(sorted({m.claim_id for m in members}), "suspended")
+        return acted
 
     async def _publish_claims(self, claim_ids: list[uuid.UUID], kind: str) -> None:
         for claim_id in claim_ids:
