@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from qshare.contracts import subjects
 from qshare.contracts.claims import ClaimView
 from qshare.contracts.domain import ClaimStatus
-from qshare.contracts.rows import claim_views
+from qshare.contracts.rows import claim_view, claim_views
 from qshare.contracts.schema import claims
 from qshare_allocator.outbox import event_insert, event_params
 from qshare_allocator.placement.capacity import give_back
@@ -47,3 +47,25 @@ async def emit(conn: AsyncConnection, source: str, claim_id: uuid.UUID, kind: st
     params = event_params(source, subject, f"io.qshare.claim.{kind}", view)
     await conn.execute(event_insert(), params)
     return view
+
+
+async def ready_all(conn: AsyncConnection, source: str, views: list[ClaimView]) -> list[ClaimView]:
+    """Claims (locked by the caller, seen as `views`) become ready with their events: two
+    statements however many there are, on the path of every claim to `ready`."""
+    if not views:
+        return []
+    held = {v.id: v.vgpus for v in views}
+    query = (
+        update(claims)
+        .where(claims.c.id.in_(list(held)))
+        .values(status=ClaimStatus.READY.value, reason=None, updated_at=func.now())
+        .returning(*claims.c)
+    )
+    fresh = [claim_view(row, held[row.id]) for row in (await conn.execute(query)).all()]
+    kind = ClaimStatus.READY.value
+    await conn.execute(
+        event_insert(),
+        [event_params(source, subjects.claim_event(str(v.id), kind), f"io.qshare.claim.{kind}", v)
+         for v in fresh],
+    )  # fmt: skip
+    return fresh

@@ -44,14 +44,19 @@ class InventoryService:
 
     async def heartbeat(self, conn: AsyncConnection, node: str, beat: Heartbeat) -> bool:
         """Record a heartbeat; True when it may have freed capacity (node back, card healthy)."""
-        query = select(node_is_ready().label("ready")).where(nodes.c.name == node)
+        before = (
+            select(nodes.c.name, node_is_ready().label("ready")).where(nodes.c.name == node)
+        ).cte("before")  # the statement's snapshot: readiness as the last heartbeat left it
+        beat_now = (
+            update(nodes)
+            .where(nodes.c.name == before.c.name)
+            .values(heartbeat_at=func.now())
+            .returning(before.c.ready)
+        )
         timeout = {"node_timeout_s": self._rules.node_timeout_s}
-        row = (await conn.execute(query.with_for_update(), timeout)).one_or_none()
+        row = (await conn.execute(beat_now, timeout)).one_or_none()
         if row is None:
             raise NotFound(f"node {node} is not registered")
-        await conn.execute(
-            update(nodes).where(nodes.c.name == node).values(heartbeat_at=func.now())
-        )
         healed = await conn.execute(
             update(gpus)
             .where(

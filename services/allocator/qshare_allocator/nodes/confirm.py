@@ -13,7 +13,7 @@ from qshare.contracts.claims import ClaimView
 from qshare.contracts.domain import ClaimStatus
 from qshare.contracts.rows import claim_views
 from qshare.contracts.schema import claims, nodes, vgpus
-from qshare_allocator.claims.transitions import transition
+from qshare_allocator.claims.transitions import ready_all, transition
 
 
 class Confirmations:
@@ -24,8 +24,7 @@ class Confirmations:
 
     async def confirm(self, conn: AsyncConnection, reply: ApplyReply) -> list[ClaimView]:
         """Record the node's answer; returns the claims whose status changed."""
-        await conn.execute(select(nodes.c.name).where(nodes.c.name == reply.node).with_for_update())
-        await conn.execute(
+        await conn.execute(  # the update holds the node's row until commit
             update(nodes)
             .where(nodes.c.name == reply.node)
             .values(applied_generation=func.greatest(nodes.c.applied_generation, reply.generation))
@@ -66,9 +65,5 @@ class Confirmations:
         if not placed:
             return []
         views = await claim_views(conn, list(placed))
-        by_id = {r.id: r for r in placed}
         ready = [v for v in views if v.vgpus and all(g.local_id in applied for g in v.vgpus)]
-        return [
-            await transition(conn, self._source, by_id[v.id], ClaimStatus.READY, None)
-            for v in ready
-        ]
+        return await ready_all(conn, self._source, ready)

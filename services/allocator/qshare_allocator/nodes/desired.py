@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from sqlalchemy import and_, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from qshare.contracts.agent import ApplyDesired, DesiredVgpu
@@ -12,25 +12,23 @@ from qshare.contracts.schema import claims, nodes, vgpus
 
 
 async def desired_state(conn: AsyncConnection, node: str) -> ApplyDesired | None:
-    """The node's whole desired set at its current generation (read in one snapshot); None
-    for a node no agent registered (an inventory entry made over REST: placement only)."""
-    found = (
-        await conn.execute(
-            select(nodes.c.desired_generation, nodes.c.segment).where(nodes.c.name == node)
-        )
-    ).one_or_none()
-    if found is None:
-        raise NotFound(f"node {node} is not registered")
-    if found.segment is None:
-        return None
-    generation = found.desired_generation
+    """The node's whole desired set at its current generation, in one statement (its own
+    snapshot); None for a node no agent registered (an inventory entry made over REST:
+    placement only)."""
+    held = vgpus.join(
+        claims, and_(claims.c.id == vgpus.c.claim_id, claims.c.status.in_(HOLDING_STATUSES))
+    )
     query = (
-        select(vgpus)
-        .join(claims, claims.c.id == vgpus.c.claim_id)
-        .where(vgpus.c.node_name == node, claims.c.status.in_(HOLDING_STATUSES))
+        select(nodes.c.desired_generation, nodes.c.segment, vgpus)
+        .select_from(nodes.outerjoin(held, vgpus.c.node_name == nodes.c.name))
+        .where(nodes.c.name == node)
         .order_by(vgpus.c.local_id)
     )
     rows = (await conn.execute(query)).all()
+    if not rows:
+        raise NotFound(f"node {node} is not registered")
+    if rows[0].segment is None:
+        return None
     wanted = [
         DesiredVgpu(
             local_id=r.local_id,
@@ -42,5 +40,6 @@ async def desired_state(conn: AsyncConnection, node: str) -> ApplyDesired | None
             vmemory_mib=r.vmemory_mib,
         )
         for r in rows
+        if r.local_id is not None
     ]
-    return ApplyDesired(node=node, generation=int(generation), vgpus=wanted)
+    return ApplyDesired(node=node, generation=int(rows[0].desired_generation), vgpus=wanted)

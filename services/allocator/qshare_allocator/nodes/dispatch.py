@@ -26,6 +26,7 @@ from qshare.contracts.domain import ClaimStatus
 from qshare.contracts.errors import QshareError
 from qshare.contracts.rows import node_is_ready
 from qshare.contracts.schema import claims, nodes
+from qshare.db import read_once
 from qshare_allocator.db import in_transaction
 from qshare_allocator.nodes.confirm import Confirmations
 from qshare_allocator.nodes.desired import desired_state
@@ -97,7 +98,7 @@ class Dispatcher:
 
     async def send(self, node: str) -> ApplyReply | None:
         """One apply round trip; None when the node did not answer (it is retried later)."""
-        desired: ApplyDesired | None = await in_transaction(
+        desired: ApplyDesired | None = await read_once(
             self._engine, lambda conn: self._read_desired(conn, node)
         )
         if desired is None:
