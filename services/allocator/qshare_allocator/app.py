@@ -210,7 +210,7 @@ class Allocator(Service):
     def _after_register(self, result: Any) -> None:
         self._after_release(None)
         if isinstance(result, NodeView):
-            self.dispatcher.wanted(result.name)
+            self.dispatcher.registered(result.name)
 
     @property
     def dispatcher(self) -> Dispatcher:

@@ -62,11 +62,13 @@ class Dispatcher:
         self._in_flight: dict[str, int] = {}
         self._unread: set[str] = set()
         self._again: set[str] = set()
+        self._agentless: set[str] = set()
 
     def wanted(self, node: str) -> None:
         """Send `node` its desired state soon: joins an apply that has not read it yet, else
-        starts one (or, at MAX_IN_FLIGHT, has the next one to finish send again)."""
-        if node in self._unread:
+        starts one (or, at MAX_IN_FLIGHT, has the next one to finish send again). Nodes known
+        to have no agent (inventory made over REST: placement only) are skipped."""
+        if node in self._unread or node in self._agentless:
             return
         if self._in_flight.get(node, 0) >= MAX_IN_FLIGHT:
             self._again.add(node)
@@ -82,6 +84,11 @@ class Dispatcher:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+    def registered(self, node: str) -> None:
+        """`node` registered (again), perhaps now with an agent: send it its desired state."""
+        self._agentless.discard(node)
+        self.wanted(node)
 
     async def _send_one(self, node: str) -> None:
         try:
@@ -102,6 +109,7 @@ class Dispatcher:
             self._engine, lambda conn: self._read_desired(conn, node)
         )
         if desired is None:
+            self._agentless.add(node)  # until it registers again, or a scan finds it has one
             return None
         subject = subjects.node_command(node, "apply")
         try:
@@ -137,6 +145,7 @@ class Dispatcher:
         """Send desired state to every Ready node whose confirmed generation lags and that
         has no apply on its way."""
         for node in await in_transaction(self._engine, self._lagging):
+            self._agentless.discard(node)  # the scan reads only nodes with an agent
             if node not in self._in_flight:  # its answer is on the way
                 self.wanted(node)
 
