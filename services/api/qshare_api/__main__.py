@@ -23,7 +23,8 @@ def main(argv: list[str] | None = None) -> int:
     ).parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     settings = ApiSettings()
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info",
+    app = create_app(settings, own_process=True)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level="info",
                 timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)  # fmt: skip
     return 0
 

@@ -13,6 +13,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from qshare import bus
 from qshare.contracts.domain import Role
 from qshare.contracts.tracing import setup_tracing
+from qshare.service import settle_heap
 from qshare_api import health, problems
 from qshare_api.claims.endpoints import router as claims_router
 from qshare_api.classes.endpoints import router as classes_router
@@ -40,12 +41,14 @@ Errors are RFC 9457 problem documents (`application/problem+json`) naming each b
 """
 
 
-def create_app(settings: ApiSettings) -> FastAPI:
+def create_app(settings: ApiSettings, own_process: bool = False) -> FastAPI:
+    """The application; `own_process` when it is the process's only one (`python -m
+    qshare_api`): its start-up heap is then frozen out of the garbage collector's passes."""
     app = FastAPI(
         title="qshare API",
         version="1.0",
         description=DESCRIPTION,
-        lifespan=_lifespan(settings),
+        lifespan=_lifespan(settings, own_process),
     )
     routers = (
         claims_router, claim_actions_router, inventory_router, classes_router, tokens_router,
@@ -61,7 +64,9 @@ def create_app(settings: ApiSettings) -> FastAPI:
     return app
 
 
-def _lifespan(settings: ApiSettings) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+def _lifespan(
+    settings: ApiSettings, own_process: bool
+) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         setup_tracing("qshare-api", settings.trace_console)
@@ -74,6 +79,8 @@ def _lifespan(settings: ApiSettings) -> Callable[[FastAPI], AbstractAsyncContext
         app.state.resources = Resources(settings, engine, reader, nc, limiter)
         await _bootstrap_admin(app.state.resources)
         reaper = _start_reaper(app.state.resources) if settings.extender.enabled else None
+        if own_process:
+            settle_heap()
         try:
             yield
         finally:
