@@ -121,15 +121,18 @@ class PreemptionService:
     async def _suspend(
         self, members: list[Member], kind: str, reason: str, gpu: str | None
     ) -> tuple[int, int]:
-        """Suspend `members` on their nodes while the preemption record is written (the two
-        at once: the gang stops a commit sooner), then announce it."""
-        acted, _ = await asyncio.gather(
-            self._act(members, suspend=True, reason=reason),
+        """Suspend `members` on their nodes while the preemption record is written; announce
+        it as soon as the nodes confirmed (what the event states), then finish the record."""
+        record = asyncio.create_task(
             in_transaction(
                 self._engine, lambda c: open_records(c, members, kind, reason[:253], gpu)
-            ),
+            )
         )
-        await self._publish_claims(sorted({m.claim_id for m in members}), "suspended")
+        try:
+            acted = await self._act(members, suspend=True, reason=reason)
+            await self._publish_claims(sorted({m.claim_id for m in members}), "suspended")
+        finally:
+            await record
         return acted
 
     async def _publish_claims(self, claim_ids: list[uuid.UUID], kind: str) -> None:
