@@ -23,15 +23,17 @@ class Confirmations:
         self._source = source
 
     async def confirm(self, conn: AsyncConnection, reply: ApplyReply) -> list[ClaimView]:
-        """Record the node's answer; returns the claims whose status changed."""
-        await conn.execute(  # the update holds the node's row until commit
+        """Record the node's answer; returns the claims whose status changed. The claims'
+        rows are locked first and the node's last, as a delete does, and so that the node's
+        row (which every placement there also updates) is held only until the commit."""
+        refused = {r.local_id: r.reason for r in reply.refused}
+        changed = await self._fail_refused(conn, reply.node, refused)
+        changed += await self._ready(conn, reply.node, set(reply.applied))
+        await conn.execute(
             update(nodes)
             .where(nodes.c.name == reply.node)
             .values(applied_generation=func.greatest(nodes.c.applied_generation, reply.generation))
         )
-        refused = {r.local_id: r.reason for r in reply.refused}
-        changed = await self._fail_refused(conn, reply.node, refused)
-        changed += await self._ready(conn, reply.node, set(reply.applied))
         return changed
 
     async def fail(self, conn: AsyncConnection, claim_id: uuid.UUID, reason: str) -> ClaimView:
