@@ -24,6 +24,7 @@ from qshare.contracts.domain import ClaimStatus
 from qshare.contracts.errors import QshareError
 from qshare.contracts.rows import node_is_ready
 from qshare.contracts.schema import claims, nodes
+from qshare_allocator.claims.transitions import release
 from qshare_allocator.db import in_transaction
 from qshare_allocator.nodes.confirm import Confirmations
 from qshare_allocator.nodes.desired import desired_state
@@ -101,7 +102,8 @@ class Dispatcher:
         return reply
 
     async def scan(self) -> bool:
-        """Dispatch every Ready node whose confirmation lags; fail claims no node confirmed;
+        """Dispatch every Ready node whose confirmation lags; fail claims no node confirmed
+        and release those whose removal no node confirmed;
         degrade (or re-place) claims on sick nodes and cards. True when claims were freed
         for placement."""
         await self.dispatch_lagging()
@@ -130,6 +132,24 @@ class Dispatcher:
         return list(rows.scalars().all())
 
     async def _fail_overdue(self, conn: AsyncConnection) -> int:
+        return await self._fail_unplaced(conn) + await self._release_unconfirmed(conn)
+
+    async def _release_unconfirmed(self, conn: AsyncConnection) -> int:
+        """Release the `releasing` claims whose node did not confirm within the timeout."""
+        overdue = func.now() - timedelta(seconds=self._apply_timeout_s)
+        query = select(claims).where(
+            claims.c.status == ClaimStatus.RELEASING.value, claims.c.updated_at < overdue
+        )
+        rows = (await conn.execute(query.with_for_update(skip_locked=True))).all()
+        for row in rows:
+            reason = (
+                f"node {row.node_name} did not confirm the removal of the vGPUs within "
+                f"{self._apply_timeout_s:g} s"
+            )
+            await release(conn, self._source, row, reason)
+        return len(rows)
+
+    async def _fail_unplaced(self, conn: AsyncConnection) -> int:
         overdue = func.now() - timedelta(seconds=self._apply_timeout_s)
         query = (
             select(claims.c.id, claims.c.node_name)
