@@ -45,8 +45,8 @@ async def run_cluster_demo(out: Out = print) -> None:
                                      priority="high", vcore=40, vmemory="4Gi")  # fmt: skip
             await _run_in_claims(stack, training, inference, out)
             await _preempt(stack, training, inference, out)
-            for claim in (inference, training):
-                await _delete(api, out, claim)
+            for label, claim in (("inference", inference), ("training", training)):
+                await _delete(api, out, label, claim)
             await asyncio.sleep(1.0)
         await seen.drain()
     out("stopped; every server and segment removed")
@@ -75,11 +75,11 @@ async def _ready(api: httpx.AsyncClient, out: Out, label: str, **spec: Any) -> d
     return dict(claim)
 
 
-async def _delete(api: httpx.AsyncClient, out: Out, claim: dict[str, Any]) -> None:
+async def _delete(api: httpx.AsyncClient, out: Out, label: str, claim: dict[str, Any]) -> None:
     """Delete a claim and wait until its node confirmed its vGPUs gone (`released`: no
     longer shown by GET)."""
     deleted = (await api.delete(f"/v1/claims/{claim['id']}")).json()
-    out(f"deleted {claim['id']}: {deleted['status']}")
+    out(f"deleted {label}: {deleted['status']}")
     async with asyncio.timeout(30):
         while (await api.get(f"/v1/claims/{claim['id']}")).status_code != 404:
             await asyncio.sleep(0.05)
