@@ -5,13 +5,14 @@ at once on a node without an agent."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
@@ -21,7 +22,7 @@ from qshare_driver import NotFoundError
 from qshare_node_agent.app import NodeAgent
 from qshare_node_agent.settings import NodeAgentSettings
 
-from .conftest import StartAgent, allocator_settings, eventually, ready_claim
+from .conftest import StartAgent, allocator_settings, create_claim, eventually, ready_claim
 
 
 class ClaimEvents:
@@ -81,9 +82,11 @@ async def test_a_deleted_claim_is_releasing_until_its_vgpu_has_left_the_segment(
     assert events.at_released == [False]
 
 
-async def stopped_after_a_ready_claim(api: httpx.AsyncClient, bus_url: str, shm: Path) -> str:
-    """A node whose agent made a claim ready and then stopped (the node is not NotReady
-    yet: that takes `node_timeout_s`); returns the node's name."""
+async def stopped_after_a_ready_claim(
+    api: httpx.AsyncClient, bus_url: str, shm: Path, **spec: Any
+) -> str:
+    """A node whose agent made a claim (of `spec`) ready and then stopped (the node is not
+    NotReady yet: that takes `node_timeout_s`); returns the node's name."""
     settings = NodeAgentSettings(
         name=f"silent-{os.getpid()}", nats_url=bus_url, simulate="1:16Gi", shm_dir=shm,
         heartbeat_s=0.5, keep_segment_on_stop=False,
@@ -92,7 +95,7 @@ async def stopped_after_a_ready_claim(api: httpx.AsyncClient, bus_url: str, shm:
     await agent.start()
     try:
         await asyncio.wait_for(agent.registered.wait(), 20)
-        await ready_claim(api)
+        await ready_claim(api, **spec)
     finally:
         await agent.stop()
     return settings.name
@@ -109,19 +112,18 @@ async def test_deleting_a_releasing_claim_again_returns_it_still_releasing(
     assert second.json()["status"] == "releasing"
 
 
-@pytest.fixture
+@contextlib.asynccontextmanager
 async def impatient_allocator(database_url: str, bus_url: str) -> AsyncIterator[Allocator]:
-    """A second replica that gives a node 1 s to confirm."""
+    """A second replica that gives a node 0.5 s to confirm (started once the claim is
+    ready, so its impatience fails no claim on its way to ready)."""
     settings = allocator_settings(database_url, bus_url, f"impatient-{os.getpid()}")
-    settings = settings.model_copy(update={"apply_timeout_s": 1.0})
-    async with Allocator(settings) as running:
+    async with Allocator(settings.model_copy(update={"apply_timeout_s": 0.5})) as running:
         yield running
 
 
 async def test_a_claim_whose_stopped_agent_never_confirms_is_released_with_the_reason(
-    api: httpx.AsyncClient, nc: Client, bus_url: str, tmp_path: Path,
-    impatient_allocator: Allocator,
-) -> None:  # fmt: skip
+    api: httpx.AsyncClient, nc: Client, database_url: str, bus_url: str, tmp_path: Path
+) -> None:
     name = await stopped_after_a_ready_claim(api, bus_url, tmp_path)
     claim = (await api.get("/v1/claims", params={"node": name})).json()["items"][0]
     events = await watch(nc, claim["id"])
@@ -131,9 +133,10 @@ async def test_a_claim_whose_stopped_agent_never_confirms_is_released_with_the_r
     async def released() -> bool:
         return "released" in events.kinds()
 
-    await eventually(released)
+    async with impatient_allocator(database_url, bus_url):
+        await eventually(released)
     reason = dict(events.seen)["released"]["reason"]
-    assert reason == f"node {name} did not confirm the removal of the vGPUs within 1 s"
+    assert reason == f"node {name} did not confirm the removal of the vGPUs within 0.5 s"
 
 
 async def test_a_claim_on_a_node_without_an_agent_is_released_at_once(
@@ -146,3 +149,43 @@ async def test_a_claim_on_a_node_without_an_agent_is_released_at_once(
     assert created.json()["status"] == "placed", created.text
     deleted = await api.delete(f"/v1/claims/{created.json()['id']}")
     assert deleted.json()["status"] == "released", deleted.text
+
+
+async def test_a_pending_claim_is_released_at_once(api: httpx.AsyncClient) -> None:
+    created = await create_claim(api)
+    assert created["status"] == "pending", created
+    deleted = await api.delete(f"/v1/claims/{created['id']}")
+    assert deleted.json()["status"] == "released", deleted.text
+
+
+async def test_a_claim_held_on_a_not_ready_node_is_released_at_once(
+    api: httpx.AsyncClient, bus_url: str, tmp_path: Path
+) -> None:
+    stays = {"name": f"stays-{uuid.uuid4().hex[:8]}", "provisioner": "qshare",
+             "replace_on_failure": False}  # fmt: skip
+    assert (await api.post("/v1/classes", json=stays)).status_code == 201
+    name = await stopped_after_a_ready_claim(api, bus_url, tmp_path, class_name=stays["name"])
+    claim = (await api.get("/v1/claims", params={"node": name})).json()["items"][0]
+
+    async def not_ready() -> bool:
+        return bool((await api.get(f"/v1/nodes/{name}")).json()["status"] == "NotReady")
+
+    await eventually(not_ready)
+    deleted = await api.delete(f"/v1/claims/{claim['id']}")
+    assert deleted.json()["status"] == "released", deleted.text
+
+
+async def test_a_releasing_claim_whose_node_goes_not_ready_is_released_with_the_reason(
+    api: httpx.AsyncClient, nc: Client, bus_url: str, tmp_path: Path
+) -> None:
+    name = await stopped_after_a_ready_claim(api, bus_url, tmp_path)
+    claim = (await api.get("/v1/claims", params={"node": name})).json()["items"][0]
+    events = await watch(nc, claim["id"])
+    assert (await api.delete(f"/v1/claims/{claim['id']}")).json()["status"] == "releasing"
+
+    async def released() -> bool:
+        return "released" in events.kinds()
+
+    await eventually(released)  # the node timeout (3 s) comes before the apply timeout (10 s)
+    reason = dict(events.seen)["released"]["reason"]
+    assert reason == f"node {name} is NotReady; it removes the vGPUs when it is back"

@@ -13,9 +13,10 @@ import contextlib
 import logging
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 from nats.aio.client import Client
-from sqlalchemy import func, select
+from sqlalchemy import func, not_, or_, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from qshare.contracts import rpc, subjects
@@ -135,19 +136,30 @@ class Dispatcher:
         return await self._fail_unplaced(conn) + await self._release_unconfirmed(conn)
 
     async def _release_unconfirmed(self, conn: AsyncConnection) -> int:
-        """Release the `releasing` claims whose node did not confirm within the timeout."""
+        """Release the `releasing` claims whose node did not confirm within the timeout or
+        went NotReady (back, it gets a desired state without their vGPUs)."""
         overdue = func.now() - timedelta(seconds=self._apply_timeout_s)
-        query = select(claims).where(
-            claims.c.status == ClaimStatus.RELEASING.value, claims.c.updated_at < overdue
-        )
-        rows = (await conn.execute(query.with_for_update(skip_locked=True))).all()
-        for row in rows:
-            reason = (
-                f"node {row.node_name} did not confirm the removal of the vGPUs within "
-                f"{self._apply_timeout_s:g} s"
+        query = (
+            select(claims, node_is_ready().label("node_ready"))
+            .join(nodes, nodes.c.name == claims.c.node_name)
+            .where(
+                claims.c.status == ClaimStatus.RELEASING.value,
+                or_(claims.c.updated_at < overdue, not_(node_is_ready())),
             )
-            await release(conn, self._source, row, reason)
+            .with_for_update(of=claims, skip_locked=True)
+        )
+        rows = (await conn.execute(query, {"node_timeout_s": self._node_timeout_s})).all()
+        for row in rows:
+            await release(conn, self._source, row, self._unconfirmed(row))
         return len(rows)
+
+    def _unconfirmed(self, row: Any) -> str:
+        if not row.node_ready:
+            return f"node {row.node_name} is NotReady; it removes the vGPUs when it is back"
+        return (
+            f"node {row.node_name} did not confirm the removal of the vGPUs within "
+            f"{self._apply_timeout_s:g} s"
+        )
 
     async def _fail_unplaced(self, conn: AsyncConnection) -> int:
         overdue = func.now() - timedelta(seconds=self._apply_timeout_s)
