@@ -189,3 +189,19 @@ async def test_a_releasing_claim_whose_node_goes_not_ready_is_released_with_the_
     await eventually(released)  # the node timeout (3 s) comes before the apply timeout (10 s)
     reason = dict(events.seen)["released"]["reason"]
     assert reason == f"node {name} is NotReady; it removes the vGPUs when it is back"
+
+
+async def test_a_releasing_claim_on_a_removed_node_is_released_with_the_reason(
+    api: httpx.AsyncClient, nc: Client, bus_url: str, tmp_path: Path
+) -> None:
+    name = await stopped_after_a_ready_claim(api, bus_url, tmp_path)
+    claim = (await api.get("/v1/claims", params={"node": name})).json()["items"][0]
+    events = await watch(nc, claim["id"])
+    assert (await api.delete(f"/v1/claims/{claim['id']}")).json()["status"] == "releasing"
+    assert (await api.delete(f"/v1/nodes/{name}")).status_code == 200
+
+    async def released() -> bool:
+        return "released" in events.kinds()
+
+    await eventually(released)
+    assert dict(events.seen)["released"]["reason"] == f"node {name} was removed"
