@@ -132,6 +132,7 @@ claims = Table(
     Column("release_generation", BigInteger, nullable=True),
     UniqueConstraint("tenant", "idempotency_key", name="claims_idempotency"),
     Index("claims_pending", "created_at", postgresql_where=text("status = 'pending'")),
+    Index("claims_releasing", "node_name", postgresql_where=text("status = 'releasing'")),
     Index("claims_by_tenant", "tenant", "created_at", "id"),
     Index("claims_by_time", "created_at", "id"),
 )
