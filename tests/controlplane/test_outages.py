@@ -104,3 +104,16 @@ async def test_nats_down_longer_than_the_clients_default_budget_answers_503_then
     await eventually(lambda: _ready(stack.api))
     response = await stack.api.post("/v1/nodes", json=body, headers=admin)
     assert response.status_code == 200, response.text
+
+
+async def test_a_create_answered_503_while_nats_is_down_is_not_carried_out_once_it_is_back(
+    stack: Stack,
+) -> None:
+    admin = auth(ADMIN_TOKEN)
+    await stack.bus.stop()
+    body = {"priority": "low", "vcore": 10, "vmemory": "1Gi"}
+    _assert_unavailable(await stack.api.post("/v1/claims", json=body, headers=admin))
+    await stack.bus.start()
+    await eventually(lambda: _ready(stack.api))
+    await stack.allocator.sweep_pending()  # a round trip through the allocator's loop
+    assert (await stack.api.get("/v1/claims", headers=admin)).json()["items"] == []

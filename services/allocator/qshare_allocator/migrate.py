@@ -11,10 +11,11 @@ from alembic.config import Config
 
 
 def alembic_config(url: str) -> Config:
-    """Config for the repository's `alembic.ini` (or `$QSHARE_ALEMBIC_INI`) bound to `url`."""
+    """Config for the repository's `alembic.ini` (or `$QSHARE_ALEMBIC_INI`) bound to `url`
+    (percent-encoded characters in it, such as a socket path in `?host=`, are kept)."""
     default = Path(__file__).resolve().parents[3] / "alembic.ini"
     config = Config(os.environ.get("QSHARE_ALEMBIC_INI", str(default)))
-    config.set_main_option("sqlalchemy.url", url)
+    config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))  # ini interpolation
     config.attributes["configure_logger"] = False
     return config
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from qshare.contracts.domain import ClaimStatus
 from qshare.contracts.quantities import QuantityError, format_mib, parse_mib
 from qshare_api.client import ApiError, Client
 
@@ -46,7 +47,7 @@ def register(subparsers: Sub) -> None:
     create._negative_number_matcher = re.compile(r"^-\d")  # `--vmemory -4Gi` is a value
     create.set_defaults(handler=_command(_create_claim))
     listing = claims.add_parser("list", help="list claims")
-    listing.add_argument("--status")
+    listing.add_argument("--status", choices=[s.value for s in ClaimStatus])
     listing.add_argument("--priority")
     listing.add_argument("--node")
     listing.add_argument("--limit", type=int, default=50)

@@ -45,8 +45,8 @@ async def run_cluster_demo(out: Out = print) -> None:
                                      priority="high", vcore=40, vmemory="4Gi")  # fmt: skip
             await _run_in_claims(stack, training, inference, out)
             await _preempt(stack, training, inference, out)
-            for claim in (inference, training):
-                await api.delete(f"/v1/claims/{claim['id']}")
+            for label, claim in (("inference", inference), ("training", training)):
+                await _delete(api, out, label, claim)
             await asyncio.sleep(1.0)
         await seen.drain()
     out("stopped; every server and segment removed")
@@ -73,6 +73,17 @@ async def _ready(api: httpx.AsyncClient, out: Out, label: str, **spec: Any) -> d
     cards = ", ".join(f"{v['gpu']} (vGPU {v['local_id']})" for v in claim["vgpus"])
     out(f"  ready: {cards}")
     return dict(claim)
+
+
+async def _delete(api: httpx.AsyncClient, out: Out, label: str, claim: dict[str, Any]) -> None:
+    """Delete a claim and wait until its node confirmed its vGPUs gone (`released`: no
+    longer shown by GET)."""
+    deleted = (await api.delete(f"/v1/claims/{claim['id']}")).json()
+    out(f"deleted {label}: {deleted['status']}")
+    async with asyncio.timeout(30):
+        while (await api.get(f"/v1/claims/{claim['id']}")).status_code != 404:
+            await asyncio.sleep(0.05)
+    out("  released: the node removed its vGPUs from the segment")
 
 
 async def _run_in_claims(stack: Stack, training: dict[str, Any], inference: dict[str, Any],

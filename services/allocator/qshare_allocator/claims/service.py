@@ -27,8 +27,8 @@ from qshare.contracts.claims import (
 )
 from qshare.contracts.domain import HOLDING_STATUSES, ClaimStatus, Priority
 from qshare.contracts.errors import NotFound
-from qshare.contracts.rows import claim_view, vgpus_of
-from qshare.contracts.schema import claims
+from qshare.contracts.rows import claim_view, node_is_ready, vgpus_of
+from qshare.contracts.schema import claims, nodes
 from qshare.settings import ClusterSettings
 from qshare_allocator.claims.classes import ClassCatalog
 from qshare_allocator.claims.idempotency import ensure_same_request
@@ -95,19 +95,33 @@ class ClaimService:
         return (row.created_at, row.id)
 
     async def delete(self, conn: AsyncConnection, command: DeleteClaim) -> ClaimView:
-        """Release the claim's vGPUs; a claim of another tenant is reported as not found."""
+        """Give the claim's capacity back; it is `releasing` until its node confirms the
+        vGPUs are gone (a Ready node with an agent), else `released` at once. A claim of
+        another tenant is reported as not found."""
         query = select(claims).where(claims.c.id == command.claim_id).with_for_update()
         row = (await conn.execute(query)).one_or_none()
         if row is None or (command.tenant is not None and row.tenant != command.tenant):
             raise NotFound(f"claim {command.claim_id} not found")
-        if row.status == ClaimStatus.RELEASED.value:
+        if row.status in (ClaimStatus.RELEASED.value, ClaimStatus.RELEASING.value):
             return claim_view(row, [])
-        if row.status in HOLDING_STATUSES:
-            await give_back(conn, row.id, row.node_name)
-        view = claim_view(row, []).model_copy(update={"status": ClaimStatus.RELEASED})
-        params = _status_params(view) | self._event(view)
+        generation = None
+        if row.status in HOLDING_STATUSES and await give_back(conn, row.id, row.node_name):
+            generation = await self._awaiting(conn, row.node_name)
+        status = ClaimStatus.RELEASED if generation is None else ClaimStatus.RELEASING
+        view = claim_view(row, []).model_copy(update={"status": status})
+        params = _status_params(view, generation) | self._event(view)
         await conn.execute(together(_status_update(), event_insert()), params)
         return view
+
+    async def _awaiting(self, conn: AsyncConnection, node: str) -> int | None:
+        """The generation that drops a released claim's vGPUs from `node`, when an agent on
+        a Ready node will confirm it; None when nothing will."""
+        query = select(nodes.c.desired_generation).where(
+            nodes.c.name == node, nodes.c.segment.is_not(None), node_is_ready()
+        )
+        found = await conn.execute(query, {"node_timeout_s": self._rules.node_timeout_s})
+        generation: int | None = found.scalar_one_or_none()
+        return generation
 
     async def _why_pending(self, conn: AsyncConnection, claim_id: uuid.UUID, demand: Demand) -> str:
         """The reason, after evicting low-priority claims for a high-priority one if that
@@ -188,14 +202,16 @@ def _status_update() -> UpdateBase:
         update(claims)
         .where(claims.c.id == bindparam("s_id"))
         .values(status=bindparam("s_status"), node_name=bindparam("s_node"),
-                reason=bindparam("s_reason"), updated_at=func.now())
+                reason=bindparam("s_reason"), release_generation=bindparam("s_release"),
+                updated_at=func.now())
     )  # fmt: skip
 
 
-def _status_params(view: ClaimView) -> dict[str, Any]:
+def _status_params(view: ClaimView, release_generation: int | None = None) -> dict[str, Any]:
     return {
         "s_id": view.id,
         "s_status": view.status.value,
         "s_node": view.node,
         "s_reason": view.reason,
+        "s_release": release_generation,
     }

@@ -39,6 +39,12 @@ async def transition(
     return await emit(conn, source, row.id, kind or status.value)
 
 
+async def release(conn: AsyncConnection, source: str, row: Any, reason: str | None) -> ClaimView:
+    """A `releasing` claim becomes `released` (its capacity went back on delete)."""
+    return await transition(conn, source, row, ClaimStatus.RELEASED, reason,
+                            release_generation=None)  # fmt: skip
+
+
 async def emit(conn: AsyncConnection, source: str, claim_id: uuid.UUID, kind: str) -> ClaimView:
     """Write the claim's event of `kind`, carrying the claim as stored now."""
     fresh = (await conn.execute(select(claims).where(claims.c.id == claim_id))).one()

@@ -1,6 +1,7 @@
 """Removing a card or a node, and what happens to the claims on it: each claim holding a
 vGPU there gives all its capacity back and turns `failed`, with a reason and an event
-(`qshare.evt.claim.<id>.failed`). The caller holds the node's row lock and commits."""
+(`qshare.evt.claim.<id>.failed`); a `releasing` claim on a removed node is `released`. The
+caller holds the node's row lock and commits."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from qshare.contracts.domain import HOLDING_STATUSES, ClaimStatus
 from qshare.contracts.schema import claims, gpus, vgpus
-from qshare_allocator.claims.transitions import transition
+from qshare_allocator.claims.transitions import release, transition
 
 
 async def fail_claims_on(
@@ -38,6 +39,15 @@ async def remove_cards(
     failed = await fail_claims_on(conn, source, uuids, f"card removed from node {node}")
     await conn.execute(delete(gpus).where(gpus.c.node_name == node, gpus.c.uuid.in_(uuids)))
     return failed
+
+
+async def release_waiting_on(conn: AsyncConnection, source: str, node: str) -> None:
+    """Release the claims waiting for `node` to confirm their removal (it is being removed)."""
+    query = select(claims).where(
+        claims.c.node_name == node, claims.c.status == ClaimStatus.RELEASING.value
+    )
+    for row in (await conn.execute(query.with_for_update())).all():
+        await release(conn, source, row, f"node {node} was removed")
 
 
 async def _fail(conn: AsyncConnection, source: str, row: Any, reason: str) -> None:

@@ -19,7 +19,7 @@ from qshare.contracts.nodes import GpuSpec, Heartbeat, NodeRegistration, NodeVie
 from qshare.contracts.rows import node_is_ready, node_views
 from qshare.contracts.schema import claims, classes, gpus, nodes, vgpus
 from qshare.settings import ClusterSettings
-from qshare_allocator.inventory.removal import remove_cards
+from qshare_allocator.inventory.removal import release_waiting_on, remove_cards
 
 
 class InventoryService:
@@ -75,6 +75,7 @@ class InventoryService:
         cards = select(gpus.c.uuid).where(gpus.c.node_name == name)
         uuids = list((await conn.execute(cards)).scalars().all())
         failed = await remove_cards(conn, self._source, name, uuids)
+        await release_waiting_on(conn, self._source, name)
         await conn.execute(delete(nodes).where(nodes.c.name == name))
         return RemovalReply(failed_claims=failed)
 

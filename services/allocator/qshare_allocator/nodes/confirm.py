@@ -1,5 +1,6 @@
 """What a node's answer to `cmd.apply` decides: its confirmed generation, claims whose every
-vGPU it holds become `ready`, claims with a refused vGPU `failed` (capacity given back)."""
+vGPU it holds become `ready`, claims with a refused vGPU `failed` (capacity given back),
+`releasing` claims whose vGPUs the confirmed generation dropped `released`."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from qshare.contracts.claims import ClaimView
 from qshare.contracts.domain import ClaimStatus
 from qshare.contracts.rows import claim_views
 from qshare.contracts.schema import claims, nodes, vgpus
-from qshare_allocator.claims.transitions import ready_all, transition
+from qshare_allocator.claims.transitions import ready_all, release, transition
 
 
 class Confirmations:
@@ -29,6 +30,7 @@ class Confirmations:
         refused = {r.local_id: r.reason for r in reply.refused}
         changed = await self._fail_refused(conn, reply.node, refused)
         changed += await self._ready(conn, reply.node, set(reply.applied))
+        changed += await self._released(conn, reply.node, reply.generation)
         await conn.execute(
             update(nodes)
             .where(nodes.c.name == reply.node)
@@ -42,6 +44,15 @@ class Confirmations:
             await conn.execute(select(claims).where(claims.c.id == claim_id).with_for_update())
         ).one()
         return await transition(conn, self._source, row, ClaimStatus.FAILED, reason, release=True)
+
+    async def _released(self, conn: AsyncConnection, node: str, generation: int) -> list[ClaimView]:
+        query = select(claims).where(
+            claims.c.node_name == node,
+            claims.c.status == ClaimStatus.RELEASING.value,
+            claims.c.release_generation <= generation,
+        )
+        rows = (await conn.execute(query.with_for_update())).all()
+        return [await release(conn, self._source, row, None) for row in rows]
 
     async def _fail_refused(
         self, conn: AsyncConnection, node: str, refused: dict[int, str]

@@ -15,9 +15,10 @@ import contextlib
 import logging
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 from nats.aio.client import Client
-from sqlalchemy import func, select
+from sqlalchemy import func, not_, or_, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from qshare.contracts import rpc, subjects
@@ -27,6 +28,7 @@ from qshare.contracts.errors import QshareError
 from qshare.contracts.rows import node_is_ready
 from qshare.contracts.schema import claims, nodes
 from qshare.db import read_once
+from qshare_allocator.claims.transitions import release
 from qshare_allocator.db import in_transaction
 from qshare_allocator.nodes.confirm import Confirmations
 from qshare_allocator.nodes.desired import desired_state
@@ -130,7 +132,8 @@ class Dispatcher:
         return await desired_state(conn, node)
 
     async def scan(self) -> bool:
-        """Dispatch every Ready node whose confirmation lags; fail claims no node confirmed;
+        """Dispatch every Ready node whose confirmation lags; fail claims no node confirmed
+        and release those whose removal no node confirmed;
         degrade (or re-place) claims on sick nodes and cards. True when claims were freed
         for placement."""
         await self.dispatch_lagging()
@@ -162,6 +165,35 @@ class Dispatcher:
         return list(rows.scalars().all())
 
     async def _fail_overdue(self, conn: AsyncConnection) -> int:
+        return await self._fail_unplaced(conn) + await self._release_unconfirmed(conn)
+
+    async def _release_unconfirmed(self, conn: AsyncConnection) -> int:
+        """Release the `releasing` claims whose node did not confirm within the timeout or
+        went NotReady (back, it gets a desired state without their vGPUs)."""
+        overdue = func.now() - timedelta(seconds=self._apply_timeout_s)
+        query = (
+            select(claims, node_is_ready().label("node_ready"))
+            .join(nodes, nodes.c.name == claims.c.node_name)
+            .where(
+                claims.c.status == ClaimStatus.RELEASING.value,
+                or_(claims.c.updated_at < overdue, not_(node_is_ready())),
+            )
+            .with_for_update(of=claims, skip_locked=True)
+        )
+        rows = (await conn.execute(query, {"node_timeout_s": self._node_timeout_s})).all()
+        for row in rows:
+            await release(conn, self._source, row, self._unconfirmed(row))
+        return len(rows)
+
+    def _unconfirmed(self, row: Any) -> str:
+        if not row.node_ready:
+            return f"node {row.node_name} is NotReady; it removes the vGPUs when it is back"
+        return (
+            f"node {row.node_name} did not confirm the removal of the vGPUs within "
+            f"{self._apply_timeout_s:g} s"
+        )
+
+    async def _fail_unplaced(self, conn: AsyncConnection) -> int:
         overdue = func.now() - timedelta(seconds=self._apply_timeout_s)
         query = (
             select(claims.c.id, claims.c.node_name)

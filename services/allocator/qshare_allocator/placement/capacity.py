@@ -80,14 +80,15 @@ def _statements(priority: Priority, whole: bool, count: int) -> tuple[UpdateBase
     return (cards, node, *slices)
 
 
-async def give_back(conn: AsyncConnection, claim_id: uuid.UUID, node: str) -> None:
-    """Delete the claim's vGPUs and return their capacity; lock the node first."""
+async def give_back(conn: AsyncConnection, claim_id: uuid.UUID, node: str) -> bool:
+    """Delete the claim's vGPUs and return their capacity (lock the node first); False when
+    it held none."""
     await conn.execute(select(nodes.c.name).where(nodes.c.name == node).with_for_update())
     held = (
         await conn.execute(delete(vgpus).where(vgpus.c.claim_id == claim_id).returning(vgpus))
     ).all()
     if not held:
-        return
+        return False
     await conn.execute(
         update(gpus)
         .where(gpus.c.uuid == bindparam("b_uuid"))
@@ -116,6 +117,7 @@ async def give_back(conn: AsyncConnection, claim_id: uuid.UUID, node: str) -> No
     high = sum(r.vcore for r in held if r.priority == "high")
     low = sum(r.vcore for r in held if r.priority != "high")
     await _adjust_node(conn, node, sum(r.vmemory_mib for r in held), high, low)
+    return True
 
 
 async def _adjust_node(

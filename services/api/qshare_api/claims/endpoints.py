@@ -87,6 +87,9 @@ async def get_one(claim_id: uuid.UUID, caller: Caller, res: Res) -> ClaimView:
     "/{claim_id}", response_model=ClaimView, summary="Delete a claim, releasing its vGPUs"
 )
 async def delete_one(claim_id: uuid.UUID, caller: Caller, res: Res) -> ClaimView:
+    """The claim `releasing` until its node confirms its vGPUs are gone (then `released`,
+    event `released`), or `released` at once where no node agent holds them. Deleting a
+    releasing or released claim again returns it unchanged."""
     command = DeleteClaim(claim_id=claim_id, tenant=caller.tenant_filter())
     return await rpc.call(
         res.nc, subjects.CLAIMS_DELETE, res.source, command, ClaimView,

@@ -26,6 +26,7 @@ TENANT_PREFIX = "k8s:"
 KEY_PREFIX = "k8s-pod-"
 FINISHED = ("Succeeded", "Failed")
 LIVE = (ClaimStatus.PENDING.value, ClaimStatus.PLACED.value, ClaimStatus.READY.value)
+"""Claims still to delete when their pod is gone (a `releasing` one is deleted already)."""
 
 
 class Reaper:

@@ -25,12 +25,15 @@ class ClaimStatus(StrEnum):
     PENDING = "pending"
     PLACED = "placed"
     READY = "ready"
+    RELEASING = "releasing"
     RELEASED = "released"
     FAILED = "failed"
 
 
 HOLDING_STATUSES = (ClaimStatus.PLACED.value, ClaimStatus.READY.value)
-"""A claim in these statuses holds vGPUs (capacity on its cards)."""
+"""A claim in these statuses holds vGPUs (capacity on its cards). A `releasing` claim does
+not: its capacity went back on delete, and it waits for its node to confirm that the vGPUs
+left the segment."""
 
 
 class NodeStatus(StrEnum):

@@ -33,7 +33,14 @@ R = TypeVar("R", bound=BaseModel)
 async def call(
     nc: Client, subject: str, source: str, data: BaseModel, reply: type[R], timeout: float = 5.0
 ) -> R:
-    """Send a command and return its typed reply; raise the replier's error as a QshareError."""
+    """Send a command and return its typed reply; raise the replier's error as a QshareError.
+
+    While NATS is not connected the command is refused (Unavailable), not buffered: nats.py
+    would send a buffered request once it reconnects, so a command its caller was told had
+    failed (a 503) would still run later (a claim created twice when the client retries).
+    """
+    if not nc.is_connected:
+        raise Unavailable(f"NATS is not connected; {subject} not sent")
     body = envelope.encode(envelope.wrap(source, f"io.qshare.{subject}", data))
     try:
         msg = await nc.request(subject, body, timeout=timeout, headers=inject_headers())

@@ -129,8 +129,10 @@ claims = Table(
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("gang", Text, nullable=True),
     Column("evict_at", DateTime(timezone=True), nullable=True),
+    Column("release_generation", BigInteger, nullable=True),
     UniqueConstraint("tenant", "idempotency_key", name="claims_idempotency"),
     Index("claims_pending", "created_at", postgresql_where=text("status = 'pending'")),
+    Index("claims_releasing", "node_name", postgresql_where=text("status = 'releasing'")),
     Index("claims_by_tenant", "tenant", "created_at", "id"),
     Index("claims_by_time", "created_at", "id"),
 )

@@ -57,7 +57,7 @@ def node_command(node: str, verb: str) -> str:
 
 
 def claim_event(claim_id: str, kind: str) -> str:
-    """`kind` is one of pending, placed, ready, released, failed, evicting, degraded,
+    """`kind` is one of pending, placed, ready, releasing, released, failed, evicting, degraded,
     suspended, resumed, starved, moved."""
     return f"qshare.evt.claim.{claim_id}.{kind}"
 
