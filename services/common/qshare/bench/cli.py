@@ -32,6 +32,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--nats-outage-s", type=float, help="faults: how long NATS stays down (default 180)"
     )
+    parser.add_argument(
+        "--volatile-postgres",
+        action="store_true",
+        help="cluster: Postgres without fsync, to show what durable commits cost on this disk",
+    )
     parser.set_defaults(handler=run_benchmark)
 
 

@@ -55,7 +55,8 @@ QUICK = Scale(nodes=10, cards=4, rate_per_s=20.0, claims=100, events=30, gangs=8
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    return asyncio.run(_run(QUICK if args.quick else FULL))
+    durable = not getattr(args, "volatile_postgres", False)
+    return asyncio.run(_run(QUICK if args.quick else FULL, durable))
 
 
 def table(r: dict[str, Any]) -> str:
@@ -68,15 +69,16 @@ def table(r: dict[str, Any]) -> str:
     lines += [f"{n:<28} {v['p50']:>8.2f} {v['p99']:>8.2f}  {t}" for n, v, t in rows]
     lines.append(
         f"{r['claims_ready']} of {r['claims_created']} claims ready at "
-        f"{r['offered_per_s']:g}/s offered on {r['nodes']} nodes x {r['cards_per_node']} cards; "
+        f"{r['offered_per_s']:g}/s offered on {r['nodes']} nodes x {r['cards_per_node']} cards "
+        f"(Postgres {r.get('postgres', 'durable')}); "
         f"HP beside LP: {100 * r['hp_colocated_share']:.1f} % (target >= 95 %)"
     )
     return "\n".join(lines)
 
 
-async def _run(scale: Scale) -> dict[str, Any]:
+async def _run(scale: Scale, durable: bool) -> dict[str, Any]:
     options = StackOptions(
-        nodes=scale.nodes, cards=scale.cards, card_memory="16Gi", durable=True,
+        nodes=scale.nodes, cards=scale.cards, card_memory="16Gi", durable=durable,
         shm_dir=Path(tempfile.mkdtemp(prefix="qshare-bench-")), release_delay_s=0.002,
         heartbeat_s=5.0, node_prefix="bench", service_processes=True,
         rules=ClusterSettings(node_timeout_s=60, node_policy="spread", card_policy="spread"),
@@ -93,6 +95,7 @@ async def _run(scale: Scale) -> dict[str, Any]:
             await nc.close()
     return {
         "nodes": scale.nodes, "cards_per_node": scale.cards, "offered_per_s": scale.rate_per_s,
+        "postgres": "durable" if durable else "volatile (no fsync)",
         **load, "hp_colocated_share": share,
         "event_to_subscriber_ms": percentiles(events, QS), "events_measured": len(events),
         "gang_suspend_ms": percentiles([g for g in gangs if g != math.inf], QS),
