@@ -24,7 +24,8 @@ DATABASE_URL_ENV = "QSHARE_TEST_DATABASE_URL"
 NATS_URL_ENV = "QSHARE_TEST_NATS_URL"
 
 _FAST_SETTINGS = {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}
-"""Throw-away test data needs no durability; never used for benchmarks."""
+"""Throw-away test data needs no durability; a benchmark uses it only as a labelled
+comparison (`qshare bench cluster --volatile-postgres`), never for its headline figures."""
 
 
 class EmbeddedPostgres:
