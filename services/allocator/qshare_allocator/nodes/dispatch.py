@@ -107,9 +107,13 @@ class Dispatcher:
 
     async def send(self, node: str) -> ApplyReply | None:
         """One apply round trip; None when the node did not answer (it is retried later)."""
-        desired: ApplyDesired | None = await read_once(
-            self._engine, lambda conn: self._read_desired(conn, node)
-        )
+        try:
+            desired: ApplyDesired | None = await read_once(
+                self._engine, lambda conn: self._read_desired(conn, node)
+            )
+        except BaseException:
+            self._unread.discard(node)  # no read happened: the next change must start one
+            raise
         if desired is None:
             self._agentless.add(node)  # until it registers again, or a scan finds it has one
             return None

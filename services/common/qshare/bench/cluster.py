@@ -3,7 +3,9 @@
 connection), one allocator, the preemptor, embedded durable Postgres and NATS.
 
 - claim → ready: claims offered open loop (Poisson) at a fixed rate over NATS; latency from
-  the request to the `ready` event reaching a subscriber.
+  the request to the `ready` event reaching a subscriber. The first `warmup` claims, offered
+  the same way, are not measured: they open the services' database connections and fill
+  their statement caches, which a running cluster has long done.
 - HP co-location: after the load (LP and HP claims interleaved), the share of HP vGPUs on a
   card that also holds LP work.
 - driver event → subscriber: a high-priority launch on a simulated card; from the driver's
@@ -48,10 +50,11 @@ class Scale:
     claims: int
     events: int
     gangs: int
+    warmup: int
 
 
-FULL = Scale(nodes=100, cards=4, rate_per_s=50.0, claims=1000, events=200, gangs=40)
-QUICK = Scale(nodes=10, cards=4, rate_per_s=20.0, claims=100, events=30, gangs=8)
+FULL = Scale(nodes=100, cards=4, rate_per_s=50.0, claims=1000, events=200, gangs=40, warmup=50)
+QUICK = Scale(nodes=10, cards=4, rate_per_s=20.0, claims=100, events=30, gangs=8, warmup=5)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -87,7 +90,8 @@ async def _run(scale: Scale, durable: bool) -> dict[str, Any]:
         settle_heap()
         nc = await stack.connect("qshare-bench")
         try:
-            load = await _claims_open_loop(nc, scale)
+            await _claims_open_loop(nc, scale.rate_per_s, scale.warmup, seed=3)
+            load = await _claims_open_loop(nc, scale.rate_per_s, scale.claims, seed=7)
             share = await _hp_colocated_share(stack.database_url)
             events = await _event_latency(nc, stack, scale.events)
             gangs = await _gang_suspension(nc, stack, scale.gangs)
@@ -96,6 +100,7 @@ async def _run(scale: Scale, durable: bool) -> dict[str, Any]:
     return {
         "nodes": scale.nodes, "cards_per_node": scale.cards, "offered_per_s": scale.rate_per_s,
         "postgres": "durable" if durable else "volatile (no fsync)",
+        "warmup_claims": scale.warmup,
         **load, "hp_colocated_share": share,
         "event_to_subscriber_ms": percentiles(events, QS), "events_measured": len(events),
         "gang_suspend_ms": percentiles([g for g in gangs if g != math.inf], QS),
@@ -103,7 +108,7 @@ async def _run(scale: Scale, durable: bool) -> dict[str, Any]:
     }  # fmt: skip
 
 
-async def _claims_open_loop(nc: Client, scale: Scale) -> dict[str, Any]:
+async def _claims_open_loop(nc: Client, rate_per_s: float, count: int, seed: int) -> dict[str, Any]:
     ready_at: dict[str, float] = {}
 
     async def on_ready(msg: Msg) -> None:
@@ -113,10 +118,10 @@ async def _claims_open_loop(nc: Client, scale: Scale) -> dict[str, Any]:
     await nc.flush()
     sent: dict[str, float] = {}
     tasks = []
-    rng = random.Random(7)
-    for i in range(scale.claims):
+    rng = random.Random(seed)
+    for i in range(count):
         tasks.append(asyncio.create_task(_create(nc, i, sent)))
-        await asyncio.sleep(rng.expovariate(scale.rate_per_s))
+        await asyncio.sleep(rng.expovariate(rate_per_s))
     await asyncio.gather(*tasks)
     async with asyncio.timeout(60):
         while len(ready_at) < len(sent):
