@@ -134,9 +134,12 @@ async def test_a_whole_card_stays_exclusive_when_it_reregisters_with_more_memory
     await _register(nc, "n1", ("g0", 0, "16Gi"))
     whole = await claim(class_name="whole")
     await _register(nc, "n1", ("g0", 0, "32Gi"))
-    assert (await claim(vmemory="4Gi")).status == "pending"
+    waiting = await claim(vmemory="4Gi")
+    assert waiting.status == "pending"
     assert (await _card(engine, "g0"))["allocated_mib"] == 32768  # type: ignore[index]
     from qshare.contracts.claims import ClaimView, DeleteClaim
 
+    # the waiting claim goes first, or the pending sweep could place it on the freed card
+    await rpc.call(nc, subjects.CLAIMS_DELETE, "t", DeleteClaim(claim_id=waiting.id), ClaimView)
     await rpc.call(nc, subjects.CLAIMS_DELETE, "t", DeleteClaim(claim_id=whole.id), ClaimView)
     assert (await _card(engine, "g0"))["allocated_mib"] == 0  # type: ignore[index]
