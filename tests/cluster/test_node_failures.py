@@ -48,5 +48,9 @@ async def test_a_claim_on_an_unhealthy_card_moves_to_a_healthy_one(
         return bool(found["status"] == "ready" and found["vgpus"][0]["gpu"] != sick)
 
     await eventually(moved, 30)
+
+    async def announced() -> bool:  # the relay may publish after the status is readable
+        return f"qshare.evt.claim.{claim['id']}.pending" in seen
+
+    await eventually(announced, 10)
     await sub.unsubscribe()
-    assert f"qshare.evt.claim.{claim['id']}.pending" in seen
