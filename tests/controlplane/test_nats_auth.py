@@ -3,6 +3,7 @@ refuses what its role may not do. The session's NATS enforces `qshare.natsauth`.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import nats
@@ -53,14 +54,21 @@ async def node_n1(nats_auth: NatsAuth, nats_server: EmbeddedNats | None) -> Nats
     return credentials
 
 
+QUIET_S = 0.25
+"""How long without a message ends the count of what was delivered."""
+
+
 async def _delivered(watcher: Client, subject: str, offender: Client, body: bytes) -> int:
-    """How many messages the operator saw on `subject` after `offender` published there."""
+    """How many messages `watcher` got on `subject` after `offender` published there: every
+    one that arrives until none has for QUIET_S (a flush alone can beat the delivery)."""
     sub = await watcher.subscribe(subject)
     await watcher.flush()
     await offender.publish(subject, body)
     await offender.flush()
-    await watcher.flush()
-    seen = sub.pending_msgs
+    seen = 0
+    with contextlib.suppress(nats.errors.TimeoutError):
+        while await sub.next_msg(timeout=QUIET_S):
+            seen += 1
     await sub.unsubscribe()
     return seen
 

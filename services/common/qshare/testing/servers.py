@@ -16,6 +16,7 @@ import socket
 import sys
 import tempfile
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -104,6 +105,8 @@ class EmbeddedNats:
         self._root: Path | None = None
         self._process: asyncio.subprocess.Process | None = None
         self._port = 0
+        self._reloads = 0
+        self._reloaded = asyncio.Event()
         self.url = ""
 
     async def __aenter__(self) -> Self:
@@ -129,8 +132,15 @@ class EmbeddedNats:
             "-js", "-sd", str(self._root / "js"), stderr=asyncio.subprocess.PIPE,
             start_new_session=True,  # Ctrl-C on a terminal stops its owner, which stops it last
         )  # fmt: skip
-        await _wait_until_ready(self._process, b"Server is ready", "nats-server", timeout=20)
+        await _wait_until_ready(
+            self._process, b"Server is ready", "nats-server", timeout=20, on_line=self._log_line
+        )
         self.url = f"nats://127.0.0.1:{self._port}"
+
+    def _log_line(self, line: bytes) -> None:
+        if b"Reloaded server configuration" in line:
+            self._reloads += 1
+            self._reloaded.set()
 
     async def stop(self) -> None:
         await _terminate(self._process)
@@ -141,8 +151,12 @@ class EmbeddedNats:
         assert self._process is not None and self._root is not None
         self._config = config
         (self._root / "nats.conf").write_text(config)
+        before = self._reloads
         self._process.send_signal(signal.SIGHUP)
-        await asyncio.sleep(0.2)  # nats-server applies a reload at once; let it log it
+        async with asyncio.timeout(10):  # returns once the server says it applied it
+            while self._reloads == before:
+                self._reloaded.clear()
+                await self._reloaded.wait()
 
     def _config_args(self) -> tuple[str, ...]:
         if self._config is None:
@@ -191,16 +205,21 @@ class ServiceProcess:
 
 
 async def _wait_until_ready(
-    process: asyncio.subprocess.Process, ready: bytes, name: str, timeout: float
+    process: asyncio.subprocess.Process,
+    ready: bytes,
+    name: str,
+    timeout: float,
+    on_line: Callable[[bytes], None] | None = None,
 ) -> None:
-    """Read the process's stderr until a line contains `ready`; the rest is drained and dropped."""
+    """Read the process's stderr until a line contains `ready`; the rest is drained, each line
+    shown to `on_line` if given, and dropped."""
     assert process.stderr is not None
     seen: list[bytes] = []
     async with asyncio.timeout(timeout):
         while line := await process.stderr.readline():
             seen.append(line)
             if ready in line:
-                asyncio.get_running_loop().create_task(_drain(process.stderr))
+                asyncio.get_running_loop().create_task(_drain(process.stderr, on_line))
                 return
     raise RuntimeError(f"{name} exited before it was ready:\n" + b"".join(seen[-20:]).decode())
 
@@ -219,9 +238,12 @@ async def _terminate(process: asyncio.subprocess.Process | None) -> None:
             await process.wait()
 
 
-async def _drain(stream: asyncio.StreamReader) -> None:
-    while await stream.readline():
-        pass
+async def _drain(
+    stream: asyncio.StreamReader, on_line: Callable[[bytes], None] | None = None
+) -> None:
+    while line := await stream.readline():
+        if on_line is not None:
+            on_line(line)
 
 
 def nats_server_binary() -> str:
