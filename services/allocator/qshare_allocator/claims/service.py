@@ -16,7 +16,6 @@ from sqlalchemy import Insert, Row, bindparam, func, insert, select, tuple_, upd
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.dml import UpdateBase
 
-from qshare.contracts import subjects
 from qshare.contracts.claims import (
     ClaimSpec,
     ClaimView,
@@ -33,9 +32,10 @@ from qshare.settings import ClusterSettings
 from qshare_allocator.claims.classes import ClassCatalog
 from qshare_allocator.claims.idempotency import ensure_same_request
 from qshare_allocator.claims.quotas import check_quota
+from qshare_allocator.claims.transitions import claim_event_params
 from qshare_allocator.claims.views import demand_of, spec_of
 from qshare_allocator.db import together
-from qshare_allocator.outbox import event_insert, event_params
+from qshare_allocator.outbox import event_insert
 from qshare_allocator.placement import eviction
 from qshare_allocator.placement.capacity import give_back, holding
 from qshare_allocator.placement.demand import Demand, check_granularity
@@ -145,9 +145,7 @@ class ClaimService:
         return claim_view(row, (await vgpus_of(conn, [row.id])).get(row.id, []))
 
     def _event(self, view: ClaimView) -> dict[str, Any]:
-        kind = view.status.value
-        subject = subjects.claim_event(str(view.id), kind)
-        return event_params(self._source, subject, f"io.qshare.claim.{kind}", view)
+        return claim_event_params(self._source, view, view.status.value)
 
 
 def _new_view(

@@ -49,10 +49,14 @@ async def emit(conn: AsyncConnection, source: str, claim_id: uuid.UUID, kind: st
     """Write the claim's event of `kind`, carrying the claim as stored now."""
     fresh = (await conn.execute(select(claims).where(claims.c.id == claim_id))).one()
     view = (await claim_views(conn, [fresh]))[0]
-    subject = subjects.claim_event(str(claim_id), kind)
-    params = event_params(source, subject, f"io.qshare.claim.{kind}", view)
-    await conn.execute(event_insert(), params)
+    await conn.execute(event_insert(), claim_event_params(source, view, kind))
     return view
+
+
+def claim_event_params(source: str, view: ClaimView, kind: str) -> dict[str, Any]:
+    """The outbox row of the claim's event of `kind` (`qshare.evt.claim.<id>.<kind>`)."""
+    subject = subjects.claim_event(str(view.id), kind)
+    return event_params(source, subject, f"io.qshare.claim.{kind}", view)
 
 
 async def ready_all(conn: AsyncConnection, source: str, views: list[ClaimView]) -> list[ClaimView]:
@@ -69,9 +73,5 @@ async def ready_all(conn: AsyncConnection, source: str, views: list[ClaimView]) 
     )
     fresh = [claim_view(row, held[row.id]) for row in (await conn.execute(query)).all()]
     kind = ClaimStatus.READY.value
-    await conn.execute(
-        event_insert(),
-        [event_params(source, subjects.claim_event(str(v.id), kind), f"io.qshare.claim.{kind}", v)
-         for v in fresh],
-    )  # fmt: skip
+    await conn.execute(event_insert(), [claim_event_params(source, v, kind) for v in fresh])
     return fresh
