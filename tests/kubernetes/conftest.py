@@ -19,10 +19,11 @@ import kubernetes_validate
 import pytest
 
 from qshare_driver.node import Node
+from qshare_node_agent.discovery import Card
 from qshare_node_agent.kubernetes.apiserver import KubeApi
 from qshare_node_agent.kubernetes.config import KubernetesSettings
 from qshare_node_agent.kubernetes.dra import DraPlugin
-from qshare_node_agent.kubernetes.local_vgpus import Card, LocalVgpus
+from qshare_node_agent.kubernetes.local_vgpus import LocalVgpus
 from tests.controlplane import conftest as controlplane
 
 from .doubles import ApiServerDouble, KubeletDouble

@@ -12,7 +12,6 @@ from qshare.contracts.agent import ApplyDesired, DesiredVgpu
 from qshare.contracts.domain import Priority
 from qshare_driver.node import Node
 from qshare_node_agent.converge import Converger
-from qshare_node_agent.discovery import Card as AgentCard
 from qshare_node_agent.kubernetes.backend import BackendError
 from qshare_node_agent.kubernetes.local_vgpus import LocalVgpus
 from qshare_node_agent.kubernetes_wiring import AgentBackend
@@ -21,8 +20,7 @@ from .conftest import CARDS
 
 
 def converger(node: Node) -> Converger:
-    cards = [AgentCard(c.index, c.uuid, c.model, c.memory_mib) for c in CARDS]
-    return Converger(node, {c.uuid: c for c in cards})
+    return Converger(node, {c.uuid: c for c in CARDS})
 
 
 def applied(conv: Converger, node: Node, local_id: int) -> DesiredVgpu:

@@ -20,10 +20,13 @@ class DiscoveryError(RuntimeError):
 
 @dataclass(frozen=True)
 class Card:
+    """What discovery knows about a card that the driver does not keep."""
+
     index: int
     uuid: str
     model: str
     memory_mib: int
+    numa_node: int | None = None
 
 
 def discover(settings: NodeAgentSettings) -> list[Card]:

@@ -14,7 +14,6 @@ from qshare_node_agent.converge import Converger
 from qshare_node_agent.discovery import Card
 from qshare_node_agent.kubernetes.backend import BackendError, CardInfo, CardWatcher, LocalVgpu
 from qshare_node_agent.kubernetes.config import KubernetesSettings
-from qshare_node_agent.kubernetes.local_vgpus import Card as KubeCard
 from qshare_node_agent.kubernetes.local_vgpus import LocalVgpus
 from qshare_node_agent.kubernetes.plugins import KubernetesPlugins
 
@@ -66,8 +65,7 @@ class AgentBackend:
 def start_plugins(converger: Converger, cards: list[Card], min_vgpu_mib: int) -> KubernetesPlugins:
     """Restore the prepared claims, start the DRA and device plugins (settings QSHARE_K8S_*)."""
     settings = KubernetesSettings()
-    kube_cards = [KubeCard(c.index, c.uuid, c.model, c.memory_mib) for c in cards]
-    local = LocalVgpus(converger.node, kube_cards, min_vgpu_mib=min_vgpu_mib)
+    local = LocalVgpus(converger.node, cards, min_vgpu_mib=min_vgpu_mib)
     kept = local.restore()
     plugins = KubernetesPlugins(settings, AgentBackend(local, converger))
     plugins.start()

@@ -118,10 +118,11 @@ def _claim(name: str, card: int) -> dict[str, Any]:
 
 def _dra(count: int) -> dict[str, Any]:
     from qshare_driver.node import Node
+    from qshare_node_agent.discovery import Card
     from qshare_node_agent.kubernetes.apiserver import KubeApi
     from qshare_node_agent.kubernetes.config import KubernetesSettings
     from qshare_node_agent.kubernetes.dra import DraPlugin
-    from qshare_node_agent.kubernetes.local_vgpus import Card, LocalVgpus
+    from qshare_node_agent.kubernetes.local_vgpus import LocalVgpus
 
     root = Path(tempfile.mkdtemp(prefix="qkb-", dir="/tmp"))
     shm = Path(tempfile.mkdtemp(prefix="qkb-", dir=SEGMENT_DIR))

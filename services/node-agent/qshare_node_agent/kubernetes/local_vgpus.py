@@ -12,13 +12,14 @@ import itertools
 import os
 import threading
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 from qshare.contracts.domain import MAX_CORE_SHARE, Priority
 from qshare.launcher import find_library
 from qshare_driver.errors import DriverError, NotFoundError
 from qshare_driver.node import Node, Policy
+from qshare_node_agent.discovery import Card
 from qshare_node_agent.kubernetes import checkpoint
 from qshare_node_agent.kubernetes.backend import (
     MIB,
@@ -33,17 +34,6 @@ FIRST_LOCAL_ID = 0x80000000
 LAST_LOCAL_ID = 0xFFFFFFFE
 CONTAINER_LIBRARY = "/usr/lib/qshare/libqshare-cuda.so"
 CONTROL_DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
-
-
-@dataclass(frozen=True)
-class Card:
-    """What discovery knows about a card that the driver does not keep."""
-
-    index: int
-    uuid: str
-    model: str
-    memory_mib: int
-    numa_node: int | None = None
 
 
 def card_device_nodes(index: int) -> tuple[str, ...]:
