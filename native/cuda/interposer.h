@@ -150,6 +150,9 @@ const qsc_session *qsc_session_get(void);
  * detached session (client NULL, failure CUDA_ERROR_DEINITIALIZED). Never NULL; nests. */
 const qsc_session *qsc_enter(void);
 void qsc_leave(const qsc_session *s);
+/* Start `main` on a detached thread; if it cannot start, warn (once) that `what` cannot
+ * start and return nonzero. */
+int qsc_start_thread(void *(*main)(void *), const char *what);
 /* Print a message prefixed by "qshare:" once per distinct `key`. */
 void qsc_warn_once(int key, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 enum {

@@ -178,13 +178,7 @@ static void *completion_main(void *arg) {
 }
 
 static void start_completion(void) {
-    pthread_t thread;
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    if (pthread_create(&thread, &attr, completion_main, NULL) != 0)
-        qsc_warn_once(QSC_WARN_RING, "cannot start the low-priority completion thread");
-    pthread_attr_destroy(&attr);
+    qsc_start_thread(completion_main, "the low-priority completion thread");
 }
 
 int qsc_lp_tracks(CUstream stream, CUcontext ctx) {

@@ -39,6 +39,18 @@ void qsc_warn_once(int key, const char *fmt, ...) {
     fprintf(stderr, "qshare: %s\n", text);
 }
 
+int qsc_start_thread(void *(*main)(void *), const char *what) {
+    pthread_t thread;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    int rc = pthread_create(&thread, &attr, main, NULL);
+    pthread_attr_destroy(&attr);
+    if (rc != 0)
+        qsc_warn_once(QSC_WARN_RING, "cannot start %s", what);
+    return rc;
+}
+
 CUresult qsc_cu_status(int status) {
     switch (status) {
     case QS_OK: return CUDA_SUCCESS;

@@ -122,14 +122,8 @@ static void *reaper_main(void *arg) {
 }
 
 static void start_reaper(void) {
-    pthread_t thread;
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
     atomic_store(&tracker.reaper_sleeping, 1);
-    if (pthread_create(&thread, &attr, reaper_main, NULL) != 0)
-        qsc_warn_once(QSC_WARN_RING, "cannot start the completion thread; launches will wait");
-    pthread_attr_destroy(&attr);
+    qsc_start_thread(reaper_main, "the completion thread; launches will wait");
 }
 
 /* Hand the recorded `current` events to the ring, taking the slot's spare events back. */
