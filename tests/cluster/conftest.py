@@ -5,6 +5,7 @@ an empty inventory for every test."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -105,7 +106,13 @@ async def api(
         database_url=database_url, nats_url=bus_url, bootstrap_admin_token=ADMIN_TOKEN,
         cluster=RULES,
     )  # fmt: skip
-    app = create_app(settings)
+    async with admin_client(create_app(settings)) as client:
+        yield client
+
+
+@contextlib.asynccontextmanager
+async def admin_client(app: Any) -> AsyncIterator[httpx.AsyncClient]:
+    """An HTTP client of `app` (started, and stopped on exit) with the admin token."""
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}

@@ -34,7 +34,7 @@ from qshare_api.settings import ApiSettings
 from qshare_node_agent.app import NodeAgent
 from qshare_node_agent.settings import NodeAgentSettings
 
-from .conftest import ADMIN_TOKEN, claim_until, eventually
+from .conftest import ADMIN_TOKEN, admin_client, claim_until, eventually
 
 RULES = ClusterSettings(node_timeout_s=60, min_vgpu_mib=1024, gib_per_vgpu=4)
 """The node stays Ready through the outage: its heartbeats cannot arrive meanwhile."""
@@ -101,13 +101,8 @@ async def cluster(own_database: str, tmp_path: Path) -> AsyncIterator[Cluster]:
         )
         try:
             await asyncio.wait_for(agent.registered.wait(), 20)
-            async with app.router.lifespan_context(app):
-                transport = httpx.ASGITransport(app=app)
-                headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
-                async with httpx.AsyncClient(
-                    transport=transport, base_url="http://t", headers=headers
-                ) as api:
-                    yield Cluster(bus, api, own_database)
+            async with admin_client(app) as api:
+                yield Cluster(bus, api, own_database)
         finally:
             await agent.stop()
             await allocator.stop()
