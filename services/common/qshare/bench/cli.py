@@ -37,7 +37,22 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         action="store_true",
         help="cluster: Postgres without fsync, to show what durable commits cost on this disk",
     )
+    add_gpu_options(parser)
     parser.set_defaults(handler=run_benchmark)
+
+
+def add_gpu_options(parser: argparse.ArgumentParser) -> None:
+    """`qshare bench gpu` runs longer than one lease of a GPU machine allows: these split it."""
+    parser.add_argument("--rounds", type=int, help="gpu: interleaved rounds (default 3)")
+    parser.add_argument("--seconds", type=float, help="gpu: seconds per scenario (default 20)")
+    parser.add_argument("--only", help="gpu: comma-separated scenario names to run")
+    parser.add_argument(
+        "--merge",
+        nargs="+",
+        type=Path,
+        metavar="JSON",
+        help="gpu: summarise the runs of earlier --json files (same GPU) instead of running",
+    )
 
 
 def run_benchmark(args: argparse.Namespace) -> int:

@@ -353,11 +353,13 @@ def _launch_overhead(tmp: Path, seconds: float, uuid: str, total: int) -> dict[s
     return figures
 
 
-def _rounds(seconds: float, uuid: str, total: int, rounds: int) -> dict[str, list[dict[str, Any]]]:
-    """Every scenario `rounds` times, one round after the other (interleaved)."""
-    runs: dict[str, list[dict[str, Any]]] = {sc.name: [] for sc in SCENARIOS}
+def _rounds(
+    seconds: float, uuid: str, total: int, rounds: int, chosen: tuple[Scenario, ...]
+) -> dict[str, list[dict[str, Any]]]:
+    """Every chosen scenario `rounds` times, one round after the other (interleaved)."""
+    runs: dict[str, list[dict[str, Any]]] = {sc.name: [] for sc in chosen}
     for _ in range(rounds):
-        for sc in SCENARIOS:
+        for sc in chosen:
             with tempfile.TemporaryDirectory() as t:
                 if sc.mode == "mps":
                     with _mps(Path(t)) as ok:
@@ -368,6 +370,32 @@ def _rounds(seconds: float, uuid: str, total: int, rounds: int) -> dict[str, lis
                     run = _run_once(Path(t), sc, seconds, uuid, total)
             runs[sc.name].append(run)
     return runs
+
+
+def chosen_scenarios(only: str | None) -> tuple[Scenario, ...]:
+    """The scenarios `--only` names (all when None); an unknown name is an error naming it."""
+    if not only:
+        return SCENARIOS
+    names = [n.strip() for n in only.split(",") if n.strip()]
+    known = {sc.name for sc in SCENARIOS}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise SystemExit(f"qshare bench gpu: unknown scenario(s) {unknown}; known: {sorted(known)}")
+    return tuple(sc for sc in SCENARIOS if sc.name in names)
+
+
+def merge_raw(results: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """The raw runs of several earlier results on one GPU, in SCENARIOS order."""
+    gpus = {r.get("gpu") for r in results}
+    if len(gpus) != 1:
+        raise SystemExit(
+            f"qshare bench gpu --merge: results from different GPUs {sorted(map(str, gpus))}"
+        )
+    merged: dict[str, list[dict[str, Any]]] = {sc.name: [] for sc in SCENARIOS}
+    for r in results:
+        for name, runs in r.get("raw", {}).items():
+            merged.setdefault(name, []).extend(runs)
+    return {n: runs for n, runs in merged.items() if runs}
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -436,11 +464,38 @@ def targets(scenarios: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    if getattr(args, "merge", None):
+        return _merged(args)
     build_cuda()
-    seconds = 8.0 if args.quick else 20.0
-    rounds = 1 if args.quick else ROUNDS
+    seconds = args.seconds or (8.0 if args.quick else 20.0)
+    rounds = args.rounds or (1 if args.quick else ROUNDS)
     name, uuid, total = _gpu_identity()
-    result: dict[str, Any] = {"benchmark": "gpu", "gpu": name, "seconds_per_scenario": seconds}
+    raw = _rounds(seconds, uuid, total, rounds, chosen_scenarios(args.only))
+    result = _described(name, seconds, rounds, raw)
+    with tempfile.TemporaryDirectory() as t:
+        result["launch_overhead_ns"] = _launch_overhead(Path(t), 3.0, uuid, total)
+    result["plot"] = plot(result, args.out_dir)
+    return result
+
+
+def _merged(args: argparse.Namespace) -> dict[str, Any]:
+    """`--merge`: one result from the runs of several earlier ones (each a lease's worth)."""
+    parts = [json.loads(Path(p).read_text()) for p in args.merge]
+    raw = merge_raw(parts)
+    rounds = max(len(runs) for runs in raw.values())
+    result = _described(parts[0]["gpu"], parts[0]["seconds_per_scenario"], rounds, raw)
+    result["merged_from"] = [str(p) for p in args.merge]
+    overheads = [p["launch_overhead_ns"] for p in parts if p.get("launch_overhead_ns")]
+    result["launch_overhead_ns"] = overheads[-1] if overheads else {}
+    result["launch_overhead_ns_runs"] = overheads
+    result["plot"] = plot(result, args.out_dir)
+    return result
+
+
+def _described(
+    gpu: str, seconds: float, rounds: int, raw: dict[str, list[dict[str, Any]]]
+) -> dict[str, Any]:
+    result: dict[str, Any] = {"benchmark": "gpu", "gpu": gpu, "seconds_per_scenario": seconds}
     result["rounds"] = rounds
     result["hp"] = (
         f"batch-1 inference (ResNet-50 graph/eager fp16, BERT-base), Poisson {HP_RATE_PER_S:g}/s"
@@ -448,13 +503,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     result["lp"] = (
         "training: ResNet-50 batch 64 bf16 SGD (images/s), GPT-2 124M 8x512 AdamW (samples/s)"
     )
-    scenarios = {n: summarize(r) for n, r in _rounds(seconds, uuid, total, rounds).items()}
+    scenarios = {n: summarize(r) for n, r in raw.items()}
     add_derived(scenarios)
     result["scenarios"] = scenarios
     result["targets"] = targets(scenarios)
-    with tempfile.TemporaryDirectory() as t:
-        result["launch_overhead_ns"] = _launch_overhead(Path(t), 3.0, uuid, total)
-    result["plot"] = plot(result, args.out_dir)
+    result["raw"] = raw
     return result
 
 
