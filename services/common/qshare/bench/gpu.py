@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from qshare.bench import traces
-from qshare.bench.hook import HP_VGPU, LP_VGPU, percentile, test_node
+from qshare.bench.testnode import HP_VGPU, LP_VGPU, percentile, test_node
 from qshare.native_build import INTERPOSER, build_cuda
 
 HP_RATE_PER_S = 30.0
