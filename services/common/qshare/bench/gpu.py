@@ -79,6 +79,7 @@ def _hp_worker(kind: str, seconds: float, out: Path) -> None:
     import torch  # type: ignore[import-not-found, unused-ignore]
 
     request = _bert_infer() if kind == "bert" else _resnet50_infer(kind == "graph")
+    _ready_then_go(out)
     latencies: list[float] = []
     device_ms = 0.0
     rng = random.Random(7)
@@ -98,6 +99,17 @@ def _hp_worker(kind: str, seconds: float, out: Path) -> None:
             device_ms += begin.elapsed_time(end)
         wall = time.perf_counter() - start
     out.write_text(json.dumps({"latency_ms": latencies, "busy_share": device_ms / 1e3 / wall}))
+
+
+def _ready_then_go(out: Path, timeout_s: float = 300.0) -> None:
+    """Say the model is warm, then wait for the start signal: the workers of a scenario
+    warm up together and measure the same seconds."""
+    out.with_suffix(".ready").write_text("1")
+    deadline = time.monotonic() + timeout_s
+    while not out.with_suffix(".go").exists():
+        if time.monotonic() > deadline:
+            raise SystemExit("no start signal")
+        time.sleep(0.005)
 
 
 def _resnet50_step() -> Any:
@@ -159,7 +171,7 @@ def _lp_worker(kind: str, seconds: float, out: Path) -> None:
     for _ in range(5):
         step()
     torch.cuda.synchronize()
-    out.with_suffix(".ready").write_text("1")
+    _ready_then_go(out)
     steps, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
         step()
@@ -198,7 +210,9 @@ class Scenario:
     name: str
     hp: str | None  # graph | eager | bert
     lp: str | None  # resnet50 | gpt2
-    mode: str  # plain | mps | qshare-100ms | qshare-1ms | qshare-auto
+    mode: str  # plain | qshare-100ms | qshare-1ms | qshare-auto
+    mps: bool = False  # under MPS, LP at client priority 1
+    window_us: int | None = None  # the card's LP window (None: the driver's default)
 
 
 SCENARIOS = (
@@ -206,7 +220,7 @@ SCENARIOS = (
     Scenario("lp_alone_qshare", None, "resnet50", "qshare-100ms"),
     Scenario("graph_alone", "graph", None, "plain"),
     Scenario("graph+lp_plain", "graph", "resnet50", "plain"),
-    Scenario("graph+lp_mps", "graph", "resnet50", "mps"),
+    Scenario("graph+lp_mps", "graph", "resnet50", "plain", mps=True),
     Scenario("graph+lp_qshare_100ms", "graph", "resnet50", "qshare-100ms"),
     Scenario("graph+lp_qshare_1ms", "graph", "resnet50", "qshare-1ms"),
     Scenario("eager_alone", "eager", None, "plain"),
@@ -218,6 +232,20 @@ SCENARIOS = (
     Scenario("gpt2_alone", None, "gpt2", "plain"),
     Scenario("graph+gpt2_plain", "graph", "gpt2", "plain"),
     Scenario("graph+gpt2_qshare_1ms", "graph", "gpt2", "qshare-1ms"),
+)
+
+# Run only when `--only` names them: the window's trade-off and qshare's gate under MPS.
+EXTRA_SCENARIOS = (
+    Scenario("graph+lp_qshare_1ms_w100", "graph", "resnet50", "qshare-1ms", window_us=100),
+    Scenario("graph+lp_qshare_1ms_w200", "graph", "resnet50", "qshare-1ms", window_us=200),
+    Scenario("graph+lp_qshare_1ms_w2000", "graph", "resnet50", "qshare-1ms", window_us=2000),
+    Scenario("graph+lp_qshare_mps_1ms", "graph", "resnet50", "qshare-1ms", mps=True),
+    Scenario(
+        "graph+lp_qshare_mps_1ms_w2000", "graph", "resnet50", "qshare-1ms", True, window_us=2000
+    ),
+    Scenario("graph+gpt2_qshare_1ms_w100", "graph", "gpt2", "qshare-1ms", window_us=100),
+    Scenario("graph+gpt2_qshare_mps_1ms", "graph", "gpt2", "qshare-1ms", mps=True),
+    Scenario("lp_alone_qshare_mps", None, "resnet50", "qshare-100ms", mps=True),
 )
 
 
@@ -239,49 +267,64 @@ def _env(vgpu: int | None, seg: str, shm: Path, mps_low: bool) -> dict[str, str]
 
 
 @contextmanager
-def _segment(tmp: Path, mode: str, uuid: str, total: int) -> Iterator[str | None]:
-    """The node for `mode`: a test node at its release setting, or none (plain, MPS)."""
-    if not mode.startswith("qshare"):
+def _segment(tmp: Path, sc: Scenario, uuid: str, total: int) -> Iterator[str | None]:
+    """The node for the scenario: a test node at its release and window, or none (plain)."""
+    if not sc.mode.startswith("qshare"):
         yield None
         return
-    auto = AUTO_BOUND_US if mode == "qshare-auto" else None
-    delay_ms = 1 if mode == "qshare-1ms" else 100
-    with test_node(tmp, uuid, total, delay_ms, release_auto_us=auto) as seg:
+    auto = AUTO_BOUND_US if sc.mode == "qshare-auto" else None
+    delay_ms = 1 if sc.mode == "qshare-1ms" else 100
+    with test_node(tmp, uuid, total, delay_ms, auto, sc.window_us) as seg:
         yield seg
 
 
-def _wait_ready(out: Path, timeout_s: float = 180.0) -> None:
+def _wait_ready(procs: list[tuple[str, subprocess.Popen[bytes], Path]], timeout_s: float) -> None:
+    """Until every worker is warm (or has died, or the time is up)."""
     deadline = time.monotonic() + timeout_s
-    while not out.with_suffix(".ready").exists() and time.monotonic() < deadline:
-        time.sleep(0.1)
+    for _, proc, out in procs:
+        while not out.with_suffix(".ready").exists() and proc.poll() is None:
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.05)
+
+
+def _start(sc: Scenario, tmp: Path, seg: str | None, seconds: float) -> list[Any]:
+    """The scenario's workers, warmed up together, then started at one signal."""
+    procs: list[tuple[str, subprocess.Popen[bytes], Path]] = []
+    for role, kind, vgpu in (("lp", sc.lp, LP_VGPU), ("hp", sc.hp, HP_VGPU)):
+        if kind is None:
+            continue
+        out = tmp / f"{role}-{time.monotonic_ns()}.json"
+        env = _env(vgpu if seg else None, seg or "", tmp, sc.mps and role == "lp")
+        run_s = seconds + (1.0 if role == "lp" and sc.hp else 0.0)  # LP outlasts HP's run
+        procs.append((role, _spawn(role, kind, run_s, out, env), out))
+    _wait_ready(procs, 240.0)
+    for _, _, out in procs:
+        out.with_suffix(".go").write_text("1")
+    return procs
 
 
 def _run_once(tmp: Path, sc: Scenario, seconds: float, uuid: str, total: int) -> dict[str, Any]:
     result: dict[str, Any] = {}
-    procs: list[tuple[str, subprocess.Popen[bytes], Path]] = []
-    with _segment(tmp, sc.mode, uuid, total) as seg:
-        mps = sc.mode == "mps"
-        if sc.lp:
-            out = tmp / f"lp-{time.monotonic_ns()}.json"
-            env = _env(LP_VGPU if seg else None, seg or "", tmp, mps)
-            procs.append(("lp", _spawn("lp", sc.lp, seconds + (5 if sc.hp else 0), out, env), out))
-            _wait_ready(out)
-        if sc.hp:
-            out = tmp / f"hp-{time.monotonic_ns()}.json"
-            env = _env(HP_VGPU if seg else None, seg or "", tmp, False)
-            procs.append(("hp", _spawn("hp", sc.hp, seconds, out, env), out))
-        for role, proc, out in procs:
+    with _segment(tmp, sc, uuid, total) as seg:
+        for role, proc, out in _start(sc, tmp, seg, seconds):
             if proc.wait(timeout=600) != 0 or not out.exists():
                 result[f"{role}_error"] = f"exit status {proc.returncode}"
                 continue
-            data = json.loads(out.read_text())
-            if role == "hp":
-                lat = data["latency_ms"]
-                result.update(hp_p50_ms=percentile(lat, 50), hp_p99_ms=percentile(lat, 99))
-                result.update(hp_requests=len(lat), hp_busy_share=data["busy_share"])
-            else:
-                result["lp_items_per_s"] = data["items_per_s"]
+            result.update(_figures(role, json.loads(out.read_text())))
     return result
+
+
+def _figures(role: str, data: dict[str, Any]) -> dict[str, Any]:
+    if role == "lp":
+        return {"lp_items_per_s": data["items_per_s"]}
+    lat = data["latency_ms"]
+    return {
+        "hp_p50_ms": percentile(lat, 50),
+        "hp_p99_ms": percentile(lat, 99),
+        "hp_requests": len(lat),
+        "hp_busy_share": data["busy_share"],
+    }
 
 
 # ---- MPS ----
@@ -361,7 +404,7 @@ def _rounds(
     for _ in range(rounds):
         for sc in chosen:
             with tempfile.TemporaryDirectory() as t:
-                if sc.mode == "mps":
+                if sc.mps:
                     with _mps(Path(t)) as ok:
                         run = _run_once(Path(t), sc, seconds, uuid, total) if ok else {}
                         if not ok:
@@ -377,11 +420,11 @@ def chosen_scenarios(only: str | None) -> tuple[Scenario, ...]:
     if not only:
         return SCENARIOS
     names = [n.strip() for n in only.split(",") if n.strip()]
-    known = {sc.name for sc in SCENARIOS}
+    known = {sc.name: sc for sc in (*SCENARIOS, *EXTRA_SCENARIOS)}
     unknown = [n for n in names if n not in known]
     if unknown:
         raise SystemExit(f"qshare bench gpu: unknown scenario(s) {unknown}; known: {sorted(known)}")
-    return tuple(sc for sc in SCENARIOS if sc.name in names)
+    return tuple(known[n] for n in names)
 
 
 def merge_raw(results: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
@@ -415,7 +458,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
 def add_derived(scenarios: dict[str, dict[str, Any]]) -> None:
     """Added HP latency against HP alone, and the harvest: LP throughput ÷ (LP alone × the
     share of time HP leaves idle, as HP alone measured it)."""
-    by = {sc.name: sc for sc in SCENARIOS}
+    by = {sc.name: sc for sc in (*SCENARIOS, *EXTRA_SCENARIOS)}
     for name, s in scenarios.items():
         sc = by.get(name)
         if sc is None or sc.hp is None:
