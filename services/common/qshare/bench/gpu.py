@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from qshare.bench import traces
+from qshare.bench import gpu_plot, traces
 from qshare.bench.testnode import HP_VGPU, LP_VGPU, percentile, test_node
 from qshare.native_build import INTERPOSER, build_cuda
 
@@ -456,20 +456,24 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def add_derived(scenarios: dict[str, dict[str, Any]]) -> None:
-    """Added HP latency against HP alone, and the harvest: LP throughput ÷ (LP alone × the
-    share of time HP leaves idle, as HP alone measured it)."""
+    """Against the same workload alone: HP p99 added and its ratio, LP throughput's ratio,
+    and the harvest: LP throughput ÷ (LP alone × the share of time HP leaves idle, as HP
+    alone measured it)."""
     by = {sc.name: sc for sc in (*SCENARIOS, *EXTRA_SCENARIOS)}
     for name, s in scenarios.items():
         sc = by.get(name)
-        if sc is None or sc.hp is None:
+        if sc is None:
             continue
-        alone = scenarios.get(f"{sc.hp}_alone", {})
-        if "hp_p99_ms" in alone and "hp_p99_ms" in s:
-            s["hp_p99_added_ms"] = s["hp_p99_ms"] - alone["hp_p99_ms"]
+        hp_alone = scenarios.get(f"{sc.hp}_alone", {}) if sc.hp else {}
         lp_alone = scenarios.get("lp_alone" if sc.lp == "resnet50" else f"{sc.lp}_alone", {})
+        if "hp_p99_ms" in hp_alone and "hp_p99_ms" in s:
+            s["hp_p99_added_ms"] = s["hp_p99_ms"] - hp_alone["hp_p99_ms"]
+            s["hp_p99_ratio"] = s["hp_p99_ms"] / hp_alone["hp_p99_ms"]
         if sc.lp and "lp_items_per_s" in s and "lp_items_per_s" in lp_alone:
-            idle = 1.0 - float(alone.get("hp_busy_share", 0.0))
-            s["harvest"] = s["lp_items_per_s"] / (lp_alone["lp_items_per_s"] * idle)
+            s["lp_ratio"] = s["lp_items_per_s"] / lp_alone["lp_items_per_s"]
+            if sc.hp:
+                idle = 1.0 - float(hp_alone.get("hp_busy_share", 0.0))
+                s["harvest"] = s["lp_ratio"] / idle
 
 
 def targets(scenarios: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -517,7 +521,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     result = _described(name, seconds, rounds, raw)
     with tempfile.TemporaryDirectory() as t:
         result["launch_overhead_ns"] = _launch_overhead(Path(t), 3.0, uuid, total)
-    result["plot"] = plot(result, args.out_dir)
+    result["plot"] = gpu_plot.plot(result, args.out_dir)
     return result
 
 
@@ -531,7 +535,7 @@ def _merged(args: argparse.Namespace) -> dict[str, Any]:
     overheads = [p["launch_overhead_ns"] for p in parts if p.get("launch_overhead_ns")]
     result["launch_overhead_ns"] = overheads[-1] if overheads else {}
     result["launch_overhead_ns_runs"] = overheads
-    result["plot"] = plot(result, args.out_dir)
+    result["plot"] = gpu_plot.plot(result, args.out_dir)
     return result
 
 
@@ -554,96 +558,19 @@ def _described(
     return result
 
 
-def plot(result: dict[str, Any], out_dir: Path) -> str | None:
-    """HP latency and LP throughput side by side, one row per scenario; values past the axis
-    (set by the bulk of the data) are drawn to the edge and labelled with their value."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    names = list(result["scenarios"])
-    rows = [result["scenarios"][n] for n in names]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 0.45 * len(names) + 1.6), sharey=True)
-    ys = list(range(len(names)))[::-1]
-    _bars(left, ys, rows, ("hp_p50_ms", "hp_p99_ms"), ("HP p50", "HP p99"), "HP latency (ms)")
-    _bars(right, ys, rows, ("lp_items_per_s",), ("LP throughput",), "LP images or samples / s")
-    left.set_yticks(ys, names, fontsize=8)
-    fig.suptitle(f"qshare on {result['gpu']}: median of {result['rounds']} runs, bars = spread")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    path = out_dir / "gpu.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return str(path)
-
-
-def axis_limit(values: list[float]) -> float:
-    """An axis end that the bulk of the values sets: 1.3 x the 80th percentile, at least the
-    median's double, so one or two outliers do not squash the rest."""
-    if not values:
-        return 1.0
-    ordered = sorted(values)
-    p80 = ordered[min(len(ordered) - 1, round(0.8 * (len(ordered) - 1)))]
-    return max(1.3 * p80, 2 * statistics.median(ordered), 1e-9)
-
-
-def _bars(
-    ax: Any,
-    ys: list[int],
-    rows: list[dict[str, Any]],
-    keys: tuple[str, ...],
-    labels: tuple[str, ...],
-    title: str,
-) -> None:
-    height = 0.8 / len(keys)
-    limit = axis_limit([float(r[k]) for r in rows for k in keys if k in r])
-    for i, (key, label) in enumerate(zip(keys, labels, strict=True)):
-        offset = (i - (len(keys) - 1) / 2) * height
-        drawn = [(y, r) for y, r in zip(ys, rows, strict=True) if key in r]
-        for n, (y, r) in enumerate(drawn):
-            _bar(ax, y - offset, height, r, key, limit, f"C{i}", label if n == 0 else None)
-    ax.set_xlim(0, limit)
-    ax.set_xlabel(title)
-    ax.grid(axis="x", alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
-
-
-def _bar(
-    ax: Any,
-    y: float,
-    height: float,
-    r: dict[str, Any],
-    key: str,
-    limit: float,
-    color: str,
-    label: str | None,
-) -> None:
-    """One bar, clipped at `limit` with its value written in; the spread as an error bar."""
-    value = float(r[key])
-    lo, hi = r.get(f"{key}_spread", [value, value])
-    ax.barh(y, min(value, limit), height, color=color, label=label)
-    if value > limit:
-        ax.text(limit, y, f"{value:.3g} >", va="center", ha="right", fontsize=7, color="white")
-    elif hi > lo:
-        err = [[value - lo], [min(hi, limit) - value]]
-        ax.errorbar(value, y, xerr=err, fmt="none", ecolor="black", capsize=2, lw=0.8)
-
-
 def table(result: dict[str, Any]) -> str:
     lines = [f"gpu bench on {result['gpu']} ({result['rounds']} rounds, median [min..max])"]
     lines.append(f"HP: {result['hp']}; LP: {result['lp']}")
     lines.append(
         f"{'scenario':<26}{'HP p50 ms':>10}{'HP p99 ms':>22}{'+p99 ms':>9}"
-        f"{'LP /s':>20}{'harvest':>9}"
+        f"{'LP /s':>20}{'LP ratio':>9}{'harvest':>9}"
     )
     for name, s in result["scenarios"].items():
         lines.append(
             f"{name:<26}{_cell(s, 'hp_p50_ms', 10)}{_cell(s, 'hp_p99_ms', 22, True)}"
             f"{_cell(s, 'hp_p99_added_ms', 9)}{_cell(s, 'lp_items_per_s', 20, True, '.0f')}"
-            f"{_cell(s, 'harvest', 9)}" + (f"  errors: {s['errors']}" if "errors" in s else "")
+            f"{_cell(s, 'lp_ratio', 9)}{_cell(s, 'harvest', 9)}"
+            + (f"  errors: {s['errors']}" if "errors" in s else "")
         )
     lines.append(f"targets: {result['targets']}")
     lines.append(f"launch overhead (ns/launch): {result['launch_overhead_ns']}")

@@ -1,0 +1,46 @@
+"""`qshare bench gpu`'s arithmetic on recorded runs (the runs themselves need a GPU): choosing
+scenarios, merging runs from several leases, and the ratios against each workload alone."""
+
+from __future__ import annotations
+
+import pytest
+
+from qshare.bench import gpu
+
+
+def test_only_picks_the_named_scenarios_in_the_order_given() -> None:
+    chosen = gpu.chosen_scenarios("graph_alone,lp_alone,graph+lp_qshare_1ms_w200")
+    assert [sc.name for sc in chosen] == ["graph_alone", "lp_alone", "graph+lp_qshare_1ms_w200"]
+    assert chosen[2].window_us == 200
+
+
+def test_only_refuses_an_unknown_scenario_by_name() -> None:
+    with pytest.raises(SystemExit, match="no_such_scenario"):
+        gpu.chosen_scenarios("graph_alone,no_such_scenario")
+
+
+def test_merge_joins_the_runs_of_each_scenario_across_results() -> None:
+    first = {"gpu": "H100", "raw": {"lp_alone": [{"lp_items_per_s": 1.0}]}}
+    second = {"gpu": "H100", "raw": {"lp_alone": [{"lp_items_per_s": 3.0}], "gpt2_alone": [{}]}}
+    merged = gpu.merge_raw([first, second])
+    assert merged["lp_alone"] == [{"lp_items_per_s": 1.0}, {"lp_items_per_s": 3.0}]
+    assert gpu.summarize(merged["lp_alone"])["lp_items_per_s"] == 2.0
+
+
+def test_merge_refuses_results_from_different_gpus() -> None:
+    with pytest.raises(SystemExit, match="different GPUs"):
+        gpu.merge_raw([{"gpu": "H100", "raw": {}}, {"gpu": "H200", "raw": {}}])
+
+
+def test_ratios_are_taken_against_the_same_workloads_alone() -> None:
+    scenarios = {
+        "graph_alone": {"hp_p99_ms": 2.0, "hp_busy_share": 0.2},
+        "lp_alone": {"lp_items_per_s": 1000.0},
+        "graph+lp_qshare_1ms": {"hp_p99_ms": 2.5, "lp_items_per_s": 600.0},
+    }
+    gpu.add_derived(scenarios)
+    row = scenarios["graph+lp_qshare_1ms"]
+    assert row["hp_p99_ratio"] == pytest.approx(1.25)
+    assert row["hp_p99_added_ms"] == pytest.approx(0.5)
+    assert row["lp_ratio"] == pytest.approx(0.6)
+    assert row["harvest"] == pytest.approx(0.6 / 0.8)
