@@ -6,10 +6,16 @@
  * it. So "busy" ends when the work completes, at a cost of one fence per completion round
  * instead of an event per launch. Streams a second thread cannot name (per-thread default
  * streams) and launches into another stream while a unit is open use tracker.c's per-launch
- * units. */
+ * units. With QSHARE_HP_FENCE_INTERVAL_US set, a fence is re-recorded at most once per that
+ * interval (fewer driver calls beside the launching thread), and the unit ends up to one
+ * interval after its work completed. */
+#include <errno.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdlib.h>
+#include <sys/prctl.h>
+#include <time.h>
 
 #include "internal.h"
 #include "interposer.h"
@@ -24,7 +30,11 @@ static struct {
     CUcontext ctx;
     CUevent fence;
     uint64_t covered; /* `launched` as of the fence's last recording */
+    uint64_t recorded_ns; /* when the fence was last recorded */
+    uint64_t interval_ns; /* QSHARE_HP_FENCE_INTERVAL_US; 0: re-record at once */
 } hp;
+
+#define FENCE_INTERVAL_MAX_US 100000ul /* a tenth of a second: beyond, release is mostly late */
 
 static pthread_once_t hp_once = PTHREAD_ONCE_INIT;
 
@@ -38,7 +48,36 @@ static CUresult record_fence(void) {
     int status = 0;
     if (is_capturing != NULL && is_capturing(hp.stream, &status) == CUDA_SUCCESS && status != 0)
         return CUDA_ERROR_NOT_PERMITTED; /* never record into a capture from this thread */
+    hp.recorded_ns = qs_now_ns();
     return QSC_REAL(qsc_event_record_fn, cuEventRecord)(hp.fence, hp.stream);
+}
+
+/* QSHARE_HP_FENCE_INTERVAL_US in ns: unset or empty is 0; anything but 0..100000 is refused
+ * with a warning naming it, and 0 is used. */
+static uint64_t fence_interval_ns(void) {
+    const char *text = getenv("QSHARE_HP_FENCE_INTERVAL_US");
+    if (text == NULL || *text == '\0') return 0;
+    char *end = NULL;
+    errno = 0;
+    unsigned long us = strtoul(text, &end, 10);
+    if (errno != 0 || *end != '\0' || *text == '-' || us > FENCE_INTERVAL_MAX_US) {
+        qsc_warn_once(QSC_WARN_CONFIG,
+                      "QSHARE_HP_FENCE_INTERVAL_US='%s' is not a whole number of microseconds "
+                      "from 0 to %lu; high priority re-fences at once", text, FENCE_INTERVAL_MAX_US);
+        return 0;
+    }
+    return (uint64_t)us * 1000u;
+}
+
+/* Let launches gather until an interval since the fence was recorded, before it is recorded
+ * again or the unit ends (ended, the next launch reopens it with a fence of its own). */
+static void pace(void) {
+    uint64_t due = hp.recorded_ns + hp.interval_ns, now = qs_now_ns();
+    if (hp.interval_ns == 0 || now >= due) return;
+    struct timespec left = {.tv_sec = (time_t)((due - now) / 1000000000u),
+                            .tv_nsec = (long)((due - now) % 1000000000u)};
+    while (nanosleep(&left, &left) != 0 && errno == EINTR) {
+    }
 }
 
 /* Try to end the unit: only if no launch is joining or uncounted (the Dekker pair with
@@ -61,6 +100,7 @@ static int try_close(void) {
 /* One round: wait for the fence; cover what came after it, or end the unit. */
 static void complete_round(void) {
     QSC_REAL(qsc_event_fn, cuEventSynchronize)(hp.fence);
+    pace();
     uint64_t n = atomic_load(&hp.launched);
     if (atomic_load(&hp.pending)) {
         sched_yield(); /* a joined launch is being submitted: a few instructions away */
@@ -76,6 +116,7 @@ static void complete_round(void) {
 
 static void *completion_main(void *arg) {
     (void)arg;
+    if (hp.interval_ns) prctl(PR_SET_TIMERSLACK, 1000ul); /* pace() sleeps to the microsecond */
     CUcontext current = NULL;
     for (;;) {
         uint32_t st = atomic_load(&hp.state);
@@ -94,6 +135,7 @@ static void *completion_main(void *arg) {
 }
 
 static void start_completion(void) {
+    hp.interval_ns = fence_interval_ns();
     qsc_start_thread(completion_main, "the high-priority completion thread");
 }
 

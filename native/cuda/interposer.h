@@ -161,6 +161,7 @@ enum {
     QSC_WARN_DRIVER,
     QSC_WARN_RING,
     QSC_WARN_EXIT,
+    QSC_WARN_CONFIG,
     QSC_WARN_COUNT
 };
 /* Map a failing qs_status to the CUresult returned to the program. */

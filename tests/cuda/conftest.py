@@ -183,9 +183,16 @@ def run_probe(
 class Probe:
     """A probe kept running, driven one command at a time (for orderings across processes)."""
 
-    def __init__(self, node: NodeOwner, vgpu: int, style: str = "direct") -> None:
+    def __init__(
+        self,
+        node: NodeOwner,
+        vgpu: int,
+        style: str = "direct",
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
         env = node.env(vgpu)
         env["LD_PRELOAD"] = str(INTERPOSER)
+        env.update(extra_env or {})
         self.process = subprocess.Popen(
             probe_argv(style), env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
         )

@@ -457,8 +457,16 @@ EXPORT CUresult cuEventDestroy_v2(CUevent event) {
     return CUDA_SUCCESS;
 }
 
+static _Atomic unsigned long event_records;
+
+/* Test hook: how many events were recorded so far (by the program and the interposer). */
+EXPORT unsigned long qshare_fake_event_records(void) {
+    return atomic_load(&event_records);
+}
+
 EXPORT CUresult cuEventRecord(CUevent event, CUstream stream) {
     if (event == NULL) return CUDA_ERROR_INVALID_HANDLE;
+    atomic_fetch_add(&event_records, 1);
     atomic_store(&event->state, EV_PENDING);
     CUresult rc = submit(stream, (op){.kind = OP_EVENT, .event = event});
     if (rc != CUDA_SUCCESS) atomic_store(&event->state, EV_NEVER);

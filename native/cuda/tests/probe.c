@@ -243,6 +243,13 @@ static void cmd_hold(probe *p) {
     printf("hold rc=%d\n", rc);
 }
 
+/* How many events the fake driver has recorded (-1 against a driver without the hook). */
+static void cmd_records(void) {
+    typedef unsigned long (*records_fn)(void);
+    records_fn records = (records_fn)dlsym(RTLD_DEFAULT, "qshare_fake_event_records");
+    printf("records n=%ld\n", records == NULL ? -1L : (long)records());
+}
+
 /* A child forked after attach that exits normally (running the interposer's exit path). */
 static void cmd_fork(void) {
     pid_t child = fork();
@@ -271,6 +278,7 @@ static void run(probe *p, char *line) {
     else if (strcmp(cmd, "spin") == 0) cmd_spin(p, strtoul(arg1, NULL, 10));
     else if (strcmp(cmd, "fork") == 0) cmd_fork();
     else if (strcmp(cmd, "hold") == 0) cmd_hold(p);
+    else if (strcmp(cmd, "records") == 0) cmd_records();
     else printf("%s rc=-1 error=unknown-command\n", cmd);
     fflush(stdout);
 }

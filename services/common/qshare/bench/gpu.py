@@ -213,6 +213,7 @@ class Scenario:
     mode: str  # plain | qshare-100ms | qshare-1ms | qshare-auto
     mps: bool = False  # under MPS, LP at client priority 1
     window_us: int | None = None  # the card's LP window (None: the driver's default)
+    hp_fence_us: int | None = None  # QSHARE_HP_FENCE_INTERVAL_US for the HP process
 
 
 SCENARIOS = (
@@ -246,6 +247,12 @@ EXTRA_SCENARIOS = (
     Scenario("graph+gpt2_qshare_1ms_w100", "graph", "gpt2", "qshare-1ms", window_us=100),
     Scenario("graph+gpt2_qshare_mps_1ms", "graph", "gpt2", "qshare-1ms", mps=True),
     Scenario("lp_alone_qshare_mps", None, "resnet50", "qshare-100ms", mps=True),
+    Scenario("eager_alone_qshare", "eager", None, "qshare-100ms"),
+    Scenario("eager_alone_qshare_fence200", "eager", None, "qshare-100ms", hp_fence_us=200),
+    Scenario(
+        "eager+lp_qshare_100ms_fence200", "eager", "resnet50", "qshare-100ms", hp_fence_us=200
+    ),
+    Scenario("bert+lp_qshare_1ms_fence200", "bert", "resnet50", "qshare-1ms", hp_fence_us=200),
 )
 
 
@@ -296,6 +303,8 @@ def _start(sc: Scenario, tmp: Path, seg: str | None, seconds: float) -> list[Any
             continue
         out = tmp / f"{role}-{time.monotonic_ns()}.json"
         env = _env(vgpu if seg else None, seg or "", tmp, sc.mps and role == "lp")
+        if role == "hp" and sc.hp_fence_us is not None:
+            env["QSHARE_HP_FENCE_INTERVAL_US"] = str(sc.hp_fence_us)
         run_s = seconds + (1.0 if role == "lp" and sc.hp else 0.0)  # LP outlasts HP's run
         procs.append((role, _spawn(role, kind, run_s, out, env), out))
     _wait_ready(procs, 240.0)
@@ -384,14 +393,24 @@ def _gpu_identity() -> tuple[str, str, int]:
 
 
 def _launch_overhead(tmp: Path, seconds: float, uuid: str, total: int) -> dict[str, float]:
+    """ns per tiny PyTorch launch: without qshare, as a high-priority vGPU, and as one whose
+    completion thread re-fences at most every 200 µs."""
     figures: dict[str, float] = {}
+    runs: list[tuple[str, int | None, str | None]] = [
+        ("without_qshare", None, None),
+        ("with_qshare", HP_VGPU, None),
+        ("with_qshare_fence_200us", HP_VGPU, "200"),
+    ]
     with test_node(tmp, uuid, total, 100) as seg:
-        for label, vgpu in (("without_qshare", None), ("with_qshare", HP_VGPU)):
+        for label, vgpu, fence in runs:
             out = tmp / f"launch-{label}.json"
-            proc = _spawn("launch", "-", seconds, out, _env(vgpu, seg, tmp, False))
+            env = _env(vgpu, seg, tmp, False)
+            if fence is not None:
+                env["QSHARE_HP_FENCE_INTERVAL_US"] = fence
+            proc = _spawn("launch", "-", seconds, out, env)
             if proc.wait(timeout=300) == 0:
                 figures[label] = json.loads(out.read_text())["ns_per_launch"]
-    if len(figures) == 2:
+    if "with_qshare" in figures and "without_qshare" in figures:
         figures["added"] = figures["with_qshare"] - figures["without_qshare"]
     return figures
 

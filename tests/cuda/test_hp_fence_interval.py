@@ -1,0 +1,51 @@
+"""QSHARE_HP_FENCE_INTERVAL_US: high priority's completion thread waits an interval after
+each fence before it re-records it or ends the unit (fewer driver calls beside the launching
+thread), and the unit still ends once its work has completed."""
+
+from __future__ import annotations
+
+from .conftest import HP_VGPU, NodeOwner, Probe, run_probe
+
+MS = 1_000_000
+QS_EV_IDLE = 2
+LAUNCHES = 200_000  # zero-length kernels: the fake driver completes each at once
+
+
+def paced(interval_us: str) -> dict[str, str]:
+    return {"QSHARE_HP_FENCE_INTERVAL_US": interval_us}
+
+
+def fences_and_ms(node: NodeOwner, env: dict[str, str]) -> tuple[int, float]:
+    """Events recorded while LAUNCHES go out back to back, and how long that took."""
+    run = run_probe(
+        node, HP_VGPU, ["init", "records", f"bench {LAUNCHES}", "sync", "records"], extra_env=env
+    )
+    assert run.returncode == 0, run.stderr
+    fences = int(run.reply("records", 1)["n"]) - int(run.reply("records", 0)["n"])
+    bench = run.reply("bench")
+    return fences, float(bench["ns_per_launch"]) * LAUNCHES * 1.1 / MS  # with the warm-up tenth
+
+
+def test_fences_are_recorded_at_most_once_per_interval(node: NodeOwner) -> None:
+    fences, ms = fences_and_ms(node, paced("2000"))
+    # per 2 ms at most a re-recorded fence, or an end and the next launch's opening fence
+    assert 1 <= fences <= 2 * (ms / 2 + 2)
+
+
+def test_a_paced_unit_ends_once_its_work_completes(node: NodeOwner) -> None:
+    hp = Probe(node, HP_VGPU, extra_env=paced("5000"))
+    assert hp.ask("init")["rc"] == "0"
+    started = int(hp.ask("launch kernel 20000 4")["start"])  # 80 ms of work, one unit
+    hp.ask("sync")
+    idle = node.wait_events(QS_EV_IDLE, 1, timeout=10)
+    assert len(idle) == 1
+    assert int(idle[0]["time"]) >= started + 80 * MS
+    hp.close()
+
+
+def test_an_invalid_interval_is_refused_by_name_and_fencing_goes_on(node: NodeOwner) -> None:
+    run = run_probe(node, HP_VGPU, ["init", "launch kernel 1000 3", "sync"], extra_env=paced("1ms"))
+    assert run.returncode == 0
+    assert "QSHARE_HP_FENCE_INTERVAL_US='1ms'" in run.stderr
+    assert run.rc("sync") == 0
+    assert len(node.wait_events(QS_EV_IDLE, 1, timeout=10)) == 1
