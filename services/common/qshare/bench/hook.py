@@ -220,7 +220,7 @@ def table(result: dict[str, Any]) -> str:
         f"{'path':<28}{'launches/s':>14}{'ns/launch':>12}{'added ns':>10}",
         f"{'direct to the fake driver':<28}{rate['direct']:>14,.0f}{cost['direct']:>12.1f}{'':>10}",
     ]
-    paths = (("high", "high priority"), ("high_fence_200us", "HP, fence per 200 us"))
+    paths = (("high", "high priority"), ("high_fence_200us", "HP, fences 200us"))
     for prio, name in (*paths, ("low", "low priority")):
         if prio not in rate:  # results from before the paced row
             continue
