@@ -57,14 +57,16 @@ class LocalVgpus:
         self._cards = {c.index: c for c in cards}
         self._health = dict.fromkeys(self._cards, True)
         self._min_mib = min_vgpu_mib
-        self._library = interposer or find_library(None, os.environ)
+        library = interposer or find_library(None, os.environ)
+        self._library_mount = None if library is None else Mount(str(library), CONTAINER_LIBRARY)
         self._device_nodes = device_nodes
+        self._nodes_of: dict[int, tuple[str, ...]] = {}  # each card's, looked up once
         self._lock = threading.Lock()
         self._save_lock = threading.Lock()
         self._generation = 0  # of the in-memory state; bumped by every change
         self._saved = 0  # the generation on disk
         self._vgpus: dict[str, LocalVgpu] = {}
-        self._entries: dict[str, checkpoint.Entry] = {}  # the checkpoint's, made once each
+        self._entries: dict[str, str] = {}  # the checkpoint's, serialised once each
         self._watchers: list[CardWatcher] = []
         self.segment_dir = Path(node.directory or os.environ.get("QSHARE_SHM_DIR") or "/dev/shm")
         self.checkpoint = checkpoint.checkpoint_path(self.segment_dir, node.name)
@@ -293,8 +295,14 @@ class LocalVgpus:
             vgpu,
             env=self._env(vgpu),
             mounts=self._mounts(vgpu_id),
-            device_nodes=self._device_nodes(card.index),
+            device_nodes=self._card_nodes(card.index),
         )
+
+    def _card_nodes(self, index: int) -> tuple[str, ...]:
+        nodes = self._nodes_of.get(index)
+        if nodes is None:
+            nodes = self._nodes_of[index] = self._device_nodes(index)
+        return nodes
 
     def _env(self, vgpu: LocalVgpu) -> dict[str, str]:
         return {
@@ -309,23 +317,23 @@ class LocalVgpus:
         """The interposer and the vGPU's attach directory (its socket: the container's only
         way to the driver, see docs/driver.md), at the same path as on the host. Nothing
         of the segment itself is mounted: the owner hands a client its mappings."""
-        attach = str(self.segment_dir / f"qshare.{self._node.name}.v{vgpu_id}")
-        mounts = [Mount(attach, attach, read_only=False)]
-        if self._library is not None:
-            mounts.insert(0, Mount(str(self._library), CONTAINER_LIBRARY))
-        return tuple(mounts)
+        attach = f"{self.segment_dir}/qshare.{self._node.name}.v{vgpu_id}"
+        mounts = (Mount(attach, attach, read_only=False),)
+        return mounts if self._library_mount is None else (self._library_mount, *mounts)
 
 
 def _policy_name(policy: Policy) -> str:
     return policy.name.lower().replace("_", "-")
 
 
-def _entry(v: LocalVgpu) -> checkpoint.Entry:
-    return checkpoint.Entry(
-        key=v.key,
-        vgpu_id=v.vgpu_id,
-        card_index=v.card_index,
-        priority=v.priority,
-        core_share=v.core_share,
-        memory_mib=v.memory_mib,
+def _entry(v: LocalVgpu) -> str:
+    return checkpoint.entry_json(
+        checkpoint.Entry(
+            key=v.key,
+            vgpu_id=v.vgpu_id,
+            card_index=v.card_index,
+            priority=v.priority,
+            core_share=v.core_share,
+            memory_mib=v.memory_mib,
+        )
     )
