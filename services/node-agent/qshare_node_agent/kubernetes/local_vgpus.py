@@ -122,22 +122,44 @@ class LocalVgpus:
         core_share: int,
         memory_mib: int,
         policy: str | None = None,
+        *,
+        durable: bool = True,
     ) -> LocalVgpu:
+        """A key prepared already is answered as it is (once on disk, when `durable`)."""
         with self._lock:
-            existing = self._vgpus.get(key)
+            existing, switched = self._vgpus.get(key), False
             if existing is not None:
-                return self._same(existing, card_index, priority, core_share, memory_mib)
-            card = self._check(card_index, core_share, memory_mib)
-            switched = policy is not None and self._apply_policy(card, Policy.parse(policy))
-            prio = Priority(priority)
-            vgpu = self._describe(key, self._free_id(), card, prio, core_share, memory_mib)
-            self._create(vgpu)
-            self._keep(vgpu)
-            generation = self._changed()
-        self._persist(generation)
+                vgpu = self._same(existing, card_index, priority, core_share, memory_mib)
+            else:
+                vgpu, switched = self._make(
+                    key, card_index, priority, core_share, memory_mib, policy
+                )
+            generation = self._generation
+        if durable:
+            self._persist(generation)
         if switched:
             self._notify()
         return vgpu
+
+    def _make(
+        self,
+        key: str,
+        card_index: int,
+        priority: Priority,
+        core_share: int,
+        memory_mib: int,
+        policy: str | None,
+    ) -> tuple[LocalVgpu, bool]:
+        """Create the vGPU in the segment and keep it (the caller holds `_lock`); True when
+        the card's policy was switched for it."""
+        card = self._check(card_index, core_share, memory_mib)
+        switched = policy is not None and self._apply_policy(card, Policy.parse(policy))
+        prio = Priority(priority)
+        vgpu = self._describe(key, self._free_id(), card, prio, core_share, memory_mib)
+        self._create(vgpu)
+        self._keep(vgpu)
+        self._changed()
+        return vgpu, switched
 
     def _apply_policy(self, card: Card, wanted: Policy) -> bool:
         """Give an empty card the policy a claim asks for (True when it changed); a card
@@ -259,6 +281,11 @@ class LocalVgpus:
         if stats.card != vgpu.card_index or stats.mem_limit != vgpu.memory_mib * MIB:
             raise BackendError(f"segment holds vGPU {vgpu.vgpu_id} with another shape")
         return True
+
+    def save(self) -> None:
+        with self._lock:
+            generation = self._generation
+        self._persist(generation)
 
     def _changed(self) -> int:
         """Count a change of the in-memory state (the caller holds `_lock`)."""
