@@ -140,6 +140,8 @@ class DraPlugin:
         if not all(self.claims.holds(c.namespace, c.name, c.uid) for c in request.claims):
             return await asyncio.to_thread(self._prepare_rpc, request, context)
         response, staged = self._prepare_all(request, durable=False)
+        if not staged:  # nothing made: nothing to wait for
+            return response
         try:
             await self.commits.durable()
         except Exception as exc:

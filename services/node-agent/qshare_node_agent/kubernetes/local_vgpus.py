@@ -202,7 +202,9 @@ class LocalVgpus:
 
     def restore(self) -> list[str]:
         """Re-apply the checkpoint: keep vGPUs the segment still has, re-create the missing
-        ones with their old ids. Returns the keys that could not be restored (and dropped)."""
+        ones with their old ids, destroy the local vGPUs it does not name (made by a prepare
+        that was never saved, so never answered). Returns the keys that could not be
+        restored (and dropped)."""
         lost: list[str] = []
         with self._lock:
             for entry in checkpoint.load(self.checkpoint, self._node.name):
@@ -221,9 +223,17 @@ class LocalVgpus:
                     self._keep(vgpu)
                 except BackendError:
                     lost.append(entry.key)
+            self._drop_unsaved()
             generation = self._changed()
         self._persist(generation)
         return lost
+
+    def _drop_unsaved(self) -> None:
+        kept = {v.vgpu_id for v in self._vgpus.values()}
+        for vgpu_id in self._node.list_vgpus():
+            if vgpu_id >= FIRST_LOCAL_ID and vgpu_id not in kept:
+                with contextlib.suppress(NotFoundError):
+                    self._node.destroy_vgpu(vgpu_id)
 
     def _keep(self, vgpu: LocalVgpu) -> None:
         self._vgpus[vgpu.key] = vgpu
