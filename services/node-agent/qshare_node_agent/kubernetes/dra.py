@@ -13,9 +13,10 @@ a claim that fails gives back whatever this call made for it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -243,12 +244,11 @@ class DraPlugin:
         is prepared whole or not at all) keeps its vGPUs and its spec."""
         if not made.new:
             return
-        try:
-            for key in made.new:
-                self.backend.release(key)
+        with _logged(f"removing the CDI spec of claim {made.uid}"):
             self.cdi.remove(_owner(made.uid))
-        except (BackendError, OSError) as exc:
-            log.error("giving back what was made for claim %s failed: %s", made.uid, exc)
+        for key in made.new:
+            with _logged(f"releasing {key}"):  # a failed save still releases it in memory
+                self.backend.release(key)
 
     def _read_claim(self, namespace: str, name: str) -> dict[str, Any]:
         try:
@@ -294,6 +294,14 @@ def _refuse(answer: Any, claim: Any, exc: Exception) -> None:
         return
     log.error("preparing claim %s failed", claim.uid, exc_info=exc)
     answer.error = f"{where} cannot be read: {type(exc).__name__}: {exc}"
+
+
+@contextlib.contextmanager
+def _logged(what: str) -> Iterator[None]:
+    try:
+        yield
+    except (BackendError, OSError) as exc:
+        log.error("%s failed: %s", what, exc)
 
 
 def _owner(uid: str) -> str:
