@@ -151,7 +151,8 @@ class DraPlugin:
         return response
 
     async def _unprepare_async(self, request: Any, context: Any) -> Any:
-        """After the save now pending: a prepare it covers is answered first."""
+        """Runs once the save now pending is done: a prepare of the same claim that it
+        covers is answered before this releases the claim."""
         await self.commits.settled()
         return self._unprepare_rpc(request, context)
 
