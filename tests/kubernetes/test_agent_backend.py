@@ -12,6 +12,7 @@ from qshare.contracts.agent import ApplyDesired, DesiredVgpu
 from qshare.contracts.domain import Priority
 from qshare_driver.node import Node
 from qshare_node_agent.converge import Converger
+from qshare_node_agent.kubernetes import checkpoint
 from qshare_node_agent.kubernetes.backend import BackendError
 from qshare_node_agent.kubernetes.local_vgpus import LocalVgpus
 from qshare_node_agent.kubernetes_wiring import AgentBackend
@@ -55,3 +56,12 @@ def test_a_dra_claims_vgpu_survives_the_allocators_next_apply(node: Node) -> Non
     assert claim.vgpu_id >= 0x80000000
     applied(conv, node, 7)
     assert sorted(node.list_vgpus()) == [7, claim.vgpu_id]
+
+
+def test_a_dra_vgpu_prepared_unsaved_reaches_the_checkpoint_on_save(node: Node) -> None:
+    local = LocalVgpus(node, CARDS)
+    backend = AgentBackend(local, converger(node))
+    backend.prepare("dra/uid/gpu/gpu-0/s", 0, Priority.LOW, 30, 4096, durable=False)
+    assert checkpoint.load(local.checkpoint, node.name) == []
+    backend.save()
+    assert [e.key for e in checkpoint.load(local.checkpoint, node.name)] == ["dra/uid/gpu/gpu-0/s"]

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from qshare.contracts.domain import Priority
+from qshare_node_agent.kubernetes import checkpoint
 from qshare_node_agent.kubernetes.backend import BackendError
 from qshare_node_agent.kubernetes.checkpoint import CheckpointError, checkpoint_path
 from qshare_node_agent.kubernetes.local_vgpus import FIRST_LOCAL_ID, LocalVgpus
@@ -71,3 +72,48 @@ def test_restore_keeps_vgpus_the_segment_still_has(short_dir: Path) -> None:
         assert again.restore() == []
         assert again.prepared()["k"].vgpu_id == vgpu.vgpu_id
         assert node.vgpu_stats(vgpu.vgpu_id).mem_limit == 3072 << 20
+
+
+def saved_keys(backend: LocalVgpus) -> set[str]:
+    """The keys in the checkpoint on disk now."""
+    return {e.key for e in checkpoint.load(backend.checkpoint, backend._node.name)}
+
+
+def test_a_prepare_is_on_disk_when_it_returns(backend: LocalVgpus) -> None:
+    backend.prepare("k", 0, LOW, 10, 1024)
+    assert saved_keys(backend) == {"k"}
+
+
+def test_a_prepare_not_durable_reaches_the_disk_with_the_next_save(backend: LocalVgpus) -> None:
+    backend.prepare("a", 0, LOW, 10, 1024, durable=False)
+    backend.prepare("b", 1, LOW, 10, 1024, durable=False)
+    assert saved_keys(backend) == set()
+    backend.save()
+    assert saved_keys(backend) == {"a", "b"}
+
+
+def test_preparing_a_key_made_but_not_saved_yet_saves_it(backend: LocalVgpus) -> None:
+    first = backend.prepare("k", 0, LOW, 10, 1024, durable=False)
+    assert backend.prepare("k", 0, LOW, 10, 1024) == first
+    assert saved_keys(backend) == {"k"}
+
+
+def test_restore_destroys_a_local_vgpu_that_was_never_saved(short_dir: Path) -> None:
+    with make_node(short_dir, "unsaved") as node:
+        crashed = LocalVgpus(node, CARDS)
+        kept = crashed.prepare("kept", 0, LOW, 10, 1024)
+        lost = crashed.prepare("lost", 0, LOW, 10, 1024, durable=False)  # then a crash
+        again = LocalVgpus(node, CARDS)
+        assert again.restore() == []
+        assert node.list_vgpus() == [kept.vgpu_id]
+        assert again.prepare("lost", 0, LOW, 10, 1024).vgpu_id == lost.vgpu_id
+
+
+def test_a_checkpoint_of_many_entries_loads_back_every_field(backend: LocalVgpus) -> None:
+    made = [
+        backend.prepare(f"k{i}", i % 2, (LOW, HIGH)[i // 2 % 2], 5 + i, 1024 + i) for i in range(6)
+    ]
+    entries = checkpoint.load(backend.checkpoint, backend._node.name)
+    assert [(e.key, e.vgpu_id, e.card_index, e.priority, e.core_share, e.memory_mib)
+            for e in entries] == [(v.key, v.vgpu_id, v.card_index, v.priority, v.core_share,
+                                   v.memory_mib) for v in made]  # fmt: skip

@@ -45,9 +45,13 @@ class AgentBackend:
         core_share: int,
         memory_mib: int,
         policy: str | None = None,
+        *,
+        durable: bool = True,
     ) -> LocalVgpu:
         if not key.startswith(ALLOCATOR_KEY):
-            return self._local.prepare(key, card_index, priority, core_share, memory_mib, policy)
+            return self._local.prepare(
+                key, card_index, priority, core_share, memory_mib, policy, durable=durable
+            )
         wanted = key.removeprefix(ALLOCATOR_KEY)
         for local_id, vgpu in list(self._converger.held.items()):
             if str(vgpu.id) == wanted:
@@ -55,6 +59,9 @@ class AgentBackend:
                 return self._local.describe(key, local_id, index, vgpu.priority, vgpu.vcore,
                                             vgpu.vmemory_mib)  # fmt: skip
         raise BackendError(f"vGPU {wanted} is not applied on this node yet; try again shortly")
+
+    def save(self) -> None:
+        self._local.save()
 
     def release(self, key: str) -> None:
         """An allocator vGPU leaves with its claim (the extender's reaper deletes it)."""

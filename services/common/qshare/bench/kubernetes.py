@@ -6,10 +6,11 @@ driver segment; each claim is then checked usable (its vGPU in the segment with 
 limit, its CDI spec on disk). The claims reach the API server after the plugin started, as
 the scheduler allocates them in a cluster, so the plugin's LIST + WATCH cache receives them
 as watch events; the result counts the prepares served from it and those that fell back to
-a GET. Baselines in the same run: the same 100 prepares made directly on the backend (no
-gRPC, no API server); the 100 claim GETs alone against the API server double (a Python
-http.server in its own process: what each prepare paid before the cache); and 100 empty
-NodePrepareResources at once after the prepares (the Python gRPC round trip on its own).
+a GET, and the checkpoint saves their group commits made. Baselines in the same run: the
+same 100 prepares made directly on the backend (no gRPC, no API server); the 100 claim GETs
+alone against the API server double (a Python http.server in its own process: what each
+prepare paid before the cache); and 100 empty NodePrepareResources at once after the
+prepares (the Python gRPC round trip on its own).
 
 Extender: filter then prioritize over 1,000 simulated nodes (8 cards each) registered in a
 real allocator (Postgres, NATS), through the API process's extender verbs. Baseline in the
@@ -88,7 +89,8 @@ def table(result: dict[str, Any]) -> str:
     lines += [f"{n:<30} {p['p50']:>8.2f} {p['p99']:>8.2f}  {note}" for n, p, note in rows]
     lines.append(
         f"claims usable after prepare: {dra['claims_usable']}/{dra['claims']} "
-        f"({dra['claims_from_cache']} read from the watch cache, {dra['claims_got']} by GET); "
+        f"({dra['claims_from_cache']} read from the watch cache, {dra['claims_got']} by GET, "
+        f"{dra['checkpoint_saves']} checkpoint saves); "
         f"prepare p99 / backend p99 = {dra['p99_ratio']}; "
         f"filter+prioritize p99 / preview p99 = {ext['p99_ratio']}"
     )
@@ -162,6 +164,7 @@ def _dra(count: int) -> dict[str, Any]:
                     ]
                 )
                 cached = plugin.claims.hits
+                saves = plugin.commits.flushes
             finally:
                 plugin.stop()
                 kube.close()
@@ -181,6 +184,7 @@ def _dra(count: int) -> dict[str, Any]:
         "grpc_empty_ms": percentiles(empty, QS),
         "claims_from_cache": cached,
         "claims_got": count - cached,
+        "checkpoint_saves": saves,
         "p99_ratio": round(prepare["p99"] / max(backend_ms["p99"], 1e-6), 1),
     }
 

@@ -64,7 +64,9 @@ CardWatcher = Callable[[list[CardInfo]], None]
 
 
 class VgpuBackend(Protocol):
-    """What the plugins need from the node agent. `prepare` is idempotent by `key`."""
+    """What the plugins need from the node agent. `prepare` is idempotent by `key`; a vGPU
+    it returns is on disk (survives a restart of the agent) unless `durable=False`, in which
+    case the caller must `save()` before telling anyone the vGPU is ready."""
 
     def cards(self) -> list[CardInfo]: ...
 
@@ -76,9 +78,16 @@ class VgpuBackend(Protocol):
         core_share: int,
         memory_mib: int,
         policy: str | None = None,
+        *,
+        durable: bool = True,
     ) -> LocalVgpu:
         """`policy` (a claim's hint) is set on the card if it has no vGPUs yet; a card
         running vGPUs under another policy refuses it with `BackendError`."""
+        ...
+
+    def save(self) -> None:
+        """Return once every change made before this call is on disk; concurrent callers
+        share one write. Raises `OSError` when it cannot be written."""
         ...
 
     def release(self, key: str) -> None: ...

@@ -3,6 +3,7 @@ environment and mount the interposer and the segment into the container."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -50,21 +51,42 @@ def edits(vgpu: LocalVgpu) -> dict[str, Any]:
 
 
 class CdiWriter:
-    """Writes and removes spec files `qshare.io-<owner>.json` in the CDI directory."""
+    """Writes and removes spec files `qshare.io-<owner>.json` in the CDI directory (made on
+    the first write, and again if it was removed)."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
+        self._prefix = f"{directory}/{VENDOR}-"
 
     def path(self, owner: str) -> Path:
-        return self.directory / f"{VENDOR}-{device_name(owner)}.json"
+        return Path(self._file(owner))
+
+    def _file(self, owner: str) -> str:
+        return f"{self._prefix}{device_name(owner)}.json"
 
     def write(self, owner: str, vgpus: list[LocalVgpu]) -> Path:
-        self.directory.mkdir(parents=True, exist_ok=True)
-        path = self.path(owner)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(spec(vgpus)))
-        os.replace(tmp, path)
-        return path
+        """Replace the owner's spec atomically (a runtime reading it sees the old or new)."""
+        path = self._file(owner)
+        body = json.dumps(spec(vgpus)).encode()
+        try:
+            _replace(path, body)
+        except FileNotFoundError:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            _replace(path, body)
+        return Path(path)
 
     def remove(self, owner: str) -> None:
-        self.path(owner).unlink(missing_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._file(owner))
+
+
+def _replace(path: str, body: bytes) -> None:
+    tmp = f"{path}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        written = 0
+        while written < len(body):
+            written += os.write(fd, body[written:])
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)

@@ -5,16 +5,19 @@ cards as a ResourceSlice, republished when a card's health or policy changes.
 Prepare reads the claim's allocation from the claims held by LIST + WATCH (`ClaimCache`;
 a GET to the API server when the claim is not held yet), asks the backend for one vGPU per
 allocated share (idempotent by claim, request, device and share), writes the claim's CDI
-spec and answers with its CDI device ids. Each claim gets its own answer or error; a claim
-that fails gives back whatever this call made for it.
+spec and answers with its CDI device ids once the vGPUs are saved; prepares served together
+share one save of the checkpoint (`GroupCommit`). Each claim gets its own answer or error;
+a claim that fails gives back whatever this call made for it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -25,6 +28,7 @@ from qshare_node_agent.kubernetes.apiserver import ApiError, KubeApi
 from qshare_node_agent.kubernetes.backend import BackendError, CardInfo, LocalVgpu, VgpuBackend
 from qshare_node_agent.kubernetes.claim_cache import ClaimCache
 from qshare_node_agent.kubernetes.config import KubernetesSettings
+from qshare_node_agent.kubernetes.group_commit import GroupCommit
 from qshare_node_agent.kubernetes.registration import Registration
 from qshare_node_agent.kubernetes.sockets import LoopSocketServer, SocketServer
 
@@ -42,6 +46,7 @@ class DraPlugin:
         self.api = api
         self.claims = ClaimCache(api)
         self.cdi = cdi.CdiWriter(settings.cdi_dir)
+        self.commits = GroupCommit(backend.save)
         self.registration = Registration(
             "DRAPlugin", settings.driver, str(settings.dra_socket), SERVICES
         )
@@ -130,36 +135,63 @@ class DraPlugin:
         ]
 
     async def _prepare_async(self, request: Any, context: Any) -> Any:
-        """On the server's loop when every claim is held (no I/O but the node's own, under a
-        millisecond); in a thread when one must be read from the API server."""
-        if all(self.claims.holds(c.namespace, c.name, c.uid) for c in request.claims):
-            return self._prepare_rpc(request, context)
-        return await asyncio.to_thread(self._prepare_rpc, request, context)
+        """On the server's loop when every claim is held (no I/O but the node's own, well
+        under a millisecond), answered once a group commit saved it; in a thread, saved
+        there, when a claim must be read from the API server."""
+        if not all(self.claims.holds(c.namespace, c.name, c.uid) for c in request.claims):
+            return await asyncio.to_thread(self._prepare_rpc, request, context)
+        response, staged = self._prepare_all(request, durable=False)
+        if not staged:  # nothing made: nothing to wait for
+            return response
+        try:
+            await self.commits.durable()
+        except Exception as exc:
+            log.error("saving the prepared claims failed: %s", exc)
+            self._fail_unsaved(request, response, staged, exc)
+        return response
 
     async def _unprepare_async(self, request: Any, context: Any) -> Any:
+        """Runs once the save now pending is done: a prepare of the same claim that it
+        covers is answered before this releases the claim."""
+        await self.commits.settled()
         return self._unprepare_rpc(request, context)
 
     def _prepare_rpc(self, request: Any, context: Any) -> Any:
+        return self._prepare_all(request, durable=True)[0]
+
+    def _prepare_all(self, request: Any, durable: bool) -> tuple[Any, dict[str, _Staged]]:
+        """The answer to every claim of the request, and what was made for each claim."""
         response = _api_of(request).message("NodePrepareResourcesResponse")
+        staged: dict[str, _Staged] = {}
         for claim in request.claims:
             answer = response.claims[claim.uid]
             try:
-                for share, vgpu in self.prepare_claim(claim.namespace, claim.name, claim.uid):
-                    answer.devices.add(
-                        request_names=[share.request],
-                        pool_name=self.settings.node_name,
-                        device_name=share.device,
-                        cdi_device_ids=[cdi.qualified(cdi.device_name(vgpu.key))],
-                    )
-            except (ClaimError, BackendError, ApiError) as exc:
-                answer.error = f"claim {claim.namespace}/{claim.name} ({claim.uid}): {exc}"
-            except Exception as exc:  # a claim shaped unlike any ResourceClaim: this claim fails
-                log.exception("preparing claim %s failed", claim.uid)
-                answer.error = (
-                    f"claim {claim.namespace}/{claim.name} ({claim.uid}) cannot be read: "
-                    f"{type(exc).__name__}: {exc}"
+                made = staged[claim.uid] = self._prepare(
+                    claim.namespace, claim.name, claim.uid, durable
                 )
-        return response
+            except Exception as exc:
+                _refuse(answer, claim, exc)
+                continue
+            for share, vgpu in made.vgpus:
+                answer.devices.add(
+                    request_names=[share.request],
+                    pool_name=self.settings.node_name,
+                    device_name=share.device,
+                    cdi_device_ids=[cdi.qualified(cdi.device_name(vgpu.key))],
+                )
+        return response, staged
+
+    def _fail_unsaved(
+        self, request: Any, response: Any, staged: dict[str, _Staged], exc: Exception
+    ) -> None:
+        """Claims whose save failed get an error and give back what this call made."""
+        for claim in request.claims:
+            made = staged.get(claim.uid)
+            if made is not None:
+                self._give_back(made)
+                answer = response.claims[claim.uid]
+                del answer.devices[:]
+                _refuse(answer, claim, OSError(f"its vGPUs could not be saved: {exc}"))
 
     def _unprepare_rpc(self, request: Any, context: Any) -> Any:
         response = _api_of(request).message("NodeUnprepareResourcesResponse")
@@ -175,7 +207,12 @@ class DraPlugin:
     def prepare_claim(
         self, namespace: str, name: str, uid: str
     ) -> list[tuple[DeviceShare, LocalVgpu]]:
-        """Make the claim's vGPUs and its CDI spec; all or nothing."""
+        """Make the claim's vGPUs and its CDI spec, saved; all or nothing."""
+        return self._prepare(namespace, name, uid, durable=True).vgpus
+
+    def _prepare(self, namespace: str, name: str, uid: str, durable: bool) -> _Staged:
+        """All or nothing; unless `durable`, the caller must `backend.save()` (and give
+        back what was made if that fails) before answering."""
         claim = self.claims.get(namespace, name, uid) or self._read_claim(namespace, name)
         wanted = shares(
             claim,
@@ -185,26 +222,34 @@ class DraPlugin:
             self._card_mib,
             self.settings.min_vgpu_mib,
         )
-        before = set(self.backend.prepared())
-        made: list[tuple[DeviceShare, LocalVgpu]] = []
+        before = self.backend.prepared()
+        made = _Staged(uid, [], [])
         try:
             for share in wanted:
+                key, config = share.key(uid), share.config
                 vgpu = self.backend.prepare(
-                    share.key(uid),
-                    share.card_index,
-                    share.config.priority,
-                    share.cores,
-                    share.memory_mib,
-                    share.config.policy,
-                )
-                made.append((share, vgpu))
-            self.cdi.write(_owner(uid), [v for _, v in made])
+                    key, share.card_index, config.priority, share.cores, share.memory_mib,
+                    config.policy, durable=durable,
+                )  # fmt: skip
+                made.vgpus.append((share, vgpu))
+                if key not in before:
+                    made.new.append(key)
+            self.cdi.write(_owner(uid), [v for _, v in made.vgpus])
         except Exception:
-            for _share, vgpu in made:
-                if vgpu.key not in before:
-                    self.backend.release(vgpu.key)
+            self._give_back(made)
             raise
         return made
+
+    def _give_back(self, made: _Staged) -> None:
+        """Release what this prepare made; a claim prepared before (nothing new: a claim
+        is prepared whole or not at all) keeps its vGPUs and its spec."""
+        if not made.new:
+            return
+        with _logged(f"removing the CDI spec of claim {made.uid}"):
+            self.cdi.remove(_owner(made.uid))
+        for key in made.new:
+            with _logged(f"releasing {key}"):  # a failed save still releases it in memory
+                self.backend.release(key)
 
     def _read_claim(self, namespace: str, name: str) -> dict[str, Any]:
         try:
@@ -230,6 +275,34 @@ class DraPlugin:
 
 def _card_mib(cards: list[CardInfo]) -> dict[int, int]:
     return {c.index: c.memory_mib for c in cards}
+
+
+@dataclass
+class _Staged:
+    """What one prepare made for a claim: its vGPUs, `new` the keys it created."""
+
+    uid: str
+    vgpus: list[tuple[DeviceShare, LocalVgpu]]
+    new: list[str]
+
+
+def _refuse(answer: Any, claim: Any, exc: Exception) -> None:
+    """The claim's error: a refusal or a failed write names what is wrong; anything else
+    means a claim shaped unlike any ResourceClaim, and is logged."""
+    where = f"claim {claim.namespace}/{claim.name} ({claim.uid})"
+    if isinstance(exc, ClaimError | BackendError | ApiError | OSError):
+        answer.error = f"{where}: {exc}"
+        return
+    log.error("preparing claim %s failed", claim.uid, exc_info=exc)
+    answer.error = f"{where} cannot be read: {type(exc).__name__}: {exc}"
+
+
+@contextlib.contextmanager
+def _logged(what: str) -> Iterator[None]:
+    try:
+        yield
+    except (BackendError, OSError) as exc:
+        log.error("%s failed: %s", what, exc)
 
 
 def _owner(uid: str) -> str:

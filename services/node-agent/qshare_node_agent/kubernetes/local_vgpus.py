@@ -57,14 +57,16 @@ class LocalVgpus:
         self._cards = {c.index: c for c in cards}
         self._health = dict.fromkeys(self._cards, True)
         self._min_mib = min_vgpu_mib
-        self._library = interposer or find_library(None, os.environ)
+        library = interposer or find_library(None, os.environ)
+        self._library_mount = None if library is None else Mount(str(library), CONTAINER_LIBRARY)
         self._device_nodes = device_nodes
+        self._nodes_of: dict[int, tuple[str, ...]] = {}  # each card's, looked up once
         self._lock = threading.Lock()
         self._save_lock = threading.Lock()
         self._generation = 0  # of the in-memory state; bumped by every change
         self._saved = 0  # the generation on disk
         self._vgpus: dict[str, LocalVgpu] = {}
-        self._entries: dict[str, checkpoint.Entry] = {}  # the checkpoint's, made once each
+        self._entries: dict[str, str] = {}  # the checkpoint's, serialised once each
         self._watchers: list[CardWatcher] = []
         self.segment_dir = Path(node.directory or os.environ.get("QSHARE_SHM_DIR") or "/dev/shm")
         self.checkpoint = checkpoint.checkpoint_path(self.segment_dir, node.name)
@@ -120,22 +122,44 @@ class LocalVgpus:
         core_share: int,
         memory_mib: int,
         policy: str | None = None,
+        *,
+        durable: bool = True,
     ) -> LocalVgpu:
+        """A key prepared already is answered as it is (once on disk, when `durable`)."""
         with self._lock:
-            existing = self._vgpus.get(key)
+            existing, switched = self._vgpus.get(key), False
             if existing is not None:
-                return self._same(existing, card_index, priority, core_share, memory_mib)
-            card = self._check(card_index, core_share, memory_mib)
-            switched = policy is not None and self._apply_policy(card, Policy.parse(policy))
-            prio = Priority(priority)
-            vgpu = self._describe(key, self._free_id(), card, prio, core_share, memory_mib)
-            self._create(vgpu)
-            self._keep(vgpu)
-            generation = self._changed()
-        self._persist(generation)
+                vgpu = self._same(existing, card_index, priority, core_share, memory_mib)
+            else:
+                vgpu, switched = self._make(
+                    key, card_index, priority, core_share, memory_mib, policy
+                )
+            generation = self._generation
+        if durable:
+            self._persist(generation)
         if switched:
             self._notify()
         return vgpu
+
+    def _make(
+        self,
+        key: str,
+        card_index: int,
+        priority: Priority,
+        core_share: int,
+        memory_mib: int,
+        policy: str | None,
+    ) -> tuple[LocalVgpu, bool]:
+        """Create the vGPU in the segment and keep it (the caller holds `_lock`); True when
+        the card's policy was switched for it."""
+        card = self._check(card_index, core_share, memory_mib)
+        switched = policy is not None and self._apply_policy(card, Policy.parse(policy))
+        prio = Priority(priority)
+        vgpu = self._describe(key, self._free_id(), card, prio, core_share, memory_mib)
+        self._create(vgpu)
+        self._keep(vgpu)
+        self._changed()
+        return vgpu, switched
 
     def _apply_policy(self, card: Card, wanted: Policy) -> bool:
         """Give an empty card the policy a claim asks for (True when it changed); a card
@@ -178,7 +202,9 @@ class LocalVgpus:
 
     def restore(self) -> list[str]:
         """Re-apply the checkpoint: keep vGPUs the segment still has, re-create the missing
-        ones with their old ids. Returns the keys that could not be restored (and dropped)."""
+        ones with their old ids, destroy the local vGPUs it does not name (made by a prepare
+        that was never saved, so never answered). Returns the keys that could not be
+        restored (and dropped)."""
         lost: list[str] = []
         with self._lock:
             for entry in checkpoint.load(self.checkpoint, self._node.name):
@@ -197,9 +223,17 @@ class LocalVgpus:
                     self._keep(vgpu)
                 except BackendError:
                     lost.append(entry.key)
+            self._drop_unsaved()
             generation = self._changed()
         self._persist(generation)
         return lost
+
+    def _drop_unsaved(self) -> None:
+        kept = {v.vgpu_id for v in self._vgpus.values()}
+        for vgpu_id in self._node.list_vgpus():
+            if vgpu_id >= FIRST_LOCAL_ID and vgpu_id not in kept:
+                with contextlib.suppress(NotFoundError):
+                    self._node.destroy_vgpu(vgpu_id)
 
     def _keep(self, vgpu: LocalVgpu) -> None:
         self._vgpus[vgpu.key] = vgpu
@@ -258,6 +292,11 @@ class LocalVgpus:
             raise BackendError(f"segment holds vGPU {vgpu.vgpu_id} with another shape")
         return True
 
+    def save(self) -> None:
+        with self._lock:
+            generation = self._generation
+        self._persist(generation)
+
     def _changed(self) -> int:
         """Count a change of the in-memory state (the caller holds `_lock`)."""
         self._generation += 1
@@ -293,8 +332,14 @@ class LocalVgpus:
             vgpu,
             env=self._env(vgpu),
             mounts=self._mounts(vgpu_id),
-            device_nodes=self._device_nodes(card.index),
+            device_nodes=self._card_nodes(card.index),
         )
+
+    def _card_nodes(self, index: int) -> tuple[str, ...]:
+        nodes = self._nodes_of.get(index)
+        if nodes is None:
+            nodes = self._nodes_of[index] = self._device_nodes(index)
+        return nodes
 
     def _env(self, vgpu: LocalVgpu) -> dict[str, str]:
         return {
@@ -309,23 +354,23 @@ class LocalVgpus:
         """The interposer and the vGPU's attach directory (its socket: the container's only
         way to the driver, see docs/driver.md), at the same path as on the host. Nothing
         of the segment itself is mounted: the owner hands a client its mappings."""
-        attach = str(self.segment_dir / f"qshare.{self._node.name}.v{vgpu_id}")
-        mounts = [Mount(attach, attach, read_only=False)]
-        if self._library is not None:
-            mounts.insert(0, Mount(str(self._library), CONTAINER_LIBRARY))
-        return tuple(mounts)
+        attach = f"{self.segment_dir}/qshare.{self._node.name}.v{vgpu_id}"
+        mounts = (Mount(attach, attach, read_only=False),)
+        return mounts if self._library_mount is None else (self._library_mount, *mounts)
 
 
 def _policy_name(policy: Policy) -> str:
     return policy.name.lower().replace("_", "-")
 
 
-def _entry(v: LocalVgpu) -> checkpoint.Entry:
-    return checkpoint.Entry(
-        key=v.key,
-        vgpu_id=v.vgpu_id,
-        card_index=v.card_index,
-        priority=v.priority,
-        core_share=v.core_share,
-        memory_mib=v.memory_mib,
+def _entry(v: LocalVgpu) -> str:
+    return checkpoint.entry_json(
+        checkpoint.Entry(
+            key=v.key,
+            vgpu_id=v.vgpu_id,
+            card_index=v.card_index,
+            priority=v.priority,
+            core_share=v.core_share,
+            memory_mib=v.memory_mib,
+        )
     )

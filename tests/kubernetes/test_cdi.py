@@ -1,0 +1,34 @@
+"""CdiWriter: one spec file per owner, replaced whole, in a directory it makes when missing."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from qshare.contracts.domain import Priority
+from qshare_node_agent.kubernetes.backend import LocalVgpu
+from qshare_node_agent.kubernetes.cdi import CdiWriter
+
+from .conftest import validate_cdi
+
+VGPU = LocalVgpu("dra/u/gpu/gpu-0/s", 0x80000000, 0, "GPU-x", Priority.LOW, 10, 1024, "seg", "/s")
+
+
+def test_the_spec_directory_is_made_again_after_it_was_removed(short_dir: Path) -> None:
+    writer = CdiWriter(short_dir / "cdi")
+    writer.write("claim_a", [VGPU])
+    shutil.rmtree(short_dir / "cdi")
+    path = writer.write("claim_a", [VGPU])
+    validate_cdi(json.loads(path.read_text()))
+
+
+def test_a_written_spec_leaves_no_temporary_file(short_dir: Path) -> None:
+    writer = CdiWriter(short_dir / "cdi")
+    writer.write("claim_a", [VGPU])
+    writer.write("claim_a", [VGPU])
+    assert [p.name for p in (short_dir / "cdi").iterdir()] == ["qshare.io-claim_a.json"]
+
+
+def test_removing_a_spec_that_is_not_there_succeeds(short_dir: Path) -> None:
+    CdiWriter(short_dir / "cdi").remove("claim_gone")

@@ -1,0 +1,105 @@
+"""GroupCommit: handlers of one turn of the event loop share one flush, and each is
+answered only after the flush that covers it."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from qshare_node_agent.kubernetes.group_commit import GroupCommit
+
+
+class Disk:
+    """A flush that records what was on 'disk' each time it ran."""
+
+    def __init__(self) -> None:
+        self.changes: list[str] = []
+        self.saved: list[list[str]] = []
+        self.fail: Exception | None = None
+
+    def flush(self) -> None:
+        if self.fail is not None:
+            raise self.fail
+        self.saved.append(list(self.changes))
+
+
+async def change_then_wait(disk: Disk, commits: GroupCommit, name: str) -> list[str]:
+    disk.changes.append(name)
+    await commits.durable()
+    return disk.saved[-1]
+
+
+async def test_callers_of_one_turn_share_one_flush() -> None:
+    disk = Disk()
+    commits = GroupCommit(disk.flush)
+    await asyncio.gather(*(change_then_wait(disk, commits, f"c{i}") for i in range(5)))
+    assert commits.flushes == 1
+    assert disk.saved == [["c0", "c1", "c2", "c3", "c4"]]
+
+
+async def test_each_caller_is_answered_after_a_flush_holding_its_change() -> None:
+    disk = Disk()
+    commits = GroupCommit(disk.flush)
+    first = asyncio.ensure_future(change_then_wait(disk, commits, "a"))
+    await asyncio.sleep(0.01)  # the first flush has run
+    second = await change_then_wait(disk, commits, "b")
+    assert await first == ["a"]
+    assert second == ["a", "b"]
+    assert commits.flushes == 2
+
+
+async def test_a_caller_arriving_during_a_flush_waits_for_the_next_one() -> None:
+    disk = Disk()
+    late: list[asyncio.Future[list[str]]] = []
+
+    def flush_and_meet_a_late_caller() -> None:
+        disk.flush()
+        if not late:
+            late.append(asyncio.ensure_future(change_then_wait(disk, commits, "late")))
+
+    commits = GroupCommit(flush_and_meet_a_late_caller)
+    assert await change_then_wait(disk, commits, "early") == ["early"]
+    assert await late[0] == ["early", "late"]
+
+
+async def test_a_failing_flush_raises_in_every_caller_it_covered() -> None:
+    disk = Disk()
+    disk.fail = OSError("disk full")
+    commits = GroupCommit(disk.flush)
+    results = await asyncio.gather(
+        *(change_then_wait(disk, commits, n) for n in "ab"), return_exceptions=True
+    )
+    assert [str(r) for r in results] == ["disk full", "disk full"]
+
+
+async def test_the_next_flush_after_a_failure_runs_again() -> None:
+    disk = Disk()
+    disk.fail = OSError("disk full")
+    commits = GroupCommit(disk.flush)
+    with pytest.raises(OSError):
+        await change_then_wait(disk, commits, "a")
+    disk.fail = None
+    assert await change_then_wait(disk, commits, "b") == ["a", "b"]
+
+
+async def test_settled_waits_for_the_pending_flush_and_its_callers_first() -> None:
+    disk = Disk()
+    commits = GroupCommit(disk.flush)
+    order: list[str] = []
+
+    async def prepare() -> None:
+        await change_then_wait(disk, commits, "p")
+        order.append("prepare answered")
+
+    async def unprepare() -> None:
+        await commits.settled()
+        order.append("unprepare ran")
+
+    await asyncio.gather(prepare(), unprepare())
+    assert order == ["prepare answered", "unprepare ran"]
+
+
+async def test_settled_with_nothing_pending_is_done_at_once() -> None:
+    commits = GroupCommit(Disk().flush)
+    assert commits.settled().done()
