@@ -393,13 +393,14 @@ def _gpu_identity() -> tuple[str, str, int]:
 
 
 def _launch_overhead(tmp: Path, seconds: float, uuid: str, total: int) -> dict[str, float]:
-    """ns per tiny PyTorch launch: without qshare, as a high-priority vGPU, and as one whose
-    completion thread re-fences at most every 200 µs."""
+    """ns per tiny PyTorch launch: without qshare, as a high-priority vGPU, as one whose
+    completion thread re-fences at most every 200 µs, and as a low-priority vGPU (alone)."""
     figures: dict[str, float] = {}
     runs: list[tuple[str, int | None, str | None]] = [
         ("without_qshare", None, None),
         ("with_qshare", HP_VGPU, None),
         ("with_qshare_fence_200us", HP_VGPU, "200"),
+        ("with_qshare_low", LP_VGPU, None),
     ]
     with test_node(tmp, uuid, total, 100) as seg:
         for label, vgpu, fence in runs:
