@@ -16,13 +16,12 @@ import httpx
 import nats
 import pytest
 from nats.aio.client import Client
-from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from qshare.settings import ClusterSettings
+from qshare.testing.inventory import empty_tables
 from qshare.testing.servers import EmbeddedNats, EmbeddedPostgres, nats_url, postgres_url
 from qshare_allocator.app import Allocator
-from qshare_allocator.db import in_transaction
 from qshare_allocator.migrate import upgrade
 from qshare_allocator.settings import AllocatorSettings
 from qshare_api.app import create_app
@@ -124,12 +123,9 @@ async def admin_client(app: Any) -> AsyncIterator[httpx.AsyncClient]:
 
 @pytest.fixture(autouse=True)
 async def empty_inventory(engine: AsyncEngine, allocator: Allocator) -> None:
-    async def truncate(conn: AsyncConnection) -> None:
-        await conn.execute(
-            text("TRUNCATE nodes, gpus, claims, vgpus, outbox, preemptions, starvations CASCADE")
-        )
-
-    await in_transaction(engine, truncate)
+    await empty_tables(
+        engine, ("nodes", "gpus", "claims", "vgpus", "outbox", "preemptions", "starvations")
+    )
 
 
 StartAgent = Callable[..., Awaitable[NodeAgent]]

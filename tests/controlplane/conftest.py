@@ -12,7 +12,7 @@ import httpx
 import pytest
 from nats.aio.client import Client
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from qshare.bus import connect, options_for
 from qshare.contracts import rpc, subjects
@@ -20,9 +20,9 @@ from qshare.contracts.claims import ClaimSpec, ClaimView, CreateClaim, CreateCla
 from qshare.contracts.nodes import NodeRegistration, NodeView
 from qshare.natsauth import NatsAuth, ServiceRole
 from qshare.settings import ClusterSettings
+from qshare.testing.inventory import empty_tables
 from qshare.testing.servers import EmbeddedNats, EmbeddedPostgres, nats_url, postgres_url
 from qshare_allocator.app import Allocator
-from qshare_allocator.db import in_transaction
 from qshare_allocator.migrate import upgrade
 from qshare_allocator.settings import AllocatorSettings
 from qshare_api.app import create_app
@@ -126,12 +126,9 @@ async def api(
 async def empty_inventory(engine: AsyncEngine) -> None:
     """Every test starts with no nodes and no claims (tokens and classes stay)."""
 
-    async def truncate(conn: AsyncConnection) -> None:
-        await conn.execute(
-            text("TRUNCATE nodes, gpus, claims, vgpus, outbox, outbox_dead, quotas CASCADE")
-        )
-
-    await in_transaction(engine, truncate)  # retried if it deadlocks with a background sweep
+    await empty_tables(
+        engine, ("nodes", "gpus", "claims", "vgpus", "outbox", "outbox_dead", "quotas")
+    )
 
 
 def auth(token: str) -> dict[str, str]:

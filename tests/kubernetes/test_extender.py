@@ -14,13 +14,13 @@ import pytest
 from fastapi import FastAPI
 from nats.aio.client import Client
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from qshare.contracts import rpc, subjects
 from qshare.contracts.nodes import NodeRegistration, NodeView
 from qshare.natsauth import NatsAuth, ServiceRole
+from qshare.testing.inventory import empty_tables
 from qshare_allocator.app import Allocator
-from qshare_allocator.db import in_transaction
 from qshare_api.app import create_app
 from qshare_api.extender.reaper import Reaper
 from qshare_api.extender.settings import ExtenderSettings
@@ -36,10 +36,7 @@ HOSTNAME = "kubernetes.io/hostname"
 async def empty_inventory(engine: AsyncEngine) -> None:
     """Every test starts with no nodes and no claims."""
 
-    async def truncate(conn: AsyncConnection) -> None:
-        await conn.execute(text("TRUNCATE nodes, gpus, claims, vgpus, outbox CASCADE"))
-
-    await in_transaction(engine, truncate)
+    await empty_tables(engine, ("nodes", "gpus", "claims", "vgpus", "outbox"))
 
 
 @pytest.fixture
