@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -49,6 +50,14 @@ CDI_SCHEMA = Path(__file__).parents[2] / (
     "services/node-agent/qshare_node_agent/kubernetes/cdi-spec.schema.json"
 )
 _names = itertools.count()
+
+
+def wait_for(predicate: Any, timeout: float = 5.0) -> None:
+    """Until `predicate()` holds; fails the test after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.02)
 
 
 def validate_kubernetes(obj: dict[str, Any]) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import shutil
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -18,15 +17,8 @@ from qshare_node_agent.kubernetes.config import KubernetesSettings
 from qshare_node_agent.kubernetes.device_plugin import DevicePlugin
 from qshare_node_agent.kubernetes.local_vgpus import LocalVgpus
 
-from .conftest import CARDS, NODE
+from .conftest import CARDS, NODE, wait_for
 from .doubles import ApiServerDouble, KubeletDouble
-
-
-def wait_for(predicate: Any, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.02)
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ keeps them. A claim whose save fails is refused and leaves nothing behind."""
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ from qshare_node_agent.kubernetes.dra import DraPlugin
 from qshare_node_agent.kubernetes.local_vgpus import LocalVgpus
 
 from . import plugin_process
-from .conftest import CARDS, resource_claim, store_claim
+from .conftest import CARDS, resource_claim, store_claim, wait_for
 from .doubles import ApiServerDouble, KubeletDouble
 
 SEGMENT = "crash-test"
@@ -50,8 +49,7 @@ def plugin(
 ) -> Iterator[Any]:
     process = plugin_process.start(settings, shm, SEGMENT)
     yield process
-    process.kill()
-    process.join()
+    crash(process)
 
 
 def crash(process: Any) -> None:
@@ -111,7 +109,7 @@ def test_a_claim_whose_save_fails_is_refused_and_leaves_nothing(
     backend: LocalVgpus,
 ) -> None:
     claim = store_claim(apiserver, resource_claim("unsaved"))
-    wait_until_held(dra, claim)
+    wait_for(lambda: dra.claims.holds(*claim))  # served on the loop, saved by a group commit
     backend.checkpoint.with_suffix(".tmp").mkdir()  # the save's temporary file cannot be made
     answer = kubelet.prepare(settings.dra_socket, [claim]).claims[claim[2]]
     assert "could not be saved" in answer.error
@@ -120,10 +118,3 @@ def test_a_claim_whose_save_fails_is_refused_and_leaves_nothing(
     assert backend._node.list_vgpus() == []
     assert not dra.cdi.path(f"claim_{claim[2]}").exists()
     assert checkpoint.load(backend.checkpoint, backend._node.name) == []
-
-
-def wait_until_held(dra: DraPlugin, claim: tuple[str, str, str]) -> None:
-    deadline = time.monotonic() + 5
-    while not dra.claims.holds(*claim):
-        assert time.monotonic() < deadline, "the claim watch did not deliver the claim"
-        time.sleep(0.01)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 from pathlib import Path
 from typing import Any
 
@@ -23,18 +22,12 @@ from .conftest import (
     store_claim,
     validate_cdi,
     validate_kubernetes,
+    wait_for,
 )
 from .doubles import ApiServerDouble, KubeletDouble
 
 SLICE = "/apis/resource.k8s.io/v1/resourceslices/node-a-qshare-io"
 MIB = 1 << 20
-
-
-def wait_for(predicate: Any, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.02)
 
 
 def prepare_one(
