@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from qshare.bench import gpu_plot, traces
-from qshare.bench.testnode import HP_VGPU, LP_VGPU, percentile, test_node
+from qshare.bench.stats import percentile
+from qshare.bench.testnode import HP_VGPU, LP_VGPU, test_node
 from qshare.native_build import INTERPOSER, build_cuda
 
 HP_RATE_PER_S = 30.0
@@ -242,7 +243,7 @@ EXTRA_SCENARIOS = (
     Scenario("graph+lp_qshare_1ms_w2000", "graph", "resnet50", "qshare-1ms", window_us=2000),
     Scenario("graph+lp_qshare_mps_1ms", "graph", "resnet50", "qshare-1ms", mps=True),
     Scenario(
-        "graph+lp_qshare_mps_1ms_w2000", "graph", "resnet50", "qshare-1ms", True, window_us=2000
+        "graph+lp_qshare_mps_1ms_w2000", "graph", "resnet50", "qshare-1ms", mps=True, window_us=2000
     ),
     Scenario("graph+gpt2_qshare_1ms_w100", "graph", "gpt2", "qshare-1ms", window_us=100),
     Scenario("graph+gpt2_qshare_mps_1ms", "graph", "gpt2", "qshare-1ms", mps=True),
@@ -263,13 +264,19 @@ def _spawn(
     return subprocess.Popen(argv, env=env)
 
 
-def _env(vgpu: int | None, seg: str, shm: Path, mps_low: bool) -> dict[str, str]:
+def _env(
+    vgpu: int | None, seg: str, shm: Path, mps_low: bool, fence_us: int | None = None
+) -> dict[str, str]:
+    """A worker's environment: on the vGPU (none: plain), LP at MPS priority 1, HP's fence
+    interval."""
     env = dict(os.environ)
     if vgpu is not None:
         env.update(QSHARE_VGPU=str(vgpu), QSHARE_SEGMENT=seg, QSHARE_SHM_DIR=str(shm))
         env["LD_PRELOAD"] = str(INTERPOSER)
     if mps_low:
         env["CUDA_MPS_CLIENT_PRIORITY"] = "1"
+    if fence_us is not None:
+        env["QSHARE_HP_FENCE_INTERVAL_US"] = str(fence_us)
     return env
 
 
@@ -285,7 +292,10 @@ def _segment(tmp: Path, sc: Scenario, uuid: str, total: int) -> Iterator[str | N
         yield seg
 
 
-def _wait_ready(procs: list[tuple[str, subprocess.Popen[bytes], Path]], timeout_s: float) -> None:
+Worker = tuple[str, subprocess.Popen[bytes], Path]  # role, process, its result file
+
+
+def _wait_ready(procs: list[Worker], timeout_s: float) -> None:
     """Until every worker is warm (or has died, or the time is up)."""
     deadline = time.monotonic() + timeout_s
     for _, proc, out in procs:
@@ -295,16 +305,15 @@ def _wait_ready(procs: list[tuple[str, subprocess.Popen[bytes], Path]], timeout_
             time.sleep(0.05)
 
 
-def _start(sc: Scenario, tmp: Path, seg: str | None, seconds: float) -> list[Any]:
+def _start(sc: Scenario, tmp: Path, seg: str | None, seconds: float) -> list[Worker]:
     """The scenario's workers, warmed up together, then started at one signal."""
-    procs: list[tuple[str, subprocess.Popen[bytes], Path]] = []
+    procs: list[Worker] = []
     for role, kind, vgpu in (("lp", sc.lp, LP_VGPU), ("hp", sc.hp, HP_VGPU)):
         if kind is None:
             continue
         out = tmp / f"{role}-{time.monotonic_ns()}.json"
-        env = _env(vgpu if seg else None, seg or "", tmp, sc.mps and role == "lp")
-        if role == "hp" and sc.hp_fence_us is not None:
-            env["QSHARE_HP_FENCE_INTERVAL_US"] = str(sc.hp_fence_us)
+        fence = sc.hp_fence_us if role == "hp" else None
+        env = _env(vgpu if seg else None, seg or "", tmp, sc.mps and role == "lp", fence)
         run_s = seconds + (1.0 if role == "lp" and sc.hp else 0.0)  # LP outlasts HP's run
         procs.append((role, _spawn(role, kind, run_s, out, env), out))
     _wait_ready(procs, 240.0)
@@ -396,19 +405,16 @@ def _launch_overhead(tmp: Path, seconds: float, uuid: str, total: int) -> dict[s
     """ns per tiny PyTorch launch: without qshare, as a high-priority vGPU, as one whose
     completion thread re-fences at most every 200 µs, and as a low-priority vGPU (alone)."""
     figures: dict[str, float] = {}
-    runs: list[tuple[str, int | None, str | None]] = [
+    runs: list[tuple[str, int | None, int | None]] = [
         ("without_qshare", None, None),
         ("with_qshare", HP_VGPU, None),
-        ("with_qshare_fence_200us", HP_VGPU, "200"),
+        ("with_qshare_fence_200us", HP_VGPU, 200),
         ("with_qshare_low", LP_VGPU, None),
     ]
     with test_node(tmp, uuid, total, 100) as seg:
         for label, vgpu, fence in runs:
             out = tmp / f"launch-{label}.json"
-            env = _env(vgpu, seg, tmp, False)
-            if fence is not None:
-                env["QSHARE_HP_FENCE_INTERVAL_US"] = fence
-            proc = _spawn("launch", "-", seconds, out, env)
+            proc = _spawn("launch", "-", seconds, out, _env(vgpu, seg, tmp, False, fence))
             if proc.wait(timeout=300) == 0:
                 figures[label] = json.loads(out.read_text())["ns_per_launch"]
     if "with_qshare" in figures and "without_qshare" in figures:

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from qshare.bench import attach_scale, traces
-from qshare.bench.testnode import FAKE_UUID, HP_VGPU, LP_VGPU, percentile, test_node, vgpu_env
+from qshare.bench.stats import percentile
+from qshare.bench.testnode import FAKE_UUID, HP_VGPU, LP_VGPU, test_node, vgpu_env
 from qshare.native_build import TOOLS, build_cuda
 
 GIB = 1 << 30

@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 
 from qshare.native_build import FAKE_DIR, INTERPOSER, TOOLS
@@ -58,8 +58,3 @@ def vgpu_env(directory: Path, segment: str, vgpu: int | None) -> dict[str, str]:
     if vgpu is not None:
         env.update(QSHARE_VGPU=str(vgpu), LD_PRELOAD=str(INTERPOSER))
     return env
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
