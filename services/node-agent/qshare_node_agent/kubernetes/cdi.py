@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from qshare_node_agent.kubernetes import atomic_file
 from qshare_node_agent.kubernetes.backend import LocalVgpu
 
 CDI_VERSION = "0.6.0"
@@ -69,24 +70,12 @@ class CdiWriter:
         path = self._file(owner)
         body = json.dumps(spec(vgpus)).encode()
         try:
-            _replace(path, body)
+            atomic_file.replace(path, f"{path}.tmp", body, durable=False)
         except FileNotFoundError:
             self.directory.mkdir(parents=True, exist_ok=True)
-            _replace(path, body)
+            atomic_file.replace(path, f"{path}.tmp", body, durable=False)
         return Path(path)
 
     def remove(self, owner: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self._file(owner))
-
-
-def _replace(path: str, body: bytes) -> None:
-    tmp = f"{path}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        written = 0
-        while written < len(body):
-            written += os.write(fd, body[written:])
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)

@@ -8,13 +8,13 @@ Each entry is serialised once, when its vGPU is made; a save joins the stored te
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterable
 from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
 from qshare.contracts.domain import Priority
+from qshare_node_agent.kubernetes import atomic_file
 
 VERSION = 1
 
@@ -70,13 +70,4 @@ def save(path: Path, segment: str, entries: Iterable[str]) -> None:
     serialised again: a save costs about the same with a hundred entries as with one."""
     head = json.dumps({"version": VERSION, "segment": segment})
     body = f'{head[:-1]}, "entries": [{",".join(entries)}]}}'.encode()
-    tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        written = 0
-        while written < len(body):
-            written += os.write(fd, body[written:])
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+    atomic_file.replace(str(path), str(path.with_suffix(".tmp")), body, durable=True)
