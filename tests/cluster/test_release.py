@@ -43,6 +43,12 @@ class ClaimEvents:
     def kinds(self) -> list[str]:
         return [kind for kind, _ in self.seen]
 
+    async def released(self) -> bool:
+        return "released" in self.kinds()
+
+    def released_reason(self) -> str:
+        return str(dict(self.seen)["released"]["reason"])
+
 
 async def watch(
     nc: Client, claim_id: str, on_released: Callable[[], object] = lambda: None
@@ -73,11 +79,7 @@ async def test_a_deleted_claim_is_releasing_until_its_vgpu_has_left_the_segment(
     events = await watch(nc, claim["id"], lambda: held_by_segment(agent, local_id))
     deleted = await api.delete(f"/v1/claims/{claim['id']}")
     assert deleted.json()["status"] == "releasing", deleted.text
-
-    async def released() -> bool:
-        return "released" in events.kinds()
-
-    await eventually(released)
+    await eventually(events.released)
     assert [k for k in events.kinds() if k.startswith("releas")] == ["releasing", "released"]
     assert events.at_released == [False]
 
@@ -99,6 +101,19 @@ async def stopped_after_a_ready_claim(
     finally:
         await agent.stop()
     return settings.name
+
+
+async def releasing_on_a_stopped_node(
+    api: httpx.AsyncClient, nc: Client, bus_url: str, shm: Path
+) -> tuple[str, ClaimEvents]:
+    """A ready claim on a node whose agent then stopped, deleted (so `releasing`, with no
+    agent left to confirm): the node's name and the claim's events."""
+    name = await stopped_after_a_ready_claim(api, bus_url, shm)
+    claim = (await api.get("/v1/claims", params={"node": name})).json()["items"][0]
+    events = await watch(nc, claim["id"])
+    deleted = await api.delete(f"/v1/claims/{claim['id']}")
+    assert deleted.json()["status"] == "releasing", deleted.text
+    return name, events
 
 
 async def test_deleting_a_releasing_claim_again_returns_it_still_releasing(
@@ -124,18 +139,10 @@ async def impatient_allocator(database_url: str, bus_url: str) -> AsyncIterator[
 async def test_a_claim_whose_stopped_agent_never_confirms_is_released_with_the_reason(
     api: httpx.AsyncClient, nc: Client, database_url: str, bus_url: str, tmp_path: Path
 ) -> None:
-    name = await stopped_after_a_ready_claim(api, bus_url, tmp_path)
-    claim = (await api.get("/v1/claims", params={"node": name})).json()["items"][0]
-    events = await watch(nc, claim["id"])
-    deleted = await api.delete(f"/v1/claims/{claim['id']}")
-    assert deleted.json()["status"] == "releasing", deleted.text
-
-    async def released() -> bool:
-        return "released" in events.kinds()
-
+    name, events = await releasing_on_a_stopped_node(api, nc, bus_url, tmp_path)
     async with impatient_allocator(database_url, bus_url):
-        await eventually(released)
-    reason = dict(events.seen)["released"]["reason"]
+        await eventually(events.released)
+    reason = events.released_reason()
     assert reason == f"node {name} did not confirm the removal of the vGPUs within 0.5 s"
 
 
@@ -178,30 +185,16 @@ async def test_a_claim_held_on_a_not_ready_node_is_released_at_once(
 async def test_a_releasing_claim_whose_node_goes_not_ready_is_released_with_the_reason(
     api: httpx.AsyncClient, nc: Client, bus_url: str, tmp_path: Path
 ) -> None:
-    name = await stopped_after_a_ready_claim(api, bus_url, tmp_path)
-    claim = (await api.get("/v1/claims", params={"node": name})).json()["items"][0]
-    events = await watch(nc, claim["id"])
-    assert (await api.delete(f"/v1/claims/{claim['id']}")).json()["status"] == "releasing"
-
-    async def released() -> bool:
-        return "released" in events.kinds()
-
-    await eventually(released)  # the node timeout (3 s) comes before the apply timeout (10 s)
-    reason = dict(events.seen)["released"]["reason"]
+    name, events = await releasing_on_a_stopped_node(api, nc, bus_url, tmp_path)
+    await eventually(events.released)  # the node timeout (3 s) comes before the apply's (10 s)
+    reason = events.released_reason()
     assert reason == f"node {name} is NotReady; it removes the vGPUs when it is back"
 
 
 async def test_a_releasing_claim_on_a_removed_node_is_released_with_the_reason(
     api: httpx.AsyncClient, nc: Client, bus_url: str, tmp_path: Path
 ) -> None:
-    name = await stopped_after_a_ready_claim(api, bus_url, tmp_path)
-    claim = (await api.get("/v1/claims", params={"node": name})).json()["items"][0]
-    events = await watch(nc, claim["id"])
-    assert (await api.delete(f"/v1/claims/{claim['id']}")).json()["status"] == "releasing"
+    name, events = await releasing_on_a_stopped_node(api, nc, bus_url, tmp_path)
     assert (await api.delete(f"/v1/nodes/{name}")).status_code == 200
-
-    async def released() -> bool:
-        return "released" in events.kinds()
-
-    await eventually(released)
-    assert dict(events.seen)["released"]["reason"] == f"node {name} was removed"
+    await eventually(events.released)
+    assert events.released_reason() == f"node {name} was removed"
