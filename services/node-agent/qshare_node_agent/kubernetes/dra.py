@@ -204,12 +204,6 @@ class DraPlugin:
         return response
 
     # -- claims ------------------------------------------------------------------------
-    def prepare_claim(
-        self, namespace: str, name: str, uid: str
-    ) -> list[tuple[DeviceShare, LocalVgpu]]:
-        """Make the claim's vGPUs and its CDI spec, saved; all or nothing."""
-        return self._prepare(namespace, name, uid, durable=True).vgpus
-
     def _prepare(self, namespace: str, name: str, uid: str, durable: bool) -> _Staged:
         """All or nothing; unless `durable`, the caller must `backend.save()` (and give
         back what was made if that fails) before answering."""
