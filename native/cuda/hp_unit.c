@@ -49,7 +49,9 @@ static CUresult record_fence(void) {
     if (is_capturing != NULL && is_capturing(hp.stream, &status) == CUDA_SUCCESS && status != 0)
         return CUDA_ERROR_NOT_PERMITTED; /* never record into a capture from this thread */
     hp.recorded_ns = qs_now_ns();
-    return QSC_REAL(qsc_event_record_fn, cuEventRecord)(hp.fence, hp.stream);
+    CUresult rc = QSC_REAL(qsc_event_record_fn, cuEventRecord)(hp.fence, hp.stream);
+    if (rc == CUDA_SUCCESS) qsc_stats_count(QSC_STAT_HP_FENCES, 1);
+    return rc;
 }
 
 /* QSHARE_HP_FENCE_INTERVAL_US in ns: unset or empty is 0; anything but 0..100000 is refused

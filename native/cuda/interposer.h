@@ -4,6 +4,7 @@
 #ifndef QSHARE_INTERPOSER_H
 #define QSHARE_INTERPOSER_H
 
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "cuda_abi.h"
@@ -179,7 +180,8 @@ enum {
     QSC_UNIT_EVENT = 1,
     QSC_UNIT_JOINED = 2,
     QSC_UNIT_OPENING = 3,
-    QSC_UNIT_BATCHED = 4
+    QSC_UNIT_BATCHED = 4,
+    QSC_UNIT_KINDS
 };
 /* After submitting, within the same qsc_enter: `submitted` is the driver's result. Tracks
  * completion on `stream`. */
@@ -210,5 +212,44 @@ void qsc_lp_counted(uint64_t window_ns);
 uint64_t qsc_lp_window(const qsc_session *s);
 /* How many launches the window holds, by the current estimate (at least 1). */
 uint64_t qsc_lp_window_launches(uint64_t window_ns);
+/* The device ns per launch as last measured (0 before any), and the window last read. */
+uint64_t qsc_lp_estimate_ns(void);
+uint64_t qsc_lp_window_now(void);
+
+/* ---- statistics for diagnosis (stats.c): on only with QSHARE_STATS_FILE ---- */
+extern _Atomic int qsc_stats_on;
+/* Read QSHARE_STATS_FILE (at attach); a path that cannot be written is warned about. */
+void qsc_stats_init(void);
+enum {
+    QSC_STAT_FAILED,
+    QSC_STAT_LP_FENCE_LAUNCH,
+    QSC_STAT_LP_FENCE_TAIL,
+    QSC_STAT_LP_FENCE_MARKER,
+    QSC_STAT_LP_BATCH_DONE,
+    QSC_STAT_LP_WINDOW_WAITS,
+    QSC_STAT_LP_WINDOW_WAIT_NS,
+    QSC_STAT_HP_FENCES,
+    QSC_STAT_COUNT
+};
+/* Add `n` to a counter (nothing while statistics are off). */
+void qsc_stats_count(int counter, uint64_t n);
+/* One launch: its path (QSC_UNIT_*), its result, and where its time went. */
+void qsc_stats_launch(int tracked, CUresult rc, uint64_t own_ns, uint64_t driver_ns);
+
+/* A launch's timestamps: entry, just before and just after the driver's call (0: none). */
+typedef struct qsc_clock {
+    uint64_t entered, before_driver, after_driver;
+} qsc_clock;
+
+static inline int qsc_stats_enabled(void) {
+    return atomic_load_explicit(&qsc_stats_on, memory_order_relaxed);
+}
+
+static inline uint64_t qsc_stamp(void) { return qsc_stats_enabled() ? qs_now_ns() : 0; }
+
+static inline void qsc_stats_timed(const qsc_clock *c, int tracked, CUresult rc) {
+    uint64_t driver = c->before_driver ? c->after_driver - c->before_driver : 0;
+    qsc_stats_launch(tracked, rc, qs_now_ns() - c->entered - driver, driver);
+}
 
 #endif

@@ -90,6 +90,7 @@ static void end_launches(const qsc_session *s, uint64_t covered, uint64_t device
     if (device_ns && s->client != NULL) qs_account_device_time(s->client, device_ns);
     for (uint64_t i = from; i < covered && s->client != NULL; i++) qs_launch_end(s->client);
     atomic_store(&lp.completed, covered);
+    qsc_stats_count(QSC_STAT_LP_BATCH_DONE, 1);
     atomic_fetch_add(&lp.done_seq, 1);
     if (atomic_load(&lp.done_waiters)) qs_futex_wake(&lp.done_seq, INT_MAX);
 }
@@ -147,7 +148,11 @@ static int burst_paused(uint64_t n) {
 
 static void fence_tail(uint64_t n) {
     pthread_mutex_lock(&lp.lock);
-    int pushed = lp.head != lp.tail || push_fence_locked(0);
+    int pushed = lp.head != lp.tail;
+    if (!pushed && push_fence_locked(0)) {
+        pushed = 1;
+        qsc_stats_count(QSC_STAT_LP_FENCE_TAIL, 1);
+    }
     pthread_mutex_unlock(&lp.lock);
     if (!pushed) { /* cannot fence them (a capture began): end them as they are */
         atomic_store(&lp.covered, n);
@@ -197,6 +202,15 @@ int qsc_lp_tracks(CUstream stream, CUcontext ctx) {
     return b == BOUND && lp.stream == stream && lp.ctx == ctx;
 }
 
+/* Wait for the window, counted and timed when statistics are on. */
+static void wait_for_room(uint32_t seq) {
+    uint64_t since = qsc_stamp();
+    qs_futex_wait(&lp.done_seq, seq, 0);
+    if (since == 0) return;
+    qsc_stats_count(QSC_STAT_LP_WINDOW_WAITS, 1);
+    qsc_stats_count(QSC_STAT_LP_WINDOW_WAIT_NS, qs_now_ns() - since);
+}
+
 void qsc_lp_wait_window(uint64_t window_ns) {
     for (;;) {
         uint32_t seq = atomic_load(&lp.done_seq);
@@ -207,7 +221,7 @@ void qsc_lp_wait_window(uint64_t window_ns) {
             atomic_fetch_add(&lp.work_seq, 1);
             qs_futex_wake(&lp.work_seq, 1);
         }
-        qs_futex_wait(&lp.done_seq, seq, 0);
+        wait_for_room(seq);
         atomic_fetch_sub(&lp.done_waiters, 1);
     }
 }
@@ -224,6 +238,7 @@ void qsc_lp_counted(uint64_t window_ns) {
     if (pthread_mutex_trylock(&lp.lock) != 0) return; /* another launch is closing one */
     int pushed = push_fence_locked(0);
     pthread_mutex_unlock(&lp.lock);
+    if (pushed) qsc_stats_count(QSC_STAT_LP_FENCE_LAUNCH, 1);
     if (pushed && atomic_load(&lp.watching)) { /* the completion thread waits: it has work */
         atomic_fetch_add(&lp.work_seq, 1);
         qs_futex_wake(&lp.work_seq, 1);
@@ -235,8 +250,9 @@ void qsc_lp_opening(const qsc_session *s) {
     if (atomic_load(&lp.launched) != done) return;
     atomic_store_explicit(&lp.window_ns, qs_client_lp_window_ns(s->client), memory_order_relaxed);
     pthread_mutex_lock(&lp.lock);
-    if (lp.head == lp.tail) push_fence_locked(1);
+    int pushed = lp.head == lp.tail && push_fence_locked(1);
     pthread_mutex_unlock(&lp.lock);
+    if (pushed) qsc_stats_count(QSC_STAT_LP_FENCE_MARKER, 1);
 }
 
 uint64_t qsc_lp_window(const qsc_session *s) {
@@ -252,3 +268,7 @@ uint64_t qsc_lp_window_launches(uint64_t window_ns) {
     uint64_t n = window_ns / estimate(window_ns);
     return n ? n : 1;
 }
+
+uint64_t qsc_lp_estimate_ns(void) { return atomic_load(&lp.est_ns); }
+
+uint64_t qsc_lp_window_now(void) { return atomic_load(&lp.window_ns); }

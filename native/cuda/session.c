@@ -84,6 +84,7 @@ static int parse_vgpu(const char *text, uint32_t *out) {
 
 static void attach(void) {
     session.failure = CUDA_ERROR_NOT_INITIALIZED;
+    qsc_stats_init();
     if (qsc_real_table[QSC_cuInit] == NULL) return; /* no driver: real.c said why */
     uint32_t vgpu;
     if (!parse_vgpu(getenv("QSHARE_VGPU"), &vgpu)) return;

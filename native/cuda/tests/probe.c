@@ -146,6 +146,8 @@ static CUresult launch_one(probe *p, const char *kind, CUfunction f) {
     if (strcmp(kind, "host") == 0) return d->cuLaunchHostFunc(p->stream, host_fn, NULL);
     if (strcmp(kind, "default") == 0) /* the default stream, not the probe's own */
         return d->cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
+    if (strcmp(kind, "legacy") == 0) /* the same stream by its other name */
+        return d->cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, CU_STREAM_LEGACY, NULL, NULL);
     return CUDA_ERROR_INVALID_VALUE;
 }
 
