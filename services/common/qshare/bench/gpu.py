@@ -215,6 +215,7 @@ class Scenario:
     mps: bool = False  # under MPS, LP at client priority 1
     window_us: int | None = None  # the card's LP window (None: the driver's default)
     hp_fence_us: int | None = None  # QSHARE_HP_FENCE_INTERVAL_US for the HP process
+    stats: bool = False  # workers write the interposer's statistics (QSHARE_STATS_FILE)
 
 
 SCENARIOS = (
@@ -254,6 +255,10 @@ EXTRA_SCENARIOS = (
         "eager+lp_qshare_100ms_fence200", "eager", "resnet50", "qshare-100ms", hp_fence_us=200
     ),
     Scenario("bert+lp_qshare_1ms_fence200", "bert", "resnet50", "qshare-1ms", hp_fence_us=200),
+    # Where a launch's time goes on the real driver (the timing costs ~0.1 µs per launch).
+    Scenario("lp_alone_qshare_stats", None, "resnet50", "qshare-100ms", stats=True),
+    Scenario("eager_alone_qshare_stats", "eager", None, "qshare-100ms", stats=True),
+    Scenario("graph+lp_qshare_1ms_stats", "graph", "resnet50", "qshare-1ms", stats=True),
 )
 
 
@@ -305,6 +310,16 @@ def _wait_ready(procs: list[Worker], timeout_s: float) -> None:
             time.sleep(0.05)
 
 
+def worker_env(sc: Scenario, role: str, vgpu: int, seg: str | None, out: Path) -> dict[str, str]:
+    """The environment of the scenario's `role` worker writing to `out`: on its vGPU under
+    qshare (`seg`), else plain; statistics, where the scenario asks, beside `out`."""
+    fence = sc.hp_fence_us if role == "hp" else None
+    env = _env(vgpu if seg else None, seg or "", out.parent, sc.mps and role == "lp", fence)
+    if sc.stats and seg:
+        env["QSHARE_STATS_FILE"] = str(out.with_suffix(".stats.json"))
+    return env
+
+
 def _start(sc: Scenario, tmp: Path, seg: str | None, seconds: float) -> list[Worker]:
     """The scenario's workers, warmed up together, then started at one signal."""
     procs: list[Worker] = []
@@ -312,8 +327,7 @@ def _start(sc: Scenario, tmp: Path, seg: str | None, seconds: float) -> list[Wor
         if kind is None:
             continue
         out = tmp / f"{role}-{time.monotonic_ns()}.json"
-        fence = sc.hp_fence_us if role == "hp" else None
-        env = _env(vgpu if seg else None, seg or "", tmp, sc.mps and role == "lp", fence)
+        env = worker_env(sc, role, vgpu, seg, out)
         run_s = seconds + (1.0 if role == "lp" and sc.hp else 0.0)  # LP outlasts HP's run
         procs.append((role, _spawn(role, kind, run_s, out, env), out))
     _wait_ready(procs, 240.0)
@@ -330,6 +344,8 @@ def _run_once(tmp: Path, sc: Scenario, seconds: float, uuid: str, total: int) ->
                 result[f"{role}_error"] = f"exit status {proc.returncode}"
                 continue
             result.update(_figures(role, json.loads(out.read_text())))
+            if (stats := out.with_suffix(".stats.json")).exists():
+                result[f"{role}_interposer"] = json.loads(stats.read_text())
     return result
 
 
@@ -401,25 +417,36 @@ def _gpu_identity() -> tuple[str, str, int]:
     return name, uuid, int(mib) << 20
 
 
-def _launch_overhead(tmp: Path, seconds: float, uuid: str, total: int) -> dict[str, float]:
+def _launch_overhead(
+    tmp: Path, seconds: float, uuid: str, total: int
+) -> tuple[dict[str, float], dict[str, Any]]:
     """ns per tiny PyTorch launch: without qshare, as a high-priority vGPU, as one whose
-    completion thread re-fences at most every 200 µs, and as a low-priority vGPU (alone)."""
+    completion thread re-fences at most every 200 µs, and as a low-priority vGPU (alone);
+    then, apart, both priorities again with the interposer's statistics (where the time goes)."""
     figures: dict[str, float] = {}
+    stats: dict[str, Any] = {}
     runs: list[tuple[str, int | None, int | None]] = [
         ("without_qshare", None, None),
         ("with_qshare", HP_VGPU, None),
         ("with_qshare_fence_200us", HP_VGPU, 200),
         ("with_qshare_low", LP_VGPU, None),
+        ("with_qshare_stats", HP_VGPU, None),
+        ("with_qshare_low_stats", LP_VGPU, None),
     ]
     with test_node(tmp, uuid, total, 100) as seg:
         for label, vgpu, fence in runs:
             out = tmp / f"launch-{label}.json"
-            proc = _spawn("launch", "-", seconds, out, _env(vgpu, seg, tmp, False, fence))
+            env = _env(vgpu, seg, tmp, False, fence)
+            if label.endswith("_stats"):
+                env["QSHARE_STATS_FILE"] = str(out.with_suffix(".stats.json"))
+            proc = _spawn("launch", "-", seconds, out, env)
             if proc.wait(timeout=300) == 0:
                 figures[label] = json.loads(out.read_text())["ns_per_launch"]
+            if (found := out.with_suffix(".stats.json")).exists():
+                stats[label] = json.loads(found.read_text())
     if "with_qshare" in figures and "without_qshare" in figures:
         figures["added"] = figures["with_qshare"] - figures["without_qshare"]
-    return figures
+    return figures, stats
 
 
 def _rounds(
@@ -475,6 +502,8 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         values = [float(r[key]) for r in runs if key in r]
         out[key] = statistics.median(values)
         out[f"{key}_spread"] = [min(values), max(values)]
+    for key in sorted({k for r in runs for k, v in r.items() if isinstance(v, dict)}):
+        out[key] = next(r[key] for r in runs if key in r)  # the first run's, as it was
     errors = [r[k] for r in runs for k in r if k.endswith("error")]
     if errors:
         out["errors"] = errors
@@ -546,7 +575,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     raw = _rounds(seconds, uuid, total, rounds, chosen_scenarios(args.only))
     result = _described(name, seconds, rounds, raw)
     with tempfile.TemporaryDirectory() as t:
-        result["launch_overhead_ns"] = _launch_overhead(Path(t), 3.0, uuid, total)
+        overhead, stats = _launch_overhead(Path(t), 3.0, uuid, total)
+        result["launch_overhead_ns"], result["launch_interposer"] = overhead, stats
     result["plot"] = gpu_plot.plot(result, args.out_dir)
     return result
 
@@ -561,6 +591,9 @@ def _merged(args: argparse.Namespace) -> dict[str, Any]:
     overheads = [p["launch_overhead_ns"] for p in parts if p.get("launch_overhead_ns")]
     result["launch_overhead_ns"] = overheads[-1] if overheads else {}
     result["launch_overhead_ns_runs"] = overheads
+    result["launch_interposer"] = next(
+        (p["launch_interposer"] for p in reversed(parts) if p.get("launch_interposer")), {}
+    )
     result["plot"] = gpu_plot.plot(result, args.out_dir)
     return result
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import statistics
 import subprocess
 import tempfile
@@ -143,6 +144,16 @@ def replay_figures(
     }
 
 
+def replay_stats(directory: Path, seg: str, timeline: Path, passes: int) -> dict[str, Any]:
+    """The interposer's statistics (QSHARE_STATS_FILE) over one more interposed run: the
+    same counters `qshare bench gpu` collects on the real driver."""
+    path = directory / "replay-stats.json"
+    env = vgpu_env(directory, seg, LP_VGPU) | {"QSHARE_STATS_FILE": str(path)}
+    replay_wall_ns(env, timeline, passes)
+    stats: dict[str, Any] = json.loads(path.read_text())
+    return stats
+
+
 def replay(directory: Path, seg: str, passes: int, repeats: int) -> dict[str, Any]:
     """The training trace, direct and under the interposer as LP: alone on the card (the
     target), then beside an idle high-priority process (the card's window in force), with
@@ -150,8 +161,10 @@ def replay(directory: Path, seg: str, passes: int, repeats: int) -> dict[str, An
     timeline = directory / "timeline.txt"
     traces.write_timeline(timeline, traces.LP_TRAINING)
     alone = replay_pairs(directory, seg, timeline, passes, repeats)
+    alone_stats = replay_stats(directory, seg, timeline, passes)
     with idle_high_priority(vgpu_env(directory, seg, HP_VGPU)):
         beside_hp = replay_pairs(directory, seg, timeline, passes, repeats)
+        beside_hp_stats = replay_stats(directory, seg, timeline, passes)
     window_ns = DEFAULT_LP_WINDOW_US * 1000
     return {
         "workload": traces.LP_TRAINING,
@@ -160,11 +173,13 @@ def replay(directory: Path, seg: str, passes: int, repeats: int) -> dict[str, An
         "runs": repeats,
         "launches_per_pass": alone[2],
         **replay_figures(*alone, passes),
+        "interposer": alone_stats,
         "lp_throughput_ratio_target": 0.97,
         "beside_idle_hp": {
             "lp_window_us": DEFAULT_LP_WINDOW_US,
             **replay_figures(*beside_hp, passes),
             "window_model_ratio": traces.window_model_ratio(traces.LP_TRAINING, window_ns),
+            "interposer": beside_hp_stats,
         },
     }
 
@@ -245,9 +260,23 @@ def table(result: dict[str, Any]) -> str:
             f"[{runs['min']:.3f}..{runs['max']:.3f}]  "
             f"added {row['ns_per_launch_added']:.0f} ns/launch"
         )
+        if "interposer" in row:
+            lines.append(f"    {stats_line(row['interposer'])}")
     b = r["beside_idle_hp"]
     lines.append(
         f"  target ratio (alone) >= {r['lp_throughput_ratio_target']}; a {b['lp_window_us']} us "
         f"window costs an ideal launcher {1 - b['window_model_ratio']:.1%}"
     )
     return "\n".join(lines)
+
+
+def stats_line(s: dict[str, Any]) -> str:
+    """One line of the interposer's statistics: paths, fences, window waits, ns per launch."""
+    paths = ", ".join(f"{k} {v}" for k, v in s["launches"].items() if v and k != "total")
+    fences = s["lp_fences_by_launch"] + s["lp_fences_by_tail"] + s["lp_fence_markers"]
+    own = s["ns_per_launch"]["interposer"]
+    return (
+        f"launches: {paths}; LP fences {fences}, window waits {s['lp_window_waits']} "
+        f"({s['lp_window_wait_ns'] / 1e6:.1f} ms); interposer ns/launch p50 {own['p50']:.0f} "
+        f"mean {own['mean']:.0f}"
+    )
