@@ -44,6 +44,14 @@ enum {
 #define CU_STREAM_LEGACY ((CUstream)0x1)
 #define CU_STREAM_PER_THREAD ((CUstream)0x2)
 
+/* cuStreamWaitValue32 flags (the comparison) and cuMemHostRegister flags. */
+enum { CU_STREAM_WAIT_VALUE_GEQ = 0, CU_STREAM_WAIT_VALUE_EQ = 1, CU_STREAM_WAIT_VALUE_AND = 2 };
+enum {
+    CU_MEMHOSTREGISTER_PORTABLE = 1,
+    CU_MEMHOSTREGISTER_DEVICEMAP = 2,
+    CU_MEMHOSTREGISTER_READ_ONLY = 8
+};
+
 /* cuEventCreate flags. */
 enum { CU_EVENT_DEFAULT = 0, CU_EVENT_BLOCKING_SYNC = 1, CU_EVENT_DISABLE_TIMING = 2 };
 

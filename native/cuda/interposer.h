@@ -62,6 +62,9 @@
     X(cuEventSynchronize, cuEventSynchronize, CUDA) \
     X(cuEventElapsedTime, cuEventElapsedTime, CUDA) \
     X(cuStreamIsCapturing, cuStreamIsCapturing, CUDA) \
+    X(cuMemHostRegister_v2, cuMemHostRegister, CUDA) \
+    X(cuMemHostGetDevicePointer_v2, cuMemHostGetDevicePointer, CUDA) \
+    X(cuStreamWaitValue32_v2, cuStreamWaitValue32, CUDA) \
     X(nvmlDeviceGetUUID, nvmlDeviceGetUUID, NVML)
 
 enum qsc_index {
@@ -200,8 +203,8 @@ int qsc_hp_opened(CUstream stream, CUcontext ctx, CUresult submitted);
 /* Launches a low-priority process may have between begin and end (all paths together). */
 #define QSC_LP_MAX_INFLIGHT (1u << 20)
 /* 1 if launches into `stream` from context `ctx` are tracked by batch (the first such
- * launch chooses the stream). */
-int qsc_lp_tracks(CUstream stream, CUcontext ctx);
+ * launch chooses the stream, and binds the device gate when asked for). */
+int qsc_lp_tracks(const qsc_session *s, CUstream stream, CUcontext ctx);
 /* Wait while the batched launches in flight are estimated at `window_ns` or more. */
 void qsc_lp_wait_window(uint64_t window_ns);
 /* Before a batched launch: when nothing is in flight, mark where its batch starts. */
@@ -216,6 +219,15 @@ uint64_t qsc_lp_window_launches(uint64_t window_ns);
 uint64_t qsc_lp_estimate_ns(void);
 uint64_t qsc_lp_window_now(void);
 
+/* ---- low priority's device gate (lp_device_gate.c) ---- */
+/* At the first batched launch (its context current): with QSHARE_LP_DEVICE_GATE=1, register
+ * the card's gate word with the GPU. 1 when the device gate is on. */
+int qsc_dgate_bind(const qsc_session *s);
+int qsc_dgate_on(void);
+/* After batched launch number `n` into `stream`: once the launches since the last wait are
+ * estimated at a slice of device time, enqueue the next wait on the gate word. */
+void qsc_dgate_after(CUstream stream, uint64_t n, uint64_t est_ns);
+
 /* ---- statistics for diagnosis (stats.c): on only with QSHARE_STATS_FILE ---- */
 extern _Atomic int qsc_stats_on;
 /* Read QSHARE_STATS_FILE (at attach); a path that cannot be written is warned about. */
@@ -229,6 +241,7 @@ enum {
     QSC_STAT_LP_WINDOW_WAITS,
     QSC_STAT_LP_WINDOW_WAIT_NS,
     QSC_STAT_HP_FENCES,
+    QSC_STAT_LP_GATE_WAITS,
     QSC_STAT_COUNT
 };
 /* Add `n` to a counter (nothing while statistics are off). */

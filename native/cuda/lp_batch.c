@@ -53,6 +53,13 @@ static struct {
 
 static pthread_once_t lp_once = PTHREAD_ONCE_INIT;
 
+/* The window in force: the card's, or with the device gate on (high priority then waits for
+ * a slice, not for the window), at least the one kept while nobody needs protecting. */
+static uint64_t window_of(const qsc_session *s) {
+    uint64_t w = qs_client_lp_window_ns(s->client);
+    return qsc_dgate_on() && w < QS_LP_WINDOW_ALONE_NS ? QS_LP_WINDOW_ALONE_NS : w;
+}
+
 static uint64_t estimate(uint64_t window) {
     uint64_t e = atomic_load_explicit(&lp.est_ns, memory_order_relaxed);
     return e ? e : window / EST_INITIAL_DIV + 1;
@@ -115,8 +122,7 @@ static void complete_oldest(fence f) {
     QSC_REAL(qsc_event_fn, cuEventSynchronize)(f.ev);
     const qsc_session *s = qsc_enter();
     if (s->client != NULL)
-        atomic_store_explicit(&lp.window_ns, qs_client_lp_window_ns(s->client),
-                              memory_order_relaxed);
+        atomic_store_explicit(&lp.window_ns, window_of(s), memory_order_relaxed);
     uint64_t device_ns = batch_device_ns(&f, f.covered - atomic_load(&lp.completed));
     end_launches(s, f.covered, device_ns);
     qsc_leave(s);
@@ -186,7 +192,7 @@ static void start_completion(void) {
     qsc_start_thread(completion_main, "the low-priority completion thread");
 }
 
-int qsc_lp_tracks(CUstream stream, CUcontext ctx) {
+int qsc_lp_tracks(const qsc_session *s, CUstream stream, CUcontext ctx) {
     if (!qsc_hp_coalescable(stream) || ctx == NULL) return 0;
     uint32_t b = atomic_load_explicit(&lp.bound, memory_order_acquire);
     if (b == UNBOUND) {
@@ -194,6 +200,7 @@ int qsc_lp_tracks(CUstream stream, CUcontext ctx) {
         if (atomic_compare_exchange_strong(&lp.bound, &unbound, BINDING)) {
             lp.stream = stream;
             lp.ctx = ctx;
+            qsc_dgate_bind(s);
             atomic_store_explicit(&lp.bound, BOUND, memory_order_release);
             pthread_once(&lp_once, start_completion);
         }
@@ -228,6 +235,7 @@ void qsc_lp_wait_window(uint64_t window_ns) {
 
 void qsc_lp_counted(uint64_t window_ns) {
     uint64_t n = atomic_fetch_add(&lp.launched, 1) + 1;
+    if (qsc_dgate_on()) qsc_dgate_after(lp.stream, n, estimate(window_ns));
     if (atomic_load(&lp.sleeping)) {
         atomic_fetch_add(&lp.work_seq, 1);
         qs_futex_wake(&lp.work_seq, 1);
@@ -248,7 +256,7 @@ void qsc_lp_counted(uint64_t window_ns) {
 void qsc_lp_opening(const qsc_session *s) {
     uint64_t done = atomic_load(&lp.completed);
     if (atomic_load(&lp.launched) != done) return;
-    atomic_store_explicit(&lp.window_ns, qs_client_lp_window_ns(s->client), memory_order_relaxed);
+    atomic_store_explicit(&lp.window_ns, window_of(s), memory_order_relaxed);
     pthread_mutex_lock(&lp.lock);
     int pushed = lp.head == lp.tail && push_fence_locked(1);
     pthread_mutex_unlock(&lp.lock);
@@ -258,7 +266,7 @@ void qsc_lp_opening(const qsc_session *s) {
 uint64_t qsc_lp_window(const qsc_session *s) {
     uint64_t w = atomic_load_explicit(&lp.window_ns, memory_order_relaxed);
     if (w == 0) {
-        w = qs_client_lp_window_ns(s->client);
+        w = window_of(s);
         atomic_store_explicit(&lp.window_ns, w, memory_order_relaxed);
     }
     return w;

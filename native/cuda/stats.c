@@ -23,7 +23,8 @@ static const char *const path_names[QSC_UNIT_KINDS] = {"untracked", "event", "jo
                                                        "opening", "batched"};
 static const char *const counter_names[QSC_STAT_COUNT] = {
     "failed",          "lp_fences_by_launch", "lp_fences_by_tail", "lp_fence_markers",
-    "lp_batches_done", "lp_window_waits",     "lp_window_wait_ns", "hp_fences"};
+    "lp_batches_done", "lp_window_waits",     "lp_window_wait_ns", "hp_fences",
+    "lp_device_gate_waits"};
 
 static struct {
     FILE *out;

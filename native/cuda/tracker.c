@@ -177,7 +177,7 @@ static int hp_fast(const qsc_session *s, CUstream stream, int *tracked, CUresult
 static CUresult lp_begin(const qsc_session *s, CUstream stream, int *tracked) {
     uint64_t window = qsc_lp_window(s);
     CUcontext ctx = current_context();
-    int batched = qsc_lp_tracks(stream, ctx);
+    int batched = qsc_lp_tracks(s, stream, ctx);
     if (batched) {
         qsc_lp_wait_window(window);
     } else {

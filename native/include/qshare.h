@@ -259,6 +259,12 @@ int qs_card_set_lp_window(qs_node *node, uint32_t index, uint64_t window_ns);
 /* The window as a launcher applies it now: the card's while a high-priority process is
  * attached to the card, else the larger of it and QS_LP_WINDOW_ALONE_NS. */
 uint64_t qs_client_lp_window_ns(qs_client *client);
+/* The card's gate word, for a device to wait on: a 32-bit value in the shared segment that is
+ * QS_GATE_WORD_OPEN exactly while low priority may run (high priority closes it; the release
+ * reopens it). Its page can be registered with the GPU so that queued low-priority work
+ * waits on it (the CUDA interposer's device gate). NULL for a NULL client. */
+#define QS_GATE_WORD_OPEN 0u
+const void *qs_client_gate_word(qs_client *client);
 /* Replace the vGPU's in-flight bound in launches for this process only (0: the vGPU's): a
  * launcher that bounds its in-flight work in device time itself lifts it. */
 int qs_client_set_inflight_cap(qs_client *client, uint32_t max_launches);

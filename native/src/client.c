@@ -453,6 +453,11 @@ uint64_t qs_client_lp_window_ns(qs_client *cl)
     return window > QS_LP_WINDOW_ALONE_NS ? window : QS_LP_WINDOW_ALONE_NS;
 }
 
+const void *qs_client_gate_word(qs_client *cl)
+{
+    return cl ? (const void *)&cl->cs->gate : NULL;
+}
+
 struct qs_segment *qs_client_segment(qs_client *cl, uint32_t *card)
 {
     *card = cl->card;

@@ -18,6 +18,7 @@
 
 enum qs_slot_state { QS_SLOT_FREE = 0, QS_SLOT_ACTIVE = 1, QS_SLOT_DESTROYED = 2 };
 enum qs_gate_state { QS_GATE_OPEN = 0, QS_GATE_CLOSED = 1, QS_GATE_RELEASING = 2 };
+_Static_assert(QS_GATE_OPEN == QS_GATE_WORD_OPEN, "the public gate word's open value");
 
 /* ---- configuration part: written by the owner only, mapped read-only by clients ---- */
 struct qs_cfg_card {

@@ -3,6 +3,8 @@ scenarios, merging runs from several leases, and the ratios against each workloa
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from qshare.bench import gpu
@@ -44,3 +46,28 @@ def test_ratios_are_taken_against_the_same_workloads_alone() -> None:
     assert row["hp_p99_added_ms"] == pytest.approx(0.5)
     assert row["lp_ratio"] == pytest.approx(0.6)
     assert row["harvest"] == pytest.approx(0.6 / 0.8)
+
+
+def test_a_summary_keeps_the_interposer_statistics_of_the_first_run_that_has_them() -> None:
+    runs = [
+        {"lp_items_per_s": 1.0},
+        {"lp_items_per_s": 3.0, "lp_interposer": {"launches": {"batched": 7}}},
+        {"lp_items_per_s": 2.0, "lp_interposer": {"launches": {"batched": 9}}},
+    ]
+    summary = gpu.summarize(runs)
+    assert summary["lp_items_per_s"] == 2.0
+    assert summary["lp_interposer"] == {"launches": {"batched": 7}}
+
+
+def test_a_statistics_scenario_has_its_workers_write_the_interposer_statistics(
+    tmp_path: Path,
+) -> None:
+    (sc,) = gpu.chosen_scenarios("lp_alone_qshare_stats")
+    env = gpu.worker_env(sc, "lp", 2, "seg", tmp_path / "lp-1.json")
+    assert env["QSHARE_STATS_FILE"] == str(tmp_path / "lp-1.stats.json")
+    assert env["QSHARE_VGPU"] == "2"
+
+
+def test_other_scenarios_keep_their_workers_free_of_statistics(tmp_path: Path) -> None:
+    (sc,) = gpu.chosen_scenarios("lp_alone_qshare")
+    assert "QSHARE_STATS_FILE" not in gpu.worker_env(sc, "lp", 2, "seg", tmp_path / "lp.json")

@@ -71,7 +71,7 @@ struct CUevent_st {
     uint64_t time_ns;
 };
 
-enum op_kind { OP_KERNEL, OP_EVENT, OP_HOST };
+enum op_kind { OP_KERNEL, OP_EVENT, OP_HOST, OP_WAIT };
 typedef struct op {
     enum op_kind kind;
     uint64_t duration_ns;
@@ -79,6 +79,8 @@ typedef struct op {
     CUevent event;
     CUhostFn fn;
     void *data;
+    const _Atomic uint32_t *word; /* OP_WAIT: runs once *word == value */
+    uint32_t value;
     struct op *next;
 } op;
 
@@ -105,6 +107,17 @@ static pthread_mutex_t streams_lock = PTHREAD_MUTEX_INITIALIZER;
 static CUstream all_streams;
 static CUstream default_stream;
 
+static _Atomic unsigned long kernels_done;
+
+/* A stream memory wait: the device polls the word, as a real card's front end does, every
+ * WAIT_POLL_NS; the stream's clock moves to when it saw the value. */
+#define WAIT_POLL_NS 5000ull
+static void wait_value(CUstream st, const op *o) {
+    while (atomic_load(o->word) != o->value) sleep_until_ns(now_ns() + WAIT_POLL_NS);
+    uint64_t seen = now_ns();
+    if (seen > st->clock_ns) st->clock_ns = seen;
+}
+
 static void complete_event(CUevent ev, uint64_t at_ns) {
     if (ev->timed) ev->time_ns = at_ns;
     atomic_store(&ev->state, EV_DONE);
@@ -118,7 +131,9 @@ static void run_op(CUstream st, op *o) {
     switch (o->kind) {
     case OP_KERNEL:
         if (o->duration_ns && st->clock_ns > now_ns()) sleep_until_ns(st->clock_ns);
+        atomic_fetch_add(&kernels_done, 1);
         break;
+    case OP_WAIT: wait_value(st, o); break;
     case OP_EVENT: complete_event(o->event, st->clock_ns); break;
     case OP_HOST: o->fn(o->data); break;
     }
@@ -180,7 +195,7 @@ static CUresult submit(CUstream stream, op o) {
     if (!atomic_load(&initialized)) return CUDA_ERROR_NOT_INITIALIZED;
     CUstream st = resolve(stream);
     if (st == NULL) return CUDA_ERROR_INVALID_HANDLE;
-    int instant = o.kind != OP_KERNEL || o.duration_ns == 0;
+    int instant = (o.kind != OP_KERNEL || o.duration_ns == 0) && o.kind != OP_WAIT;
     o.submit_ns = now_ns();
     if (instant && atomic_load(&st->pending) == 0) {
         run_op(st, &o); /* the device thread is parked: nothing else moves the clock */
@@ -455,6 +470,69 @@ EXPORT CUresult cuEventCreate(CUevent *event, unsigned int flags) {
 EXPORT CUresult cuEventDestroy_v2(CUevent event) {
     free(event);
     return CUDA_SUCCESS;
+}
+
+/* ---- page-locked host memory and stream memory operations ---- */
+#define REGISTERED_MAX 16
+static pthread_mutex_t registered_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+    uintptr_t from, to;
+} registered[REGISTERED_MAX];
+
+static int registered_slot(uintptr_t address) {
+    for (int i = 0; i < REGISTERED_MAX; i++)
+        if (registered[i].from <= address && address < registered[i].to) return i;
+    return -1;
+}
+
+EXPORT CUresult cuMemHostRegister_v2(void *p, size_t bytes, unsigned int flags) {
+    (void)flags;
+    if (p == NULL || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&registered_lock);
+    int free_slot = -1;
+    for (int i = 0; i < REGISTERED_MAX && free_slot < 0; i++)
+        if (registered[i].to == 0) free_slot = i;
+    if (free_slot >= 0) {
+        registered[free_slot].from = (uintptr_t)p;
+        registered[free_slot].to = (uintptr_t)p + bytes;
+    }
+    pthread_mutex_unlock(&registered_lock);
+    return free_slot >= 0 ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+EXPORT CUresult cuMemHostUnregister(void *p) {
+    pthread_mutex_lock(&registered_lock);
+    int slot = registered_slot((uintptr_t)p);
+    if (slot >= 0) registered[slot].from = registered[slot].to = 0;
+    pthread_mutex_unlock(&registered_lock);
+    return slot >= 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+/* Registered memory only; its device address is its host address (unified addressing). */
+EXPORT CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *dptr, void *p, unsigned int flags) {
+    if (dptr == NULL || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&registered_lock);
+    int slot = registered_slot((uintptr_t)p);
+    pthread_mutex_unlock(&registered_lock);
+    *dptr = (CUdeviceptr)(uintptr_t)p;
+    return slot >= 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+/* Only the equality wait, the one the interposer uses; the word must be registered. */
+EXPORT CUresult cuStreamWaitValue32_v2(CUstream stream, CUdeviceptr addr, uint32_t value,
+                                       unsigned int flags) {
+    if (flags != CU_STREAM_WAIT_VALUE_EQ) return CUDA_ERROR_NOT_SUPPORTED;
+    pthread_mutex_lock(&registered_lock);
+    int slot = registered_slot((uintptr_t)addr);
+    pthread_mutex_unlock(&registered_lock);
+    if (slot < 0 || addr % 4 != 0) return CUDA_ERROR_INVALID_VALUE;
+    const _Atomic uint32_t *word = (const _Atomic uint32_t *)(uintptr_t)addr;
+    return submit(stream, (op){.kind = OP_WAIT, .word = word, .value = value});
+}
+
+/* Test hook: how many kernels the device has run to their end so far. */
+EXPORT unsigned long qshare_fake_kernels_done(void) {
+    return atomic_load(&kernels_done);
 }
 
 static _Atomic unsigned long event_records;

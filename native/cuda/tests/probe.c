@@ -245,12 +245,18 @@ static void cmd_hold(probe *p) {
     printf("hold rc=%d\n", rc);
 }
 
-/* How many events the fake driver has recorded (-1 against a driver without the hook). */
-static void cmd_records(void) {
-    typedef unsigned long (*records_fn)(void);
-    records_fn records = (records_fn)dlsym(RTLD_DEFAULT, "qshare_fake_event_records");
-    printf("records n=%ld\n", records == NULL ? -1L : (long)records());
+/* A count the fake driver keeps, by its hook's name (-1 against a driver without it). */
+static long fake_count(const char *hook) {
+    typedef unsigned long (*count_fn)(void);
+    count_fn count = (count_fn)dlsym(RTLD_DEFAULT, hook);
+    return count == NULL ? -1L : (long)count();
 }
+
+/* How many events the fake driver has recorded. */
+static void cmd_records(void) { printf("records n=%ld\n", fake_count("qshare_fake_event_records")); }
+
+/* How many kernels the fake driver's device has run to their end. */
+static void cmd_kernels(void) { printf("kernels n=%ld\n", fake_count("qshare_fake_kernels_done")); }
 
 /* A child forked after attach that exits normally (running the interposer's exit path). */
 static void cmd_fork(void) {
@@ -281,6 +287,7 @@ static void run(probe *p, char *line) {
     else if (strcmp(cmd, "fork") == 0) cmd_fork();
     else if (strcmp(cmd, "hold") == 0) cmd_hold(p);
     else if (strcmp(cmd, "records") == 0) cmd_records();
+    else if (strcmp(cmd, "kernels") == 0) cmd_kernels();
     else printf("%s rc=-1 error=unknown-command\n", cmd);
     fflush(stdout);
 }

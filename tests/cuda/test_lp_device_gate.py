@@ -1,0 +1,101 @@
+"""Low priority's device gate (QSHARE_LP_DEVICE_GATE=1), through the interposer and the fake
+driver: queued low-priority work waits on the card's gate word on the device, so it stops
+when high priority closes the gate even though it was submitted before, and resumes on its
+own when the release reopens it; the process keeps its deep window beside high priority."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from .conftest import HP_VGPU, LP_VGPU, NodeOwner, Probe, run_probe
+
+MS = 1_000_000
+GATE_ON = {"QSHARE_LP_DEVICE_GATE": "1"}
+LP_KERNELS = 6  # of 5 ms each: 30 ms of queued work
+
+
+@pytest.fixture
+def hp(node: NodeOwner) -> Iterator[Probe]:
+    probe = Probe(node, HP_VGPU)
+    assert probe.ask("init")["rc"] == "0"
+    yield probe
+    probe.close()
+
+
+def kernels_done(probe: Probe) -> int:
+    return int(probe.ask("kernels")["n"])
+
+
+def queue_then_preempt(node: NodeOwner, hp: Probe, env: dict[str, str]) -> tuple[Probe, int, int]:
+    """LP queues LP_KERNELS kernels of 5 ms, then HP runs a 300 ms kernel: LP's kernels done
+    100 ms and 200 ms into HP's run."""
+    lp = Probe(node, LP_VGPU, extra_env=env)
+    assert lp.ask("init")["rc"] == "0"
+    assert lp.ask(f"launch kernel 5000 {LP_KERNELS}")["rc"] == "0"
+    assert hp.ask("launch kernel 300000 1")["rc"] == "0"
+    time.sleep(0.1)
+    early = kernels_done(lp)
+    time.sleep(0.1)
+    return lp, early, kernels_done(lp)
+
+
+def test_queued_low_priority_work_is_held_on_the_device_while_high_priority_runs(
+    node: NodeOwner, hp: Probe
+) -> None:
+    lp, early, late = queue_then_preempt(node, hp, GATE_ON)
+    try:
+        assert early == late < LP_KERNELS
+    finally:
+        lp.close()
+
+
+def test_held_low_priority_work_resumes_once_the_gate_reopens(
+    node: NodeOwner, hp: Probe
+) -> None:
+    lp, _, _ = queue_then_preempt(node, hp, GATE_ON)
+    try:
+        assert hp.ask("sync")["rc"] == "0"
+        assert lp.ask("sync")["rc"] == "0"
+        assert kernels_done(lp) == LP_KERNELS
+    finally:
+        lp.close()
+
+
+def test_without_the_device_gate_queued_work_runs_through_high_priority(
+    node: NodeOwner, hp: Probe
+) -> None:
+    """The contrast: the host gate only stops launches not yet made."""
+    lp, early, _ = queue_then_preempt(node, hp, {})
+    try:
+        assert early == LP_KERNELS
+    finally:
+        lp.close()
+
+
+def test_the_device_gate_keeps_the_deep_window_beside_high_priority(
+    node: NodeOwner, hp: Probe, tmp_path: Path
+) -> None:
+    path = tmp_path / "stats.json"
+    env = GATE_ON | {"QSHARE_STATS_FILE": str(path)}
+    commands = ["init", "launch kernel 1000 30", "sync"]
+    run = run_probe(node, LP_VGPU, commands, extra_env=env)
+    assert run.returncode == 0, run.stderr
+    stats = json.loads(path.read_text())
+    assert stats["lp_window_ns"] == 20 * MS
+    assert stats["lp_device_gate_waits"] >= 1
+
+
+def test_an_unknown_device_gate_setting_is_named_and_leaves_it_off(
+    node: NodeOwner, hp: Probe, tmp_path: Path
+) -> None:
+    path = tmp_path / "stats.json"
+    env = {"QSHARE_LP_DEVICE_GATE": "yes", "QSHARE_STATS_FILE": str(path)}
+    run = run_probe(node, LP_VGPU, ["init", "launch kernel 1000 10", "sync"], extra_env=env)
+    assert run.returncode == 0 and run.rc("launch") == 0
+    assert "QSHARE_LP_DEVICE_GATE='yes' is neither 0 nor 1" in run.stderr
+    assert json.loads(path.read_text())["lp_device_gate_waits"] == 0
