@@ -54,9 +54,7 @@ def test_queued_low_priority_work_is_held_on_the_device_while_high_priority_runs
         lp.close()
 
 
-def test_held_low_priority_work_resumes_once_the_gate_reopens(
-    node: NodeOwner, hp: Probe
-) -> None:
+def test_held_low_priority_work_resumes_once_the_gate_reopens(node: NodeOwner, hp: Probe) -> None:
     lp, _, _ = queue_then_preempt(node, hp, GATE_ON)
     try:
         assert hp.ask("sync")["rc"] == "0"

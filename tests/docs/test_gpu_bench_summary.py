@@ -71,3 +71,11 @@ def test_a_statistics_scenario_has_its_workers_write_the_interposer_statistics(
 def test_other_scenarios_keep_their_workers_free_of_statistics(tmp_path: Path) -> None:
     (sc,) = gpu.chosen_scenarios("lp_alone_qshare")
     assert "QSHARE_STATS_FILE" not in gpu.worker_env(sc, "lp", 2, "seg", tmp_path / "lp.json")
+
+
+def test_a_device_gate_scenario_turns_the_gate_on_for_its_low_priority_worker_only(
+    tmp_path: Path,
+) -> None:
+    (sc,) = gpu.chosen_scenarios("graph+lp_qshare_1ms_devgate")
+    assert gpu.worker_env(sc, "lp", 2, "seg", tmp_path / "lp.json")["QSHARE_LP_DEVICE_GATE"] == "1"
+    assert "QSHARE_LP_DEVICE_GATE" not in gpu.worker_env(sc, "hp", 1, "seg", tmp_path / "hp.json")

@@ -216,6 +216,7 @@ class Scenario:
     window_us: int | None = None  # the card's LP window (None: the driver's default)
     hp_fence_us: int | None = None  # QSHARE_HP_FENCE_INTERVAL_US for the HP process
     stats: bool = False  # workers write the interposer's statistics (QSHARE_STATS_FILE)
+    device_gate: bool = False  # LP's queued work waits on the gate word on the device
 
 
 SCENARIOS = (
@@ -259,6 +260,18 @@ EXTRA_SCENARIOS = (
     Scenario("lp_alone_qshare_stats", None, "resnet50", "qshare-100ms", stats=True),
     Scenario("eager_alone_qshare_stats", "eager", None, "qshare-100ms", stats=True),
     Scenario("graph+lp_qshare_1ms_stats", "graph", "resnet50", "qshare-1ms", stats=True),
+    # LP's device gate (QSHARE_LP_DEVICE_GATE=1): HP should wait for a 100 µs slice of LP's
+    # queue, not its window, and LP keep the deep window beside HP.
+    *(
+        Scenario(f"{name}_devgate", hp, lp, mode, device_gate=True, stats=True)
+        for name, hp, lp, mode in (
+            ("lp_alone_qshare", None, "resnet50", "qshare-100ms"),
+            ("graph+lp_qshare_100ms", "graph", "resnet50", "qshare-100ms"),
+            ("graph+lp_qshare_1ms", "graph", "resnet50", "qshare-1ms"),
+            ("bert+lp_qshare_1ms", "bert", "resnet50", "qshare-1ms"),
+            ("graph+gpt2_qshare_1ms", "graph", "gpt2", "qshare-1ms"),
+        )
+    ),
 )
 
 
@@ -317,6 +330,8 @@ def worker_env(sc: Scenario, role: str, vgpu: int, seg: str | None, out: Path) -
     env = _env(vgpu if seg else None, seg or "", out.parent, sc.mps and role == "lp", fence)
     if sc.stats and seg:
         env["QSHARE_STATS_FILE"] = str(out.with_suffix(".stats.json"))
+    if sc.device_gate and seg and role == "lp":
+        env["QSHARE_LP_DEVICE_GATE"] = "1"
     return env
 
 

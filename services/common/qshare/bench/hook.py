@@ -26,6 +26,8 @@ from qshare.bench.testnode import FAKE_UUID, HP_VGPU, LP_VGPU, test_node, vgpu_e
 from qshare.native_build import TOOLS, build_cuda
 
 GIB = 1 << 30
+DEVICE_GATE = {"QSHARE_LP_DEVICE_GATE": "1"}
+Env = dict[str, str] | None
 DEFAULT_LP_WINDOW_US = 500  # QS_DEFAULT_LP_WINDOW_NS
 
 
@@ -112,14 +114,15 @@ def idle_high_priority(env: dict[str, str]) -> Iterator[None]:
 
 
 def replay_pairs(
-    directory: Path, seg: str, timeline: Path, passes: int, repeats: int
+    directory: Path, seg: str, timeline: Path, passes: int, repeats: int, lp_env: Env = None
 ) -> tuple[list[int], list[int], int]:
-    """Wall ns of direct and interposed (LP) runs, interleaved, the order alternating."""
+    """Wall ns of direct and interposed (LP, `lp_env` added) runs, interleaved, the order
+    alternating."""
     direct: list[int] = []
     hooked: list[int] = []
     launches = 0
     for i in range(repeats):
-        envs = [vgpu_env(directory, seg, None), vgpu_env(directory, seg, LP_VGPU)]
+        envs = [vgpu_env(directory, seg, None), vgpu_env(directory, seg, LP_VGPU) | (lp_env or {})]
         for env in envs if i % 2 == 0 else envs[::-1]:
             wall, launches = replay_wall_ns(env, timeline, passes)
             (direct if "LD_PRELOAD" not in env else hooked).append(wall)
@@ -144,11 +147,13 @@ def replay_figures(
     }
 
 
-def replay_stats(directory: Path, seg: str, timeline: Path, passes: int) -> dict[str, Any]:
+def replay_stats(
+    directory: Path, seg: str, timeline: Path, passes: int, lp_env: Env = None
+) -> dict[str, Any]:
     """The interposer's statistics (QSHARE_STATS_FILE) over one more interposed run: the
     same counters `qshare bench gpu` collects on the real driver."""
     path = directory / "replay-stats.json"
-    env = vgpu_env(directory, seg, LP_VGPU) | {"QSHARE_STATS_FILE": str(path)}
+    env = vgpu_env(directory, seg, LP_VGPU) | (lp_env or {}) | {"QSHARE_STATS_FILE": str(path)}
     replay_wall_ns(env, timeline, passes)
     stats: dict[str, Any] = json.loads(path.read_text())
     return stats
@@ -165,6 +170,8 @@ def replay(directory: Path, seg: str, passes: int, repeats: int) -> dict[str, An
     with idle_high_priority(vgpu_env(directory, seg, HP_VGPU)):
         beside_hp = replay_pairs(directory, seg, timeline, passes, repeats)
         beside_hp_stats = replay_stats(directory, seg, timeline, passes)
+        gated = replay_pairs(directory, seg, timeline, passes, repeats, DEVICE_GATE)
+        gated_stats = replay_stats(directory, seg, timeline, passes, DEVICE_GATE)
     window_ns = DEFAULT_LP_WINDOW_US * 1000
     return {
         "workload": traces.LP_TRAINING,
@@ -181,6 +188,7 @@ def replay(directory: Path, seg: str, passes: int, repeats: int) -> dict[str, An
             "window_model_ratio": traces.window_model_ratio(traces.LP_TRAINING, window_ns),
             "interposer": beside_hp_stats,
         },
+        "beside_idle_hp_device_gate": {**replay_figures(*gated, passes), "interposer": gated_stats},
     }
 
 
@@ -252,7 +260,10 @@ def table(result: dict[str, Any]) -> str:
         f"replay {r['workload']} ({r['runs']} runs of {r['passes_per_run']} passes of "
         f"{r['launches_per_pass']} launches, host gaps x{r['host_scale']})"
     )
-    for label, row in (("LP alone on the card", r), ("LP beside an idle HP", r["beside_idle_hp"])):
+    rows = [("LP alone on the card", r), ("LP beside an idle HP", r["beside_idle_hp"])]
+    if "beside_idle_hp_device_gate" in r:
+        rows.append(("... with device gate", r["beside_idle_hp_device_gate"]))
+    for label, row in rows:
         runs = row["lp_throughput_ratio_runs"]
         lines.append(
             f"  {label:<22} direct {row['wall_ms']['direct']:8.1f} ms  interposed "
@@ -276,7 +287,8 @@ def stats_line(s: dict[str, Any]) -> str:
     fences = s["lp_fences_by_launch"] + s["lp_fences_by_tail"] + s["lp_fence_markers"]
     own = s["ns_per_launch"]["interposer"]
     return (
-        f"launches: {paths}; LP fences {fences}, window waits {s['lp_window_waits']} "
+        f"launches: {paths}; LP fences {fences}, device gate waits "
+        f"{s.get('lp_device_gate_waits', 0)}, window waits {s['lp_window_waits']} "
         f"({s['lp_window_wait_ns'] / 1e6:.1f} ms); interposer ns/launch p50 {own['p50']:.0f} "
         f"mean {own['mean']:.0f}"
     )
