@@ -219,6 +219,13 @@ int qs_sim_kernels(qs_client *client, uint32_t count, uint64_t duration_ns);
 int qs_sim_replay(qs_client *client, const uint64_t *gap_ns, const uint64_t *dur_ns,
                   uint32_t count, uint64_t window_ns, uint64_t *first_end_ns,
                   uint64_t *last_end_ns);
+/* qs_sim_replay with the device gate of the CUDA interposer (QSHARE_LP_DEVICE_GATE) modelled:
+ * with `slice_ns` > 0 launches are held by the process and booked on the card a slice of
+ * device time at a time, each slice only once the card has (nearly) finished the one before
+ * and the card's gate reads open; `window_ns` bounds booked plus held work. 0: as qs_sim_replay. */
+int qs_sim_replay_gated(qs_client *client, const uint64_t *gap_ns, const uint64_t *dur_ns,
+                        uint32_t count, uint64_t window_ns, uint64_t slice_ns,
+                        uint64_t *first_end_ns, uint64_t *last_end_ns);
 
 /* Times for the caller's benchmark: CLOCK_MONOTONIC ns at which the last
  * qs_launch_begin of this client stopped blocking (0 if it never blocked). */

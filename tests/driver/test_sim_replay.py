@@ -74,3 +74,61 @@ def test_high_priority_waits_at_most_the_low_priority_window(
         proc.join(10)
     # behind at most the 3 ms window (plus the kernel running), never the 200 ms queued
     assert waited < 20 * MS
+
+
+def test_a_gated_replay_runs_and_accounts_every_kernel(node: Node, shm_dir: str) -> None:
+    node.create_vgpu(2, 0, "low", 50, GiB)
+    with Client.attach(node.name, 2, shm_dir) as lp:
+        first, last = lp.replay([(0, 2 * MS)] * 50, 0.02, slice_s=100e-6)
+    stats = node.vgpu_stats(2)
+    assert stats.launches == 50
+    assert stats.device_ns == 100 * MS
+    assert last - first >= 98 * MS
+
+
+def test_a_slice_must_be_positive(node: Node, shm_dir: str) -> None:
+    node.create_vgpu(2, 0, "low", 50, GiB)
+    with Client.attach(node.name, 2, shm_dir) as lp, pytest.raises(ValueError, match="slice"):
+        lp.replay([(0, MS)], 0.02, slice_s=0.0)
+
+
+def _lp_deep_replay(name: str, directory: str, ready: Any, gated: bool) -> None:
+    with Client.attach(name, 2, directory) as lp:
+        ready.set()
+        lp.replay([(0, 1 * MS)] * 400, 0.1, slice_s=100e-6 if gated else None)
+
+
+def _high_priority_wait_beside_a_deep_queue(
+    node: Node,
+    shm_dir: str,
+    ctx: mp.context.SpawnContext,
+    spawn: Callable[..., SpawnProcess],
+    gated: bool,
+) -> int:
+    """ns a 1 ms high-priority kernel takes from launch to end while LP keeps 100 ms queued."""
+    node.create_vgpu(1, 0, "high", 50, GiB)
+    node.create_vgpu(2, 0, "low", 50, GiB)
+    node.set_release_delay(0, 0.0)
+    ready = ctx.Event()
+    with Client.attach(node.name, 1, shm_dir) as hp:
+        proc = spawn(_lp_deep_replay, node.name, shm_dir, ready, gated)
+        assert ready.wait(10)
+        time.sleep(0.15)  # the queue is 100 ms deep by now
+        t0 = now_ns()
+        hp.run_kernel(0.001)
+        waited = now_ns() - t0
+        proc.join(10)
+    return waited
+
+
+def test_with_the_device_gate_high_priority_waits_for_a_slice_not_the_queue(
+    node: Node, shm_dir: str, ctx: mp.context.SpawnContext, spawn: Callable[..., SpawnProcess]
+) -> None:
+    # the kernel running and the slice booked (1 ms kernels: one a slice), not 100 ms
+    assert _high_priority_wait_beside_a_deep_queue(node, shm_dir, ctx, spawn, True) < 20 * MS
+
+
+def test_without_the_device_gate_high_priority_waits_for_the_queue(
+    node: Node, shm_dir: str, ctx: mp.context.SpawnContext, spawn: Callable[..., SpawnProcess]
+) -> None:
+    assert _high_priority_wait_beside_a_deep_queue(node, shm_dir, ctx, spawn, False) > 50 * MS

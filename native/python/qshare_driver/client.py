@@ -99,20 +99,30 @@ class Client:
         check(lib.qs_sim_kernels(self._h, count, round(seconds * 1e9)))
 
     def replay(
-        self, timeline: Sequence[tuple[int, int]], window_s: float | None = None
+        self,
+        timeline: Sequence[tuple[int, int]],
+        window_s: float | None = None,
+        slice_s: float | None = None,
     ) -> tuple[int, int]:
         """Replay (host gap ns, kernel ns) launches on the simulated card, in C: launches
         queue without waiting, bounded by `window_s` of queued device time (None: no bound).
-        Returns the driver-clock ns at which the first and the last kernel ended."""
+        With `slice_s`, the interposer's device gate: queued launches reach the card a slice
+        of device time at a time, each only while the card's gate is open. Returns the
+        driver-clock ns at which the first and the last kernel ended."""
         if window_s is not None and window_s <= 0:
             raise ValueError(f"window must be positive, got {window_s} s")
+        if slice_s is not None and slice_s <= 0:
+            raise ValueError(f"slice must be positive, got {slice_s} s")
         if any(g < 0 or d < 0 for g, d in timeline):
             raise ValueError("host gaps and kernel durations must be >= 0 ns")
         gaps = ffi.new("uint64_t[]", [g for g, _ in timeline])
         durs = ffi.new("uint64_t[]", [d for _, d in timeline])
         first, last = ffi.new("uint64_t *"), ffi.new("uint64_t *")
         window = round(window_s * 1e9) if window_s is not None else 0
-        check(lib.qs_sim_replay(self._h, gaps, durs, len(timeline), window, first, last))
+        sliced = round(slice_s * 1e9) if slice_s is not None else 0
+        check(
+            lib.qs_sim_replay_gated(self._h, gaps, durs, len(timeline), window, sliced, first, last)
+        )
         return int(first[0]), int(last[0])
 
     def account_device_time(self, seconds: float) -> None:

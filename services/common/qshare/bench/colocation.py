@@ -14,6 +14,7 @@ timestamps.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import tempfile
 import threading
 import time
@@ -65,6 +66,7 @@ class Mode:
     priority: bool  # False: HP is one more low-priority vGPU (plain time-slicing)
     delay_s: float | None  # None: auto
     lp: bool = True
+    device_gate: bool = False  # LP's queue held on the card at the gate (the interposer's)
 
 
 MODES = (
@@ -75,6 +77,8 @@ MODES = (
     Mode("qshare-10ms", True, 0.01),
     Mode("qshare-100ms", True, 0.1),
     Mode("qshare-auto", True, None),
+    Mode("qshare-1ms-dg", True, 0.001, device_gate=True),
+    Mode("qshare-100ms-dg", True, 0.1, device_gate=True),
 )
 VARIANT_MODES = ("time-slicing", "qshare-100ms", "qshare-auto")
 
@@ -185,9 +189,9 @@ def run_scenario(
             trace=HP_TRACE,
         )
         log = (timeline_at_s - 0.05, timeline_at_s + 0.95) if timeline_at_s >= 0 else (0.0, 0.0)
-        lps = [LpSpec("coloc", directory, LP_VGPU, lp.kernel_s, seconds, *log, trace=lp.trace)] * (
-            lp.processes if mode.lp else 0
-        )
+        spec = LpSpec("coloc", directory, LP_VGPU, lp.kernel_s, seconds, *log, trace=lp.trace)
+        spec = dataclasses.replace(spec, device_gate=mode.device_gate)
+        lps = [spec] * (lp.processes if mode.lp else 0)
         workers = [start(hp_main, hp)] + [start(lp_main, s) for s in lps]
         gate = _GateLog(node)
         try:
@@ -359,7 +363,7 @@ def _fmt(v: Any, spec: str = ".2f") -> str:
 
 def table(result: dict[str, Any]) -> str:
     head = (
-        f"{'shape':7} {'lp':17} {'mode':13} {'reqs':>5} {'p50':>6} {'p99':>6} {'p999':>6} "
+        f"{'shape':7} {'lp':17} {'mode':15} {'reqs':>5} {'p50':>6} {'p99':>6} {'p999':>6} "
         f"{'x p99':>6} {'pre99':>6} {'harv':>5} {'util':>5} {'u/rel':>5} {'rel50':>6} "
         f"{'rel99':>6}"
     )
@@ -370,7 +374,7 @@ def table(result: dict[str, Any]) -> str:
     ]
     for r in result["scenarios"]:
         lines.append(
-            f"{r['shape']:7} {r['lp'] or '-':17} {r['mode']:13} {r['hp_requests']:5d} "
+            f"{r['shape']:7} {r['lp'] or '-':17} {r['mode']:15} {r['hp_requests']:5d} "
             f"{r['hp_p50_ms']:6.2f} {r['hp_p99_ms']:6.2f} {r['hp_p999_ms']:6.2f} "
             f"{_fmt(r.get('hp_p99_inflation')):>6} {r['preempt_p99_ms']:6.2f} "
             f"{_fmt(r['harvest'], '.0%'):>5} {r['utilization']:5.0%} "
