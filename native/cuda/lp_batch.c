@@ -27,13 +27,15 @@ enum { UNBOUND = 0, BINDING = 1, BOUND = 2 };
 
 typedef struct fence {
     CUevent ev;
-    uint64_t covered; /* `launched` when recorded: every launch it completes */
+    uint64_t covered;  /* `launched` when recorded: every launch it completes */
+    uint64_t episodes; /* the card's HP episodes when recorded (qs_client_hp_episodes) */
 } fence;
 
 static struct {
     _Atomic uint32_t bound; /* the tracked stream and context are chosen by the first launch */
     CUstream stream;
     CUcontext ctx;
+    qs_client *client; /* the process's, as of binding: used only within a launch's qsc_enter */
     _Alignas(64) _Atomic uint64_t launched; /* submitted into the stream, counted after */
     _Atomic uint64_t covered;               /* `launched` as of the newest fence */
     _Atomic uint32_t sleeping;              /* the completion thread waits for work */
@@ -73,8 +75,9 @@ static int stream_capturing(void) {
 }
 
 /* Record a fence behind every launch counted so far (lock held): with `marker`, even when
- * that is none (it times the next batch from here). 1 if one was pushed. */
-static int push_fence_locked(int marker) {
+ * that is none (it times the next batch from here). `client` is the entered session's (NULL
+ * once detached). 1 if one was pushed. */
+static int push_fence_locked(int marker, qs_client *client) {
     uint64_t n = atomic_load(&lp.launched); /* read before recording: all of them precede it */
     if ((n == atomic_load(&lp.covered) && !marker) || lp.tail - lp.head + 1 >= FENCES) return 0;
     fence *f = &lp.q[lp.tail % FENCES];
@@ -85,6 +88,7 @@ static int push_fence_locked(int marker) {
         QSC_REAL(qsc_event_record_fn, cuEventRecord)(f->ev, lp.stream) != CUDA_SUCCESS)
         return 0;
     f->covered = n;
+    f->episodes = qs_client_hp_episodes(client);
     atomic_store(&lp.covered, n);
     lp.tail++;
     return 1;
@@ -103,11 +107,13 @@ static void end_launches(const qsc_session *s, uint64_t covered, uint64_t device
 }
 
 /* The device time of the launches behind `f`: from the previous fence when it completed in
- * this burst (the device had them queued), else from the estimate. */
-static uint64_t batch_device_ns(const fence *f, uint64_t launches) {
+ * this burst (the device had them queued) and, with the device gate on, high priority did not
+ * close the gate in between (the card then held them); else from the estimate. */
+static uint64_t batch_device_ns(const qsc_session *s, const fence *f, uint64_t launches) {
     float ms = 0.0f;
     const fence *ref = &lp.q[(lp.head - 1) % FENCES];
-    if (lp.ref_valid && launches &&
+    int held = qsc_dgate_on() && qs_client_hp_episodes(s->client) != ref->episodes;
+    if (lp.ref_valid && launches && !held &&
         QSC_REAL(qsc_event_elapsed_fn, cuEventElapsedTime)(&ms, ref->ev, f->ev) == CUDA_SUCCESS &&
         ms >= 0.0f) {
         uint64_t ns = (uint64_t)((double)ms * 1e6), per = ns / launches;
@@ -123,7 +129,7 @@ static void complete_oldest(fence f) {
     const qsc_session *s = qsc_enter();
     if (s->client != NULL)
         atomic_store_explicit(&lp.window_ns, window_of(s), memory_order_relaxed);
-    uint64_t device_ns = batch_device_ns(&f, f.covered - atomic_load(&lp.completed));
+    uint64_t device_ns = batch_device_ns(s, &f, f.covered - atomic_load(&lp.completed));
     end_launches(s, f.covered, device_ns);
     qsc_leave(s);
     pthread_mutex_lock(&lp.lock);
@@ -153,19 +159,19 @@ static int burst_paused(uint64_t n) {
 }
 
 static void fence_tail(uint64_t n) {
+    const qsc_session *s = qsc_enter();
     pthread_mutex_lock(&lp.lock);
     int pushed = lp.head != lp.tail;
-    if (!pushed && push_fence_locked(0)) {
+    if (!pushed && push_fence_locked(0, s->client)) {
         pushed = 1;
         qsc_stats_count(QSC_STAT_LP_FENCE_TAIL, 1);
     }
     pthread_mutex_unlock(&lp.lock);
     if (!pushed) { /* cannot fence them (a capture began): end them as they are */
         atomic_store(&lp.covered, n);
-        const qsc_session *s = qsc_enter();
         end_launches(s, n, 0);
-        qsc_leave(s);
     }
+    qsc_leave(s);
 }
 
 static void *completion_main(void *arg) {
@@ -200,6 +206,7 @@ int qsc_lp_tracks(const qsc_session *s, CUstream stream, CUcontext ctx) {
         if (atomic_compare_exchange_strong(&lp.bound, &unbound, BINDING)) {
             lp.stream = stream;
             lp.ctx = ctx;
+            lp.client = s->client;
             qsc_dgate_bind(s);
             atomic_store_explicit(&lp.bound, BOUND, memory_order_release);
             pthread_once(&lp_once, start_completion);
@@ -244,7 +251,7 @@ void qsc_lp_counted(uint64_t window_ns) {
     uint64_t open = n - atomic_load_explicit(&lp.covered, memory_order_relaxed);
     if (open < BATCH_MAX && open * estimate(window_ns) < window_ns / BATCH_DIV) return;
     if (pthread_mutex_trylock(&lp.lock) != 0) return; /* another launch is closing one */
-    int pushed = push_fence_locked(0);
+    int pushed = push_fence_locked(0, lp.client); /* within the launch's qsc_enter */
     pthread_mutex_unlock(&lp.lock);
     if (pushed) qsc_stats_count(QSC_STAT_LP_FENCE_LAUNCH, 1);
     if (pushed && atomic_load(&lp.watching)) { /* the completion thread waits: it has work */
@@ -258,7 +265,7 @@ void qsc_lp_opening(const qsc_session *s) {
     if (atomic_load(&lp.launched) != done) return;
     atomic_store_explicit(&lp.window_ns, window_of(s), memory_order_relaxed);
     pthread_mutex_lock(&lp.lock);
-    int pushed = lp.head == lp.tail && push_fence_locked(1);
+    int pushed = lp.head == lp.tail && push_fence_locked(1, s->client);
     pthread_mutex_unlock(&lp.lock);
     if (pushed) qsc_stats_count(QSC_STAT_LP_FENCE_MARKER, 1);
 }

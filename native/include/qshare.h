@@ -272,6 +272,9 @@ uint64_t qs_client_lp_window_ns(qs_client *client);
  * waits on it (the CUDA interposer's device gate). NULL for a NULL client. */
 #define QS_GATE_WORD_OPEN 0u
 const void *qs_client_gate_word(qs_client *client);
+/* How many times high priority has closed the client's card's gate so far (0 for NULL): a
+ * change between two moments says the gate closed in between. */
+uint64_t qs_client_hp_episodes(qs_client *client);
 /* Replace the vGPU's in-flight bound in launches for this process only (0: the vGPU's): a
  * launcher that bounds its in-flight work in device time itself lifts it. */
 int qs_client_set_inflight_cap(qs_client *client, uint32_t max_launches);

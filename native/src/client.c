@@ -458,6 +458,11 @@ const void *qs_client_gate_word(qs_client *cl)
     return cl ? (const void *)&cl->cs->gate : NULL;
 }
 
+uint64_t qs_client_hp_episodes(qs_client *cl)
+{
+    return cl ? atomic_load(&cl->cs->episodes) : 0;
+}
+
 struct qs_segment *qs_client_segment(qs_client *cl, uint32_t *card)
 {
     *card = cl->card;

@@ -64,6 +64,19 @@ def test_held_low_priority_work_resumes_once_the_gate_reopens(node: NodeOwner, h
         lp.close()
 
 
+def test_low_priority_is_not_charged_for_the_time_its_queue_was_held(
+    node: NodeOwner, hp: Probe
+) -> None:
+    """30 ms of kernels held for about 300 ms: the vGPU is charged for the kernels."""
+    lp, _, _ = queue_then_preempt(node, hp, GATE_ON)
+    try:
+        assert hp.ask("sync")["rc"] == "0"
+        assert lp.ask("sync")["rc"] == "0"
+    finally:
+        lp.close()
+    assert node.stats(LP_VGPU)["device_ns"] < 100 * MS
+
+
 def test_without_the_device_gate_queued_work_runs_through_high_priority(
     node: NodeOwner, hp: Probe
 ) -> None:
