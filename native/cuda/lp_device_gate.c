@@ -85,5 +85,10 @@ void qsc_dgate_after(CUstream stream, uint64_t n, uint64_t est_ns) {
     CUresult rc = QSC_REAL(wait_value_fn, cuStreamWaitValue32_v2)(stream, dg.word,
                                                                    QS_GATE_WORD_OPEN,
                                                                    CU_STREAM_WAIT_VALUE_EQ);
-    if (rc == CUDA_SUCCESS) qsc_stats_count(QSC_STAT_LP_GATE_WAITS, 1);
+    if (rc == CUDA_SUCCESS) {
+        qsc_stats_count(QSC_STAT_LP_GATE_WAITS, 1);
+        return;
+    }
+    atomic_store(&dg.on, 0); /* the window alone from the next batch on */
+    refuse("enqueuing a wait on the gate word", rc);
 }

@@ -110,3 +110,16 @@ def test_an_unknown_device_gate_setting_is_named_and_leaves_it_off(
     assert run.returncode == 0 and run.rc("launch") == 0
     assert "QSHARE_LP_DEVICE_GATE='yes' is neither 0 nor 1" in run.stderr
     assert json.loads(path.read_text())["lp_device_gate_waits"] == 0
+
+
+def test_a_driver_that_cannot_register_the_gate_word_leaves_the_window_in_force(
+    node: NodeOwner, hp: Probe, tmp_path: Path
+) -> None:
+    path = tmp_path / "stats.json"
+    env = GATE_ON | {"QSHARE_FAKE_NO_HOST_REGISTER": "1", "QSHARE_STATS_FILE": str(path)}
+    run = run_probe(node, LP_VGPU, ["init", "launch kernel 1000 10", "sync"], extra_env=env)
+    assert run.returncode == 0 and run.rc("launch") == 0
+    assert "the low-priority device gate is off: registering the gate word" in run.stderr
+    stats = json.loads(path.read_text())
+    assert stats["lp_device_gate_waits"] == 0
+    assert stats["lp_window_ns"] == MS // 2

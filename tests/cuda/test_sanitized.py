@@ -25,12 +25,22 @@ def sanitized_probe(cuda_build: Path) -> Path:
     return ASAN_DIR / "probe-direct"
 
 
-def run_sanitized(probe: Path, node: NodeOwner, vgpu: int, commands: list[str]) -> list[str]:
-    env = node.env(vgpu) | {
-        "ASAN_OPTIONS": "abort_on_error=0:exitcode=86",
-        "LSAN_OPTIONS": f"suppressions={SUPPRESSIONS}",
-        "UBSAN_OPTIONS": "halt_on_error=1:exitcode=87",
-    }
+def run_sanitized(
+    probe: Path,
+    node: NodeOwner,
+    vgpu: int,
+    commands: list[str],
+    extra: dict[str, str] | None = None,
+) -> list[str]:
+    env = (
+        node.env(vgpu)
+        | (extra or {})
+        | {
+            "ASAN_OPTIONS": "abort_on_error=0:exitcode=86",
+            "LSAN_OPTIONS": f"suppressions={SUPPRESSIONS}",
+            "UBSAN_OPTIONS": "halt_on_error=1:exitcode=87",
+        }
+    )
     done = subprocess.run(
         [str(probe), *commands], env=env, capture_output=True, text=True, timeout=120
     )
@@ -56,6 +66,20 @@ def test_launch_paths_run_clean(sanitized_probe: Path, node: NodeOwner) -> None:
         for line in run_sanitized(sanitized_probe, node, LP_VGPU, [*commands, "sync"])
     ]
     assert all(r["rc"] == "0" for r in replies)
+
+
+def test_device_gate_and_statistics_run_clean(
+    sanitized_probe: Path, node: NodeOwner, tmp_path: Path
+) -> None:
+    stats = tmp_path / "stats.json"
+    extra = {"QSHARE_LP_DEVICE_GATE": "1", "QSHARE_STATS_FILE": str(stats)}
+    commands = ["init", "launch kernel 200 50", "launch legacy 0 20", "launch default 0 20"]
+    replies = [
+        parse_reply(line)
+        for line in run_sanitized(sanitized_probe, node, LP_VGPU, [*commands, "sync"], extra)
+    ]
+    assert all(r["rc"] == "0" for r in replies)
+    assert '"lp_device_gate_waits"' in stats.read_text()
 
 
 def test_exit_while_another_thread_launches_runs_clean(

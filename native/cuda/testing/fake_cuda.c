@@ -485,8 +485,11 @@ static int registered_slot(uintptr_t address) {
     return -1;
 }
 
+/* QSHARE_FAKE_NO_HOST_REGISTER=1 makes registration fail, as on a system that cannot pin. */
 EXPORT CUresult cuMemHostRegister_v2(void *p, size_t bytes, unsigned int flags) {
     (void)flags;
+    const char *refuse = getenv("QSHARE_FAKE_NO_HOST_REGISTER");
+    if (refuse != NULL && strcmp(refuse, "1") == 0) return CUDA_ERROR_NOT_SUPPORTED;
     if (p == NULL || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&registered_lock);
     int free_slot = -1;
