@@ -110,9 +110,12 @@ static CUstream default_stream;
 static _Atomic unsigned long kernels_done;
 
 /* A stream memory wait: the device polls the word, as a real card's front end does, every
- * WAIT_POLL_NS; the stream's clock moves to when it saw the value. */
+ * WAIT_POLL_NS. The stream reached it at its clock (run_op set it); only a wait that found
+ * the word otherwise moves the clock, to when it saw the value (a device thread that woke
+ * late to an open word delays nothing, as with kernels). */
 #define WAIT_POLL_NS 5000ull
 static void wait_value(CUstream st, const op *o) {
+    if (atomic_load(o->word) == o->value) return;
     while (atomic_load(o->word) != o->value) sleep_until_ns(now_ns() + WAIT_POLL_NS);
     uint64_t seen = now_ns();
     if (seen > st->clock_ns) st->clock_ns = seen;
