@@ -1,5 +1,5 @@
 /* lp_device_gate.c — low priority's queued work waits for the gate on the device, opt-in
- * (QSHARE_LP_DEVICE_GATE=1). The card's gate word (qs_client_gate_word) lives in the node's
+ * (per card, qs_card_set_lp_device_gate; per process, QSHARE_LP_DEVICE_GATE=0|1). The card's gate word (qs_client_gate_word) lives in the node's
  * shared segment; its page is registered with the GPU, and after every slice of estimated
  * device time the launching thread enqueues into the tracked stream a wait for that word to
  * read open. When high priority closes the gate, the card finishes the slice it is in and
@@ -32,15 +32,16 @@ static struct {
 static pthread_once_t bind_once = PTHREAD_ONCE_INIT;
 static qs_client *binding_client;
 
-/* QSHARE_LP_DEVICE_GATE: unset, empty or 0 is off, 1 is on; anything else is named in a
- * warning and leaves it off. */
-static int wanted(void) {
+/* The card's setting (qs_client_lp_device_gate), unless QSHARE_LP_DEVICE_GATE says 0 (off) or
+ * 1 (on) for this process; anything else is named in a warning and the card's setting holds. */
+static int wanted(qs_client *client) {
     const char *text = getenv("QSHARE_LP_DEVICE_GATE");
-    if (text == NULL || *text == '\0' || strcmp(text, "0") == 0) return 0;
-    if (strcmp(text, "1") == 0) return 1;
-    qsc_warn_once(QSC_WARN_CONFIG, "QSHARE_LP_DEVICE_GATE='%s' is neither 0 nor 1; the device "
-                                   "gate stays off", text);
-    return 0;
+    if (text != NULL && strcmp(text, "0") == 0) return 0;
+    if (text != NULL && strcmp(text, "1") == 0) return 1;
+    if (text != NULL && *text != '\0')
+        qsc_warn_once(QSC_WARN_CONFIG, "QSHARE_LP_DEVICE_GATE='%s' is neither 0 nor 1; the "
+                                       "card's setting holds", text);
+    return qs_client_lp_device_gate(client);
 }
 
 static void refuse(const char *what, CUresult rc) {
@@ -51,7 +52,7 @@ static void refuse(const char *what, CUresult rc) {
 
 /* Register the page holding the gate word and find the word's device address. */
 static void bind_word(void) {
-    if (!wanted()) return;
+    if (!wanted(binding_client)) return;
     register_fn reg = QSC_REAL(register_fn, cuMemHostRegister_v2);
     device_pointer_fn map = QSC_REAL(device_pointer_fn, cuMemHostGetDevicePointer_v2);
     if (reg == NULL || map == NULL || QSC_REAL(wait_value_fn, cuStreamWaitValue32_v2) == NULL) {

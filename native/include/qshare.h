@@ -110,6 +110,7 @@ typedef struct qs_card_stats {
     uint64_t device_ns;  /* simulated device time used, all vGPUs */
     char uuid[QS_UUID_MAX];
     uint64_t lp_window_ns; /* low priority's in-flight window (qs_card_set_lp_window) */
+    uint32_t lp_device_gate; /* 1: the device gate is on (qs_card_set_lp_device_gate) */
 } qs_card_stats;
 
 /* ---- errors ---- */
@@ -272,6 +273,12 @@ uint64_t qs_client_lp_window_ns(qs_client *client);
  * waits on it (the CUDA interposer's device gate). NULL for a NULL client. */
 #define QS_GATE_WORD_OPEN 0u
 const void *qs_client_gate_word(qs_client *client);
+/* The card's device gate for low priority (off by default): launchers that can (the CUDA
+ * interposer) make their queued work wait on the gate word on the GPU, so that high priority
+ * waits for a slice of it rather than the window, and keep the window they have alone. Read
+ * by a process when it first launches; QSHARE_LP_DEVICE_GATE overrides it per process. */
+int qs_card_set_lp_device_gate(qs_node *node, uint32_t index, int enable);
+int qs_client_lp_device_gate(qs_client *client);
 /* How many times high priority has closed the client's card's gate so far (0 for NULL): a
  * change between two moments says the gate closed in between. */
 uint64_t qs_client_hp_episodes(qs_client *client);

@@ -458,6 +458,11 @@ const void *qs_client_gate_word(qs_client *cl)
     return cl ? (const void *)&cl->cs->gate : NULL;
 }
 
+int qs_client_lp_device_gate(qs_client *cl)
+{
+    return cl ? (int)atomic_load(&cl->seg.cfg->cards[cl->card].lp_device_gate) : 0;
+}
+
 uint64_t qs_client_hp_episodes(qs_client *cl)
 {
     return cl ? atomic_load(&cl->cs->episodes) : 0;

@@ -38,6 +38,8 @@ struct qs_cfg_card {
     _Atomic uint64_t auto_delay_ns;     /* the delay chosen now */
     _Atomic uint64_t auto_penalty_ns;   /* estimated wait of HP behind LP work in flight */
     _Atomic uint64_t lp_window_ns;      /* LP in-flight device time per process; 0: default */
+    _Atomic uint32_t lp_device_gate;    /* 1: LP's queued work waits on the gate word on the GPU */
+    uint32_t pad_gate;
 };
 
 struct qs_cfg_vgpu {

@@ -1,5 +1,6 @@
-/* lp_window.c — low priority's in-flight window per card, in device time: set by the owner
- * at run time, read by launchers at every launch (one atomic load). */
+/* lp_window.c — low priority's in-flight window per card, in device time, and whether its
+ * queued work waits on the card's gate word on the GPU (the device gate): set by the owner at
+ * run time, read by launchers (the window at every batch, the device gate when they bind). */
 #include "node.h"
 
 uint64_t qs_card_lp_window(const struct qs_cfg_card *card)
@@ -18,5 +19,17 @@ int qs_card_set_lp_window(qs_node *node, uint32_t index, uint64_t window_ns)
         return qs_fail(QS_EINVAL, "LP window %llu ns is outside 1 us .. %llu ns",
                        (unsigned long long)window_ns, (unsigned long long)QS_MAX_LP_WINDOW_NS);
     atomic_store(&node->seg.cfg->cards[index].lp_window_ns, window_ns);
+    return QS_OK;
+}
+
+int qs_card_set_lp_device_gate(qs_node *node, uint32_t index, int enable)
+{
+    qs_clear_error();
+    QS_REQUIRE(node, "node");
+    if (index >= QS_MAX_CARDS || !atomic_load(&node->seg.cfg->cards[index].present))
+        return qs_fail(QS_ENOENT, "no card with index %u", index);
+    if (enable != 0 && enable != 1)
+        return qs_fail(QS_EINVAL, "the LP device gate is 0 (off) or 1 (on), not %d", enable);
+    atomic_store(&node->seg.cfg->cards[index].lp_device_gate, (uint32_t)enable);
     return QS_OK;
 }

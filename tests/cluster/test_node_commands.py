@@ -14,6 +14,7 @@ from qshare.contracts.agent import ApplyDesired, ApplyReply, DesiredVgpu
 from qshare.contracts.domain import Priority
 from qshare.contracts.errors import InvalidInput, NotFound
 from qshare_node_agent.app import NodeAgent
+from qshare_node_agent.commands import PolicyCommand, PolicyReply
 
 from .conftest import StartAgent
 
@@ -91,3 +92,25 @@ async def test_an_unknown_command_is_refused(nc: Nats, start_agent: StartAgent) 
     desired = ApplyDesired(node=agent.name, generation=1, vgpus=[])
     with pytest.raises(NotFound, match="unknown command"):
         await rpc.call(nc, subjects.node_command(agent.name, "explode"), "t", desired, ApplyReply)
+
+
+async def set_policy(nc: Nats, node: str, command: PolicyCommand) -> PolicyReply:
+    return await rpc.call(nc, subjects.node_command(node, "policy"), "test", command, PolicyReply)
+
+
+async def test_a_policy_command_turns_a_cards_device_gate_on_and_reports_it(
+    nc: Nats, start_agent: StartAgent
+) -> None:
+    agent = await start_agent()
+    gpu = agent.cards[0].uuid
+    reply = await set_policy(nc, agent.name, PolicyCommand(gpu=gpu, lp_device_gate=True))
+    assert reply.lp_device_gate is True
+    assert agent.node.card_stats(agent.cards[0].index).lp_device_gate is True
+    assert agent.node.card_stats(agent.cards[1].index).lp_device_gate is False
+
+
+async def test_the_device_gate_setting_applies_to_every_card_at_start(
+    start_agent: StartAgent,
+) -> None:
+    agent = await start_agent(lp_device_gate=True)
+    assert all(agent.node.card_stats(c.index).lp_device_gate for c in agent.cards)

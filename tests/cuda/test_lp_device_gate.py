@@ -9,6 +9,7 @@ import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -101,15 +102,39 @@ def test_the_device_gate_keeps_the_deep_window_beside_high_priority(
     assert stats["lp_device_gate_waits"] >= 1
 
 
-def test_an_unknown_device_gate_setting_is_named_and_leaves_it_off(
+def lp_stats(node: NodeOwner, env: dict[str, str], tmp_path: Path) -> tuple[dict[str, Any], str]:
+    """The statistics and stderr of an LP process that runs 10 kernels of 1 ms."""
+    path = tmp_path / "stats.json"
+    env = env | {"QSHARE_STATS_FILE": str(path)}
+    run = run_probe(node, LP_VGPU, ["init", "launch kernel 1000 10", "sync"], extra_env=env)
+    assert run.returncode == 0 and run.rc("launch") == 0, run.stderr
+    return json.loads(path.read_text()), run.stderr
+
+
+def test_an_unknown_device_gate_setting_is_named_and_the_cards_holds(
     node: NodeOwner, hp: Probe, tmp_path: Path
 ) -> None:
-    path = tmp_path / "stats.json"
-    env = {"QSHARE_LP_DEVICE_GATE": "yes", "QSHARE_STATS_FILE": str(path)}
-    run = run_probe(node, LP_VGPU, ["init", "launch kernel 1000 10", "sync"], extra_env=env)
-    assert run.returncode == 0 and run.rc("launch") == 0
-    assert "QSHARE_LP_DEVICE_GATE='yes' is neither 0 nor 1" in run.stderr
-    assert json.loads(path.read_text())["lp_device_gate_waits"] == 0
+    stats, stderr = lp_stats(node, {"QSHARE_LP_DEVICE_GATE": "yes"}, tmp_path)
+    assert "QSHARE_LP_DEVICE_GATE='yes' is neither 0 nor 1" in stderr
+    assert stats["lp_device_gate_waits"] == 0
+
+
+def test_the_cards_device_gate_turns_it_on_for_its_processes(
+    node: NodeOwner, hp: Probe, tmp_path: Path
+) -> None:
+    assert node.command("devgate 0 1")["lp_device_gate"] == "1"
+    stats, _ = lp_stats(node, {}, tmp_path)
+    assert stats["lp_device_gate_waits"] >= 1
+    assert stats["lp_window_ns"] == 20 * MS
+
+
+def test_a_process_can_turn_the_cards_device_gate_off_for_itself(
+    node: NodeOwner, hp: Probe, tmp_path: Path
+) -> None:
+    assert node.command("devgate 0 1")["rc"] == "0"
+    stats, _ = lp_stats(node, {"QSHARE_LP_DEVICE_GATE": "0"}, tmp_path)
+    assert stats["lp_device_gate_waits"] == 0
+    assert stats["lp_window_ns"] == MS // 2
 
 
 def test_a_driver_that_cannot_register_the_gate_word_leaves_the_window_in_force(

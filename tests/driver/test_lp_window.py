@@ -47,3 +47,31 @@ def test_launcher_applies_the_card_window_only_while_high_priority_is_attached(
         assert lp.lp_window_s == pytest.approx(0.020)  # nobody to protect
         with Client.attach(node.name, 1, shm_dir):
             assert lp.lp_window_s == pytest.approx(0.002)
+
+
+def test_device_gate_is_off_by_default(node: Node) -> None:
+    assert node.card_stats(0).lp_device_gate is False
+
+
+def test_device_gate_set_at_run_time_is_reported_in_card_stats(node: Node) -> None:
+    node.set_lp_device_gate(0, True)
+    assert node.card_stats(0).lp_device_gate is True
+    node.set_lp_device_gate(0, False)
+    assert node.card_stats(0).lp_device_gate is False
+
+
+def test_device_gate_on_an_unknown_card_is_refused_by_name(node: Node) -> None:
+    with pytest.raises(NotFoundError, match="card"):
+        node.set_lp_device_gate(3, True)
+
+
+def test_driver_refuses_a_device_gate_other_than_0_or_1(node: Node) -> None:
+    with pytest.raises(InvalidArgumentError, match="device gate"):
+        check(lib.qs_card_set_lp_device_gate(node._h, 0, 2))
+
+
+def test_a_client_reads_its_cards_device_gate(node: Node, shm_dir: str) -> None:
+    node.create_vgpu(2, 0, "low", 50, GiB)
+    node.set_lp_device_gate(0, True)
+    with Client.attach(node.name, 2, shm_dir) as lp:
+        assert lib.qs_client_lp_device_gate(lp._h) == 1

@@ -85,6 +85,11 @@ static void command(qs_node *node, const char *line) {
         qs_card_stats c = {0};
         if (rc == QS_OK) rc = qs_card_stats_get(node, id, &c);
         say("window rc=%d card=%u lp_window_ns=%llu\n", rc, id, (unsigned long long)c.lp_window_ns);
+    } else if (strcmp(verb, "devgate") == 0) {
+        int rc = qs_card_set_lp_device_gate(node, id, (int)us);
+        qs_card_stats c = {0};
+        if (rc == QS_OK) rc = qs_card_stats_get(node, id, &c);
+        say("devgate rc=%d card=%u lp_device_gate=%u\n", rc, id, c.lp_device_gate);
     } else {
         say("%s rc=-1 error=unknown-command\n", verb);
     }

@@ -92,6 +92,7 @@ class CardStats:
     episodes: int
     device_ns: int
     lp_window_s: float  # low priority's in-flight window in device time (set_lp_window)
+    lp_device_gate: bool  # LP's queued work waits on the gate on the GPU (set_lp_device_gate)
 
 
 _NONE = 0xFFFFFFFF
@@ -202,6 +203,11 @@ class Node:
             raise ValueError(f"LP window must be within 1 us .. 1 s, got {seconds} s")
         check(lib.qs_card_set_lp_window(self._h, card, round(seconds * 1e9)))
 
+    def set_lp_device_gate(self, card: int, enabled: bool) -> None:
+        """Turn the device gate on `card` on or off for processes that start launching from
+        now on (the CUDA interposer reads it when it binds; QSHARE_LP_DEVICE_GATE overrides)."""
+        check(lib.qs_card_set_lp_device_gate(self._h, card, 1 if enabled else 0))
+
     def set_policy(self, card: int, policy: Policy | str) -> None:
         value = Policy.parse(policy) if isinstance(policy, str) else policy
         check(lib.qs_card_set_policy(self._h, card, int(value)))
@@ -220,6 +226,7 @@ class Node:
             episodes=int(out.episodes),
             device_ns=int(out.device_ns),
             lp_window_s=int(out.lp_window_ns) / 1e9,
+            lp_device_gate=bool(out.lp_device_gate),
         )
 
     def sleepers(self, card: int) -> dict[str, int]:

@@ -17,19 +17,22 @@ from qshare_node_agent.converge import Converger
 
 
 class PolicyCommand(BaseModel):
-    """`cmd.policy`: a card's sharing policy and release delay, changed at run time."""
+    """`cmd.policy`: a card's sharing policy, release delay and low-priority device gate,
+    changed at run time (the device gate for processes that start launching afterwards)."""
 
     model_config = ConfigDict(extra="forbid")
 
     gpu: str = Field(min_length=1, max_length=128)
     policy: CardPolicy | None = None
     release_delay_s: float | None = Field(None, ge=0, le=60)
+    lp_device_gate: bool | None = None
 
 
 class PolicyReply(BaseModel):
     gpu: str
     policy: str
     release_delay_s: float
+    lp_device_gate: bool = False
 
 
 class Commands:
@@ -85,10 +88,15 @@ class Commands:
                 self._node.set_policy(card.index, command.policy.value)
             if command.release_delay_s is not None:
                 self._node.set_release_delay(card.index, command.release_delay_s)
+            if command.lp_device_gate is not None:
+                self._node.set_lp_device_gate(card.index, command.lp_device_gate)
         except DriverError as error:
             raise InvalidInput.on("policy", str(error)) from error
         stats = self._node.card_stats(card.index)
         policy = CardPolicy.parse(stats.policy.name.lower().replace("_", "-"))
         return PolicyReply(
-            gpu=command.gpu, policy=policy.value, release_delay_s=stats.release_delay_s
+            gpu=command.gpu,
+            policy=policy.value,
+            release_delay_s=stats.release_delay_s,
+            lp_device_gate=stats.lp_device_gate,
         )

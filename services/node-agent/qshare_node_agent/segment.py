@@ -44,6 +44,7 @@ def _create(settings: NodeAgentSettings, cards: list[Card]) -> Node:
 def configure_card(node: Node, index: int, settings: NodeAgentSettings) -> None:
     node.set_policy(index, settings.policy.value)
     node.set_release_delay(index, settings.release_delay_s)
+    node.set_lp_device_gate(index, settings.lp_device_gate)
 
 
 def existing_vgpus(node: Node, cards: list[Card]) -> dict[int, DesiredVgpu]:

@@ -35,6 +35,11 @@ class NodeAgentSettings(BaseSettings, BusIdentity):
     labels: dict[str, str] = Field(default_factory=dict)
     policy: CardPolicy = CardPolicy.BEST_EFFORT
     release_delay_s: float = Field(0.1, ge=0, le=60)
+    lp_device_gate: bool = Field(
+        False,
+        description="low priority's queued work waits on the card's gate on the GPU (the CUDA "
+        "interposer's device gate; see docs/cuda.md)",
+    )
     heartbeat_s: float = Field(5.0, gt=0, le=300)
     register_timeout_s: float = Field(5.0, gt=0)
     usage_interval_s: float = Field(
