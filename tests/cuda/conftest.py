@@ -213,3 +213,12 @@ class Probe:
     def close(self) -> None:
         self.send("quit")
         self.process.wait(timeout=30)
+
+
+@pytest.fixture
+def hp_probe(node: NodeOwner) -> Iterator[Probe]:
+    """A high-priority process attached to the card, launching only what a test asks of it."""
+    probe = Probe(node, HP_VGPU)
+    assert probe.ask("init")["rc"] == "0"
+    yield probe
+    probe.close()

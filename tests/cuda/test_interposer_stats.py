@@ -5,11 +5,8 @@ fences are counted, and the whole is written as JSON when the process exits."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from .conftest import HP_VGPU, LP_VGPU, NodeOwner, Probe, run_probe
 
@@ -75,16 +72,8 @@ def test_each_launch_is_timed_in_the_interposer_and_in_the_driver(
         assert 0 < timed[part]["p50"] <= timed[part]["p99"]
 
 
-@pytest.fixture
-def idle_hp(node: NodeOwner) -> Iterator[Probe]:
-    probe = Probe(node, HP_VGPU)
-    assert probe.ask("init")["rc"] == "0"
-    yield probe
-    probe.close()
-
-
 def test_launches_held_by_the_window_are_counted_with_their_wait(
-    node: NodeOwner, idle_hp: Probe, tmp_path: Path
+    node: NodeOwner, hp_probe: Probe, tmp_path: Path
 ) -> None:
     """A 2 ms window beside an attached high-priority process: 20 kernels of 5 ms cannot all
     be queued, so launches wait for completions, for at least the work beyond the window."""

@@ -7,38 +7,29 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from .conftest import HP_VGPU, LP_VGPU, NodeOwner, Probe, run_probe
+from .conftest import LP_VGPU, NodeOwner, Probe, run_probe
 
 MS = 1_000_000
 GATE_ON = {"QSHARE_LP_DEVICE_GATE": "1"}
 LP_KERNELS = 6  # of 5 ms each: 30 ms of queued work
 
 
-@pytest.fixture
-def hp(node: NodeOwner) -> Iterator[Probe]:
-    probe = Probe(node, HP_VGPU)
-    assert probe.ask("init")["rc"] == "0"
-    yield probe
-    probe.close()
-
-
 def kernels_done(probe: Probe) -> int:
     return int(probe.ask("kernels")["n"])
 
 
-def queue_then_preempt(node: NodeOwner, hp: Probe, env: dict[str, str]) -> tuple[Probe, int, int]:
+def queue_then_preempt(
+    node: NodeOwner, hp_probe: Probe, env: dict[str, str]
+) -> tuple[Probe, int, int]:
     """LP queues LP_KERNELS kernels of 5 ms, then HP runs a 300 ms kernel: LP's kernels done
     100 ms and 200 ms into HP's run."""
     lp = Probe(node, LP_VGPU, extra_env=env)
     assert lp.ask("init")["rc"] == "0"
     assert lp.ask(f"launch kernel 5000 {LP_KERNELS}")["rc"] == "0"
-    assert hp.ask("launch kernel 300000 1")["rc"] == "0"
+    assert hp_probe.ask("launch kernel 300000 1")["rc"] == "0"
     time.sleep(0.1)
     early = kernels_done(lp)
     time.sleep(0.1)
@@ -46,43 +37,45 @@ def queue_then_preempt(node: NodeOwner, hp: Probe, env: dict[str, str]) -> tuple
 
 
 def test_queued_low_priority_work_is_held_on_the_device_while_high_priority_runs(
-    node: NodeOwner, hp: Probe
+    node: NodeOwner, hp_probe: Probe
 ) -> None:
-    lp, early, late = queue_then_preempt(node, hp, GATE_ON)
+    lp, early, late = queue_then_preempt(node, hp_probe, GATE_ON)
     try:
         assert early == late < LP_KERNELS
     finally:
         lp.close()
 
 
-def test_held_low_priority_work_resumes_once_the_gate_reopens(node: NodeOwner, hp: Probe) -> None:
-    lp, _, _ = queue_then_preempt(node, hp, GATE_ON)
+def preempt_then_finish(node: NodeOwner, hp_probe: Probe) -> int:
+    """queue_then_preempt with the device gate, then both finish: LP's kernels run in all."""
+    lp, _, _ = queue_then_preempt(node, hp_probe, GATE_ON)
     try:
-        assert hp.ask("sync")["rc"] == "0"
+        assert hp_probe.ask("sync")["rc"] == "0"
         assert lp.ask("sync")["rc"] == "0"
-        assert kernels_done(lp) == LP_KERNELS
+        return kernels_done(lp)
     finally:
         lp.close()
+
+
+def test_held_low_priority_work_resumes_once_the_gate_reopens(
+    node: NodeOwner, hp_probe: Probe
+) -> None:
+    assert preempt_then_finish(node, hp_probe) == LP_KERNELS
 
 
 def test_low_priority_is_not_charged_for_the_time_its_queue_was_held(
-    node: NodeOwner, hp: Probe
+    node: NodeOwner, hp_probe: Probe
 ) -> None:
     """30 ms of kernels held for about 300 ms: the vGPU is charged for the kernels."""
-    lp, _, _ = queue_then_preempt(node, hp, GATE_ON)
-    try:
-        assert hp.ask("sync")["rc"] == "0"
-        assert lp.ask("sync")["rc"] == "0"
-    finally:
-        lp.close()
+    preempt_then_finish(node, hp_probe)
     assert node.stats(LP_VGPU)["device_ns"] < 100 * MS
 
 
 def test_without_the_device_gate_queued_work_runs_through_high_priority(
-    node: NodeOwner, hp: Probe
+    node: NodeOwner, hp_probe: Probe
 ) -> None:
     """The contrast: the host gate only stops launches not yet made."""
-    lp, early, _ = queue_then_preempt(node, hp, {})
+    lp, early, _ = queue_then_preempt(node, hp_probe, {})
     try:
         assert early == LP_KERNELS
     finally:
@@ -90,7 +83,7 @@ def test_without_the_device_gate_queued_work_runs_through_high_priority(
 
 
 def test_the_device_gate_keeps_the_deep_window_beside_high_priority(
-    node: NodeOwner, hp: Probe, tmp_path: Path
+    node: NodeOwner, hp_probe: Probe, tmp_path: Path
 ) -> None:
     path = tmp_path / "stats.json"
     env = GATE_ON | {"QSHARE_STATS_FILE": str(path)}
@@ -112,7 +105,7 @@ def lp_stats(node: NodeOwner, env: dict[str, str], tmp_path: Path) -> tuple[dict
 
 
 def test_an_unknown_device_gate_setting_is_named_and_the_cards_holds(
-    node: NodeOwner, hp: Probe, tmp_path: Path
+    node: NodeOwner, hp_probe: Probe, tmp_path: Path
 ) -> None:
     stats, stderr = lp_stats(node, {"QSHARE_LP_DEVICE_GATE": "yes"}, tmp_path)
     assert "QSHARE_LP_DEVICE_GATE='yes' is neither 0 nor 1" in stderr
@@ -120,7 +113,7 @@ def test_an_unknown_device_gate_setting_is_named_and_the_cards_holds(
 
 
 def test_the_cards_device_gate_turns_it_on_for_its_processes(
-    node: NodeOwner, hp: Probe, tmp_path: Path
+    node: NodeOwner, hp_probe: Probe, tmp_path: Path
 ) -> None:
     assert node.command("devgate 0 1")["lp_device_gate"] == "1"
     stats, _ = lp_stats(node, {}, tmp_path)
@@ -129,7 +122,7 @@ def test_the_cards_device_gate_turns_it_on_for_its_processes(
 
 
 def test_a_process_can_turn_the_cards_device_gate_off_for_itself(
-    node: NodeOwner, hp: Probe, tmp_path: Path
+    node: NodeOwner, hp_probe: Probe, tmp_path: Path
 ) -> None:
     assert node.command("devgate 0 1")["rc"] == "0"
     stats, _ = lp_stats(node, {"QSHARE_LP_DEVICE_GATE": "0"}, tmp_path)
@@ -138,7 +131,7 @@ def test_a_process_can_turn_the_cards_device_gate_off_for_itself(
 
 
 def test_a_driver_that_cannot_register_the_gate_word_leaves_the_window_in_force(
-    node: NodeOwner, hp: Probe, tmp_path: Path
+    node: NodeOwner, hp_probe: Probe, tmp_path: Path
 ) -> None:
     path = tmp_path / "stats.json"
     env = GATE_ON | {"QSHARE_FAKE_NO_HOST_REGISTER": "1", "QSHARE_STATS_FILE": str(path)}

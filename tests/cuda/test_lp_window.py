@@ -4,11 +4,9 @@ process never fails for it), completion is tracked by batch and device time acco
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
-from .conftest import HP_VGPU, LP_VGPU, NodeOwner, Probe, run_probe
+from .conftest import LP_VGPU, NodeOwner, Probe, run_probe
 
 MS = 1_000_000
 
@@ -60,17 +58,8 @@ def test_deep_window_beside_the_tracked_stream_counts_every_launch_past_the_unit
     assert 250 * MS <= stats["device_ns"] <= 600 * MS
 
 
-@pytest.fixture
-def idle_hp(node: NodeOwner) -> Iterator[Probe]:
-    """A high-priority process attached to the card, launching nothing."""
-    probe = Probe(node, HP_VGPU)
-    assert probe.ask("init")["rc"] == "0"
-    yield probe
-    probe.close()
-
-
 def test_narrow_window_keeps_submission_close_to_the_device(
-    node: NodeOwner, idle_hp: Probe
+    node: NodeOwner, hp_probe: Probe
 ) -> None:
     """With a 2 ms window and a high-priority process attached, 40 kernels of 5 ms cannot
     be submitted much ahead of the device: once the kernel time is measured, a launch

@@ -48,32 +48,11 @@ def test_negative_gaps_or_durations_are_refused(
         lp.replay(bad)
 
 
-def _lp_replay(name: str, directory: str, ready: Any, window_s: float) -> None:
-    with Client.attach(name, 2, directory) as lp:
-        ready.set()
-        lp.replay([(0, 1 * MS)] * 300, window_s)
-
-
 def test_high_priority_waits_at_most_the_low_priority_window(
-    node: Node,
-    shm_dir: str,
-    ctx: mp.context.SpawnContext,
-    spawn: Callable[..., SpawnProcess],
+    node: Node, shm_dir: str, ctx: mp.context.SpawnContext, spawn: Callable[..., SpawnProcess]
 ) -> None:
-    node.create_vgpu(1, 0, "high", 50, GiB)
-    node.create_vgpu(2, 0, "low", 50, GiB)
-    node.set_release_delay(0, 0.0)
-    ready = ctx.Event()
-    with Client.attach(node.name, 1, shm_dir) as hp:
-        proc = spawn(_lp_replay, node.name, shm_dir, ready, 0.003)
-        assert ready.wait(10)
-        time.sleep(0.1)  # the replay (300 ms of kernels) is under way
-        t0 = now_ns()
-        hp.run_kernel(0.001)
-        waited = now_ns() - t0
-        proc.join(10)
-    # behind at most the 3 ms window (plus the kernel running), never the 200 ms queued
-    assert waited < 20 * MS
+    # behind at most the 3 ms window (plus the kernel running), never the 250 ms queued
+    assert _high_priority_wait(node, shm_dir, ctx, spawn, 0.003, gated=False) < 20 * MS
 
 
 def test_a_gated_replay_runs_and_accounts_every_kernel(node: Node, shm_dir: str) -> None:
@@ -92,28 +71,30 @@ def test_a_slice_must_be_positive(node: Node, shm_dir: str) -> None:
         lp.replay([(0, MS)], 0.02, slice_s=0.0)
 
 
-def _lp_deep_replay(name: str, directory: str, ready: Any, gated: bool) -> None:
+def _lp_replay(name: str, directory: str, ready: Any, window_s: float, gated: bool) -> None:
     with Client.attach(name, 2, directory) as lp:
         ready.set()
-        lp.replay([(0, 1 * MS)] * 400, 0.1, slice_s=100e-6 if gated else None)
+        lp.replay([(0, 1 * MS)] * 400, window_s, slice_s=100e-6 if gated else None)
 
 
-def _high_priority_wait_beside_a_deep_queue(
+def _high_priority_wait(
     node: Node,
     shm_dir: str,
     ctx: mp.context.SpawnContext,
     spawn: Callable[..., SpawnProcess],
+    window_s: float,
     gated: bool,
 ) -> int:
-    """ns a 1 ms high-priority kernel takes from launch to end while LP keeps 100 ms queued."""
+    """ns a 1 ms high-priority kernel takes from launch to end while LP replays 400 kernels of
+    1 ms under `window_s` (with the device gate when `gated`)."""
     node.create_vgpu(1, 0, "high", 50, GiB)
     node.create_vgpu(2, 0, "low", 50, GiB)
     node.set_release_delay(0, 0.0)
     ready = ctx.Event()
     with Client.attach(node.name, 1, shm_dir) as hp:
-        proc = spawn(_lp_deep_replay, node.name, shm_dir, ready, gated)
+        proc = spawn(_lp_replay, node.name, shm_dir, ready, window_s, gated)
         assert ready.wait(10)
-        time.sleep(0.15)  # the queue is 100 ms deep by now
+        time.sleep(0.15)  # the replay is under way, its queue as deep as its window
         t0 = now_ns()
         hp.run_kernel(0.001)
         waited = now_ns() - t0
@@ -125,10 +106,10 @@ def test_with_the_device_gate_high_priority_waits_for_a_slice_not_the_queue(
     node: Node, shm_dir: str, ctx: mp.context.SpawnContext, spawn: Callable[..., SpawnProcess]
 ) -> None:
     # the kernel running and the slice booked (1 ms kernels: one a slice), not 100 ms
-    assert _high_priority_wait_beside_a_deep_queue(node, shm_dir, ctx, spawn, True) < 20 * MS
+    assert _high_priority_wait(node, shm_dir, ctx, spawn, 0.1, gated=True) < 20 * MS
 
 
 def test_without_the_device_gate_high_priority_waits_for_the_queue(
     node: Node, shm_dir: str, ctx: mp.context.SpawnContext, spawn: Callable[..., SpawnProcess]
 ) -> None:
-    assert _high_priority_wait_beside_a_deep_queue(node, shm_dir, ctx, spawn, False) > 50 * MS
+    assert _high_priority_wait(node, shm_dir, ctx, spawn, 0.1, gated=False) > 50 * MS
