@@ -17,7 +17,7 @@
 
 #include "interposer.h"
 
-#define SLICE_NS 100000ull /* device time between two waits on the gate word */
+#define SLICE_NS QS_LP_DEVICE_GATE_SLICE_NS /* device time between two waits on the word */
 
 typedef CUresult (*register_fn)(void *, size_t, unsigned int);
 typedef CUresult (*device_pointer_fn)(CUdeviceptr *, void *, unsigned int);

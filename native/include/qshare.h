@@ -29,6 +29,9 @@ extern "C" {
 /* The window while no high-priority process is attached to the card: nobody to protect,
  * but a bound still (deep enough for the host to run ahead of a training step's phases). */
 #define QS_LP_WINDOW_ALONE_NS 20000000ull
+/* With the device gate, low priority's queue reaches the card this much device time at a
+ * time: what a high-priority launch waits for instead of the window. */
+#define QS_LP_DEVICE_GATE_SLICE_NS 100000ull
 
 /* Status codes: every function returns QS_OK or one of these (negative). */
 enum qs_status {

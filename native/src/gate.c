@@ -215,9 +215,13 @@ static uint64_t auto_observe(struct qs_segment *seg, uint32_t card, struct auto_
         uint64_t bound = atomic_load(&seg->cfg->cards[card].auto_bound_ns);
         return inflight ? (bound ? bound : 1) : 0;
     }
-    /* A launcher that queues by device time (the interposer) may hold its whole window. */
+    /* A launcher that queues by device time (the interposer) may hold its whole window, or
+     * with the card's device gate on, one slice of it. */
+    const struct qs_cfg_card *cc = &seg->cfg->cards[card];
     uint64_t per_kernel = (uint64_t)(m->lp_dev_w / m->lp_launches_w * (double)inflight);
-    uint64_t windowed = inflight * qs_card_lp_window(&seg->cfg->cards[card]);
+    uint64_t held = atomic_load(&cc->lp_device_gate) ? QS_LP_DEVICE_GATE_SLICE_NS
+                                                     : qs_card_lp_window(cc);
+    uint64_t windowed = inflight * held;
     return per_kernel > windowed ? per_kernel : windowed;
 }
 

@@ -53,3 +53,30 @@ def test_auto_release_harvests_steady_traffic_that_a_fixed_100ms_delay_starves(
     harvested, auto_delay = lp_share_under_steady_traffic(shm_dir, auto=True)
     assert fixed_delay == 0.1 and fixed < 0.05, (fixed_delay, fixed)
     assert auto_delay < 0.01 and harvested > 0.3, (auto_delay, harvested)
+
+
+def auto_penalty(shm_dir: str, device_gate: bool) -> float:
+    """The wait auto mode expects a high-priority launch to have behind low priority's kernels
+    of 50 µs, each queued up to the card's window (500 µs), after 1.5 s of steady traffic."""
+    name = f"r{uuid.uuid4().hex[:8]}"
+    with Node.create(name, shm_dir) as node:
+        node.add_card(0, "GPU-sim-0", 16 << 30)
+        node.create_vgpu(1, 0, "high", 50, 1 << 30)
+        node.create_vgpu(2, 0, "low", 50, 1 << 30)
+        node.set_release_auto(0, 0.001)
+        node.set_lp_device_gate(0, device_gate)
+        hp = HpSpec(name, shm_dir, 1, 0.0005, 4, 150.0, 2.0, seed=3)
+        workers = [start(hp_main, hp), start(lp_main, LpSpec(name, shm_dir, 2, 0.00005, 2.0))]
+        t0 = go(workers)
+        time.sleep((t0 - now_ns()) / 1e9 + 1.5)
+        penalty = node.release_auto(0).penalty_s
+        collect(workers)
+    return penalty
+
+
+def test_auto_release_expects_high_priority_to_wait_for_the_window(shm_dir: str) -> None:
+    assert auto_penalty(shm_dir, device_gate=False) >= 0.0005
+
+
+def test_auto_release_expects_a_slice_with_the_device_gate(shm_dir: str) -> None:
+    assert 0.0001 <= auto_penalty(shm_dir, device_gate=True) < 0.0005
