@@ -77,7 +77,7 @@ int qsc_dgate_bind(const qsc_session *s) {
     return qsc_dgate_on();
 }
 
-int qsc_dgate_on(void) { return atomic_load_explicit(&dg.on, memory_order_relaxed); }
+int qsc_dgate_on(void) { return atomic_load_explicit(&dg.on, memory_order_acquire); }
 
 void qsc_dgate_after(CUstream stream, uint64_t n, uint64_t est_ns) {
     uint64_t since = atomic_load_explicit(&dg.since, memory_order_relaxed);
