@@ -79,3 +79,13 @@ def test_a_device_gate_scenario_turns_the_gate_on_for_its_low_priority_worker_on
     (sc,) = gpu.chosen_scenarios("graph+lp_qshare_1ms_devgate")
     assert gpu.worker_env(sc, "lp", 2, "seg", tmp_path / "lp.json")["QSHARE_LP_DEVICE_GATE"] == "1"
     assert "QSHARE_LP_DEVICE_GATE" not in gpu.worker_env(sc, "hp", 1, "seg", tmp_path / "hp.json")
+
+
+@pytest.mark.parametrize("name", sorted(gpu.SETS))
+def test_a_named_set_picks_known_scenarios(name: str) -> None:
+    assert [sc.name for sc in gpu.chosen_scenarios(f"@{name}")] == list(gpu.SETS[name])
+
+
+def test_an_unknown_set_is_refused_by_name() -> None:
+    with pytest.raises(SystemExit, match="@nope"):
+        gpu.chosen_scenarios("@nope")

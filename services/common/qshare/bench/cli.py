@@ -45,7 +45,9 @@ def add_gpu_options(parser: argparse.ArgumentParser) -> None:
     """`qshare bench gpu` runs longer than one lease of a GPU machine allows: these split it."""
     parser.add_argument("--rounds", type=int, help="gpu: interleaved rounds (default 3)")
     parser.add_argument("--seconds", type=float, help="gpu: seconds per scenario (default 20)")
-    parser.add_argument("--only", help="gpu: comma-separated scenario names to run")
+    parser.add_argument(
+        "--only", help="gpu: comma-separated scenario names to run, or @SET (@devgate, @diagnose)"
+    )
     parser.add_argument(
         "--merge",
         nargs="+",

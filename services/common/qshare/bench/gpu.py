@@ -483,10 +483,31 @@ def _rounds(
     return runs
 
 
+# Named sets for `--only @NAME`, a lease each: what the device gate and the statistics need
+# measured against their baselines on a GPU.
+SETS = {
+    "devgate": (
+        "lp_alone", "lp_alone_qshare", "lp_alone_qshare_stats", "lp_alone_qshare_devgate",
+        "graph_alone", "graph+lp_qshare_100ms", "graph+lp_qshare_100ms_devgate",
+        "graph+lp_qshare_1ms", "graph+lp_qshare_1ms_devgate", "graph+lp_qshare_1ms_stats",
+    ),
+    "diagnose": (
+        "bert_alone", "bert+lp_qshare_1ms_devgate", "gpt2_alone", "graph+gpt2_qshare_1ms_devgate",
+        "eager_alone", "eager_alone_qshare", "eager_alone_qshare_fence200",
+        "eager_alone_qshare_stats",
+    ),
+}  # fmt: skip
+
+
 def chosen_scenarios(only: str | None) -> tuple[Scenario, ...]:
-    """The scenarios `--only` names (all when None); an unknown name is an error naming it."""
+    """The scenarios `--only` names (all when None), or a named set (`@devgate`); an unknown
+    name or set is an error naming it."""
     if not only:
         return SCENARIOS
+    if only.startswith("@"):
+        if only[1:] not in SETS:
+            raise SystemExit(f"qshare bench gpu: unknown set {only!r}; known: {sorted(SETS)}")
+        only = ",".join(SETS[only[1:]])
     names = [n.strip() for n in only.split(",") if n.strip()]
     known = {sc.name: sc for sc in (*SCENARIOS, *EXTRA_SCENARIOS)}
     unknown = [n for n in names if n not in known]
