@@ -43,10 +43,7 @@ int qsc_hp_coalescable(CUstream stream) {
 }
 
 static CUresult record_fence(void) {
-    qsc_stream_is_capturing_fn is_capturing =
-        QSC_REAL(qsc_stream_is_capturing_fn, cuStreamIsCapturing);
-    int status = 0;
-    if (is_capturing != NULL && is_capturing(hp.stream, &status) == CUDA_SUCCESS && status != 0)
+    if (qsc_stream_capturing(hp.stream))
         return CUDA_ERROR_NOT_PERMITTED; /* never record into a capture from this thread */
     hp.recorded_ns = qs_now_ns();
     CUresult rc = QSC_REAL(qsc_event_record_fn, cuEventRecord)(hp.fence, hp.stream);

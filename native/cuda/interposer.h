@@ -186,6 +186,9 @@ enum {
     QSC_UNIT_BATCHED = 4,
     QSC_UNIT_KINDS
 };
+/* 1 if `stream` is being captured into a graph (asks the driver, except for the legacy
+ * default stream, which cannot be). */
+int qsc_stream_capturing(CUstream stream);
 /* After submitting, within the same qsc_enter: `submitted` is the driver's result. Tracks
  * completion on `stream`. */
 void qsc_unit_end(const qsc_session *s, CUstream stream, CUresult submitted, int tracked);

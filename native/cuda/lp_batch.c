@@ -67,13 +67,6 @@ static uint64_t estimate(uint64_t window) {
     return e ? e : window / EST_INITIAL_DIV + 1;
 }
 
-static int stream_capturing(void) {
-    qsc_stream_is_capturing_fn is_capturing =
-        QSC_REAL(qsc_stream_is_capturing_fn, cuStreamIsCapturing);
-    int status = 0;
-    return is_capturing != NULL && is_capturing(lp.stream, &status) == CUDA_SUCCESS && status;
-}
-
 /* Record a fence behind every launch counted so far (lock held): with `marker`, even when
  * that is none (it times the next batch from here). `client` is the entered session's (NULL
  * once detached). 1 if one was pushed. */
@@ -84,7 +77,7 @@ static int push_fence_locked(int marker, qs_client *client) {
     if (f->ev == NULL &&
         QSC_REAL(qsc_event_create_fn, cuEventCreate)(&f->ev, CU_EVENT_BLOCKING_SYNC) != CUDA_SUCCESS)
         return 0;
-    if (stream_capturing() ||
+    if (qsc_stream_capturing(lp.stream) ||
         QSC_REAL(qsc_event_record_fn, cuEventRecord)(f->ev, lp.stream) != CUDA_SUCCESS)
         return 0;
     f->covered = n;

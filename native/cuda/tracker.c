@@ -148,7 +148,10 @@ static void append(void) {
     }
 }
 
-static int capturing(CUstream stream) {
+/* The legacy default stream can never be captured (the driver refuses to begin a capture on
+ * it), so a launch into it needs no query: one driver call fewer on the common path. */
+int qsc_stream_capturing(CUstream stream) {
+    if (stream == CU_STREAM_LEGACY) return 0;
     qsc_stream_is_capturing_fn is_capturing =
         QSC_REAL(qsc_stream_is_capturing_fn, cuStreamIsCapturing);
     int status = CAPTURE_NONE;
@@ -206,7 +209,7 @@ CUresult qsc_unit_begin(const qsc_session *s, CUstream stream, int *tracked) {
         *tracked = QSC_UNIT_JOINED;
         return CUDA_SUCCESS;
     }
-    if (capturing(stream)) return CUDA_SUCCESS; /* recorded into a graph, not run now */
+    if (qsc_stream_capturing(stream)) return CUDA_SUCCESS; /* recorded into a graph */
     if (s->low_priority) return lp_begin(s, stream, tracked);
     CUresult fast_rc = CUDA_SUCCESS;
     if (hp_fast(s, stream, tracked, &fast_rc)) return fast_rc;

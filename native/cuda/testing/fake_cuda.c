@@ -454,8 +454,16 @@ EXPORT CUresult cuStreamSynchronize(CUstream stream) {
 }
 EXPORT CUresult cuStreamSynchronize_ptsz(CUstream stream) { return cuStreamSynchronize(stream); }
 
+static _Atomic unsigned long capture_queries;
+
+/* Test hook: how many times the capture state was asked for. */
+EXPORT unsigned long qshare_fake_capture_queries(void) {
+    return atomic_load(&capture_queries);
+}
+
 EXPORT CUresult cuStreamIsCapturing(CUstream stream, int *status) {
     (void)stream;
+    atomic_fetch_add(&capture_queries, 1);
     *status = 0;
     return CUDA_SUCCESS;
 }

@@ -255,6 +255,11 @@ static long fake_count(const char *hook) {
 /* How many events the fake driver has recorded. */
 static void cmd_records(void) { printf("records n=%ld\n", fake_count("qshare_fake_event_records")); }
 
+/* How many times the fake driver was asked whether a stream is capturing. */
+static void cmd_captures(void) {
+    printf("captures n=%ld\n", fake_count("qshare_fake_capture_queries"));
+}
+
 /* How many kernels the fake driver's device has run to their end. */
 static void cmd_kernels(void) { printf("kernels n=%ld\n", fake_count("qshare_fake_kernels_done")); }
 
@@ -288,6 +293,7 @@ static void run(probe *p, char *line) {
     else if (strcmp(cmd, "hold") == 0) cmd_hold(p);
     else if (strcmp(cmd, "records") == 0) cmd_records();
     else if (strcmp(cmd, "kernels") == 0) cmd_kernels();
+    else if (strcmp(cmd, "captures") == 0) cmd_captures();
     else printf("%s rc=-1 error=unknown-command\n", cmd);
     fflush(stdout);
 }
