@@ -459,8 +459,10 @@ def _launch_overhead(
                 figures[label] = json.loads(out.read_text())["ns_per_launch"]
             if (found := out.with_suffix(".stats.json")).exists():
                 stats[label] = json.loads(found.read_text())
-    if "with_qshare" in figures and "without_qshare" in figures:
-        figures["added"] = figures["with_qshare"] - figures["without_qshare"]
+    if "without_qshare" in figures:
+        for label, key in (("with_qshare", "added"), ("with_qshare_low", "added_low")):
+            if label in figures:
+                figures[key] = figures[label] - figures["without_qshare"]
     return figures, stats
 
 
