@@ -7,8 +7,10 @@
  * consecutive fences and keeps the estimate of device time per launch. A launch waits
  * while the process's launches in flight are estimated at the card's window or more
  * (qs_client_lp_window_ns, re-read at every batch), so the device stays fed while high
- * priority, when the gate closes, waits at most for the window. A launch that neither blocks nor closes a batch
- * makes no system call and takes no lock. Other streams use tracker.c's per-launch units. */
+ * priority, when the gate closes, waits at most for the window; with the device gate
+ * (lp_device_gate.c) high priority waits for a slice instead and the window is the deep one.
+ * A launch that neither blocks nor closes a batch makes no system call and takes no lock.
+ * Other streams use tracker.c's per-launch units. */
 #include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
