@@ -12,6 +12,8 @@ from cffi import FFI
 ROOT = Path(__file__).resolve().parent
 
 HEADER = ROOT / "include" / "qshare.h"
+# Integer macros of the header that Python reads (lib.NAME, values from the compiled header).
+CONSTANTS = ("QS_LP_WINDOW_ALONE_NS", "QS_LP_DEVICE_GATE_SLICE_NS")
 
 
 def cdef() -> str:
@@ -20,7 +22,7 @@ def cdef() -> str:
     done = subprocess.run(
         [cc, "-E", "-P", "-DQS_CFFI_CDEF", str(HEADER)], capture_output=True, text=True, check=True
     )
-    return done.stdout
+    return done.stdout + "".join(f"#define {name} ...\n" for name in CONSTANTS)
 
 
 def builder() -> FFI:

@@ -125,6 +125,12 @@ class Client:
         )
         return int(first[0]), int(last[0])
 
+    def replay_gated(self, timeline: Sequence[tuple[int, int]]) -> tuple[int, int]:
+        """`replay` as the CUDA interposer's device gate queues: the window it keeps alone
+        (at least QS_LP_WINDOW_ALONE_NS), a slice of QS_LP_DEVICE_GATE_SLICE_NS at a time."""
+        window = max(self.lp_window_s, int(lib.QS_LP_WINDOW_ALONE_NS) / 1e9)
+        return self.replay(timeline, window, int(lib.QS_LP_DEVICE_GATE_SLICE_NS) / 1e9)
+
     def account_device_time(self, seconds: float) -> None:
         check(lib.qs_account_device_time(self._h, round(seconds * 1e9)))
 

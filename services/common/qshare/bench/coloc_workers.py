@@ -80,8 +80,6 @@ class HpResult:
 # A training step's kernels go to the card back to back (in C), as launches queue on a GPU;
 # a Python round trip between single simulated kernels would leave the card idle.
 LP_BATCH_S = 0.002
-LP_WINDOW_ALONE_S = 0.02  # QS_LP_WINDOW_ALONE_NS: the window the device gate keeps beside HP
-DEVICE_GATE_SLICE_S = 100e-6  # lp_device_gate.c's SLICE_NS
 
 
 def _sleep_until(t_ns: int) -> None:
@@ -91,11 +89,11 @@ def _sleep_until(t_ns: int) -> None:
 
 def _lp_round(client: Client, spec: LpSpec, rows: list[tuple[int, int]]) -> tuple[int, int]:
     """One round of the training loop: (kernels, steps) it ran."""
-    if rows and spec.device_gate:
-        client.replay(rows, max(client.lp_window_s, LP_WINDOW_ALONE_S), DEVICE_GATE_SLICE_S)
-        return len(rows), traces.summary(spec.trace)["steps"]
     if rows:
-        client.replay(rows, client.lp_window_s)
+        if spec.device_gate:
+            client.replay_gated(rows)
+        else:
+            client.replay(rows, client.lp_window_s)
         return len(rows), traces.summary(spec.trace)["steps"]
     batch = max(1, round(LP_BATCH_S / spec.kernel_s))
     client.run_kernels(batch, spec.kernel_s)

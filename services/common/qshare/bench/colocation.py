@@ -14,7 +14,6 @@ timestamps.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import tempfile
 import threading
 import time
@@ -189,8 +188,10 @@ def run_scenario(
             trace=HP_TRACE,
         )
         log = (timeline_at_s - 0.05, timeline_at_s + 0.95) if timeline_at_s >= 0 else (0.0, 0.0)
-        spec = LpSpec("coloc", directory, LP_VGPU, lp.kernel_s, seconds, *log, trace=lp.trace)
-        spec = dataclasses.replace(spec, device_gate=mode.device_gate)
+        spec = LpSpec(
+            "coloc", directory, LP_VGPU, lp.kernel_s, seconds, *log,
+            trace=lp.trace, device_gate=mode.device_gate,
+        )  # fmt: skip
         lps = [spec] * (lp.processes if mode.lp else 0)
         workers = [start(hp_main, hp)] + [start(lp_main, s) for s in lps]
         gate = _GateLog(node)
