@@ -510,6 +510,10 @@ SETS = {
 }  # fmt: skip
 
 
+def _by_name() -> dict[str, Scenario]:
+    return {sc.name: sc for sc in (*SCENARIOS, *EXTRA_SCENARIOS)}
+
+
 def chosen_scenarios(only: str | None) -> tuple[Scenario, ...]:
     """The scenarios `--only` names (all when None), or a named set (`@devgate`); an unknown
     name or set is an error naming it."""
@@ -520,7 +524,7 @@ def chosen_scenarios(only: str | None) -> tuple[Scenario, ...]:
             raise SystemExit(f"qshare bench gpu: unknown set {only!r}; known: {sorted(SETS)}")
         only = ",".join(SETS[only[1:]])
     names = [n.strip() for n in only.split(",") if n.strip()]
-    known = {sc.name: sc for sc in (*SCENARIOS, *EXTRA_SCENARIOS)}
+    known = _by_name()
     unknown = [n for n in names if n not in known]
     if unknown:
         raise SystemExit(f"qshare bench gpu: unknown scenario(s) {unknown}; known: {sorted(known)}")
@@ -561,7 +565,7 @@ def add_derived(scenarios: dict[str, dict[str, Any]]) -> None:
     """Against the same workload alone: HP p99 added and its ratio, LP throughput's ratio,
     and the harvest: LP throughput ÷ (LP alone × the share of time HP leaves idle, as HP
     alone measured it)."""
-    by = {sc.name: sc for sc in (*SCENARIOS, *EXTRA_SCENARIOS)}
+    by = _by_name()
     for name, s in scenarios.items():
         sc = by.get(name)
         if sc is None:
