@@ -45,7 +45,7 @@ int qsc_hp_coalescable(CUstream stream) {
 static CUresult record_fence(void) {
     if (qsc_stream_capturing(hp.stream))
         return CUDA_ERROR_NOT_PERMITTED; /* never record into a capture from this thread */
-    hp.recorded_ns = qs_now_ns();
+    if (hp.interval_ns) hp.recorded_ns = qs_now_ns(); /* for pace(): no clock read unpaced */
     CUresult rc = QSC_REAL(qsc_event_record_fn, cuEventRecord)(hp.fence, hp.stream);
     if (rc == CUDA_SUCCESS) qsc_stats_count(QSC_STAT_HP_FENCES, 1);
     return rc;
