@@ -514,14 +514,6 @@ EXPORT CUresult cuMemHostRegister_v2(void *p, size_t bytes, unsigned int flags) 
     return free_slot >= 0 ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
 
-EXPORT CUresult cuMemHostUnregister(void *p) {
-    pthread_mutex_lock(&registered_lock);
-    int slot = registered_slot((uintptr_t)p);
-    if (slot >= 0) registered[slot].from = registered[slot].to = 0;
-    pthread_mutex_unlock(&registered_lock);
-    return slot >= 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
-}
-
 /* Registered memory only; its device address is its host address (unified addressing). */
 EXPORT CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *dptr, void *p, unsigned int flags) {
     if (dptr == NULL || flags != 0) return CUDA_ERROR_INVALID_VALUE;
