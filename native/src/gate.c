@@ -325,8 +325,9 @@ int qs_card_set_release_auto(qs_node *node, uint32_t index, int enable, uint64_t
 {
     qs_clear_error();
     QS_REQUIRE(node, "node");
-    if (index >= QS_MAX_CARDS || !atomic_load(&node->seg.cfg->cards[index].present))
-        return qs_fail(QS_ENOENT, "no card with index %u", index);
+    int rc = qs_node_check_card(node, index);
+    if (rc != QS_OK)
+        return rc;
     max_delay_ns = max_delay_ns ? max_delay_ns : QS_DEFAULT_RELEASE_DELAY_NS;
     if (max_delay_ns > 60000000000ull || p99_bound_ns > 60000000000ull)
         return qs_fail(QS_EINVAL, "auto release: bound and maximum delay must be at most 60 s");
@@ -348,8 +349,9 @@ int qs_card_release_auto_get(qs_node *node, uint32_t index, qs_release_auto_stat
 {
     qs_clear_error();
     QS_REQUIRE(node, "node");
-    if (index >= QS_MAX_CARDS || !atomic_load(&node->seg.cfg->cards[index].present))
-        return qs_fail(QS_ENOENT, "no card with index %u", index);
+    int rc = qs_node_check_card(node, index);
+    if (rc != QS_OK)
+        return rc;
     if (!out)
         return qs_fail(QS_EINVAL, "out pointer is NULL");
     const struct qs_cfg_card *cc = &node->seg.cfg->cards[index];

@@ -13,8 +13,9 @@ int qs_card_set_lp_window(qs_node *node, uint32_t index, uint64_t window_ns)
 {
     qs_clear_error();
     QS_REQUIRE(node, "node");
-    if (index >= QS_MAX_CARDS || !atomic_load(&node->seg.cfg->cards[index].present))
-        return qs_fail(QS_ENOENT, "no card with index %u", index);
+    int rc = qs_node_check_card(node, index);
+    if (rc != QS_OK)
+        return rc;
     if (window_ns < 1000 || window_ns > QS_MAX_LP_WINDOW_NS)
         return qs_fail(QS_EINVAL, "LP window %llu ns is outside 1 us .. %llu ns",
                        (unsigned long long)window_ns, (unsigned long long)QS_MAX_LP_WINDOW_NS);
@@ -26,8 +27,9 @@ int qs_card_set_lp_device_gate(qs_node *node, uint32_t index, int enable)
 {
     qs_clear_error();
     QS_REQUIRE(node, "node");
-    if (index >= QS_MAX_CARDS || !atomic_load(&node->seg.cfg->cards[index].present))
-        return qs_fail(QS_ENOENT, "no card with index %u", index);
+    int rc = qs_node_check_card(node, index);
+    if (rc != QS_OK)
+        return rc;
     if (enable != 0 && enable != 1)
         return qs_fail(QS_EINVAL, "the LP device gate is 0 (off) or 1 (on), not %d", enable);
     atomic_store(&node->seg.cfg->cards[index].lp_device_gate, (uint32_t)enable);

@@ -241,7 +241,7 @@ int qs_vgpu_attach_dir(qs_node *node, uint32_t id, char *buf, uint32_t len)
     return qs_vgpu_dir_path(buf, len, node->dir, node->name, id);
 }
 
-static int check_card(qs_node *node, uint32_t index)
+int qs_node_check_card(qs_node *node, uint32_t index)
 {
     if (index >= QS_MAX_CARDS || !atomic_load(&node->seg.cfg->cards[index].present))
         return qs_fail(QS_ENOENT, "no card with index %u", index);
@@ -288,7 +288,7 @@ int qs_card_set_release_delay(qs_node *node, uint32_t index, uint64_t delay_ns)
 {
     qs_clear_error();
     QS_REQUIRE(node, "node");
-    int rc = check_card(node, index);
+    int rc = qs_node_check_card(node, index);
     if (rc != QS_OK)
         return rc;
     if (delay_ns > 60000000000ull)
@@ -306,7 +306,7 @@ int qs_card_set_policy(qs_node *node, uint32_t index, uint32_t policy)
 {
     qs_clear_error();
     QS_REQUIRE(node, "node");
-    int rc = check_card(node, index);
+    int rc = qs_node_check_card(node, index);
     if (rc != QS_OK)
         return rc;
     if (policy > QS_POLICY_BURST_SHARE)
@@ -322,7 +322,7 @@ int qs_card_stats_get(qs_node *node, uint32_t index, qs_card_stats *out)
     qs_clear_error();
     QS_REQUIRE(node, "node");
     QS_REQUIRE(out, "out pointer");
-    int rc = check_card(node, index);
+    int rc = qs_node_check_card(node, index);
     if (rc != QS_OK)
         return rc;
     const struct qs_cfg_card *c = &node->seg.cfg->cards[index];
@@ -364,7 +364,7 @@ int qs_card_sleepers_get(qs_node *node, uint32_t index, qs_card_sleepers *out)
     qs_clear_error();
     QS_REQUIRE(node, "node");
     QS_REQUIRE(out, "out pointer");
-    int rc = check_card(node, index);
+    int rc = qs_node_check_card(node, index);
     if (rc != QS_OK)
         return rc;
     struct qs_card_state *cs = &node->seg.state->cards[index];

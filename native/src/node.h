@@ -29,6 +29,8 @@ struct qs_node {
 };
 
 int qs_node_lock(qs_node *node);
+/* QS_OK if card `index` is on the node, else QS_ENOENT naming it. */
+int qs_node_check_card(qs_node *node, uint32_t index);
 void qs_node_unlock(qs_node *node);
 int qs_service_start(qs_node *node);
 void qs_service_stop(qs_node *node);
