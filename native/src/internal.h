@@ -288,7 +288,12 @@ int qs_find_vgpu(const struct qs_cfg *cfg, uint32_t id); /* slot of the ACTIVE v
 /* ring.c */
 void qs_ring_push(struct qs_ring *ring, uint32_t kind, uint32_t card, uint32_t vgpu, int32_t pid,
                   uint64_t value);
-int qs_ring_pop(struct qs_ring *ring, uint64_t *tail, qs_event *out, int timeout_ms);
+/* The consumer's place in the ring (there is one consumer: the owner). */
+struct qs_ring_cursor {
+    uint64_t tail;          /* the next ticket to read */
+    uint64_t torn_since_ns; /* when ticket `tail` was first found half-written; 0 if not */
+};
+int qs_ring_pop(struct qs_ring *ring, struct qs_ring_cursor *cur, qs_event *out, int timeout_ms);
 
 /* gate.c */
 void qs_gate_hp_begin(struct qs_segment *seg, uint32_t card);

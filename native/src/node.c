@@ -160,7 +160,7 @@ int qs_node_adopt(const char *name, const char *dir, qs_node **out)
     if (rc == QS_OK && (rc = adopt_state(node)) == QS_OK) {
         claim(node);
         forget_dead_owner(node);
-        node->ring_tail = atomic_load(&node->seg.state->ring.head);
+        node->ring_cursor = (struct qs_ring_cursor){.tail = atomic_load(&node->seg.state->ring.head)};
         rc = restart_services(node);
         if (rc != QS_OK)
             qs_service_stop(node);
@@ -355,7 +355,7 @@ int qs_node_next_event(qs_node *node, qs_event *out, int timeout_ms)
     QS_REQUIRE(node, "node");
     if (!out)
         return qs_fail(QS_EINVAL, "out pointer is NULL");
-    int rc = qs_ring_pop(&node->seg.state->ring, &node->ring_tail, out, timeout_ms);
+    int rc = qs_ring_pop(&node->seg.state->ring, &node->ring_cursor, out, timeout_ms);
     return rc == QS_ETIMEDOUT ? qs_fail(rc, "no event within %d ms", timeout_ms) : rc;
 }
 

@@ -13,7 +13,7 @@ struct qs_node {
     struct qs_segment seg;
     char dir[256];
     char name[QS_NAME_MAX];
-    uint64_t ring_tail;
+    struct qs_ring_cursor ring_cursor;
     int epoll_fd, stop_fd, kick_fd, spare_fd;
     int fd_limit; /* the descriptor soft limit, after raising it */
     pthread_t service_thread;

@@ -5,7 +5,10 @@
 
 #include <string.h>
 
-#define TORN_WAIT_NS 20000000ull /* a writer killed mid-push leaves its slot; skip it after this */
+/* A slot half-written this long, from when the consumer first found it so, was left by a writer
+ * killed mid-push: skip it. Long enough that a writer merely descheduled mid-push on a loaded
+ * machine finishes first; a dead writer delays the events behind it this much, once. */
+#define TORN_WAIT_NS 250000000ull
 
 void qs_ring_push(struct qs_ring *ring, uint32_t kind, uint32_t card, uint32_t vgpu, int32_t pid,
                   uint64_t value)
@@ -37,10 +40,20 @@ static int read_slot(struct qs_ring *ring, uint64_t t, qs_event *out)
     return atomic_load(&slot->seq) == s ? 1 : -1;
 }
 
-static void skip(struct qs_ring *ring, uint64_t *tail, uint64_t n)
+static void skip(struct qs_ring *ring, struct qs_ring_cursor *cur, uint64_t n)
 {
-    *tail += n;
+    cur->tail += n;
+    cur->torn_since_ns = 0;
     atomic_fetch_add(&ring->dropped, n);
+}
+
+/* Ticket `cur->tail` is half-written: 1 once it has been so for TORN_WAIT_NS, across calls. */
+static int torn_too_long(struct qs_ring_cursor *cur)
+{
+    uint64_t now = qs_now_ns();
+    if (cur->torn_since_ns == 0)
+        cur->torn_since_ns = now;
+    return now - cur->torn_since_ns > TORN_WAIT_NS;
 }
 
 static int wait_for_push(struct qs_ring *ring, uint64_t tail, uint64_t deadline)
@@ -55,31 +68,31 @@ static int wait_for_push(struct qs_ring *ring, uint64_t tail, uint64_t deadline)
     return rc;
 }
 
-int qs_ring_pop(struct qs_ring *ring, uint64_t *tail, qs_event *out, int timeout_ms)
+int qs_ring_pop(struct qs_ring *ring, struct qs_ring_cursor *cur, qs_event *out, int timeout_ms)
 {
-    uint64_t start = qs_now_ns();
-    uint64_t deadline = timeout_ms < 0 ? 0 : start + (uint64_t)timeout_ms * 1000000ull;
+    uint64_t deadline = timeout_ms < 0 ? 0 : qs_now_ns() + (uint64_t)timeout_ms * 1000000ull;
     for (;;) {
         uint64_t head = atomic_load(&ring->head);
-        if (head - *tail > QS_EVENT_RING_SIZE)
-            skip(ring, tail, head - *tail - QS_EVENT_RING_SIZE);
-        if (*tail < head) {
-            int r = read_slot(ring, *tail, out);
+        if (head - cur->tail > QS_EVENT_RING_SIZE)
+            skip(ring, cur, head - cur->tail - QS_EVENT_RING_SIZE);
+        if (cur->tail < head) {
+            int r = read_slot(ring, cur->tail, out);
             if (r == 1) {
-                (*tail)++;
+                cur->tail++;
+                cur->torn_since_ns = 0;
                 return QS_OK;
             }
-            if (r < 0 || qs_now_ns() - start > TORN_WAIT_NS) {
-                skip(ring, tail, 1);
+            if (r < 0 || torn_too_long(cur)) {
+                skip(ring, cur, 1);
                 continue;
             }
         }
         uint64_t now = qs_now_ns();
         if (deadline && now >= deadline)
             return QS_ETIMEDOUT;
-        uint64_t wake = *tail < head ? now + 1000000ull : deadline;
+        uint64_t wake = cur->tail < head ? now + 1000000ull : deadline;
         if (deadline && wake > deadline)
             wake = deadline;
-        wait_for_push(ring, *tail, wake);
+        wait_for_push(ring, cur->tail, wake);
     }
 }

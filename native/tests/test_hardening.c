@@ -1,7 +1,8 @@
 /* test_hardening.c — specifications from the driver audit: a corrupted or killed client never
  * crashes the owner nor leaves a count raised, handles are checked against the context's
- * generation, the owner refuses attaches past its capacity without spinning, and a segment part
- * that is not a regular file is refused without blocking. */
+ * generation, the owner refuses attaches past its capacity without spinning, a segment part
+ * that is not a regular file is refused without blocking, and the event ring loses no event to
+ * a slow writer nor stalls behind a dead one. */
 #include "harness.h"
 #include "node.h"
 
@@ -664,6 +665,73 @@ static int test_adopt_recounts_contexts_from_the_owners_records(void)
     return 0;
 }
 
+/* A push stopped between taking its ticket and finishing its slot (descheduled, or killed). */
+static uint64_t begin_push(struct qs_ring *ring)
+{
+    uint64_t t = atomic_fetch_add(&ring->head, 1);
+    atomic_store(&ring->slots[t % QS_EVENT_RING_SIZE].seq, 2 * t + 1);
+    return t;
+}
+
+static void finish_push(struct qs_ring *ring, uint64_t t, uint64_t value)
+{
+    struct qs_ring_slot *slot = &ring->slots[t % QS_EVENT_RING_SIZE];
+    slot->ev = (qs_event){.seq = t, .kind = QS_EV_OOM, .vgpu = 1, .value = value};
+    atomic_store(&slot->seq, 2 * t + 2);
+    atomic_fetch_add(&ring->notify, 1);
+    qs_futex_wake(&ring->notify, 1);
+}
+
+struct slow_writer {
+    struct qs_ring *ring;
+    uint64_t ticket;
+};
+
+static void *finish_late(void *arg)
+{
+    struct slow_writer *w = arg;
+    sleep_ms(10);
+    w->ticket = begin_push(w->ring);
+    sleep_ms(80); /* across the consumer's 50 ms deadline */
+    finish_push(w->ring, w->ticket, 42);
+    return NULL;
+}
+
+static int test_event_of_a_writer_descheduled_mid_push_is_not_dropped(void)
+{
+    qs_node *node = make_node("slowpush");
+    EXPECT(node);
+    struct slow_writer w = {.ring = &node->seg.state->ring};
+    pthread_t thread;
+    EXPECT(pthread_create(&thread, NULL, finish_late, &w) == 0);
+    qs_event ev = {0};
+    int first = qs_node_next_event(node, &ev, 50); /* times out while the slot is half-written */
+    int second = qs_node_next_event(node, &ev, 1000);
+    pthread_join(thread, NULL);
+    EXPECT(first == QS_ETIMEDOUT);
+    EXPECT(second == QS_OK && ev.value == 42);
+    EXPECT(qs_node_dropped_events(node) == 0);
+    qs_node_close(node);
+    return 0;
+}
+
+static int test_slot_left_by_a_writer_killed_mid_push_is_skipped_across_short_polls(void)
+{
+    qs_node *node = make_node("deadpush");
+    EXPECT(node);
+    struct qs_ring *ring = &node->seg.state->ring;
+    begin_push(ring); /* never finished */
+    qs_ring_push(ring, QS_EV_OOM, 0, 1, 0, 7);
+    qs_event ev = {0};
+    int rc = QS_ETIMEDOUT;
+    for (int polls = 0; polls < 200 && rc == QS_ETIMEDOUT; polls++)
+        rc = qs_node_next_event(node, &ev, 10);
+    EXPECT(rc == QS_OK && ev.value == 7);
+    EXPECT(qs_node_dropped_events(node) == 1);
+    qs_node_close(node);
+    return 0;
+}
+
 int main(void)
 {
     const struct test_case tests[] = {
@@ -701,6 +769,10 @@ int main(void)
         {"client cannot make the configuration writable",
          test_client_cannot_make_the_configuration_writable},
         {"segment files are the owner's alone", test_segment_files_are_the_owners_alone},
+        {"event of a writer descheduled mid-push is not dropped",
+         test_event_of_a_writer_descheduled_mid_push_is_not_dropped},
+        {"slot left by a writer killed mid-push is skipped across short polls",
+         test_slot_left_by_a_writer_killed_mid_push_is_skipped_across_short_polls},
     };
     return run_tests(tests, sizeof tests / sizeof tests[0]);
 }

@@ -73,9 +73,10 @@ static void command(qs_node *node, const char *line) {
         qs_vgpu_stats s;
         int rc = qs_vgpu_stats_get(node, id, &s);
         say("stats rc=%d id=%u mem_used=%llu mem_limit=%llu launches=%llu device_ns=%llu "
-            "contexts=%u\n",
+            "contexts=%u dropped_events=%llu\n",
             rc, id, (unsigned long long)s.mem_used, (unsigned long long)s.mem_limit,
-            (unsigned long long)s.launches, (unsigned long long)s.device_ns, s.contexts);
+            (unsigned long long)s.launches, (unsigned long long)s.device_ns, s.contexts,
+            (unsigned long long)qs_node_dropped_events(node));
     } else if (strcmp(verb, "suspend") == 0) {
         say("suspend rc=%d\n", qs_vgpu_suspend(node, id));
     } else if (strcmp(verb, "resume") == 0) {
