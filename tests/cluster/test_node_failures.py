@@ -9,6 +9,8 @@ import httpx
 from nats.aio.client import Client as Nats
 from nats.aio.msg import Msg
 
+from qshare import bus
+
 from .conftest import StartAgent, eventually, ready_claim
 
 
@@ -40,7 +42,7 @@ async def test_a_claim_on_an_unhealthy_card_moves_to_a_healthy_one(
         seen.append(msg.subject)
 
     sub = await nc.subscribe(f"qshare.evt.claim.{claim['id']}.*", cb=note)
-    await nc.flush()
+    await bus.settled(nc)
     health.write_text(sick)
 
     async def moved() -> bool:

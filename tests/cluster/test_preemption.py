@@ -13,6 +13,7 @@ import httpx
 from nats.aio.client import Client as Nats
 from nats.aio.msg import Msg
 
+from qshare import bus
 from qshare_driver import Client
 from qshare_node_agent.app import NodeAgent
 
@@ -53,7 +54,7 @@ async def test_a_subscriber_sees_busy_and_the_gangs_suspension(
         seen.append(msg.subject)
 
     sub = await nc.subscribe("qshare.evt.>", cb=note)
-    await nc.flush()
+    await bus.settled(nc)
     with attach(agent, hp["vgpus"][0]) as client:
         client.launch_begin()
         await eventually(lambda: _holds(f"qshare.evt.claim.{gang['id']}.suspended" in seen))

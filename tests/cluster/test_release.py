@@ -16,6 +16,7 @@ import httpx
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from qshare import bus
 from qshare.contracts import envelope
 from qshare_allocator.app import Allocator
 from qshare_driver import NotFoundError
@@ -55,7 +56,7 @@ async def watch(
 ) -> ClaimEvents:
     events = ClaimEvents(on_released)
     await nc.subscribe(f"qshare.evt.claim.{claim_id}.>", cb=events.handle)
-    await nc.flush()
+    await bus.settled(nc)
     return events
 
 

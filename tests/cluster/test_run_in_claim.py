@@ -15,6 +15,7 @@ import pytest
 from nats.aio.client import Client as Nats
 from nats.aio.msg import Msg
 
+from qshare import bus
 from qshare.native_build import FAKE_DIR, TOOLS, build_cuda
 
 from .conftest import ADMIN_TOKEN, StartAgent, eventually, ready_claim
@@ -104,7 +105,7 @@ async def test_a_program_that_exits_normally_is_published_as_detached(
         kinds.append(msg.subject.rsplit(".", 1)[-1])
 
     sub = await nc.subscribe(f"qshare.evt.gpu.{agent.name}.{gpu}.*", cb=note)
-    await nc.flush()
+    await bus.settled(nc)
     done = await qshare_run(run_env(api_url, agent.name, gpu), "--claim", str(claim["id"]),
                             "--", str(TOOLS / "probe-direct"), "init", "launch kernel 100 5",
                             "sync")  # fmt: skip

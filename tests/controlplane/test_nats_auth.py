@@ -10,6 +10,7 @@ import nats
 import pytest
 from nats.aio.client import Client
 
+from qshare import bus
 from qshare.contracts import envelope, subjects
 from qshare.contracts.nodes import Heartbeat
 from qshare.natsauth import NatsAuth, NatsCredentials, ServiceRole, inbox_prefix
@@ -56,25 +57,15 @@ async def node_n1(nats_auth: NatsAuth, nats_server: EmbeddedNats | None) -> Nats
 
 QUIET_S = 0.25
 """How long without a message ends the count of what was delivered."""
-ATTEMPTS = 3
 
 
 async def _delivered(watcher: Client, subject: str, offender: Client, body: bytes) -> int:
-    """How many messages `watcher` got on `subject` after `offender` published there, over up
-    to ATTEMPTS publishes: a permitted publish gets through on one of them, a refused one on
-    none (about one full-suite run in six lost a permitted first publish; cause not found)."""
-    for _ in range(ATTEMPTS):
-        if seen := await _delivered_once(watcher, subject, offender, body):
-            return seen
-    return 0
-
-
-async def _delivered_once(watcher: Client, subject: str, offender: Client, body: bytes) -> int:
-    """Every message that arrives until none has for QUIET_S (a flush alone can beat it)."""
+    """Every message `watcher` gets on `subject` after `offender` published there, until none
+    has arrived for QUIET_S (a flush alone can beat a refused publish's error)."""
     sub = await watcher.subscribe(subject)
-    await watcher.flush()
+    await bus.settled(watcher)
     await offender.publish(subject, body)
-    await offender.flush()
+    await bus.settled(offender)
     seen = 0
     with contextlib.suppress(nats.errors.TimeoutError):
         while await sub.next_msg(timeout=QUIET_S):
@@ -224,7 +215,7 @@ async def test_only_the_allocator_may_join_the_allocator_queue_group(
 ) -> None:
     intruder, errors = await connect_as(nats_auth.credentials(role))
     sub = await intruder.subscribe(subjects.CLAIMS_CREATE, queue=subjects.ALLOCATOR_QUEUE)
-    await intruder.flush()
+    await bus.settled(intruder)
     await _refused(errors, "subscription")
     await sub.unsubscribe()
 
@@ -234,7 +225,7 @@ async def test_no_service_reads_another_services_replies(
 ) -> None:
     api, errors = await connect_as(nats_auth.credentials(ServiceRole.API))
     await api.subscribe(inbox_prefix("allocator") + ".>")
-    await api.flush()
+    await bus.settled(api)
     await _refused(errors, "subscription")
 
 

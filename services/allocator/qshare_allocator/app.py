@@ -104,6 +104,7 @@ class Allocator(Service):
         )
         for route in self._routes():
             await self._router.subscribe(route)
+        await bus.settled(self._nc)  # "serving" means the server routes requests here
         self._background = [
             asyncio.create_task(self._relay.run()),
             asyncio.create_task(self._sweeper()),

@@ -75,6 +75,7 @@ class NodeAgent(Service):
         self._commands = Commands(self.name, self._node, converger)
         self._nc = await self._connect()
         await self._nc.subscribe(subjects.node_commands(self.name), cb=self._on_command)
+        await bus.settled(self._nc)
         pump = EventPump(self._node, self._nc, self.name, {c.index: c.uuid for c in self.cards})
         pump.listeners.append(self._observe)
         pump.start()

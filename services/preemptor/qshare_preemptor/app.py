@@ -48,6 +48,7 @@ class Preemptor(Service):
         self.starvation = StarvationWatch(self._nc, self._engine, self.source,
                                           s.starvation_window_s, s.command_timeout_s)  # fmt: skip
         await self._nc.subscribe(subjects.NODE_USAGES, cb=self._on_usage)
+        await bus.settled(self._nc)
         await self.service.reconcile()
         log.info("preemptor %s serving", s.instance)
 
