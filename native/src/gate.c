@@ -323,8 +323,6 @@ void qs_gate_release_loop(struct qs_segment *seg, uint32_t card, _Atomic uint32_
 int qs_card_set_release_auto(qs_node *node, uint32_t index, int enable, uint64_t p99_bound_ns,
                              uint64_t max_delay_ns)
 {
-    qs_clear_error();
-    QS_REQUIRE(node, "node");
     int rc = qs_node_check_card(node, index);
     if (rc != QS_OK)
         return rc;
@@ -347,8 +345,6 @@ int qs_card_set_release_auto(qs_node *node, uint32_t index, int enable, uint64_t
 
 int qs_card_release_auto_get(qs_node *node, uint32_t index, qs_release_auto_stats *out)
 {
-    qs_clear_error();
-    QS_REQUIRE(node, "node");
     int rc = qs_node_check_card(node, index);
     if (rc != QS_OK)
         return rc;

@@ -11,8 +11,6 @@ uint64_t qs_card_lp_window(const struct qs_cfg_card *card)
 
 int qs_card_set_lp_window(qs_node *node, uint32_t index, uint64_t window_ns)
 {
-    qs_clear_error();
-    QS_REQUIRE(node, "node");
     int rc = qs_node_check_card(node, index);
     if (rc != QS_OK)
         return rc;
@@ -25,8 +23,6 @@ int qs_card_set_lp_window(qs_node *node, uint32_t index, uint64_t window_ns)
 
 int qs_card_set_lp_device_gate(qs_node *node, uint32_t index, int enable)
 {
-    qs_clear_error();
-    QS_REQUIRE(node, "node");
     int rc = qs_node_check_card(node, index);
     if (rc != QS_OK)
         return rc;

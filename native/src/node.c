@@ -243,6 +243,8 @@ int qs_vgpu_attach_dir(qs_node *node, uint32_t id, char *buf, uint32_t len)
 
 int qs_node_check_card(qs_node *node, uint32_t index)
 {
+    qs_clear_error();
+    QS_REQUIRE(node, "node");
     if (index >= QS_MAX_CARDS || !atomic_load(&node->seg.cfg->cards[index].present))
         return qs_fail(QS_ENOENT, "no card with index %u", index);
     return QS_OK;
@@ -286,8 +288,6 @@ int qs_card_add(qs_node *node, uint32_t index, const char *uuid, uint64_t total_
 
 int qs_card_set_release_delay(qs_node *node, uint32_t index, uint64_t delay_ns)
 {
-    qs_clear_error();
-    QS_REQUIRE(node, "node");
     int rc = qs_node_check_card(node, index);
     if (rc != QS_OK)
         return rc;
@@ -304,8 +304,6 @@ int qs_card_set_release_delay(qs_node *node, uint32_t index, uint64_t delay_ns)
 
 int qs_card_set_policy(qs_node *node, uint32_t index, uint32_t policy)
 {
-    qs_clear_error();
-    QS_REQUIRE(node, "node");
     int rc = qs_node_check_card(node, index);
     if (rc != QS_OK)
         return rc;
@@ -319,12 +317,10 @@ int qs_card_set_policy(qs_node *node, uint32_t index, uint32_t policy)
 
 int qs_card_stats_get(qs_node *node, uint32_t index, qs_card_stats *out)
 {
-    qs_clear_error();
-    QS_REQUIRE(node, "node");
-    QS_REQUIRE(out, "out pointer");
     int rc = qs_node_check_card(node, index);
     if (rc != QS_OK)
         return rc;
+    QS_REQUIRE(out, "out pointer");
     const struct qs_cfg_card *c = &node->seg.cfg->cards[index];
     struct qs_card_state *cs = &node->seg.state->cards[index];
     memset(out, 0, sizeof *out);
@@ -361,12 +357,10 @@ int qs_node_next_event(qs_node *node, qs_event *out, int timeout_ms)
 
 int qs_card_sleepers_get(qs_node *node, uint32_t index, qs_card_sleepers *out)
 {
-    qs_clear_error();
-    QS_REQUIRE(node, "node");
-    QS_REQUIRE(out, "out pointer");
     int rc = qs_node_check_card(node, index);
     if (rc != QS_OK)
         return rc;
+    QS_REQUIRE(out, "out pointer");
     struct qs_card_state *cs = &node->seg.state->cards[index];
     uint32_t gate = atomic_load(&cs->untimed_sleepers);
     uint32_t own = atomic_load(&node->seg.owner->owner_untimed[index]);

@@ -29,7 +29,8 @@ struct qs_node {
 };
 
 int qs_node_lock(qs_node *node);
-/* QS_OK if card `index` is on the node, else QS_ENOENT naming it. */
+/* The opening of every per-card call: clears the last error, then QS_OK if `node` is a handle
+ * and card `index` is on it, else QS_EINVAL or QS_ENOENT naming what is wrong. */
 int qs_node_check_card(qs_node *node, uint32_t index);
 void qs_node_unlock(qs_node *node);
 int qs_service_start(qs_node *node);
