@@ -1,4 +1,4 @@
-"""`qshare.bus.settled`: once it returns, the server has every subscription the connection
+"""`qshare.bus.settled`: once it returns True, the server has every subscription the connection
 made before it, so a message published from any other connection reaches them. (One nats-py
 `flush()` does not promise this: its PING can overtake a SUB still queued in the client.)"""
 
@@ -24,7 +24,7 @@ async def test_a_fresh_connections_subscription_gets_the_next_message_once_settl
         watcher = await connect(options_for(bus_url, f"watcher-{i}", operator))
         try:
             sub = await watcher.subscribe("qshare.test.settled")
-            await bus.settled(watcher)
+            assert await bus.settled(watcher)
             await nc.publish("qshare.test.settled", b"x")
             await bus.settled(nc)
             try:
@@ -34,3 +34,13 @@ async def test_a_fresh_connections_subscription_gets_the_next_message_once_settl
         finally:
             await watcher.close()
     assert missed == 0
+
+
+async def test_settling_a_closed_connection_says_so_instead_of_raising(
+    bus_url: str, nats_auth: NatsAuth
+) -> None:
+    operator = nats_auth.credentials(ServiceRole.OPERATOR)
+    watcher = await connect(options_for(bus_url, "closed", operator))
+    await watcher.subscribe("qshare.test.settled")
+    await watcher.close()
+    assert await bus.settled(watcher) is False

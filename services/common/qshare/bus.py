@@ -93,17 +93,24 @@ def _note(name: str, what: str) -> Callable[[], Awaitable[None]]:
     return report
 
 
-async def settled(nc: Client, within_s: int = 5) -> None:
+async def settled(nc: Client, within_s: int = 5) -> bool:
     """Return once the server has applied everything this connection sent before the call,
     its subscriptions above all, so that a publish from any other connection reaches them.
+    False, with a warning, when the server does not answer within `within_s` (the connection
+    is down; the client sends its subscriptions again when it reconnects).
 
     One `flush()` does not promise that: nats-py writes the flush's PING straight to the
     socket, ahead of commands its flusher task still holds, so the PONG can come back before
     a SUB sent just before it reached the server (about one fresh connection in fifty here,
     whose first message was then lost). The first flush lets the flusher write what it
     holds; the second one's PING follows it."""
-    await nc.flush(timeout=within_s)
-    await nc.flush(timeout=within_s)
+    try:
+        await nc.flush(timeout=within_s)
+        await nc.flush(timeout=within_s)
+    except (nats.errors.Error, OSError) as error:
+        log.warning("NATS did not confirm this connection's subscriptions: %r", error)
+        return False
+    return True
 
 
 async def close(nc: Client, within_s: float = 5.0) -> None:

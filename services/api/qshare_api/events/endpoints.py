@@ -12,7 +12,6 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query
 from fastapi.responses import StreamingResponse
 from nats.aio.msg import Msg
-from nats.errors import Error as NatsError
 from sqlalchemy import select
 
 from qshare import bus
@@ -53,8 +52,7 @@ async def stream(
             queue.put_nowait(msg)
 
     sub = await res.nc.subscribe(subject, cb=enqueue)
-    with contextlib.suppress(NatsError):  # NATS away: the events follow once it is back
-        await bus.settled(res.nc, within_s=2)  # once the stream opens, later events reach it
+    await bus.settled(res.nc, within_s=2)  # once the stream opens, later events reach it
     tenant = caller.tenant_filter()
     return StreamingResponse(_messages(queue, sub, tenant, res), media_type="text/event-stream")
 
