@@ -5,6 +5,7 @@
 #include "node.h"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/wait.h>
 
@@ -277,6 +278,49 @@ static int test_full_ring_drops_the_oldest_and_counts_them(void)
     return 0;
 }
 
+#define WRITERS 4
+#define PUSHES_EACH 900 /* WRITERS * PUSHES_EACH stays under the ring's size: nothing may drop */
+
+struct ring_writer {
+    struct qs_ring *ring;
+    uint32_t id;
+};
+
+static void *push_many(void *arg)
+{
+    struct ring_writer *w = arg;
+    for (uint64_t i = 0; i < PUSHES_EACH; i++)
+        qs_ring_push(w->ring, QS_EV_OOM, 0, w->id, 0, i);
+    return NULL;
+}
+
+static int test_concurrent_pushes_all_arrive_in_each_writers_order(void)
+{
+    qs_node *node = make_node("ringmt");
+    EXPECT(node);
+    pthread_t threads[WRITERS];
+    struct ring_writer writers[WRITERS];
+    for (uint32_t k = 0; k < WRITERS; k++) {
+        writers[k] = (struct ring_writer){.ring = &node->seg.state->ring, .id = k};
+        EXPECT(pthread_create(&threads[k], NULL, push_many, &writers[k]) == 0);
+    }
+    uint64_t next[WRITERS] = {0};
+    int in_order = 1, got = 0;
+    qs_event ev;
+    while (got < WRITERS * PUSHES_EACH && qs_node_next_event(node, &ev, 2000) == QS_OK) {
+        in_order &= ev.vgpu < WRITERS && ev.value == next[ev.vgpu];
+        if (ev.vgpu < WRITERS)
+            next[ev.vgpu]++;
+        got++;
+    }
+    for (uint32_t k = 0; k < WRITERS; k++)
+        pthread_join(threads[k], NULL);
+    EXPECT(got == WRITERS * PUSHES_EACH && in_order);
+    EXPECT(qs_node_dropped_events(node) == 0);
+    qs_node_close(node);
+    return 0;
+}
+
 static int test_attach_to_unknown_vgpu_names_it(void)
 {
     qs_node *node = make_node("unknown");
@@ -336,6 +380,8 @@ int main(void)
          test_racing_reservations_never_exceed_the_limit},
         {"simulated kernels of racing processes never overlap",
          test_simulated_kernels_of_racing_processes_never_overlap},
+        {"concurrent pushes all arrive in each writer's order",
+         test_concurrent_pushes_all_arrive_in_each_writers_order},
         {"full ring drops the oldest and counts them",
          test_full_ring_drops_the_oldest_and_counts_them},
         {"attach to unknown vGPU names it", test_attach_to_unknown_vgpu_names_it},
