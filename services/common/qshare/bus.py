@@ -114,14 +114,31 @@ async def settled(nc: Client, within_s: int = 5) -> bool:
 
 
 async def close(nc: Client, within_s: float = 5.0) -> None:
-    """Drain what is in hand and close; a connection already closed or down just closes."""
+    """Drain what is in hand and close, each step bounded by `within_s`: a connection that
+    cannot drain is closed, and one that cannot even close is left behind with a warning,
+    so that stopping a service never hangs on NATS."""
     if nc.is_closed:
         return
-    try:
-        await asyncio.wait_for(nc.drain(), within_s)
-    except Exception as error:  # shutting down: nothing left to do about it but report it
-        log.warning("NATS drain failed (%r); closing", error)
-        await nc.close()
+    if not await _bounded(nc.drain(), within_s, "drain"):
+        await _bounded(nc.close(), within_s, "close")
+
+
+async def _bounded(step: Awaitable[None], within_s: float, what: str) -> bool:
+    """Run `step` for at most `within_s`; True when it finished without error. One still
+    running is cancelled and not waited for: nats-py's drain swallows a cancellation and
+    goes on to flush and close, which can wait on a dead socket (`asyncio.wait_for` would
+    then wait with it)."""
+    task = asyncio.ensure_future(step)
+    done, _ = await asyncio.wait({task}, timeout=within_s)
+    if not done:
+        task.cancel()
+        log.warning("NATS %s did not finish within %.1f s; going on without it", what, within_s)
+        return False
+    error = None if task.cancelled() else task.exception()
+    if task.cancelled() or error is not None:
+        log.warning("NATS %s failed (%r)", what, error or "cancelled")
+        return False
+    return True
 
 
 class BusIdentity(BaseModel):

@@ -158,6 +158,16 @@ class EmbeddedNats:
                 self._reloaded.clear()
                 await self._reloaded.wait()
 
+    def pause(self) -> None:
+        """Stop the server process (SIGSTOP): connections stay open but nothing answers, as
+        with a hung host."""
+        assert self._process is not None
+        self._process.send_signal(signal.SIGSTOP)
+
+    def unpause(self) -> None:
+        assert self._process is not None
+        self._process.send_signal(signal.SIGCONT)
+
     def _config_args(self) -> tuple[str, ...]:
         if self._config is None:
             return ()
