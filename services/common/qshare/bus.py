@@ -123,6 +123,13 @@ async def close(nc: Client, within_s: float = 5.0) -> None:
         await _bounded(nc.close(), within_s, "close")
 
 
+def _outcome_ignored(task: asyncio.Future[None]) -> None:
+    """An abandoned step's end is of no interest; reading it keeps asyncio from reporting an
+    exception that was never retrieved."""
+    if not task.cancelled():
+        task.exception()
+
+
 async def _bounded(step: Awaitable[None], within_s: float, what: str) -> bool:
     """Run `step` for at most `within_s`; True when it finished without error. One still
     running is cancelled and not waited for: nats-py's drain swallows a cancellation and
@@ -132,6 +139,7 @@ async def _bounded(step: Awaitable[None], within_s: float, what: str) -> bool:
     done, _ = await asyncio.wait({task}, timeout=within_s)
     if not done:
         task.cancel()
+        task.add_done_callback(_outcome_ignored)
         log.warning("NATS %s did not finish within %.1f s; going on without it", what, within_s)
         return False
     error = None if task.cancelled() else task.exception()
