@@ -141,3 +141,27 @@ async def test_get_shows_the_vgpus_and_json_output_is_the_claim(
     assert created["idempotency_key"].startswith("cli-")
     assert await _qshare(api_url, "claims", "get", created["id"]) == 0
     assert created["vgpus"][0]["id"] in capsys.readouterr().out
+
+
+async def test_connection_and_output_options_may_follow_the_verb(
+    api_url: str, register: Register, capsys: pytest.CaptureFixture[str]
+) -> None:
+    await register("n1")
+    argv = ["gpus", "list", "--url", api_url, "--token", ADMIN_TOKEN, "-o", "json"]
+    assert await asyncio.to_thread(main, argv) == 0
+    assert [card["node"] for card in json.loads(capsys.readouterr().out)] == ["n1"]
+
+
+async def test_an_option_given_after_the_verb_wins_over_the_same_before_it(
+    api_url: str, register: Register, capsys: pytest.CaptureFixture[str]
+) -> None:
+    await register("n1")
+    argv = ["gpus", "--url", api_url, "-o", "yaml", "list", "--token", ADMIN_TOKEN, "-o", "json"]
+    assert await asyncio.to_thread(main, argv) == 0
+    json.loads(capsys.readouterr().out)
+
+
+def test_a_wait_timeout_out_of_range_is_named(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["claims", "wait", "00000000-0000-0000-0000-000000000001", "--timeout", "-1"])
+    assert "'-1' is not a number of seconds" in capsys.readouterr().err

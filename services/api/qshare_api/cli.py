@@ -7,6 +7,7 @@ import json
 import os
 import re
 import sys
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -26,6 +27,10 @@ GPU_COLUMNS = (
 )  # fmt: skip
 """HIGH_FREE/LOW_FREE: core share still free for each priority (the demo shows *_USED)."""
 CLAIM_COLUMNS = ("ID", "TENANT", "STATUS", "PRIO", "VCORE", "VMEM", "COUNT", "NODE", "CARDS")
+DEFAULT_URL = "http://127.0.0.1:8080"
+WAIT_POLL_S = 0.25
+FINAL_STATUSES = (ClaimStatus.RELEASED.value, ClaimStatus.FAILED.value)
+"""A claim in these statuses never changes again: `claims wait` stops there."""
 
 
 def register(subparsers: Sub) -> None:
@@ -53,10 +58,25 @@ def register(subparsers: Sub) -> None:
     listing.add_argument("--limit", type=int, default=50)
     listing.add_argument("--cursor", help="the next page, as a previous listing printed it")
     listing.set_defaults(handler=_command(_list_claims))
-    for verb, action in (("get", _get_claim), ("delete", _delete_claim)):
-        one = claims.add_parser(verb, help=f"{verb} one claim")
+    one_claim_verbs = (
+        ("get", _get_claim, "get one claim"),
+        ("delete", _delete_claim, "delete one claim, releasing its vGPUs"),
+        ("suspend", _suspend_claim, "suspend a claim's processes at their next launch"),
+        ("resume", _resume_claim, "resume a suspended claim"),
+    )
+    for verb, action, help_ in one_claim_verbs:
+        one = claims.add_parser(verb, help=help_)
         one.add_argument("claim_id", type=_claim_id)
         one.set_defaults(handler=_command(action))
+    wait = claims.add_parser(
+        "wait", help="wait until a claim reaches a status (a claim not found counts as released)"
+    )
+    wait.add_argument("claim_id", type=_claim_id)
+    wait.add_argument(
+        "--for", dest="until", default="ready", choices=[s.value for s in ClaimStatus]
+    )
+    wait.add_argument("--timeout", type=_seconds, default=60.0, help="seconds (default 60)")
+    wait.set_defaults(handler=_command(_wait_claim))
     nodes = _group(subparsers, "nodes", "the inventory of nodes")
     nodes.add_parser("list", help="list nodes").set_defaults(handler=_command(_list_nodes))
     gpus = _group(subparsers, "gpus", "cards and their free capacity")
@@ -65,18 +85,47 @@ def register(subparsers: Sub) -> None:
     gpu_list.set_defaults(handler=_command(_list_gpus))
 
 
-def _group(subparsers: Sub, name: str, help_: str) -> Sub:
+def _group(subparsers: Sub, name: str, help_: str) -> Verbs:
+    """The group `name`; `--url`, `--token` and `-o` go before or after its verb."""
     parser = subparsers.add_parser(name, help=help_)
-    parser.add_argument("--url", default=os.environ.get("QSHARE_URL", "http://127.0.0.1:8080"))
-    parser.add_argument("--token", default=os.environ.get("QSHARE_TOKEN"), help="or $QSHARE_TOKEN")
+    _connection_options(parser, defaults=True)
+    return Verbs(parser.add_subparsers(dest="action", required=True))
+
+
+class Verbs:
+    """A group's verbs, each of which takes the connection options too."""
+
+    def __init__(self, subparsers: Sub) -> None:
+        self._subparsers = subparsers
+        self._leaf = argparse.ArgumentParser(add_help=False)
+        _connection_options(self._leaf, defaults=False)
+
+    def add_parser(self, verb: str, help: str) -> argparse.ArgumentParser:
+        return self._subparsers.add_parser(verb, help=help, parents=[self._leaf])
+
+
+def _connection_options(parser: argparse.ArgumentParser, defaults: bool) -> None:
+    """With `defaults`, the group's; without, a verb's, which leave the group's value alone
+    unless given (`qshare claims list -o json` and `qshare claims -o json list` agree)."""
+
+    def default(value: object) -> object:
+        return value if defaults else argparse.SUPPRESS
+
+    parser.add_argument("--url", default=default(os.environ.get("QSHARE_URL", DEFAULT_URL)))
+    token = os.environ.get("QSHARE_TOKEN")
+    parser.add_argument("--token", default=default(token), help="or $QSHARE_TOKEN")
     parser.add_argument(
-        "-o", "--output", choices=["table", "json", "yaml"], default="table", help="format"
-    )
-    return parser.add_subparsers(dest="action", required=True)
+        "-o", "--output", choices=["table", "json", "yaml"], default=default("table"),
+        help="format",
+    )  # fmt: skip
 
 
 class UsageError(Exception):
     """Arguments argparse accepted one by one but not together."""
+
+
+class WaitFailed(Exception):
+    """`claims wait` ended without the status it waited for."""
 
 
 @dataclass(frozen=True)
@@ -99,6 +148,9 @@ def _command(
         except UsageError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
+        except WaitFailed as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
         except httpx.HTTPError as exc:
             print(f"error: cannot reach the qshare API at {args.url}: {exc}", file=sys.stderr)
             return 2
@@ -153,6 +205,16 @@ def _selector(pairs: list[tuple[str, str]]) -> dict[str, str]:
     return dict(pairs)
 
 
+def _seconds(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds <= 86400:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds from 0 to 86400")
+    return seconds
+
+
 def _claim_id(value: str) -> str:
     try:
         return str(uuid.UUID(value))
@@ -194,6 +256,47 @@ def _get_claim(client: Client, args: argparse.Namespace) -> Shown:
 def _delete_claim(client: Client, args: argparse.Namespace) -> Shown:
     claim = client.delete(f"/v1/claims/{args.claim_id}")
     return Shown(claim, _claims_table([claim]))
+
+
+def _suspend_claim(client: Client, args: argparse.Namespace) -> Shown:
+    return _claim_action(client.post(f"/v1/claims/{args.claim_id}/suspend", {}))
+
+
+def _resume_claim(client: Client, args: argparse.Namespace) -> Shown:
+    return _claim_action(client.post(f"/v1/claims/{args.claim_id}/resume", {}))
+
+
+def _claim_action(reply: dict[str, Any]) -> Shown:
+    verb = "suspended" if reply["suspended"] else "resumed"
+    missing = (
+        f" ({reply['missing']} not reached: see the preemptor's log)" if reply["missing"] else ""
+    )
+    return Shown(reply, f"claim {reply['claim_id']} {verb} on {reply['vgpus']} vGPUs{missing}")
+
+
+def _wait_claim(client: Client, args: argparse.Namespace) -> Shown:
+    """Poll the claim until it has status `args.until`; a claim that can no longer get
+    there (released or failed) or the timeout ends the wait with an error."""
+    deadline = time.monotonic() + args.timeout
+    while True:
+        claim = _claim_or_gone(client, args.claim_id)
+        if claim["status"] == args.until:
+            return Shown(claim, _claims_table([claim]) if "tenant" in claim else claim["status"])
+        if claim["status"] in FINAL_STATUSES or time.monotonic() >= deadline:
+            why = f" ({claim['reason']})" if claim.get("reason") else ""
+            raise WaitFailed(f"claim {args.claim_id} is {claim['status']}{why}, not {args.until}")
+        time.sleep(WAIT_POLL_S)
+
+
+def _claim_or_gone(client: Client, claim_id: str) -> dict[str, Any]:
+    """The claim; one no longer found by id reads as released (as, once released, it is)."""
+    try:
+        claim: dict[str, Any] = client.get(f"/v1/claims/{claim_id}")
+    except ApiError as exc:
+        if exc.status != 404:
+            raise
+        return {"id": claim_id, "status": ClaimStatus.RELEASED.value, "reason": "not found"}
+    return claim
 
 
 def _vgpus_table(claim: dict[str, Any]) -> str:

@@ -1,0 +1,82 @@
+"""`qshare claims wait|suspend|resume` against the whole loop: the CLI as an operator uses
+it, over a real HTTP port."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from qshare.cli import main
+
+from .conftest import ADMIN_TOKEN, StartAgent, create_claim, ready_claim
+
+
+async def qshare(api_url: str, *args: str) -> int:
+    """The CLI in a thread (it is synchronous; the servers share this event loop), with the
+    connection options after the verb, as people type them."""
+    return await asyncio.to_thread(main, [*args, "--url", api_url, "--token", ADMIN_TOKEN])
+
+
+async def test_wait_returns_once_the_claim_is_ready(
+    api: httpx.AsyncClient, api_url: str, start_agent: StartAgent,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    await start_agent()
+    claim = await create_claim(api)
+    assert await qshare(api_url, "claims", "wait", claim["id"], "--timeout", "20") == 0
+    assert " ready " in capsys.readouterr().out
+
+
+async def test_wait_for_a_status_the_claim_cannot_reach_fails_at_once(
+    api: httpx.AsyncClient, api_url: str, start_agent: StartAgent,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    await start_agent()
+    claim = await ready_claim(api)
+    await api.delete(f"/v1/claims/{claim['id']}")
+    rc = await qshare(api_url, "claims", "wait", claim["id"], "--for", "ready", "--timeout", "60")
+    assert rc == 1
+    assert f"claim {claim['id']} is released" in capsys.readouterr().err
+
+
+async def test_wait_names_the_pending_reason_when_it_times_out(
+    api: httpx.AsyncClient, api_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    claim = await create_claim(api)  # no node: it stays pending
+    assert await qshare(api_url, "claims", "wait", claim["id"], "--timeout", "0.5") == 1
+    err = capsys.readouterr().err
+    assert f"claim {claim['id']} is pending (" in err and "not ready" in err
+
+
+async def test_suspend_and_resume_act_on_the_claims_vgpus(
+    api: httpx.AsyncClient, api_url: str, start_agent: StartAgent,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    agent = await start_agent()
+    claim = await ready_claim(api)
+    local_id = claim["vgpus"][0]["local_id"]
+    assert await qshare(api_url, "claims", "suspend", claim["id"]) == 0
+    assert agent.node.vgpu_stats(local_id).suspended
+    assert await qshare(api_url, "claims", "resume", claim["id"]) == 0
+    assert not agent.node.vgpu_stats(local_id).suspended
+    out = capsys.readouterr().out.splitlines()
+    assert out == [
+        f"claim {claim['id']} suspended on 1 vGPUs",
+        f"claim {claim['id']} resumed on 1 vGPUs",
+    ]
+
+
+async def test_wait_for_released_returns_once_the_deleted_claim_is_gone(
+    api: httpx.AsyncClient, api_url: str, start_agent: StartAgent
+) -> None:
+    await start_agent()
+    claim = await ready_claim(api)
+    await api.delete(f"/v1/claims/{claim['id']}")
+    rc = await qshare(
+        api_url, "claims", "wait", claim["id"], "--for", "released", "--timeout", "20"
+    )
+    assert rc == 0
+    listed = (await api.get("/v1/claims", params={"status": "released"})).json()["items"]
+    assert claim["id"] in [c["id"] for c in listed]
