@@ -28,6 +28,11 @@ def test_child_environment_names_the_vgpu_and_preloads_the_interposer() -> None:
     assert env["LD_PRELOAD"] == f"{INTERPOSER} /other.so"
 
 
+def test_child_environment_does_not_pass_the_api_token_on() -> None:
+    env = child_environment({"QSHARE_TOKEN": "qs_secret", "HOME": "/h"}, 7, "seg", None, INTERPOSER)
+    assert "QSHARE_TOKEN" not in env and env["HOME"] == "/h"
+
+
 def test_child_environment_carries_no_limits() -> None:
     env = child_environment({}, 7, "seg", None, INTERPOSER)
     assert set(env) == {"QSHARE_VGPU", "QSHARE_SEGMENT", "LD_PRELOAD"}

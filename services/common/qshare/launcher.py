@@ -70,8 +70,10 @@ def missing_segment(segment: str, shm_dir: Path | None, env: Mapping[str, str]) 
 def child_environment(
     base: Mapping[str, str], vgpu: int, segment: str, shm_dir: Path | None, library: Path
 ) -> dict[str, str]:
-    """The environment of the program: the vGPU's name and the preload, nothing else."""
-    env = dict(base)
+    """The environment of the program: the vGPU's name and the preload, nothing else. The
+    API token that looked the claim up is not passed on: the program has no use for it, and a
+    workload is not to act on the cluster with its operator's rights."""
+    env = {k: v for k, v in base.items() if k != "QSHARE_TOKEN"}
     env["QSHARE_VGPU"] = str(vgpu)
     env["QSHARE_SEGMENT"] = segment
     if shm_dir is not None:
