@@ -112,5 +112,33 @@ async def test_events_reach_a_server_sent_event_stream(api_url: str, nc: Nats) -
         await reader
 
 
+async def test_an_event_that_is_not_json_is_left_out_and_the_stream_goes_on(
+    api_url: str, nc: Nats
+) -> None:
+    lines: list[str] = []
+    headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+    async def read() -> None:
+        async with httpx.AsyncClient(base_url=api_url, headers=headers, timeout=None) as http, \
+                http.stream("GET", "/v1/events") as response:  # fmt: skip
+            async for line in response.aiter_lines():
+                lines.append(line)
+
+    reader = asyncio.create_task(read())
+    body = json.dumps({"specversion": "1.0", "id": "x", "source": "test", "type": "t", "data": {}})
+
+    async def seen() -> bool:
+        await nc.publish("qshare.evt.test.garbage", b"\xff not json")
+        await nc.publish("qshare.evt.test.after", body.encode())
+        await asyncio.sleep(0.1)
+        return "event: qshare.evt.test.after" in lines
+
+    await eventually(seen, 20)
+    assert "event: qshare.evt.test.garbage" not in lines and not reader.done()
+    reader.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await reader
+
+
 async def _holds(value: bool) -> bool:
     return value

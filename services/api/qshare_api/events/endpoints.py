@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 from collections.abc import AsyncIterator
 from typing import Annotated
 
@@ -20,6 +21,7 @@ from qshare_api.auth import Caller
 from qshare_api.problems import PROBLEMS
 from qshare_api.resources import Resources, resources
 
+log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/events", tags=["events"], responses=PROBLEMS)
 Res = Annotated[Resources, Depends(resources)]
 KEEPALIVE_S = 15.0
@@ -68,11 +70,22 @@ async def _messages(
             except TimeoutError:
                 yield ": keep-alive\n\n"
                 continue
-            if tenant is None or await _visible(msg.subject, tenant, res):
-                yield f"event: {msg.subject}\ndata: {json.dumps(json.loads(msg.data))}\n\n"
+            visible = tenant is None or await _visible(msg.subject, tenant, res)
+            if visible and (data := _one_line(msg)) is not None:
+                yield f"event: {msg.subject}\ndata: {data}\n\n"
     finally:
         with contextlib.suppress(Exception):  # the connection may be closing already
             await sub.unsubscribe()  # type: ignore[attr-defined]
+
+
+def _one_line(msg: Msg) -> str | None:
+    """The event's JSON on one line; None, logged, for a body that is not JSON (the stream
+    goes on without it)."""
+    try:
+        return json.dumps(json.loads(msg.data))
+    except ValueError as error:  # JSONDecodeError, UnicodeDecodeError
+        log.warning("event on %s is not JSON (%s); not streamed", msg.subject, error)
+        return None
 
 
 async def _visible(subject: str, tenant: str, res: Resources) -> bool:
