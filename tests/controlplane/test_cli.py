@@ -165,3 +165,49 @@ def test_a_wait_timeout_out_of_range_is_named(capsys: pytest.CaptureFixture[str]
     with pytest.raises(SystemExit):
         main(["claims", "wait", "00000000-0000-0000-0000-000000000001", "--timeout", "-1"])
     assert "'-1' is not a number of seconds" in capsys.readouterr().err
+
+
+async def _json(url: str, capsys: pytest.CaptureFixture[str], *args: str) -> object:
+    group, *rest = args
+    assert await _qshare(url, group, "-o", "json", *rest) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+async def test_an_issued_token_works_for_its_tenant_until_it_is_revoked(
+    api_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    issued = await _json(api_url, capsys, "tokens", "create", "--name", "ci", "--tenant", "t-cli")
+    assert isinstance(issued, dict)
+    as_tenant = ["claims", "list", "--url", api_url, "--token", issued["token"]]
+    assert await asyncio.to_thread(main, as_tenant) == 0
+    assert await _qshare(api_url, "tokens", "revoke", issued["id"]) == 0
+    capsys.readouterr()
+    assert await asyncio.to_thread(main, as_tenant) == 1
+    assert "401" in capsys.readouterr().err
+
+
+async def test_the_token_list_never_shows_a_secret(
+    api_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    issued = await _json(api_url, capsys, "tokens", "create", "--name", "x", "--tenant", "t-x")
+    assert isinstance(issued, dict)
+    assert await _qshare(api_url, "tokens", "list") == 0
+    out = capsys.readouterr().out
+    assert issued["id"] in out and issued["token"] not in out
+
+
+async def test_a_quota_set_from_the_cli_is_listed_and_cleared(
+    api_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ("quotas", "set", "t-q", "--memory", "64Gi", "--cards", "8")
+    assert await _json(api_url, capsys, *args) == {
+        "tenant": "t-q", "memory_mib": 65536, "cards": 8, "pending": None
+    }  # fmt: skip
+    assert await _qshare(api_url, "quotas", "list") == 0
+    assert ["t-q", "64Gi", "8", "-"] in [
+        line.split() for line in capsys.readouterr().out.splitlines()
+    ]
+    assert await _qshare(api_url, "quotas", "clear", "t-q") == 0
+    assert capsys.readouterr().out.strip() == "quota of t-q cleared"
+    quotas = await _json(api_url, capsys, "quotas", "list")
+    assert isinstance(quotas, list) and "t-q" not in [q["tenant"] for q in quotas]

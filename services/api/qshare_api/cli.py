@@ -34,12 +34,12 @@ FINAL_STATUSES = (ClaimStatus.RELEASED.value, ClaimStatus.FAILED.value)
 
 
 def register(subparsers: Sub) -> None:
-    claims = _group(subparsers, "claims", "create, list, get and delete claims")
+    claims = group(subparsers, "claims", "create, list, get and delete claims")
     create = claims.add_parser("create", help="ask for vGPUs")
     create.add_argument("--priority", required=True, choices=["high", "low"])
     create.add_argument("--vcore", required=True, type=int, help="core share per card, 1-100")
     create.add_argument(
-        "--vmemory", required=True, type=_memory, help="memory per card: MiB or e.g. 4Gi"
+        "--vmemory", required=True, type=memory, help="memory per card: MiB or e.g. 4Gi"
     )
     create.add_argument("--count", type=int, default=1, help="cards, on one node")
     create.add_argument("--class", dest="class_name", default="qshare")
@@ -50,14 +50,14 @@ def register(subparsers: Sub) -> None:
     create.add_argument("--card-policy", choices=["spread", "binpack"])
     create.add_argument("--idempotency-key", help="default: a fresh one, so a retry is safe")
     create._negative_number_matcher = re.compile(r"^-\d")  # `--vmemory -4Gi` is a value
-    create.set_defaults(handler=_command(_create_claim))
+    create.set_defaults(handler=command(_create_claim))
     listing = claims.add_parser("list", help="list claims")
     listing.add_argument("--status", choices=[s.value for s in ClaimStatus])
     listing.add_argument("--priority")
     listing.add_argument("--node")
     listing.add_argument("--limit", type=int, default=50)
     listing.add_argument("--cursor", help="the next page, as a previous listing printed it")
-    listing.set_defaults(handler=_command(_list_claims))
+    listing.set_defaults(handler=command(_list_claims))
     one_claim_verbs = (
         ("get", _get_claim, "get one claim"),
         ("delete", _delete_claim, "delete one claim, releasing its vGPUs"),
@@ -67,7 +67,7 @@ def register(subparsers: Sub) -> None:
     for verb, action, help_ in one_claim_verbs:
         one = claims.add_parser(verb, help=help_)
         one.add_argument("claim_id", type=_claim_id)
-        one.set_defaults(handler=_command(action))
+        one.set_defaults(handler=command(action))
     wait = claims.add_parser(
         "wait", help="wait until a claim reaches a status (a claim not found counts as released)"
     )
@@ -76,16 +76,16 @@ def register(subparsers: Sub) -> None:
         "--for", dest="until", default="ready", choices=[s.value for s in ClaimStatus]
     )
     wait.add_argument("--timeout", type=_seconds, default=60.0, help="seconds (default 60)")
-    wait.set_defaults(handler=_command(_wait_claim))
-    nodes = _group(subparsers, "nodes", "the inventory of nodes")
-    nodes.add_parser("list", help="list nodes").set_defaults(handler=_command(_list_nodes))
-    gpus = _group(subparsers, "gpus", "cards and their free capacity")
+    wait.set_defaults(handler=command(_wait_claim))
+    nodes = group(subparsers, "nodes", "the inventory of nodes")
+    nodes.add_parser("list", help="list nodes").set_defaults(handler=command(_list_nodes))
+    gpus = group(subparsers, "gpus", "cards and their free capacity")
     gpu_list = gpus.add_parser("list", help="list cards")
     gpu_list.add_argument("--node")
-    gpu_list.set_defaults(handler=_command(_list_gpus))
+    gpu_list.set_defaults(handler=command(_list_gpus))
 
 
-def _group(subparsers: Sub, name: str, help_: str) -> Verbs:
+def group(subparsers: Sub, name: str, help_: str) -> Verbs:
     """The group `name`; `--url`, `--token` and `-o` go before or after its verb."""
     parser = subparsers.add_parser(name, help=help_)
     _connection_options(parser, defaults=True)
@@ -136,7 +136,7 @@ class Shown:
     text: str
 
 
-def _command(
+def command(
     action: Callable[[Client, argparse.Namespace], Shown],
 ) -> Callable[[argparse.Namespace], int]:
     def handler(args: argparse.Namespace) -> int:
@@ -181,7 +181,7 @@ def _report(exc: ApiError) -> None:
         print(f"  {item.get('field')}: {message}", file=sys.stderr)
 
 
-def _memory(value: str) -> int | str:
+def memory(value: str) -> int | str:
     """Checked here so a decimal suffix gets a hint: `4G` is 10^9 bytes, `4Gi` is 4096 MiB."""
     try:
         parse_mib(int(value) if value.isdigit() else value)

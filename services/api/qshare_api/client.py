@@ -45,6 +45,14 @@ class Client:
         ):
             return self._call("POST", path, json=body, headers=headers)
 
+    def put(self, path: str, body: dict[str, Any]) -> Any:
+        """PUT sets a whole resource: sending it again is harmless, so it is sent once more
+        when the connection fails before an answer came."""
+        try:
+            return self._call("PUT", path, json=body)
+        except LOST:
+            return self._call("PUT", path, json=body)
+
     def delete(self, path: str) -> Any:
         return self._call("DELETE", path)
 

@@ -15,6 +15,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "qshare.launcher",
     "qshare.up",
     "qshare_api.cli",
+    "qshare_api.cli_admin",
 )
 
 

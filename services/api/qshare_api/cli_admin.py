@@ -1,0 +1,105 @@
+"""`qshare tokens|quotas …`: an administrator's command line over the REST API: issue, list
+and revoke bearer tokens; set, list and clear tenants' quotas."""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING, Any
+
+from qshare.contracts.domain import Role, TokenScope
+from qshare.contracts.quantities import format_mib
+from qshare_api.cli import Shown, command, group, memory, table
+from qshare_api.client import Client
+
+if TYPE_CHECKING:
+    from qshare_api.cli import Sub
+
+TOKEN_COLUMNS = ("ID", "NAME", "TENANT", "ROLE", "SCOPE", "CREATED", "EXPIRES")
+
+
+def register(subparsers: Sub) -> None:
+    tokens = group(subparsers, "tokens", "issue, list and revoke API tokens (admins)")
+    create = tokens.add_parser("create", help="issue a token; its secret is shown only now")
+    create.add_argument("--name", required=True)
+    create.add_argument("--tenant", required=True)
+    create.add_argument("--role", choices=[r.value for r in Role], default=Role.TENANT.value)
+    create.add_argument("--scope", choices=[s.value for s in TokenScope], default="write")
+    create.add_argument("--expires-in", type=int, metavar="SECONDS", help="default: never")
+    create.set_defaults(handler=command(_issue_token))
+    tokens.add_parser("list", help="list tokens, never their secrets").set_defaults(
+        handler=command(_list_tokens)
+    )
+    revoke = tokens.add_parser("revoke", help="revoke a token at once")
+    revoke.add_argument("token_id")
+    revoke.set_defaults(handler=command(_revoke_token))
+    quotas = group(subparsers, "quotas", "tenants' limits (admins)")
+    quotas.add_parser("list", help="list quotas").set_defaults(handler=command(_list_quotas))
+    put = quotas.add_parser("set", help="set a tenant's quota; a limit left out is no limit")
+    put.add_argument("tenant")
+    put.add_argument("--memory", type=memory, help="memory its live claims may ask for")
+    put.add_argument("--cards", type=int, help="vGPUs its live claims may hold")
+    put.add_argument("--pending", type=int, help="claims it may have pending at once")
+    put.set_defaults(handler=command(_set_quota))
+    clear = quotas.add_parser("clear", help="remove a tenant's quota")
+    clear.add_argument("tenant")
+    clear.set_defaults(handler=command(_clear_quota))
+
+
+def _issue_token(client: Client, args: argparse.Namespace) -> Shown:
+    body = {"name": args.name, "tenant": args.tenant, "role": args.role, "scope": args.scope,
+            "expires_in_s": args.expires_in}  # fmt: skip
+    issued = client.post("/v1/tokens", body)
+    text = f"{_tokens_table([issued])}\n\ntoken: {issued['token']}\n(shown only now: store it)"
+    return Shown(issued, text)
+
+
+def _list_tokens(client: Client, args: argparse.Namespace) -> Shown:
+    tokens = client.get("/v1/tokens")
+    return Shown(tokens, _tokens_table(tokens))
+
+
+def _revoke_token(client: Client, args: argparse.Namespace) -> Shown:
+    client.delete(f"/v1/tokens/{args.token_id}")
+    return Shown({"id": args.token_id, "revoked": True}, f"token {args.token_id} revoked")
+
+
+def _tokens_table(tokens: list[dict[str, Any]]) -> str:
+    rows = [
+        (t["id"], t["name"], t["tenant"], t["role"], t["scope"], _day(t.get("created_at")),
+         _day(t.get("expires_at")) if t.get("expires_at") else "never")
+        for t in tokens
+    ]  # fmt: skip
+    return table(TOKEN_COLUMNS, rows)
+
+
+def _day(stamp: str | None) -> str:
+    """An ISO time to the minute, as a table shows it."""
+    return (stamp or "-")[:16].replace("T", " ")
+
+
+def _list_quotas(client: Client, args: argparse.Namespace) -> Shown:
+    quotas = client.get("/v1/quotas")
+    return Shown(quotas, _quotas_table(quotas))
+
+
+def _set_quota(client: Client, args: argparse.Namespace) -> Shown:
+    body = {"memory": args.memory, "cards": args.cards, "pending": args.pending}
+    quota = client.put(f"/v1/quotas/{args.tenant}", body)
+    return Shown(quota, _quotas_table([quota]))
+
+
+def _clear_quota(client: Client, args: argparse.Namespace) -> Shown:
+    client.delete(f"/v1/quotas/{args.tenant}")
+    return Shown({"tenant": args.tenant, "cleared": True}, f"quota of {args.tenant} cleared")
+
+
+def _quotas_table(quotas: list[dict[str, Any]]) -> str:
+    def limit(value: int | None, shown: str) -> str:
+        return "-" if value is None else shown
+
+    rows = [
+        (q["tenant"], limit(q["memory_mib"], format_mib(q["memory_mib"] or 0)),
+         limit(q["cards"], str(q["cards"])), limit(q["pending"], str(q["pending"])))
+        for q in quotas
+    ]  # fmt: skip
+    return table(("TENANT", "MEMORY", "CARDS", "PENDING"), rows)
