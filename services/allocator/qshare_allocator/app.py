@@ -30,7 +30,7 @@ from qshare.contracts.nodes import (
 )
 from qshare.contracts.placement import PreviewPlacement
 from qshare.contracts.streams import ensure_events_stream
-from qshare.contracts.tracing import setup_tracing
+from qshare.contracts.tracing import flush_tracing, setup_tracing
 from qshare.contracts.usage import MoveClaim, MoveReply
 from qshare.service import Service
 from qshare_allocator import metrics
@@ -128,6 +128,7 @@ class Allocator(Service):
             await self._dispatcher.stop()
         if self._engine is not None:
             await self._engine.dispose()
+        await asyncio.to_thread(flush_tracing)
 
     def _routes(self) -> list[Route]:
         return [

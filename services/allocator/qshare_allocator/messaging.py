@@ -15,6 +15,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import MaxPayloadError
 from opentelemetry import trace
+from opentelemetry.trace import SpanKind
 from pydantic import BaseModel, ValidationError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -81,8 +82,10 @@ class Router:
 
     async def _handle(self, route: Route, msg: Msg) -> None:
         started = time.perf_counter()
-        with tracer.start_as_current_span(route.subject, context=extract_context(msg.headers)):
+        parent = extract_context(msg.headers)
+        with tracer.start_as_current_span(route.subject, parent, SpanKind.SERVER) as span:
             outcome = await self._outcome(route, msg)
+            span.set_attribute("qshare.outcome", outcome)
         self.handled += 1
         metrics.HANDLED.labels(route.subject, outcome).inc()
         metrics.LATENCY.labels(route.subject).observe(time.perf_counter() - started)

@@ -12,7 +12,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from qshare import bus
 from qshare.contracts.domain import Role
-from qshare.contracts.tracing import setup_tracing
+from qshare.contracts.tracing import flush_tracing, setup_tracing
 from qshare.service import settle_heap
 from qshare_api import health, problems
 from qshare_api.claims.endpoints import router as claims_router
@@ -88,6 +88,7 @@ def _lifespan(
                 reaper.cancel()
             await bus.close(nc)
             await engine.dispose()
+            await asyncio.to_thread(flush_tracing)
 
     return lifespan
 

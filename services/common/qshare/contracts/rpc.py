@@ -14,6 +14,8 @@ from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind
 from pydantic import BaseModel
 
 from qshare.contracts import envelope
@@ -42,17 +44,23 @@ async def call(
     if not nc.is_connected:
         raise Unavailable(f"NATS is not connected; {subject} not sent")
     body = envelope.encode(envelope.wrap(source, f"io.qshare.{subject}", data))
+    with trace.get_tracer(__name__).start_as_current_span(subject, kind=SpanKind.CLIENT):
+        msg = await _request(nc, subject, body, timeout)
+    if msg.headers and ERROR_CODE_HEADER in msg.headers:
+        raise QshareError.from_body(ErrorBody.model_validate_json(msg.data))
+    return envelope.decode(msg.data).payload(reply)
+
+
+async def _request(nc: Client, subject: str, body: bytes, timeout: float) -> Msg:
+    """The request, its headers carrying the current span; NATS failures as Unavailable."""
     try:
-        msg = await nc.request(subject, body, timeout=timeout, headers=inject_headers())
+        return await nc.request(subject, body, timeout=timeout, headers=inject_headers())
     except (NoRespondersError, NatsTimeout) as exc:
         raise Unavailable(f"no answer on {subject}") from exc
     except NatsError as exc:
         if not is_outage(exc):
             raise
         raise Unavailable(f"NATS is not connected; {subject} not sent") from exc
-    if msg.headers and ERROR_CODE_HEADER in msg.headers:
-        raise QshareError.from_body(ErrorBody.model_validate_json(msg.data))
-    return envelope.decode(msg.data).payload(reply)
 
 
 async def reply_ok(nc: Client, msg: Msg, source: str, data: BaseModel | None) -> None:

@@ -1,21 +1,102 @@
-"""OpenTelemetry set-up and W3C trace-context propagation through NATS headers."""
+"""OpenTelemetry set-up and W3C trace-context propagation through NATS headers. Spans leave
+the process over OTLP/HTTP when the standard `OTEL_EXPORTER_OTLP_ENDPOINT` (or
+`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) is set, as every OpenTelemetry SDK does."""
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
+from typing import Literal
+
 from opentelemetry import context, propagate, trace
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    ConsoleSpanExporter,
+    SimpleSpanProcessor,
+)
+from pydantic import AnyHttpUrl, Field, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+log = logging.getLogger(__name__)
+_added: set[str] = set()
+"""The exporters this process already sends spans to (set-up is called once per service, and
+several services may share a process)."""
+
+
+class OtlpSettings(BaseSettings):
+    """The standard OpenTelemetry variables qshare reads itself; the exporter reads the rest
+    (`OTEL_EXPORTER_OTLP_HEADERS`, `..._TIMEOUT`, `..._CERTIFICATE`)."""
+
+    model_config = SettingsConfigDict(env_prefix="OTEL_", extra="ignore")
+
+    sdk_disabled: bool = False
+    traces_exporter: Literal["otlp", "console", "none"] = "otlp"
+    exporter_otlp_endpoint: AnyHttpUrl | None = None
+    exporter_otlp_traces_endpoint: AnyHttpUrl | None = None
+    exporter_otlp_protocol: Literal["http/protobuf"] = Field(
+        "http/protobuf", description="the one protocol qshare ships an exporter for"
+    )
+
+    @property
+    def endpoint(self) -> str | None:
+        """Where spans go; None when export is off."""
+        if self.sdk_disabled or self.traces_exporter != "otlp":
+            return None
+        if self.exporter_otlp_traces_endpoint is not None:
+            return str(self.exporter_otlp_traces_endpoint)
+        base = self.exporter_otlp_endpoint
+        return None if base is None else str(base).rstrip("/") + "/v1/traces"
+
+
+class TracingConfigError(ValueError):
+    """An `OTEL_*` variable qshare cannot use; the message names it."""
+
+
+def otlp_settings() -> OtlpSettings:
+    try:
+        return OtlpSettings()
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        name = "OTEL_" + str(first["loc"][0]).upper()
+        raise TracingConfigError(f"{name}={first['input']!r}: {first['msg']}") from None
 
 
 def setup_tracing(service: str, console: bool = False) -> None:
-    """Install an SDK tracer provider once per process; spans go nowhere unless `console`."""
-    if isinstance(trace.get_tracer_provider(), TracerProvider):
+    """Install an SDK tracer provider once per process and the exporters the settings ask
+    for: OTLP/HTTP when an endpoint is set, the console when `console`. An invalid
+    `OTEL_*` variable raises TracingConfigError naming it."""
+    settings = otlp_settings()
+    provider = trace.get_tracer_provider()
+    if not isinstance(provider, TracerProvider):
+        provider = TracerProvider(resource=Resource.create({"service.name": service}))
+        trace.set_tracer_provider(provider)
+    if console or settings.traces_exporter == "console":
+        _add(provider, "console", lambda: SimpleSpanProcessor(ConsoleSpanExporter()))
+    if (endpoint := settings.endpoint) is not None:
+        _add(provider, endpoint, lambda: _otlp(endpoint))
+
+
+def _add(provider: TracerProvider, key: str, make: Callable[[], SpanProcessor]) -> None:
+    if key in _added:
         return
-    provider = TracerProvider(resource=Resource.create({"service.name": service}))
-    if console:
-        provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter()))
-    trace.set_tracer_provider(provider)
+    provider.add_span_processor(make())
+    _added.add(key)
+    log.info("traces go to %s", key)
+
+
+def _otlp(endpoint: str) -> SpanProcessor:
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    return BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint), schedule_delay_millis=1000)
+
+
+def flush_tracing(timeout_s: float = 2.0) -> None:
+    """Send the spans still batched (a service calls it as it stops)."""
+    provider = trace.get_tracer_provider()
+    if isinstance(provider, TracerProvider):
+        provider.force_flush(int(timeout_s * 1000))
 
 
 def inject_headers(headers: dict[str, str] | None = None) -> dict[str, str]:

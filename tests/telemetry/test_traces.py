@@ -1,0 +1,146 @@
+"""Traces across services: the API and an allocator run as their own processes, as in
+production, and export spans over OTLP/HTTP to a collector double; a request's trace runs
+from the caller through the API (its HTTP spans are FastAPI's own) and NATS into the
+allocator."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
+
+from qshare.contracts import subjects
+from qshare.testing.servers import EmbeddedNats, EmbeddedPostgres, free_port
+
+from .otlp_receiver import OtlpReceiver, ReceivedSpan
+
+ADMIN_TOKEN = "qs_telemetry_test_admin"
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+CALLER_SPAN = "00f067aa0ba902b7"
+
+
+@pytest.fixture(scope="module")
+def receiver() -> Iterator[OtlpReceiver]:
+    with OtlpReceiver() as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+async def servers() -> AsyncIterator[tuple[str, str]]:
+    async with EmbeddedPostgres(durable=False) as pg, EmbeddedNats() as nats:
+        yield pg.url, nats.url
+
+
+def _service(module: str, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("wb") as out:
+        return subprocess.Popen([sys.executable, "-m", module], env=os.environ | env,
+                                stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def api_url(
+    servers: tuple[str, str], receiver: OtlpReceiver, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    database_url, nats_url = servers
+    logs = tmp_path_factory.mktemp("services")
+    otel = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_BSP_SCHEDULE_DELAY": "200"}
+    allocator = _service("qshare_allocator", otel | {
+        "QSHARE_ALLOCATOR_DATABASE_URL": database_url, "QSHARE_ALLOCATOR_NATS_URL": nats_url,
+        "QSHARE_ALLOCATOR_MIGRATE_ON_START": "true", "QSHARE_ALLOCATOR_INSTANCE": "traced",
+    }, logs / "allocator.log")  # fmt: skip
+    port = free_port()
+    api = _service("qshare_api", otel | {
+        "QSHARE_API_DATABASE_URL": database_url, "QSHARE_API_NATS_URL": nats_url,
+        "QSHARE_API_PORT": str(port), "QSHARE_API_BOOTSTRAP_ADMIN_TOKEN": ADMIN_TOKEN,
+    }, logs / "api.log")  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _until_ready(url, api, logs / "api.log")
+        yield url
+    finally:
+        for process in (api, allocator):
+            process.terminate()
+            process.wait(10)
+
+
+def _until_ready(url: str, api: subprocess.Popen[bytes], log: Path) -> None:
+    for _ in range(300):
+        if api.poll() is not None:
+            pytest.fail(f"the API exited: {log.read_text()[-2000:]}")
+        try:
+            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        subprocess.run(["sleep", "0.1"], check=True)
+    pytest.fail(f"the API never became ready: {log.read_text()[-2000:]}")
+
+
+def _create_claim(url: str) -> httpx.Response:
+    headers = {
+        "Authorization": f"Bearer {ADMIN_TOKEN}",
+        "traceparent": f"00-{TRACE_ID}-{CALLER_SPAN}-01",
+    }
+    body = {"priority": "low", "vcore": 10, "vmemory": "1Gi", "idempotency_key": "traced-1"}
+    return httpx.post(f"{url}/v1/claims", json=body, headers=headers, timeout=10)
+
+
+def _of_trace(spans: list[ReceivedSpan]) -> dict[str, ReceivedSpan]:
+    """The test trace's spans, by service and name."""
+    return {f"{s.service} {s.name}": s for s in spans if s.trace_id == TRACE_ID}
+
+
+@pytest.fixture(scope="module")
+def claim_trace(api_url: str, receiver: OtlpReceiver) -> dict[str, ReceivedSpan]:
+    assert _create_claim(api_url).status_code == 201
+    expected = {
+        "qshare-api POST /v1/claims",
+        f"qshare-api {subjects.CLAIMS_CREATE}",
+        f"qshare-allocator {subjects.CLAIMS_CREATE}",
+    }
+    spans = receiver.wait_for(lambda found: expected <= set(_of_trace(found)))
+    return _of_trace(spans)
+
+
+def test_the_api_continues_the_callers_trace_with_a_server_span(
+    claim_trace: dict[str, ReceivedSpan],
+) -> None:
+    server = claim_trace["qshare-api POST /v1/claims"]
+    assert (server.parent_id, server.kind) == (CALLER_SPAN, Span.SPAN_KIND_SERVER)
+    assert server.attributes["http.response.status_code"] == 201
+
+
+def test_the_request_to_the_allocator_is_a_client_span_within_the_api_span(
+    claim_trace: dict[str, ReceivedSpan],
+) -> None:
+    server = claim_trace["qshare-api POST /v1/claims"]
+    endpoint = claim_trace["qshare-api fastapi.endpoint"]
+    client = claim_trace[f"qshare-api {subjects.CLAIMS_CREATE}"]
+    assert endpoint.parent_id == server.span_id
+    assert (client.parent_id, client.kind) == (endpoint.span_id, Span.SPAN_KIND_CLIENT)
+
+
+def test_the_allocator_handles_the_request_in_the_same_trace(
+    claim_trace: dict[str, ReceivedSpan],
+) -> None:
+    client = claim_trace[f"qshare-api {subjects.CLAIMS_CREATE}"]
+    handled = claim_trace[f"qshare-allocator {subjects.CLAIMS_CREATE}"]
+    assert (handled.parent_id, handled.kind) == (client.span_id, Span.SPAN_KIND_SERVER)
+    assert handled.attributes["qshare.outcome"] == "ok"
+
+
+def test_an_otlp_endpoint_that_is_not_a_url_stops_the_service_naming_the_variable(
+    tmp_path: Path,
+) -> None:
+    env = os.environ | {"OTEL_EXPORTER_OTLP_ENDPOINT": "collector:4318",
+                        "QSHARE_ALLOCATOR_NATS_URL": "nats://127.0.0.1:1"}  # fmt: skip
+    done = subprocess.run([sys.executable, "-m", "qshare_allocator"], env=env,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode != 0
+    assert "OTEL_EXPORTER_OTLP_ENDPOINT='collector:4318'" in done.stderr
