@@ -1,13 +1,14 @@
-"""Traces across services: the API and an allocator run as their own processes, as in
-production, and export spans over OTLP/HTTP to a collector double; a request's trace runs
-from the caller through the API (its HTTP spans are FastAPI's own) and NATS into the
-allocator."""
+"""Traces across services: the API, an allocator, the preemptor and a simulated node agent
+run as their own processes, as in production, and export spans over OTLP/HTTP to a
+collector double; a request's trace runs from the caller through the API (its HTTP spans are
+FastAPI's own) and NATS into the services that act on it."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -23,6 +24,8 @@ from .otlp_receiver import OtlpReceiver, ReceivedSpan
 ADMIN_TOKEN = "qs_telemetry_test_admin"
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 CALLER_SPAN = "00f067aa0ba902b7"
+SUSPEND_TRACE = "0af7651916cd43dd8448eb211c80319c"
+SUSPEND_PARENT = f"00-{SUSPEND_TRACE}-b7ad6b7169203331-01"
 
 
 @pytest.fixture(scope="module")
@@ -50,21 +53,32 @@ def api_url(
     database_url, nats_url = servers
     logs = tmp_path_factory.mktemp("services")
     otel = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_BSP_SCHEDULE_DELAY": "200"}
-    allocator = _service("qshare_allocator", otel | {
+    allocator_env = {
         "QSHARE_ALLOCATOR_DATABASE_URL": database_url, "QSHARE_ALLOCATOR_NATS_URL": nats_url,
-        "QSHARE_ALLOCATOR_MIGRATE_ON_START": "true", "QSHARE_ALLOCATOR_INSTANCE": "traced",
-    }, logs / "allocator.log")  # fmt: skip
+        "QSHARE_ALLOCATOR_INSTANCE": "traced",
+    }  # fmt: skip
+    migrate = [sys.executable, "-m", "qshare_allocator", "migrate"]
+    subprocess.run(migrate, env=os.environ | allocator_env, check=True, capture_output=True)
+    allocator = _service("qshare_allocator", otel | allocator_env, logs / "allocator.log")
     port = free_port()
     api = _service("qshare_api", otel | {
         "QSHARE_API_DATABASE_URL": database_url, "QSHARE_API_NATS_URL": nats_url,
         "QSHARE_API_PORT": str(port), "QSHARE_API_BOOTSTRAP_ADMIN_TOKEN": ADMIN_TOKEN,
     }, logs / "api.log")  # fmt: skip
+    preemptor = _service("qshare_preemptor", otel | {
+        "QSHARE_PREEMPTOR_DATABASE_URL": database_url, "QSHARE_PREEMPTOR_NATS_URL": nats_url,
+    }, logs / "preemptor.log")  # fmt: skip
+    agent = _service("qshare_node_agent", otel | {
+        "QSHARE_NODE_NAME": "traced-1", "QSHARE_NODE_NATS_URL": nats_url,
+        "QSHARE_NODE_SIMULATE": "1:16Gi", "QSHARE_NODE_SHM_DIR": str(logs),
+        "QSHARE_NODE_SEGMENT": f"qshare-traced-{port}",
+    }, logs / "agent.log")  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
         _until_ready(url, api, logs / "api.log")
         yield url
     finally:
-        for process in (api, allocator):
+        for process in (api, agent, preemptor, allocator):
             process.terminate()
             process.wait(10)
 
@@ -91,9 +105,9 @@ def _create_claim(url: str) -> httpx.Response:
     return httpx.post(f"{url}/v1/claims", json=body, headers=headers, timeout=10)
 
 
-def _of_trace(spans: list[ReceivedSpan]) -> dict[str, ReceivedSpan]:
-    """The test trace's spans, by service and name."""
-    return {f"{s.service} {s.name}": s for s in spans if s.trace_id == TRACE_ID}
+def _of_trace(spans: list[ReceivedSpan], trace_id: str = TRACE_ID) -> dict[str, ReceivedSpan]:
+    """One trace's spans, by service and name."""
+    return {f"{s.service} {s.name}": s for s in spans if s.trace_id == trace_id}
 
 
 @pytest.fixture(scope="module")
@@ -144,3 +158,37 @@ def test_an_otlp_endpoint_that_is_not_a_url_stops_the_service_naming_the_variabl
                           capture_output=True, text=True, timeout=60)  # fmt: skip
     assert done.returncode != 0
     assert "OTEL_EXPORTER_OTLP_ENDPOINT='collector:4318'" in done.stderr
+
+
+def _suspend(url: str, claim_id: str) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {ADMIN_TOKEN}", "traceparent": SUSPEND_PARENT}
+    return httpx.post(f"{url}/v1/claims/{claim_id}/suspend", headers=headers, timeout=10)
+
+
+def _ready_claim(url: str) -> str:
+    headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    body = {"priority": "low", "vcore": 10, "vmemory": "1Gi", "idempotency_key": "traced-2"}
+    claim = httpx.post(f"{url}/v1/claims", json=body, headers=headers, timeout=10).json()
+    for _ in range(200):
+        got = httpx.get(f"{url}/v1/claims/{claim['id']}", headers=headers, timeout=10).json()
+        if got["status"] == "ready":
+            return str(claim["id"])
+        time.sleep(0.1)
+    pytest.fail(f"claim never ready: {got}")
+
+
+def test_an_operator_suspension_runs_from_the_api_through_the_preemptor_to_the_node(
+    api_url: str, receiver: OtlpReceiver
+) -> None:
+    assert _suspend(api_url, _ready_claim(api_url)).status_code == 200
+    wanted = {
+        f"qshare-preemptor {subjects.CLAIMS_SUSPEND}",
+        "qshare-node-agent qshare.node.traced-1.cmd.suspend",
+    }
+    spans = receiver.wait_for(lambda found: wanted <= set(_of_trace(found, SUSPEND_TRACE)))
+    by_name = _of_trace(spans, SUSPEND_TRACE)
+    preemptor = by_name[f"qshare-preemptor {subjects.CLAIMS_SUSPEND}"]
+    node = by_name["qshare-node-agent qshare.node.traced-1.cmd.suspend"]
+    command = by_name["qshare-preemptor qshare.node.traced-1.cmd.suspend"]
+    assert (preemptor.kind, node.kind) == (Span.SPAN_KIND_SERVER, Span.SPAN_KIND_SERVER)
+    assert node.parent_id == command.span_id

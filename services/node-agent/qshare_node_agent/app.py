@@ -22,6 +22,7 @@ from qshare.contracts.agent import DesiredVgpu
 from qshare.contracts.domain import NODE_LABEL, POLICY_LABEL
 from qshare.contracts.errors import InvalidInput, QshareError
 from qshare.contracts.nodes import GpuSpec, Heartbeat, NodeRegistration, NodeView
+from qshare.contracts.tracing import flush_tracing, handling, setup_tracing
 from qshare.natsauth import ServiceRole
 from qshare.service import Service
 from qshare_driver import Event, EventKind, Node
@@ -67,6 +68,7 @@ class NodeAgent(Service):
         return self._node
 
     async def start(self) -> None:
+        setup_tracing("qshare-node-agent")
         self.cards = discover(self.settings)
         self._node, adopted = open_segment(self.settings, self.cards)
         converger = Converger(self._node, {c.uuid: c for c in self.cards})
@@ -114,6 +116,7 @@ class NodeAgent(Service):
             else:
                 self._node.close()
             self._node = None
+        await asyncio.to_thread(flush_tracing)
 
     async def _connect(self) -> Client:
         options = self.settings.bus_as(self.source, ServiceRole.NODE, self.name)
@@ -169,6 +172,10 @@ class NodeAgent(Service):
             log.warning("node agent %s: heartbeat not sent (%s)", self.name, error)
 
     async def _on_command(self, msg: Msg) -> None:
+        with handling("qshare.node_agent", msg.subject, msg.headers):
+            await self._answer(msg)
+
+    async def _answer(self, msg: Msg) -> None:
         assert self._nc is not None and self._commands is not None
         verb = msg.subject.rsplit(".", 1)[-1]
         try:

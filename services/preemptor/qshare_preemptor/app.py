@@ -10,6 +10,7 @@ from typing import Any
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from opentelemetry.trace import SpanKind
 from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
@@ -17,6 +18,7 @@ from qshare import bus
 from qshare.contracts import envelope, rpc, subjects
 from qshare.contracts.errors import InvalidInput, QshareError
 from qshare.contracts.preemption import ClaimAction
+from qshare.contracts.tracing import flush_tracing, handling, setup_tracing
 from qshare.natsauth import ServiceRole
 from qshare.service import Service
 from qshare_preemptor.service import PreemptionService
@@ -24,6 +26,7 @@ from qshare_preemptor.settings import PreemptorSettings
 from qshare_preemptor.starvation import StarvationWatch
 
 log = logging.getLogger(__name__)
+SCOPE = "qshare.preemptor"
 
 
 class Preemptor(Service):
@@ -38,6 +41,7 @@ class Preemptor(Service):
 
     async def start(self) -> None:
         s = self.settings
+        setup_tracing("qshare-preemptor")
         self._engine = create_async_engine(s.database_url, pool_size=s.pool_size)
         self._nc = await bus.connect(s.bus_as(self.source, ServiceRole.PREEMPTOR))
         self.service = PreemptionService(self._nc, self._engine, self.source, s.command_timeout_s)
@@ -59,6 +63,7 @@ class Preemptor(Service):
             task.cancel()
         if self._engine is not None:
             await self._engine.dispose()
+        await asyncio.to_thread(flush_tracing)
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(work)
@@ -73,10 +78,11 @@ class Preemptor(Service):
     async def _on_card(self, msg: Msg) -> None:
         assert self.service is not None
         _node, gpu, kind = subjects.parse_gpu_event(msg.subject)
-        if kind == "busy":
-            self._spawn(self.service.card_busy(gpu))
-        else:
-            self._spawn(self.service.card_idle(gpu))
+        with handling(SCOPE, msg.subject, msg.headers, SpanKind.CONSUMER):
+            if kind == "busy":  # the task copies the span's context: its commands are children
+                self._spawn(self.service.card_busy(gpu))
+            else:
+                self._spawn(self.service.card_idle(gpu))
 
     async def _on_usage(self, msg: Msg) -> None:
         assert self.starvation is not None
@@ -86,6 +92,10 @@ class Preemptor(Service):
         self._spawn(self._answer(msg))
 
     async def _answer(self, msg: Msg) -> None:
+        with handling(SCOPE, msg.subject, msg.headers):
+            await self._answer_traced(msg)
+
+    async def _answer_traced(self, msg: Msg) -> None:
         assert self._nc is not None and self.service is not None
         try:
             action = _decode(msg)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Literal
 
 from opentelemetry import context, propagate, trace
@@ -16,6 +17,7 @@ from opentelemetry.sdk.trace.export import (
     ConsoleSpanExporter,
     SimpleSpanProcessor,
 )
+from opentelemetry.trace import Span, SpanKind
 from pydantic import AnyHttpUrl, Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -97,6 +99,15 @@ def flush_tracing(timeout_s: float = 2.0) -> None:
     provider = trace.get_tracer_provider()
     if isinstance(provider, TracerProvider):
         provider.force_flush(int(timeout_s * 1000))
+
+
+def handling(
+    scope: str, subject: str, headers: dict[str, str] | None, kind: SpanKind = SpanKind.SERVER
+) -> AbstractContextManager[Span]:
+    """The span of handling one NATS message, child of the trace its headers carry (a root
+    span when they carry none)."""
+    tracer = trace.get_tracer(scope)
+    return tracer.start_as_current_span(subject, extract_context(headers), kind)
 
 
 def inject_headers(headers: dict[str, str] | None = None) -> dict[str, str]:
