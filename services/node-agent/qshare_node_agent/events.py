@@ -14,13 +14,17 @@ from nats.aio.client import Client
 
 from qshare.contracts import envelope, subjects
 from qshare.contracts.agent import GpuEvent
-from qshare_driver import DriverError, Event, Node
+from qshare_driver import Event, Node
 from qshare_node_agent import metrics
 
 log = logging.getLogger(__name__)
 POLL_S = 1.0
 """How long one wait on the ring lasts before the thread checks whether to stop (the upper
 bound of a stop; shorter waits cost wake-ups that contend for the interpreter's lock)."""
+BACKOFF_FIRST_S = 0.05
+BACKOFF_MAX_S = 1.0
+"""After a failed read the thread waits this long (doubling up to the maximum) and reads
+again: a driver error is logged and counted, never the end of the node's events."""
 
 
 class EventPump:
@@ -52,24 +56,49 @@ class EventPump:
             self._task.cancel()
 
     def _read(self, loop: asyncio.AbstractEventLoop) -> None:
+        backoff = 0.0
         while not self._stop.is_set():
             try:
                 event = self._node.next_event(POLL_S)
-            except DriverError:
-                log.exception("reading the driver's event ring failed")
+            except Exception:
+                backoff = min(max(backoff * 2, BACKOFF_FIRST_S), BACKOFF_MAX_S)
+                self._failed("read", "reading the driver's event ring failed; again in %.2f s",
+                             backoff)  # fmt: skip
+                self._stop.wait(backoff)
+                continue
+            backoff = 0.0
+            if event is not None and not self._hand_over(loop, event):
                 return
-            if event is not None:
-                loop.call_soon_threadsafe(self._queue.put_nowait, event)
+
+    def _hand_over(self, loop: asyncio.AbstractEventLoop, event: Event) -> bool:
+        """Queue `event` on the agent's loop; False once that loop is closed."""
+        try:
+            loop.call_soon_threadsafe(self._queue.put_nowait, event)
+        except RuntimeError:
+            log.warning("node %s: event loop closed; the event reader stops", self._name)
+            return False
+        return True
+
+    def _failed(self, stage: str, message: str, *args: object) -> None:
+        metrics.PUMP_FAILURES.labels(self._name, stage).inc()
+        log.exception(message, *args)
 
     async def _publish_all(self) -> None:
         while True:
             event = await self._queue.get()
-            for listener in self.listeners:
-                listener(event)
+            self._notify(event)
             try:
                 await self._publish(event)
             except Exception:
-                log.exception("publishing driver event %d failed", event.seq)
+                self._failed("publish", "publishing driver event %d failed", event.seq)
+
+    def _notify(self, event: Event) -> None:
+        """Hand `event` to every listener; one that raises is logged and skipped."""
+        for listener in self.listeners:
+            try:
+                listener(event)
+            except Exception:
+                self._failed("listener", "listener %r failed on event %d", listener, event.seq)
 
     async def _publish(self, event: Event) -> None:
         card = event.card if event.card is not None else -1

@@ -12,6 +12,11 @@ from prometheus_client.registry import Collector
 
 EVENTS = Counter("qshare_node_events_total", "driver events published", ["node", "kind"])
 RING_DROPPED = Gauge("qshare_node_ring_dropped", "driver ring entries lost so far", ["node"])
+PUMP_FAILURES = Counter(
+    "qshare_node_event_pump_failures_total",
+    "event pump failures survived, by stage: read (the driver ring), listener, publish",
+    ["node", "stage"],
+)
 APPLIES = Counter("qshare_node_applies_total", "cmd.apply handled", ["node", "outcome"])
 APPLY_SECONDS = Histogram("qshare_node_apply_seconds", "time to converge one apply", ["node"])
 BUSY_SECONDS = Histogram(

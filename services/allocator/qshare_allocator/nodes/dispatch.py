@@ -125,6 +125,10 @@ class Dispatcher:
         except QshareError as error:
             log.info("node %s did not apply generation %d: %s", node, desired.generation, error)
             return None
+        if reply.node != node:  # it would decide the claims of the node it names
+            log.warning("node %s answered apply generation %d as node %r; ignored",
+                        node, desired.generation, reply.node)  # fmt: skip
+            return None
         await in_transaction(self._engine, lambda conn: self.confirmations.confirm(conn, reply))
         self._on_commit()
         return reply
