@@ -514,14 +514,16 @@ EXPORT CUresult cuMemHostRegister_v2(void *p, size_t bytes, unsigned int flags) 
     return free_slot >= 0 ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
 
-/* Registered memory only; its device address is its host address (unified addressing). */
+/* Registered memory only; its device address is its host address (unified addressing). A
+ * refusal leaves *dptr as it was, as the real driver does. */
 EXPORT CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *dptr, void *p, unsigned int flags) {
     if (dptr == NULL || flags != 0) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&registered_lock);
     int slot = registered_slot((uintptr_t)p);
     pthread_mutex_unlock(&registered_lock);
+    if (slot < 0) return CUDA_ERROR_INVALID_VALUE;
     *dptr = (CUdeviceptr)(uintptr_t)p;
-    return slot >= 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    return CUDA_SUCCESS;
 }
 
 /* Only the equality wait, the one the interposer uses; the word must be registered. */
