@@ -35,8 +35,11 @@ enum {
     CUDA_ERROR_INVALID_HANDLE = 400,
     CUDA_ERROR_NOT_FOUND = 500,
     CUDA_ERROR_NOT_READY = 600,
+    CUDA_ERROR_ILLEGAL_STATE = 401,
     CUDA_ERROR_NOT_PERMITTED = 800,
     CUDA_ERROR_NOT_SUPPORTED = 801,
+    CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900,
+    CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901,
     CUDA_ERROR_UNKNOWN = 999,
 };
 
@@ -50,6 +53,20 @@ enum {
     CU_MEMHOSTREGISTER_PORTABLE = 1,
     CU_MEMHOSTREGISTER_DEVICEMAP = 2,
     CU_MEMHOSTREGISTER_READ_ONLY = 8
+};
+
+/* Graph capture: how a thread's potentially unsafe calls (event and stream waits, say) meet
+ * captures under way (cuThreadExchangeStreamCaptureMode, cuStreamBeginCapture), and a
+ * stream's capture status (cuStreamIsCapturing). */
+typedef enum {
+    CU_STREAM_CAPTURE_MODE_GLOBAL = 0,
+    CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1,
+    CU_STREAM_CAPTURE_MODE_RELAXED = 2,
+} CUstreamCaptureMode;
+enum {
+    CU_STREAM_CAPTURE_STATUS_NONE = 0,
+    CU_STREAM_CAPTURE_STATUS_ACTIVE = 1,
+    CU_STREAM_CAPTURE_STATUS_INVALIDATED = 2
 };
 
 /* cuEventCreate flags. */

@@ -115,6 +115,7 @@ static void complete_round(void) {
 
 static void *completion_main(void *arg) {
     (void)arg;
+    qsc_thread_ignores_captures();
     if (hp.interval_ns) prctl(PR_SET_TIMERSLACK, 1000ul); /* pace() sleeps to the microsecond */
     CUcontext current = NULL;
     for (;;) {

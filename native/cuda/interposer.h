@@ -65,6 +65,7 @@
     X(cuMemHostRegister_v2, cuMemHostRegister, CUDA) \
     X(cuMemHostGetDevicePointer_v2, cuMemHostGetDevicePointer, CUDA) \
     X(cuStreamWaitValue32_v2, cuStreamWaitValue32, CUDA) \
+    X(cuThreadExchangeStreamCaptureMode, cuThreadExchangeStreamCaptureMode, CUDA) \
     X(nvmlDeviceGetUUID, nvmlDeviceGetUUID, NVML)
 
 enum qsc_index {
@@ -157,6 +158,9 @@ void qsc_leave(const qsc_session *s);
 /* Start `main` on a detached thread; if it cannot start, warn (once) that `what` cannot
  * start and return nonzero. */
 int qsc_start_thread(void *(*main)(void *), const char *what);
+/* First call of every thread the interposer starts (it waits on events): another thread's
+ * graph capture neither forbids those waits nor is invalidated by them. */
+void qsc_thread_ignores_captures(void);
 /* Print a message prefixed by "qshare:" once per distinct `key`. */
 void qsc_warn_once(int key, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 enum {

@@ -172,6 +172,7 @@ static void fence_tail(uint64_t n) {
 static void *completion_main(void *arg) {
     (void)arg;
     typedef CUresult (*set_fn)(CUcontext);
+    qsc_thread_ignores_captures();
     QSC_REAL(set_fn, cuCtxSetCurrent)(lp.ctx);
     for (;;) {
         pthread_mutex_lock(&lp.lock);

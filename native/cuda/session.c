@@ -51,6 +51,18 @@ int qsc_start_thread(void *(*main)(void *), const char *what) {
     return rc;
 }
 
+/* The driver's default mode for a thread is global: while any other thread captures a graph in
+ * global mode (the default for captures too), this thread's waits on events are refused and
+ * invalidate that capture, so the program's capture would fail because of the interposer's
+ * completion threads. Thread-local mode leaves other threads' captures out of it (as CUDA
+ * libraries do for their own watchdog threads); these threads never capture. */
+void qsc_thread_ignores_captures(void) {
+    typedef CUresult (*exchange_fn)(CUstreamCaptureMode *);
+    exchange_fn exchange = QSC_REAL(exchange_fn, cuThreadExchangeStreamCaptureMode);
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+    if (exchange != NULL) exchange(&mode);
+}
+
 CUresult qsc_cu_status(int status) {
     switch (status) {
     case QS_OK: return CUDA_SUCCESS;

@@ -72,6 +72,20 @@ static CUresult prepare_events(events *ev, CUcontext ctx, int timed) {
     return rc;
 }
 
+/* Query or wait on one of the interposer's events (`check`), also from a program's thread: in
+ * relaxed capture mode for the call, so that no graph capture under way (the thread's own, or
+ * another thread's in global mode) forbids it and is invalidated by it; the thread's mode is
+ * restored after. */
+static CUresult check_event(qsc_event_fn check, CUevent ev) {
+    typedef CUresult (*exchange_fn)(CUstreamCaptureMode *);
+    exchange_fn exchange = QSC_REAL(exchange_fn, cuThreadExchangeStreamCaptureMode);
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    if (exchange != NULL) exchange(&mode);
+    CUresult rc = check(ev);
+    if (exchange != NULL) exchange(&mode);
+    return rc;
+}
+
 /* End a unit (`s` from qsc_enter; nothing to end once the process detached). */
 static void finish(const qsc_session *s, const events *ev, int completed) {
     if (s->client == NULL) return;
@@ -94,7 +108,7 @@ static int end_oldest(int wait) {
     if (atomic_load_explicit(&s->state, memory_order_acquire) != SLOT_READY) return 0;
     qsc_event_fn check = wait ? QSC_REAL(qsc_event_fn, cuEventSynchronize)
                               : QSC_REAL(qsc_event_fn, cuEventQuery);
-    CUresult rc = check(s->ev.end);
+    CUresult rc = check_event(check, s->ev.end);
     if (rc == CUDA_ERROR_NOT_READY) return 0;
     if (!atomic_compare_exchange_strong(&tracker.head, &h, h + 1)) return 1;
     const qsc_session *session = qsc_enter();
@@ -106,6 +120,7 @@ static int end_oldest(int wait) {
 
 static void *reaper_main(void *arg) {
     (void)arg;
+    qsc_thread_ignores_captures();
     for (;;) {
         if (end_oldest(1)) continue;
         if (atomic_load(&tracker.head) != atomic_load(&tracker.tail)) {
@@ -245,7 +260,7 @@ void qsc_unit_end(const qsc_session *s, CUstream stream, CUresult submitted, int
         return;
     }
     if (atomic_load(&tracker.head) == atomic_load(&tracker.tail) &&
-        QSC_REAL(qsc_event_fn, cuEventQuery)(current.end) == CUDA_SUCCESS) {
+        check_event(QSC_REAL(qsc_event_fn, cuEventQuery), current.end) == CUDA_SUCCESS) {
         finish(s, &current, 1);
         return;
     }

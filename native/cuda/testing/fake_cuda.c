@@ -8,7 +8,10 @@
  * delays move when completions are seen, never when work runs, as on a real card. Work
  * submitted to an idle stream that takes no time completes inline, so launch overhead
  * can be measured.
- * All default streams (NULL, legacy, per-thread) are one stream. Device memory is
+ * All default streams (NULL, legacy, per-thread) are one stream. A created stream can be
+ * captured into a graph (its work then does not run), and the driver's rules for calls made
+ * during a capture hold: a wait on an event or a stream that a capture forbids the calling
+ * thread (its mode, cuThreadExchangeStreamCaptureMode) fails and invalidates it. Device memory is
  * address space only: allocations are counted against the fake card's total, never
  * backed. The interposer under test runs against this exactly as against libcuda.
  * Linked with -Bsymbolic: like the real driver, its calls to itself stay inside it. */
@@ -91,6 +94,9 @@ struct CUstream_st {
     _Atomic uint64_t pending; /* submitted, not yet done */
     int stop;
     uint64_t clock_ns; /* device clock: when the last work run on this stream ended */
+    _Atomic int capture; /* CU_STREAM_CAPTURE_STATUS_*: work submitted meanwhile is captured */
+    int capture_mode;    /* as begun (CUstreamCaptureMode); with `capturer`, under streams_lock */
+    pthread_t capturer;
     pthread_t worker;
     struct CUstream_st *next_stream;
 };
@@ -198,6 +204,8 @@ static CUresult submit(CUstream stream, op o) {
     if (!atomic_load(&initialized)) return CUDA_ERROR_NOT_INITIALIZED;
     CUstream st = resolve(stream);
     if (st == NULL) return CUDA_ERROR_INVALID_HANDLE;
+    if (atomic_load(&st->capture) != CU_STREAM_CAPTURE_STATUS_NONE)
+        return CUDA_SUCCESS; /* into the graph being captured: it does not run now */
     int instant = (o.kind != OP_KERNEL || o.duration_ns == 0) && o.kind != OP_WAIT;
     o.submit_ns = now_ns();
     if (instant && atomic_load(&st->pending) == 0) {
@@ -216,6 +224,33 @@ static CUresult submit(CUstream stream, op o) {
     pthread_cond_signal(&st->work);
     pthread_mutex_unlock(&st->lock);
     return CUDA_SUCCESS;
+}
+
+/* ---- graph capture: the driver's documented rules for potentially unsafe calls ---- */
+static _Thread_local int thread_capture_mode; /* cuThreadExchangeStreamCaptureMode: GLOBAL */
+static _Atomic int captures_under_way;
+
+/* Whether a capture forbids this thread a potentially unsafe call (a wait on an event or a
+ * stream): its own capture unless begun relaxed, or another thread's begun in global mode
+ * while this thread's mode is global; relaxed threads are never forbidden. The captures that
+ * forbid the call are invalidated, and the call fails. */
+static int capture_forbids_call(void) {
+    if (atomic_load(&captures_under_way) == 0 || thread_capture_mode == CU_STREAM_CAPTURE_MODE_RELAXED)
+        return 0;
+    int forbidden = 0;
+    pthread_mutex_lock(&streams_lock);
+    for (CUstream st = all_streams; st != NULL; st = st->next_stream) {
+        if (atomic_load(&st->capture) == CU_STREAM_CAPTURE_STATUS_NONE) continue;
+        int forbids = pthread_equal(st->capturer, pthread_self())
+                          ? st->capture_mode != CU_STREAM_CAPTURE_MODE_RELAXED
+                          : st->capture_mode == CU_STREAM_CAPTURE_MODE_GLOBAL &&
+                                thread_capture_mode == CU_STREAM_CAPTURE_MODE_GLOBAL;
+        if (!forbids) continue;
+        atomic_store(&st->capture, CU_STREAM_CAPTURE_STATUS_INVALIDATED);
+        forbidden = 1;
+    }
+    pthread_mutex_unlock(&streams_lock);
+    return forbidden;
 }
 
 static void wait_stream(CUstream st) {
@@ -308,6 +343,7 @@ EXPORT CUresult cuCtxGetDevice(CUdevice *dev) {
 }
 
 EXPORT CUresult cuCtxSynchronize(void) {
+    if (capture_forbids_call()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     pthread_mutex_lock(&streams_lock);
     CUstream list = all_streams;
     pthread_mutex_unlock(&streams_lock);
@@ -449,6 +485,7 @@ EXPORT CUresult cuStreamDestroy_v2(CUstream stream) {
 }
 
 EXPORT CUresult cuStreamSynchronize(CUstream stream) {
+    if (capture_forbids_call()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     wait_stream(resolve(stream));
     return CUDA_SUCCESS;
 }
@@ -462,13 +499,57 @@ EXPORT unsigned long qshare_fake_capture_queries(void) {
 }
 
 EXPORT CUresult cuStreamIsCapturing(CUstream stream, int *status) {
-    (void)stream;
     atomic_fetch_add(&capture_queries, 1);
-    *status = 0;
+    CUstream st = resolve(stream);
+    if (st == NULL) return CUDA_ERROR_INVALID_HANDLE;
+    *status = atomic_load(&st->capture);
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuStreamIsCapturing_ptsz(CUstream stream, int *status) {
     return cuStreamIsCapturing(stream, status);
+}
+
+/* A capture into a created stream (the default streams cannot be captured). */
+EXPORT CUresult cuStreamBeginCapture_v2(CUstream stream, int mode) {
+    if (mode < CU_STREAM_CAPTURE_MODE_GLOBAL || mode > CU_STREAM_CAPTURE_MODE_RELAXED)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (stream == NULL || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD)
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    pthread_mutex_lock(&streams_lock);
+    int idle = atomic_load(&stream->capture) == CU_STREAM_CAPTURE_STATUS_NONE;
+    if (idle) {
+        stream->capture_mode = mode;
+        stream->capturer = pthread_self();
+        atomic_store(&stream->capture, CU_STREAM_CAPTURE_STATUS_ACTIVE);
+        atomic_fetch_add(&captures_under_way, 1);
+    }
+    pthread_mutex_unlock(&streams_lock);
+    return idle ? CUDA_SUCCESS : CUDA_ERROR_ILLEGAL_STATE;
+}
+
+/* The captured graph, or CUDA_ERROR_STREAM_CAPTURE_INVALIDATED (no graph) when a forbidden
+ * call broke the capture. */
+EXPORT CUresult cuStreamEndCapture(CUstream stream, CUgraph *graph) {
+    if (graph == NULL) return CUDA_ERROR_INVALID_VALUE;
+    *graph = NULL;
+    CUstream st = resolve(stream);
+    pthread_mutex_lock(&streams_lock);
+    int status = atomic_exchange(&st->capture, CU_STREAM_CAPTURE_STATUS_NONE);
+    if (status != CU_STREAM_CAPTURE_STATUS_NONE) atomic_fetch_sub(&captures_under_way, 1);
+    pthread_mutex_unlock(&streams_lock);
+    if (status == CU_STREAM_CAPTURE_STATUS_NONE) return CUDA_ERROR_ILLEGAL_STATE;
+    if (status == CU_STREAM_CAPTURE_STATUS_INVALIDATED) return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    return cuGraphCreate(graph, 0);
+}
+
+EXPORT CUresult cuThreadExchangeStreamCaptureMode(int *mode) {
+    if (mode == NULL || *mode < CU_STREAM_CAPTURE_MODE_GLOBAL ||
+        *mode > CU_STREAM_CAPTURE_MODE_RELAXED)
+        return CUDA_ERROR_INVALID_VALUE;
+    int old = thread_capture_mode;
+    thread_capture_mode = *mode;
+    *mode = old;
+    return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuEventCreate(CUevent *event, unsigned int flags) {
@@ -514,14 +595,16 @@ EXPORT CUresult cuMemHostRegister_v2(void *p, size_t bytes, unsigned int flags) 
     return free_slot >= 0 ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
 
-/* Registered memory only; its device address is its host address (unified addressing). */
+/* Registered memory only; its device address is its host address (unified addressing). A
+ * refusal leaves *dptr as it was, as the real driver does. */
 EXPORT CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *dptr, void *p, unsigned int flags) {
     if (dptr == NULL || flags != 0) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&registered_lock);
     int slot = registered_slot((uintptr_t)p);
     pthread_mutex_unlock(&registered_lock);
+    if (slot < 0) return CUDA_ERROR_INVALID_VALUE;
     *dptr = (CUdeviceptr)(uintptr_t)p;
-    return slot >= 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    return CUDA_SUCCESS;
 }
 
 /* Only the equality wait, the one the interposer uses; the word must be registered. */
@@ -562,11 +645,13 @@ EXPORT CUresult cuEventRecord_ptsz(CUevent event, CUstream stream) {
 
 EXPORT CUresult cuEventQuery(CUevent event) {
     if (event == NULL) return CUDA_ERROR_INVALID_HANDLE;
+    if (capture_forbids_call()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     return atomic_load(&event->state) == EV_PENDING ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuEventSynchronize(CUevent event) {
     if (event == NULL) return CUDA_ERROR_INVALID_HANDLE;
+    if (capture_forbids_call()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     pthread_mutex_lock(&done_lock);
     while (atomic_load(&event->state) == EV_PENDING) pthread_cond_wait(&done_cond, &done_lock);
     pthread_mutex_unlock(&done_lock);
@@ -766,7 +851,8 @@ static const named table[] = {
     NAMED(cuGraphInstantiateWithFlags), NAMED(cuGraphExecDestroy), NAMED(cuGraphLaunch),
     NAMED(cuGraphLaunch_ptsz), NAMED(cuStreamCreate), NAMED(cuStreamDestroy_v2),
     NAMED(cuStreamSynchronize), NAMED(cuStreamSynchronize_ptsz), NAMED(cuStreamIsCapturing),
-    NAMED(cuStreamIsCapturing_ptsz), NAMED(cuEventCreate), NAMED(cuEventDestroy_v2),
+    NAMED(cuStreamIsCapturing_ptsz), NAMED(cuStreamBeginCapture_v2), NAMED(cuStreamEndCapture),
+    NAMED(cuThreadExchangeStreamCaptureMode), NAMED(cuEventCreate), NAMED(cuEventDestroy_v2),
     NAMED(cuEventRecord), NAMED(cuEventRecord_ptsz), NAMED(cuEventQuery),
     NAMED(cuEventSynchronize), NAMED(cuEventElapsedTime), NAMED(cuMemAlloc_v2),
     NAMED(cuMemAllocPitch_v2), NAMED(cuMemAllocManaged), NAMED(cuMemFree_v2),

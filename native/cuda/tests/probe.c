@@ -186,6 +186,7 @@ static void cmd_bench(probe *p, unsigned long count) {
 typedef struct spinner {
     probe *p;
     CUfunction f;
+    char kind[32]; /* what launch_one launches: "kernel" (the probe's stream), "default", ... */
     pthread_mutex_t lock;
     pthread_cond_t started;
     CUresult first; /* the first launch's result, once it returned */
@@ -196,21 +197,22 @@ typedef struct spinner {
 static void *spin_main(void *arg) {
     spinner *sp = arg;
     sp->p->d->cuCtxSetCurrent(sp->p->ctx);
-    CUresult first = launch_one(sp->p, "kernel", sp->f);
+    CUresult first = launch_one(sp->p, sp->kind, sp->f);
     pthread_mutex_lock(&sp->lock);
     sp->first = first;
     sp->launched = 1;
     pthread_cond_signal(&sp->started);
     pthread_mutex_unlock(&sp->lock);
-    for (;;) launch_one(sp->p, "kernel", sp->f);
+    for (;;) launch_one(sp->p, sp->kind, sp->f);
     return NULL;
 }
 
-/* A thread that keeps launching `us` µs kernels (answered once its first launch returned):
- * the process exits while it launches. */
-static void cmd_spin(probe *p, unsigned long us) {
+/* A thread that keeps launching `us` µs kernels of `kind` (as `launch` names them; "kernel" if
+ * none), answered once its first launch returned: the process exits while it launches. */
+static void cmd_spin(probe *p, unsigned long us, const char *kind) {
     static spinner sp = {.lock = PTHREAD_MUTEX_INITIALIZER, .started = PTHREAD_COND_INITIALIZER};
     sp.p = p;
+    snprintf(sp.kind, sizeof sp.kind, "%s", *kind ? kind : "kernel");
     sp.f = kernel_of(p, us);
     pthread_t thread;
     int rc = pthread_create(&thread, NULL, spin_main, &sp);
@@ -263,6 +265,47 @@ static void cmd_captures(void) {
 /* How many kernels the fake driver's device has run to their end. */
 static void cmd_kernels(void) { printf("kernels n=%ld\n", fake_count("qshare_fake_kernels_done")); }
 
+/* A driver entry point outside the probe's table, found as a program's dlsym would. */
+static void *entry(const char *name) { return dlsym(RTLD_DEFAULT, name); }
+
+/* cuMemHostGetDevicePointer of memory that was never registered: the driver refuses it and
+ * must leave the caller's pointer as it was (kept=1). */
+static void cmd_hostptr(void) {
+    typedef CUresult (*map_fn)(CUdeviceptr *, void *, unsigned int);
+    map_fn map = (map_fn)entry("cuMemHostGetDevicePointer_v2");
+    static int unregistered;
+    const CUdeviceptr sentinel = 0x5e47u;
+    CUdeviceptr dptr = sentinel;
+    CUresult rc = map == NULL ? CUDA_ERROR_NOT_FOUND : map(&dptr, &unregistered, 0);
+    printf("hostptr rc=%d kept=%d\n", rc, dptr == sentinel);
+}
+
+/* A graph capture in the mode the program's threads use by default (global), into a stream
+ * of its own: `capture begin` starts it, `capture end` ends it and answers the driver's
+ * verdict (CUDA_ERROR_STREAM_CAPTURE_INVALIDATED when a call elsewhere broke it). */
+static void cmd_capture(probe *p, const char *what) {
+    typedef CUresult (*begin_fn)(CUstream, int);
+    typedef CUresult (*end_fn)(CUstream, CUgraph *);
+    static CUstream captured;
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    if (strcmp(what, "begin") == 0) {
+        begin_fn begin = (begin_fn)entry("cuStreamBeginCapture_v2");
+        rc = captured == NULL ? p->d->cuStreamCreate(&captured, 0) : CUDA_SUCCESS;
+        if (rc == CUDA_SUCCESS) rc = begin == NULL ? CUDA_ERROR_NOT_FOUND : begin(captured, 0);
+    } else if (strcmp(what, "end") == 0) {
+        end_fn end = (end_fn)entry("cuStreamEndCapture");
+        CUgraph graph = NULL;
+        rc = end == NULL ? CUDA_ERROR_NOT_FOUND : end(captured, &graph);
+    }
+    printf("capture rc=%d\n", rc);
+}
+
+static void cmd_sleep(unsigned long ms) {
+    struct timespec ts = {(time_t)(ms / 1000u), (long)(ms % 1000u) * 1000000L};
+    nanosleep(&ts, NULL);
+    printf("sleep rc=0\n");
+}
+
 /* A child forked after attach that exits normally (running the interposer's exit path). */
 static void cmd_fork(void) {
     pid_t child = fork();
@@ -277,6 +320,8 @@ static void run(probe *p, char *line) {
     unsigned long n1 = 0, n2 = 0;
     int fields = sscanf(line, "%31s %31s %lu %lu", cmd, arg1, &n1, &n2);
     if (fields <= 0) return;
+    char spin_kind[32] = ""; /* spin US [KIND] */
+    sscanf(line, "%*s %*s %31s", spin_kind);
     if (strcmp(cmd, "init") == 0) cmd_init(p);
     else if (strcmp(cmd, "alloc") == 0) cmd_alloc(p, arg1, (size_t)n1);
     else if (strcmp(cmd, "free") == 0) cmd_free(p, atoi(arg1));
@@ -288,12 +333,15 @@ static void run(probe *p, char *line) {
         printf("sync rc=%d t=%llu\n", rc, (unsigned long long)now_ns());
     } else if (strcmp(cmd, "now") == 0) printf("now t=%llu\n", (unsigned long long)now_ns());
     else if (strcmp(cmd, "bench") == 0) cmd_bench(p, strtoul(arg1, NULL, 10));
-    else if (strcmp(cmd, "spin") == 0) cmd_spin(p, strtoul(arg1, NULL, 10));
+    else if (strcmp(cmd, "spin") == 0) cmd_spin(p, strtoul(arg1, NULL, 10), spin_kind);
     else if (strcmp(cmd, "fork") == 0) cmd_fork();
     else if (strcmp(cmd, "hold") == 0) cmd_hold(p);
     else if (strcmp(cmd, "records") == 0) cmd_records();
     else if (strcmp(cmd, "kernels") == 0) cmd_kernels();
     else if (strcmp(cmd, "captures") == 0) cmd_captures();
+    else if (strcmp(cmd, "hostptr") == 0) cmd_hostptr();
+    else if (strcmp(cmd, "capture") == 0) cmd_capture(p, arg1);
+    else if (strcmp(cmd, "sleep") == 0) cmd_sleep(strtoul(arg1, NULL, 10));
     else printf("%s rc=-1 error=unknown-command\n", cmd);
     fflush(stdout);
 }
