@@ -4,6 +4,7 @@ it, over a real HTTP port."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 import httpx
 import pytest
@@ -80,3 +81,34 @@ async def test_wait_for_released_returns_once_the_deleted_claim_is_gone(
     assert rc == 0
     listed = (await api.get("/v1/claims", params={"status": "released"})).json()["items"]
     assert claim["id"] in [c["id"] for c in listed]
+
+
+async def test_create_with_wait_returns_the_claim_once_it_is_ready(
+    api_url: str, start_agent: StartAgent, capsys: pytest.CaptureFixture[str]
+) -> None:
+    await start_agent()
+    args = ("--priority", "low", "--vcore", "10", "--vmemory", "1Gi", "--wait", "20", "-o", "json")
+    assert await qshare(api_url, "claims", "create", *args) == 0
+    assert json.loads(capsys.readouterr().out)["status"] == "ready"
+
+
+async def test_events_watch_prints_each_event_and_stops_after_count(
+    api: httpx.AsyncClient, api_url: str, start_agent: StartAgent,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    await start_agent()
+    args = ("--subject", "qshare.evt.claim.*.placed", "--count", "2", "-o", "json")
+    watcher = asyncio.create_task(qshare(api_url, "events", "watch", *args))
+    while not watcher.done():  # the stream subscribes once its request arrives: keep making events
+        await create_claim(api)
+        await asyncio.wait([watcher], timeout=0.3)
+    assert watcher.result() == 0
+    envelopes = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [e["type"] for e in envelopes] == ["io.qshare.claim.placed"] * 2
+
+
+async def test_events_watch_names_a_bad_subject(
+    api_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert await qshare(api_url, "events", "watch", "--subject", "not.ours") == 1
+    assert "subject" in capsys.readouterr().err

@@ -49,6 +49,9 @@ def register(subparsers: Sub) -> None:
     create.add_argument("--node-policy", choices=["spread", "binpack"])
     create.add_argument("--card-policy", choices=["spread", "binpack"])
     create.add_argument("--idempotency-key", help="default: a fresh one, so a retry is safe")
+    create.add_argument(
+        "--wait", type=_seconds, metavar="SECONDS", help="then wait this long for it to be ready"
+    )
     create._negative_number_matcher = re.compile(r"^-\d")  # `--vmemory -4Gi` is a value
     create.set_defaults(handler=command(_create_claim))
     listing = claims.add_parser("list", help="list claims")
@@ -137,11 +140,16 @@ class Shown:
 
 
 def command(
-    action: Callable[[Client, argparse.Namespace], Shown],
+    action: Callable[[Client, argparse.Namespace], Shown], streams: bool = False
 ) -> Callable[[argparse.Namespace], int]:
+    """The handler of a verb: it prints what `action` answered (unless the action `streams`,
+    printing as it goes) and turns failures into a message and an exit status."""
+
     def handler(args: argparse.Namespace) -> int:
         try:
-            print(_render(action(Client(args.url, args.token), args), args.output))
+            shown = action(Client(args.url, args.token), args)
+            if not streams:
+                print(_render(shown, args.output))
         except ApiError as exc:
             _report(exc)
             return 1
@@ -235,6 +243,8 @@ def _create_claim(client: Client, args: argparse.Namespace) -> Shown:
     if args.node_policy or args.card_policy:
         body["placement"] = {"node": args.node_policy, "card": args.card_policy}
     claim = client.post("/v1/claims", body)
+    if args.wait is not None:
+        return _until(client, claim["id"], ClaimStatus.READY.value, args.wait)
     return Shown(claim, _claims_table([claim]))
 
 
@@ -275,16 +285,20 @@ def _claim_action(reply: dict[str, Any]) -> Shown:
 
 
 def _wait_claim(client: Client, args: argparse.Namespace) -> Shown:
-    """Poll the claim until it has status `args.until`; a claim that can no longer get
-    there (released or failed) or the timeout ends the wait with an error."""
-    deadline = time.monotonic() + args.timeout
+    return _until(client, args.claim_id, args.until, args.timeout)
+
+
+def _until(client: Client, claim_id: str, status: str, timeout_s: float) -> Shown:
+    """Poll the claim until it has `status`; a claim that can no longer get there (released
+    or failed) or the timeout ends the wait with an error that gives its status and reason."""
+    deadline = time.monotonic() + timeout_s
     while True:
-        claim = _claim_or_gone(client, args.claim_id)
-        if claim["status"] == args.until:
+        claim = _claim_or_gone(client, claim_id)
+        if claim["status"] == status:
             return Shown(claim, _claims_table([claim]) if "tenant" in claim else claim["status"])
         if claim["status"] in FINAL_STATUSES or time.monotonic() >= deadline:
             why = f" ({claim['reason']})" if claim.get("reason") else ""
-            raise WaitFailed(f"claim {args.claim_id} is {claim['status']}{why}, not {args.until}")
+            raise WaitFailed(f"claim {claim_id} is {claim['status']}{why}, not {status}")
         time.sleep(WAIT_POLL_S)
 
 

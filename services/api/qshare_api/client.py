@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -53,15 +54,34 @@ class Client:
         except LOST:
             return self._call("PUT", path, json=body)
 
+    def events(self, path: str, **params: Any) -> Iterator[tuple[str, str]]:
+        """A server-sent event stream as (event, data) pairs, until the server ends it."""
+        clean = {k: v for k, v in params.items() if v is not None}
+        timeout = httpx.Timeout(self._http.timeout.connect, read=None)
+        with self._http.stream("GET", path, params=clean, timeout=timeout) as response:
+            if response.status_code >= 400:
+                response.read()
+                raise _problem(response)
+            event = ""
+            for line in response.iter_lines():
+                if line.startswith("event: "):
+                    event = line.removeprefix("event: ")
+                elif line.startswith("data: "):
+                    yield event, line.removeprefix("data: ")
+
     def delete(self, path: str) -> Any:
         return self._call("DELETE", path)
 
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
         response = self._http.request(method, path, **kwargs)
         if response.status_code >= 400:
-            try:
-                problem = response.json()
-            except ValueError:
-                problem = {"detail": response.text}
-            raise ApiError(response.status_code, problem)
+            raise _problem(response)
         return response.json() if response.content else None
+
+
+def _problem(response: httpx.Response) -> ApiError:
+    try:
+        problem = response.json()
+    except ValueError:
+        problem = {"detail": response.text}
+    return ApiError(response.status_code, problem)

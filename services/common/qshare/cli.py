@@ -16,6 +16,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "qshare.up",
     "qshare_api.cli",
     "qshare_api.cli_admin",
+    "qshare_api.cli_events",
 )
 
 
