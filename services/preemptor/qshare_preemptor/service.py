@@ -35,8 +35,10 @@ class PreemptionService:
         self._source = source
         self._timeout_s = timeout_s
         self._held_by: dict[uuid.UUID, set[str]] = defaultdict(set)
-        self._members: dict[uuid.UUID, list[Member]] = {}
+        self._members: dict[uuid.UUID, set[Member]] = {}
         self._lock = asyncio.Lock()
+        self.card_events = 0
+        """Busy and idle events handled so far (whatever they led to)."""
 
     async def reconcile(self) -> None:
         """At start: resume the gangs a previous preemptor left suspended (it kept which
@@ -49,6 +51,12 @@ class PreemptionService:
             await in_transaction(self._engine, lambda c: close_records(c, ids, "gang"))
             await self._publish_claims(ids, "resumed")
 
+    async def card_event(self, gpu: str, busy: bool) -> None:
+        try:
+            await (self.card_busy(gpu) if busy else self.card_idle(gpu))
+        finally:
+            self.card_events += 1
+
     async def card_busy(self, gpu: str) -> None:
         """Suspend, on their other cards, the low-priority gangs holding a vGPU on `gpu`."""
         async with self._lock:
@@ -57,7 +65,7 @@ class PreemptionService:
             fresh = [m for m in others if not self._held_by[m.claim_id]]
             for member in others:
                 self._held_by[member.claim_id].add(gpu)
-                self._members.setdefault(member.claim_id, []).append(member)
+                self._members.setdefault(member.claim_id, set()).add(member)
             if fresh:
                 await self._suspend(fresh, "gang", f"high priority busy on {gpu}", gpu)
 
@@ -71,7 +79,7 @@ class PreemptionService:
             if not done:
                 return
             held = await in_transaction(self._engine, lambda c: open_claims(c, done, "operator"))
-            resume = [m for c in done if c not in held for m in self._members.pop(c, [])]
+            resume = [m for c in done if c not in held for m in self._members.pop(c, set())]
             for claim_id in done:
                 self._held_by.pop(claim_id, None)
             if resume:
