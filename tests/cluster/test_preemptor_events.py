@@ -1,5 +1,7 @@
 """The preemptor's handling of card events that are repeated or forged: a busy event delivered
-again suspends and resumes a gang's vGPUs once each."""
+again suspends and resumes a gang's vGPUs once each; an event a node publishes about another
+node's card changes nothing (a node's NATS identity may publish under its own name only, but
+any card uuid)."""
 
 from __future__ import annotations
 
@@ -70,6 +72,38 @@ async def test_a_repeated_busy_event_resumes_each_gang_vgpu_once(
     await publish(nc, agent.name, busy["gpu"], "idle")
     await eventually(lambda: _holds(lambda: bool(seen)))
     assert seen == [[other["local_id"]]]
+
+
+def suspended(agent: NodeAgent, local_id: int) -> bool:
+    return agent.node.vgpu_stats(local_id).suspended
+
+
+async def test_a_busy_event_about_another_nodes_card_suspends_nothing(
+    api: httpx.AsyncClient, nc: Nats, preemptor: Preemptor, start_agent: StartAgent
+) -> None:
+    agent = await start_agent(cards=2)
+    gang = await ready_claim(api, count=2)
+    busy, other = gang["vgpus"]
+    before = events_so_far(preemptor)
+    await publish(nc, "some-other-node", busy["gpu"], "busy")
+    await handled(preemptor, before + 1)
+    assert not suspended(agent, other["local_id"])
+
+
+async def test_an_idle_event_about_another_nodes_card_resumes_nothing(
+    api: httpx.AsyncClient, nc: Nats, preemptor: Preemptor, start_agent: StartAgent
+) -> None:
+    agent = await start_agent(cards=2)
+    gang = await ready_claim(api, count=2)
+    busy, other = gang["vgpus"]
+    await publish(nc, agent.name, busy["gpu"], "busy")
+    await eventually(lambda: _holds(lambda: suspended(agent, other["local_id"])))
+    before = events_so_far(preemptor)
+    await publish(nc, "some-other-node", busy["gpu"], "idle")
+    await handled(preemptor, before + 1)
+    assert suspended(agent, other["local_id"])
+    await publish(nc, agent.name, busy["gpu"], "idle")
+    await eventually(lambda: _holds(lambda: not suspended(agent, other["local_id"])))
 
 
 async def _holds(check: Callable[[], bool]) -> bool:

@@ -72,8 +72,8 @@ class Preemptor(Service):
 
     async def _on_card(self, msg: Msg) -> None:
         assert self.service is not None
-        _node, gpu, kind = subjects.parse_gpu_event(msg.subject)
-        self._spawn(self.service.card_event(gpu, busy=kind == "busy"))
+        node, gpu, kind = subjects.parse_gpu_event(msg.subject)
+        self._spawn(self.service.card_event(node, gpu, busy=kind == "busy"))
 
     async def _on_usage(self, msg: Msg) -> None:
         assert self.starvation is not None
