@@ -77,12 +77,10 @@ class Preemptor(Service):
 
     async def _on_card(self, msg: Msg) -> None:
         assert self.service is not None
-        _node, gpu, kind = subjects.parse_gpu_event(msg.subject)
+        node, gpu, kind = subjects.parse_gpu_event(msg.subject)
         with handling(SCOPE, msg.subject, msg.headers, SpanKind.CONSUMER):
-            if kind == "busy":  # the task copies the span's context: its commands are children
-                self._spawn(self.service.card_busy(gpu))
-            else:
-                self._spawn(self.service.card_idle(gpu))
+            # the task copies the span's context: its commands to the nodes are its children
+            self._spawn(self.service.card_event(node, gpu, busy=kind == "busy"))
 
     async def _on_usage(self, msg: Msg) -> None:
         assert self.starvation is not None

@@ -10,7 +10,7 @@ from sqlalchemy import ColumnElement, or_, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from qshare.contracts.domain import HOLDING_STATUSES, Priority
-from qshare.contracts.schema import claims, vgpus
+from qshare.contracts.schema import claims, gpus, vgpus
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,12 @@ async def gang_of_card(conn: AsyncConnection, gpu: str) -> list[Member]:
         claims.c.gang.in_(select(on_card.c.gang).where(on_card.c.gang.is_not(None))),
     )
     return await _members(conn, chosen)
+
+
+async def card_owner(conn: AsyncConnection, gpu: str) -> str | None:
+    """The node of card `gpu` in the inventory (None: no such card)."""
+    query = select(gpus.c.node_name).where(gpus.c.uuid == gpu)
+    return (await conn.execute(query)).scalar_one_or_none()
 
 
 async def vgpus_of_claim(conn: AsyncConnection, claim_id: uuid.UUID) -> list[Member]:

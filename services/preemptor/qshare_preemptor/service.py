@@ -22,7 +22,7 @@ from qshare.contracts.agent import SuspendCommand, SuspendReply
 from qshare.contracts.errors import NotFound, QshareError
 from qshare.contracts.preemption import ClaimAction, ClaimActionReply, ClaimRef
 from qshare.db import in_transaction, read_once
-from qshare_preemptor.gangs import Member, gang_of_card, vgpus_of_claim
+from qshare_preemptor.gangs import Member, card_owner, gang_of_card, vgpus_of_claim
 from qshare_preemptor.records import close_records, open_claims, open_members, open_records
 
 log = logging.getLogger(__name__)
@@ -35,8 +35,11 @@ class PreemptionService:
         self._source = source
         self._timeout_s = timeout_s
         self._held_by: dict[uuid.UUID, set[str]] = defaultdict(set)
-        self._members: dict[uuid.UUID, list[Member]] = {}
+        self._members: dict[uuid.UUID, set[Member]] = {}
         self._lock = asyncio.Lock()
+        self._owners: dict[str, str] = {}
+        self.card_events = 0
+        """Busy and idle events handled so far (whatever they led to)."""
 
     async def reconcile(self) -> None:
         """At start: resume the gangs a previous preemptor left suspended (it kept which
@@ -49,6 +52,26 @@ class PreemptionService:
             await in_transaction(self._engine, lambda c: close_records(c, ids, "gang"))
             await self._publish_claims(ids, "resumed")
 
+    async def card_event(self, node: str, gpu: str, busy: bool) -> None:
+        """A busy or idle event published under `node`'s name about `gpu`."""
+        try:
+            if await self._card_of(node, gpu):
+                await (self.card_busy(gpu) if busy else self.card_idle(gpu))
+        finally:
+            self.card_events += 1
+
+    async def _card_of(self, node: str, gpu: str) -> bool:
+        """Whether `gpu` is `node`'s card: a node may publish events under its own name only,
+        so one about another node's card is refused (it would suspend or resume gangs there)."""
+        if self._owners.get(gpu) != node:
+            owner = await read_once(self._engine, lambda c: card_owner(c, gpu))
+            if owner is not None:
+                self._owners[gpu] = owner
+        if self._owners.get(gpu) == node:
+            return True
+        log.warning("event of node %s about card %s, not a card of that node: ignored", node, gpu)
+        return False
+
     async def card_busy(self, gpu: str) -> None:
         """Suspend, on their other cards, the low-priority gangs holding a vGPU on `gpu`."""
         async with self._lock:
@@ -57,7 +80,7 @@ class PreemptionService:
             fresh = [m for m in others if not self._held_by[m.claim_id]]
             for member in others:
                 self._held_by[member.claim_id].add(gpu)
-                self._members.setdefault(member.claim_id, []).append(member)
+                self._members.setdefault(member.claim_id, set()).add(member)
             if fresh:
                 await self._suspend(fresh, "gang", f"high priority busy on {gpu}", gpu)
 
@@ -71,7 +94,7 @@ class PreemptionService:
             if not done:
                 return
             held = await in_transaction(self._engine, lambda c: open_claims(c, done, "operator"))
-            resume = [m for c in done if c not in held for m in self._members.pop(c, [])]
+            resume = [m for c in done if c not in held for m in self._members.pop(c, set())]
             for claim_id in done:
                 self._held_by.pop(claim_id, None)
             if resume:
