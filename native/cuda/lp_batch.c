@@ -133,11 +133,18 @@ static void complete_oldest(fence f) {
     lp.ref_valid = 1;
 }
 
-/* Nothing in flight: sleep until a launch is counted (the Dekker pair with qsc_lp_counted). */
+/* Nothing in flight: sleep until a launch is counted or closes a batch (the Dekker pairs with
+ * qsc_lp_counted: it raises `launched`, or pushes a fence under the lock, then reads
+ * `sleeping`; this raises `sleeping`, then reads both). A fence that a launch pushed after the
+ * loop last looked is pending though every launch is covered: sleeping then would leave it
+ * uncompleted, and a launch waiting for the window would wait for good. */
 static void idle(void) {
     uint32_t seq = atomic_load(&lp.work_seq);
     atomic_store(&lp.sleeping, 1);
-    if (atomic_load(&lp.launched) == atomic_load(&lp.covered)) qs_futex_wait(&lp.work_seq, seq, 0);
+    pthread_mutex_lock(&lp.lock);
+    int nothing = lp.head == lp.tail && atomic_load(&lp.launched) == atomic_load(&lp.covered);
+    pthread_mutex_unlock(&lp.lock);
+    if (nothing) qs_futex_wait(&lp.work_seq, seq, 0);
     atomic_store(&lp.sleeping, 0);
 }
 
@@ -250,7 +257,7 @@ void qsc_lp_counted(uint64_t window_ns) {
     int pushed = push_fence_locked(0, lp.client); /* within the launch's qsc_enter */
     pthread_mutex_unlock(&lp.lock);
     if (pushed) qsc_stats_count(QSC_STAT_LP_FENCE_LAUNCH, 1);
-    if (pushed && atomic_load(&lp.watching)) { /* the completion thread waits: it has work */
+    if (pushed && (atomic_load(&lp.watching) || atomic_load(&lp.sleeping))) { /* it has work */
         atomic_fetch_add(&lp.work_seq, 1);
         qs_futex_wake(&lp.work_seq, 1);
     }

@@ -1,0 +1,83 @@
+/* unit_lp_batch.c — lp_batch.c's completion thread tested on its own: the file is compiled
+ * into this program with stand-ins for the interposer's other parts and no driver (the node
+ * driver's sources are linked for futexes and clocks), so a test can set the state that an
+ * interleaving of threads leaves and check what the completion thread does from there.
+ * Built with AddressSanitizer and UBSan (`make -C native/cuda unit`). */
+#include "../lp_batch.c"
+
+#include <errno.h>
+#include <stdio.h>
+#include <time.h>
+
+/* ---- stand-ins for the rest of the interposer ---- */
+void *qsc_real_table[QSC_N_ALL];
+_Atomic int qsc_stats_on;
+static qsc_session no_session = {.failure = CUDA_ERROR_DEINITIALIZED};
+
+int qsc_dgate_on(void) { return 0; }
+int qsc_dgate_bind(const qsc_session *s) { return (void)s, 0; }
+void qsc_dgate_after(CUstream stream, uint64_t n, uint64_t est_ns) { (void)stream, (void)n, (void)est_ns; }
+int qsc_stream_capturing(CUstream stream) { return (void)stream, 0; }
+void qsc_stats_count(int counter, uint64_t n) { (void)counter, (void)n; }
+const qsc_session *qsc_enter(void) { return &no_session; }
+void qsc_leave(const qsc_session *s) { (void)s; }
+void qsc_thread_ignores_captures(void) {}
+int qsc_start_thread(void *(*main)(void *), const char *what) { return (void)main, (void)what, 1; }
+int qsc_hp_coalescable(CUstream stream) { return stream != CU_STREAM_PER_THREAD; }
+
+/* ---- tests ---- */
+#define EXPECT(cond)                                                              \
+    do {                                                                          \
+        if (!(cond)) {                                                            \
+            fprintf(stderr, "  %s:%d: expected %s\n", __FILE__, __LINE__, #cond); \
+            return 1;                                                             \
+        }                                                                         \
+    } while (0)
+
+static void *run_idle(void *arg) {
+    (void)arg;
+    idle();
+    return NULL;
+}
+
+/* 1 if idle() returned within `ms` (else its thread is left asleep). */
+static int idle_returns_within(long ms) {
+    pthread_t thread;
+    if (pthread_create(&thread, NULL, run_idle, NULL) != 0) return 0;
+    struct timespec deadline;
+    clock_gettime(CLOCK_REALTIME, &deadline);
+    deadline.tv_sec += ms / 1000;
+    deadline.tv_nsec += (ms % 1000) * 1000000L;
+    if (deadline.tv_nsec >= 1000000000L) deadline.tv_sec++, deadline.tv_nsec -= 1000000000L;
+    return pthread_timedjoin_np(thread, NULL, &deadline) == 0;
+}
+
+/* A launch closed a batch (its fence is pending and covers every launch counted) after the
+ * completion thread had found no fence pending: the thread must not go to sleep, or the
+ * batch is never completed and a launch waiting for the window waits for good. */
+static int test_completion_thread_does_not_sleep_while_a_fence_is_pending(void) {
+    lp.head = 1;
+    lp.tail = 2;
+    atomic_store(&lp.launched, 5);
+    atomic_store(&lp.covered, 5);
+    EXPECT(idle_returns_within(1000));
+    return 0;
+}
+
+int main(void) {
+    static const struct {
+        const char *name;
+        int (*fn)(void);
+    } tests[] = {
+        {"completion thread does not sleep while a fence is pending",
+         test_completion_thread_does_not_sleep_while_a_fence_is_pending},
+    };
+    int failed = 0;
+    for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
+        int rc = tests[i].fn();
+        printf("%s %s\n", rc ? "FAIL" : "ok  ", tests[i].name);
+        failed += rc != 0;
+    }
+    printf("%zu passed, %d failed\n", sizeof tests / sizeof tests[0] - (size_t)failed, failed);
+    return failed ? 1 : 0;
+}
