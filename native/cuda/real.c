@@ -162,6 +162,26 @@ static void *next_after(const void *caller, const char *name) {
     return NULL;
 }
 
+/* dlsym(RTLD_DEFAULT, ...) asked of us must search the caller's scope, as libc does: the
+ * global scope, then, for a library loaded with RTLD_LOCAL (a Python extension module, say),
+ * the objects it depends on. Asked from here, libc would search this library's scope, the
+ * global one only, and a local library's own dependencies would not be found. dlerror then
+ * tells what libc's would: nothing after a success, the miss after a failure. */
+static void *default_for(const void *caller, const char *name) {
+    void *found = real_dlsym(RTLD_DEFAULT, name);
+    Dl_info info;
+    struct link_map *map = NULL;
+    if (found != NULL || dladdr1(caller, &info, (void **)&map, RTLD_DL_LINKMAP) == 0 ||
+        map == NULL || map->l_name == NULL || map->l_name[0] == '\0')
+        return found; /* found, or the caller is the program: its scope is the global one */
+    void *handle = dlopen(map->l_name, RTLD_LAZY | RTLD_NOLOAD);
+    found = handle != NULL ? real_dlsym(handle, name) : NULL;
+    if (handle != NULL) dlclose(handle);
+    if (found == NULL) return real_dlsym(RTLD_DEFAULT, name); /* the miss, for dlerror */
+    dlerror(); /* the global search's miss is no error of the caller's */
+    return found;
+}
+
 static const entry *entry_named(const char *name) {
     for (int i = 0; i < QSC_N_WRAPPED; i++)
         if (strcmp(entries[i].name, name) == 0) return &entries[i];
@@ -176,8 +196,10 @@ static int may_be_driver_symbol(const char *name) {
 QSC_EXPORT void *dlsym(void *handle, const char *name) {
     pthread_once(&dlsym_once, find_real_dlsym);
     if (real_dlsym == NULL) return NULL;
-    void *found = handle == RTLD_NEXT ? next_after(__builtin_return_address(0), name)
-                                      : real_dlsym(handle, name);
+    const void *caller = __builtin_return_address(0);
+    void *found = handle == RTLD_NEXT      ? next_after(caller, name)
+                  : handle == RTLD_DEFAULT ? default_for(caller, name)
+                                           : real_dlsym(handle, name);
     if (found == NULL || resolving || !may_be_driver_symbol(name)) return found;
     qsc_resolve();
     const entry *e = entry_named(name);

@@ -44,6 +44,8 @@ static struct {
 /* The calling thread's events for the unit it is submitting. */
 static _Thread_local events current;
 static pthread_once_t reaper_once = PTHREAD_ONCE_INIT;
+static pthread_key_t exit_key; /* its destructor destroys an exiting thread's `current` */
+static pthread_once_t exit_key_once = PTHREAD_ONCE_INIT;
 
 static CUcontext current_context(void) {
     CUcontext ctx = NULL;
@@ -58,11 +60,29 @@ static void destroy_events(events *ev) {
     ev->start = ev->end = NULL;
 }
 
-/* Make `ev` hold events of context `ctx` (created in the current context). */
+/* A thread that made units exits: its events are idle (their units ended, or they are a
+ * slot's spares), and nothing else can reach them; destroy them in their context. */
+static void drop_thread_events(void *arg) {
+    events *ev = arg;
+    typedef CUresult (*set_fn)(CUcontext);
+    CUcontext was = current_context();
+    if (was != ev->ctx) QSC_REAL(set_fn, cuCtxSetCurrent)(ev->ctx);
+    destroy_events(ev);
+    if (was != ev->ctx) QSC_REAL(set_fn, cuCtxSetCurrent)(was);
+}
+
+static void make_exit_key(void) { pthread_key_create(&exit_key, drop_thread_events); }
+
+/* Make `ev` hold events of context `ctx` (created in the current context). The first time
+ * a thread has any, they are set to go with the thread when it exits. */
 static CUresult prepare_events(events *ev, CUcontext ctx, int timed) {
     if (ev->ctx != ctx) {
         destroy_events(ev);
         ev->ctx = ctx;
+    }
+    if (ev->end == NULL && ev->start == NULL) {
+        pthread_once(&exit_key_once, make_exit_key);
+        pthread_setspecific(exit_key, ev);
     }
     qsc_event_create_fn create = QSC_REAL(qsc_event_create_fn, cuEventCreate);
     unsigned int flags = CU_EVENT_BLOCKING_SYNC | (timed ? 0u : (unsigned)CU_EVENT_DISABLE_TIMING);

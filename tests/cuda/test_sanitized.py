@@ -96,3 +96,13 @@ def test_exit_while_another_thread_is_held_in_a_launch_runs_clean(
 ) -> None:
     run_sanitized(sanitized_probe, node, LP_VGPU, ["init", "hold"])
     assert len(node.wait_events(QS_EV_CLIENT_DIED, 1)) == 1
+
+
+def test_threads_that_launch_and_exit_run_clean(sanitized_probe: Path, node: NodeOwner) -> None:
+    """Low priority tracks the default stream; the threads' launches into the probe's stream
+    are one unit each, with events that go with each thread when it exits."""
+    commands = ["init", "launch default 0 1", "threads 10 kernel", "events", "sync"]
+    replies = [
+        parse_reply(line) for line in run_sanitized(sanitized_probe, node, LP_VGPU, commands)
+    ]
+    assert all(r["rc"] == "0" for r in replies if "rc" in r)

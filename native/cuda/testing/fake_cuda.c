@@ -552,14 +552,23 @@ EXPORT CUresult cuThreadExchangeStreamCaptureMode(int *mode) {
     return CUDA_SUCCESS;
 }
 
+static _Atomic long live_events;
+
+/* Test hook: how many events exist (created and not destroyed), the program's and the
+ * interposer's. */
+EXPORT unsigned long qshare_fake_live_events(void) { return (unsigned long)atomic_load(&live_events); }
+
 EXPORT CUresult cuEventCreate(CUevent *event, unsigned int flags) {
     *event = calloc(1, sizeof **event);
     if (*event == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
     (*event)->timed = (flags & CU_EVENT_DISABLE_TIMING) == 0;
+    atomic_fetch_add(&live_events, 1);
     return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuEventDestroy_v2(CUevent event) {
+    if (event == NULL) return CUDA_ERROR_INVALID_HANDLE;
+    atomic_fetch_sub(&live_events, 1);
     free(event);
     return CUDA_SUCCESS;
 }

@@ -262,6 +262,37 @@ static void cmd_captures(void) {
     printf("captures n=%ld\n", fake_count("qshare_fake_capture_queries"));
 }
 
+/* How many events exist in the fake driver. */
+static void cmd_events(void) { printf("events n=%ld\n", fake_count("qshare_fake_live_events")); }
+
+typedef struct one_launch {
+    probe *p;
+    const char *kind;
+    CUfunction f;
+    CUresult rc;
+} one_launch;
+
+static void *launch_once_main(void *arg) {
+    one_launch *l = arg;
+    l->rc = l->p->d->cuCtxSetCurrent(l->p->ctx);
+    if (l->rc == CUDA_SUCCESS) l->rc = launch_one(l->p, l->kind, l->f);
+    return NULL;
+}
+
+/* `count` threads, one after another, each making one launch of `kind` and exiting (a pool
+ * that replaces its threads): the first failure, if any. */
+static void cmd_threads(probe *p, unsigned long count, const char *kind) {
+    one_launch l = {p, kind, kernel_of(p, 0), CUDA_SUCCESS};
+    CUresult rc = CUDA_SUCCESS;
+    for (unsigned long i = 0; i < count && rc == CUDA_SUCCESS; i++) {
+        pthread_t thread;
+        if (pthread_create(&thread, NULL, launch_once_main, &l) != 0) break;
+        pthread_join(thread, NULL);
+        rc = l.rc;
+    }
+    printf("threads rc=%d\n", rc);
+}
+
 /* How many kernels the fake driver's device has run to their end. */
 static void cmd_kernels(void) { printf("kernels n=%ld\n", fake_count("qshare_fake_kernels_done")); }
 
@@ -281,15 +312,17 @@ static void cmd_hostptr(void) {
 }
 
 /* A graph capture in the mode the program's threads use by default (global), into a stream
- * of its own: `capture begin` starts it, `capture end` ends it and answers the driver's
- * verdict (CUDA_ERROR_STREAM_CAPTURE_INVALIDATED when a call elsewhere broke it). */
-static void cmd_capture(probe *p, const char *what) {
+ * of its own (or with `probe`, the probe's stream): `capture begin` starts it, `capture end`
+ * ends it and answers the driver's verdict (CUDA_ERROR_STREAM_CAPTURE_INVALIDATED when a call
+ * elsewhere broke it). */
+static void cmd_capture(probe *p, const char *what, const char *which) {
     typedef CUresult (*begin_fn)(CUstream, int);
     typedef CUresult (*end_fn)(CUstream, CUgraph *);
     static CUstream captured;
     CUresult rc = CUDA_ERROR_INVALID_VALUE;
     if (strcmp(what, "begin") == 0) {
         begin_fn begin = (begin_fn)entry("cuStreamBeginCapture_v2");
+        if (strcmp(which, "probe") == 0) captured = p->stream;
         rc = captured == NULL ? p->d->cuStreamCreate(&captured, 0) : CUDA_SUCCESS;
         if (rc == CUDA_SUCCESS) rc = begin == NULL ? CUDA_ERROR_NOT_FOUND : begin(captured, 0);
     } else if (strcmp(what, "end") == 0) {
@@ -320,8 +353,8 @@ static void run(probe *p, char *line) {
     unsigned long n1 = 0, n2 = 0;
     int fields = sscanf(line, "%31s %31s %lu %lu", cmd, arg1, &n1, &n2);
     if (fields <= 0) return;
-    char spin_kind[32] = ""; /* spin US [KIND] */
-    sscanf(line, "%*s %*s %31s", spin_kind);
+    char word3[32] = ""; /* spin US [KIND], capture begin [probe] */
+    sscanf(line, "%*s %*s %31s", word3);
     if (strcmp(cmd, "init") == 0) cmd_init(p);
     else if (strcmp(cmd, "alloc") == 0) cmd_alloc(p, arg1, (size_t)n1);
     else if (strcmp(cmd, "free") == 0) cmd_free(p, atoi(arg1));
@@ -333,14 +366,16 @@ static void run(probe *p, char *line) {
         printf("sync rc=%d t=%llu\n", rc, (unsigned long long)now_ns());
     } else if (strcmp(cmd, "now") == 0) printf("now t=%llu\n", (unsigned long long)now_ns());
     else if (strcmp(cmd, "bench") == 0) cmd_bench(p, strtoul(arg1, NULL, 10));
-    else if (strcmp(cmd, "spin") == 0) cmd_spin(p, strtoul(arg1, NULL, 10), spin_kind);
+    else if (strcmp(cmd, "spin") == 0) cmd_spin(p, strtoul(arg1, NULL, 10), word3);
     else if (strcmp(cmd, "fork") == 0) cmd_fork();
     else if (strcmp(cmd, "hold") == 0) cmd_hold(p);
     else if (strcmp(cmd, "records") == 0) cmd_records();
     else if (strcmp(cmd, "kernels") == 0) cmd_kernels();
     else if (strcmp(cmd, "captures") == 0) cmd_captures();
     else if (strcmp(cmd, "hostptr") == 0) cmd_hostptr();
-    else if (strcmp(cmd, "capture") == 0) cmd_capture(p, arg1);
+    else if (strcmp(cmd, "events") == 0) cmd_events();
+    else if (strcmp(cmd, "threads") == 0) cmd_threads(p, strtoul(arg1, NULL, 10), word3);
+    else if (strcmp(cmd, "capture") == 0) cmd_capture(p, arg1, word3);
     else if (strcmp(cmd, "sleep") == 0) cmd_sleep(strtoul(arg1, NULL, 10));
     else printf("%s rc=-1 error=unknown-command\n", cmd);
     fflush(stdout);
