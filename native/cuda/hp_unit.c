@@ -139,6 +139,17 @@ static void start_completion(void) {
     qsc_start_thread(completion_main, "the high-priority completion thread");
 }
 
+void qsc_hp_forked(void) {
+    atomic_store(&hp.state, HP_IDLE);
+    atomic_store(&hp.pending, 0);
+    atomic_store(&hp.launched, 0);
+    atomic_store(&hp.stream, NULL);
+    hp.ctx = NULL;
+    hp.fence = NULL;
+    hp.covered = 0;
+    hp_once = (pthread_once_t)PTHREAD_ONCE_INIT;
+}
+
 int qsc_hp_join(CUstream stream) {
     if (atomic_load_explicit(&hp.state, memory_order_relaxed) != HP_OPEN || hp.stream != stream)
         return 0; /* cheap miss; the check below is the one that counts */

@@ -206,6 +206,13 @@ void qsc_hp_joined(void);
 int qsc_hp_try_open(void);
 int qsc_hp_opened(CUstream stream, CUcontext ctx, CUresult submitted);
 
+/* In a child forked from the process (its only thread): the parent's units, fences and
+ * completion threads are not the child's (it can neither see them complete nor end them), so
+ * each module starts afresh; the parent's events are forgotten, not destroyed. */
+void qsc_units_forked(void);
+void qsc_hp_forked(void);
+void qsc_lp_forked(void);
+
 /* ---- low priority's launches tracked by batch (lp_batch.c) ---- */
 /* Launches a low-priority process may have between begin and end (all paths together). */
 #define QSC_LP_MAX_INFLIGHT (1u << 20)

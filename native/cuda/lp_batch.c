@@ -15,6 +15,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "internal.h"
 #include "interposer.h"
@@ -285,6 +286,13 @@ uint64_t qsc_lp_window(const qsc_session *s) {
 uint64_t qsc_lp_window_launches(uint64_t window_ns) {
     uint64_t n = window_ns / estimate(window_ns);
     return n ? n : 1;
+}
+
+void qsc_lp_forked(void) {
+    memset(&lp, 0, sizeof lp);
+    pthread_mutex_init(&lp.lock, NULL); /* the parent's completion thread may have held it */
+    lp.head = lp.tail = 1;
+    lp_once = (pthread_once_t)PTHREAD_ONCE_INIT;
 }
 
 uint64_t qsc_lp_estimate_ns(void) { return atomic_load(&lp.est_ns); }

@@ -94,6 +94,15 @@ static int parse_vgpu(const char *text, uint32_t *out) {
     return 1;
 }
 
+/* A child forked after attach keeps the parent's client (its launches are the vGPU's), but
+ * none of the parent's launches in flight: only the parent's threads can see those complete,
+ * so a child that waited on them (the LP window, a full ring) would wait for good. */
+static void forget_parents_units(void) {
+    qsc_units_forked();
+    qsc_hp_forked();
+    qsc_lp_forked();
+}
+
 static void attach(void) {
     session.failure = CUDA_ERROR_NOT_INITIALIZED;
     qsc_stats_init();
@@ -123,6 +132,7 @@ static void attach(void) {
     char bytes[16];
     session.card_uuid_valid = qsc_uuid_parse(session.card_uuid, bytes);
     session.pid = (int)getpid();
+    pthread_atfork(NULL, NULL, forget_parents_units);
     detached = session;
     detached.failure = CUDA_ERROR_DEINITIALIZED;
     session.client = client;

@@ -13,6 +13,7 @@
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "internal.h"
 #include "interposer.h"
@@ -181,6 +182,12 @@ static void append(void) {
         atomic_fetch_add(&tracker.wake_seq, 1);
         qs_futex_wake(&tracker.wake_seq, 1);
     }
+}
+
+void qsc_units_forked(void) {
+    memset(&tracker, 0, sizeof tracker);
+    current = (events){0};
+    reaper_once = (pthread_once_t)PTHREAD_ONCE_INIT;
 }
 
 /* The legacy default stream can never be captured (the driver refuses to begin a capture on

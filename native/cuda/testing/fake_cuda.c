@@ -260,8 +260,19 @@ static void wait_stream(CUstream st) {
 }
 
 /* ---- initialization, devices, contexts ---- */
+/* CUDA cannot be used in a child forked after the parent initialized it: the child's calls,
+ * cuInit included, are refused as not initialized, as the real driver refuses them. */
+static _Atomic int forked_after_init;
+
+static void refuse_in_child(void) {
+    if (atomic_exchange(&initialized, 0)) atomic_store(&forked_after_init, 1);
+}
+
+__attribute__((constructor)) static void watch_forks(void) { pthread_atfork(NULL, NULL, refuse_in_child); }
+
 EXPORT CUresult cuInit(unsigned int flags) {
     (void)flags;
+    if (atomic_load(&forked_after_init)) return CUDA_ERROR_NOT_INITIALIZED;
     atomic_store(&initialized, 1);
     return CUDA_SUCCESS;
 }

@@ -4,6 +4,7 @@
 
 #include <dlfcn.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -348,6 +349,25 @@ static void cmd_fork(void) {
     printf("fork rc=%d status=%d\n", child > 0 ? 0 : -1, status);
 }
 
+/* A child forked now (the parent's launches still in flight) makes one launch of a `us` µs
+ * kernel into the probe's stream, says what it returned and exits; a child still inside
+ * the launch after 3 s is killed and reported hung. */
+static void cmd_forklaunch(probe *p, unsigned long us) {
+    CUfunction f = kernel_of(p, us);
+    fflush(stdout);
+    pid_t child = fork();
+    if (child == 0) {
+        alarm(3);
+        printf("forkchild rc=%d\n", launch_one(p, "kernel", f));
+        fflush(stdout);
+        exit(0);
+    }
+    int status = 0;
+    if (child > 0) waitpid(child, &status, 0);
+    int hung = child > 0 && WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM;
+    printf("forklaunch rc=%d hung=%d\n", child > 0 ? 0 : -1, hung);
+}
+
 static void run(probe *p, char *line) {
     char cmd[32] = "", arg1[32] = "";
     unsigned long n1 = 0, n2 = 0;
@@ -368,6 +388,7 @@ static void run(probe *p, char *line) {
     else if (strcmp(cmd, "bench") == 0) cmd_bench(p, strtoul(arg1, NULL, 10));
     else if (strcmp(cmd, "spin") == 0) cmd_spin(p, strtoul(arg1, NULL, 10), word3);
     else if (strcmp(cmd, "fork") == 0) cmd_fork();
+    else if (strcmp(cmd, "forklaunch") == 0) cmd_forklaunch(p, strtoul(arg1, NULL, 10));
     else if (strcmp(cmd, "hold") == 0) cmd_hold(p);
     else if (strcmp(cmd, "records") == 0) cmd_records();
     else if (strcmp(cmd, "kernels") == 0) cmd_kernels();
