@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -87,7 +88,12 @@ async def test_an_operator_suspension_is_recorded_with_its_length(
     assert [(r["kind"], r["seconds"] is not None) for r in records] == [("operator", True)]
 
 
-async def test_events_reach_a_server_sent_event_stream(api_url: str, nc: Nats) -> None:
+EVENT = json.dumps({"specversion": "1.0", "id": "x", "source": "test", "type": "t", "data": {}})
+
+
+@contextlib.asynccontextmanager
+async def event_stream(api_url: str) -> AsyncIterator[tuple[list[str], asyncio.Task[None]]]:
+    """`GET /v1/events` read into a list of lines by a task, cancelled on exit."""
     lines: list[str] = []
     headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
@@ -98,46 +104,40 @@ async def test_events_reach_a_server_sent_event_stream(api_url: str, nc: Nats) -
                 lines.append(line)
 
     reader = asyncio.create_task(read())
-    body = json.dumps({"specversion": "1.0", "id": "x", "source": "test", "type": "t", "data": {}})
+    try:
+        yield lines, reader
+    finally:
+        reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reader
 
-    async def seen() -> bool:
-        """Publish until the stream shows it: the stream subscribes once its request arrives."""
-        await nc.publish("qshare.evt.test.ping", body.encode())
-        await asyncio.sleep(0.1)
-        return "event: qshare.evt.test.ping" in lines
 
-    await eventually(seen, 20)
-    reader.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await reader
+async def test_events_reach_a_server_sent_event_stream(api_url: str, nc: Nats) -> None:
+    async with event_stream(api_url) as (lines, _reader):
+
+        async def seen() -> bool:
+            """Publish until the stream shows it: the stream subscribes once its request
+            arrives."""
+            await nc.publish("qshare.evt.test.ping", EVENT.encode())
+            await asyncio.sleep(0.1)
+            return "event: qshare.evt.test.ping" in lines
+
+        await eventually(seen, 20)
 
 
 async def test_an_event_that_is_not_json_is_left_out_and_the_stream_goes_on(
     api_url: str, nc: Nats
 ) -> None:
-    lines: list[str] = []
-    headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    async with event_stream(api_url) as (lines, reader):
 
-    async def read() -> None:
-        async with httpx.AsyncClient(base_url=api_url, headers=headers, timeout=None) as http, \
-                http.stream("GET", "/v1/events") as response:  # fmt: skip
-            async for line in response.aiter_lines():
-                lines.append(line)
+        async def seen() -> bool:
+            await nc.publish("qshare.evt.test.garbage", b"\xff not json")
+            await nc.publish("qshare.evt.test.after", EVENT.encode())
+            await asyncio.sleep(0.1)
+            return "event: qshare.evt.test.after" in lines
 
-    reader = asyncio.create_task(read())
-    body = json.dumps({"specversion": "1.0", "id": "x", "source": "test", "type": "t", "data": {}})
-
-    async def seen() -> bool:
-        await nc.publish("qshare.evt.test.garbage", b"\xff not json")
-        await nc.publish("qshare.evt.test.after", body.encode())
-        await asyncio.sleep(0.1)
-        return "event: qshare.evt.test.after" in lines
-
-    await eventually(seen, 20)
-    assert "event: qshare.evt.test.garbage" not in lines and not reader.done()
-    reader.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await reader
+        await eventually(seen, 20)
+        assert "event: qshare.evt.test.garbage" not in lines and not reader.done()
 
 
 async def _holds(value: bool) -> bool:
