@@ -103,3 +103,17 @@ async def test_settled_waits_for_the_pending_flush_and_its_callers_first() -> No
 async def test_settled_with_nothing_pending_is_done_at_once() -> None:
     commits = GroupCommit(Disk().flush)
     assert commits.settled().done()
+
+
+async def test_a_caller_that_gives_up_leaves_the_flush_to_the_others() -> None:
+    """A kubelet call cancelled at its deadline while waiting for the flush: the other
+    callers of that turn are still answered after it, and the flush runs once."""
+    disk = Disk()
+    commits = GroupCommit(disk.flush)
+    quitter = asyncio.ensure_future(change_then_wait(disk, commits, "gone"))
+    stayer = asyncio.ensure_future(change_then_wait(disk, commits, "kept"))
+    await asyncio.sleep(0)  # both wait on the pending flush
+    quitter.cancel()
+    assert await stayer == ["gone", "kept"]
+    assert quitter.cancelled()
+    assert commits.flushes == 1

@@ -3,6 +3,8 @@ every kustomization names files that exist, and the RBAC stays least-privilege."
 
 from __future__ import annotations
 
+import importlib
+import os
 from pathlib import Path
 from typing import Any
 
@@ -83,3 +85,79 @@ def test_the_scheduler_configuration_calls_every_extender_verb() -> None:
     )
     managed = {r["name"] for r in extender["managedResources"]}
     assert managed == {"qshare.io/vcore", "qshare.io/vmemory"}
+
+
+NODE_NAME = "gpu-node-7"
+SERVICES = {  # container command module -> its settings class
+    "qshare_node_agent": "qshare_node_agent.settings:NodeAgentSettings",
+    "qshare_api": "qshare_api.settings:ApiSettings",
+    "qshare_allocator": "qshare_allocator.settings:AllocatorSettings",
+    "qshare_preemptor": "qshare_preemptor.settings:PreemptorSettings",
+}
+
+
+def container_env(container: dict[str, Any]) -> dict[str, str]:
+    """The environment the kubelet gives `container`: its ConfigMaps (from these manifests),
+    then its own variables; a pod field reads this test's node, a Secret a placeholder."""
+    maps = {d["metadata"]["name"]: d["data"] for d in all_objects() if d["kind"] == "ConfigMap"}
+    env: dict[str, str] = {}
+    for source in container.get("envFrom", []):
+        env |= maps[source["configMapRef"]["name"]]
+    for var in container.get("env", []):
+        ref = var.get("valueFrom", {})
+        if "fieldRef" in ref:
+            assert ref["fieldRef"]["fieldPath"] == "spec.nodeName"
+            env[var["name"]] = NODE_NAME
+        elif "secretKeyRef" in ref:
+            env[var["name"]] = "postgresql+asyncpg://u:p@db/qshare"
+        else:
+            env[var["name"]] = str(var["value"])
+    return env
+
+
+def service_settings(
+    monkeypatch: pytest.MonkeyPatch, workload: str, container: str
+) -> tuple[Any, dict[str, str]]:
+    """The settings `container` of `workload` builds from the environment its manifest gives."""
+    [obj] = [
+        d
+        for d in all_objects()
+        if d["kind"] in ("Deployment", "DaemonSet") and d["metadata"]["name"] == workload
+    ]
+    [spec] = [c for c in obj["spec"]["template"]["spec"]["containers"] if c["name"] == container]
+    env = container_env(spec)
+    for name in [n for n in os.environ if n.startswith("QSHARE_")]:
+        monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    module, cls = SERVICES[spec["command"][-1]].split(":")
+    return getattr(importlib.import_module(module), cls)(), env
+
+
+@pytest.mark.parametrize(
+    ("workload", "container"),
+    [
+        ("qshare-node-agent", "agent"),
+        ("qshare-api", "api"),
+        ("qshare-extender", "extender"),
+        ("qshare-allocator", "allocator"),
+        ("qshare-preemptor", "preemptor"),
+    ],
+)
+def test_every_service_reaches_nats_at_the_in_cluster_service(
+    monkeypatch: pytest.MonkeyPatch, workload: str, container: str
+) -> None:
+    settings, _ = service_settings(monkeypatch, workload, container)
+    assert settings.nats_url == "nats://nats.qshare-system.svc:4222"
+
+
+def test_the_node_agent_serves_the_kubelet_plugins_as_its_kubernetes_node(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The DaemonSet turns the plugins on and names the agent after the node it runs on: the
+    extender asks the allocator about Kubernetes node names, and the pod's host name (the
+    default) is not one."""
+    settings, env = service_settings(monkeypatch, "qshare-node-agent", "agent")
+    assert settings.kubernetes is True
+    assert settings.name == NODE_NAME
+    assert env["QSHARE_K8S_NODE_NAME"] == NODE_NAME
