@@ -29,6 +29,7 @@ static struct {
     _Atomic(CUstream) stream; /* written while OPENING, read by joiners */
     CUcontext ctx;
     CUevent fence;
+    uint64_t fence_epoch; /* qsc_ctx_epoch when the fence was made */
     uint64_t covered; /* `launched` as of the fence's last recording */
     uint64_t recorded_ns; /* when the fence was last recorded */
     uint64_t interval_ns; /* QSHARE_HP_FENCE_INTERVAL_US; 0: re-record at once */
@@ -43,6 +44,7 @@ int qsc_hp_coalescable(CUstream stream) {
 }
 
 static CUresult record_fence(void) {
+    if (hp.fence_epoch != qsc_ctx_epoch()) return CUDA_ERROR_INVALID_HANDLE; /* it died */
     if (qsc_stream_capturing(hp.stream))
         return CUDA_ERROR_NOT_PERMITTED; /* never record into a capture from this thread */
     if (hp.interval_ns) hp.recorded_ns = qs_now_ns(); /* for pace(): no clock read unpaced */
@@ -98,7 +100,7 @@ static int try_close(void) {
 
 /* One round: wait for the fence; cover what came after it, or end the unit. */
 static void complete_round(void) {
-    QSC_REAL(qsc_event_fn, cuEventSynchronize)(hp.fence);
+    if (hp.fence_epoch == qsc_ctx_epoch()) QSC_REAL(qsc_event_fn, cuEventSynchronize)(hp.fence);
     pace();
     uint64_t n = atomic_load(&hp.launched);
     if (atomic_load(&hp.pending)) {
@@ -173,10 +175,14 @@ int qsc_hp_try_open(void) {
  * the completion thread, or give the slot back. Returns 0 when the unit could not open. */
 int qsc_hp_opened(CUstream stream, CUcontext ctx, CUresult submitted) {
     typedef CUresult (*create_fn)(CUevent *, unsigned int);
-    if (submitted == CUDA_SUCCESS && (hp.ctx != ctx || hp.fence == NULL)) {
-        if (hp.fence != NULL) QSC_REAL(qsc_event_fn, cuEventDestroy_v2)(hp.fence);
+    uint64_t epoch = qsc_ctx_epoch();
+    int stale = hp.ctx != ctx || hp.fence == NULL || hp.fence_epoch != epoch;
+    if (submitted == CUDA_SUCCESS && stale) {
+        if (hp.fence != NULL && hp.fence_epoch == epoch) /* a dead one is forgotten */
+            QSC_REAL(qsc_event_fn, cuEventDestroy_v2)(hp.fence);
         hp.fence = NULL;
         hp.ctx = ctx;
+        hp.fence_epoch = epoch;
         QSC_REAL(create_fn, cuEventCreate)(&hp.fence, CU_EVENT_BLOCKING_SYNC |
                                                           CU_EVENT_DISABLE_TIMING);
     }

@@ -46,6 +46,9 @@
     X(cuArrayDestroy, cuArrayDestroy, CUDA)                             \
     X(cuMemGetInfo_v2, cuMemGetInfo, CUDA)                              \
     X(cuDeviceTotalMem_v2, cuDeviceTotalMem, CUDA)                      \
+    X(cuCtxDestroy_v2, cuCtxDestroy, CUDA)                              \
+    X(cuDevicePrimaryCtxReset, cuDevicePrimaryCtxReset, CUDA)           \
+    X(cuDevicePrimaryCtxReset_v2, cuDevicePrimaryCtxReset, CUDA)        \
     X(nvmlDeviceGetMemoryInfo, nvmlDeviceGetMemoryInfo, NVML)           \
     X(nvmlDeviceGetMemoryInfo_v2, nvmlDeviceGetMemoryInfo_v2, NVML)
 
@@ -116,6 +119,9 @@ CUresult cuArray3DCreate_v2(CUarray *array, const CUDA_ARRAY3D_DESCRIPTOR *desc)
 CUresult cuArrayDestroy(CUarray array);
 CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes);
 CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev);
+CUresult cuCtxDestroy_v2(CUcontext ctx);
+CUresult cuDevicePrimaryCtxReset(CUdevice dev);
+CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev);
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory);
 nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory);
 
@@ -158,6 +164,10 @@ void qsc_leave(const qsc_session *s);
 /* Start `main` on a detached thread; if it cannot start, warn (once) that `what` cannot
  * start and return nonzero. */
 int qsc_start_thread(void *(*main)(void *), const char *what);
+/* Moves whenever a context is destroyed (cuCtxDestroy, cuDevicePrimaryCtxReset): events the
+ * interposer made under an earlier epoch may have died with it, so they are forgotten (never
+ * used or destroyed again) and made anew. */
+uint64_t qsc_ctx_epoch(void);
 /* First call of every thread the interposer starts (it waits on events): another thread's
  * graph capture neither forbids those waits nor is invalidated by them. */
 void qsc_thread_ignores_captures(void);

@@ -30,6 +30,7 @@ enum { UNBOUND = 0, BINDING = 1, BOUND = 2 };
 
 typedef struct fence {
     CUevent ev;
+    uint64_t epoch;    /* qsc_ctx_epoch when `ev` was made */
     uint64_t covered;  /* `launched` when recorded: every launch it completes */
     uint64_t episodes; /* the card's HP episodes when recorded (qs_client_hp_episodes) */
 } fence;
@@ -77,9 +78,14 @@ static int push_fence_locked(int marker, qs_client *client) {
     uint64_t n = atomic_load(&lp.launched); /* read before recording: all of them precede it */
     if ((n == atomic_load(&lp.covered) && !marker) || lp.tail - lp.head + 1 >= FENCES) return 0;
     fence *f = &lp.q[lp.tail % FENCES];
-    if (f->ev == NULL &&
-        QSC_REAL(qsc_event_create_fn, cuEventCreate)(&f->ev, CU_EVENT_BLOCKING_SYNC) != CUDA_SUCCESS)
-        return 0;
+    uint64_t epoch = qsc_ctx_epoch();
+    if (f->ev != NULL && f->epoch != epoch) f->ev = NULL; /* died with its context: forgotten */
+    if (f->ev == NULL) {
+        if (QSC_REAL(qsc_event_create_fn, cuEventCreate)(&f->ev, CU_EVENT_BLOCKING_SYNC) !=
+            CUDA_SUCCESS)
+            return 0;
+        f->epoch = epoch;
+    }
     if (qsc_stream_capturing(lp.stream) ||
         QSC_REAL(qsc_event_record_fn, cuEventRecord)(f->ev, lp.stream) != CUDA_SUCCESS)
         return 0;
@@ -109,7 +115,8 @@ static uint64_t batch_device_ns(const qsc_session *s, const fence *f, uint64_t l
     float ms = 0.0f;
     const fence *ref = &lp.q[(lp.head - 1) % FENCES];
     int held = qsc_dgate_on() && qs_client_hp_episodes(s->client) != ref->episodes;
-    if (lp.ref_valid && launches && !held &&
+    int live = ref->epoch == f->epoch && f->epoch == qsc_ctx_epoch();
+    if (lp.ref_valid && launches && !held && live &&
         QSC_REAL(qsc_event_elapsed_fn, cuEventElapsedTime)(&ms, ref->ev, f->ev) == CUDA_SUCCESS &&
         ms >= 0.0f) {
         uint64_t ns = (uint64_t)((double)ms * 1e6), per = ns / launches;
@@ -121,7 +128,7 @@ static uint64_t batch_device_ns(const qsc_session *s, const fence *f, uint64_t l
 }
 
 static void complete_oldest(fence f) {
-    QSC_REAL(qsc_event_fn, cuEventSynchronize)(f.ev);
+    if (f.epoch == qsc_ctx_epoch()) QSC_REAL(qsc_event_fn, cuEventSynchronize)(f.ev);
     const qsc_session *s = qsc_enter();
     if (s->client != NULL)
         atomic_store_explicit(&lp.window_ns, window_of(s), memory_order_relaxed);

@@ -211,6 +211,45 @@ int qsc_device_is_card(CUdevice dev) {
     return mine;
 }
 
+static _Atomic uint64_t ctx_epoch;
+
+uint64_t qsc_ctx_epoch(void) { return atomic_load_explicit(&ctx_epoch, memory_order_acquire); }
+
+/* A context is destroyed: the epoch moves before the driver's call (events made meanwhile die
+ * too) and after it (no event made before is taken for live). */
+static void context_dies(void) { atomic_fetch_add(&ctx_epoch, 1); }
+
+QSC_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
+    typedef CUresult (*destroy_fn)(CUcontext);
+    qsc_resolve();
+    destroy_fn real = QSC_REAL(destroy_fn, cuCtxDestroy_v2);
+    if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
+    context_dies();
+    CUresult rc = real(ctx);
+    context_dies();
+    return rc;
+}
+
+typedef CUresult (*primary_reset_fn)(CUdevice);
+
+static CUresult reset_primary(primary_reset_fn real, CUdevice dev) {
+    if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
+    context_dies();
+    CUresult rc = real(dev);
+    context_dies();
+    return rc;
+}
+
+QSC_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev) {
+    qsc_resolve();
+    return reset_primary(QSC_REAL(primary_reset_fn, cuDevicePrimaryCtxReset), dev);
+}
+
+QSC_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
+    qsc_resolve();
+    return reset_primary(QSC_REAL(primary_reset_fn, cuDevicePrimaryCtxReset_v2), dev);
+}
+
 QSC_EXPORT CUresult cuInit(unsigned int flags) {
     const qsc_session *s = qsc_session_get();
     if (s->client == NULL) return s->failure;

@@ -25,6 +25,7 @@ enum { CAPTURE_NONE = 0 };
 
 typedef struct events {
     CUcontext ctx;
+    uint64_t epoch; /* qsc_ctx_epoch when these were made */
     CUevent start; /* low priority only: recorded before the launch, for device time */
     CUevent end;
 } events;
@@ -54,10 +55,12 @@ static CUcontext current_context(void) {
     return ctx;
 }
 
+/* Destroy `ev`'s events, or forget them if they died with their context. */
 static void destroy_events(events *ev) {
     qsc_event_fn destroy = QSC_REAL(qsc_event_fn, cuEventDestroy_v2);
-    if (ev->start != NULL) destroy(ev->start);
-    if (ev->end != NULL) destroy(ev->end);
+    int live = ev->epoch == qsc_ctx_epoch();
+    if (live && ev->start != NULL) destroy(ev->start);
+    if (live && ev->end != NULL) destroy(ev->end);
     ev->start = ev->end = NULL;
 }
 
@@ -77,9 +80,11 @@ static void make_exit_key(void) { pthread_key_create(&exit_key, drop_thread_even
 /* Make `ev` hold events of context `ctx` (created in the current context). The first time
  * a thread has any, they are set to go with the thread when it exits. */
 static CUresult prepare_events(events *ev, CUcontext ctx, int timed) {
-    if (ev->ctx != ctx) {
+    uint64_t epoch = qsc_ctx_epoch();
+    if (ev->ctx != ctx || ev->epoch != epoch) {
         destroy_events(ev);
         ev->ctx = ctx;
+        ev->epoch = epoch;
     }
     if (ev->end == NULL && ev->start == NULL) {
         pthread_once(&exit_key_once, make_exit_key);
@@ -129,7 +134,8 @@ static int end_oldest(int wait) {
     if (atomic_load_explicit(&s->state, memory_order_acquire) != SLOT_READY) return 0;
     qsc_event_fn check = wait ? QSC_REAL(qsc_event_fn, cuEventSynchronize)
                               : QSC_REAL(qsc_event_fn, cuEventQuery);
-    CUresult rc = check_event(check, s->ev.end);
+    CUresult rc = s->ev.epoch == qsc_ctx_epoch() ? check_event(check, s->ev.end)
+                                                 : CUDA_ERROR_INVALID_HANDLE; /* it died */
     if (rc == CUDA_ERROR_NOT_READY) return 0;
     if (!atomic_compare_exchange_strong(&tracker.head, &h, h + 1)) return 1;
     const qsc_session *session = qsc_enter();
@@ -172,9 +178,10 @@ static void append(void) {
     atomic_store_explicit(&s->state, SLOT_FILLING, memory_order_relaxed);
     events spare = s->ev;
     s->ev = current;
-    if (spare.ctx != current.ctx) {
+    if (spare.ctx != current.ctx || spare.epoch != current.epoch) {
         destroy_events(&spare);
         spare.ctx = current.ctx;
+        spare.epoch = current.epoch;
     }
     current = spare;
     atomic_store_explicit(&s->state, SLOT_READY, memory_order_release);

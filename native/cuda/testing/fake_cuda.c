@@ -69,6 +69,7 @@ struct CUmemPoolHandle_st {
 
 enum { EV_NEVER = 0, EV_PENDING = 1, EV_DONE = 2 };
 struct CUevent_st {
+    uint64_t generation; /* the context's when created (see context_generation) */
     _Atomic int state;
     int timed; /* created without CU_EVENT_DISABLE_TIMING */
     uint64_t time_ns;
@@ -88,6 +89,7 @@ typedef struct op {
 } op;
 
 struct CUstream_st {
+    uint64_t generation; /* a created stream's context's; 0 for the default stream */
     pthread_mutex_t lock;
     pthread_cond_t work;
     op *first, *last;
@@ -104,6 +106,22 @@ struct CUstream_st {
 static struct CUctx_st the_context;
 static _Thread_local CUcontext current_context;
 static _Atomic int initialized;
+
+/* Destroying the context (cuCtxDestroy, cuDevicePrimaryCtxReset) destroys every stream and
+ * event made in it: their handles are dead, and a call given one is refused as an invalid
+ * handle (a real driver may do worse) and counted. The context's handle stays the same, as
+ * the primary context's does on a real driver. */
+static _Atomic uint64_t context_generation = 1;
+static _Atomic unsigned long dead_handle_uses;
+
+static int dead_handle(uint64_t generation) {
+    if (generation == 0 || generation == atomic_load(&context_generation)) return 0;
+    atomic_fetch_add(&dead_handle_uses, 1);
+    return 1;
+}
+
+/* Test hook: how many calls were given a handle that a destroyed context took with it. */
+EXPORT unsigned long qshare_fake_dead_handle_uses(void) { return atomic_load(&dead_handle_uses); }
 
 /* Completion of any work: waiters on events and streams sleep here. */
 static pthread_mutex_t done_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -203,7 +221,7 @@ static CUstream resolve(CUstream st) {
 static CUresult submit(CUstream stream, op o) {
     if (!atomic_load(&initialized)) return CUDA_ERROR_NOT_INITIALIZED;
     CUstream st = resolve(stream);
-    if (st == NULL) return CUDA_ERROR_INVALID_HANDLE;
+    if (st == NULL || dead_handle(st->generation)) return CUDA_ERROR_INVALID_HANDLE;
     if (atomic_load(&st->capture) != CU_STREAM_CAPTURE_STATUS_NONE)
         return CUDA_SUCCESS; /* into the graph being captured: it does not run now */
     int instant = (o.kind != OP_KERNEL || o.duration_ns == 0) && o.kind != OP_WAIT;
@@ -235,7 +253,8 @@ static _Atomic int captures_under_way;
  * while this thread's mode is global; relaxed threads are never forbidden. The captures that
  * forbid the call are invalidated, and the call fails. */
 static int capture_forbids_call(void) {
-    if (atomic_load(&captures_under_way) == 0 || thread_capture_mode == CU_STREAM_CAPTURE_MODE_RELAXED)
+    if (atomic_load(&captures_under_way) == 0 ||
+        thread_capture_mode == CU_STREAM_CAPTURE_MODE_RELAXED)
         return 0;
     int forbidden = 0;
     pthread_mutex_lock(&streams_lock);
@@ -268,7 +287,9 @@ static void refuse_in_child(void) {
     if (atomic_exchange(&initialized, 0)) atomic_store(&forked_after_init, 1);
 }
 
-__attribute__((constructor)) static void watch_forks(void) { pthread_atfork(NULL, NULL, refuse_in_child); }
+__attribute__((constructor)) static void watch_forks(void) {
+    pthread_atfork(NULL, NULL, refuse_in_child);
+}
 
 EXPORT CUresult cuInit(unsigned int flags) {
     (void)flags;
@@ -332,10 +353,29 @@ EXPORT CUresult cuCtxCreate_v2(CUcontext *ctx, unsigned int flags, CUdevice dev)
     return CUDA_SUCCESS;
 }
 
+/* Its work is waited for, then its streams and events die with it. */
+static void destroy_context(void) {
+    pthread_mutex_lock(&streams_lock);
+    CUstream list = all_streams;
+    pthread_mutex_unlock(&streams_lock);
+    for (CUstream st = list; st != NULL; st = st->next_stream) wait_stream(st);
+    atomic_fetch_add(&context_generation, 1);
+}
+
 EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
+    if (ctx != &the_context) return CUDA_ERROR_INVALID_CONTEXT;
+    destroy_context();
     if (current_context == ctx) current_context = NULL;
     return CUDA_SUCCESS;
 }
+
+EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
+    if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
+    destroy_context();
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev) { return cuDevicePrimaryCtxReset_v2(dev); }
 
 EXPORT CUresult cuCtxSetCurrent(CUcontext ctx) {
     current_context = ctx;
@@ -486,16 +526,20 @@ EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream) {
 EXPORT CUresult cuStreamCreate(CUstream *stream, unsigned int flags) {
     (void)flags;
     *stream = new_stream();
-    return *stream != NULL ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+    if (*stream == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
+    (*stream)->generation = atomic_load(&context_generation);
+    return CUDA_SUCCESS;
 }
 
 /* Streams stay allocated (their worker parked) until exit: a test double's shortcut. */
 EXPORT CUresult cuStreamDestroy_v2(CUstream stream) {
+    if (dead_handle(resolve(stream)->generation)) return CUDA_ERROR_INVALID_HANDLE;
     wait_stream(resolve(stream));
     return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuStreamSynchronize(CUstream stream) {
+    if (dead_handle(resolve(stream)->generation)) return CUDA_ERROR_INVALID_HANDLE;
     if (capture_forbids_call()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     wait_stream(resolve(stream));
     return CUDA_SUCCESS;
@@ -549,7 +593,8 @@ EXPORT CUresult cuStreamEndCapture(CUstream stream, CUgraph *graph) {
     if (status != CU_STREAM_CAPTURE_STATUS_NONE) atomic_fetch_sub(&captures_under_way, 1);
     pthread_mutex_unlock(&streams_lock);
     if (status == CU_STREAM_CAPTURE_STATUS_NONE) return CUDA_ERROR_ILLEGAL_STATE;
-    if (status == CU_STREAM_CAPTURE_STATUS_INVALIDATED) return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    if (status == CU_STREAM_CAPTURE_STATUS_INVALIDATED)
+        return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
     return cuGraphCreate(graph, 0);
 }
 
@@ -567,18 +612,21 @@ static _Atomic long live_events;
 
 /* Test hook: how many events exist (created and not destroyed), the program's and the
  * interposer's. */
-EXPORT unsigned long qshare_fake_live_events(void) { return (unsigned long)atomic_load(&live_events); }
+EXPORT unsigned long qshare_fake_live_events(void) {
+    return (unsigned long)atomic_load(&live_events);
+}
 
 EXPORT CUresult cuEventCreate(CUevent *event, unsigned int flags) {
     *event = calloc(1, sizeof **event);
     if (*event == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
     (*event)->timed = (flags & CU_EVENT_DISABLE_TIMING) == 0;
+    (*event)->generation = atomic_load(&context_generation);
     atomic_fetch_add(&live_events, 1);
     return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuEventDestroy_v2(CUevent event) {
-    if (event == NULL) return CUDA_ERROR_INVALID_HANDLE;
+    if (event == NULL || dead_handle(event->generation)) return CUDA_ERROR_INVALID_HANDLE;
     atomic_fetch_sub(&live_events, 1);
     free(event);
     return CUDA_SUCCESS;
@@ -652,7 +700,7 @@ EXPORT unsigned long qshare_fake_event_records(void) {
 }
 
 EXPORT CUresult cuEventRecord(CUevent event, CUstream stream) {
-    if (event == NULL) return CUDA_ERROR_INVALID_HANDLE;
+    if (event == NULL || dead_handle(event->generation)) return CUDA_ERROR_INVALID_HANDLE;
     atomic_fetch_add(&event_records, 1);
     atomic_store(&event->state, EV_PENDING);
     CUresult rc = submit(stream, (op){.kind = OP_EVENT, .event = event});
@@ -664,13 +712,13 @@ EXPORT CUresult cuEventRecord_ptsz(CUevent event, CUstream stream) {
 }
 
 EXPORT CUresult cuEventQuery(CUevent event) {
-    if (event == NULL) return CUDA_ERROR_INVALID_HANDLE;
+    if (event == NULL || dead_handle(event->generation)) return CUDA_ERROR_INVALID_HANDLE;
     if (capture_forbids_call()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     return atomic_load(&event->state) == EV_PENDING ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuEventSynchronize(CUevent event) {
-    if (event == NULL) return CUDA_ERROR_INVALID_HANDLE;
+    if (event == NULL || dead_handle(event->generation)) return CUDA_ERROR_INVALID_HANDLE;
     if (capture_forbids_call()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     pthread_mutex_lock(&done_lock);
     while (atomic_load(&event->state) == EV_PENDING) pthread_cond_wait(&done_cond, &done_lock);
@@ -680,6 +728,8 @@ EXPORT CUresult cuEventSynchronize(CUevent event) {
 
 EXPORT CUresult cuEventElapsedTime(float *ms, CUevent start, CUevent end) {
     if (start == NULL || end == NULL) return CUDA_ERROR_INVALID_HANDLE;
+    if (dead_handle(start->generation) || dead_handle(end->generation))
+        return CUDA_ERROR_INVALID_HANDLE;
     if (!start->timed || !end->timed) return CUDA_ERROR_INVALID_HANDLE;
     if (atomic_load(&start->state) != EV_DONE || atomic_load(&end->state) != EV_DONE)
         return CUDA_ERROR_NOT_READY;
@@ -861,7 +911,8 @@ static const named table[] = {
     NAMED(cuInit), NAMED(cuDriverGetVersion), NAMED(cuDeviceGetCount), NAMED(cuDeviceGet),
     NAMED(cuDeviceGetName), NAMED(cuDeviceGetUuid), NAMED(cuDeviceGetUuid_v2),
     NAMED(cuDeviceTotalMem_v2), NAMED(cuDevicePrimaryCtxRetain),
-    NAMED(cuDevicePrimaryCtxRelease_v2), NAMED(cuCtxCreate_v2), NAMED(cuCtxDestroy_v2),
+    NAMED(cuDevicePrimaryCtxRelease_v2), NAMED(cuDevicePrimaryCtxReset),
+    NAMED(cuDevicePrimaryCtxReset_v2), NAMED(cuCtxCreate_v2), NAMED(cuCtxDestroy_v2),
     NAMED(cuCtxSetCurrent), NAMED(cuCtxGetCurrent), NAMED(cuCtxGetDevice),
     NAMED(cuCtxSynchronize), NAMED(cuModuleLoadData), NAMED(cuModuleUnload),
     NAMED(cuModuleGetFunction), NAMED(cuLaunchKernel), NAMED(cuLaunchKernel_ptsz),

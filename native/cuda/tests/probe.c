@@ -349,6 +349,28 @@ static void cmd_fork(void) {
     printf("fork rc=%d status=%d\n", child > 0 ? 0 : -1, status);
 }
 
+/* The program resets the primary context (as cudaDeviceReset does: every stream and event of
+ * it dies), retains it again and makes anew what `init` made. */
+static void cmd_reset(probe *p) {
+    typedef CUresult (*reset_fn)(CUdevice);
+    const probe_driver *d = p->d;
+    reset_fn reset = (reset_fn)entry("cuDevicePrimaryCtxReset_v2");
+    CUgraph graph = NULL;
+    CUresult rc = reset == NULL ? CUDA_ERROR_NOT_FOUND : reset(0);
+    if (rc == CUDA_SUCCESS) rc = d->cuDevicePrimaryCtxRetain(&p->ctx, 0);
+    if (rc == CUDA_SUCCESS) rc = d->cuCtxSetCurrent(p->ctx);
+    if (rc == CUDA_SUCCESS) rc = d->cuModuleLoadData(&p->module, "fake image");
+    if (rc == CUDA_SUCCESS) rc = d->cuStreamCreate(&p->stream, 0);
+    if (rc == CUDA_SUCCESS) rc = d->cuGraphCreate(&graph, 0);
+    if (rc == CUDA_SUCCESS) rc = d->cuGraphInstantiateWithFlags(&p->graph, graph, 0);
+    printf("reset rc=%d\n", rc);
+}
+
+/* How many calls the fake driver was given a handle of a destroyed context. */
+static void cmd_deadhandles(void) {
+    printf("deadhandles n=%ld\n", fake_count("qshare_fake_dead_handle_uses"));
+}
+
 /* A child forked now (the parent's launches still in flight) makes one launch of a `us` µs
  * kernel into the probe's stream, says what it returned and exits; a child still inside
  * the launch after 3 s is killed and reported hung. */
@@ -388,6 +410,8 @@ static void run(probe *p, char *line) {
     else if (strcmp(cmd, "bench") == 0) cmd_bench(p, strtoul(arg1, NULL, 10));
     else if (strcmp(cmd, "spin") == 0) cmd_spin(p, strtoul(arg1, NULL, 10), word3);
     else if (strcmp(cmd, "fork") == 0) cmd_fork();
+    else if (strcmp(cmd, "reset") == 0) cmd_reset(p);
+    else if (strcmp(cmd, "deadhandles") == 0) cmd_deadhandles();
     else if (strcmp(cmd, "forklaunch") == 0) cmd_forklaunch(p, strtoul(arg1, NULL, 10));
     else if (strcmp(cmd, "hold") == 0) cmd_hold(p);
     else if (strcmp(cmd, "records") == 0) cmd_records();

@@ -16,7 +16,7 @@ static qsc_session no_session = {.failure = CUDA_ERROR_DEINITIALIZED};
 
 int qsc_dgate_on(void) { return 0; }
 int qsc_dgate_bind(const qsc_session *s) { return (void)s, 0; }
-void qsc_dgate_after(CUstream stream, uint64_t n, uint64_t est_ns) { (void)stream, (void)n, (void)est_ns; }
+void qsc_dgate_after(CUstream stream, uint64_t n, uint64_t est) { (void)stream, (void)n, (void)est; }
 int qsc_stream_capturing(CUstream stream) { return (void)stream, 0; }
 void qsc_stats_count(int counter, uint64_t n) { (void)counter, (void)n; }
 const qsc_session *qsc_enter(void) { return &no_session; }
@@ -24,6 +24,7 @@ void qsc_leave(const qsc_session *s) { (void)s; }
 void qsc_thread_ignores_captures(void) {}
 int qsc_start_thread(void *(*main)(void *), const char *what) { return (void)main, (void)what, 1; }
 int qsc_hp_coalescable(CUstream stream) { return stream != CU_STREAM_PER_THREAD; }
+uint64_t qsc_ctx_epoch(void) { return 0; }
 
 /* ---- tests ---- */
 #define EXPECT(cond)                                                              \
