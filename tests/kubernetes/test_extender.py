@@ -157,6 +157,31 @@ async def test_a_pod_of_the_wrong_shape_gets_an_error_not_a_crash(
     assert reply.json()["Error"] == "pod.spec.containers must be a list of containers"
 
 
+@pytest.mark.parametrize("verb", ["filter", "prioritize"])
+async def test_a_pod_whose_metadata_is_not_an_object_gets_an_error_not_a_crash(
+    extender: httpx.AsyncClient, verb: str
+) -> None:
+    odd = dict(pod(), metadata="infer")
+    reply = await extender.post(f"/extender/{verb}", json=args(odd, ["node-a"]))
+    assert reply.status_code == 200
+    if verb == "filter":
+        assert reply.json()["Error"] == "pod.metadata must be an object"
+    else:
+        assert reply.json() == [{"Host": "node-a", "Score": 0}]
+
+
+@pytest.mark.parametrize("verb", ["filter", "prioritize"])
+async def test_more_candidate_nodes_than_a_preview_takes_get_an_error_not_a_crash(
+    extender: httpx.AsyncClient, verb: str
+) -> None:
+    reply = await extender.post(f"/extender/{verb}", json=args(pod(), ["n"] * 10_001))
+    assert reply.status_code == 200
+    if verb == "filter":
+        assert reply.json()["Error"] == "at most 10000 candidate nodes, got 10001"
+    else:
+        assert {h["Score"] for h in reply.json()} == {0}
+
+
 async def test_node_objects_without_a_name_get_a_problem_document(
     extender: httpx.AsyncClient,
 ) -> None:
