@@ -4,6 +4,7 @@ the allocator's applies leave alone."""
 
 from __future__ import annotations
 
+import threading
 import uuid
 
 import pytest
@@ -44,9 +45,31 @@ def test_a_device_plugin_pod_gets_the_vgpu_the_agent_applied(node: Node) -> None
 
 
 def test_a_pod_whose_vgpu_is_not_applied_yet_is_told_to_retry(node: Node) -> None:
-    backend = AgentBackend(LocalVgpus(node, CARDS), converger(node))
+    backend = AgentBackend(LocalVgpus(node, CARDS), converger(node), apply_wait_s=0.1)
     with pytest.raises(BackendError, match="not applied on this node yet"):
         backend.prepare(f"allocator/{uuid.uuid4()}", 0, Priority.LOW, 20, 2048)
+
+
+def test_a_pod_whose_vgpu_is_applied_while_allocate_waits_gets_it(node: Node) -> None:
+    """The extender binds a pod once its claim is placed; the kubelet's Allocate can come
+    before the agent applied the vGPU. Allocate waits for the apply instead of failing the
+    pod (the kubelet does not call Allocate again: the pod would fail admission)."""
+    conv = converger(node)
+    vgpu_id = uuid.uuid4()
+    backend = AgentBackend(LocalVgpus(node, CARDS), conv, apply_wait_s=10)
+    vgpu = DesiredVgpu(
+        local_id=9, id=vgpu_id, claim_id=uuid.uuid4(), gpu=CARDS[1].uuid,
+        priority=Priority.LOW, vcore=20, vmemory_mib=2048,
+    )  # fmt: skip
+    later = threading.Timer(
+        0.2, conv.apply, [ApplyDesired(node=node.name, generation=1, vgpus=[vgpu])]
+    )
+    later.start()
+    try:
+        found = backend.prepare(f"allocator/{vgpu_id}", 1, Priority.LOW, 20, 2048)
+    finally:
+        later.join()
+    assert found.vgpu_id == 9
 
 
 def test_a_dra_claims_vgpu_survives_the_allocators_next_apply(node: Node) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -351,3 +352,17 @@ def test_a_policy_hint_matching_the_cards_policy_joins_its_vgpus(
     same = store_claim(apiserver, resource_claim("same", parameters={"policy": "best-effort"}))
     assert prepare_one(kubelet, settings, same).error == ""
     assert len(backend.prepared()) == 2
+
+
+def test_a_socket_that_cannot_be_served_again_at_once_is_retried_until_it_can(
+    dra: DraPlugin, kubelet: KubeletDouble, settings: KubernetesSettings
+) -> None:
+    """The kubelet's directories can be in flux while it restarts: a failed attempt to serve
+    the socket again is retried, and the plugin does not stay gone."""
+    shutil.rmtree(settings.plugin_dir)
+    settings.plugin_dir.write_text("not a directory yet")
+    time.sleep(10 * settings.socket_check_s)  # attempts to serve again fail meanwhile
+    settings.plugin_dir.unlink()
+    wait_for(settings.dra_socket.exists)
+    reply = kubelet.unprepare(settings.dra_socket, [("default", "none", "uid-x")])
+    assert reply.claims["uid-x"].error == ""

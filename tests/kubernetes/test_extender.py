@@ -5,10 +5,14 @@ server double."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
+import certifi
 import httpx
 import pytest
 from fastapi import FastAPI
@@ -22,6 +26,7 @@ from qshare.natsauth import NatsAuth, ServiceRole
 from qshare.testing.inventory import empty_tables
 from qshare_allocator.app import Allocator
 from qshare_api.app import create_app
+from qshare_api.extender.kube import Kube
 from qshare_api.extender.reaper import Reaper
 from qshare_api.extender.settings import ExtenderSettings
 from qshare_api.settings import ApiSettings
@@ -157,6 +162,31 @@ async def test_a_pod_of_the_wrong_shape_gets_an_error_not_a_crash(
     assert reply.json()["Error"] == "pod.spec.containers must be a list of containers"
 
 
+@pytest.mark.parametrize("verb", ["filter", "prioritize"])
+async def test_a_pod_whose_metadata_is_not_an_object_gets_an_error_not_a_crash(
+    extender: httpx.AsyncClient, verb: str
+) -> None:
+    odd = dict(pod(), metadata="infer")
+    reply = await extender.post(f"/extender/{verb}", json=args(odd, ["node-a"]))
+    assert reply.status_code == 200
+    if verb == "filter":
+        assert reply.json()["Error"] == "pod.metadata must be an object"
+    else:
+        assert reply.json() == [{"Host": "node-a", "Score": 0}]
+
+
+@pytest.mark.parametrize("verb", ["filter", "prioritize"])
+async def test_more_candidate_nodes_than_a_preview_takes_get_an_error_not_a_crash(
+    extender: httpx.AsyncClient, verb: str
+) -> None:
+    reply = await extender.post(f"/extender/{verb}", json=args(pod(), ["n"] * 10_001))
+    assert reply.status_code == 200
+    if verb == "filter":
+        assert reply.json()["Error"] == "at most 10000 candidate nodes, got 10001"
+    else:
+        assert {h["Score"] for h in reply.json()} == {0}
+
+
 async def test_node_objects_without_a_name_get_a_problem_document(
     extender: httpx.AsyncClient,
 ) -> None:
@@ -282,3 +312,22 @@ async def test_the_claim_of_a_finished_or_deleted_pod_is_given_back(
     assert len(await reaper.sweep()) == 2
     statuses = sorted(s for s, _ in await claims_of(engine))
     assert statuses == ["placed", "released", "released"]
+
+
+def test_binds_and_sweeps_share_one_tls_context_per_ca_file(tmp_path: Path) -> None:
+    """Building a TLS context costs tens of ms on the event loop that serves filter and
+    prioritize: it is built once per CA file, not once per bind or sweep."""
+    ca = tmp_path / "ca.crt"
+    shutil.copy(certifi.where(), ca)
+    ext = ExtenderSettings(enabled=True, token_file=None, ca_file=ca)
+    assert Kube(ext).tls is Kube(ext).tls
+    assert Kube(ext.model_copy(update={"ca_file": None})).tls is not Kube(ext).tls
+
+
+def test_a_rotated_ca_file_is_read_again(tmp_path: Path) -> None:
+    ca = tmp_path / "ca.crt"
+    shutil.copy(certifi.where(), ca)
+    ext = ExtenderSettings(enabled=True, token_file=None, ca_file=ca)
+    before = Kube(ext).tls
+    os.utime(ca, ns=(ca.stat().st_atime_ns, ca.stat().st_mtime_ns + 1_000_000_000))
+    assert Kube(ext).tls is not before

@@ -32,3 +32,23 @@ def test_the_cache_keeps_only_the_latest_pods() -> None:
         cache.put(pod, PREVIEW)
     assert cache.get("p1", ["a"]) is None
     assert cache.get("p3", ["a"]) == PREVIEW
+
+
+def test_previews_older_than_their_lifetime_are_dropped_when_the_next_is_kept() -> None:
+    now = [0.0]
+    cache = PreviewCache(ttl_s=2.0, clock=lambda: now[0])
+    for pod in ("p1", "p2"):
+        cache.put(pod, PREVIEW)
+    now[0] = 5.0
+    cache.put("p3", PREVIEW)
+    assert len(cache) == 1
+    assert cache.get("p3", ["a", "b"]) == PREVIEW
+
+
+def test_a_preview_within_its_lifetime_is_kept_beside_newer_ones() -> None:
+    now = [0.0]
+    cache = PreviewCache(ttl_s=2.0, clock=lambda: now[0])
+    cache.put("p1", PREVIEW)
+    now[0] = 1.5
+    cache.put("p2", PREVIEW)
+    assert cache.get("p1", ["a"]) == PREVIEW

@@ -7,6 +7,7 @@ applied by this agent); a DRA claim gets a vGPU prepared on the node (ids at or 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
 from qshare.contracts.domain import Priority
@@ -19,14 +20,22 @@ from qshare_node_agent.kubernetes.plugins import KubernetesPlugins
 
 log = logging.getLogger(__name__)
 ALLOCATOR_KEY = "allocator/"
+APPLY_WAIT_S = 5.0
+"""How long Allocate waits for the allocator's vGPU to be applied here: the extender binds a
+pod once its claim is placed, so the kubelet can ask before the apply arrives, and a failed
+Allocate fails the pod's admission for good (the kubelet does not ask again)."""
+POLL_S = 0.05
 
 
 class AgentBackend:
     """`VgpuBackend` for the plugins: allocator vGPUs come from what the agent applied."""
 
-    def __init__(self, local: LocalVgpus, converger: Converger) -> None:
+    def __init__(
+        self, local: LocalVgpus, converger: Converger, apply_wait_s: float = APPLY_WAIT_S
+    ) -> None:
         self._local = local
         self._converger = converger
+        self._apply_wait_s = apply_wait_s
 
     def cards(self) -> list[CardInfo]:
         return self._local.cards()
@@ -53,12 +62,24 @@ class AgentBackend:
                 key, card_index, priority, core_share, memory_mib, policy, durable=durable
             )
         wanted = key.removeprefix(ALLOCATOR_KEY)
+        deadline = time.monotonic() + self._apply_wait_s
+        while (found := self._applied(key, wanted)) is None:
+            if time.monotonic() >= deadline:
+                raise BackendError(
+                    f"vGPU {wanted} is not applied on this node yet "
+                    f"(waited {self._apply_wait_s:g} s for the allocator's apply)"
+                )
+            time.sleep(POLL_S)
+        return found
+
+    def _applied(self, key: str, wanted: str) -> LocalVgpu | None:
+        """The allocator's vGPU `wanted` as the agent applied it, if it has."""
         for local_id, vgpu in list(self._converger.held.items()):
             if str(vgpu.id) == wanted:
                 index = self._converger.cards[vgpu.gpu].index
                 return self._local.describe(key, local_id, index, vgpu.priority, vgpu.vcore,
                                             vgpu.vmemory_mib)  # fmt: skip
-        raise BackendError(f"vGPU {wanted} is not applied on this node yet; try again shortly")
+        return None
 
     def save(self) -> None:
         self._local.save()

@@ -72,16 +72,25 @@ class SocketServer:
     def _gone(self) -> bool:
         try:
             return os.stat(self.path).st_ino != self._inode
-        except FileNotFoundError:
+        except OSError:  # removed, or a directory on its path replaced (NotADirectoryError)
             return True
 
     def _keep(self) -> None:
+        failing = False  # the last attempt to serve again failed: retried every check
         while not self._stop.wait(self._check_s):
             if not self._gone():
                 continue
-            log.warning("socket %s was removed; serving it again", self.path)
+            if not failing:
+                log.warning("socket %s was removed; serving it again", self.path)
             self._shutdown()
-            self._serve()
+            try:
+                self._serve()
+            except Exception as exc:  # the kubelet's directories in flux: try again
+                if not failing:
+                    log.warning("serving %s again failed (%s); retrying", self.path, exc)
+                failing = True
+                continue
+            failing = False
             self.restarts += 1
             if self._on_recreate is not None:
                 try:
@@ -114,7 +123,12 @@ class LoopSocketServer(SocketServer):
             daemon=True,
         )  # fmt: skip
         self._thread.start()
-        started.result()  # raises what stopped the server from starting
+        try:
+            started.result()  # raises what stopped the server from starting
+        except Exception:
+            self._thread.join()  # its loop has ended and closed
+            self._thread = None
+            raise
         self._inode = os.stat(self.path).st_ino
 
     def _run(self, loop: asyncio.AbstractEventLoop, started: futures.Future[None]) -> None:
