@@ -43,10 +43,11 @@ int qsc_hp_coalescable(CUstream stream) {
     return stream != CU_STREAM_PER_THREAD;
 }
 
-static CUresult record_fence(void) {
+/* Record the fence, unless `capturing` (qsc_stream_capturing on the launching thread,
+ * qsc_stream_unrecordable on the completion thread) says the stream must not be used. */
+static CUresult record_fence(int (*capturing)(CUstream)) {
     if (hp.fence_epoch != qsc_ctx_epoch()) return CUDA_ERROR_INVALID_HANDLE; /* it died */
-    if (qsc_stream_capturing(hp.stream))
-        return CUDA_ERROR_NOT_PERMITTED; /* never record into a capture from this thread */
+    if (capturing(hp.stream)) return CUDA_ERROR_NOT_PERMITTED; /* never record into a capture */
     if (hp.interval_ns) hp.recorded_ns = qs_now_ns(); /* for pace(): no clock read unpaced */
     CUresult rc = QSC_REAL(qsc_event_record_fn, cuEventRecord)(hp.fence, hp.stream);
     if (rc == CUDA_SUCCESS) qsc_stats_count(QSC_STAT_HP_FENCES, 1);
@@ -109,7 +110,7 @@ static void complete_round(void) {
     }
     if (n != hp.covered) {
         hp.covered = n;
-        if (record_fence() == CUDA_SUCCESS) return;
+        if (record_fence(qsc_stream_unrecordable) == CUDA_SUCCESS) return;
         hp.covered = atomic_load(&hp.launched); /* cannot fence (capture): end it as is */
     }
     try_close();
@@ -187,7 +188,8 @@ int qsc_hp_opened(CUstream stream, CUcontext ctx, CUresult submitted) {
                                                           CU_EVENT_DISABLE_TIMING);
     }
     hp.stream = stream;
-    if (submitted != CUDA_SUCCESS || hp.fence == NULL || record_fence() != CUDA_SUCCESS) {
+    if (submitted != CUDA_SUCCESS || hp.fence == NULL ||
+        record_fence(qsc_stream_capturing) != CUDA_SUCCESS) {
         atomic_store(&hp.state, HP_IDLE);
         return 0;
     }

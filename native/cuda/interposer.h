@@ -203,6 +203,11 @@ enum {
 /* 1 if `stream` is being captured into a graph (asks the driver, except for the legacy
  * default stream, which cannot be). */
 int qsc_stream_capturing(CUstream stream);
+/* For a recording into `stream` that no launch of the recording thread just preceded (the
+ * completion threads'): 1 unless the driver says it is not being captured. The legacy stream
+ * is asked about too: while a stream it waits for (a blocking one) is being captured, the
+ * driver answers with an error, and using the legacy stream would invalidate that capture. */
+int qsc_stream_unrecordable(CUstream stream);
 /* After submitting, within the same qsc_enter: `submitted` is the driver's result. Tracks
  * completion on `stream`. */
 void qsc_unit_end(const qsc_session *s, CUstream stream, CUresult submitted, int tracked);

@@ -72,9 +72,10 @@ static uint64_t estimate(uint64_t window) {
 }
 
 /* Record a fence behind every launch counted so far (lock held): with `marker`, even when
- * that is none (it times the next batch from here). `client` is the entered session's (NULL
- * once detached). 1 if one was pushed. */
-static int push_fence_locked(int marker, qs_client *client) {
+ * that is none (it times the next batch from here), unless `capturing` says the stream must
+ * not be recorded into. `client` is the entered session's (NULL once detached). 1 if one was
+ * pushed. */
+static int push_fence_locked(int marker, qs_client *client, int (*capturing)(CUstream)) {
     uint64_t n = atomic_load(&lp.launched); /* read before recording: all of them precede it */
     if ((n == atomic_load(&lp.covered) && !marker) || lp.tail - lp.head + 1 >= FENCES) return 0;
     fence *f = &lp.q[lp.tail % FENCES];
@@ -86,7 +87,7 @@ static int push_fence_locked(int marker, qs_client *client) {
             return 0;
         f->epoch = epoch;
     }
-    if (qsc_stream_capturing(lp.stream) ||
+    if (capturing(lp.stream) ||
         QSC_REAL(qsc_event_record_fn, cuEventRecord)(f->ev, lp.stream) != CUDA_SUCCESS)
         return 0;
     f->covered = n;
@@ -172,7 +173,7 @@ static void fence_tail(uint64_t n) {
     const qsc_session *s = qsc_enter();
     pthread_mutex_lock(&lp.lock);
     int pushed = lp.head != lp.tail;
-    if (!pushed && push_fence_locked(0, s->client)) {
+    if (!pushed && push_fence_locked(0, s->client, qsc_stream_unrecordable)) {
         pushed = 1;
         qsc_stats_count(QSC_STAT_LP_FENCE_TAIL, 1);
     }
@@ -262,7 +263,7 @@ void qsc_lp_counted(uint64_t window_ns) {
     uint64_t open = n - atomic_load_explicit(&lp.covered, memory_order_relaxed);
     if (open < BATCH_MAX && open * estimate(window_ns) < window_ns / BATCH_DIV) return;
     if (pthread_mutex_trylock(&lp.lock) != 0) return; /* another launch is closing one */
-    int pushed = push_fence_locked(0, lp.client); /* within the launch's qsc_enter */
+    int pushed = push_fence_locked(0, lp.client, qsc_stream_capturing); /* in its qsc_enter */
     pthread_mutex_unlock(&lp.lock);
     if (pushed) qsc_stats_count(QSC_STAT_LP_FENCE_LAUNCH, 1);
     if (pushed && (atomic_load(&lp.watching) || atomic_load(&lp.sleeping))) { /* it has work */
@@ -276,7 +277,7 @@ void qsc_lp_opening(const qsc_session *s) {
     if (atomic_load(&lp.launched) != done) return;
     atomic_store_explicit(&lp.window_ns, window_of(s), memory_order_relaxed);
     pthread_mutex_lock(&lp.lock);
-    int pushed = lp.head == lp.tail && push_fence_locked(1, s->client);
+    int pushed = lp.head == lp.tail && push_fence_locked(1, s->client, qsc_stream_capturing);
     pthread_mutex_unlock(&lp.lock);
     if (pushed) qsc_stats_count(QSC_STAT_LP_FENCE_MARKER, 1);
 }

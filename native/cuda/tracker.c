@@ -208,6 +208,14 @@ int qsc_stream_capturing(CUstream stream) {
            status != CAPTURE_NONE;
 }
 
+int qsc_stream_unrecordable(CUstream stream) {
+    qsc_stream_is_capturing_fn is_capturing =
+        QSC_REAL(qsc_stream_is_capturing_fn, cuStreamIsCapturing);
+    int status = CAPTURE_NONE;
+    return is_capturing != NULL &&
+           (is_capturing(stream, &status) != CUDA_SUCCESS || status != CAPTURE_NONE);
+}
+
 /* High priority into a stream the completion thread can name: join the open unit (no
  * driver call at all), or open one. */
 static int hp_fast(const qsc_session *s, CUstream stream, int *tracked, CUresult *rc) {

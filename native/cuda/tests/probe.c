@@ -258,7 +258,8 @@ static long fake_count(const char *hook) {
 /* How many events the fake driver has recorded. */
 static void cmd_records(void) { printf("records n=%ld\n", fake_count("qshare_fake_event_records")); }
 
-/* How many times the fake driver was asked whether a stream is capturing. */
+/* How many times this thread (the one that ran the launches) asked the fake driver whether a
+ * stream is capturing. */
 static void cmd_captures(void) {
     printf("captures n=%ld\n", fake_count("qshare_fake_capture_queries"));
 }
