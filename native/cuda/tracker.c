@@ -115,7 +115,7 @@ static CUresult check_event(qsc_event_fn check, CUevent ev) {
 /* End a unit (`s` from qsc_enter; nothing to end once the process detached). */
 static void finish(const qsc_session *s, const events *ev, int completed) {
     if (s->client == NULL) return;
-    if (s->low_priority && completed && ev->start != NULL) {
+    if (s->low_priority && completed && ev->start != NULL && ev->epoch == qsc_ctx_epoch()) {
         float ms = 0.0f;
         if (QSC_REAL(qsc_event_elapsed_fn, cuEventElapsedTime)(&ms, ev->start, ev->end) ==
                 CUDA_SUCCESS &&

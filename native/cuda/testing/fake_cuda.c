@@ -561,10 +561,16 @@ EXPORT CUresult cuStreamCreate(CUstream *stream, unsigned int flags) {
     return CUDA_SUCCESS;
 }
 
-/* Streams stay allocated (their worker parked) until exit: a test double's shortcut. */
+/* As on the real driver, the call returns at once and the stream's queued work still runs;
+ * its handle is dead from now on (refused and counted, as a destroyed context's are). The
+ * default streams cannot be destroyed. Streams stay allocated (their worker parked) until
+ * exit: a test double's shortcut. */
+#define STREAM_DESTROYED UINT64_MAX
 EXPORT CUresult cuStreamDestroy_v2(CUstream stream) {
-    if (dead_handle(resolve(stream)->generation)) return CUDA_ERROR_INVALID_HANDLE;
-    wait_stream(resolve(stream));
+    if (stream == NULL || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (dead_handle(stream->generation)) return CUDA_ERROR_INVALID_HANDLE;
+    stream->generation = STREAM_DESTROYED;
     return CUDA_SUCCESS;
 }
 
@@ -590,7 +596,7 @@ EXPORT unsigned long qshare_fake_capture_queries(void) { return capture_queries;
 EXPORT CUresult cuStreamIsCapturing(CUstream stream, int *status) {
     capture_queries++;
     CUstream st = resolve(stream);
-    if (st == NULL) return CUDA_ERROR_INVALID_HANDLE;
+    if (st == NULL || dead_handle(st->generation)) return CUDA_ERROR_INVALID_HANDLE;
     if ((stream == NULL || stream == CU_STREAM_LEGACY) && blocking_captures(0))
         return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
     *status = atomic_load(&st->capture);
