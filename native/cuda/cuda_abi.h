@@ -40,12 +40,15 @@ enum {
     CUDA_ERROR_NOT_SUPPORTED = 801,
     CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900,
     CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901,
+    CUDA_ERROR_STREAM_CAPTURE_IMPLICIT = 906,
     CUDA_ERROR_UNKNOWN = 999,
 };
 
 /* Special stream handles. */
 #define CU_STREAM_LEGACY ((CUstream)0x1)
 #define CU_STREAM_PER_THREAD ((CUstream)0x2)
+/* cuStreamCreate flags: a non-blocking stream does not synchronize with the legacy stream. */
+enum { CU_STREAM_DEFAULT = 0, CU_STREAM_NON_BLOCKING = 1 };
 
 /* cuStreamWaitValue32 flags (the comparison) and cuMemHostRegister flags. */
 enum { CU_STREAM_WAIT_VALUE_GEQ = 0, CU_STREAM_WAIT_VALUE_EQ = 1, CU_STREAM_WAIT_VALUE_AND = 2 };

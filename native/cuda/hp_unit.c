@@ -33,7 +33,9 @@ static struct {
     uint64_t covered; /* `launched` as of the fence's last recording */
     uint64_t recorded_ns; /* when the fence was last recorded */
     uint64_t interval_ns; /* QSHARE_HP_FENCE_INTERVAL_US; 0: re-record at once */
-} hp;
+    pthread_mutex_t record_lock; /* a recording into `stream` against its destruction */
+    int stream_gone;             /* the program destroyed `stream` (under record_lock) */
+} hp = {.record_lock = PTHREAD_MUTEX_INITIALIZER};
 
 #define FENCE_INTERVAL_MAX_US 100000ul /* a tenth of a second: beyond, release is mostly late */
 
@@ -43,14 +45,31 @@ int qsc_hp_coalescable(CUstream stream) {
     return stream != CU_STREAM_PER_THREAD;
 }
 
-static CUresult record_fence(void) {
-    if (hp.fence_epoch != qsc_ctx_epoch()) return CUDA_ERROR_INVALID_HANDLE; /* it died */
-    if (qsc_stream_capturing(hp.stream))
-        return CUDA_ERROR_NOT_PERMITTED; /* never record into a capture from this thread */
+/* Record the fence, unless `capturing` (qsc_stream_capturing on the launching thread,
+ * qsc_stream_unrecordable on the completion thread) says the stream must not be used, or it
+ * or the fence was destroyed. */
+static CUresult record_fence_locked(int (*capturing)(CUstream)) {
+    if (hp.fence_epoch != qsc_ctx_epoch() || hp.stream_gone) return CUDA_ERROR_INVALID_HANDLE;
+    if (capturing(hp.stream)) return CUDA_ERROR_NOT_PERMITTED; /* never record into a capture */
     if (hp.interval_ns) hp.recorded_ns = qs_now_ns(); /* for pace(): no clock read unpaced */
     CUresult rc = QSC_REAL(qsc_event_record_fn, cuEventRecord)(hp.fence, hp.stream);
     if (rc == CUDA_SUCCESS) qsc_stats_count(QSC_STAT_HP_FENCES, 1);
     return rc;
+}
+
+static CUresult record_fence(int (*capturing)(CUstream)) {
+    pthread_mutex_lock(&hp.record_lock);
+    CUresult rc = record_fence_locked(capturing);
+    pthread_mutex_unlock(&hp.record_lock);
+    return rc;
+}
+
+/* The program destroys `stream`: the fence is not recorded into it again (the unit ends when
+ * the fence it has completes). */
+void qsc_hp_stream_destroyed(CUstream stream) {
+    pthread_mutex_lock(&hp.record_lock);
+    if (atomic_load(&hp.stream) == stream) hp.stream_gone = 1;
+    pthread_mutex_unlock(&hp.record_lock);
 }
 
 /* QSHARE_HP_FENCE_INTERVAL_US in ns: unset or empty is 0; anything but 0..100000 is refused
@@ -109,7 +128,7 @@ static void complete_round(void) {
     }
     if (n != hp.covered) {
         hp.covered = n;
-        if (record_fence() == CUDA_SUCCESS) return;
+        if (record_fence(qsc_stream_unrecordable) == CUDA_SUCCESS) return;
         hp.covered = atomic_load(&hp.launched); /* cannot fence (capture): end it as is */
     }
     try_close();
@@ -146,6 +165,8 @@ void qsc_hp_forked(void) {
     atomic_store(&hp.pending, 0);
     atomic_store(&hp.launched, 0);
     atomic_store(&hp.stream, NULL);
+    pthread_mutex_init(&hp.record_lock, NULL); /* the parent's threads may have held it */
+    hp.stream_gone = 0;
     hp.ctx = NULL;
     hp.fence = NULL;
     hp.covered = 0;
@@ -186,8 +207,12 @@ int qsc_hp_opened(CUstream stream, CUcontext ctx, CUresult submitted) {
         QSC_REAL(create_fn, cuEventCreate)(&hp.fence, CU_EVENT_BLOCKING_SYNC |
                                                           CU_EVENT_DISABLE_TIMING);
     }
+    pthread_mutex_lock(&hp.record_lock);
     hp.stream = stream;
-    if (submitted != CUDA_SUCCESS || hp.fence == NULL || record_fence() != CUDA_SUCCESS) {
+    hp.stream_gone = 0;
+    pthread_mutex_unlock(&hp.record_lock);
+    if (submitted != CUDA_SUCCESS || hp.fence == NULL ||
+        record_fence(qsc_stream_capturing) != CUDA_SUCCESS) {
         atomic_store(&hp.state, HP_IDLE);
         return 0;
     }

@@ -47,6 +47,7 @@
     X(cuMemGetInfo_v2, cuMemGetInfo, CUDA)                              \
     X(cuDeviceTotalMem_v2, cuDeviceTotalMem, CUDA)                      \
     X(cuCtxDestroy_v2, cuCtxDestroy, CUDA)                              \
+    X(cuStreamDestroy_v2, cuStreamDestroy, CUDA)                        \
     X(cuDevicePrimaryCtxReset, cuDevicePrimaryCtxReset, CUDA)           \
     X(cuDevicePrimaryCtxReset_v2, cuDevicePrimaryCtxReset, CUDA)        \
     X(nvmlDeviceGetMemoryInfo, nvmlDeviceGetMemoryInfo, NVML)           \
@@ -120,6 +121,7 @@ CUresult cuArrayDestroy(CUarray array);
 CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes);
 CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev);
 CUresult cuCtxDestroy_v2(CUcontext ctx);
+CUresult cuStreamDestroy_v2(CUstream stream);
 CUresult cuDevicePrimaryCtxReset(CUdevice dev);
 CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev);
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory);
@@ -203,6 +205,11 @@ enum {
 /* 1 if `stream` is being captured into a graph (asks the driver, except for the legacy
  * default stream, which cannot be). */
 int qsc_stream_capturing(CUstream stream);
+/* For a recording into `stream` that no launch of the recording thread just preceded (the
+ * completion threads'): 1 unless the driver says it is not being captured. The legacy stream
+ * is asked about too: while a stream it waits for (a blocking one) is being captured, the
+ * driver answers with an error, and using the legacy stream would invalidate that capture. */
+int qsc_stream_unrecordable(CUstream stream);
 /* After submitting, within the same qsc_enter: `submitted` is the driver's result. Tracks
  * completion on `stream`. */
 void qsc_unit_end(const qsc_session *s, CUstream stream, CUresult submitted, int tracked);
@@ -222,6 +229,10 @@ int qsc_hp_opened(CUstream stream, CUcontext ctx, CUresult submitted);
 void qsc_units_forked(void);
 void qsc_hp_forked(void);
 void qsc_lp_forked(void);
+/* The program destroys `stream` (before the driver's call, in qsc_enter `s`): work already
+ * submitted is fenced while the stream lives, and nothing is recorded into it afterwards. */
+void qsc_hp_stream_destroyed(CUstream stream);
+void qsc_lp_stream_destroyed(const qsc_session *s, CUstream stream);
 
 /* ---- low priority's launches tracked by batch (lp_batch.c) ---- */
 /* Launches a low-priority process may have between begin and end (all paths together). */

@@ -27,6 +27,7 @@
 #define TAIL_QUIET_NS 50000ull /* launches this far apart end a burst: its tail gets a fence */
 
 enum { UNBOUND = 0, BINDING = 1, BOUND = 2 };
+#define STREAM_GONE ((CUstream)(uintptr_t)-1) /* the tracked stream once destroyed */
 
 typedef struct fence {
     CUevent ev;
@@ -37,7 +38,7 @@ typedef struct fence {
 
 static struct {
     _Atomic uint32_t bound; /* the tracked stream and context are chosen by the first launch */
-    CUstream stream;
+    _Atomic(CUstream) stream; /* STREAM_GONE once the program destroyed it */
     CUcontext ctx;
     qs_client *client; /* the process's, as of binding: used only within a launch's qsc_enter */
     _Alignas(64) _Atomic uint64_t launched; /* submitted into the stream, counted after */
@@ -72,11 +73,15 @@ static uint64_t estimate(uint64_t window) {
 }
 
 /* Record a fence behind every launch counted so far (lock held): with `marker`, even when
- * that is none (it times the next batch from here). `client` is the entered session's (NULL
- * once detached). 1 if one was pushed. */
-static int push_fence_locked(int marker, qs_client *client) {
+ * that is none (it times the next batch from here), unless `capturing` says the stream must
+ * not be recorded into. `client` is the entered session's (NULL once detached). 1 if one was
+ * pushed. */
+static int push_fence_locked(int marker, qs_client *client, int (*capturing)(CUstream)) {
     uint64_t n = atomic_load(&lp.launched); /* read before recording: all of them precede it */
-    if ((n == atomic_load(&lp.covered) && !marker) || lp.tail - lp.head + 1 >= FENCES) return 0;
+    CUstream stream = atomic_load(&lp.stream);
+    if ((n == atomic_load(&lp.covered) && !marker) || lp.tail - lp.head + 1 >= FENCES ||
+        stream == STREAM_GONE)
+        return 0;
     fence *f = &lp.q[lp.tail % FENCES];
     uint64_t epoch = qsc_ctx_epoch();
     if (f->ev != NULL && f->epoch != epoch) f->ev = NULL; /* died with its context: forgotten */
@@ -86,8 +91,8 @@ static int push_fence_locked(int marker, qs_client *client) {
             return 0;
         f->epoch = epoch;
     }
-    if (qsc_stream_capturing(lp.stream) ||
-        QSC_REAL(qsc_event_record_fn, cuEventRecord)(f->ev, lp.stream) != CUDA_SUCCESS)
+    if (capturing(stream) ||
+        QSC_REAL(qsc_event_record_fn, cuEventRecord)(f->ev, stream) != CUDA_SUCCESS)
         return 0;
     f->covered = n;
     f->episodes = qs_client_hp_episodes(client);
@@ -172,7 +177,7 @@ static void fence_tail(uint64_t n) {
     const qsc_session *s = qsc_enter();
     pthread_mutex_lock(&lp.lock);
     int pushed = lp.head != lp.tail;
-    if (!pushed && push_fence_locked(0, s->client)) {
+    if (!pushed && push_fence_locked(0, s->client, qsc_stream_unrecordable)) {
         pushed = 1;
         qsc_stats_count(QSC_STAT_LP_FENCE_TAIL, 1);
     }
@@ -215,7 +220,7 @@ int qsc_lp_tracks(const qsc_session *s, CUstream stream, CUcontext ctx) {
     if (b == UNBOUND) {
         uint32_t unbound = UNBOUND;
         if (atomic_compare_exchange_strong(&lp.bound, &unbound, BINDING)) {
-            lp.stream = stream;
+            atomic_store(&lp.stream, stream);
             lp.ctx = ctx;
             lp.client = s->client;
             qsc_dgate_bind(s);
@@ -224,7 +229,8 @@ int qsc_lp_tracks(const qsc_session *s, CUstream stream, CUcontext ctx) {
         }
         b = atomic_load_explicit(&lp.bound, memory_order_acquire);
     }
-    return b == BOUND && lp.stream == stream && lp.ctx == ctx;
+    return b == BOUND && atomic_load_explicit(&lp.stream, memory_order_relaxed) == stream &&
+           lp.ctx == ctx;
 }
 
 /* Wait for the window, counted and timed when statistics are on. */
@@ -253,7 +259,9 @@ void qsc_lp_wait_window(uint64_t window_ns) {
 
 void qsc_lp_counted(uint64_t window_ns) {
     uint64_t n = atomic_fetch_add(&lp.launched, 1) + 1;
-    if (qsc_dgate_on()) qsc_dgate_after(lp.stream, n, estimate(window_ns));
+    if (qsc_dgate_on())
+        qsc_dgate_after(atomic_load_explicit(&lp.stream, memory_order_relaxed), n,
+                        estimate(window_ns));
     if (atomic_load(&lp.sleeping)) {
         atomic_fetch_add(&lp.work_seq, 1);
         qs_futex_wake(&lp.work_seq, 1);
@@ -262,7 +270,7 @@ void qsc_lp_counted(uint64_t window_ns) {
     uint64_t open = n - atomic_load_explicit(&lp.covered, memory_order_relaxed);
     if (open < BATCH_MAX && open * estimate(window_ns) < window_ns / BATCH_DIV) return;
     if (pthread_mutex_trylock(&lp.lock) != 0) return; /* another launch is closing one */
-    int pushed = push_fence_locked(0, lp.client); /* within the launch's qsc_enter */
+    int pushed = push_fence_locked(0, lp.client, qsc_stream_capturing); /* in its qsc_enter */
     pthread_mutex_unlock(&lp.lock);
     if (pushed) qsc_stats_count(QSC_STAT_LP_FENCE_LAUNCH, 1);
     if (pushed && (atomic_load(&lp.watching) || atomic_load(&lp.sleeping))) { /* it has work */
@@ -276,7 +284,7 @@ void qsc_lp_opening(const qsc_session *s) {
     if (atomic_load(&lp.launched) != done) return;
     atomic_store_explicit(&lp.window_ns, window_of(s), memory_order_relaxed);
     pthread_mutex_lock(&lp.lock);
-    int pushed = lp.head == lp.tail && push_fence_locked(1, s->client);
+    int pushed = lp.head == lp.tail && push_fence_locked(1, s->client, qsc_stream_capturing);
     pthread_mutex_unlock(&lp.lock);
     if (pushed) qsc_stats_count(QSC_STAT_LP_FENCE_MARKER, 1);
 }
@@ -293,6 +301,18 @@ uint64_t qsc_lp_window(const qsc_session *s) {
 uint64_t qsc_lp_window_launches(uint64_t window_ns) {
     uint64_t n = window_ns / estimate(window_ns);
     return n ? n : 1;
+}
+
+/* The tracked stream is destroyed: fence what was launched into it while it lives; nothing
+ * is recorded into it afterwards (launches the fence could not cover end as they are), and
+ * launches into other streams stay per-launch units. */
+void qsc_lp_stream_destroyed(const qsc_session *s, CUstream stream) {
+    if (atomic_load(&lp.bound) != BOUND || atomic_load(&lp.stream) != stream) return;
+    pthread_mutex_lock(&lp.lock);
+    if (push_fence_locked(0, s->client, qsc_stream_capturing))
+        qsc_stats_count(QSC_STAT_LP_FENCE_TAIL, 1);
+    atomic_store(&lp.stream, STREAM_GONE);
+    pthread_mutex_unlock(&lp.lock);
 }
 
 void qsc_lp_forked(void) {

@@ -230,6 +230,19 @@ QSC_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
     return rc;
 }
 
+QSC_EXPORT CUresult cuStreamDestroy_v2(CUstream stream) {
+    typedef CUresult (*destroy_fn)(CUstream);
+    qsc_resolve();
+    destroy_fn real = QSC_REAL(destroy_fn, cuStreamDestroy_v2);
+    if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
+    const qsc_session *s = qsc_enter();
+    qsc_hp_stream_destroyed(stream);
+    qsc_lp_stream_destroyed(s, stream);
+    CUresult rc = real(stream);
+    qsc_leave(s);
+    return rc;
+}
+
 typedef CUresult (*primary_reset_fn)(CUdevice);
 
 static CUresult reset_primary(primary_reset_fn real, CUdevice dev) {

@@ -115,7 +115,7 @@ static CUresult check_event(qsc_event_fn check, CUevent ev) {
 /* End a unit (`s` from qsc_enter; nothing to end once the process detached). */
 static void finish(const qsc_session *s, const events *ev, int completed) {
     if (s->client == NULL) return;
-    if (s->low_priority && completed && ev->start != NULL) {
+    if (s->low_priority && completed && ev->start != NULL && ev->epoch == qsc_ctx_epoch()) {
         float ms = 0.0f;
         if (QSC_REAL(qsc_event_elapsed_fn, cuEventElapsedTime)(&ms, ev->start, ev->end) ==
                 CUDA_SUCCESS &&
@@ -206,6 +206,14 @@ int qsc_stream_capturing(CUstream stream) {
     int status = CAPTURE_NONE;
     return is_capturing != NULL && is_capturing(stream, &status) == CUDA_SUCCESS &&
            status != CAPTURE_NONE;
+}
+
+int qsc_stream_unrecordable(CUstream stream) {
+    qsc_stream_is_capturing_fn is_capturing =
+        QSC_REAL(qsc_stream_is_capturing_fn, cuStreamIsCapturing);
+    int status = CAPTURE_NONE;
+    return is_capturing != NULL &&
+           (is_capturing(stream, &status) != CUDA_SUCCESS || status != CAPTURE_NONE);
 }
 
 /* High priority into a stream the completion thread can name: join the open unit (no

@@ -1,6 +1,8 @@
 """What the interposer asks the driver per launch: whether the stream is being captured into a
 graph, except for the legacy default stream, which can never be (the driver refuses to begin
-a capture on it). Counted by the fake driver."""
+a capture on it). Counted by the fake driver for the launching thread (the completion
+threads ask about the legacy stream before recording a fence into it, once per round, not
+per launch: see test_graph_capture.py)."""
 
 from __future__ import annotations
 

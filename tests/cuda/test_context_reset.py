@@ -1,7 +1,9 @@
 """The program resets its primary context (cudaDeviceReset), which destroys every stream and
 event made in it, the interposer's included, and goes on: the interposer makes its events
 anew (it never hands the driver a dead handle), and high priority's work still holds low
-priority off until it completes."""
+priority off until it completes. (The program resets once its work is done and the
+interposer's completion threads have seen it done: a completion thread still inside a wait
+when the context is destroyed is a limit named in docs/cuda.md.)"""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ MS = 1_000_000
 # Launches of each path before the reset, so that the interposer holds events of each:
 # the tracked stream (the default one), and one unit per launch (the probe's own stream),
 # more of them than the ring of units has slots, so that its slots hold events.
-BEFORE = ["init", "launch default 1000 5", "launch kernel 10 1100", "sync"]
+BEFORE = ["init", "launch default 1000 5", "launch kernel 10 1100", "sync", "sleep 5"]
 AFTER = ["launch default 1000 5", "launch kernel 10 1100", "launch default 0 1", "sync"]
 
 

@@ -38,3 +38,17 @@ def test_per_launch_units_leave_a_global_capture_on_another_thread_intact(
     run = run_probe(node, vgpu, commands, style="runtime-per-thread")
     assert run.rc("spin") == 0 and run.rc("capture", 0) == 0
     assert run.rc("capture", 1) == 0, run.stderr
+
+
+@pytest.mark.parametrize("vgpu", [HP_VGPU, LP_VGPU], ids=["high", "low"])
+def test_fences_behind_legacy_stream_work_leave_a_blocking_streams_capture_intact(
+    node: NodeOwner, vgpu: int
+) -> None:
+    """The program's launches into the legacy default stream are all made before its capture
+    into a blocking stream begins (using the legacy stream during it would be invalid, since
+    the legacy stream waits for every blocking one); the fences the interposer's completion
+    threads record behind that work must not use the legacy stream during the capture."""
+    commands = ["init", "launch default 2000 10", "capture begin", "sleep 50", "capture end"]
+    run = run_probe(node, vgpu, commands)
+    assert run.rc("launch") == 0 and run.rc("capture", 0) == 0
+    assert run.rc("capture", 1) == 0, run.stderr

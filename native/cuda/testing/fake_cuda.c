@@ -96,6 +96,7 @@ struct CUstream_st {
     _Atomic uint64_t pending; /* submitted, not yet done */
     int stop;
     uint64_t clock_ns; /* device clock: when the last work run on this stream ended */
+    int blocking;        /* created without CU_STREAM_NON_BLOCKING: the legacy stream waits for it */
     _Atomic int capture; /* CU_STREAM_CAPTURE_STATUS_*: work submitted meanwhile is captured */
     int capture_mode;    /* as begun (CUstreamCaptureMode); with `capturer`, under streams_lock */
     pthread_t capturer;
@@ -218,10 +219,13 @@ static CUstream resolve(CUstream st) {
     return st;
 }
 
+static int legacy_use_forbidden(CUstream stream);
+
 static CUresult submit(CUstream stream, op o) {
     if (!atomic_load(&initialized)) return CUDA_ERROR_NOT_INITIALIZED;
     CUstream st = resolve(stream);
     if (st == NULL || dead_handle(st->generation)) return CUDA_ERROR_INVALID_HANDLE;
+    if (legacy_use_forbidden(stream)) return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
     if (atomic_load(&st->capture) != CU_STREAM_CAPTURE_STATUS_NONE)
         return CUDA_SUCCESS; /* into the graph being captured: it does not run now */
     int instant = (o.kind != OP_KERNEL || o.duration_ns == 0) && o.kind != OP_WAIT;
@@ -270,6 +274,26 @@ static int capture_forbids_call(void) {
     }
     pthread_mutex_unlock(&streams_lock);
     return forbidden;
+}
+
+/* The legacy stream (NULL in the legacy entry points, or CU_STREAM_LEGACY) synchronizes with
+ * every blocking stream, so while one of them is captured, using it is invalid: the captures
+ * it would join are invalidated, and the use fails. */
+static int blocking_captures(int invalidate) {
+    if (atomic_load(&captures_under_way) == 0) return 0;
+    int found = 0;
+    pthread_mutex_lock(&streams_lock);
+    for (CUstream st = all_streams; st != NULL; st = st->next_stream) {
+        if (!st->blocking || atomic_load(&st->capture) == CU_STREAM_CAPTURE_STATUS_NONE) continue;
+        if (invalidate) atomic_store(&st->capture, CU_STREAM_CAPTURE_STATUS_INVALIDATED);
+        found = 1;
+    }
+    pthread_mutex_unlock(&streams_lock);
+    return found;
+}
+
+static int legacy_use_forbidden(CUstream stream) {
+    return (stream == NULL || stream == CU_STREAM_LEGACY) && blocking_captures(1);
 }
 
 static void wait_stream(CUstream st) {
@@ -466,9 +490,12 @@ EXPORT CUresult cuLaunchKernel(KERNEL_ARGS, void **extra) {
     UNUSED_KERNEL_ARGS, (void)extra;
     return launch(f, stream, params);
 }
+/* What NULL names in the per-thread-stream (_ptsz) entry points. */
+static CUstream per_thread(CUstream stream) { return stream == NULL ? CU_STREAM_PER_THREAD : stream; }
+
 EXPORT CUresult cuLaunchKernel_ptsz(KERNEL_ARGS, void **extra) {
     UNUSED_KERNEL_ARGS, (void)extra;
-    return launch(f, stream, params);
+    return launch(f, per_thread(stream), params);
 }
 EXPORT CUresult cuLaunchCooperativeKernel(KERNEL_ARGS) {
     UNUSED_KERNEL_ARGS;
@@ -476,14 +503,17 @@ EXPORT CUresult cuLaunchCooperativeKernel(KERNEL_ARGS) {
 }
 EXPORT CUresult cuLaunchCooperativeKernel_ptsz(KERNEL_ARGS) {
     UNUSED_KERNEL_ARGS;
-    return launch(f, stream, params);
+    return launch(f, per_thread(stream), params);
 }
 EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **p, void **e) {
     (void)e;
     return c == NULL ? CUDA_ERROR_INVALID_VALUE : launch(f, c->hStream, p);
 }
 EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *c, CUfunction f, void **p, void **e) {
-    return cuLaunchKernelEx(c, f, p, e);
+    if (c == NULL) return CUDA_ERROR_INVALID_VALUE;
+    CUlaunchConfig config = *c;
+    config.hStream = per_thread(config.hStream);
+    return cuLaunchKernelEx(&config, f, p, e);
 }
 
 EXPORT CUresult cuLaunchHostFunc(CUstream stream, CUhostFn fn, void *data) {
@@ -491,7 +521,7 @@ EXPORT CUresult cuLaunchHostFunc(CUstream stream, CUhostFn fn, void *data) {
     return submit(stream, (op){.kind = OP_HOST, .fn = fn, .data = data});
 }
 EXPORT CUresult cuLaunchHostFunc_ptsz(CUstream stream, CUhostFn fn, void *data) {
-    return cuLaunchHostFunc(stream, fn, data);
+    return cuLaunchHostFunc(per_thread(stream), fn, data);
 }
 
 /* ---- graphs: an instantiated graph runs as one kernel of 0 ns ---- */
@@ -519,49 +549,61 @@ EXPORT CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream) {
     return submit(stream, (op){.kind = OP_KERNEL, .duration_ns = exec->duration_ns});
 }
 EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream) {
-    return cuGraphLaunch(exec, stream);
+    return cuGraphLaunch(exec, per_thread(stream));
 }
 
 /* ---- streams and events ---- */
 EXPORT CUresult cuStreamCreate(CUstream *stream, unsigned int flags) {
-    (void)flags;
     *stream = new_stream();
     if (*stream == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
+    (*stream)->blocking = (flags & CU_STREAM_NON_BLOCKING) == 0;
     (*stream)->generation = atomic_load(&context_generation);
     return CUDA_SUCCESS;
 }
 
-/* Streams stay allocated (their worker parked) until exit: a test double's shortcut. */
+/* As on the real driver, the call returns at once and the stream's queued work still runs;
+ * its handle is dead from now on (refused and counted, as a destroyed context's are). The
+ * default streams cannot be destroyed. Streams stay allocated (their worker parked) until
+ * exit: a test double's shortcut. */
+#define STREAM_DESTROYED UINT64_MAX
 EXPORT CUresult cuStreamDestroy_v2(CUstream stream) {
-    if (dead_handle(resolve(stream)->generation)) return CUDA_ERROR_INVALID_HANDLE;
-    wait_stream(resolve(stream));
+    if (stream == NULL || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (dead_handle(stream->generation)) return CUDA_ERROR_INVALID_HANDLE;
+    stream->generation = STREAM_DESTROYED;
     return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuStreamSynchronize(CUstream stream) {
     if (dead_handle(resolve(stream)->generation)) return CUDA_ERROR_INVALID_HANDLE;
+    if (legacy_use_forbidden(stream)) return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
     if (capture_forbids_call()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     wait_stream(resolve(stream));
     return CUDA_SUCCESS;
 }
-EXPORT CUresult cuStreamSynchronize_ptsz(CUstream stream) { return cuStreamSynchronize(stream); }
-
-static _Atomic unsigned long capture_queries;
-
-/* Test hook: how many times the capture state was asked for. */
-EXPORT unsigned long qshare_fake_capture_queries(void) {
-    return atomic_load(&capture_queries);
+EXPORT CUresult cuStreamSynchronize_ptsz(CUstream stream) {
+    return cuStreamSynchronize(per_thread(stream));
 }
 
+static _Thread_local unsigned long capture_queries;
+
+/* Test hook: how many times the calling thread asked for the capture state (a program's
+ * launching thread: what its launches asked, not what other threads did). */
+EXPORT unsigned long qshare_fake_capture_queries(void) { return capture_queries; }
+
+/* Asked of the legacy stream while a blocking stream is captured: the driver's error, which
+ * invalidates nothing. */
 EXPORT CUresult cuStreamIsCapturing(CUstream stream, int *status) {
-    atomic_fetch_add(&capture_queries, 1);
+    capture_queries++;
     CUstream st = resolve(stream);
-    if (st == NULL) return CUDA_ERROR_INVALID_HANDLE;
+    if (st == NULL || dead_handle(st->generation)) return CUDA_ERROR_INVALID_HANDLE;
+    if ((stream == NULL || stream == CU_STREAM_LEGACY) && blocking_captures(0))
+        return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
     *status = atomic_load(&st->capture);
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuStreamIsCapturing_ptsz(CUstream stream, int *status) {
-    return cuStreamIsCapturing(stream, status);
+    return cuStreamIsCapturing(per_thread(stream), status);
 }
 
 /* A capture into a created stream (the default streams cannot be captured). */
@@ -708,7 +750,7 @@ EXPORT CUresult cuEventRecord(CUevent event, CUstream stream) {
     return rc;
 }
 EXPORT CUresult cuEventRecord_ptsz(CUevent event, CUstream stream) {
-    return cuEventRecord(event, stream);
+    return cuEventRecord(event, per_thread(stream));
 }
 
 EXPORT CUresult cuEventQuery(CUevent event) {

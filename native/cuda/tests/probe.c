@@ -258,7 +258,8 @@ static long fake_count(const char *hook) {
 /* How many events the fake driver has recorded. */
 static void cmd_records(void) { printf("records n=%ld\n", fake_count("qshare_fake_event_records")); }
 
-/* How many times the fake driver was asked whether a stream is capturing. */
+/* How many times this thread (the one that ran the launches) asked the fake driver whether a
+ * stream is capturing. */
 static void cmd_captures(void) {
     printf("captures n=%ld\n", fake_count("qshare_fake_capture_queries"));
 }
@@ -366,7 +367,17 @@ static void cmd_reset(probe *p) {
     printf("reset rc=%d\n", rc);
 }
 
-/* How many calls the fake driver was given a handle of a destroyed context. */
+/* The program destroys the probe's stream (its queued work still runs), and uses a new one
+ * from now on. */
+static void cmd_destroy_stream(probe *p) {
+    typedef CUresult (*destroy_fn)(CUstream);
+    destroy_fn destroy = (destroy_fn)entry("cuStreamDestroy_v2");
+    CUresult rc = destroy == NULL ? CUDA_ERROR_NOT_FOUND : destroy(p->stream);
+    if (rc == CUDA_SUCCESS) rc = p->d->cuStreamCreate(&p->stream, 0);
+    printf("destroystream rc=%d\n", rc);
+}
+
+/* How many calls the fake driver was given a handle of a destroyed context or stream. */
 static void cmd_deadhandles(void) {
     printf("deadhandles n=%ld\n", fake_count("qshare_fake_dead_handle_uses"));
 }
@@ -412,6 +423,7 @@ static void run(probe *p, char *line) {
     else if (strcmp(cmd, "fork") == 0) cmd_fork();
     else if (strcmp(cmd, "reset") == 0) cmd_reset(p);
     else if (strcmp(cmd, "deadhandles") == 0) cmd_deadhandles();
+    else if (strcmp(cmd, "destroystream") == 0) cmd_destroy_stream(p);
     else if (strcmp(cmd, "forklaunch") == 0) cmd_forklaunch(p, strtoul(arg1, NULL, 10));
     else if (strcmp(cmd, "hold") == 0) cmd_hold(p);
     else if (strcmp(cmd, "records") == 0) cmd_records();

@@ -18,6 +18,7 @@ int qsc_dgate_on(void) { return 0; }
 int qsc_dgate_bind(const qsc_session *s) { return (void)s, 0; }
 void qsc_dgate_after(CUstream stream, uint64_t n, uint64_t est) { (void)stream, (void)n, (void)est; }
 int qsc_stream_capturing(CUstream stream) { return (void)stream, 0; }
+int qsc_stream_unrecordable(CUstream stream) { return (void)stream, 0; }
 void qsc_stats_count(int counter, uint64_t n) { (void)counter, (void)n; }
 const qsc_session *qsc_enter(void) { return &no_session; }
 void qsc_leave(const qsc_session *s) { (void)s; }

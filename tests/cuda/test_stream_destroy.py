@@ -1,0 +1,19 @@
+"""The program destroys the stream its launches went into right after launching (its queued
+work still runs, as on the real driver): the interposer's completion threads, which fence that
+work after a pause, must not hand the driver the destroyed stream."""
+
+from __future__ import annotations
+
+import pytest
+
+from .conftest import HP_VGPU, LP_VGPU, NodeOwner, run_probe
+
+
+@pytest.mark.parametrize("vgpu", [HP_VGPU, LP_VGPU], ids=["high", "low"])
+def test_the_interposer_uses_no_stream_the_program_destroyed(node: NodeOwner, vgpu: int) -> None:
+    """Five kernels of 200 us into the probe's stream (the tracked one: the first launched
+    into), destroyed at once; the probe then launches into a new stream."""
+    commands = ["init", "launch kernel 200 5", "destroystream", "sleep 5", "launch kernel 200 5"]
+    run = run_probe(node, vgpu, [*commands, "sync", "deadhandles"])
+    assert all(r["rc"] == "0" for r in run.replies if "rc" in r), run.replies
+    assert run.reply("deadhandles")["n"] == "0"
