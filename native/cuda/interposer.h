@@ -50,6 +50,8 @@
     X(cuStreamDestroy_v2, cuStreamDestroy, CUDA)                        \
     X(cuDevicePrimaryCtxReset, cuDevicePrimaryCtxReset, CUDA)           \
     X(cuDevicePrimaryCtxReset_v2, cuDevicePrimaryCtxReset, CUDA)        \
+    X(cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease, CUDA)       \
+    X(cuDevicePrimaryCtxRelease_v2, cuDevicePrimaryCtxRelease, CUDA)    \
     X(nvmlDeviceGetMemoryInfo, nvmlDeviceGetMemoryInfo, NVML)           \
     X(nvmlDeviceGetMemoryInfo_v2, nvmlDeviceGetMemoryInfo_v2, NVML)
 
@@ -59,6 +61,7 @@
     X(cuCtxSetCurrent, cuCtxSetCurrent, CUDA)    \
     X(cuCtxGetDevice, cuCtxGetDevice, CUDA)      \
     X(cuDeviceGetUuid, cuDeviceGetUuid, CUDA)    \
+    X(cuDevicePrimaryCtxGetState, cuDevicePrimaryCtxGetState, CUDA) \
     X(cuEventCreate, cuEventCreate, CUDA)        \
     X(cuEventDestroy_v2, cuEventDestroy, CUDA)   \
     X(cuEventRecord, cuEventRecord, CUDA)        \
@@ -124,6 +127,8 @@ CUresult cuCtxDestroy_v2(CUcontext ctx);
 CUresult cuStreamDestroy_v2(CUstream stream);
 CUresult cuDevicePrimaryCtxReset(CUdevice dev);
 CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev);
+CUresult cuDevicePrimaryCtxRelease(CUdevice dev);
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev);
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory);
 nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory);
 
@@ -166,7 +171,8 @@ void qsc_leave(const qsc_session *s);
 /* Start `main` on a detached thread; if it cannot start, warn (once) that `what` cannot
  * start and return nonzero. */
 int qsc_start_thread(void *(*main)(void *), const char *what);
-/* Moves whenever a context is destroyed (cuCtxDestroy, cuDevicePrimaryCtxReset): events the
+/* Moves whenever a context is destroyed (cuCtxDestroy, cuDevicePrimaryCtxReset, the release
+ * of the primary context's last reference): events the
  * interposer made under an earlier epoch may have died with it, so they are forgotten (never
  * used or destroyed again) and made anew. */
 uint64_t qsc_ctx_epoch(void);

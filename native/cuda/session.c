@@ -253,6 +253,31 @@ static CUresult reset_primary(primary_reset_fn real, CUdevice dev) {
     return rc;
 }
 
+/* The release of the primary context's last reference destroys it: known only after the
+ * driver's call, from the context's state. */
+static CUresult release_primary(primary_reset_fn real, CUdevice dev) {
+    typedef CUresult (*state_fn)(CUdevice, unsigned int *, int *);
+    if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = real(dev);
+    state_fn state = QSC_REAL(state_fn, cuDevicePrimaryCtxGetState);
+    unsigned int flags = 0;
+    int active = 1;
+    if (rc == CUDA_SUCCESS && (state == NULL || state(dev, &flags, &active) != CUDA_SUCCESS ||
+                               !active))
+        context_dies();
+    return rc;
+}
+
+QSC_EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev) {
+    qsc_resolve();
+    return release_primary(QSC_REAL(primary_reset_fn, cuDevicePrimaryCtxRelease), dev);
+}
+
+QSC_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+    qsc_resolve();
+    return release_primary(QSC_REAL(primary_reset_fn, cuDevicePrimaryCtxRelease_v2), dev);
+}
+
 QSC_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev) {
     qsc_resolve();
     return reset_primary(QSC_REAL(primary_reset_fn, cuDevicePrimaryCtxReset), dev);

@@ -20,11 +20,14 @@ BEFORE = ["init", "launch default 1000 5", "launch kernel 10 1100", "sync", "sle
 AFTER = ["launch default 1000 5", "launch kernel 10 1100", "launch default 0 1", "sync"]
 
 
+@pytest.mark.parametrize("how", ["reset", "reset release"], ids=["reset", "last-release"])
 @pytest.mark.parametrize("vgpu", [HP_VGPU, LP_VGPU], ids=["high", "low"])
 def test_after_a_reset_the_interposer_uses_no_handle_of_the_destroyed_context(
-    node: NodeOwner, vgpu: int
+    node: NodeOwner, vgpu: int, how: str
 ) -> None:
-    run = run_probe(node, vgpu, [*BEFORE, "reset", *AFTER, "deadhandles"])
+    """`reset release`: the program releases its only reference to the primary context,
+    which destroys it as a reset does."""
+    run = run_probe(node, vgpu, [*BEFORE, how, *AFTER, "deadhandles"])
     assert all(r["rc"] == "0" for r in run.replies if "rc" in r), run.replies
     assert run.reply("deadhandles")["n"] == "0"
 

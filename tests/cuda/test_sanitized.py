@@ -106,3 +106,16 @@ def test_threads_that_launch_and_exit_run_clean(sanitized_probe: Path, node: Nod
         parse_reply(line) for line in run_sanitized(sanitized_probe, node, LP_VGPU, commands)
     ]
     assert all(r["rc"] == "0" for r in replies if "rc" in r)
+
+
+def test_capture_stream_destroy_and_context_reset_run_clean(
+    sanitized_probe: Path, node: NodeOwner
+) -> None:
+    commands = ["init", "launch kernel 1000 20", "capture begin", "sleep 20", "capture end"]
+    commands += ["launch default 100 20", "launch kernel 100 20", "destroystream", "sleep 5"]
+    commands += ["reset", "launch default 100 20", "launch kernel 100 20", "reset release"]
+    commands += ["launch default 100 5", "deadhandles"]
+    replies = [
+        parse_reply(line) for line in run_sanitized(sanitized_probe, node, LP_VGPU, commands)
+    ]
+    assert all(r["rc"] == "0" for r in replies if "rc" in r), replies

@@ -360,14 +360,34 @@ EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
     return CUDA_SUCCESS;
 }
 
+/* The primary context lives while retained: the release of its last reference destroys it
+ * (its handle stays the same for the next retain). */
+static _Atomic int primary_refs;
+static void destroy_context(void);
+
 EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev) {
     if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
+    atomic_fetch_add(&primary_refs, 1);
     *ctx = &the_context;
     return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
-    return dev == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+    if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
+    int refs = atomic_load(&primary_refs);
+    do {
+        if (refs == 0) return CUDA_ERROR_INVALID_CONTEXT;
+    } while (!atomic_compare_exchange_weak(&primary_refs, &refs, refs - 1));
+    if (refs == 1) destroy_context();
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active) {
+    if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
+    if (flags == NULL || active == NULL) return CUDA_ERROR_INVALID_VALUE;
+    *flags = 0;
+    *active = atomic_load(&primary_refs) > 0;
+    return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuCtxCreate_v2(CUcontext *ctx, unsigned int flags, CUdevice dev) {
@@ -953,7 +973,8 @@ static const named table[] = {
     NAMED(cuInit), NAMED(cuDriverGetVersion), NAMED(cuDeviceGetCount), NAMED(cuDeviceGet),
     NAMED(cuDeviceGetName), NAMED(cuDeviceGetUuid), NAMED(cuDeviceGetUuid_v2),
     NAMED(cuDeviceTotalMem_v2), NAMED(cuDevicePrimaryCtxRetain),
-    NAMED(cuDevicePrimaryCtxRelease_v2), NAMED(cuDevicePrimaryCtxReset),
+    NAMED(cuDevicePrimaryCtxRelease_v2), NAMED(cuDevicePrimaryCtxGetState),
+    NAMED(cuDevicePrimaryCtxReset),
     NAMED(cuDevicePrimaryCtxReset_v2), NAMED(cuCtxCreate_v2), NAMED(cuCtxDestroy_v2),
     NAMED(cuCtxSetCurrent), NAMED(cuCtxGetCurrent), NAMED(cuCtxGetDevice),
     NAMED(cuCtxSynchronize), NAMED(cuModuleLoadData), NAMED(cuModuleUnload),

@@ -351,11 +351,13 @@ static void cmd_fork(void) {
 }
 
 /* The program resets the primary context (as cudaDeviceReset does: every stream and event of
- * it dies), retains it again and makes anew what `init` made. */
-static void cmd_reset(probe *p) {
+ * it dies), or with `release` releases its reference to it (the last one: that destroys it
+ * too), retains it again and makes anew what `init` made. */
+static void cmd_reset(probe *p, const char *how) {
     typedef CUresult (*reset_fn)(CUdevice);
     const probe_driver *d = p->d;
-    reset_fn reset = (reset_fn)entry("cuDevicePrimaryCtxReset_v2");
+    reset_fn reset = (reset_fn)entry(strcmp(how, "release") == 0 ? "cuDevicePrimaryCtxRelease_v2"
+                                                                  : "cuDevicePrimaryCtxReset_v2");
     CUgraph graph = NULL;
     CUresult rc = reset == NULL ? CUDA_ERROR_NOT_FOUND : reset(0);
     if (rc == CUDA_SUCCESS) rc = d->cuDevicePrimaryCtxRetain(&p->ctx, 0);
@@ -421,7 +423,7 @@ static void run(probe *p, char *line) {
     else if (strcmp(cmd, "bench") == 0) cmd_bench(p, strtoul(arg1, NULL, 10));
     else if (strcmp(cmd, "spin") == 0) cmd_spin(p, strtoul(arg1, NULL, 10), word3);
     else if (strcmp(cmd, "fork") == 0) cmd_fork();
-    else if (strcmp(cmd, "reset") == 0) cmd_reset(p);
+    else if (strcmp(cmd, "reset") == 0) cmd_reset(p, arg1);
     else if (strcmp(cmd, "deadhandles") == 0) cmd_deadhandles();
     else if (strcmp(cmd, "destroystream") == 0) cmd_destroy_stream(p);
     else if (strcmp(cmd, "forklaunch") == 0) cmd_forklaunch(p, strtoul(arg1, NULL, 10));
