@@ -77,6 +77,8 @@ class NodeAgent(Service):
         await self._nc.subscribe(subjects.node_commands(self.name), cb=self._on_command)
         await bus.settled(self._nc)
         pump = EventPump(self._node, self._nc, self.name, {c.index: c.uuid for c in self.cards})
+        if adopted:
+            pump.announce_cards(c.index for c in self.cards)
         pump.listeners.append(self._observe)
         pump.start()
         self._pump = pump
@@ -188,7 +190,7 @@ class NodeAgent(Service):
         """Preemption episode lengths for the metrics."""
         if event.card is None:
             return
-        if event.kind is EventKind.IDLE:
+        if event.kind is EventKind.IDLE and event.value:  # 0: a state found at a restart
             gpu = next((c.uuid for c in self.cards if c.index == event.card), "")
             metrics.BUSY_SECONDS.labels(self.name, gpu).observe(event.value / 1e9)
 
