@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from nats.aio.client import Client
@@ -24,6 +24,9 @@ from qshare_preemptor.settings import PreemptorSettings
 from qshare_preemptor.starvation import StarvationWatch
 
 log = logging.getLogger(__name__)
+MAX_IN_FLIGHT = 32
+"""Messages of one kind (card events, usage reports, requests) handled at once; the rest wait
+in the subscription's bounded queue (NATS drops beyond it and says so), not as tasks."""
 
 
 class Preemptor(Service):
@@ -35,6 +38,7 @@ class Preemptor(Service):
         self.service: PreemptionService | None = None
         self.starvation: StarvationWatch | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._slots = {kind: asyncio.Semaphore(MAX_IN_FLIGHT) for kind in _KINDS}
 
     async def start(self) -> None:
         s = self.settings
@@ -60,9 +64,18 @@ class Preemptor(Service):
         if self._engine is not None:
             await self._engine.dispose()
 
-    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(work)
+    @property
+    def in_flight(self) -> int:
+        """Messages being handled now."""
+        return len(self._tasks)
+
+    async def _spawn(self, kind: str, work: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Run `work()` once fewer than MAX_IN_FLIGHT messages of `kind` are in hand."""
+        slots = self._slots[kind]
+        await slots.acquire()
+        task = asyncio.create_task(work())
         self._tasks.add(task)
+        task.add_done_callback(lambda _: slots.release())
         task.add_done_callback(self._finished)
 
     def _finished(self, task: asyncio.Task[None]) -> None:
@@ -73,14 +86,16 @@ class Preemptor(Service):
     async def _on_card(self, msg: Msg) -> None:
         assert self.service is not None
         node, gpu, kind = subjects.parse_gpu_event(msg.subject)
-        self._spawn(self.service.card_event(node, gpu, busy=kind == "busy"))
+        service = self.service
+        await self._spawn("card", lambda: service.card_event(node, gpu, busy=kind == "busy"))
 
     async def _on_usage(self, msg: Msg) -> None:
         assert self.starvation is not None
-        self._spawn(self.starvation.usage(msg.subject, msg.data))
+        starvation = self.starvation
+        await self._spawn("usage", lambda: starvation.usage(msg.subject, msg.data))
 
     async def _on_request(self, msg: Msg) -> None:
-        self._spawn(self._answer(msg))
+        await self._spawn("request", lambda: self._answer(msg))
 
     async def _answer(self, msg: Msg) -> None:
         assert self._nc is not None and self.service is not None
@@ -96,6 +111,9 @@ class Preemptor(Service):
             await rpc.reply_error(self._nc, msg, QshareError("internal error; see preemptor logs"))
             return
         await rpc.reply_ok(self._nc, msg, self.source, reply)
+
+
+_KINDS = ("card", "usage", "request")
 
 
 def _decode(msg: Msg) -> ClaimAction:
