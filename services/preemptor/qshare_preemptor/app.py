@@ -4,6 +4,7 @@ acts through the node agents. One instance acts on events; requests may reach an
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -24,6 +25,8 @@ from qshare_preemptor.settings import PreemptorSettings
 from qshare_preemptor.starvation import StarvationWatch
 
 log = logging.getLogger(__name__)
+RESUME_AGAIN_S = 1.0
+"""How often resumes that did not reach their node are sent again."""
 MAX_IN_FLIGHT = 32
 """Messages of one kind (card events, usage reports, requests) handled at once; the rest wait
 in the subscription's bounded queue (NATS drops beyond it and says so), not as tasks."""
@@ -38,6 +41,7 @@ class Preemptor(Service):
         self.service: PreemptionService | None = None
         self.starvation: StarvationWatch | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._retrier: asyncio.Task[None] | None = None
         self._slots = {kind: asyncio.Semaphore(MAX_IN_FLIGHT) for kind in _KINDS}
 
     async def start(self) -> None:
@@ -54,15 +58,28 @@ class Preemptor(Service):
         await self._nc.subscribe(subjects.NODE_USAGES, cb=self._on_usage)
         await bus.settled(self._nc)
         await self.service.reconcile()
+        self._retrier = asyncio.create_task(self._resume_again(self.service))
         log.info("preemptor %s serving", s.instance)
 
     async def stop(self) -> None:
+        if self._retrier is not None:
+            self._retrier.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._retrier
         if self._nc is not None:
             await bus.close(self._nc)
         for task in list(self._tasks):
             task.cancel()
         if self._engine is not None:
             await self._engine.dispose()
+
+    async def _resume_again(self, service: PreemptionService) -> None:
+        while True:
+            await asyncio.sleep(RESUME_AGAIN_S)
+            try:
+                await service.resume_again()
+            except Exception:
+                log.exception("sending resumes again failed; next try in %.0f s", RESUME_AGAIN_S)
 
     @property
     def in_flight(self) -> int:
