@@ -163,12 +163,22 @@ class NodeAgent(Service):
 
     async def _beat(self) -> None:
         assert self._nc is not None
-        bad = await asyncio.to_thread(unhealthy, self.settings, self.cards)
+        bad = await self._unhealthy()
         body = envelope.wrap(self.source, "io.qshare.node.heartbeat", Heartbeat(unhealthy=bad))
         try:
             await self._nc.publish(subjects.heartbeat(self.name), envelope.encode(body))
         except Exception as error:
             log.warning("node agent %s: heartbeat not sent (%s)", self.name, error)
+
+    async def _unhealthy(self) -> list[str]:
+        """The unhealthy cards; every card when their health cannot be read (as NVML counts a
+        card it cannot query), so that a failed read never stops the heartbeats."""
+        try:
+            return await asyncio.to_thread(unhealthy, self.settings, self.cards)
+        except Exception as error:
+            log.warning("node agent %s: card health not read (%r); every card reported "
+                        "unhealthy", self.name, error)  # fmt: skip
+            return [c.uuid for c in self.cards]
 
     async def _on_command(self, msg: Msg) -> None:
         assert self._nc is not None and self._commands is not None
