@@ -155,9 +155,10 @@ class NodeAgent(Service):
                                timeout=self.settings.register_timeout_s)  # fmt: skip
                 self.registered.set()
                 return
-            except QshareError as error:
+            except Exception as error:  # no answer, a refusal, or one it cannot read
+                detail = error.detail if isinstance(error, QshareError) else repr(error)
                 log.warning("node agent %s: registration failed (%s); retrying in %.1f s",
-                            self.name, error.detail, wait)  # fmt: skip
+                            self.name, detail, wait)  # fmt: skip
             await asyncio.sleep(wait)
             wait = min(wait * 2, BACKOFF_MAX_S)
 
