@@ -1,7 +1,7 @@
 """The preemptor's handling of card events that are repeated or forged: a busy event delivered
 again suspends and resumes a gang's vGPUs once each; an event a node publishes about another
 node's card changes nothing (a node's NATS identity may publish under its own name only, but
-any card uuid)."""
+any card uuid); a flood of events is handled a bounded number at a time."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from qshare import bus
 from qshare.contracts import envelope, subjects
 from qshare.contracts.agent import GpuEvent
 from qshare_node_agent.app import NodeAgent
-from qshare_preemptor.app import Preemptor
+from qshare_preemptor.app import MAX_IN_FLIGHT, Preemptor
 
 from .conftest import StartAgent, eventually, ready_claim
 
@@ -104,6 +104,20 @@ async def test_an_idle_event_about_another_nodes_card_resumes_nothing(
     assert suspended(agent, other["local_id"])
     await publish(nc, agent.name, busy["gpu"], "idle")
     await eventually(lambda: _holds(lambda: not suspended(agent, other["local_id"])))
+
+
+async def test_a_flood_of_card_events_is_handled_a_bounded_number_at_a_time(
+    nc: Nats, preemptor: Preemptor
+) -> None:
+    before = events_so_far(preemptor)
+    for n in range(1000):
+        await publish(nc, "flooding-node", f"GPU-none-{n % 7}", "busy")
+    await nc.flush()
+    most = 0
+    while events_so_far(preemptor) < before + 1000:
+        most = max(most, preemptor.in_flight)
+        await asyncio.sleep(0.005)
+    assert most <= MAX_IN_FLIGHT
 
 
 async def _holds(check: Callable[[], bool]) -> bool:

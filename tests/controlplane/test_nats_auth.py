@@ -180,6 +180,24 @@ async def test_the_preemptor_may_report_starvation_and_ask_for_moves(
     assert errors == []
 
 
+async def test_the_preemptor_may_suspend_and_resume_a_nodes_vgpus(
+    connect_as: Connect, nats_auth: NatsAuth, nc: Client
+) -> None:
+    preemptor, errors = await connect_as(nats_auth.credentials(ServiceRole.PREEMPTOR))
+    for verb in ("suspend", "resume"):
+        assert await _delivered(nc, subjects.node_command("n1", verb), preemptor, b"{}") == 1
+    assert errors == []
+
+
+@pytest.mark.parametrize("verb", ["apply", "policy"])
+async def test_the_preemptor_cannot_set_a_nodes_vgpus_or_card_policy(
+    connect_as: Connect, nats_auth: NatsAuth, nc: Client, verb: str
+) -> None:
+    preemptor, errors = await connect_as(nats_auth.credentials(ServiceRole.PREEMPTOR))
+    assert await _delivered(nc, subjects.node_command("n1", verb), preemptor, b"{}") == 0
+    await _refused(errors, "publish")
+
+
 async def test_a_node_cannot_publish_another_nodes_usage(
     connect_as: Connect, node_n1: NatsCredentials, nc: Client
 ) -> None:

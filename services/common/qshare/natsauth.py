@@ -139,7 +139,8 @@ def _api(_: str) -> tuple[list[str], list[str], bool]:
 
 def _preemptor(_: str) -> tuple[list[str], list[str], bool]:
     publish = [
-        subjects.node_command("*", ">"),
+        subjects.node_command("*", "suspend"),  # not apply: it would set a node's vGPUs
+        subjects.node_command("*", "resume"),
         subjects.claim_event("*", "suspended"),
         subjects.claim_event("*", "resumed"),
         subjects.claim_event("*", "starved"),

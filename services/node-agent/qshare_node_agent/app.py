@@ -79,6 +79,8 @@ class NodeAgent(Service):
         await self._nc.subscribe(subjects.node_commands(self.name), cb=self._on_command)
         await bus.settled(self._nc)
         pump = EventPump(self._node, self._nc, self.name, {c.index: c.uuid for c in self.cards})
+        if adopted:
+            pump.announce_cards(c.index for c in self.cards)
         pump.listeners.append(self._observe)
         pump.start()
         self._pump = pump
@@ -156,20 +158,31 @@ class NodeAgent(Service):
                                timeout=self.settings.register_timeout_s)  # fmt: skip
                 self.registered.set()
                 return
-            except QshareError as error:
+            except Exception as error:  # no answer, a refusal, or one it cannot read
+                detail = error.detail if isinstance(error, QshareError) else repr(error)
                 log.warning("node agent %s: registration failed (%s); retrying in %.1f s",
-                            self.name, error.detail, wait)  # fmt: skip
+                            self.name, detail, wait)  # fmt: skip
             await asyncio.sleep(wait)
             wait = min(wait * 2, BACKOFF_MAX_S)
 
     async def _beat(self) -> None:
         assert self._nc is not None
-        bad = await asyncio.to_thread(unhealthy, self.settings, self.cards)
+        bad = await self._unhealthy()
         body = envelope.wrap(self.source, "io.qshare.node.heartbeat", Heartbeat(unhealthy=bad))
         try:
             await self._nc.publish(subjects.heartbeat(self.name), envelope.encode(body))
         except Exception as error:
             log.warning("node agent %s: heartbeat not sent (%s)", self.name, error)
+
+    async def _unhealthy(self) -> list[str]:
+        """The unhealthy cards; every card when their health cannot be read (as NVML counts a
+        card it cannot query), so that a failed read never stops the heartbeats."""
+        try:
+            return await asyncio.to_thread(unhealthy, self.settings, self.cards)
+        except Exception as error:
+            log.warning("node agent %s: card health not read (%r); every card reported "
+                        "unhealthy", self.name, error)  # fmt: skip
+            return [c.uuid for c in self.cards]
 
     async def _on_command(self, msg: Msg) -> None:
         with handling("qshare.node_agent", msg.subject, msg.headers):
@@ -195,7 +208,7 @@ class NodeAgent(Service):
         """Preemption episode lengths for the metrics."""
         if event.card is None:
             return
-        if event.kind is EventKind.IDLE:
+        if event.kind is EventKind.IDLE and event.value:  # 0: a state found at a restart
             gpu = next((c.uuid for c in self.cards if c.index == event.card), "")
             metrics.BUSY_SECONDS.labels(self.name, gpu).observe(event.value / 1e9)
 

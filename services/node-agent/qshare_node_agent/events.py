@@ -8,13 +8,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from nats.aio.client import Client
 
 from qshare.contracts import envelope, subjects
 from qshare.contracts.agent import GpuEvent
-from qshare_driver import Event, Node
+from qshare_driver import Event, EventKind, Node
+from qshare_driver.client import now_ns
 from qshare_node_agent import metrics
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,16 @@ class EventPump:
         self._task: asyncio.Task[None] | None = None
         self.published = 0
         self.listeners: list[Callable[[Event], None]] = []
+
+    def announce_cards(self, cards: Iterable[int]) -> None:
+        """Queue each card's present state as a busy or idle event (seq 0, value 0), ahead of
+        the ring's next events. An adopted segment's events from before the agent opened it
+        are skipped, so a card that went idle while no agent ran would otherwise never say so
+        (and the gangs suspended for it would stay suspended). Call before start()."""
+        for card in cards:
+            kind = EventKind.BUSY if self._node.card_stats(card).busy else EventKind.IDLE
+            found = Event(seq=0, time_ns=now_ns(), kind=kind, card=card, vgpu=None, pid=0, value=0)
+            self._queue.put_nowait(found)
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()

@@ -4,8 +4,9 @@ acts through the node agents. One instance acts on events; requests may reach an
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from nats.aio.client import Client
@@ -27,6 +28,11 @@ from qshare_preemptor.starvation import StarvationWatch
 
 log = logging.getLogger(__name__)
 SCOPE = "qshare.preemptor"
+RESUME_AGAIN_S = 1.0
+"""How often resumes that did not reach their node are sent again."""
+MAX_IN_FLIGHT = 32
+"""Messages of one kind (card events, usage reports, requests) handled at once; the rest wait
+in the subscription's bounded queue (NATS drops beyond it and says so), not as tasks."""
 
 
 class Preemptor(Service):
@@ -38,6 +44,8 @@ class Preemptor(Service):
         self.service: PreemptionService | None = None
         self.starvation: StarvationWatch | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._retrier: asyncio.Task[None] | None = None
+        self._slots = {kind: asyncio.Semaphore(MAX_IN_FLIGHT) for kind in _KINDS}
 
     async def start(self) -> None:
         s = self.settings
@@ -54,9 +62,14 @@ class Preemptor(Service):
         await self._nc.subscribe(subjects.NODE_USAGES, cb=self._on_usage)
         await bus.settled(self._nc)
         await self.service.reconcile()
+        self._retrier = asyncio.create_task(self._resume_again(self.service))
         log.info("preemptor %s serving", s.instance)
 
     async def stop(self) -> None:
+        if self._retrier is not None:
+            self._retrier.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._retrier
         if self._nc is not None:
             await bus.close(self._nc)
         for task in list(self._tasks):
@@ -65,9 +78,26 @@ class Preemptor(Service):
             await self._engine.dispose()
         await asyncio.to_thread(flush_tracing)
 
-    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(work)
+    async def _resume_again(self, service: PreemptionService) -> None:
+        while True:
+            await asyncio.sleep(RESUME_AGAIN_S)
+            try:
+                await service.resume_again()
+            except Exception:
+                log.exception("sending resumes again failed; next try in %.0f s", RESUME_AGAIN_S)
+
+    @property
+    def in_flight(self) -> int:
+        """Messages being handled now."""
+        return len(self._tasks)
+
+    async def _spawn(self, kind: str, work: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Run `work()` once fewer than MAX_IN_FLIGHT messages of `kind` are in hand."""
+        slots = self._slots[kind]
+        await slots.acquire()
+        task = asyncio.create_task(work())
         self._tasks.add(task)
+        task.add_done_callback(lambda _: slots.release())
         task.add_done_callback(self._finished)
 
     def _finished(self, task: asyncio.Task[None]) -> None:
@@ -78,16 +108,18 @@ class Preemptor(Service):
     async def _on_card(self, msg: Msg) -> None:
         assert self.service is not None
         node, gpu, kind = subjects.parse_gpu_event(msg.subject)
+        service = self.service
         with handling(SCOPE, msg.subject, msg.headers, SpanKind.CONSUMER):
             # the task copies the span's context: its commands to the nodes are its children
-            self._spawn(self.service.card_event(node, gpu, busy=kind == "busy"))
+            await self._spawn("card", lambda: service.card_event(node, gpu, busy=kind == "busy"))
 
     async def _on_usage(self, msg: Msg) -> None:
         assert self.starvation is not None
-        self._spawn(self.starvation.usage(msg.subject, msg.data))
+        starvation = self.starvation
+        await self._spawn("usage", lambda: starvation.usage(msg.subject, msg.data))
 
     async def _on_request(self, msg: Msg) -> None:
-        self._spawn(self._answer(msg))
+        await self._spawn("request", lambda: self._answer(msg))
 
     async def _answer(self, msg: Msg) -> None:
         with handling(SCOPE, msg.subject, msg.headers):
@@ -107,6 +139,9 @@ class Preemptor(Service):
             await rpc.reply_error(self._nc, msg, QshareError("internal error; see preemptor logs"))
             return
         await rpc.reply_ok(self._nc, msg, self.source, reply)
+
+
+_KINDS = ("card", "usage", "request")
 
 
 def _decode(msg: Msg) -> ClaimAction:

@@ -10,7 +10,7 @@ from sqlalchemy import ColumnElement, or_, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from qshare.contracts.domain import HOLDING_STATUSES, Priority
-from qshare.contracts.schema import claims, gpus, vgpus
+from qshare.contracts.schema import claims, gpus, nodes, vgpus
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,12 @@ async def card_owner(conn: AsyncConnection, gpu: str) -> str | None:
     """The node of card `gpu` in the inventory (None: no such card)."""
     query = select(gpus.c.node_name).where(gpus.c.uuid == gpu)
     return (await conn.execute(query)).scalar_one_or_none()
+
+
+async def existing_nodes(conn: AsyncConnection, names: list[str]) -> set[str]:
+    """Those of `names` that are nodes of the inventory."""
+    query = select(nodes.c.name).where(nodes.c.name.in_(names))
+    return set((await conn.execute(query)).scalars().all())
 
 
 async def vgpus_of_claim(conn: AsyncConnection, claim_id: uuid.UUID) -> list[Member]:

@@ -22,7 +22,13 @@ from qshare.contracts.agent import SuspendCommand, SuspendReply
 from qshare.contracts.errors import NotFound, QshareError
 from qshare.contracts.preemption import ClaimAction, ClaimActionReply, ClaimRef
 from qshare.db import in_transaction, read_once
-from qshare_preemptor.gangs import Member, card_owner, gang_of_card, vgpus_of_claim
+from qshare_preemptor.gangs import (
+    Member,
+    card_owner,
+    existing_nodes,
+    gang_of_card,
+    vgpus_of_claim,
+)
 from qshare_preemptor.records import close_records, open_claims, open_members, open_records
 
 log = logging.getLogger(__name__)
@@ -38,6 +44,8 @@ class PreemptionService:
         self._members: dict[uuid.UUID, set[Member]] = {}
         self._lock = asyncio.Lock()
         self._owners: dict[str, str] = {}
+        self._unresumed: dict[str, set[int]] = defaultdict(set)
+        """vGPUs by node whose resume did not reach the node (sent again until it does)."""
         self.card_events = 0
         """Busy and idle events handled so far (whatever they led to)."""
 
@@ -51,6 +59,18 @@ class PreemptionService:
             ids = sorted({m.claim_id for m in left})
             await in_transaction(self._engine, lambda c: close_records(c, ids, "gang"))
             await self._publish_claims(ids, "resumed")
+
+    async def resume_again(self) -> None:
+        """Send again the resumes that did not reach their node (an agent restarting, NATS
+        away), for nodes still in the inventory; a vGPU suspended since is left alone."""
+        async with self._lock:
+            pending = {node: sorted(ids) for node, ids in self._unresumed.items() if ids}
+            self._unresumed.clear()
+            if not pending:
+                return
+            known = await read_once(self._engine, lambda c: existing_nodes(c, list(pending)))
+            again = [self._command(n, pending[n], False, "resume sent again") for n in known]
+            await asyncio.gather(*again)  # under the lock: a busy card's suspension waits
 
     async def card_event(self, node: str, gpu: str, busy: bool) -> None:
         """A busy or idle event published under `node`'s name about `gpu`."""
@@ -134,11 +154,14 @@ class PreemptionService:
     async def _command(self, node: str, ids: list[int], suspend: bool, reason: str) -> SuspendReply:
         verb = "suspend" if suspend else "resume"
         command = SuspendCommand(local_ids=ids, reason=reason[:253])
+        self._unresumed[node].difference_update(ids)  # this command decides now
         try:
             return await rpc.call(self._nc, subjects.node_command(node, verb), self._source,
                                   command, SuspendReply, timeout=self._timeout_s)  # fmt: skip
         except QshareError as error:
             log.warning("node %s did not %s %s: %s", node, verb, ids, error.detail)
+            if not suspend:
+                self._unresumed[node].update(ids)
             return SuspendReply(done=[], missing=ids)
 
     async def _suspend(

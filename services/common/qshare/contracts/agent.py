@@ -82,7 +82,9 @@ class SuspendReply(BaseModel):
 
 class GpuEvent(BaseModel):
     """Body of `qshare.evt.gpu.<node>.<gpu>.<kind>`: one driver event (the ring's own unit:
-    a busy or idle episode, an attach, a death, an OOM, never one message per launch)."""
+    a busy or idle episode, an attach, a death, an OOM, never one message per launch).
+    A busy or idle with `seq` 0 and `value` 0 is the card's state as an agent found it when it
+    adopted the segment of its predecessor (what happened meanwhile was not recorded)."""
 
     node: str
     gpu: str
