@@ -164,6 +164,8 @@ class DraPlugin:
         response = _api_of(request).message("NodePrepareResourcesResponse")
         staged: dict[str, _Staged] = {}
         for claim in request.claims:
+            if claim.uid in response.claims:  # named twice: one answer per claim
+                continue
             answer = response.claims[claim.uid]
             try:
                 made = staged[claim.uid] = self._prepare(
