@@ -41,6 +41,11 @@ def _asked(container: dict[str, Any], name: str) -> str | None:
     return None if value is None else str(value)
 
 
+def uid(pod: dict[str, Any]) -> str:
+    """The pod's uid ("" when it has none)."""
+    return str(_field(pod, "metadata", "pod.metadata").get("uid") or "")
+
+
 def wants_qshare(pod: dict[str, Any]) -> bool:
     return any(_asked(c, VCORE) or _asked(c, VMEMORY) for c in _containers(pod))
 

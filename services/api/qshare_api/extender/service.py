@@ -9,9 +9,16 @@ import time
 from typing import Any
 
 from nats.aio.client import Client
+from pydantic import ValidationError
 
 from qshare.contracts import rpc, subjects
-from qshare.contracts.claims import ClaimView, CreateClaim, CreateClaimReply, DeleteClaim
+from qshare.contracts.claims import (
+    ClaimSpec,
+    ClaimView,
+    CreateClaim,
+    CreateClaimReply,
+    DeleteClaim,
+)
 from qshare.contracts.domain import ClaimStatus
 from qshare.contracts.errors import QshareError
 from qshare.contracts.placement import PlacementPreview, PreviewPlacement
@@ -52,11 +59,11 @@ class Extender:
         if not pods.wants_qshare(args.pod):
             return None
         names = args.candidate_names()
-        uid = str((args.pod.get("metadata") or {}).get("uid") or "")
+        uid = pods.uid(args.pod)
         if uid and (cached := self._cache.get(uid, names)) is not None:
             return cached
         spec = pods.claim_spec(args.pod, self.settings.vmemory_unit_mib)
-        request = PreviewPlacement(spec=spec, nodes=names)
+        request = _preview_request(spec, names)
         preview = await rpc.call(
             self._nc, subjects.PLACEMENT_PREVIEW, self._source, request, PlacementPreview,
             timeout=self._timeout,
@@ -126,6 +133,19 @@ class Extender:
             self._nc, subjects.CLAIMS_DELETE, self._source, command, ClaimView,
             timeout=self._timeout,
         )  # fmt: skip
+
+
+def _preview_request(spec: ClaimSpec, names: list[str]) -> PreviewPlacement:
+    """The allocator's preview request; more candidates than it takes is the scheduler's
+    request at fault, answered in `Error` rather than with a 500."""
+    try:
+        return PreviewPlacement(spec=spec, nodes=names)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        if err["type"] != "too_long":
+            raise
+        most = (err.get("ctx") or {}).get("max_length")
+        raise pods.PodError(f"at most {most} candidate nodes, got {len(names)}") from None
 
 
 def _tenant(namespace: str) -> str:

@@ -8,48 +8,69 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+@dataclass
+class _Batch:
+    """The callers one flush answers: `durable` waiters get its outcome, `settled` ones
+    only learn that it ended."""
+
+    loop: asyncio.AbstractEventLoop
+    durable: list[asyncio.Future[None]] = field(default_factory=list)
+    settled: list[asyncio.Future[None]] = field(default_factory=list)
 
 
 class GroupCommit:
-    """Use from an event loop's thread. A flush that fails raises in every caller it covered."""
+    """Use from an event loop's thread. A flush that fails raises in every caller it covered.
+    Each caller waits on a future of its own: one that is cancelled (a kubelet call that
+    reached its deadline) leaves the flush, and the others waiting for it, alone."""
 
     def __init__(self, flush: Callable[[], None]) -> None:
         self._flush = flush
-        self._pending: asyncio.Future[None] | None = None
+        self._pending: _Batch | None = None
         self.flushes = 0
 
     def durable(self) -> asyncio.Future[None]:
         """Done once a flush that began after this call has finished."""
         loop = asyncio.get_running_loop()
-        pending = self._pending
-        if pending is None or pending.get_loop() is not loop:  # or left by a stopped loop
-            pending = self._pending = loop.create_future()
-            loop.call_soon(self._run, pending)
-        return pending
+        batch = self._pending
+        if batch is None or batch.loop is not loop:  # or left by a stopped loop
+            batch = self._pending = _Batch(loop)
+            loop.call_soon(self._run, batch)
+        waiter: asyncio.Future[None] = loop.create_future()
+        batch.durable.append(waiter)
+        return waiter
 
     def settled(self) -> asyncio.Future[None]:
         """Done once the flush now pending (if any) has finished, whatever its outcome."""
         loop = asyncio.get_running_loop()
         done: asyncio.Future[None] = loop.create_future()
-        pending = self._pending
-        if pending is None or pending.get_loop() is not loop:
+        batch = self._pending
+        if batch is None or batch.loop is not loop:
             done.set_result(None)
         else:
-            pending.add_done_callback(lambda _: _finish(done))
+            batch.settled.append(done)
         return done
 
-    def _run(self, batch: asyncio.Future[None]) -> None:
+    def _run(self, batch: _Batch) -> None:
         if self._pending is batch:
             self._pending = None
         self.flushes += 1
         try:
             self._flush()
         except Exception as exc:
-            batch.set_exception(exc)
-            return
-        batch.set_result(None)
+            _answer(batch.durable, exc)
+        else:
+            _answer(batch.durable, None)
+        _answer(batch.settled, None)
 
 
-def _finish(done: asyncio.Future[None]) -> None:
-    if not done.done():
-        done.set_result(None)
+def _answer(waiters: list[asyncio.Future[None]], failure: Exception | None) -> None:
+    for waiter in waiters:
+        if waiter.done():  # its caller gave up
+            continue
+        if failure is None:
+            waiter.set_result(None)
+        else:
+            waiter.set_exception(failure)
