@@ -118,3 +118,24 @@ def test_a_claim_whose_save_fails_is_refused_and_leaves_nothing(
     assert backend._node.list_vgpus() == []
     assert not dra.cdi.path(f"claim_{claim[2]}").exists()
     assert checkpoint.load(backend.checkpoint, backend._node.name) == []
+
+
+def test_an_unprepare_whose_save_failed_is_saved_when_the_kubelet_retries_it(
+    dra: DraPlugin,
+    kubelet: KubeletDouble,
+    settings: KubernetesSettings,
+    apiserver: ApiServerDouble,
+    backend: LocalVgpus,
+) -> None:
+    """The retry finds nothing left to release, yet answers OK only once the checkpoint no
+    longer names the claim: a restarted agent would otherwise bring its vGPU back."""
+    claim = store_claim(apiserver, resource_claim("leaving"))
+    assert kubelet.prepare(settings.dra_socket, [claim]).claims[claim[2]].error == ""
+    blocker = backend.checkpoint.with_suffix(".tmp")
+    blocker.mkdir()  # the save's temporary file cannot be made
+    assert (
+        "Is a directory" in kubelet.unprepare(settings.dra_socket, [claim]).claims[claim[2]].error
+    )
+    blocker.rmdir()
+    assert kubelet.unprepare(settings.dra_socket, [claim]).claims[claim[2]].error == ""
+    assert checkpoint.load(backend.checkpoint, backend._node.name) == []

@@ -366,3 +366,12 @@ def test_a_socket_that_cannot_be_served_again_at_once_is_retried_until_it_can(
     wait_for(settings.dra_socket.exists)
     reply = kubelet.unprepare(settings.dra_socket, [("default", "none", "uid-x")])
     assert reply.claims["uid-x"].error == ""
+
+
+def test_a_claim_named_twice_in_one_request_is_answered_once(
+    dra: DraPlugin, kubelet: KubeletDouble, settings: KubernetesSettings, apiserver: ApiServerDouble
+) -> None:
+    claim = store_claim(apiserver, resource_claim("twice"))
+    reply = kubelet.prepare(settings.dra_socket, [claim, claim])
+    assert reply.claims[claim[2]].error == ""
+    assert [d.device_name for d in reply.claims[claim[2]].devices] == ["gpu-0"]

@@ -4,6 +4,7 @@ every kustomization names files that exist, and the RBAC stays least-privilege."
 from __future__ import annotations
 
 import importlib
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -161,3 +162,16 @@ def test_the_node_agent_serves_the_kubelet_plugins_as_its_kubernetes_node(
     assert settings.kubernetes is True
     assert settings.name == NODE_NAME
     assert env["QSHARE_K8S_NODE_NAME"] == NODE_NAME
+
+
+def test_the_extender_takes_the_schedulers_request_for_five_thousand_nodes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With nodeCacheCapable the scheduler sends every candidate's name in one request; the
+    API's default body limit (64 KiB) would refuse every pod past ~2,000 nodes of 30-odd
+    characters (a GKE-style name), and the extender is not ignorable."""
+    settings, _ = service_settings(monkeypatch, "qshare-extender", "extender")
+    names = [f"gke-prod-a100-pool-{n:08x}-{n % 9999:04d}" for n in range(5000)]
+    pod = {"metadata": {"name": "p", "namespace": "n", "uid": "u" * 36}, "spec": {}}
+    body = json.dumps({"Pod": pod | {"pad": "x" * 8192}, "NodeNames": names})
+    assert len(body) <= settings.max_body_bytes

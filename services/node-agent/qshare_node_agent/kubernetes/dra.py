@@ -164,6 +164,8 @@ class DraPlugin:
         response = _api_of(request).message("NodePrepareResourcesResponse")
         staged: dict[str, _Staged] = {}
         for claim in request.claims:
+            if claim.uid in response.claims:  # named twice: one answer per claim
+                continue
             answer = response.claims[claim.uid]
             try:
                 made = staged[claim.uid] = self._prepare(
@@ -254,10 +256,13 @@ class DraPlugin:
             raise
 
     def unprepare_claim(self, uid: str) -> None:
+        """Release the claim's vGPUs; done once the checkpoint no longer names them (a
+        retry after a failed save, with nothing left to release, still saves)."""
         self.claims.forget(uid)
         prefix = f"dra/{uid}/"
         for key in [k for k in self.backend.prepared() if k.startswith(prefix)]:
             self.backend.release(key)
+        self.backend.save()  # no write when nothing changed since the last save
         self.cdi.remove(_owner(uid))
 
     def prepared_claims(self) -> set[str]:
