@@ -32,7 +32,7 @@ from qshare.contracts.placement import PreviewPlacement
 from qshare.contracts.streams import ensure_events_stream
 from qshare.contracts.tracing import flush_tracing, setup_tracing
 from qshare.contracts.usage import MoveClaim, MoveReply
-from qshare.service import Service
+from qshare.service import Service, cancelled
 from qshare_allocator import metrics
 from qshare_allocator.claims.service import ClaimService, PendingCursor
 from qshare_allocator.db import in_transaction, make_engine
@@ -121,9 +121,7 @@ class Allocator(Service):
             with contextlib.suppress(TimeoutError):  # a handler stuck on a dead server
                 await asyncio.wait_for(self._router.drain(), STOP_DRAIN_S)
         for task in self._background:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancelled(task)
         if self._dispatcher is not None:
             await self._dispatcher.stop()
         if self._engine is not None:

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import signal
 from typing import Self
+
+log = logging.getLogger(__name__)
+CANCEL_AGAIN_S = 0.5
 
 
 class Service:
@@ -33,6 +37,18 @@ class Service:
         async with self:
             settle_heap()
             await stop.wait()
+
+
+async def cancelled(task: asyncio.Task[None]) -> None:
+    """Cancel `task` until it ends; an error it ended with is logged, not raised (a service
+    stopping goes on stopping). Once is not always enough on Python 3.11: a cancellation
+    that arrives together with a NATS request's reply is lost inside `asyncio.wait_for`, and
+    a loop that retries every failure would then run on and its stop wait for good."""
+    while not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=CANCEL_AGAIN_S)
+    if not task.cancelled() and (error := task.exception()) is not None:
+        log.warning("task %s ended with %r", task.get_name(), error)
 
 
 def settle_heap() -> None:

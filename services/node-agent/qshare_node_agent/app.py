@@ -24,7 +24,7 @@ from qshare.contracts.errors import InvalidInput, QshareError
 from qshare.contracts.nodes import GpuSpec, Heartbeat, NodeRegistration, NodeView
 from qshare.contracts.tracing import flush_tracing, handling, setup_tracing
 from qshare.natsauth import ServiceRole
-from qshare.service import Service
+from qshare.service import Service, cancelled
 from qshare_driver import Event, EventKind, Node
 from qshare_node_agent import metrics
 from qshare_node_agent.commands import Commands
@@ -38,7 +38,6 @@ from qshare_node_agent.usage import UsageReader, report
 log = logging.getLogger(__name__)
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 BACKOFF_MAX_S = 10.0
-CANCEL_AGAIN_S = 0.5
 
 
 class NodeAgent(Service):
@@ -103,7 +102,7 @@ class NodeAgent(Service):
 
     async def stop(self) -> None:
         for task in self._tasks:
-            await _cancelled(task)
+            await cancelled(task)
         if self._plugins is not None:
             await asyncio.to_thread(self._plugins.stop)
         if self._pump is not None:
@@ -227,17 +226,6 @@ class NodeAgent(Service):
         for card in self.cards:
             episodes.add_metric([self.name, card.uuid], self._node.card_stats(card.index).episodes)
         yield from (used, limit, device, episodes)
-
-
-async def _cancelled(task: asyncio.Task[None]) -> None:
-    """Cancel `task` until it ends. Once is not always enough on Python 3.11: a cancellation
-    that arrives as a NATS request's reply does is lost inside `asyncio.wait_for`, and a loop
-    that retries every failure (registration) would then run on, and stop() wait for good."""
-    while not task.done():
-        task.cancel()
-        await asyncio.wait({task}, timeout=CANCEL_AGAIN_S)
-    if not task.cancelled() and (error := task.exception()) is not None:
-        log.warning("node agent task ended with %r", error)
 
 
 def _decode(msg: Msg, model: type) -> object:

@@ -4,7 +4,6 @@ acts through the node agents. One instance acts on events; requests may reach an
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -21,7 +20,7 @@ from qshare.contracts.errors import InvalidInput, QshareError
 from qshare.contracts.preemption import ClaimAction
 from qshare.contracts.tracing import flush_tracing, handling, setup_tracing
 from qshare.natsauth import ServiceRole
-from qshare.service import Service
+from qshare.service import Service, cancelled
 from qshare_preemptor.service import PreemptionService
 from qshare_preemptor.settings import PreemptorSettings
 from qshare_preemptor.starvation import StarvationWatch
@@ -67,9 +66,7 @@ class Preemptor(Service):
 
     async def stop(self) -> None:
         if self._retrier is not None:
-            self._retrier.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._retrier
+            await cancelled(self._retrier)
         if self._nc is not None:
             await bus.close(self._nc)
         for task in list(self._tasks):

@@ -11,7 +11,6 @@ process staying up. Applies are idempotent, so a node answering two replicas is 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from datetime import timedelta
@@ -28,6 +27,7 @@ from qshare.contracts.errors import QshareError
 from qshare.contracts.rows import node_is_ready
 from qshare.contracts.schema import claims, nodes
 from qshare.db import read_once
+from qshare.service import cancelled
 from qshare_allocator.claims.transitions import release
 from qshare_allocator.db import in_transaction
 from qshare_allocator.nodes.confirm import Confirmations
@@ -83,9 +83,7 @@ class Dispatcher:
 
     async def stop(self) -> None:
         for task in list(self._tasks):
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancelled(task)
 
     def registered(self, node: str) -> None:
         """`node` registered (again), perhaps now with an agent: send it its desired state."""

@@ -1,12 +1,13 @@
-"""Stopping a node agent ends its background tasks even when a cancellation is lost (Python
-3.11's `asyncio.wait_for` drops one that arrives together with the awaited reply, as a NATS
+"""Stopping a service (node agent, allocator, preemptor) ends its background tasks through
+`qshare.service.cancelled`, even when a cancellation is lost (Python 3.11's
+`asyncio.wait_for` drops one that arrives together with the awaited reply, as a NATS
 request's can), so `stop()` never waits for good on a retry loop."""
 
 from __future__ import annotations
 
 import asyncio
 
-from qshare_node_agent.app import _cancelled
+from qshare.service import cancelled
 
 
 async def test_a_task_that_loses_one_cancellation_is_cancelled_again_until_it_ends() -> None:
@@ -24,7 +25,7 @@ async def test_a_task_that_loses_one_cancellation_is_cancelled_again_until_it_en
 
     task = asyncio.create_task(retry_loop())
     await asyncio.sleep(0)
-    await asyncio.wait_for(_cancelled(task), 10)
+    await asyncio.wait_for(cancelled(task), 10)
     assert task.cancelled() and lost == 1
 
 
@@ -34,5 +35,5 @@ async def test_a_task_that_failed_before_stop_is_reported_not_raised() -> None:
 
     task = asyncio.create_task(failed())
     await asyncio.sleep(0)
-    await _cancelled(task)
+    await cancelled(task)
     assert isinstance(task.exception(), ValueError)
