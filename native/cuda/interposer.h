@@ -179,6 +179,9 @@ uint64_t qsc_ctx_epoch(void);
 /* First call of every thread the interposer starts (it waits on events): another thread's
  * graph capture neither forbids those waits nor is invalidated by them. */
 void qsc_thread_ignores_captures(void);
+/* Set the calling thread's capture mode (cuThreadExchangeStreamCaptureMode) and return the
+ * one it had; with no such driver call, nothing changes and `mode` is returned. */
+CUstreamCaptureMode qsc_capture_mode(CUstreamCaptureMode mode);
 /* Print a message prefixed by "qshare:" once per distinct `key`. */
 void qsc_warn_once(int key, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 enum {

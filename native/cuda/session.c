@@ -56,11 +56,13 @@ int qsc_start_thread(void *(*main)(void *), const char *what) {
  * invalidate that capture, so the program's capture would fail because of the interposer's
  * completion threads. Thread-local mode leaves other threads' captures out of it (as CUDA
  * libraries do for their own watchdog threads); these threads never capture. */
-void qsc_thread_ignores_captures(void) {
+void qsc_thread_ignores_captures(void) { qsc_capture_mode(CU_STREAM_CAPTURE_MODE_THREAD_LOCAL); }
+
+CUstreamCaptureMode qsc_capture_mode(CUstreamCaptureMode mode) {
     typedef CUresult (*exchange_fn)(CUstreamCaptureMode *);
     exchange_fn exchange = QSC_REAL(exchange_fn, cuThreadExchangeStreamCaptureMode);
-    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
     if (exchange != NULL) exchange(&mode);
+    return mode;
 }
 
 CUresult qsc_cu_status(int status) {

@@ -103,12 +103,9 @@ static CUresult prepare_events(events *ev, CUcontext ctx, int timed) {
  * another thread's in global mode) forbids it and is invalidated by it; the thread's mode is
  * restored after. */
 static CUresult check_event(qsc_event_fn check, CUevent ev) {
-    typedef CUresult (*exchange_fn)(CUstreamCaptureMode *);
-    exchange_fn exchange = QSC_REAL(exchange_fn, cuThreadExchangeStreamCaptureMode);
-    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
-    if (exchange != NULL) exchange(&mode);
+    CUstreamCaptureMode was = qsc_capture_mode(CU_STREAM_CAPTURE_MODE_RELAXED);
     CUresult rc = check(ev);
-    if (exchange != NULL) exchange(&mode);
+    qsc_capture_mode(was);
     return rc;
 }
 

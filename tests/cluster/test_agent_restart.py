@@ -28,6 +28,13 @@ def settings(bus_url: str, shm_dir: Path) -> NodeAgentSettings:
     )  # fmt: skip
 
 
+async def stop_removing_segments(*agents: NodeAgent | None) -> None:
+    for agent in agents:
+        if agent is not None:
+            agent.settings.keep_segment_on_stop = False
+            await agent.stop()
+
+
 def suspended(agent: NodeAgent, local_id: int) -> bool:
     return agent.node.vgpu_stats(local_id).suspended
 
@@ -61,10 +68,7 @@ async def test_a_gang_suspended_before_a_restart_resumes_when_its_card_went_idle
         client.detach()
         low.detach()
     finally:
-        for agent in (first, second):
-            if agent is not None:
-                agent.settings.keep_segment_on_stop = False
-                await agent.stop()
+        await stop_removing_segments(first, second)
 
 
 async def _holds(check: Callable[[], bool]) -> bool:
@@ -95,7 +99,4 @@ async def test_a_resume_the_node_missed_while_restarting_is_sent_again(
         agent = second
         await eventually(lambda: _holds(lambda: not suspended(agent, other["local_id"])), 10)
     finally:
-        for agent in (first, second):
-            if agent is not None:
-                agent.settings.keep_segment_on_stop = False
-                await agent.stop()
+        await stop_removing_segments(first, second)

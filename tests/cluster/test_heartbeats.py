@@ -42,22 +42,25 @@ async def beating(
 async def test_a_card_health_that_cannot_be_read_is_reported_unhealthy(
     beating: tuple[NodeAgent, Path, Beats],
 ) -> None:
-    agent, health, beats = beating
-    health.write_bytes(b"\xff\xfe not text")
-    every = sorted(c.uuid for c in agent.cards)
-    await eventually(lambda: _holds(every in [sorted(b) for b in beats]), 10)
+    await _every_card_reported_once_health_is_unreadable(*beating)
 
 
 async def test_heartbeats_report_health_again_once_it_can_be_read(
     beating: tuple[NodeAgent, Path, Beats],
 ) -> None:
-    agent, health, beats = beating
-    health.write_bytes(b"\xff\xfe not text")
-    every = sorted(c.uuid for c in agent.cards)
-    await eventually(lambda: _holds(every in [sorted(b) for b in beats]), 10)
+    _agent, health, beats = beating
+    await _every_card_reported_once_health_is_unreadable(*beating)
     health.write_text("")
     seen = len(beats)
     await eventually(lambda: _holds([] in beats[seen:]), 10)
+
+
+async def _every_card_reported_once_health_is_unreadable(
+    agent: NodeAgent, health: Path, beats: Beats
+) -> None:
+    health.write_bytes(b"\xff\xfe not text")
+    every = sorted(c.uuid for c in agent.cards)
+    await eventually(lambda: _holds(every in [sorted(b) for b in beats]), 10)
 
 
 async def _holds(value: bool) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -44,13 +45,15 @@ class OtlpReceiver:
         self._server.shutdown()
         self._server.server_close()
 
-    def wait_for(self, predicate: object, within_s: float = 20.0) -> list[ReceivedSpan]:
+    def wait_for(
+        self, predicate: Callable[[list[ReceivedSpan]], bool], within_s: float = 20.0
+    ) -> list[ReceivedSpan]:
         """The spans once `predicate(spans)` holds; the spans so far when it never does."""
         deadline = time.monotonic() + within_s
         while True:
             with self._lock:
                 spans = list(self.spans)
-            if (callable(predicate) and predicate(spans)) or time.monotonic() > deadline:
+            if predicate(spans) or time.monotonic() > deadline:
                 return spans
             time.sleep(0.1)
 

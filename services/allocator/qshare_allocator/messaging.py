@@ -14,8 +14,6 @@ from typing import Any
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import MaxPayloadError
-from opentelemetry import trace
-from opentelemetry.trace import SpanKind
 from pydantic import BaseModel, ValidationError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -27,13 +25,12 @@ from qshare.contracts.errors import (
     QshareError,
     Unavailable,
 )
-from qshare.contracts.tracing import extract_context
+from qshare.contracts.tracing import handling
 from qshare.outages import is_outage
 from qshare_allocator import metrics
 from qshare_allocator.db import in_transaction
 
 log = logging.getLogger(__name__)
-tracer = trace.get_tracer("qshare.allocator")
 
 Work = Callable[[AsyncConnection, Any, Msg], Awaitable[BaseModel | None]]
 
@@ -82,8 +79,7 @@ class Router:
 
     async def _handle(self, route: Route, msg: Msg) -> None:
         started = time.perf_counter()
-        parent = extract_context(msg.headers)
-        with tracer.start_as_current_span(route.subject, parent, SpanKind.SERVER) as span:
+        with handling("qshare.allocator", route.subject, msg.headers) as span:
             outcome = await self._outcome(route, msg)
             span.set_attribute("qshare.outcome", outcome)
         self.handled += 1

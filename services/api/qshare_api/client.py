@@ -38,12 +38,7 @@ class Client:
         headers = {"Idempotency-Key": key}
         try:
             return self._call("POST", path, json=body, headers=headers)
-        except (
-            httpx.ConnectError,
-            httpx.ReadError,
-            httpx.RemoteProtocolError,
-            httpx.TimeoutException,
-        ):
+        except LOST:
             return self._call("POST", path, json=body, headers=headers)
 
     def put(self, path: str, body: dict[str, Any]) -> Any:
