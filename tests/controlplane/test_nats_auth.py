@@ -49,7 +49,13 @@ async def connect_as(bus_url: str, nats_server: EmbeddedNats | None) -> AsyncIte
 @pytest.fixture
 async def node_n1(nats_auth: NatsAuth, nats_server: EmbeddedNats | None) -> NatsCredentials:
     """The identity of node n1, added to the running server's configuration."""
-    credentials = nats_auth.add_node("n1")
+    return await _node_identity(nats_auth, nats_server, "n1")
+
+
+async def _node_identity(
+    nats_auth: NatsAuth, nats_server: EmbeddedNats | None, node: str
+) -> NatsCredentials:
+    credentials = nats_auth.add_node(node)
     if nats_server is not None:
         await nats_server.reload(nats_auth.server_config())
     return credentials
@@ -117,6 +123,28 @@ async def test_a_node_registers_itself_on_its_own_subject(
     reply = await node.request(subjects.node_register("n1"), wrapped, timeout=5)
     assert envelope.decode(reply.data).data["name"] == "n1"  # type: ignore[index]
     assert errors == []
+
+
+async def test_a_dotted_node_registers_itself_on_its_own_subject(
+    connect_as: Connect, nats_auth: NatsAuth, nats_server: EmbeddedNats | None
+) -> None:
+    credentials = await _node_identity(nats_auth, nats_server, "n1.rack-2.example")
+    node, errors = await connect_as(credentials)
+    gpus = [{"uuid": "n1r2-g0", "index": 0, "model": "A", "memory": 4096}]
+    body = {"name": "n1.rack-2.example", "gpus": gpus}
+    wrapped = envelope.encode(envelope.Envelope(source="n1", type="t", data=body))
+    reply = await node.request(subjects.node_register("n1.rack-2.example"), wrapped, timeout=5)
+    assert envelope.decode(reply.data).data["name"] == "n1.rack-2.example"  # type: ignore[index]
+    assert errors == []
+
+
+async def test_a_node_cannot_read_the_replies_of_a_node_whose_name_extends_its_own(
+    connect_as: Connect, node_n1: NatsCredentials
+) -> None:
+    node, errors = await connect_as(node_n1)
+    await node.subscribe(inbox_prefix("node-n1.rack-2") + ".>")
+    await bus.settled(node)
+    await _refused(errors, "subscription")
 
 
 async def test_a_node_cannot_register_under_another_nodes_name(

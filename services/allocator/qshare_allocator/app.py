@@ -185,7 +185,7 @@ class Allocator(Service):
         self, conn: AsyncConnection, registration: NodeRegistration, msg: Msg
     ) -> BaseModel:
         """A node agent's registration on its own subject: the name must be the subject's."""
-        subject_node = msg.subject.split(".")[2]
+        subject_node = subjects.node_of(msg.subject)
         if registration.name != subject_node:
             raise InvalidInput.on(
                 "name", f"a registration on {msg.subject} must name node {subject_node}"
@@ -195,9 +195,7 @@ class Allocator(Service):
     async def _heartbeat(
         self, conn: AsyncConnection, beat: Heartbeat, msg: Msg
     ) -> BaseModel | None:
-        freed = await self.inventory.heartbeat(
-            conn, subjects.node_from_heartbeat(msg.subject), beat
-        )
+        freed = await self.inventory.heartbeat(conn, subjects.node_of(msg.subject), beat)
         return _Freed(freed=freed)
 
     def _after_write(self, result: Any) -> None:

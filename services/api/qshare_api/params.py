@@ -6,13 +6,14 @@ from typing import Annotated
 
 from fastapi import Path, Query
 
-from qshare.contracts.nodes import NODE_NAME_PATTERN
+from qshare.contracts.nodes import NODE_NAME_MAX, NODE_NAME_PATTERN
 
 NO_NUL = r"^[^\x00]*$"
 """Postgres cannot store or compare a NUL character; refuse it at the edge."""
 
 NodeFilter = Annotated[
-    str | None, Query(min_length=1, max_length=63, pattern=NODE_NAME_PATTERN, description="node")
+    str | None,
+    Query(min_length=1, max_length=NODE_NAME_MAX, pattern=NODE_NAME_PATTERN, description="node"),
 ]
 TenantFilter = Annotated[
     str | None, Query(min_length=1, max_length=128, pattern=NO_NUL, description="admins only")
@@ -21,5 +22,5 @@ CursorParam = Annotated[
     str | None,
     Query(min_length=1, max_length=512, pattern=r"^[A-Za-z0-9_=-]+$", description="next_cursor"),
 ]
-NodeName = Annotated[str, Path(min_length=1, max_length=63, pattern=NODE_NAME_PATTERN)]
+NodeName = Annotated[str, Path(min_length=1, max_length=NODE_NAME_MAX, pattern=NODE_NAME_PATTERN)]
 CardUuid = Annotated[str, Path(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_-]+$")]

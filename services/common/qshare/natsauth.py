@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import secrets
 from dataclasses import dataclass
 from enum import StrEnum
@@ -22,6 +23,7 @@ from pathlib import Path
 from pydantic import SecretStr
 
 from qshare.contracts import subjects
+from qshare.contracts.nodes import NODE_NAME_MAX, NODE_NAME_PATTERN
 
 SECRETS_DIR_ENV = "QSHARE_NATS_SECRETS_DIR"
 """Where `nats_credentials` looks for `<user>.password` files when no directory is given."""
@@ -63,9 +65,9 @@ class ServerTls:
 
 
 def user_name(role: ServiceRole, node: str | None = None) -> str:
-    """`allocator`, `api`, …; `node-<node>` for a node agent (node names are subject tokens)."""
+    """`allocator`, `api`, …; `node-<node>` for a node agent."""
     if role is ServiceRole.NODE:
-        if not node or not node.replace("-", "").replace("_", "").isalnum():
+        if not node or len(node) > NODE_NAME_MAX or not re.match(NODE_NAME_PATTERN, node):
             raise ValueError(f"a node identity needs a node name, not {node!r}")
         return f"node-{node}"
     if node is not None:
@@ -74,8 +76,9 @@ def user_name(role: ServiceRole, node: str | None = None) -> str:
 
 
 def inbox_prefix(user: str) -> str:
-    """Replies to `user` arrive under this prefix, readable by `user` alone."""
-    return f"_INBOX.{user}"
+    """Replies to `user` arrive under this prefix, readable by `user` alone (one token: a
+    dotted node's `node-a.b` is `_INBOX.node-a~b`, not a prefix of node `a`'s inboxes)."""
+    return f"_INBOX.{subjects.node_token(user)}"
 
 
 def permissions(role: ServiceRole, node: str | None = None) -> dict[str, object]:

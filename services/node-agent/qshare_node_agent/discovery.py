@@ -41,7 +41,12 @@ def simulated_cards(node: str, spec: str) -> list[Card]:
         raise DiscoveryError(f"bad --simulate {spec!r}: expected N[:MEM]")
     memory = parse_mib(match["memory"] or DEFAULT_SIM_MEMORY)
     return [
-        Card(index=i, uuid=f"SIM-{node}-{i}", model="qshare-simulated", memory_mib=memory)
+        Card(
+            index=i,
+            uuid=f"SIM-{node.replace('.', '-')}-{i}",
+            model="qshare-simulated",
+            memory_mib=memory,
+        )
         for i in range(int(match["cards"]))
     ]
 

@@ -10,7 +10,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from qshare.bus import BusIdentity
 from qshare.contracts.domain import CardPolicy
-from qshare.contracts.nodes import default_node_name
+from qshare.contracts.nodes import NODE_NAME_MAX, NODE_NAME_PATTERN, default_node_name
 from qshare.contracts.quantities import parse_mib
 
 SIMULATE_FORMAT = re.compile(r"^(?P<cards>[0-9]{1,2})(:(?P<memory>[0-9]+(Ki|Mi|Gi|Ti)?))?$")
@@ -23,9 +23,10 @@ class NodeAgentSettings(BaseSettings, BusIdentity):
     name: str = Field(
         default_factory=default_node_name,
         min_length=1,
-        max_length=63,
-        pattern=r"^[A-Za-z0-9]([-A-Za-z0-9_]*[A-Za-z0-9])?$",
-        description="node name (a NATS subject token)",
+        max_length=NODE_NAME_MAX,
+        pattern=NODE_NAME_PATTERN,
+        description="node name: labels of letters, digits, '-' and '_' joined by dots "
+        "(a Kubernetes node name fits)",
     )
     simulate: str | None = Field(
         None, description="N[:MEM]: N simulated cards of MEM each (default 16Gi) instead of NVML"

@@ -206,7 +206,7 @@ class StarvationWatch:
 
 
 def _decode(subject: str, raw: bytes) -> NodeUsage:
-    node = subjects.node_from_usage(subject)
+    node = subjects.node_of(subject)
     try:
         report = envelope.decode(raw).payload(NodeUsage)
     except ValidationError as exc:

@@ -15,9 +15,12 @@ from qshare.contracts.domain import NodeStatus
 
 MAX_CARDS = 64
 """Cards one node may report; a heartbeat lists at most this many unhealthy ones."""
-NODE_NAME_PATTERN = r"^[A-Za-z0-9]([-A-Za-z0-9_]*[A-Za-z0-9])?$"
-NodeName = Annotated[str, Field(min_length=1, max_length=63, pattern=NODE_NAME_PATTERN)]
-"""A NATS subject token, so no dots: `qshare.node.<node>.heartbeat`."""
+_LABEL = r"[A-Za-z0-9]([-A-Za-z0-9_]*[A-Za-z0-9])?"
+NODE_NAME_PATTERN = rf"^{_LABEL}(\.{_LABEL})*$"
+NODE_NAME_MAX = 253
+NodeName = Annotated[str, Field(min_length=1, max_length=NODE_NAME_MAX, pattern=NODE_NAME_PATTERN)]
+"""Labels of letters, digits, `-` and `_` joined by dots: a Kubernetes node name (a DNS
+subdomain, e.g. `ip-10-0-0-1.ec2.internal`) fits. In subjects each dot is written `~`."""
 
 
 def default_node_name() -> str:

@@ -1,4 +1,8 @@
-"""NATS subjects, queue groups and the JetStream stream that carries events."""
+"""NATS subjects, queue groups and the JetStream stream that carries events.
+
+A node name may hold dots (Kubernetes node names are DNS subdomains, e.g. EKS's
+`ip-10-0-0-1.ec2.internal`); in a subject it is one token, with each dot written `~`
+(`qshare.node.ip-10-0-0-1~ec2~internal.heartbeat`). Node names never hold `~`."""
 
 from __future__ import annotations
 
@@ -34,26 +38,36 @@ NODE_REGISTRATIONS: Final = "qshare.node.*.register"
 else, so it cannot register under another node's name (the allocator checks the name)."""
 
 
+def node_token(node: str) -> str:
+    """`node` as one subject token: each dot written `~` (`*` stays a wildcard)."""
+    return node.replace(".", "~")
+
+
+def node_from_token(token: str) -> str:
+    """The node name a subject token stands for (the inverse of `node_token`)."""
+    return token.replace("~", ".")
+
+
 def node_register(node: str) -> str:
-    return f"qshare.node.{node}.register"
+    return f"qshare.node.{node_token(node)}.register"
+
+
+def node_of(subject: str) -> str:
+    """The node name in `qshare.node.<node>.…` (register, heartbeat, usage, cmd)."""
+    return node_from_token(subject.split(".")[2])
 
 
 def heartbeat(node: str) -> str:
-    return f"qshare.node.{node}.heartbeat"
+    return f"qshare.node.{node_token(node)}.heartbeat"
 
 
 def usage(node: str) -> str:
-    return f"qshare.node.{node}.usage"
-
-
-def node_from_usage(subject: str) -> str:
-    """The node name in `qshare.node.<node>.usage`."""
-    return subject.split(".")[2]
+    return f"qshare.node.{node_token(node)}.usage"
 
 
 def node_command(node: str, verb: str) -> str:
     """`verb` is one of apply, release, suspend, resume, policy."""
-    return f"qshare.node.{node}.cmd.{verb}"
+    return f"qshare.node.{node_token(node)}.cmd.{verb}"
 
 
 def claim_event(claim_id: str, kind: str) -> str:
@@ -64,20 +78,15 @@ def claim_event(claim_id: str, kind: str) -> str:
 
 def gpu_event(node: str, gpu: str, kind: str) -> str:
     """`kind` is one of busy, idle, suspended, resumed, oom, attach, detach, client_died."""
-    return f"qshare.evt.gpu.{node}.{gpu}.{kind}"
-
-
-def node_from_heartbeat(subject: str) -> str:
-    """The node name in `qshare.node.<node>.heartbeat`."""
-    return subject.split(".")[2]
+    return f"qshare.evt.gpu.{node_token(node)}.{gpu}.{kind}"
 
 
 def node_commands(node: str) -> str:
     """Wildcard a node agent subscribes to: every command for its node."""
-    return f"qshare.node.{node}.cmd.*"
+    return f"qshare.node.{node_token(node)}.cmd.*"
 
 
 def parse_gpu_event(subject: str) -> tuple[str, str, str]:
     """(node, gpu, kind) of `qshare.evt.gpu.<node>.<gpu>.<kind>`."""
     parts = subject.split(".")
-    return parts[3], parts[4], parts[5]
+    return node_from_token(parts[3]), parts[4], parts[5]
