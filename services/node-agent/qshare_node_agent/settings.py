@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+import logging
+import os
 import re
 from pathlib import Path
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from qshare.bus import BusIdentity
+from qshare.contracts.agent import LOCAL_ID_LIMIT
 from qshare.contracts.domain import CardPolicy
 from qshare.contracts.nodes import NODE_NAME_MAX, NODE_NAME_PATTERN, default_node_name
 from qshare.contracts.quantities import parse_mib
+
+log = logging.getLogger(__name__)
+
+SOCKET_PATH_MAX = 107
+"""Bytes of a unix socket path (sun_path holds 108 with its NUL)."""
 
 SIMULATE_FORMAT = re.compile(r"^(?P<cards>[0-9]{1,2})(:(?P<memory>[0-9]+(Ki|Mi|Gi|Ti)?))?$")
 DEFAULT_SIM_MEMORY = "16Gi"
@@ -76,3 +84,28 @@ class NodeAgentSettings(BaseSettings, BusIdentity):
     @property
     def segment_name(self) -> str:
         return self.segment or f"qshare-{self.name}"[:47]
+
+    @model_validator(mode="after")
+    def _vgpu_sockets_fit(self) -> NodeAgentSettings:
+        """vGPU socket paths must fit a unix socket address: refuse to start when not even
+        vGPU 1's does (every apply would be refused), warn when the largest ids' do not."""
+        if _path_bytes(self.vgpu_socket_path(1)) > SOCKET_PATH_MAX:
+            raise ValueError(
+                f"vGPU socket paths such as {self.vgpu_socket_path(1)} are over the "
+                f"{SOCKET_PATH_MAX} bytes a unix socket allows: set a shorter "
+                "QSHARE_NODE_SHM_DIR or QSHARE_NODE_SEGMENT"
+            )
+        largest = self.vgpu_socket_path(LOCAL_ID_LIMIT - 1)
+        if _path_bytes(largest) > SOCKET_PATH_MAX:
+            log.warning("vGPU socket paths reach %d bytes (%s): vGPUs with ids that long "
+                        "will be refused", _path_bytes(largest), largest)  # fmt: skip
+        return self
+
+    def vgpu_socket_path(self, local_id: int) -> str:
+        """Where the driver puts vGPU `local_id`'s socket (native/src/segment.c's layout)."""
+        directory = self.shm_dir or os.environ.get("QSHARE_SHM_DIR") or "/dev/shm"
+        return f"{directory}/qshare.{self.segment_name}.v{local_id}/sock"
+
+
+def _path_bytes(path: str) -> int:
+    return len(os.fsencode(path))
