@@ -242,6 +242,17 @@ async def test_a_revoked_token_no_longer_authenticates(api: httpx.AsyncClient) -
     assert (await api.get("/v1/claims", headers=auth(issued["token"]))).status_code == 401
 
 
+async def test_an_issued_token_says_when_it_was_created_as_its_listing_does(
+    api: httpx.AsyncClient,
+) -> None:
+    body = {"name": "dated", "tenant": "team-d"}
+    issued = (await api.post("/v1/tokens", json=body, headers=auth(ADMIN_TOKEN))).json()
+    listed = (await api.get("/v1/tokens", headers=auth(ADMIN_TOKEN))).json()
+    [same] = [t for t in listed if t["id"] == issued["id"]]
+    assert issued["created_at"] is not None
+    assert issued["created_at"] == same["created_at"]
+
+
 async def test_health_readiness_and_metrics_need_no_token(api: httpx.AsyncClient) -> None:
     assert (await api.get("/healthz")).json() == {"status": "ok"}
     assert (await api.get("/readyz")).json() == {"status": "ready"}

@@ -59,12 +59,12 @@ async def issue(body: TokenRequest, caller: Admin, res: Res) -> IssuedToken:
         datetime.now(UTC) + timedelta(seconds=body.expires_in_s) if body.expires_in_s else None
     )
     async with res.engine.begin() as conn:
-        token_id = await store_token(
+        token_id, created_at = await store_token(
             conn, body.name, body.tenant, body.role, secret, scope=body.scope, expires_at=expires
         )
     return IssuedToken(
         id=token_id, name=body.name, tenant=body.tenant, role=body.role, scope=body.scope,
-        expires_at=expires, token=secret,
+        created_at=created_at, expires_at=expires, token=secret,
     )  # fmt: skip
 
 

@@ -22,14 +22,15 @@ async def store_token(
     secret: str,
     scope: TokenScope = TokenScope.WRITE,
     expires_at: datetime | None = None,
-) -> uuid.UUID:
+) -> tuple[uuid.UUID, datetime]:
+    """Store a token's hash; its id and the time the database recorded it."""
     token_id = uuid.uuid4()
     row = _row(token_id, name, tenant, role, secret) | {
         "scope": scope.value,
         "expires_at": expires_at,
     }
-    await conn.execute(insert(tokens).values(row))
-    return token_id
+    stored = await conn.execute(insert(tokens).values(row).returning(tokens.c.created_at))
+    return token_id, stored.scalar_one()
 
 
 async def ensure_token(
