@@ -112,3 +112,22 @@ async def test_events_watch_names_a_bad_subject(
 ) -> None:
     assert await qshare(api_url, "events", "watch", "--subject", "not.ours") == 1
     assert "subject" in capsys.readouterr().err
+
+
+async def test_resize_changes_the_claims_size_per_card(
+    api: httpx.AsyncClient, api_url: str, start_agent: StartAgent,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    await start_agent()
+    claim = await ready_claim(api, vcore=20, vmemory="2Gi")
+    rc = await qshare(api_url, "claims", "resize", claim["id"], "--vmemory", "3Gi", "-o", "json")
+    assert rc == 0
+    assert json.loads(capsys.readouterr().out)["vmemory_mib"] == 3072
+
+
+async def test_resize_without_a_size_is_a_usage_error(
+    api_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc = await qshare(api_url, "claims", "resize", "00000000-0000-0000-0000-000000000001")
+    assert rc == 2
+    assert "--vcore, --vmemory or both" in capsys.readouterr().err

@@ -124,12 +124,14 @@ async def test_an_unknown_claim_is_404(api: httpx.AsyncClient, team_a: dict[str,
     assert response.json()["type"].endswith("not-found")
 
 
-async def test_another_tenants_claim_is_404_to_read_and_to_delete(
+async def test_another_tenants_claim_is_404_to_read_resize_and_delete(
     api: httpx.AsyncClient, register: Register, team_a: dict[str, str], team_b: dict[str, str]
 ) -> None:
     await register("n1")
     claim_id = (await api.post("/v1/claims", json=GOOD, headers=team_a)).json()["id"]
     assert (await api.get(f"/v1/claims/{claim_id}", headers=team_b)).status_code == 404
+    resize = await api.patch(f"/v1/claims/{claim_id}", json={"vcore": 50}, headers=team_b)
+    assert resize.status_code == 404
     assert (await api.delete(f"/v1/claims/{claim_id}", headers=team_b)).status_code == 404
     assert (await api.get(f"/v1/claims/{claim_id}", headers=team_a)).json()["status"] == "placed"
 

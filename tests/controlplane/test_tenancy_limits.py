@@ -3,6 +3,7 @@ same request (issue 11)."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator
 
 import httpx
@@ -94,6 +95,25 @@ async def test_a_claim_past_the_memory_quota_is_409_naming_vmemory(
     refused = await api.post("/v1/claims", json=GOOD, headers=team_a)
     assert refused.status_code == 409
     assert [e["field"] for e in refused.json()["errors"]] == ["vmemory"]
+
+
+async def test_a_resize_past_the_memory_quota_is_409_naming_vmemory(
+    api: httpx.AsyncClient, register: Register, team_a: dict[str, str]
+) -> None:
+    await register("n1", cards=2, memory="80Gi")
+    await _quota(api, memory="4Gi")
+    claim = (await api.post("/v1/claims", json=GOOD, headers=team_a)).json()
+    grown = await api.patch(f"/v1/claims/{claim['id']}", json={"vmemory": "6Gi"}, headers=team_a)
+    assert grown.status_code == 409
+    assert [e["field"] for e in grown.json()["errors"]] == ["vmemory"]
+    shrunk = await api.patch(f"/v1/claims/{claim['id']}", json={"vmemory": "1Gi"}, headers=team_a)
+    assert shrunk.status_code == 200
+
+
+async def test_a_read_only_token_cannot_resize(api: httpx.AsyncClient) -> None:
+    token = await _issue(api, scope="read")
+    resize = await api.patch(f"/v1/claims/{uuid.uuid4()}", json={"vcore": 5}, headers=token)
+    assert resize.status_code == 403
 
 
 async def test_a_released_claim_no_longer_counts_against_the_quota(

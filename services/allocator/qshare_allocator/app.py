@@ -18,7 +18,13 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from qshare import bus
 from qshare.contracts import subjects
-from qshare.contracts.claims import ClaimView, CreateClaim, CreateClaimReply, DeleteClaim
+from qshare.contracts.claims import (
+    ClaimView,
+    CreateClaim,
+    CreateClaimReply,
+    DeleteClaim,
+    ResizeClaim,
+)
 from qshare.contracts.domain import Priority
 from qshare.contracts.errors import InvalidInput
 from qshare.contracts.nodes import (
@@ -34,6 +40,7 @@ from qshare.contracts.tracing import flush_tracing, setup_tracing
 from qshare.contracts.usage import MoveClaim, MoveReply
 from qshare.service import Service, cancelled
 from qshare_allocator import metrics
+from qshare_allocator.claims.resize import Resizer
 from qshare_allocator.claims.service import ClaimService, PendingCursor
 from qshare_allocator.db import in_transaction, make_engine
 from qshare_allocator.inventory.service import InventoryService
@@ -57,6 +64,7 @@ class Allocator(Service):
         self.settings = settings
         self.source = f"qshare-allocator/{settings.instance}"
         self.claims = ClaimService(settings.cluster, self.source)
+        self.resizer = Resizer(settings.cluster, self.source)
         self.inventory = InventoryService(settings.cluster, self.source)
         self.previews = PreviewService(settings.cluster)
         self.mover = Mover(settings.cluster, self.source)
@@ -132,6 +140,7 @@ class Allocator(Service):
         return [
             Route(subjects.CLAIMS_CREATE, CreateClaim, self._create, self._after_write),
             Route(subjects.CLAIMS_DELETE, DeleteClaim, self._delete, self._after_release),
+            Route(subjects.CLAIMS_RESIZE, ResizeClaim, self._resize, self._after_release),
             Route(subjects.NODES_REGISTER, NodeRegistration, self._register, self._after_register),
             Route(
                 subjects.NODE_REGISTRATIONS,
@@ -154,6 +163,9 @@ class Allocator(Service):
 
     async def _delete(self, conn: AsyncConnection, command: DeleteClaim, msg: Msg) -> BaseModel:
         return await self.claims.delete(conn, command)
+
+    async def _resize(self, conn: AsyncConnection, command: ResizeClaim, msg: Msg) -> BaseModel:
+        return await self.resizer.resize(conn, command)
 
     async def _move(self, conn: AsyncConnection, command: MoveClaim, msg: Msg) -> BaseModel:
         return await self.mover.move(conn, command)

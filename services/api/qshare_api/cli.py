@@ -34,7 +34,7 @@ FINAL_STATUSES = (ClaimStatus.RELEASED.value, ClaimStatus.FAILED.value)
 
 
 def register(subparsers: Sub) -> None:
-    claims = group(subparsers, "claims", "create, list, get and delete claims")
+    claims = group(subparsers, "claims", "create, list, get, resize and delete claims")
     create = claims.add_parser("create", help="ask for vGPUs")
     create.add_argument("--priority", required=True, choices=["high", "low"])
     create.add_argument("--vcore", required=True, type=int, help="core share per card, 1-100")
@@ -71,6 +71,11 @@ def register(subparsers: Sub) -> None:
         one = claims.add_parser(verb, help=help_)
         one.add_argument("claim_id", type=_claim_id)
         one.set_defaults(handler=command(action))
+    resize = claims.add_parser("resize", help="change a claim's core share or memory per card")
+    resize.add_argument("claim_id", type=_claim_id)
+    resize.add_argument("--vcore", type=int, help="core share per card, 1-100")
+    resize.add_argument("--vmemory", type=memory, help="memory per card: MiB or e.g. 8Gi")
+    resize.set_defaults(handler=command(_resize_claim))
     wait = claims.add_parser(
         "wait", help="wait until a claim reaches a status (a claim not found counts as released)"
     )
@@ -265,6 +270,14 @@ def _get_claim(client: Client, args: argparse.Namespace) -> Shown:
 
 def _delete_claim(client: Client, args: argparse.Namespace) -> Shown:
     claim = client.delete(f"/v1/claims/{args.claim_id}")
+    return Shown(claim, _claims_table([claim]))
+
+
+def _resize_claim(client: Client, args: argparse.Namespace) -> Shown:
+    change = {k: v for k, v in (("vcore", args.vcore), ("vmemory", args.vmemory)) if v is not None}
+    if not change:
+        raise UsageError("claims resize: give --vcore, --vmemory or both")
+    claim = client.patch(f"/v1/claims/{args.claim_id}", change)
     return Shown(claim, _claims_table([claim]))
 
 

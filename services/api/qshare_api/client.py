@@ -44,10 +44,17 @@ class Client:
     def put(self, path: str, body: dict[str, Any]) -> Any:
         """PUT sets a whole resource: sending it again is harmless, so it is sent once more
         when the connection fails before an answer came."""
+        return self._twice_if_lost("PUT", path, body)
+
+    def patch(self, path: str, body: dict[str, Any]) -> Any:
+        """qshare's PATCH bodies hold new values, not changes: sent once more, like PUT."""
+        return self._twice_if_lost("PATCH", path, body)
+
+    def _twice_if_lost(self, method: str, path: str, body: dict[str, Any]) -> Any:
         try:
-            return self._call("PUT", path, json=body)
+            return self._call(method, path, json=body)
         except LOST:
-            return self._call("PUT", path, json=body)
+            return self._call(method, path, json=body)
 
     def events(self, path: str, **params: Any) -> Iterator[tuple[str, str]]:
         """A server-sent event stream as (event, data) pairs, until the server ends it."""

@@ -35,13 +35,23 @@ class Converger:
         wanted = {v.local_id: v for v in desired.vgpus}
         for local_id in [i for i in self.held if i not in wanted]:
             self._destroy(local_id)
-        refused = [r for v in wanted.values() if (r := self._converge_one(v)) is not None]
+        ordered = sorted(wanted.values(), key=self._grows)  # shrinks free room for growths
+        refused = [r for v in ordered if (r := self._converge_one(v)) is not None]
         self.generation = desired.generation
         return self._reply(desired.node, refused=refused)
 
     def adopt(self, existing: dict[int, DesiredVgpu]) -> None:
         """Take over vGPUs found in an adopted segment (after an agent restart)."""
         self.held.update({k: v for k, v in existing.items() if k < LOCAL_ID_LIMIT})
+
+    def _grows(self, vgpu: DesiredVgpu) -> bool:
+        """True for a vGPU that is new or asks more of its card than it holds now: in one
+        apply, the driver sees every shrink first, so a card's sums never pass its limit
+        halfway through (one claim shrinks while another grows into what it gave)."""
+        now = self.held.get(vgpu.local_id)
+        if now is None or now.gpu != vgpu.gpu:
+            return True
+        return vgpu.vcore > now.vcore or vgpu.vmemory_mib > now.vmemory_mib
 
     def _reply(
         self, node: str, refused: list[Refusal] | None = None, stale: bool = False

@@ -20,20 +20,32 @@ LIVE = (ClaimStatus.PENDING.value, ClaimStatus.PLACED.value, ClaimStatus.READY.v
 
 async def check_quota(conn: AsyncConnection, tenant: str, demand: Demand) -> None:
     """Raise Conflict naming each limit the new claim would pass; no quota row: no limit."""
+    await _check(conn, tenant, demand.vmemory_mib * demand.count, demand.count, 1)
+
+
+async def check_growth(conn: AsyncConnection, tenant: str, memory_mib: int) -> None:
+    """Raise Conflict when `memory_mib` more (a resized claim) passes the memory quota."""
+    if memory_mib > 0:
+        await _check(conn, tenant, memory_mib, 0, 0)
+
+
+async def _check(
+    conn: AsyncConnection, tenant: str, memory_mib: int, cards: int, pending: int
+) -> None:
     query = select(quotas).where(quotas.c.tenant == tenant).with_for_update()
     quota = (await conn.execute(query)).one_or_none()
     if quota is None:
         return
     used = (await conn.execute(_usage(tenant))).one()
-    wanted = {
-        "vmemory": (quota.memory_mib, used.memory + demand.vmemory_mib * demand.count, "MiB"),
-        "count": (quota.cards, used.cards + demand.count, "cards"),
-        "pending": (quota.pending, used.pending + 1, "pending claims"),
+    wanted = {  # field: (limit, what this adds, in use with it, unit)
+        "vmemory": (quota.memory_mib, memory_mib, used.memory + memory_mib, "MiB"),
+        "count": (quota.cards, cards, used.cards + cards, "cards"),
+        "pending": (quota.pending, pending, used.pending + pending, "pending claims"),
     }
     errors = [
         FieldError(field=field, message=f"quota of {limit} {unit} exceeded ({total} with this)")
-        for field, (limit, total, unit) in wanted.items()
-        if limit is not None and total > limit
+        for field, (limit, added, total, unit) in wanted.items()
+        if limit is not None and added > 0 and total > limit
     ]
     if errors:
         raise Conflict(f"tenant {tenant}: " + "; ".join(e.message for e in errors), errors)

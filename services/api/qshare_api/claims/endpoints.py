@@ -1,4 +1,4 @@
-"""`/v1/claims`: create, list, get and delete claims."""
+"""`/v1/claims`: create, list, get, resize and delete claims."""
 
 from __future__ import annotations
 
@@ -9,7 +9,15 @@ from fastapi import APIRouter, Depends, Header, Query, Response, status
 from pydantic import BaseModel
 
 from qshare.contracts import rpc, subjects
-from qshare.contracts.claims import ClaimSpec, ClaimView, CreateClaim, CreateClaimReply, DeleteClaim
+from qshare.contracts.claims import (
+    ClaimResize,
+    ClaimSpec,
+    ClaimView,
+    CreateClaim,
+    CreateClaimReply,
+    DeleteClaim,
+    ResizeClaim,
+)
 from qshare.contracts.domain import ClaimStatus, Priority
 from qshare.contracts.errors import InvalidInput, NotFound
 from qshare_api.auth import Caller
@@ -81,6 +89,21 @@ async def get_one(claim_id: uuid.UUID, caller: Caller, res: Res) -> ClaimView:
     if found is None:
         raise NotFound(f"claim {claim_id} not found")
     return found
+
+
+@router.patch("/{claim_id}", response_model=ClaimView, summary="Resize a claim")
+async def resize_one(
+    claim_id: uuid.UUID, change: ClaimResize, caller: Caller, res: Res
+) -> ClaimView:
+    """New `vcore` and/or `vmemory` per card. A placed or ready claim keeps its cards and is
+    resized on them when all have room (else 409 naming the card and what it has); its node
+    then applies the new limits to the running vGPUs. A pending claim waits for its new size.
+    Event `resized`."""
+    command = ResizeClaim(claim_id=claim_id, tenant=caller.tenant_filter(), change=change)
+    return await rpc.call(
+        res.nc, subjects.CLAIMS_RESIZE, res.source, command, ClaimView,
+        timeout=res.settings.allocator_timeout_s,
+    )  # fmt: skip
 
 
 @router.delete(

@@ -6,7 +6,7 @@ import uuid
 from datetime import datetime
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictStr
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictStr, model_validator
 
 from qshare.contracts.domain import ClaimStatus, PlacementPolicy, Priority
 from qshare.contracts.quantities import parse_mib
@@ -130,6 +130,38 @@ class DeleteClaim(BaseModel):
 
     claim_id: uuid.UUID
     tenant: str | None = None
+
+
+class ClaimResize(BaseModel):
+    """`PATCH /v1/claims/{id}`: a claim's new size per card; a field left out keeps its value.
+
+    A placed or ready claim is resized on the cards it holds, or not at all; a pending one
+    only changes what it waits for."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"vcore": 50, "vmemory": "8Gi"}], "minProperties": 1},
+    )
+
+    vcore: (
+        Annotated[int, Field(ge=1, le=100, description="core share per card, percent"), WHOLE]
+        | None
+    ) = None
+    vmemory: MemoryMiB | None = Field(None, description="memory per card: MiB or e.g. '8Gi'")
+
+    @model_validator(mode="after")
+    def _changes_something(self) -> ClaimResize:
+        if self.vcore is None and self.vmemory is None:
+            raise ValueError("give vcore, vmemory or both")
+        return self
+
+
+class ResizeClaim(BaseModel):
+    """Command on `qshare.allocator.claims.resize`; `tenant` None means an admin acts."""
+
+    claim_id: uuid.UUID
+    tenant: str | None = None
+    change: ClaimResize
 
 
 class VgpuView(BaseModel):

@@ -10,6 +10,7 @@ from typing import Final
 
 CLAIMS_CREATE: Final = "qshare.allocator.claims.create"
 CLAIMS_DELETE: Final = "qshare.allocator.claims.delete"
+CLAIMS_RESIZE: Final = "qshare.allocator.claims.resize"
 NODES_REGISTER: Final = "qshare.allocator.nodes.register"
 CLAIMS_SUSPEND: Final = "qshare.preemptor.claims.suspend"
 CLAIMS_RESUME: Final = "qshare.preemptor.claims.resume"
@@ -72,7 +73,7 @@ def node_command(node: str, verb: str) -> str:
 
 def claim_event(claim_id: str, kind: str) -> str:
     """`kind` is one of pending, placed, ready, releasing, released, failed, evicting, degraded,
-    suspended, resumed, starved, moved."""
+    suspended, resumed, starved, moved, resized."""
     return f"qshare.evt.claim.{claim_id}.{kind}"
 
 

@@ -1,0 +1,49 @@
+"""The node agent's convergence applies one desired set in an order the driver accepts: every
+vGPU that shrinks before any that grows, so room one claim gives is there for another."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from qshare.contracts.agent import ApplyDesired, DesiredVgpu
+from qshare.contracts.domain import Priority
+from qshare_driver import Node
+from qshare_node_agent.converge import Converger
+from qshare_node_agent.discovery import Card
+
+CARD = Card(0, "GPU-converge-0", "qshare-simulated", 16384, 0)
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[Node]:
+    with Node.create(f"conv-{os.getpid()}", tmp_path) as created:
+        created.add_card(CARD.index, CARD.uuid, CARD.memory_mib << 20)
+        yield created
+
+
+def _vgpu(local_id: int, vcore: int, claim: uuid.UUID) -> DesiredVgpu:
+    return DesiredVgpu(
+        local_id=local_id, id=claim, claim_id=claim, gpu=CARD.uuid,
+        priority=Priority.LOW, vcore=vcore, vmemory_mib=2048,
+    )  # fmt: skip
+
+
+def test_one_apply_that_shrinks_one_vgpu_and_grows_another_into_its_room_is_applied(
+    node: Node,
+) -> None:
+    conv = Converger(node, {CARD.uuid: CARD})
+    first, second = uuid.uuid4(), uuid.uuid4()
+    conv.apply(
+        ApplyDesired(
+            node=node.name, generation=1, vgpus=[_vgpu(1, 40, first), _vgpu(2, 60, second)]
+        )
+    )
+    regrown = [_vgpu(1, 70, first), _vgpu(2, 30, second)]  # id 1 grows into what id 2 gives
+    reply = conv.apply(ApplyDesired(node=node.name, generation=2, vgpus=regrown))
+    assert reply.refused == []
+    assert (node.vgpu_stats(1).core_share, node.vgpu_stats(2).core_share) == (70, 30)
