@@ -13,6 +13,7 @@ from collections.abc import Callable
 from qshare.contracts.domain import Priority
 from qshare_node_agent.converge import Converger
 from qshare_node_agent.discovery import Card
+from qshare_node_agent.kubernetes import cdi
 from qshare_node_agent.kubernetes.backend import BackendError, CardInfo, CardWatcher, LocalVgpu
 from qshare_node_agent.kubernetes.config import KubernetesSettings
 from qshare_node_agent.kubernetes.local_vgpus import LocalVgpus
@@ -94,7 +95,7 @@ def start_plugins(converger: Converger, cards: list[Card], min_vgpu_mib: int) ->
     """Restore the prepared claims, start the DRA and device plugins (settings QSHARE_K8S_*)."""
     settings = KubernetesSettings()
     local = LocalVgpus(converger.node, cards, min_vgpu_mib=min_vgpu_mib)
-    kept = local.restore()
+    kept = local.restore(lambda: cdi.recorded_vgpus(settings.cdi_dir))
     plugins = KubernetesPlugins(settings, AgentBackend(local, converger))
     plugins.start()
     log.info("kubernetes plugins serving for node %s (%d prepared claims kept)",
