@@ -187,9 +187,14 @@ def test_a_lost_answer_to_the_take_still_takes_that_pod_and_no_other(
     [container] = allocate(kubelet, settings, 20).container_responses
     assert list(backend.prepared()) == [f"allocator/{first}"]
     assert container.envs["QSHARE_VGPU"] == str(backend.prepared()[f"allocator/{first}"].vgpu_id)
-    pods = "/api/v1/namespaces/default/pods"
-    assert "qshare.io/allocated" in apiserver.objects[f"{pods}/first"]["metadata"]["annotations"]
-    assert "qshare.io/allocated" not in apiserver.objects[f"{pods}/second"]["metadata"]["annotations"]
+    notes = {
+        name: apiserver.objects[f"/api/v1/namespaces/default/pods/{name}"]["metadata"][
+            "annotations"
+        ]
+        for name in ("first", "second")
+    }
+    assert "qshare.io/allocated" in notes["first"]
+    assert "qshare.io/allocated" not in notes["second"]
 
 
 def test_allocate_without_a_bound_pod_fails_with_a_clear_reason(
