@@ -7,7 +7,6 @@ applied by this agent); a DRA claim gets a vGPU prepared on the node (ids at or 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 
 from qshare.contracts.domain import Priority
@@ -25,7 +24,6 @@ APPLY_WAIT_S = 5.0
 """How long Allocate waits for the allocator's vGPU to be applied here: the extender binds a
 pod once its claim is placed, so the kubelet can ask before the apply arrives, and a failed
 Allocate fails the pod's admission for good (the kubelet does not ask again)."""
-POLL_S = 0.05
 
 
 class AgentBackend:
@@ -63,14 +61,12 @@ class AgentBackend:
                 key, card_index, priority, core_share, memory_mib, policy, durable=durable
             )
         wanted = key.removeprefix(ALLOCATOR_KEY)
-        deadline = time.monotonic() + self._apply_wait_s
-        while (found := self._applied(key, wanted)) is None:
-            if time.monotonic() >= deadline:
-                raise BackendError(
-                    f"vGPU {wanted} is not applied on this node yet "
-                    f"(waited {self._apply_wait_s:g} s for the allocator's apply)"
-                )
-            time.sleep(POLL_S)
+        found = self._converger.wait_for(lambda: self._applied(key, wanted), self._apply_wait_s)
+        if found is None:
+            raise BackendError(
+                f"vGPU {wanted} is not applied on this node yet "
+                f"(waited {self._apply_wait_s:g} s for the allocator's apply)"
+            )
         return found
 
     def _applied(self, key: str, wanted: str) -> LocalVgpu | None:
