@@ -18,7 +18,7 @@ from qshare_node_agent.kubernetes.backend import BackendError
 from qshare_node_agent.kubernetes.local_vgpus import LocalVgpus
 from qshare_node_agent.kubernetes_wiring import AgentBackend
 
-from .conftest import CARDS
+from .conftest import CARDS, wait_for
 
 
 def converger(node: Node) -> Converger:
@@ -70,6 +70,38 @@ def test_a_pod_whose_vgpu_is_applied_while_allocate_waits_gets_it(node: Node) ->
     finally:
         later.join()
     assert found.vgpu_id == 9
+
+
+def test_a_waiting_allocate_looks_again_only_when_an_apply_happens(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Allocate waits on the converger's applies, not on a clock: while nothing is applied
+    it does not look again, and the apply that brings its vGPU answers it."""
+    conv = converger(node)
+    backend = AgentBackend(LocalVgpus(node, CARDS), conv, apply_wait_s=30)
+    looks: list[str] = []
+    look = backend._applied
+    monkeypatch.setattr(backend, "_applied", lambda *a: looks.append("look") or look(*a))
+    vgpu = DesiredVgpu(
+        local_id=11, id=uuid.uuid4(), claim_id=uuid.uuid4(), gpu=CARDS[1].uuid,
+        priority=Priority.LOW, vcore=20, vmemory_mib=2048,
+    )  # fmt: skip
+    answers: list[int] = []
+    waiter = threading.Thread(
+        target=lambda: answers.append(
+            backend.prepare(f"allocator/{vgpu.id}", 1, Priority.LOW, 20, 2048).vgpu_id
+        )
+    )
+    waiter.start()
+    wait_for(lambda: len(looks) == 1)
+    waiter.join(0.5)  # a 50 ms poll would have looked about ten times meanwhile
+    assert len(looks) == 1
+    conv.apply(ApplyDesired(node=node.name, generation=1, vgpus=[]))  # not its vGPU yet
+    wait_for(lambda: len(looks) == 2)
+    conv.apply(ApplyDesired(node=node.name, generation=2, vgpus=[vgpu]))
+    waiter.join(10)
+    assert answers == [11]
+    assert len(looks) == 3
 
 
 def test_a_dra_claims_vgpu_survives_the_allocators_next_apply(node: Node) -> None:

@@ -149,7 +149,7 @@ def test_allocate_gives_the_bound_pods_vgpu_environment_and_mounts(
     attach = f".v{prepared.vgpu_id}"
     assert any(m.container_path.endswith(attach) for m in container.mounts)
     pod = apiserver.objects["/api/v1/namespaces/default/pods/web"]
-    assert pod["metadata"]["annotations"]["qshare.io/allocated"] == NODE
+    assert pod["metadata"]["annotations"]["qshare.io/allocated"].startswith(f"{NODE}/")
 
 
 def test_concurrent_allocations_take_different_pods(
@@ -172,6 +172,29 @@ def test_concurrent_allocations_take_different_pods(
     vgpus = {r.container_responses[0].envs["QSHARE_VGPU"] for r in replies}
     assert len(vgpus) == 4
     assert {k.removeprefix("allocator/") for k in backend.prepared()} == ids
+
+
+def test_a_lost_answer_to_the_take_still_takes_that_pod_and_no_other(
+    plugin: DevicePlugin,
+    kubelet: KubeletDouble,
+    settings: KubernetesSettings,
+    apiserver: ApiServerDouble,
+    backend: LocalVgpus,
+) -> None:
+    first = bound_pod(apiserver, "first", vcore=20, bind_time="1")
+    bound_pod(apiserver, "second", vcore=20, bind_time="2")
+    apiserver.lose_patch_answers = 1  # applied, then the connection drops: the client retries
+    [container] = allocate(kubelet, settings, 20).container_responses
+    assert list(backend.prepared()) == [f"allocator/{first}"]
+    assert container.envs["QSHARE_VGPU"] == str(backend.prepared()[f"allocator/{first}"].vgpu_id)
+    notes = {
+        name: apiserver.objects[f"/api/v1/namespaces/default/pods/{name}"]["metadata"][
+            "annotations"
+        ]
+        for name in ("first", "second")
+    }
+    assert "qshare.io/allocated" in notes["first"]
+    assert "qshare.io/allocated" not in notes["second"]
 
 
 def test_allocate_without_a_bound_pod_fails_with_a_clear_reason(

@@ -9,7 +9,7 @@ import pytest
 from qshare.contracts.domain import Priority
 from qshare_node_agent.kubernetes import checkpoint
 from qshare_node_agent.kubernetes.backend import BackendError
-from qshare_node_agent.kubernetes.checkpoint import CheckpointError, checkpoint_path
+from qshare_node_agent.kubernetes.checkpoint import CheckpointError, checkpoint_path, load
 from qshare_node_agent.kubernetes.local_vgpus import FIRST_LOCAL_ID, LocalVgpus
 
 from .conftest import CARDS, make_node
@@ -50,18 +50,31 @@ def test_the_drivers_refusal_is_a_backend_error_and_nothing_is_kept(backend: Loc
     assert list(backend.prepared()) == ["a"]
 
 
-def test_a_checkpoint_of_another_segment_is_refused(short_dir: Path) -> None:
+def test_a_checkpoint_of_another_segment_is_not_used(
+    short_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     with make_node(short_dir, "seg-one") as node:
         LocalVgpus(node, CARDS).prepare("k", 0, LOW, 10, 1024)
     checkpoint_path(short_dir, "seg-one").rename(checkpoint_path(short_dir, "seg-two"))
-    with make_node(short_dir, "seg-two") as node, pytest.raises(CheckpointError, match="seg-one"):
-        LocalVgpus(node, CARDS).restore()
+    with pytest.raises(CheckpointError, match="seg-one"):
+        load(checkpoint_path(short_dir, "seg-two"), "seg-two")
+    with make_node(short_dir, "seg-two") as node:
+        backend = LocalVgpus(node, CARDS)
+        assert backend.restore() == []
+        assert backend.prepared() == {}
+    assert "'seg-one'" in caplog.text
 
 
-def test_a_corrupt_checkpoint_is_refused_with_its_path(short_dir: Path) -> None:
-    checkpoint_path(short_dir, "seg").write_text("{not json")
-    with make_node(short_dir, "seg") as node, pytest.raises(CheckpointError, match="is corrupt"):
+def test_a_corrupt_checkpoint_is_logged_with_its_path_and_what_is_wrong(
+    short_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = checkpoint_path(short_dir, "seg")
+    path.write_text("{not json")
+    with make_node(short_dir, "seg") as node:
         LocalVgpus(node, CARDS).restore()
+    [record] = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert f"checkpoint {path} is corrupt" in record.getMessage()
+    assert f"moved to {path}.corrupt-" in record.getMessage()
 
 
 def test_restore_keeps_vgpus_the_segment_still_has(short_dir: Path) -> None:

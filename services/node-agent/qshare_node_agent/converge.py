@@ -4,13 +4,19 @@ The agent remembers what it applied; an apply compares the whole desired set wit
 creates, resizes and destroys vGPUs until they match. A vGPU it cannot create is refused
 with the driver's reason and leaves the segment as it was. vGPUs prepared on the node
 itself (ids at or above LOCAL_ID_LIMIT) are never touched by an apply.
+`wait_for` lets another thread (the device plugin's Allocate) wait for an apply that holds
+what it needs: every apply and adopt notifies the waiters, nothing polls.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from qshare.contracts.agent import LOCAL_ID_LIMIT, ApplyDesired, ApplyReply, DesiredVgpu, Refusal
 from qshare_driver import DriverError, Node, NotFoundError
@@ -18,6 +24,7 @@ from qshare_node_agent.discovery import Card
 
 log = logging.getLogger(__name__)
 MIB = 1024 * 1024
+T = TypeVar("T")
 
 
 @dataclass
@@ -28,8 +35,33 @@ class Converger:
     cards: dict[str, Card]
     held: dict[int, DesiredVgpu] = field(default_factory=dict)
     generation: int = -1
+    _changed: threading.Condition = field(
+        default_factory=threading.Condition, init=False, repr=False, compare=False
+    )
+
+    def wait_for(self, found: Callable[[], T | None], timeout_s: float) -> T | None:
+        """`found()` once it is not None: looked at now and again after each apply or adopt,
+        for up to `timeout_s`; None when it never was."""
+        deadline = time.monotonic() + timeout_s
+        with self._changed:
+            while (result := found()) is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self._changed.wait(left)
+            return result
+
+    def _notify(self) -> None:
+        with self._changed:
+            self._changed.notify_all()
 
     def apply(self, desired: ApplyDesired) -> ApplyReply:
+        try:
+            return self._apply(desired)
+        finally:
+            self._notify()
+
+    def _apply(self, desired: ApplyDesired) -> ApplyReply:
         if desired.generation < self.generation:
             return self._reply(desired.node, stale=True)
         wanted = {v.local_id: v for v in desired.vgpus}
@@ -43,6 +75,7 @@ class Converger:
     def adopt(self, existing: dict[int, DesiredVgpu]) -> None:
         """Take over vGPUs found in an adopted segment (after an agent restart)."""
         self.held.update({k: v for k, v in existing.items() if k < LOCAL_ID_LIMIT})
+        self._notify()
 
     def _grows(self, vgpu: DesiredVgpu) -> bool:
         """True for a vGPU that is new or asks more of its card than it holds now: in one

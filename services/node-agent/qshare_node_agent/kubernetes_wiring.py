@@ -7,12 +7,12 @@ applied by this agent); a DRA claim gets a vGPU prepared on the node (ids at or 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 
 from qshare.contracts.domain import Priority
 from qshare_node_agent.converge import Converger
 from qshare_node_agent.discovery import Card
+from qshare_node_agent.kubernetes import cdi
 from qshare_node_agent.kubernetes.backend import BackendError, CardInfo, CardWatcher, LocalVgpu
 from qshare_node_agent.kubernetes.config import KubernetesSettings
 from qshare_node_agent.kubernetes.local_vgpus import LocalVgpus
@@ -24,7 +24,6 @@ APPLY_WAIT_S = 5.0
 """How long Allocate waits for the allocator's vGPU to be applied here: the extender binds a
 pod once its claim is placed, so the kubelet can ask before the apply arrives, and a failed
 Allocate fails the pod's admission for good (the kubelet does not ask again)."""
-POLL_S = 0.05
 
 
 class AgentBackend:
@@ -62,14 +61,12 @@ class AgentBackend:
                 key, card_index, priority, core_share, memory_mib, policy, durable=durable
             )
         wanted = key.removeprefix(ALLOCATOR_KEY)
-        deadline = time.monotonic() + self._apply_wait_s
-        while (found := self._applied(key, wanted)) is None:
-            if time.monotonic() >= deadline:
-                raise BackendError(
-                    f"vGPU {wanted} is not applied on this node yet "
-                    f"(waited {self._apply_wait_s:g} s for the allocator's apply)"
-                )
-            time.sleep(POLL_S)
+        found = self._converger.wait_for(lambda: self._applied(key, wanted), self._apply_wait_s)
+        if found is None:
+            raise BackendError(
+                f"vGPU {wanted} is not applied on this node yet "
+                f"(waited {self._apply_wait_s:g} s for the allocator's apply)"
+            )
         return found
 
     def _applied(self, key: str, wanted: str) -> LocalVgpu | None:
@@ -94,7 +91,7 @@ def start_plugins(converger: Converger, cards: list[Card], min_vgpu_mib: int) ->
     """Restore the prepared claims, start the DRA and device plugins (settings QSHARE_K8S_*)."""
     settings = KubernetesSettings()
     local = LocalVgpus(converger.node, cards, min_vgpu_mib=min_vgpu_mib)
-    kept = local.restore()
+    kept = local.restore(lambda: cdi.recorded_vgpus(settings.cdi_dir))
     plugins = KubernetesPlugins(settings, AgentBackend(local, converger))
     plugins.start()
     log.info("kubernetes plugins serving for node %s (%d prepared claims kept)",

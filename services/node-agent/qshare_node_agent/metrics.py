@@ -17,6 +17,11 @@ PUMP_FAILURES = Counter(
     "event pump failures survived, by stage: read (the driver ring), listener, publish",
     ["node", "stage"],
 )
+CHECKPOINTS_SET_ASIDE = Counter(
+    "qshare_node_checkpoints_set_aside_total",
+    "Kubernetes checkpoints found unusable at start, moved aside and rebuilt",
+    ["node"],
+)
 APPLIES = Counter("qshare_node_applies_total", "cmd.apply handled", ["node", "outcome"])
 APPLY_SECONDS = Histogram("qshare_node_apply_seconds", "time to converge one apply", ["node"])
 BUSY_SECONDS = Histogram(

@@ -35,6 +35,7 @@ class ApiServerDouble:
         self._changed = threading.Condition(self._lock)
         self._events: deque[Event] = deque(maxlen=history)
         self._closing = False
+        self.lose_patch_answers = 0  # the next n PATCHes are applied but not answered
         double = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -89,7 +90,11 @@ class ApiServerDouble:
                 self._reply(*double.put(self.path, self._body()))
 
             def do_PATCH(self) -> None:
-                self._reply(*double.patch(self.path, self._body()))
+                answer = double.patch(self.path, self._body())
+                if double.take_lost_answer():
+                    self.close_connection = True  # applied, but the client never hears
+                    return
+                self._reply(*answer)
 
         self._server = _Server(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
@@ -214,6 +219,14 @@ class ApiServerDouble:
             if body["metadata"].get("resourceVersion") != current["metadata"]["resourceVersion"]:
                 return 409, {"message": "the object has been modified"}
             return 200, self._store(path, body)
+
+    def take_lost_answer(self) -> bool:
+        """True (once per `lose_patch_answers`) when a PATCH's answer is to be lost."""
+        with self._lock:
+            if self.lose_patch_answers <= 0:
+                return False
+            self.lose_patch_answers -= 1
+            return True
 
     def patch(self, path: str, patch: dict[str, Any]) -> tuple[int, Any]:
         with self._lock:

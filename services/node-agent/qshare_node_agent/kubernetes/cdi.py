@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
 from pathlib import Path
@@ -17,6 +18,7 @@ CDI_VERSION = "0.6.0"
 VENDOR = "qshare.io"
 CLASS = "vgpu"
 KIND = f"{VENDOR}/{CLASS}"
+log = logging.getLogger(__name__)
 
 
 def device_name(key: str) -> str:
@@ -49,6 +51,33 @@ def edits(vgpu: LocalVgpu) -> dict[str, Any]:
     if vgpu.device_nodes:
         out["deviceNodes"] = [{"path": p} for p in vgpu.device_nodes]
     return out
+
+
+CLAIM_OWNER = "claim_"
+
+
+def recorded_vgpus(directory: Path) -> dict[int, str]:
+    """vGPU id -> a key under its claim (`dra/<uid>/recovered/<device>`), read back from the
+    claims' spec files: what a lost checkpoint named. Unreadable specs are skipped."""
+    found: dict[int, str] = {}
+    for path in sorted(directory.glob(f"{VENDOR}-{CLAIM_OWNER}*.json")):
+        uid = path.name.removeprefix(f"{VENDOR}-{CLAIM_OWNER}").removesuffix(".json")
+        try:
+            devices = json.loads(path.read_bytes())["devices"]
+            for device in devices:
+                vgpu_id = _vgpu_of(device["containerEdits"]["env"])
+                found[vgpu_id] = f"dra/{uid}/recovered/{device['name']}"
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("CDI spec %s names no vGPU it can be rebuilt from: %r", path, exc)
+    return found
+
+
+def _vgpu_of(env: list[str]) -> int:
+    for item in env:
+        name, _, value = item.partition("=")
+        if name == "QSHARE_VGPU":
+            return int(value)
+    raise KeyError("QSHARE_VGPU")
 
 
 class CdiWriter:

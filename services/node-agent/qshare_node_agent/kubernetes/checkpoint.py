@@ -2,13 +2,17 @@
 
 The file names the segment it belongs to; a checkpoint of another segment is refused.
 It is replaced atomically (write, fsync, rename): a crash leaves the old or the new one.
+One that cannot be used (unreadable, not JSON, wrong shape, another segment) is moved
+aside by `set_aside`, never deleted, so it can still be looked at.
 Each entry is serialised once, when its vGPU is made; a save joins the stored texts.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable
+from datetime import UTC, datetime
 from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
@@ -48,6 +52,8 @@ def load(path: Path, segment: str) -> list[Entry]:
         raw = path.read_bytes()
     except FileNotFoundError:
         return []
+    except OSError as exc:
+        raise CheckpointError(f"checkpoint {path} cannot be read: {exc.strerror}") from None
     try:
         saved = Checkpoint.model_validate_json(raw)
     except ValidationError as exc:
@@ -58,6 +64,14 @@ def load(path: Path, segment: str) -> list[Entry]:
             f"expected version {VERSION} of {segment!r}"
         )
     return saved.entries
+
+
+def set_aside(path: Path, now: datetime | None = None) -> Path:
+    """Rename an unusable checkpoint to `<name>.corrupt-<UTC time>`; returns the new path."""
+    stamp = (now or datetime.now(UTC)).strftime("%Y%m%dT%H%M%S.%fZ")
+    aside = path.with_name(f"{path.name}.corrupt-{stamp}")
+    os.replace(path, aside)
+    return aside
 
 
 def entry_json(entry: Entry) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import os
 import threading
 from collections.abc import Callable, Iterable
@@ -29,6 +30,9 @@ from qshare_node_agent.kubernetes.backend import (
     LocalVgpu,
     Mount,
 )
+from qshare_node_agent.metrics import CHECKPOINTS_SET_ASIDE
+
+log = logging.getLogger(__name__)
 
 FIRST_LOCAL_ID = 0x80000000
 LAST_LOCAL_ID = 0xFFFFFFFE
@@ -200,14 +204,17 @@ class LocalVgpus:
             generation = self._changed()
         self._persist(generation)
 
-    def restore(self) -> list[str]:
+    def restore(self, recorded: Callable[[], dict[int, str]] = dict) -> list[str]:
         """Re-apply the checkpoint: keep vGPUs the segment still has, re-create the missing
         ones with their old ids, destroy the local vGPUs it does not name (made by a prepare
         that was never saved, so never answered). Returns the keys that could not be
-        restored (and dropped)."""
+        restored (and dropped).
+
+        A checkpoint that cannot be used is set aside, and what it held is rebuilt from
+        `recorded` (vGPU id -> key, read from the claims' CDI specs) and the segment."""
         lost: list[str] = []
         with self._lock:
-            for entry in checkpoint.load(self.checkpoint, self._node.name):
+            for entry in self._saved_entries(recorded):
                 try:
                     card = self._known(entry.card_index)
                     vgpu = self._describe(
@@ -227,6 +234,40 @@ class LocalVgpus:
             generation = self._changed()
         self._persist(generation)
         return lost
+
+    def _saved_entries(self, recorded: Callable[[], dict[int, str]]) -> list[checkpoint.Entry]:
+        try:
+            return checkpoint.load(self.checkpoint, self._node.name)
+        except checkpoint.CheckpointError as exc:
+            CHECKPOINTS_SET_ASIDE.labels(node=self._node.name).inc()
+            try:
+                where = f"moved to {checkpoint.set_aside(self.checkpoint)}"
+            except OSError as move:
+                where = f"could not be moved aside ({move.strerror}); it will be overwritten"
+            log.error("%s; %s; rebuilding it from the segment and the CDI specs", exc, where)
+            return self._rebuilt(recorded())
+
+    def _rebuilt(self, recorded: dict[int, str]) -> list[checkpoint.Entry]:
+        """Entries for the local vGPUs the segment holds and a CDI spec names."""
+        entries = []
+        for vgpu_id, key in recorded.items():
+            if not FIRST_LOCAL_ID <= vgpu_id <= LAST_LOCAL_ID:
+                continue
+            try:
+                stats = self._node.vgpu_stats(vgpu_id)
+            except NotFoundError:
+                continue
+            entries.append(
+                checkpoint.Entry(
+                    key=key,
+                    vgpu_id=vgpu_id,
+                    card_index=stats.card,
+                    priority=Priority(stats.priority.name.lower()),
+                    core_share=stats.core_share,
+                    memory_mib=stats.mem_limit // MIB,
+                )
+            )
+        return entries
 
     def _drop_unsaved(self) -> None:
         kept = {v.vgpu_id for v in self._vgpus.values()}

@@ -2,11 +2,16 @@
 takes the oldest pod on this node that the scheduler extender bound (it carries the
 `qshare.io/vgpus` annotation), that nobody has taken yet, and whose container asks for this
 many vcores; it takes it with a compare-and-swap on the pod's resourceVersion, so concurrent
-allocations never take the same pod and never wait on a node-wide lock."""
+allocations never take the same pod and never wait on a node-wide lock.
+
+Each take writes a mark of its own (`<taker>/<random>`): when a PATCH's answer is lost and
+the client's retry meets 409 (its first try was applied and changed the resourceVersion),
+the pod is read again and, if it carries this take's mark, it is this take's pod."""
 
 from __future__ import annotations
 
 import json
+import secrets
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,25 +66,39 @@ def candidates(pods: list[dict[str, Any]], vcores: int) -> list[dict[str, Any]]:
 
 def take(api: KubeApi, node: str, vcores: int, taker: str) -> BoundPod:
     """Take the matching pod (compare-and-swap), retrying when another allocation won."""
+    mark = f"{taker}/{secrets.token_hex(8)}"
     for _ in range(MAX_ROUNDS):
         for pod in candidates(api.pods_on_node(node), vcores):
-            meta = pod["metadata"]
-            patch = {
-                "metadata": {
-                    "resourceVersion": meta["resourceVersion"],
-                    "annotations": {TAKEN: taker},
-                }
-            }
-            try:
-                api.patch_pod(meta["namespace"], meta["name"], patch)
-            except ApiError as exc:
-                if exc.status == 409:
-                    continue  # someone took or changed it first: try the next one
-                raise
-            return BoundPod(meta["namespace"], meta["name"], meta.get("uid", ""), _parse(pod))
+            if _took(api, pod["metadata"], mark):
+                return BoundPod(
+                    pod["metadata"]["namespace"],
+                    pod["metadata"]["name"],
+                    pod["metadata"].get("uid", ""),
+                    _parse(pod),
+                )
     raise NoPodError(
         f"no pod on node {node} bound by the qshare extender asks for {vcores} {VCORE}"
     )
+
+
+def _took(api: KubeApi, meta: dict[str, Any], mark: str) -> bool:
+    """Mark the pod as taken by `mark`, unless it changed since it was read (then False:
+    someone else took or changed it). An answer that was lost (no answer, or the retry's
+    409) is settled by reading the pod again: our own mark on it means our PATCH landed."""
+    patch = {"metadata": {"resourceVersion": meta["resourceVersion"], "annotations": {TAKEN: mark}}}
+    try:
+        api.patch_pod(meta["namespace"], meta["name"], patch)
+        return True
+    except ApiError as exc:
+        if exc.status not in (0, 409):
+            raise
+        failure = exc
+    now = api.pod(meta["namespace"], meta["name"])
+    if (now["metadata"].get("annotations") or {}).get(TAKEN) == mark:
+        return True
+    if failure.status == 0:
+        raise failure
+    return False
 
 
 def _parse(pod: dict[str, Any]) -> list[VgpuView]:
