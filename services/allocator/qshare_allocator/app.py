@@ -28,6 +28,7 @@ from qshare.contracts.claims import (
 from qshare.contracts.domain import Priority
 from qshare.contracts.errors import InvalidInput
 from qshare.contracts.nodes import (
+    ChangeNode,
     Heartbeat,
     NodeRegistration,
     NodeView,
@@ -150,6 +151,7 @@ class Allocator(Service):
             ),
             Route(subjects.HEARTBEATS, Heartbeat, self._heartbeat, self._after_heartbeat),
             Route(subjects.NODES_DELETE, RemoveNode, self._remove_node, self._after_release),
+            Route(subjects.NODES_UPDATE, ChangeNode, self._change_node, self._after_release),
             Route(subjects.GPUS_DELETE, RemoveCard, self._remove_card, self._after_release),
             Route(subjects.PLACEMENT_PREVIEW, PreviewPlacement, self._preview),
             Route(subjects.CLAIMS_MOVE, MoveClaim, self._move, self._after_move),
@@ -186,6 +188,9 @@ class Allocator(Service):
         self, conn: AsyncConnection, registration: NodeRegistration, msg: Msg
     ) -> BaseModel:
         return await self.inventory.register(conn, registration)
+
+    async def _change_node(self, conn: AsyncConnection, command: ChangeNode, msg: Msg) -> BaseModel:
+        return await self.inventory.change_node(conn, command)
 
     async def _remove_node(self, conn: AsyncConnection, command: RemoveNode, msg: Msg) -> BaseModel:
         return await self.inventory.remove_node(conn, command.name)

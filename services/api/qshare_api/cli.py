@@ -87,6 +87,13 @@ def register(subparsers: Sub) -> None:
     wait.set_defaults(handler=command(_wait_claim))
     nodes = group(subparsers, "nodes", "the inventory of nodes")
     nodes.add_parser("list", help="list nodes").set_defaults(handler=command(_list_nodes))
+    for verb, help_ in (
+        ("cordon", "place nothing new on a node (its claims keep running); admins"),
+        ("uncordon", "place on a node again; admins"),
+    ):
+        one_node = nodes.add_parser(verb, help=help_)
+        one_node.add_argument("name")
+        one_node.set_defaults(handler=command(_cordon), schedulable=verb == "uncordon")
     gpus = group(subparsers, "gpus", "cards and their free capacity")
     gpu_list = gpus.add_parser("list", help="list cards")
     gpu_list.add_argument("--node")
@@ -334,14 +341,28 @@ def _vgpus_table(claim: dict[str, Any]) -> str:
     return "\n\n" + table(("VGPU", "NODE", "IDX", "CARD", "VCORE", "VMEM"), rows) if rows else ""
 
 
+def _cordon(client: Client, args: argparse.Namespace) -> Shown:
+    node = client.patch(f"/v1/nodes/{args.name}", {"schedulable": args.schedulable})
+    return Shown(node, _nodes_table([node]))
+
+
 def _list_nodes(client: Client, args: argparse.Namespace) -> Shown:
     nodes = client.get("/v1/nodes")
+    return Shown(nodes, _nodes_table(nodes))
+
+
+def _nodes_table(nodes: list[dict[str, Any]]) -> str:
     rows = [
-        (n["name"], n["status"], n["gpus"], format_mib(n["memory_mib"]), format_mib(n["free_mib"]),
-         ",".join(f"{k}={v}" for k, v in sorted(n["labels"].items())))
+        (n["name"], _node_status(n), n["gpus"], format_mib(n["memory_mib"]),
+         format_mib(n["free_mib"]), ",".join(f"{k}={v}" for k, v in sorted(n["labels"].items())))
         for n in nodes
     ]  # fmt: skip
-    return Shown(nodes, table(("NAME", "STATUS", "GPUS", "MEMORY", "FREE", "LABELS"), rows))
+    return table(("NAME", "STATUS", "GPUS", "MEMORY", "FREE", "LABELS"), rows)
+
+
+def _node_status(node: dict[str, Any]) -> str:
+    """`Ready`, or `Ready,SchedulingDisabled` for a cordoned node (as kubectl shows it)."""
+    return str(node["status"]) + ("" if node["schedulable"] else ",SchedulingDisabled")
 
 
 def _list_gpus(client: Client, args: argparse.Namespace) -> Shown:

@@ -132,6 +132,7 @@ def _api(_: str) -> tuple[list[str], list[str], bool]:
         "qshare.allocator.claims.*",
         subjects.NODES_REGISTER,
         subjects.NODES_DELETE,
+        subjects.NODES_UPDATE,
         subjects.GPUS_DELETE,
         subjects.PLACEMENT_PREVIEW,
         "qshare.preemptor.>",

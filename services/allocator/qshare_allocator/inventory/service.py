@@ -15,7 +15,14 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from qshare.contracts.domain import Provisioner
 from qshare.contracts.errors import Conflict, NotFound
-from qshare.contracts.nodes import GpuSpec, Heartbeat, NodeRegistration, NodeView, RemovalReply
+from qshare.contracts.nodes import (
+    ChangeNode,
+    GpuSpec,
+    Heartbeat,
+    NodeRegistration,
+    NodeView,
+    RemovalReply,
+)
 from qshare.contracts.rows import node_is_ready, node_views
 from qshare.contracts.schema import claims, classes, gpus, nodes, vgpus
 from qshare.settings import ClusterSettings
@@ -78,6 +85,17 @@ class InventoryService:
         await release_waiting_on(conn, self._source, name)
         await conn.execute(delete(nodes).where(nodes.c.name == name))
         return RemovalReply(failed_claims=failed)
+
+    async def change_node(self, conn: AsyncConnection, command: ChangeNode) -> NodeView:
+        """Cordon (`schedulable` false) or open a node; its claims stay where they are, and a
+        registration keeps what an operator set."""
+        await self._lock(conn, command.name)
+        await conn.execute(
+            update(nodes)
+            .where(nodes.c.name == command.name)
+            .values(schedulable=command.change.schedulable)
+        )
+        return await self.view(conn, command.name)
 
     async def remove_card(self, conn: AsyncConnection, node: str, uuid: str) -> RemovalReply:
         """Forget one card of a node; claims holding a vGPU on it fail."""

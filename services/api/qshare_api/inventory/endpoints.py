@@ -9,7 +9,9 @@ from fastapi import APIRouter, Depends
 from qshare.contracts import rpc, subjects
 from qshare.contracts.errors import NotFound
 from qshare.contracts.nodes import (
+    ChangeNode,
     GpuView,
+    NodeChange,
     NodeRegistration,
     NodeView,
     RemovalReply,
@@ -51,6 +53,21 @@ async def get_node(name: NodeName, caller: Caller, res: Res) -> NodeView:
 async def register_node(registration: NodeRegistration, caller: Admin, res: Res) -> NodeView:
     return await rpc.call(
         res.nc, subjects.NODES_REGISTER, res.source, registration, NodeView,
+        timeout=res.settings.allocator_timeout_s,
+    )  # fmt: skip
+
+
+@router.patch(
+    "/nodes/{name}",
+    response_model=NodeView,
+    summary="Cordon or open a node (admins)",
+    description="`schedulable: false`: nothing new is placed on the node, and its claims keep "
+    "running; `true` opens it again (pending claims are tried at once). A node agent's "
+    "registration keeps what was set.",
+)
+async def change_node(name: NodeName, change: NodeChange, caller: Admin, res: Res) -> NodeView:
+    return await rpc.call(
+        res.nc, subjects.NODES_UPDATE, res.source, ChangeNode(name=name, change=change), NodeView,
         timeout=res.settings.allocator_timeout_s,
     )  # fmt: skip
 

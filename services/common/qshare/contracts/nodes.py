@@ -8,7 +8,7 @@ import uuid
 from datetime import datetime
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 from qshare.contracts.claims import WHOLE, Labels, MemoryMiB, Text
 from qshare.contracts.domain import NodeStatus
@@ -87,6 +87,22 @@ class RemoveNode(BaseModel):
     """Request on `qshare.allocator.nodes.delete`: forget a node and its cards."""
 
     name: NodeName
+
+
+class NodeChange(BaseModel):
+    """`PATCH /v1/nodes/{name}` (admins): `schedulable: false` cordons the node (nothing new
+    is placed there; what runs keeps running), `true` opens it again."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    schedulable: StrictBool
+
+
+class ChangeNode(BaseModel):
+    """Request on `qshare.allocator.nodes.update`."""
+
+    name: NodeName
+    change: NodeChange
 
 
 class RemoveCard(BaseModel):
