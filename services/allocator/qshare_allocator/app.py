@@ -20,7 +20,7 @@ from qshare import bus
 from qshare.contracts import subjects
 from qshare.contracts.claims import ClaimView, CreateClaim, CreateClaimReply, DeleteClaim
 from qshare.contracts.domain import Priority
-from qshare.contracts.errors import InvalidInput
+from qshare.contracts.errors import InvalidInput, NotFound
 from qshare.contracts.nodes import (
     Heartbeat,
     NodeRegistration,
@@ -40,6 +40,7 @@ from qshare_allocator.inventory.service import InventoryService
 from qshare_allocator.messaging import Route, Router
 from qshare_allocator.migrate import upgrade
 from qshare_allocator.nodes.dispatch import Dispatcher
+from qshare_allocator.nodes.reregister import Reregistration
 from qshare_allocator.outbox import OutboxRelay
 from qshare_allocator.placement.moving import Mover
 from qshare_allocator.placement.preview import PreviewService
@@ -65,6 +66,7 @@ class Allocator(Service):
         self._router: Router | None = None
         self._relay: OutboxRelay | None = None
         self._dispatcher: Dispatcher | None = None
+        self._reregistration: Reregistration | None = None
         self._sweep_wanted = asyncio.Event()
         self._background: list[asyncio.Task[None]] = []
 
@@ -95,6 +97,7 @@ class Allocator(Service):
             self.settings.apply_timeout_s,
             self._relay.wake,
         )
+        self._reregistration = Reregistration(self._nc, self.source, self.settings.register_again_s)
         self._router = Router(
             self._nc,
             self._engine,
@@ -195,10 +198,18 @@ class Allocator(Service):
     async def _heartbeat(
         self, conn: AsyncConnection, beat: Heartbeat, msg: Msg
     ) -> BaseModel | None:
-        freed = await self.inventory.heartbeat(
-            conn, subjects.node_from_heartbeat(msg.subject), beat
-        )
+        node = subjects.node_from_heartbeat(msg.subject)
+        try:
+            freed = await self.inventory.heartbeat(conn, node, beat)
+        except NotFound:
+            await self.reregistration.unknown_heartbeat(node)
+            raise
         return _Freed(freed=freed)
+
+    @property
+    def reregistration(self) -> Reregistration:
+        assert self._reregistration is not None, "allocator not started"
+        return self._reregistration
 
     def _after_write(self, result: Any) -> None:
         assert self._relay is not None
