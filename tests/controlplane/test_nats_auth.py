@@ -217,6 +217,23 @@ async def test_the_preemptor_may_suspend_and_resume_a_nodes_vgpus(
     assert errors == []
 
 
+async def test_the_preemptor_asks_every_node_to_announce_its_cards(
+    connect_as: Connect, node_n1: NatsCredentials, nats_auth: NatsAuth
+) -> None:
+    node, errors = await connect_as(node_n1)
+    preemptor, _ = await connect_as(nats_auth.credentials(ServiceRole.PREEMPTOR))
+    assert await _delivered(node, subjects.NODES_ANNOUNCE, preemptor, b"{}") == 1
+    assert errors == []
+
+
+async def test_a_node_cannot_ask_the_nodes_to_announce(
+    connect_as: Connect, node_n1: NatsCredentials, nc: Client
+) -> None:
+    node, errors = await connect_as(node_n1)
+    assert await _delivered(nc, subjects.NODES_ANNOUNCE, node, b"{}") == 0
+    await _refused(errors, "publish")
+
+
 @pytest.mark.parametrize("verb", ["apply", "policy"])
 async def test_the_preemptor_cannot_set_a_nodes_vgpus_or_card_policy(
     connect_as: Connect, nats_auth: NatsAuth, nc: Client, verb: str

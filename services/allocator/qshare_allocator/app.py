@@ -26,7 +26,7 @@ from qshare.contracts.claims import (
     ResizeClaim,
 )
 from qshare.contracts.domain import Priority
-from qshare.contracts.errors import InvalidInput
+from qshare.contracts.errors import InvalidInput, NotFound
 from qshare.contracts.nodes import (
     ChangeNode,
     Heartbeat,
@@ -48,6 +48,7 @@ from qshare_allocator.inventory.service import InventoryService
 from qshare_allocator.messaging import Route, Router
 from qshare_allocator.migrate import upgrade
 from qshare_allocator.nodes.dispatch import Dispatcher
+from qshare_allocator.nodes.reregister import Reregistration
 from qshare_allocator.outbox import OutboxRelay
 from qshare_allocator.placement.moving import Mover
 from qshare_allocator.placement.preview import PreviewService
@@ -74,6 +75,7 @@ class Allocator(Service):
         self._router: Router | None = None
         self._relay: OutboxRelay | None = None
         self._dispatcher: Dispatcher | None = None
+        self._reregistration: Reregistration | None = None
         self._sweep_wanted = asyncio.Event()
         self._background: list[asyncio.Task[None]] = []
 
@@ -104,6 +106,7 @@ class Allocator(Service):
             self.settings.apply_timeout_s,
             self._relay.wake,
         )
+        self._reregistration = Reregistration(self._nc, self.source, self.settings.register_again_s)
         self._router = Router(
             self._nc,
             self._engine,
@@ -212,8 +215,18 @@ class Allocator(Service):
     async def _heartbeat(
         self, conn: AsyncConnection, beat: Heartbeat, msg: Msg
     ) -> BaseModel | None:
-        freed = await self.inventory.heartbeat(conn, subjects.node_of(msg.subject), beat)
+        node = subjects.node_of(msg.subject)
+        try:
+            freed = await self.inventory.heartbeat(conn, node, beat)
+        except NotFound:
+            await self.reregistration.unknown_heartbeat(node)
+            raise
         return _Freed(freed=freed)
+
+    @property
+    def reregistration(self) -> Reregistration:
+        assert self._reregistration is not None, "allocator not started"
+        return self._reregistration
 
     def _after_write(self, result: Any) -> None:
         assert self._relay is not None

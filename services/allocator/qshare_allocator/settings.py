@@ -29,6 +29,10 @@ class AllocatorSettings(BaseSettings, BusIdentity):
     apply_timeout_s: float = Field(
         30.0, gt=0, description="a placed claim no node confirmed in this long fails"
     )
+    register_again_s: float = Field(
+        2.0, gt=0, description="ask a node whose heartbeat names no known node to register "
+        "again (cmd.register) at most this often",
+    )  # fmt: skip
     metrics_port: int = Field(0, ge=0, description="serve Prometheus metrics here; 0 = off")
     metrics_host: str = Field(
         "127.0.0.1", description="address the metrics server binds (0.0.0.0 in containers)"

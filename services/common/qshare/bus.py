@@ -38,12 +38,17 @@ def options_for(url: str, name: str, credentials: NatsCredentials | None) -> Bus
     return BusOptions(url, name, credentials.user, credentials.password)
 
 
-async def connect(options: BusOptions) -> Client:
+Hook = Callable[[], Awaitable[None]]
+
+
+async def connect(options: BusOptions, reconnected: Hook | None = None) -> Client:
     """A connection that never gives up reconnecting (nats.py's default stops after 60 tries,
     about two minutes, and then closes for good while the process stays up). A server that
-    is not up yet is waited for; one that refuses the identity fails the call at once."""
+    is not up yet is waited for; one that refuses the identity fails the call at once.
+    `reconnected` runs after each reconnection, once the server has the connection's
+    subscriptions again (what was published meanwhile did not reach them)."""
     refused = asyncio.Event()
-    attempt = asyncio.ensure_future(_connect(options, refused))
+    attempt = asyncio.ensure_future(_connect(options, refused, reconnected))
     waiter = asyncio.ensure_future(refused.wait())
     done, _ = await asyncio.wait({attempt, waiter}, return_when=asyncio.FIRST_COMPLETED)
     waiter.cancel()
@@ -53,7 +58,7 @@ async def connect(options: BusOptions) -> Client:
     raise PermissionError(f"NATS refused the identity {options.user!r} of {options.name}")
 
 
-async def _connect(options: BusOptions, refused: asyncio.Event) -> Client:
+async def _connect(options: BusOptions, refused: asyncio.Event, reconnected: Hook | None) -> Client:
     password = options.password.get_secret_value() if options.password else None
     return await nats.connect(
         options.url,
@@ -67,7 +72,7 @@ async def _connect(options: BusOptions, refused: asyncio.Event) -> Client:
         reconnect_time_wait=options.reconnect_wait_s,
         error_cb=_error(options.name, refused),
         disconnected_cb=_note(options.name, "disconnected from NATS"),
-        reconnected_cb=_note(options.name, "reconnected to NATS"),
+        reconnected_cb=_note(options.name, "reconnected to NATS", reconnected),
     )
 
 
@@ -84,11 +89,18 @@ def _error(name: str, refused: asyncio.Event) -> Callable[[Exception], Awaitable
     return report
 
 
-def _note(name: str, what: str) -> Callable[[], Awaitable[None]]:
-    """Info only: a close disconnects too; an outage shows as errors while reconnecting."""
+def _note(name: str, what: str, then: Hook | None = None) -> Hook:
+    """Info (a close disconnects too; an outage shows as errors while reconnecting), then
+    `then`, whose failure is logged: it must not break the client's reconnection."""
 
     async def report() -> None:
         log.info("%s: %s", name, what)
+        if then is None:
+            return
+        try:
+            await then()
+        except Exception:
+            log.exception("%s: what runs once %s failed", name, what)
 
     return report
 

@@ -149,6 +149,7 @@ def _preemptor(_: str) -> tuple[list[str], list[str], bool]:
         subjects.claim_event("*", "resumed"),
         subjects.claim_event("*", "starved"),
         subjects.CLAIMS_MOVE,
+        subjects.NODES_ANNOUNCE,  # every agent announces its cards' state again
         *_READ_EVENTS_PUBLISH,
     ]
     subscribe = ["qshare.preemptor.> qshare-preemptor", _EVENTS, subjects.NODE_USAGES]
@@ -169,7 +170,8 @@ def _node(node: str) -> tuple[list[str], list[str], bool]:
         "$JS.API.INFO",
         f"$JS.API.STREAM.INFO.{_JS_STREAM}",
     ]
-    return publish, [subjects.node_command(node, ">")], True
+    subscribe = [subjects.node_command(node, ">"), subjects.NODES_ANNOUNCE]
+    return publish, subscribe, True
 
 
 _RULES = {

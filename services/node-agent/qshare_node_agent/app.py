@@ -14,11 +14,11 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from prometheus_client import REGISTRY, start_http_server
 from prometheus_client.core import GaugeMetricFamily
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from qshare import bus
 from qshare.contracts import envelope, rpc, subjects
-from qshare.contracts.agent import DesiredVgpu
+from qshare.contracts.agent import AnnounceRequest, DesiredVgpu
 from qshare.contracts.domain import NODE_LABEL, POLICY_LABEL
 from qshare.contracts.errors import InvalidInput, QshareError
 from qshare.contracts.nodes import GpuSpec, Heartbeat, NodeRegistration, NodeView
@@ -27,6 +27,7 @@ from qshare.natsauth import ServiceRole
 from qshare.service import Service, cancelled
 from qshare_driver import Event, EventKind, Node
 from qshare_node_agent import metrics
+from qshare_node_agent.announce import Announcer
 from qshare_node_agent.commands import Commands
 from qshare_node_agent.converge import Converger
 from qshare_node_agent.discovery import Card, discover, unhealthy
@@ -52,9 +53,13 @@ class NodeAgent(Service):
         self._nc: Client | None = None
         self._commands: Commands | None = None
         self._pump: EventPump | None = None
+        self.announcer: Announcer | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._registering: asyncio.Task[None] | None = None
         self._plugins: Any = None
         self.registered = asyncio.Event()
+        self.reregistrations = 0
+        """Registrations made again because the allocator asked (`cmd.register`)."""
 
     @property
     def applied(self) -> dict[int, DesiredVgpu]:
@@ -77,10 +82,15 @@ class NodeAgent(Service):
         self._commands = Commands(self.name, self._node, converger)
         self._nc = await self._connect()
         await self._nc.subscribe(subjects.node_commands(self.name), cb=self._on_command)
+        await self._nc.subscribe(subjects.NODES_ANNOUNCE, cb=self._on_announce)
         await bus.settled(self._nc)
         pump = EventPump(self._node, self._nc, self.name, {c.index: c.uuid for c in self.cards})
+        self.announcer = Announcer(
+            pump, [c.index for c in self.cards], self.settings.announce_interval_s
+        )
         if adopted:
             pump.announce_cards(c.index for c in self.cards)
+            self.announcer.announced()
         pump.listeners.append(self._observe)
         pump.start()
         self._pump = pump
@@ -101,8 +111,10 @@ class NodeAgent(Service):
                  self.settings.segment_name)  # fmt: skip
 
     async def stop(self) -> None:
-        for task in self._tasks:
+        for task in [*self._tasks, *([self._registering] if self._registering else [])]:
             await cancelled(task)
+        if self.announcer is not None:
+            await self.announcer.stop()
         if self._plugins is not None:
             await asyncio.to_thread(self._plugins.stop)
         if self._pump is not None:
@@ -120,7 +132,23 @@ class NodeAgent(Service):
 
     async def _connect(self) -> Client:
         options = self.settings.bus_as(self.source, ServiceRole.NODE, self.name)
-        return await bus.connect(options)
+        return await bus.connect(options, reconnected=self._reconnected)
+
+    async def _reconnected(self) -> None:
+        """Card events published while NATS was away may have reached no preemptor."""
+        if self.announcer is not None:
+            self.announcer.request()
+
+    async def _on_announce(self, msg: Msg) -> None:
+        """`qshare.nodes.announce`: publish the cards' present state again (rate-limited)."""
+        try:
+            envelope.decode(msg.data).payload(AnnounceRequest)
+        except ValidationError as exc:
+            log.warning("node agent %s: malformed announce request ignored: %s", self.name,
+                        exc.errors()[:3])  # fmt: skip
+            return
+        if self.announcer is not None:
+            self.announcer.request()
 
     def registration(self) -> NodeRegistration:
         gpus = [
@@ -163,6 +191,27 @@ class NodeAgent(Service):
             await asyncio.sleep(wait)
             wait = min(wait * 2, BACKOFF_MAX_S)
 
+    def register_again(self) -> None:
+        """`cmd.register`: the allocator got a heartbeat from this node and does not know it
+        (deleted over REST while this agent ran). Register again as at the start (the
+        allocator then sends the desired vGPUs), then announce the cards' state: events about
+        them were ignored while they were not in the inventory. One at a time."""
+        if not self.registered.is_set():
+            return  # the first registration is still under way
+        if self._registering is not None and not self._registering.done():
+            return
+        log.warning("node agent %s: the allocator does not know this node; registering again",
+                    self.name)  # fmt: skip
+        self._registering = asyncio.create_task(self._register_and_announce())
+
+    async def _register_and_announce(self) -> None:
+        assert self._commands is not None
+        self._commands.converger.new_numbering()
+        await self._register()
+        self.reregistrations += 1
+        if self.announcer is not None:
+            self.announcer.request()
+
     async def _beat(self) -> None:
         assert self._nc is not None
         bad = await self._unhealthy()
@@ -192,7 +241,7 @@ class NodeAgent(Service):
         try:
             model = self._commands.payload_type(verb)
             payload = _decode(msg, model)
-            result = self._commands.handle(verb, payload)
+            result = self._command(verb, payload)
         except QshareError as error:
             await rpc.reply_error(self._nc, msg, error)
             return
@@ -201,6 +250,13 @@ class NodeAgent(Service):
             await rpc.reply_error(self._nc, msg, QshareError("internal error; see node agent logs"))
             return
         await rpc.reply_ok(self._nc, msg, self.source, result)
+
+    def _command(self, verb: str, payload: Any) -> BaseModel | None:
+        assert self._commands is not None
+        if verb == "register":
+            self.register_again()
+            return None
+        return self._commands.handle(verb, payload)
 
     def _observe(self, event: Event) -> None:
         """Preemption episode lengths for the metrics."""

@@ -8,7 +8,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from qshare.contracts.agent import ApplyDesired, ApplyReply, SuspendCommand, SuspendReply
+from qshare.contracts.agent import (
+    ApplyDesired,
+    ApplyReply,
+    RegisterCommand,
+    SuspendCommand,
+    SuspendReply,
+)
 from qshare.contracts.domain import CardPolicy
 from qshare.contracts.errors import InvalidInput, NotFound
 from qshare_driver import DriverError, Node, NotFoundError
@@ -47,6 +53,7 @@ class Commands:
             "suspend": SuspendCommand,
             "resume": SuspendCommand,
             "policy": PolicyCommand,
+            "register": RegisterCommand,  # the agent itself answers it (it registers again)
         }
         if verb not in types:
             raise NotFound(f"unknown command {verb!r}: use {', '.join(types)}")

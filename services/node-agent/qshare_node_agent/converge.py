@@ -72,6 +72,12 @@ class Converger:
         self.generation = desired.generation
         return self._reply(desired.node, refused=refused)
 
+    def new_numbering(self) -> None:
+        """The node was deleted from the inventory and registers again: its new row counts
+        generations from 0, so any generation is newer than none (the first apply then
+        removes the vGPUs of the claims that failed with the deletion)."""
+        self.generation = -1
+
     def adopt(self, existing: dict[int, DesiredVgpu]) -> None:
         """Take over vGPUs found in an adopted segment (after an agent restart)."""
         self.held.update({k: v for k, v in existing.items() if k < LOCAL_ID_LIMIT})

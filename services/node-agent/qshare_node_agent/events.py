@@ -47,7 +47,9 @@ class EventPump:
         """Queue each card's present state as a busy or idle event (seq 0, value 0), ahead of
         the ring's next events. An adopted segment's events from before the agent opened it
         are skipped, so a card that went idle while no agent ran would otherwise never say so
-        (and the gangs suspended for it would stay suspended). Call before start()."""
+        (and the gangs suspended for it would stay suspended); a preemptor that was away
+        from NATS missed events too (see `Announcer`). Call from the agent's loop: the state
+        is read there, so each announcement keeps its place among the ring's events."""
         for card in cards:
             kind = EventKind.BUSY if self._node.card_stats(card).busy else EventKind.IDLE
             found = Event(seq=0, time_ns=now_ns(), kind=kind, card=card, vgpu=None, pid=0, value=0)

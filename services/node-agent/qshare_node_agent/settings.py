@@ -51,6 +51,10 @@ class NodeAgentSettings(BaseSettings, BusIdentity):
     )
     heartbeat_s: float = Field(5.0, gt=0, le=300)
     register_timeout_s: float = Field(5.0, gt=0)
+    announce_interval_s: float = Field(
+        1.0, ge=0, le=60,
+        description="announce the cards' state again (qshare.nodes.announce) at most this often",
+    )  # fmt: skip
     usage_interval_s: float = Field(
         5.0, ge=0, le=300, description="publish device-time usage this often; 0 = never"
     )

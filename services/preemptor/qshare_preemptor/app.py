@@ -1,5 +1,7 @@
 """The preemptor process: subscribes to card busy/idle events and to operator requests, and
-acts through the node agents. One instance acts on events; requests may reach any."""
+acts through the node agents. One instance acts on events; requests may reach any. When it
+starts and whenever it reconnects to NATS it asks every agent for its cards' present state
+(`qshare.nodes.announce`), so what it missed meanwhile converges."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from qshare import bus
 from qshare.contracts import envelope, rpc, subjects
+from qshare.contracts.agent import AnnounceRequest
 from qshare.contracts.errors import InvalidInput, QshareError
 from qshare.contracts.preemption import ClaimAction
 from qshare.contracts.tracing import flush_tracing, handling, setup_tracing
@@ -45,12 +48,15 @@ class Preemptor(Service):
         self._tasks: set[asyncio.Task[None]] = set()
         self._retrier: asyncio.Task[None] | None = None
         self._slots = {kind: asyncio.Semaphore(MAX_IN_FLIGHT) for kind in _KINDS}
+        self.announce_requests = 0
+        """Times this preemptor asked the nodes to announce their cards' state."""
 
     async def start(self) -> None:
         s = self.settings
         setup_tracing("qshare-preemptor")
         self._engine = create_async_engine(s.database_url, pool_size=s.pool_size)
-        self._nc = await bus.connect(s.bus_as(self.source, ServiceRole.PREEMPTOR))
+        options = s.bus_as(self.source, ServiceRole.PREEMPTOR)
+        self._nc = await bus.connect(options, reconnected=self._reconnected)
         self.service = PreemptionService(self._nc, self._engine, self.source, s.command_timeout_s)
         await self._nc.subscribe("qshare.evt.gpu.*.*.busy", cb=self._on_card)
         await self._nc.subscribe("qshare.evt.gpu.*.*.idle", cb=self._on_card)
@@ -61,6 +67,7 @@ class Preemptor(Service):
         await self._nc.subscribe(subjects.NODE_USAGES, cb=self._on_usage)
         await bus.settled(self._nc)
         await self.service.reconcile()
+        await self.ask_announce("preemptor started")
         self._retrier = asyncio.create_task(self._resume_again(self.service))
         log.info("preemptor %s serving", s.instance)
 
@@ -74,6 +81,23 @@ class Preemptor(Service):
         if self._engine is not None:
             await self._engine.dispose()
         await asyncio.to_thread(flush_tracing)
+
+    async def _reconnected(self) -> None:
+        await self.ask_announce("preemptor reconnected to NATS")
+
+    async def ask_announce(self, reason: str) -> None:
+        """Ask every node agent to publish its cards' present busy/idle state again: card
+        events published while this preemptor was not subscribed (starting, restarting,
+        disconnected from NATS) are lost, and the states make good what they missed (a gang
+        whose card went idle meanwhile resumes; one whose card is busy is suspended)."""
+        assert self._nc is not None
+        body = envelope.wrap(
+            self.source, "io.qshare.nodes.announce", AnnounceRequest(reason=reason)
+        )
+        await self._nc.publish(subjects.NODES_ANNOUNCE, envelope.encode(body))
+        self.announce_requests += 1
+        log.info("preemptor %s asked the nodes for their cards' state (%s)",
+                 self.settings.instance, reason)  # fmt: skip
 
     async def _resume_again(self, service: PreemptionService) -> None:
         while True:

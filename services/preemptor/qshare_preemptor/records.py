@@ -8,7 +8,7 @@ import uuid
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from qshare.contracts.schema import preemptions
+from qshare.contracts.schema import gpus, preemptions
 from qshare_preemptor.gangs import Member, vgpus_of_claim
 
 
@@ -51,17 +51,24 @@ async def open_claims(
     return set((await conn.execute(query)).scalars().all())
 
 
-async def open_members(conn: AsyncConnection, kind: str) -> list[Member]:
-    """The vGPUs of every claim with an open record of `kind` (not also held by an operator)."""
+async def open_gangs(conn: AsyncConnection) -> dict[uuid.UUID, tuple[str | None, list[Member]]]:
+    """Each claim with an open `gang` record (not also held by an operator): the busy card its
+    record names (None: it names none, or that card is no longer in the inventory) and the
+    claim's vGPUs."""
     held = select(preemptions.c.claim_id).where(
         preemptions.c.ended_at.is_(None), preemptions.c.kind == "operator"
     )
-    query = select(preemptions.c.claim_id).where(
-        preemptions.c.ended_at.is_(None), preemptions.c.kind == kind,
-        preemptions.c.claim_id.not_in(held),
+    query = (
+        select(preemptions.c.claim_id, gpus.c.uuid)
+        .outerjoin(gpus, gpus.c.uuid == preemptions.c.gpu_uuid)
+        .where(
+            preemptions.c.ended_at.is_(None), preemptions.c.kind == "gang",
+            preemptions.c.claim_id.not_in(held),
+        )
+        .order_by(preemptions.c.claim_id)
     )  # fmt: skip
-    ids = list((await conn.execute(query)).scalars().all())
-    members: list[Member] = []
-    for claim_id in set(ids):
-        members += await vgpus_of_claim(conn, claim_id)
-    return members
+    found: dict[uuid.UUID, tuple[str | None, list[Member]]] = {}
+    for claim_id, card in (await conn.execute(query)).all():
+        if claim_id not in found:
+            found[claim_id] = (card, await vgpus_of_claim(conn, claim_id))
+    return found

@@ -29,7 +29,7 @@ from qshare_preemptor.gangs import (
     gang_of_card,
     vgpus_of_claim,
 )
-from qshare_preemptor.records import close_records, open_claims, open_members, open_records
+from qshare_preemptor.records import close_records, open_claims, open_gangs, open_records
 
 log = logging.getLogger(__name__)
 
@@ -50,15 +50,27 @@ class PreemptionService:
         """Busy and idle events handled so far (whatever they led to)."""
 
     async def reconcile(self) -> None:
-        """At start: resume the gangs a previous preemptor left suspended (it kept which
-        cards were busy in memory only). A card still busy stops its own LP at the next
-        launch, and its next busy episode suspends the gang again."""
-        left = await in_transaction(self._engine, lambda c: open_members(c, "gang"))
-        if left:
-            await self._act(left, suspend=False, reason="preemptor restarted")
-            ids = sorted({m.claim_id for m in left})
-            await in_transaction(self._engine, lambda c: close_records(c, ids, "gang"))
-            await self._publish_claims(ids, "resumed")
+        """At start: take up the gangs a previous preemptor left suspended (it kept which
+        cards were busy in memory only). Each stays held by the card its record names, as if
+        that card's busy event had just been handled; the state every agent announces when
+        the preemptor starts then resumes it if that card is idle (and a card busy meanwhile
+        adds itself). A gang whose record names no card still in the inventory is resumed
+        now: no event would ever come for it."""
+        async with self._lock:
+            left = await in_transaction(self._engine, open_gangs)
+            free: list[uuid.UUID] = []
+            for claim_id, (gpu, members) in left.items():
+                others = {m for m in members if m.gpu != gpu}
+                if gpu is None or not others:
+                    free.append(claim_id)
+                    continue
+                self._held_by[claim_id].add(gpu)
+                self._members.setdefault(claim_id, set()).update(others)
+            if free:
+                members = [m for c in free for m in left[c][1]]
+                await self._act(members, suspend=False, reason="preemptor restarted")
+                await in_transaction(self._engine, lambda c: close_records(c, free, "gang"))
+                await self._publish_claims(free, "resumed")
 
     async def resume_again(self) -> None:
         """Send again the resumes that did not reach their node (an agent restarting, NATS

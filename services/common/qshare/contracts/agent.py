@@ -83,8 +83,10 @@ class SuspendReply(BaseModel):
 class GpuEvent(BaseModel):
     """Body of `qshare.evt.gpu.<node>.<gpu>.<kind>`: one driver event (the ring's own unit:
     a busy or idle episode, an attach, a death, an OOM, never one message per launch).
-    A busy or idle with `seq` 0 and `value` 0 is the card's state as an agent found it when it
-    adopted the segment of its predecessor (what happened meanwhile was not recorded)."""
+    A busy or idle with `seq` 0 and `value` 0 is the card's present state, announced by the
+    agent when it adopted the segment of its predecessor (what happened meanwhile was not
+    recorded), after it registered again, after it reconnected to NATS, or when asked on
+    `qshare.nodes.announce`: a consumer treats it as a level, not as a new episode."""
 
     node: str
     gpu: str
@@ -96,3 +98,21 @@ class GpuEvent(BaseModel):
     seq: int
     time_ns: int
     dropped: int = Field(0, description="ring entries lost before the agent read them, so far")
+
+
+class AnnounceRequest(BaseModel):
+    """Body of `qshare.nodes.announce`: every node agent publishes its cards' present busy or
+    idle state again (at most once per its rate limit, however many requests arrive)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    reason: Annotated[Text, Field(max_length=253)] = ""
+
+
+class RegisterCommand(BaseModel):
+    """`cmd.register`: the allocator got a heartbeat from a node it does not know (deleted
+    over REST while its agent ran); the agent registers again, as at its start."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    reason: Annotated[Text, Field(max_length=253)] = ""

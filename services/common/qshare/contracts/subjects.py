@@ -92,3 +92,9 @@ def parse_gpu_event(subject: str) -> tuple[str, str, str]:
     """(node, gpu, kind) of `qshare.evt.gpu.<node>.<gpu>.<kind>`."""
     parts = subject.split(".")
     return node_from_token(parts[3]), parts[4], parts[5]
+
+
+NODES_ANNOUNCE: Final = "qshare.nodes.announce"
+"""Broadcast the preemptor publishes when it starts and whenever it reconnects to NATS: every
+node agent answers by publishing its cards' present busy/idle state again (rate-limited), so
+card events missed while the preemptor was away are made good (level-triggered resync)."""
