@@ -110,5 +110,5 @@ async def test_the_openapi_document_describes_problem_documents_and_outages(
 async def test_a_405_allows_every_method_of_the_path(
     api: httpx.AsyncClient, team_a: dict[str, str]
 ) -> None:
-    response = await api.patch("/v1/nodes/n1", headers=team_a)
-    assert response.headers["allow"] == "DELETE, GET"
+    response = await api.put("/v1/nodes/n1", headers=team_a)
+    assert response.headers["allow"] == "DELETE, GET, PATCH"
