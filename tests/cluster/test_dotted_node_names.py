@@ -11,8 +11,8 @@ from pydantic import TypeAdapter, ValidationError
 from qshare.contracts import subjects
 from qshare.contracts.nodes import NodeName
 
-from .conftest import StartAgent, eventually, ready_claim
-from .test_preemption import _holds, attach, suspended
+from .conftest import StartAgent, ready_claim
+from .test_preemption import gang_follows_high_priority
 
 EKS_NAME = "ip-10-0-0-1.ec2.internal"
 
@@ -49,11 +49,4 @@ async def test_high_priority_on_a_dotted_node_suspends_its_low_priority_gang(
     api: httpx.AsyncClient, start_agent: StartAgent
 ) -> None:
     agent = await start_agent(cards=2, name="gpu-7.rack-2.example", segment="qs-rack")
-    gang = await ready_claim(api, count=2)
-    hp = await ready_claim(api, priority="high", vcore=50)
-    other = next(v for v in gang["vgpus"] if v["gpu"] != hp["vgpus"][0]["gpu"])
-    with attach(agent, hp["vgpus"][0]) as client:
-        client.launch_begin()
-        await eventually(lambda: _holds(suspended(agent, other["local_id"])))
-        client.launch_end()
-        await eventually(lambda: _holds(not suspended(agent, other["local_id"])))
+    await gang_follows_high_priority(api, agent)

@@ -32,7 +32,12 @@ def attach(agent: NodeAgent, vgpu: dict[str, Any]) -> Client:
 async def test_high_priority_busy_on_one_card_suspends_the_gang_on_the_other(
     api: httpx.AsyncClient, start_agent: StartAgent
 ) -> None:
-    agent = await start_agent(cards=2)
+    await gang_follows_high_priority(api, await start_agent(cards=2))
+
+
+async def gang_follows_high_priority(api: httpx.AsyncClient, agent: NodeAgent) -> None:
+    """A two-card LP gang is suspended on the card HP does not use while HP is busy on the
+    other, and resumed once HP is idle."""
     gang = await ready_claim(api, count=2)
     hp = await ready_claim(api, priority="high", vcore=50)
     other = next(v for v in gang["vgpus"] if v["gpu"] != hp["vgpus"][0]["gpu"])
