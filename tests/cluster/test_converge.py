@@ -47,3 +47,21 @@ def test_one_apply_that_shrinks_one_vgpu_and_grows_another_into_its_room_is_appl
     reply = conv.apply(ApplyDesired(node=node.name, generation=2, vgpus=regrown))
     assert reply.refused == []
     assert (node.vgpu_stats(1).core_share, node.vgpu_stats(2).core_share) == (70, 30)
+
+
+def test_a_vgpu_whose_core_shrinks_while_its_memory_grows_gives_its_core_before_another_grows(
+    node: Node,
+) -> None:
+    conv = Converger(node, {CARD.uuid: CARD})
+    first, second = uuid.uuid4(), uuid.uuid4()
+    conv.apply(
+        ApplyDesired(
+            node=node.name, generation=1, vgpus=[_vgpu(1, 40, first), _vgpu(2, 60, second)]
+        )
+    )
+    bigger = _vgpu(2, 30, second).model_copy(update={"vmemory_mib": 4096})
+    regrown = [_vgpu(1, 70, first), bigger]  # id 2 gives core share but takes more memory
+    reply = conv.apply(ApplyDesired(node=node.name, generation=2, vgpus=regrown))
+    assert reply.refused == []
+    assert (node.vgpu_stats(1).core_share, node.vgpu_stats(2).core_share) == (70, 30)
+    assert node.vgpu_stats(2).mem_limit == 4096 << 20

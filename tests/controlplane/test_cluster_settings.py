@@ -40,3 +40,17 @@ def test_an_unknown_placement_is_refused(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setenv("QSHARE_PLACEMENT_NODE", "tightly")
     with pytest.raises(ValidationError, match="'spread' or 'binpack'"):
         ClusterSettings()
+
+
+def test_variables_outside_the_qshare_prefix_set_no_placement(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("NODE_POLICY", "binpack")
+    monkeypatch.setenv("CARD_POLICY", "binpack")
+    rules = ClusterSettings()
+    assert (rules.node_policy, rules.card_policy) == (PlacementPolicy.SPREAD,) * 2
+
+
+def test_placements_given_by_field_name_are_taken() -> None:
+    rules = ClusterSettings(node_policy="binpack", card_policy="binpack")
+    assert (rules.node_policy, rules.card_policy) == (PlacementPolicy.BINPACK,) * 2

@@ -20,20 +20,22 @@ class ClusterSettings(BaseSettings):
     floor(card GiB / 4) vGPUs per card.
     """
 
-    model_config = SettingsConfigDict(env_prefix="QSHARE_", extra="ignore")
+    model_config = SettingsConfigDict(
+        env_prefix="QSHARE_", extra="ignore", populate_by_name=True
+    )  # an alias is read as it stands: only QSHARE_ names, never a bare NODE_POLICY
 
     node_timeout_s: float = Field(30.0, gt=0, description="no heartbeat for this long: NotReady")
     min_vgpu_mib: int = Field(1024, ge=1, description="smallest vGPU memory")
     gib_per_vgpu: int = Field(4, ge=1, description="at most floor(card GiB / this) vGPUs per card")
     node_policy: PlacementPolicy = Field(
         PlacementPolicy.SPREAD,
-        validation_alias=AliasChoices("node_policy", "QSHARE_PLACEMENT_NODE", "QSHARE_NODE_POLICY"),
+        validation_alias=AliasChoices("QSHARE_PLACEMENT_NODE", "QSHARE_NODE_POLICY"),
         description="claims' default node placement (QSHARE_PLACEMENT_NODE; the older "
         "QSHARE_NODE_POLICY is read when it holds a placement policy)",
     )
     card_policy: PlacementPolicy = Field(
         PlacementPolicy.SPREAD,
-        validation_alias=AliasChoices("card_policy", "QSHARE_PLACEMENT_CARD", "QSHARE_CARD_POLICY"),
+        validation_alias=AliasChoices("QSHARE_PLACEMENT_CARD", "QSHARE_CARD_POLICY"),
         description="claims' default card placement (QSHARE_PLACEMENT_CARD)",
     )
 

@@ -67,6 +67,8 @@ class Converger:
         wanted = {v.local_id: v for v in desired.vgpus}
         for local_id in [i for i in self.held if i not in wanted]:
             self._destroy(local_id)
+        for vgpu in wanted.values():
+            self._lower_first(vgpu)
         ordered = sorted(wanted.values(), key=self._grows)  # shrinks free room for growths
         refused = [r for v in ordered if (r := self._converge_one(v)) is not None]
         self.generation = desired.generation
@@ -82,6 +84,23 @@ class Converger:
         """Take over vGPUs found in an adopted segment (after an agent restart)."""
         self.held.update({k: v for k, v in existing.items() if k < LOCAL_ID_LIMIT})
         self._notify()
+
+    def _lower_first(self, vgpu: DesiredVgpu) -> None:
+        """Give back what a staying vGPU shrinks before any vGPU grows: one whose core share
+        shrinks while its memory grows (or the reverse) counts as growing, so its smaller
+        side is set here, else another's growth could meet its old share in the driver."""
+        now = self.held.get(vgpu.local_id)
+        if now is None or (now.gpu, now.priority) != (vgpu.gpu, vgpu.priority):
+            return
+        vcore, mib = min(now.vcore, vgpu.vcore), min(now.vmemory_mib, vgpu.vmemory_mib)
+        if (vcore, mib) == (now.vcore, now.vmemory_mib):
+            return
+        try:
+            self.node.update_vgpu(vgpu.local_id, vcore, mib * MIB)
+        except DriverError as error:  # the full change is tried (and refused) below
+            log.warning("vGPU %d could not shrink first: %s", vgpu.local_id, error)
+            return
+        self.held[vgpu.local_id] = now.model_copy(update={"vcore": vcore, "vmemory_mib": mib})
 
     def _grows(self, vgpu: DesiredVgpu) -> bool:
         """True for a vGPU that is new or asks more of its card than it holds now: in one

@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from qshare.contracts.claims import ClaimView, ResizeClaim
 from qshare.contracts.domain import MAX_CORE_SHARE, ClaimStatus, Priority, Provisioner
 from qshare.contracts.errors import Conflict, FieldError, NotFound
-from qshare.contracts.rows import claim_view, vgpus_of
+from qshare.contracts.rows import claim_view, node_is_ready, vgpus_of
 from qshare.contracts.schema import claims, gpus, nodes, vgpus
 from qshare.settings import ClusterSettings
 from qshare_allocator.claims.classes import ClassCatalog
@@ -57,7 +57,7 @@ class Resizer:
         if row.status == ClaimStatus.PENDING.value:
             reason = await self._pending_reason(conn, row, new)
         elif new != old:
-            await _resize_on_cards(conn, row, old, new)
+            await _resize_on_cards(conn, row, old, new, self._rules.node_timeout_s)
         return await self._record(conn, row, new, reason)
 
     async def _check_class(self, conn: AsyncConnection, row: Row[Any]) -> None:
@@ -102,15 +102,30 @@ async def _locked_claim(conn: AsyncConnection, command: ResizeClaim) -> Row[Any]
     return row
 
 
-async def _resize_on_cards(conn: AsyncConnection, row: Row[Any], old: Size, new: Size) -> None:
-    await conn.execute(select(nodes.c.name).where(nodes.c.name == row.node_name).with_for_update())
+async def _resize_on_cards(
+    conn: AsyncConnection, row: Row[Any], old: Size, new: Size, node_timeout_s: float
+) -> None:
+    ready = await _locked_node_ready(conn, row.node_name, node_timeout_s)
+    grows = new.vcore > old.vcore or new.vmemory_mib > old.vmemory_mib
+    if grows and not ready:
+        raise Conflict(
+            f"claim {row.id} cannot grow: node {row.node_name} is NotReady, so no agent would "
+            "apply it (a shrink is allowed)"
+        )
     cards = await _locked_cards(conn, row)
     high = row.priority == Priority.HIGH.value
-    problems = [p for card in cards if (p := _no_room(card, high, old, new)) is not None]
+    problems = [p for card in cards if (p := _no_room(card, high, old, new, grows)) is not None]
     if problems:
         words = "; ".join(p.message for p in problems)
         raise Conflict(f"claim {row.id} cannot be resized where it runs: {words}", problems)
     await _write_sizes(conn, row, high, old, new)
+
+
+async def _locked_node_ready(conn: AsyncConnection, node: str, node_timeout_s: float) -> bool:
+    """Lock the claim's node (as a delete does); whether it is Ready."""
+    query = select(node_is_ready()).where(nodes.c.name == node).with_for_update(of=nodes)
+    found = await conn.execute(query, {"node_timeout_s": node_timeout_s})
+    return bool(found.scalar_one_or_none())
 
 
 async def _locked_cards(conn: AsyncConnection, row: Row[Any]) -> list[Row[Any]]:
@@ -123,8 +138,14 @@ async def _locked_cards(conn: AsyncConnection, row: Row[Any]) -> list[Row[Any]]:
     return list((await conn.execute(query)).all())
 
 
-def _no_room(card: Row[Any], high: bool, old: Size, new: Size) -> FieldError | None:
-    """Why `card` cannot take the claim's vGPU at its new size; None when it can."""
+def _no_room(card: Row[Any], high: bool, old: Size, new: Size, grows: bool) -> FieldError | None:
+    """Why `card` cannot take the claim's vGPU at its new size; None when it can. A card
+    that is unhealthy or retired takes no growth (as no placement), only shrinks."""
+    if grows and (not card.healthy or card.retired):
+        state = "retired (its node no longer reports it)" if card.retired else "unhealthy"
+        message = f"card {card.uuid} is {state}: a claim grows only on a healthy card"
+        return FieldError(field="vmemory" if new.vmemory_mib > old.vmemory_mib else "vcore",
+                          message=message)  # fmt: skip
     free_mib = card.memory_mib - card.allocated_mib + old.vmemory_mib
     if new.vmemory_mib > free_mib:
         message = f"card {card.uuid} has {free_mib} MiB for it, {new.vmemory_mib} MiB asked"
