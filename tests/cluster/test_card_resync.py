@@ -8,7 +8,7 @@ test cuts its connection) and restored to its settings afterwards."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx
 import pytest
@@ -105,31 +105,13 @@ async def agent_events(
 async def test_an_idle_missed_while_disconnected_resumes_the_gang_once_the_preemptor_reconnects(
     api: httpx.AsyncClient, partitioned: TcpProxy, agent_events: tuple[NodeAgent, CardEvents]
 ) -> None:
-    agent, events = agent_events
-    client, other = await gang_beside_high_priority(api, agent)
-    with client:
-        client.launch_begin()
-        await eventually(lambda: _holds(lambda: suspended(agent, other)))
-        await partitioned.cut()
-        client.launch_end()  # the card goes idle, and no preemptor hears it
-        await eventually(lambda: _holds(lambda: events.count("idle") >= 1))
-        partitioned.restore()
-        await eventually(lambda: _holds(lambda: not suspended(agent, other)))
+    await _idle_while_away(api, agent_events, partitioned.cut, _as_coroutine(partitioned.restore))
 
 
 async def test_a_restarted_preemptor_resumes_a_gang_whose_card_went_idle_while_it_was_down(
     api: httpx.AsyncClient, restartable: Restarts, agent_events: tuple[NodeAgent, CardEvents]
 ) -> None:
-    agent, events = agent_events
-    client, other = await gang_beside_high_priority(api, agent)
-    with client:
-        client.launch_begin()
-        await eventually(lambda: _holds(lambda: suspended(agent, other)))
-        await restartable.stop()
-        client.launch_end()
-        await eventually(lambda: _holds(lambda: events.count("idle") >= 1))
-        await restartable.start()
-        await eventually(lambda: _holds(lambda: not suspended(agent, other)))
+    await _idle_while_away(api, agent_events, restartable.stop, restartable.start)
 
 
 async def test_a_restarted_preemptor_keeps_a_gang_suspended_while_its_card_is_still_busy(
@@ -210,3 +192,30 @@ def suspended(agent: NodeAgent, local_id: int) -> bool:
 async def _holds(check: Callable[[], bool]) -> bool:
     await asyncio.sleep(0)
     return check()
+
+
+async def _idle_while_away(
+    api: httpx.AsyncClient,
+    agent_events: tuple[NodeAgent, CardEvents],
+    leave: Callable[[], Awaitable[None]],
+    come_back: Callable[[], Awaitable[None]],
+) -> None:
+    """HP holds an LP gang suspended; the preemptor leaves, the card goes idle unheard, the
+    preemptor comes back, and the gang resumes."""
+    agent, events = agent_events
+    client, other = await gang_beside_high_priority(api, agent)
+    with client:
+        client.launch_begin()
+        await eventually(lambda: _holds(lambda: suspended(agent, other)))
+        await leave()
+        client.launch_end()  # the card goes idle, and no preemptor hears it
+        await eventually(lambda: _holds(lambda: events.count("idle") >= 1))
+        await come_back()
+        await eventually(lambda: _holds(lambda: not suspended(agent, other)))
+
+
+def _as_coroutine(act: Callable[[], None]) -> Callable[[], Awaitable[None]]:
+    async def run() -> None:
+        act()
+
+    return run
