@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import and_, delete, or_, select
+from sqlalchemy import ColumnElement, and_, delete, or_, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from qshare.contracts.domain import HOLDING_STATUSES, ClaimStatus
@@ -24,7 +24,7 @@ async def lock_claims_first(
     the caller locks the node: those holding a vGPU there and, for a node, its releasing
     ones. A claim placed there between this and the node's lock is locked after it."""
     on = vgpus.c.node_name == node if card_uuids is None else vgpus.c.gpu_uuid.in_(card_uuids)
-    where = claims.c.id.in_(select(vgpus.c.claim_id).where(on))
+    where: ColumnElement[bool] = claims.c.id.in_(select(vgpus.c.claim_id).where(on))
     if card_uuids is None:
         releasing = claims.c.status == ClaimStatus.RELEASING.value
         where = or_(where, and_(claims.c.node_name == node, releasing))
