@@ -197,6 +197,27 @@ def test_a_lost_answer_to_the_take_still_takes_that_pod_and_no_other(
     assert "qshare.io/allocated" not in notes["second"]
 
 
+def test_a_pod_deleted_before_its_take_lands_leaves_the_take_to_the_next_pod(
+    plugin: DevicePlugin,
+    kubelet: KubeletDouble,
+    settings: KubernetesSettings,
+    apiserver: ApiServerDouble,
+    backend: LocalVgpus,
+) -> None:
+    bound_pod(apiserver, "first", vcore=20, bind_time="1")
+    second = bound_pod(apiserver, "second", vcore=20, bind_time="2")
+    first_path = "/api/v1/namespaces/default/pods/first"
+
+    def delete_first(path: str) -> None:  # deleted after the list, before the PATCH
+        if path == first_path and first_path in apiserver.objects:
+            apiserver.delete_object(first_path)
+
+    apiserver.before_patch = delete_first
+    [container] = allocate(kubelet, settings, 20).container_responses
+    assert list(backend.prepared()) == [f"allocator/{second}"]
+    assert container.envs["QSHARE_VGPU"] == str(backend.prepared()[f"allocator/{second}"].vgpu_id)
+
+
 def test_allocate_without_a_bound_pod_fails_with_a_clear_reason(
     plugin: DevicePlugin, kubelet: KubeletDouble, settings: KubernetesSettings
 ) -> None:

@@ -1,18 +1,34 @@
 """Removing a card or a node, and what happens to the claims on it: each claim holding a
 vGPU there gives all its capacity back and turns `failed`, with a reason and an event
 (`qshare.evt.claim.<id>.failed`); a `releasing` claim on a removed node is `released`. The
-caller holds the node's row lock and commits."""
+caller locks those claims (`lock_claims_first`) before the node's row, the order a delete,
+a resize and a move take them in, so a removal never deadlocks with one of them; then it
+holds the node's row lock and commits."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import delete, select
+from sqlalchemy import ColumnElement, and_, delete, or_, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from qshare.contracts.domain import HOLDING_STATUSES, ClaimStatus
 from qshare.contracts.schema import claims, gpus, vgpus
 from qshare_allocator.claims.transitions import release, transition
+
+
+async def lock_claims_first(
+    conn: AsyncConnection, node: str, card_uuids: list[str] | None = None
+) -> None:
+    """Lock the claims a removal of `card_uuids` (None: the whole node) may change, before
+    the caller locks the node: those holding a vGPU there and, for a node, its releasing
+    ones. A claim placed there between this and the node's lock is locked after it."""
+    on = vgpus.c.node_name == node if card_uuids is None else vgpus.c.gpu_uuid.in_(card_uuids)
+    where: ColumnElement[bool] = claims.c.id.in_(select(vgpus.c.claim_id).where(on))
+    if card_uuids is None:
+        releasing = claims.c.status == ClaimStatus.RELEASING.value
+        where = or_(where, and_(claims.c.node_name == node, releasing))
+    await conn.execute(select(claims.c.id).where(where).order_by(claims.c.id).with_for_update())
 
 
 async def fail_claims_on(

@@ -1,7 +1,9 @@
 """Node registration and heartbeats inside one transaction; the caller commits.
 
 Registration and heartbeats lock the node row before touching its cards, the same order
-placement uses, so they never race a placement on the same card.
+placement uses, so they never race a placement on the same card. A removal (and a
+registration that replaces a card) locks the claims it fails first, then the node, the
+order of a delete, a resize and a move.
 """
 
 from __future__ import annotations
@@ -26,7 +28,11 @@ from qshare.contracts.nodes import (
 from qshare.contracts.rows import node_is_ready, node_views
 from qshare.contracts.schema import claims, classes, gpus, nodes, vgpus
 from qshare.settings import ClusterSettings
-from qshare_allocator.inventory.removal import release_waiting_on, remove_cards
+from qshare_allocator.inventory.removal import (
+    lock_claims_first,
+    release_waiting_on,
+    remove_cards,
+)
 
 
 class InventoryService:
@@ -37,6 +43,9 @@ class InventoryService:
     async def register(self, conn: AsyncConnection, registration: NodeRegistration) -> NodeView:
         """Create or refresh a node and its cards; it counts as a heartbeat. A new card at the
         index of one the node no longer reports replaces it (claims on the old one fail)."""
+        replaced = await self._replaced(conn, registration)
+        if replaced:  # their claims before the node, as every claim-then-node transaction
+            await lock_claims_first(conn, registration.name, replaced)
         await self._upsert_node(conn, registration)
         await self._remove_replaced(conn, registration)
         try:
@@ -78,6 +87,7 @@ class InventoryService:
 
     async def remove_node(self, conn: AsyncConnection, name: str) -> RemovalReply:
         """Forget a node and its cards; claims on them fail with a reason and an event."""
+        await lock_claims_first(conn, name)
         await self._lock(conn, name)
         cards = select(gpus.c.uuid).where(gpus.c.node_name == name)
         uuids = list((await conn.execute(cards)).scalars().all())
@@ -99,6 +109,7 @@ class InventoryService:
 
     async def remove_card(self, conn: AsyncConnection, node: str, uuid: str) -> RemovalReply:
         """Forget one card of a node; claims holding a vGPU on it fail."""
+        await lock_claims_first(conn, node, [uuid])
         await self._lock(conn, node)
         found = select(gpus.c.uuid).where(gpus.c.node_name == node, gpus.c.uuid == uuid)
         if (await conn.execute(found)).scalar_one_or_none() is None:
@@ -112,7 +123,7 @@ class InventoryService:
         if (await conn.execute(query)).scalar_one_or_none() is None:
             raise NotFound(f"node {name} is not registered")
 
-    async def _remove_replaced(self, conn: AsyncConnection, registration: NodeRegistration) -> None:
+    async def _replaced(self, conn: AsyncConnection, registration: NodeRegistration) -> list[str]:
         """Cards no longer reported whose index a newly reported card takes."""
         listed = [g.uuid for g in registration.gpus]
         query = select(gpus.c.uuid).where(
@@ -120,7 +131,10 @@ class InventoryService:
             gpus.c.uuid.not_in(listed),
             gpus.c.idx.in_([g.index for g in registration.gpus]),
         )
-        replaced = list((await conn.execute(query)).scalars().all())
+        return list((await conn.execute(query)).scalars().all())
+
+    async def _remove_replaced(self, conn: AsyncConnection, registration: NodeRegistration) -> None:
+        replaced = await self._replaced(conn, registration)
         if replaced:
             await remove_cards(conn, self._source, registration.name, replaced)
 

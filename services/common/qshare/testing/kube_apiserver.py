@@ -16,7 +16,7 @@ import threading
 import time
 import urllib.parse
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -36,6 +36,8 @@ class ApiServerDouble:
         self._events: deque[Event] = deque(maxlen=history)
         self._closing = False
         self.lose_patch_answers = 0  # the next n PATCHes are applied but not answered
+        self.before_patch: Callable[[str], None] | None = None
+        """Called with a PATCH's path before it is applied (a change racing the client's)."""
         double = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -90,6 +92,8 @@ class ApiServerDouble:
                 self._reply(*double.put(self.path, self._body()))
 
             def do_PATCH(self) -> None:
+                if double.before_patch is not None:
+                    double.before_patch(self.path)
                 answer = double.patch(self.path, self._body())
                 if double.take_lost_answer():
                     self.close_connection = True  # applied, but the client never hears

@@ -90,10 +90,17 @@ def _took(api: KubeApi, meta: dict[str, Any], mark: str) -> bool:
         api.patch_pod(meta["namespace"], meta["name"], patch)
         return True
     except ApiError as exc:
+        if exc.status == 404:
+            return False  # deleted since the list: no container of it asks any more
         if exc.status not in (0, 409):
             raise
         failure = exc
-    now = api.pod(meta["namespace"], meta["name"])
+    try:
+        now = api.pod(meta["namespace"], meta["name"])
+    except ApiError as exc:
+        if exc.status == 404:
+            return False  # gone meanwhile: whoever took it, nothing runs there now
+        raise
     if (now["metadata"].get("annotations") or {}).get(TAKEN) == mark:
         return True
     if failure.status == 0:
