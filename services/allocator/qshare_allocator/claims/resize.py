@@ -16,15 +16,16 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from qshare.contracts.claims import ClaimView, ResizeClaim
 from qshare.contracts.domain import MAX_CORE_SHARE, ClaimStatus, Priority, Provisioner
-from qshare.contracts.errors import Conflict, FieldError, NotFound
+from qshare.contracts.errors import Conflict, FieldError
 from qshare.contracts.rows import claim_view, node_is_ready, vgpus_of
 from qshare.contracts.schema import claims, gpus, nodes, vgpus
 from qshare.settings import ClusterSettings
 from qshare_allocator.claims.classes import ClassCatalog
 from qshare_allocator.claims.quotas import check_growth
-from qshare_allocator.claims.transitions import claim_event_params
+from qshare_allocator.claims.transitions import claim_event_params, locked_claim
 from qshare_allocator.claims.views import demand_of, spec_of
 from qshare_allocator.outbox import event_insert
+from qshare_allocator.placement.capacity import adjust_node
 from qshare_allocator.placement.demand import check_granularity
 from qshare_allocator.placement.diagnosis import why_not
 
@@ -91,10 +92,7 @@ class Resizer:
 
 
 async def _locked_claim(conn: AsyncConnection, command: ResizeClaim) -> Row[Any]:
-    query = select(claims).where(claims.c.id == command.claim_id).with_for_update()
-    row = (await conn.execute(query)).one_or_none()
-    if row is None or (command.tenant is not None and row.tenant != command.tenant):
-        raise NotFound(f"claim {command.claim_id} not found")
+    row: Row[Any] = await locked_claim(conn, command.claim_id, command.tenant)
     if row.status not in RESIZABLE:
         raise Conflict(
             f"claim {row.id} is {row.status}: only pending, placed and ready claims are resized"
@@ -177,16 +175,8 @@ async def _write_sizes(
         .where(vgpus.c.claim_id == row.id)
         .values(vcore=new.vcore, vmemory_mib=new.vmemory_mib)
     )
-    await conn.execute(
-        update(nodes)
-        .where(nodes.c.name == row.node_name)
-        .values(
-            free_mib=nodes.c.free_mib - mib * _count(row),
-            desired_generation=nodes.c.desired_generation + 1,
-            core_high=nodes.c.core_high + (core * _count(row) if high else 0),
-            core_low=nodes.c.core_low + (0 if high else core * _count(row)),
-        )
-    )
+    given, share = -mib * _count(row), -core * _count(row)  # what the node gets back
+    await adjust_node(conn, row.node_name, given, share if high else 0, 0 if high else share)
 
 
 def _count(row: Row[Any]) -> int:

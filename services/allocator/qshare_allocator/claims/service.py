@@ -25,14 +25,13 @@ from qshare.contracts.claims import (
     VgpuView,
 )
 from qshare.contracts.domain import HOLDING_STATUSES, ClaimStatus, Priority
-from qshare.contracts.errors import NotFound
 from qshare.contracts.rows import claim_view, node_is_ready, vgpus_of
 from qshare.contracts.schema import claims, nodes
 from qshare.settings import ClusterSettings
 from qshare_allocator.claims.classes import ClassCatalog
 from qshare_allocator.claims.idempotency import ensure_same_request
 from qshare_allocator.claims.quotas import check_quota
-from qshare_allocator.claims.transitions import claim_event_params
+from qshare_allocator.claims.transitions import claim_event_params, locked_claim
 from qshare_allocator.claims.views import demand_of, spec_of
 from qshare_allocator.db import together
 from qshare_allocator.outbox import event_insert
@@ -98,10 +97,7 @@ class ClaimService:
         """Give the claim's capacity back; it is `releasing` until its node confirms the
         vGPUs are gone (a Ready node with an agent), else `released` at once. A claim of
         another tenant is reported as not found."""
-        query = select(claims).where(claims.c.id == command.claim_id).with_for_update()
-        row = (await conn.execute(query)).one_or_none()
-        if row is None or (command.tenant is not None and row.tenant != command.tenant):
-            raise NotFound(f"claim {command.claim_id} not found")
+        row = await locked_claim(conn, command.claim_id, command.tenant)
         if row.status in (ClaimStatus.RELEASED.value, ClaimStatus.RELEASING.value):
             return claim_view(row, [])
         generation = None

@@ -13,10 +13,21 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from qshare.contracts import subjects
 from qshare.contracts.claims import ClaimView
 from qshare.contracts.domain import ClaimStatus
+from qshare.contracts.errors import NotFound
 from qshare.contracts.rows import claim_view, claim_views
 from qshare.contracts.schema import claims
 from qshare_allocator.outbox import event_insert, event_params
 from qshare_allocator.placement.capacity import give_back
+
+
+async def locked_claim(conn: AsyncConnection, claim_id: uuid.UUID, tenant: str | None) -> Any:
+    """The claim's row, locked; NotFound when there is none or, with `tenant` (None: an
+    admin acts), when it is another tenant's."""
+    query = select(claims).where(claims.c.id == claim_id).with_for_update()
+    row = (await conn.execute(query)).one_or_none()
+    if row is None or (tenant is not None and row.tenant != tenant):
+        raise NotFound(f"claim {claim_id} not found")
+    return row
 
 
 async def transition(

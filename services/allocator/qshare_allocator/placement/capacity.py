@@ -116,13 +116,15 @@ async def give_back(conn: AsyncConnection, claim_id: uuid.UUID, node: str) -> bo
     )
     high = sum(r.vcore for r in held if r.priority == "high")
     low = sum(r.vcore for r in held if r.priority != "high")
-    await _adjust_node(conn, node, sum(r.vmemory_mib for r in held), high, low)
+    await adjust_node(conn, node, sum(r.vmemory_mib for r in held), high, low)
     return True
 
 
-async def _adjust_node(
+async def adjust_node(
     conn: AsyncConnection, node: str, delta_mib: int, high: int, low: int
 ) -> None:
+    """`node` gets `delta_mib` of memory and `high`/`low` core share back (negative: takes
+    more), and a new desired generation for its agent to apply."""
     await conn.execute(
         update(nodes)
         .where(nodes.c.name == node)
