@@ -69,8 +69,7 @@ class Converger:
             self._destroy(local_id)
         for vgpu in wanted.values():
             self._lower_first(vgpu)
-        ordered = sorted(wanted.values(), key=self._grows)  # shrinks free room for growths
-        refused = [r for v in ordered if (r := self._converge_one(v)) is not None]
+        refused = [r for v in wanted.values() if (r := self._converge_one(v)) is not None]
         self.generation = desired.generation
         return self._reply(desired.node, refused=refused)
 
@@ -86,30 +85,26 @@ class Converger:
         self._notify()
 
     def _lower_first(self, vgpu: DesiredVgpu) -> None:
-        """Give back what a staying vGPU shrinks before any vGPU grows: one whose core share
-        shrinks while its memory grows (or the reverse) counts as growing, so its smaller
-        side is set here, else another's growth could meet its old share in the driver."""
+        """Give back everything an apply takes away before anything grows, so a card's sums
+        in the driver never pass its limit halfway through an apply: a vGPU that moves to
+        another card or priority leaves its old place now, and one that stays is set to the
+        smaller of its old and new core share and memory (a share may shrink while the
+        memory grows); growths and creations follow."""
         now = self.held.get(vgpu.local_id)
-        if now is None or (now.gpu, now.priority) != (vgpu.gpu, vgpu.priority):
-            return
-        vcore, mib = min(now.vcore, vgpu.vcore), min(now.vmemory_mib, vgpu.vmemory_mib)
-        if (vcore, mib) == (now.vcore, now.vmemory_mib):
+        if now is None:
             return
         try:
-            self.node.update_vgpu(vgpu.local_id, vcore, mib * MIB)
-        except DriverError as error:  # the full change is tried (and refused) below
-            log.warning("vGPU %d could not shrink first: %s", vgpu.local_id, error)
-            return
-        self.held[vgpu.local_id] = now.model_copy(update={"vcore": vcore, "vmemory_mib": mib})
-
-    def _grows(self, vgpu: DesiredVgpu) -> bool:
-        """True for a vGPU that is new or asks more of its card than it holds now: in one
-        apply, the driver sees every shrink first, so a card's sums never pass its limit
-        halfway through (one claim shrinks while another grows into what it gave)."""
-        now = self.held.get(vgpu.local_id)
-        if now is None or now.gpu != vgpu.gpu:
-            return True
-        return vgpu.vcore > now.vcore or vgpu.vmemory_mib > now.vmemory_mib
+            if (now.gpu, now.priority) != (vgpu.gpu, vgpu.priority):
+                self._destroy(vgpu.local_id)
+                return
+            vcore, mib = min(now.vcore, vgpu.vcore), min(now.vmemory_mib, vgpu.vmemory_mib)
+            if (vcore, mib) != (now.vcore, now.vmemory_mib):
+                self.node.update_vgpu(vgpu.local_id, vcore, mib * MIB)
+                self.held[vgpu.local_id] = now.model_copy(
+                    update={"vcore": vcore, "vmemory_mib": mib}
+                )
+        except DriverError as error:  # the full change is tried (and refused) by _place
+            log.warning("vGPU %d could not give back first: %s", vgpu.local_id, error)
 
     def _reply(
         self, node: str, refused: list[Refusal] | None = None, stale: bool = False
