@@ -54,6 +54,7 @@ def edits(vgpu: LocalVgpu) -> dict[str, Any]:
 
 
 CLAIM_OWNER = "claim_"
+"""A DRA claim's spec file is `qshare.io-claim_<uid>.json` (written by the DRA plugin)."""
 
 
 def recorded_vgpus(directory: Path) -> dict[int, str]:

@@ -305,7 +305,7 @@ def _logged(what: str) -> Iterator[None]:
 
 
 def _owner(uid: str) -> str:
-    return f"claim_{uid}"
+    return f"{cdi.CLAIM_OWNER}{uid}"
 
 
 def _api_of(request: Any) -> wire.Api:
