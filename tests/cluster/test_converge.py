@@ -33,16 +33,19 @@ def _vgpu(local_id: int, vcore: int, claim: uuid.UUID) -> DesiredVgpu:
     )  # fmt: skip
 
 
+def _two_vgpus_filling_the_card(node: Node) -> tuple[Converger, uuid.UUID, uuid.UUID]:
+    """A converger that applied vGPU 1 at 40 % and vGPU 2 at 60 % of the card's core."""
+    conv = Converger(node, {CARD.uuid: CARD})
+    first, second = uuid.uuid4(), uuid.uuid4()
+    vgpus = [_vgpu(1, 40, first), _vgpu(2, 60, second)]
+    assert conv.apply(ApplyDesired(node=node.name, generation=1, vgpus=vgpus)).refused == []
+    return conv, first, second
+
+
 def test_one_apply_that_shrinks_one_vgpu_and_grows_another_into_its_room_is_applied(
     node: Node,
 ) -> None:
-    conv = Converger(node, {CARD.uuid: CARD})
-    first, second = uuid.uuid4(), uuid.uuid4()
-    conv.apply(
-        ApplyDesired(
-            node=node.name, generation=1, vgpus=[_vgpu(1, 40, first), _vgpu(2, 60, second)]
-        )
-    )
+    conv, first, second = _two_vgpus_filling_the_card(node)
     regrown = [_vgpu(1, 70, first), _vgpu(2, 30, second)]  # id 1 grows into what id 2 gives
     reply = conv.apply(ApplyDesired(node=node.name, generation=2, vgpus=regrown))
     assert reply.refused == []
@@ -52,13 +55,7 @@ def test_one_apply_that_shrinks_one_vgpu_and_grows_another_into_its_room_is_appl
 def test_a_vgpu_whose_core_shrinks_while_its_memory_grows_gives_its_core_before_another_grows(
     node: Node,
 ) -> None:
-    conv = Converger(node, {CARD.uuid: CARD})
-    first, second = uuid.uuid4(), uuid.uuid4()
-    conv.apply(
-        ApplyDesired(
-            node=node.name, generation=1, vgpus=[_vgpu(1, 40, first), _vgpu(2, 60, second)]
-        )
-    )
+    conv, first, second = _two_vgpus_filling_the_card(node)
     bigger = _vgpu(2, 30, second).model_copy(update={"vmemory_mib": 4096})
     regrown = [_vgpu(1, 70, first), bigger]  # id 2 gives core share but takes more memory
     reply = conv.apply(ApplyDesired(node=node.name, generation=2, vgpus=regrown))
