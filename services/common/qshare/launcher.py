@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from qshare.native_build import INTERPOSER
+from qshare_driver import layout
 
 LIBRARY_NAME = "libqshare-cuda.so"
 DEFAULT_SEGMENT = "qshare"
@@ -57,8 +58,8 @@ def find_library(explicit: Path | None, env: Mapping[str, str]) -> Path | None:
 def missing_segment(segment: str, shm_dir: Path | None, env: Mapping[str, str]) -> str | None:
     """Why the node segment cannot serve the program, or None: checked before it starts, so
     a program never runs unlimited because no node agent created the segment."""
-    directory = shm_dir or Path(env.get("QSHARE_SHM_DIR") or "/dev/shm")
-    config = directory / f"qshare.{segment}.cfg"
+    config = layout.config_file(segment, shm_dir, env)
+    directory = config.parent
     if not config.is_file():
         return (
             f"no node segment {segment!r} in {directory} ({config.name} is missing); start "

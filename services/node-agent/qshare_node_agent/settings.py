@@ -15,6 +15,7 @@ from qshare.contracts.agent import LOCAL_ID_LIMIT
 from qshare.contracts.domain import CardPolicy
 from qshare.contracts.nodes import NODE_NAME_MAX, NODE_NAME_PATTERN, default_node_name
 from qshare.contracts.quantities import parse_mib
+from qshare_driver import layout
 
 log = logging.getLogger(__name__)
 
@@ -106,9 +107,8 @@ class NodeAgentSettings(BaseSettings, BusIdentity):
         return self
 
     def vgpu_socket_path(self, local_id: int) -> str:
-        """Where the driver puts vGPU `local_id`'s socket (native/src/segment.c's layout)."""
-        directory = self.shm_dir or os.environ.get("QSHARE_SHM_DIR") or "/dev/shm"
-        return f"{directory}/qshare.{self.segment_name}.v{local_id}/sock"
+        """Where the driver puts vGPU `local_id`'s socket."""
+        return str(layout.vgpu_socket(self.segment_name, local_id, self.shm_dir))
 
 
 def _path_bytes(path: str) -> int:

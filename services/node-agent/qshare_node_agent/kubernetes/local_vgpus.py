@@ -18,6 +18,7 @@ from pathlib import Path
 
 from qshare.contracts.domain import MAX_CORE_SHARE, Priority
 from qshare.launcher import find_library
+from qshare_driver import layout
 from qshare_driver.errors import DriverError, NotFoundError
 from qshare_driver.node import Node, Policy
 from qshare_node_agent.discovery import Card
@@ -72,7 +73,7 @@ class LocalVgpus:
         self._vgpus: dict[str, LocalVgpu] = {}
         self._entries: dict[str, str] = {}  # the checkpoint's, serialised once each
         self._watchers: list[CardWatcher] = []
-        self.segment_dir = Path(node.directory or os.environ.get("QSHARE_SHM_DIR") or "/dev/shm")
+        self.segment_dir = layout.segment_dir(Path(node.directory) if node.directory else None)
         self.checkpoint = checkpoint.checkpoint_path(self.segment_dir, node.name)
 
     # -- cards -------------------------------------------------------------------------
@@ -395,7 +396,7 @@ class LocalVgpus:
         """The interposer and the vGPU's attach directory (its socket: the container's only
         way to the driver, see docs/driver.md), at the same path as on the host. Nothing
         of the segment itself is mounted: the owner hands a client its mappings."""
-        attach = f"{self.segment_dir}/qshare.{self._node.name}.v{vgpu_id}"
+        attach = str(layout.vgpu_dir(self._node.name, vgpu_id, self.segment_dir))
         mounts = (Mount(attach, attach, read_only=False),)
         return mounts if self._library_mount is None else (self._library_mount, *mounts)
 
