@@ -14,7 +14,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
-import pytest
 from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -35,6 +34,12 @@ async def _pid(conn: AsyncConnection) -> int:
     return pid
 
 
+async def _evict_at(engine: AsyncEngine, claim_id: uuid.UUID) -> Any:
+    async with engine.connect() as conn:
+        query = select(claims.c.evict_at).where(claims.c.id == claim_id)
+        return (await conn.execute(query)).scalar_one()
+
+
 async def _waiting(engine: AsyncEngine, pid: int) -> None:
     """Until backend `pid` waits for a lock."""
     query = text("SELECT wait_event_type FROM pg_stat_activity WHERE pid = :pid")
@@ -47,11 +52,14 @@ async def _waiting(engine: AsyncEngine, pid: int) -> None:
 
 
 async def _race(
-    engine: AsyncEngine, claim_id: uuid.UUID, other: Callable[[AsyncConnection], Awaitable[Any]]
+    engine: AsyncEngine,
+    claim_id: uuid.UUID,
+    other: Callable[[AsyncConnection], Awaitable[Any]],
+    vmemory: int = 1024,
 ) -> Any:
-    """Lock the claim, run `other` until it waits, resize the claim (a shrink), commit both;
-    returns what `other` returned."""
-    resize = ResizeClaim(claim_id=claim_id, change=ClaimResize(vmemory=1024))
+    """Lock the claim, run `other` until it waits, resize the claim (to `vmemory` MiB),
+    commit both; returns what `other` returned."""
+    resize = ResizeClaim(claim_id=claim_id, change=ClaimResize(vmemory=vmemory))
     async with engine.connect() as first, engine.connect() as second:
         pid = await _pid(second)
         await second.commit()
@@ -95,17 +103,13 @@ async def test_a_resize_and_a_removal_of_the_claims_node_do_not_deadlock(
     assert [str(c) for c in reply.failed_claims] == [claim["id"]]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known, not fixed: a create that finds no card keeps the node it locked on the fast "
-    "path while it marks its victims (node, then claim); a resize or a delete of a victim "
-    "(claim, then node) deadlocks with it, and Postgres aborts one, which is retried",
-)
 async def test_a_resize_and_a_high_priority_claim_that_would_evict_it_do_not_deadlock(
     api: httpx.AsyncClient, start_agent: StartAgent, engine: AsyncEngine
 ) -> None:
     """One card's memory is the victim's; the other card holds as many vGPUs as it may, so
-    the new claim locks the node, finds no card, and plans to evict the victim."""
+    the new claim locks the node, finds no card, and plans to evict the victim. The resize
+    shrinks the victim before the create can lock it: the plan is stale, and the create
+    places the claim in the room the shrink made, evicting nobody."""
     await start_agent(cards=2, memory="16Gi")
     victim = await ready_claim(api, vmemory="14Gi")
     for _ in range(4):  # 1 % each: they spread onto the other card, up to its 4 vGPUs
@@ -119,4 +123,27 @@ async def test_a_resize_and_a_high_priority_claim_that_would_evict_it_do_not_dea
         uuid.UUID(victim["id"]),
         lambda conn: service.create(conn, CreateClaim(tenant="admin", spec=spec)),
     )
+    assert reply.claim.status.value == "placed"
+    assert await _evict_at(engine, uuid.UUID(victim["id"])) is None
+
+
+async def test_a_high_priority_claim_evicts_a_victim_that_a_concurrent_resize_grew(
+    api: httpx.AsyncClient, start_agent: StartAgent, engine: AsyncEngine
+) -> None:
+    """The plan read the victim at 10 GiB; it grows to 14 GiB before the create locks it, so
+    the create plans again from what was committed and still evicts it, and stays pending."""
+    await start_agent(cards=2, memory="16Gi")
+    victim = await ready_claim(api, vmemory="10Gi")
+    for _ in range(4):
+        await ready_claim(api, vcore=1, vmemory="1Gi")
+    spec = ClaimSpec(priority=Priority.HIGH, vcore=20, vmemory=8192)
+    service = ClaimService(RULES, SOURCE)
+    reply = await _race(
+        engine,
+        uuid.UUID(victim["id"]),
+        lambda conn: service.create(conn, CreateClaim(tenant="admin", spec=spec)),
+        vmemory=14 * 1024,
+    )
     assert reply.claim.status.value == "pending"
+    assert "evicted" in (reply.claim.reason or "")
+    assert await _evict_at(engine, uuid.UUID(victim["id"])) is not None

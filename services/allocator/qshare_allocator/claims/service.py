@@ -39,9 +39,10 @@ from qshare_allocator.placement import eviction
 from qshare_allocator.placement.capacity import give_back, holding
 from qshare_allocator.placement.demand import Demand, check_granularity
 from qshare_allocator.placement.diagnosis import why_not
-from qshare_allocator.placement.finder import find_and_lock
+from qshare_allocator.placement.finder import Choice, find_and_lock
 
 PendingCursor = tuple[datetime, uuid.UUID]
+PLACE_ATTEMPTS = 3  # a stale eviction plan starts placement over, at most this often
 
 
 class ClaimService:
@@ -60,9 +61,8 @@ class ClaimService:
             return CreateClaimReply(claim=known, created=False)
         await check_quota(conn, command.tenant, demand)
         claim_id = uuid.uuid4()
-        choice = await find_and_lock(conn, demand, self._rules.node_timeout_s)
+        choice, reason = await self._place(conn, claim_id, demand)
         held = holding(claim_id, demand, choice) if choice else None
-        reason = None if held else await self._why_pending(conn, claim_id, demand)
         view = _new_view(claim_id, command, held.vgpus if held else [], reason)
         writes = held.statements if held else ()
         params = _claim_params(view, spec) | (held.params if held else {}) | self._event(view)
@@ -109,6 +109,17 @@ class ClaimService:
         await conn.execute(together(_status_update(), event_insert()), params)
         return view
 
+    async def _find(self, conn: AsyncConnection, demand: Demand) -> Choice | None:
+        """Place `demand`. A miss that goes on to evict gives back the node locks it took
+        first: victims' claims are locked after, and a resize or delete of a victim locks
+        its claim, then its node (one lock order, no deadlock)."""
+        if not eviction.may_evict(demand):
+            return await find_and_lock(conn, demand, self._rules.node_timeout_s)
+        savepoint = await conn.begin_nested()
+        choice = await find_and_lock(conn, demand, self._rules.node_timeout_s)
+        await (savepoint.commit() if choice else savepoint.rollback())
+        return choice
+
     async def _awaiting(self, conn: AsyncConnection, node: str) -> int | None:
         """The generation that drops a released claim's vGPUs from `node`, when an agent on
         a Ready node will confirm it; None when nothing will."""
@@ -119,14 +130,23 @@ class ClaimService:
         generation: int | None = found.scalar_one_or_none()
         return generation
 
-    async def _why_pending(self, conn: AsyncConnection, claim_id: uuid.UUID, demand: Demand) -> str:
-        """The reason, after evicting low-priority claims for a high-priority one if that
-        makes room."""
-        reason = await why_not(conn, demand, self._rules.node_timeout_s)
-        victims = await eviction.plan(conn, demand, self._rules.node_timeout_s)
-        if victims:
-            return await eviction.start(conn, victims, claim_id, self._source)
-        return reason
+    async def _place(
+        self, conn: AsyncConnection, claim_id: uuid.UUID, demand: Demand
+    ) -> tuple[Choice | None, str | None]:
+        """The cards for a new claim, or why it waits: after evicting low-priority claims
+        for a high-priority one when that makes room. A plan whose victims changed before
+        they were locked (resized, released, moved) is stale: placement starts over."""
+        timeout_s = self._rules.node_timeout_s
+        for _ in range(PLACE_ATTEMPTS):
+            if choice := await self._find(conn, demand):
+                return choice, None
+            reason = await why_not(conn, demand, timeout_s)
+            victims = await eviction.plan(conn, demand, timeout_s)
+            if not victims:
+                return None, reason
+            if await eviction.lock_victims(conn, victims):
+                return None, await eviction.start(conn, victims, claim_id, self._source)
+        return None, reason
 
     async def _demand(self, conn: AsyncConnection, spec: ClaimSpec) -> Demand:
         provisioner = await self._classes.provisioner(conn, spec.class_name)

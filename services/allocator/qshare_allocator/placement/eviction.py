@@ -32,9 +32,14 @@ class Victim:
     grace_s: float
 
 
+def may_evict(demand: Demand) -> bool:
+    """Whether a miss of `demand` looks for low-priority claims to evict."""
+    return demand.priority is Priority.HIGH and not demand.whole and demand.count == 1
+
+
 async def plan(conn: AsyncConnection, demand: Demand, timeout_s: float) -> list[Victim]:
     """The fewest evictable LP claims on one card whose memory makes room; [] if none does."""
-    if demand.priority is not Priority.HIGH or demand.whole or demand.count != 1:
+    if not may_evict(demand):
         return []
     params = {"node_timeout_s": timeout_s, "selector": demand.selector,
               "max_core": MAX_CORE_SHARE - demand.vcore}  # fmt: skip
@@ -45,6 +50,22 @@ async def plan(conn: AsyncConnection, demand: Demand, timeout_s: float) -> list[
         if chosen and (not best or len(chosen) < len(best)):
             best = chosen
     return best
+
+
+async def lock_victims(conn: AsyncConnection, victims: list[Victim]) -> bool:
+    """Lock the victims' claims (in id order); False when one changed since the plan was
+    read: no longer holding, already evicting, resized or moved off the card."""
+    ids = sorted(v.claim_id for v in victims)
+    locked = select(claims.c.id).where(
+        claims.c.id.in_(ids), claims.c.status.in_(HOLDING_STATUSES), claims.c.evict_at.is_(None)
+    )
+    if len((await conn.execute(locked.order_by(claims.c.id).with_for_update())).all()) < len(ids):
+        return False
+    held = select(vgpus.c.claim_id, vgpus.c.gpu_uuid, vgpus.c.vmemory_mib).where(
+        vgpus.c.claim_id.in_(ids)
+    )  # read after the locks: every change to these claims before them is committed
+    now = {tuple(r) for r in (await conn.execute(held)).all()}
+    return all((v.claim_id, v.gpu, v.mib) in now for v in victims)
 
 
 async def start(
