@@ -4,6 +4,8 @@ placed again or wait with the reason."""
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -53,3 +55,35 @@ async def test_high_priority_never_evicts_high_priority(
     second = await create_claim(api, priority="high", vcore=20, vmemory="4Gi")
     assert second["status"] == "pending"
     assert "evicted" not in second["reason"]
+
+
+async def test_a_waiting_high_priority_claim_evicts_once_eviction_would_make_room(
+    api: httpx.AsyncClient, start_agent: StartAgent, engine: AsyncEngine
+) -> None:
+    """At create, evicting the low-priority claim is not enough; once another high-priority
+    claim leaves, it is: the waiting claim evicts on the pending sweep, not only at create."""
+    await short_grace(engine)
+    await start_agent(cards=1, memory="16Gi")
+    first = await create_claim(api, priority="high", vcore=40, vmemory="8Gi")
+    low = await create_claim(api, vmemory="8Gi")
+    await claim_until(api, low["id"], "ready")
+    waiting = await create_claim(api, priority="high", vcore=40, vmemory="10Gi")
+    assert waiting["status"] == "pending" and "evicted" not in waiting["reason"]
+    assert (await api.delete(f"/v1/claims/{first['id']}")).status_code == 200
+    await claim_until(api, waiting["id"], "ready")
+    evicted = await claim_until(api, low["id"], "pending")
+    assert "evicted" in evicted["reason"]
+
+
+async def test_a_waiting_high_priority_claim_evicts_no_more_while_its_eviction_runs(
+    api: httpx.AsyncClient, start_agent: StartAgent, engine: AsyncEngine
+) -> None:
+    """The grace period spans many sweeps: the victims chosen at create are the only ones."""
+    await start_agent(cards=1, memory="16Gi")  # the default 30 s grace outlasts the test
+    lows = [await create_claim(api, vmemory="4Gi") for _ in range(4)]
+    await claim_until(api, lows[-1]["id"], "ready")
+    high = await create_claim(api, priority="high", vcore=40, vmemory="4Gi")
+    assert "waiting for 1 low-priority claim(s)" in high["reason"]
+    await asyncio.sleep(2.0)  # four sweeps at the tests' 0.5 s
+    records = (await api.get("/v1/preemptions")).json()
+    assert [r["kind"] for r in records] == ["eviction"]

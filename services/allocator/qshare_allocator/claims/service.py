@@ -84,14 +84,29 @@ class ClaimService:
         if row is None:
             return None
         demand = await self._demand(conn, spec_of(row))
-        if choice := await find_and_lock(conn, demand, self._rules.node_timeout_s):
+        if choice := await self._find(conn, demand):
             held = holding(row.id, demand, choice)
             view = claim_view(row, held.vgpus).model_copy(
                 update={"status": ClaimStatus.PLACED, "node": choice.node, "reason": None}
             )
             params = _status_params(view) | held.params | self._event(view)
             await conn.execute(together(_status_update(), *held.statements, event_insert()), params)
+        elif eviction.may_evict(demand):
+            await self._evict_for_pending(conn, row.id, demand)
         return (row.created_at, row.id)
+
+    async def _evict_for_pending(
+        self, conn: AsyncConnection, claim_id: uuid.UUID, demand: Demand
+    ) -> None:
+        """A waiting high-priority claim evicts as a new one would: capacity it waited for
+        may since have gone to low priority. Not while any eviction is under way: those
+        free room, and their end brings the sweep back (so one claim never evicts twice)."""
+        if await eviction.under_way(conn):
+            return
+        victims = await eviction.plan(conn, demand, self._rules.node_timeout_s)
+        if victims and await eviction.lock_victims(conn, victims):
+            reason = await eviction.start(conn, victims, claim_id, self._source)
+            await conn.execute(update(claims).where(claims.c.id == claim_id).values(reason=reason))
 
     async def delete(self, conn: AsyncConnection, command: DeleteClaim) -> ClaimView:
         """Give the claim's capacity back; it is `releasing` until its node confirms the

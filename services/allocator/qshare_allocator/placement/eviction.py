@@ -52,6 +52,14 @@ async def plan(conn: AsyncConnection, demand: Demand, timeout_s: float) -> list[
     return best
 
 
+async def under_way(conn: AsyncConnection) -> bool:
+    """Whether any claim is being evicted now."""
+    evicting = select(claims.c.id).where(
+        claims.c.evict_at.is_not(None), claims.c.status.in_(HOLDING_STATUSES)
+    )
+    return (await conn.execute(evicting.limit(1))).first() is not None
+
+
 async def lock_victims(conn: AsyncConnection, victims: list[Victim]) -> bool:
     """Lock the victims' claims (in id order); False when one changed since the plan was
     read: no longer holding, already evicting, resized or moved off the card."""

@@ -133,6 +133,8 @@ claims = Table(
     UniqueConstraint("tenant", "idempotency_key", name="claims_idempotency"),
     Index("claims_pending", "created_at", postgresql_where=text("status = 'pending'")),
     Index("claims_releasing", "node_name", postgresql_where=text("status = 'releasing'")),
+    Index("claims_evicting", "evict_at", postgresql_where=text("evict_at IS NOT NULL")),
+    Index("claims_by_gang", "gang", postgresql_where=text("gang IS NOT NULL")),
     Index("claims_by_tenant", "tenant", "created_at", "id"),
     Index("claims_by_time", "created_at", "id"),
 )
@@ -180,6 +182,8 @@ preemptions = Table(
     Column("started_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("ended_at", DateTime(timezone=True), nullable=True),
     CheckConstraint("kind IN ('gang', 'operator', 'eviction')", name="preemptions_known_kind"),
+    Index("preemptions_open", "claim_id", postgresql_where=text("ended_at IS NULL")),
+    Index("preemptions_by_time", "started_at", "id"),
 )
 """Suspensions the control plane made (gang, operator) and memory evictions; open while
 `ended_at` is NULL. The driver's own per-card preemptions are counted by the node agent."""
