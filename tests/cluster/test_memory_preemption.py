@@ -87,3 +87,59 @@ async def test_a_waiting_high_priority_claim_evicts_no_more_while_its_eviction_r
     await asyncio.sleep(2.0)  # four sweeps at the tests' 0.5 s
     records = (await api.get("/v1/preemptions")).json()
     assert [r["kind"] for r in records] == ["eviction"]
+
+
+async def test_a_high_priority_whole_card_claim_evicts_every_low_priority_claim_on_a_card(
+    api: httpx.AsyncClient, start_agent: StartAgent, engine: AsyncEngine
+) -> None:
+    await short_grace(engine)
+    await start_agent(cards=1, memory="16Gi")
+    lows = [await create_claim(api, vmemory="4Gi") for _ in range(2)]
+    await claim_until(api, lows[-1]["id"], "ready")
+    high = await create_claim(api, priority="high", class_name="whole")
+    assert "waiting for 2 low-priority claim(s)" in high["reason"]
+    await claim_until(api, high["id"], "ready")
+    for low in lows:
+        assert "evicted" in (await claim_until(api, low["id"], "pending"))["reason"]
+
+
+async def test_a_high_priority_claim_evicts_the_youngest_claim_for_a_free_vgpu_slot(
+    api: httpx.AsyncClient, start_agent: StartAgent, engine: AsyncEngine
+) -> None:
+    """The card has memory to spare but holds as many vGPUs as it may (16 GiB: 4)."""
+    await short_grace(engine)
+    await start_agent(cards=1, memory="16Gi")
+    lows = [await create_claim(api, vcore=10, vmemory="1Gi") for _ in range(4)]
+    await claim_until(api, lows[-1]["id"], "ready")
+    high = await create_claim(api, priority="high", vcore=40, vmemory="1Gi")
+    assert "waiting for 1 low-priority claim(s)" in high["reason"]
+    await claim_until(api, high["id"], "ready")
+    assert "evicted" in (await claim_until(api, lows[-1]["id"], "pending"))["reason"]
+    for low in lows[:-1]:
+        assert (await api.get(f"/v1/claims/{low['id']}")).json()["status"] == "ready"
+
+
+async def test_a_high_priority_claim_of_two_cards_evicts_on_both_cards_of_one_node(
+    api: httpx.AsyncClient, start_agent: StartAgent, engine: AsyncEngine
+) -> None:
+    await short_grace(engine)
+    await start_agent(cards=2, memory="8Gi")
+    lows = [await create_claim(api, vmemory="8Gi") for _ in range(2)]
+    await claim_until(api, lows[-1]["id"], "ready")
+    high = await create_claim(api, priority="high", vcore=40, vmemory="4Gi", count=2)
+    assert "waiting for 2 low-priority claim(s)" in high["reason"]
+    await claim_until(api, high["id"], "ready")
+
+
+async def test_a_high_priority_claim_never_evicts_from_a_retired_card(
+    api: httpx.AsyncClient, start_agent: StartAgent, engine: AsyncEngine
+) -> None:
+    """A card its node no longer reports keeps its vGPUs, but nothing new lands there."""
+    await short_grace(engine)
+    await start_agent(cards=1, memory="8Gi")
+    low = await create_claim(api, vmemory="8Gi")
+    await claim_until(api, low["id"], "ready")
+    async with engine.begin() as conn:
+        await conn.execute(text("UPDATE gpus SET retired = true"))
+    high = await create_claim(api, priority="high", vcore=40, vmemory="4Gi")
+    assert high["status"] == "pending" and "evicted" not in high["reason"]

@@ -35,7 +35,7 @@ from qshare_allocator.claims.transitions import claim_event_params, locked_claim
 from qshare_allocator.claims.views import demand_of, spec_of
 from qshare_allocator.db import together
 from qshare_allocator.outbox import event_insert
-from qshare_allocator.placement import eviction
+from qshare_allocator.placement import eviction, eviction_plan
 from qshare_allocator.placement.capacity import give_back, holding
 from qshare_allocator.placement.demand import Demand, check_granularity
 from qshare_allocator.placement.diagnosis import why_not
@@ -91,7 +91,7 @@ class ClaimService:
             )
             params = _status_params(view) | held.params | self._event(view)
             await conn.execute(together(_status_update(), *held.statements, event_insert()), params)
-        elif eviction.may_evict(demand):
+        elif eviction_plan.may_evict(demand):
             await self._evict_for_pending(conn, row.id, demand)
         return (row.created_at, row.id)
 
@@ -103,7 +103,7 @@ class ClaimService:
         free room, and their end brings the sweep back (so one claim never evicts twice)."""
         if await eviction.under_way(conn):
             return
-        victims = await eviction.plan(conn, demand, self._rules.node_timeout_s)
+        victims = await eviction_plan.plan(conn, demand, self._rules.node_timeout_s)
         if victims and await eviction.lock_victims(conn, victims):
             reason = await eviction.start(conn, victims, claim_id, self._source)
             await conn.execute(update(claims).where(claims.c.id == claim_id).values(reason=reason))
@@ -128,7 +128,7 @@ class ClaimService:
         """Place `demand`. A miss that goes on to evict gives back the node locks it took
         first: victims' claims are locked after, and a resize or delete of a victim locks
         its claim, then its node (one lock order, no deadlock)."""
-        if not eviction.may_evict(demand):
+        if not eviction_plan.may_evict(demand):
             return await find_and_lock(conn, demand, self._rules.node_timeout_s)
         savepoint = await conn.begin_nested()
         choice = await find_and_lock(conn, demand, self._rules.node_timeout_s)
@@ -156,7 +156,7 @@ class ClaimService:
             if choice := await self._find(conn, demand):
                 return choice, None
             reason = await why_not(conn, demand, timeout_s)
-            victims = await eviction.plan(conn, demand, timeout_s)
+            victims = await eviction_plan.plan(conn, demand, timeout_s)
             if not victims:
                 return None, reason
             if await eviction.lock_victims(conn, victims):

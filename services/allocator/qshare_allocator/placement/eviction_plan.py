@@ -1,0 +1,156 @@
+"""Which low-priority claims a high-priority claim evicts: on one node, the `count` cards that
+need the fewest evictions to fit it. A card fits once it has the claim's memory free and a
+free vGPU slot (a whole card: once every vGPU on it is gone). Only low-priority claims of
+evictable classes go, youngest first; a card with other vGPUs than those never empties."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import ColumnElement, Integer, and_, bindparam, select
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from qshare.contracts.domain import HOLDING_STATUSES, MAX_CORE_SHARE, Priority
+from qshare.contracts.rows import node_is_ready
+from qshare.contracts.schema import claims, classes, gpus, nodes, vgpus
+from qshare_allocator.placement.demand import Demand
+
+
+@dataclass(frozen=True)
+class Victim:
+    claim_id: uuid.UUID
+    tenant: str
+    node: str
+    gpu: str
+    mib: int
+    grace_s: float
+
+
+@dataclass
+class CardState:
+    """A usable card and the evictable vGPUs on it, youngest first."""
+
+    uuid: str
+    node: str
+    free_mib: int
+    vgpu_count: int
+    max_vgpus: int
+    evictable: list[Victim] = field(default_factory=list)
+
+
+def may_evict(demand: Demand) -> bool:
+    """Whether a miss of `demand` looks for low-priority claims to evict."""
+    return demand.priority is Priority.HIGH
+
+
+async def plan(conn: AsyncConnection, demand: Demand, timeout_s: float) -> list[Victim]:
+    """The fewest evictable LP claims on one node that make room for `demand`; [] if none do
+    (or if nothing needs to go)."""
+    if not may_evict(demand):
+        return []
+    params = {"node_timeout_s": timeout_s, "selector": demand.selector,
+              "max_core": MAX_CORE_SHARE - demand.card_vcore}  # fmt: skip
+    cards = await _cards(conn, params)
+    best: list[Victim] = []
+    for node_cards in _by_node(cards).values():
+        chosen = node_victims(node_cards, demand)
+        if chosen and (not best or len(chosen) < len(best)):
+            best = chosen
+    return best
+
+
+def node_victims(cards: Sequence[CardState], demand: Demand) -> list[Victim]:
+    """The fewest victims that make `demand.count` of `cards` fit, each claim once; [] when
+    the node cannot host it however many go."""
+    options = [v for v in (card_victims(c, demand) for c in cards) if v is not None]
+    if len(options) < demand.count:
+        return []
+    unique: dict[uuid.UUID, Victim] = {}
+    for victims in sorted(options, key=len)[: demand.count]:
+        for victim in victims:
+            unique.setdefault(victim.claim_id, victim)
+    return list(unique.values())
+
+
+def card_victims(card: CardState, demand: Demand) -> list[Victim] | None:
+    """Youngest first until `demand` fits on `card`; None when even all of them are not
+    enough ([] when it fits already)."""
+    if demand.whole:
+        return card.evictable if len(card.evictable) == card.vgpu_count else None
+    missing_mib = demand.vmemory_mib - card.free_mib
+    missing_slots = card.vgpu_count - card.max_vgpus + 1
+    chosen: list[Victim] = []
+    for victim in card.evictable:
+        if missing_mib <= 0 and missing_slots <= 0:
+            break
+        chosen.append(victim)
+        missing_mib -= victim.mib
+        missing_slots -= 1
+    return chosen if missing_mib <= 0 and missing_slots <= 0 else None
+
+
+def _by_node(cards: list[CardState]) -> dict[str, list[CardState]]:
+    found: dict[str, list[CardState]] = {}
+    for card in cards:
+        found.setdefault(card.node, []).append(card)
+    return found
+
+
+async def _cards(conn: AsyncConnection, params: dict[str, Any]) -> list[CardState]:
+    """Every usable card on the Ready, schedulable, matching nodes that hold an evictable
+    vGPU, with those vGPUs."""
+    rows = (await conn.execute(_cards_query(), params)).all()
+    cards = {r.uuid: CardState(r.uuid, r.node_name, r.free_mib, r.vgpu_count, r.max_vgpus)
+             for r in rows}  # fmt: skip
+    for r in (await conn.execute(_evictable_query(), {"cards": list(cards)})).all():
+        victim = Victim(r.claim_id, r.tenant, r.node_name, r.gpu_uuid, r.vmemory_mib,
+                        r.eviction_grace_s)  # fmt: skip
+        cards[r.gpu_uuid].evictable.append(victim)
+    return list(cards.values())
+
+
+def _evictable() -> ColumnElement[bool]:
+    return and_(
+        classes.c.evictable,
+        claims.c.evict_at.is_(None),
+        claims.c.priority == Priority.LOW.value,
+        claims.c.status.in_(HOLDING_STATUSES),
+    )
+
+
+def _evictable_join() -> Any:
+    return vgpus.join(claims, claims.c.id == vgpus.c.claim_id).join(
+        classes, classes.c.name == claims.c.class_name
+    )
+
+
+def _cards_query() -> Any:
+    with_victims = select(vgpus.c.node_name).select_from(_evictable_join()).where(_evictable())
+    return select(
+        gpus.c.uuid, gpus.c.node_name, gpus.c.vgpu_count, gpus.c.max_vgpus,
+        (gpus.c.memory_mib - gpus.c.allocated_mib).label("free_mib"),
+    ).join(nodes, nodes.c.name == gpus.c.node_name).where(
+        gpus.c.healthy,
+        gpus.c.retired.is_(False),
+        gpus.c.core_high <= bindparam("max_core", type_=Integer),
+        nodes.c.schedulable,
+        node_is_ready(),
+        nodes.c.labels.contains(bindparam("selector", type_=JSONB)),
+        nodes.c.name.in_(with_victims),
+    ).order_by(gpus.c.node_name, gpus.c.idx)  # fmt: skip
+
+
+def _evictable_query() -> Any:
+    return (
+        select(
+            vgpus.c.claim_id, vgpus.c.gpu_uuid, vgpus.c.node_name, vgpus.c.vmemory_mib,
+            claims.c.tenant, classes.c.eviction_grace_s,
+        )
+        .select_from(_evictable_join())
+        .where(_evictable(), vgpus.c.gpu_uuid.in_(bindparam("cards", expanding=True)))
+        .order_by(vgpus.c.gpu_uuid, claims.c.created_at.desc())
+    )  # fmt: skip
