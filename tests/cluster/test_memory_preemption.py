@@ -13,9 +13,11 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from .conftest import StartAgent, claim_until, create_claim
 
 
-async def short_grace(engine: AsyncEngine) -> None:
+async def short_grace(engine: AsyncEngine, seconds: float = 0.5) -> None:
+    """The default class's grace period (the classes table outlives each test)."""
+    query = text("UPDATE classes SET eviction_grace_s = :s WHERE name = 'qshare'")
     async with engine.begin() as conn:
-        await conn.execute(text("UPDATE classes SET eviction_grace_s = 0.5 WHERE name = 'qshare'"))
+        await conn.execute(query, {"s": seconds})
 
 
 async def test_high_priority_evicts_the_youngest_low_priority_claim_and_becomes_ready(
@@ -79,7 +81,8 @@ async def test_a_waiting_high_priority_claim_evicts_no_more_while_its_eviction_r
     api: httpx.AsyncClient, start_agent: StartAgent, engine: AsyncEngine
 ) -> None:
     """The grace period spans many sweeps: the victims chosen at create are the only ones."""
-    await start_agent(cards=1, memory="16Gi")  # the default 30 s grace outlasts the test
+    await short_grace(engine, 30.0)  # outlasts the test
+    await start_agent(cards=1, memory="16Gi")
     lows = [await create_claim(api, vmemory="4Gi") for _ in range(4)]
     await claim_until(api, lows[-1]["id"], "ready")
     high = await create_claim(api, priority="high", vcore=40, vmemory="4Gi")
