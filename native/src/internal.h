@@ -120,9 +120,12 @@ struct qs_ctx {
     uint32_t pad;
 };
 
+#define QS_EVENT_WORDS (sizeof(qs_event) / sizeof(uint64_t))
+_Static_assert(sizeof(qs_event) % sizeof(uint64_t) == 0, "an event is whole 64-bit words");
+
 struct qs_ring_slot {
     _Atomic uint64_t seq; /* 2t+1 while writing ticket t, 2t+2 once written */
-    qs_event ev;
+    _Atomic uint64_t words[QS_EVENT_WORDS]; /* the event, word by word (a seqlock's payload) */
 };
 
 struct qs_ring {

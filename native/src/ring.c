@@ -10,15 +10,44 @@
  * machine finishes first; a dead writer delays the events behind it this much, once. */
 #define TORN_WAIT_NS 250000000ull
 
+/* A writer of an earlier lap still at this slot after this many spins was killed mid-push:
+ * take the slot over. Writing an event takes nanoseconds; this is about a millisecond. */
+#define TAKEOVER_SPINS (1u << 20)
+
+/* Make ticket `t` the slot's writer: 1 when it is, 0 when a later lap already holds the slot
+ * (this event is overwritten before it is written, and the consumer counts it dropped). A
+ * writer of an earlier lap that is still writing is waited for, so two writers never mix
+ * their events in one slot. */
+static int claim_slot(struct qs_ring_slot *slot, uint64_t t)
+{
+    uint64_t mine = 2 * t + 1, s = atomic_load(&slot->seq);
+    for (uint32_t spins = 0; s < mine;) {
+        if ((s & 1) && spins++ < TAKEOVER_SPINS) {
+            qs_cpu_relax();
+            s = atomic_load(&slot->seq);
+        } else if (atomic_compare_exchange_weak(&slot->seq, &s, mine)) {
+            atomic_thread_fence(memory_order_release); /* seq odd before any payload word */
+            return 1;
+        }
+    }
+    return 0;
+}
+
 void qs_ring_push(struct qs_ring *ring, uint32_t kind, uint32_t card, uint32_t vgpu, int32_t pid,
                   uint64_t value)
 {
     uint64_t t = atomic_fetch_add(&ring->head, 1);
     struct qs_ring_slot *slot = &ring->slots[t % QS_EVENT_RING_SIZE];
-    atomic_store(&slot->seq, 2 * t + 1);
-    slot->ev = (qs_event){.seq = t, .time_ns = qs_now_ns(), .kind = kind, .card = card,
-                          .vgpu = vgpu, .pid = pid, .value = value};
-    atomic_store(&slot->seq, 2 * t + 2);
+    if (claim_slot(slot, t)) {
+        qs_event ev = {.seq = t, .time_ns = qs_now_ns(), .kind = kind, .card = card,
+                       .vgpu = vgpu, .pid = pid, .value = value};
+        uint64_t words[QS_EVENT_WORDS];
+        memcpy(words, &ev, sizeof words);
+        for (size_t i = 0; i < QS_EVENT_WORDS; i++)
+            atomic_store_explicit(&slot->words[i], words[i], memory_order_relaxed);
+        uint64_t writing = 2 * t + 1; /* a later lap that took the slot over keeps it */
+        atomic_compare_exchange_strong(&slot->seq, &writing, 2 * t + 2);
+    }
     if (atomic_load(&ring->consumer_waiting)) {
         atomic_fetch_add(&ring->notify, 1);
         qs_futex_wake(&ring->notify, 1);
@@ -30,14 +59,19 @@ void qs_ring_push(struct qs_ring *ring, uint32_t kind, uint32_t card, uint32_t v
 static int read_slot(struct qs_ring *ring, uint64_t t, qs_event *out)
 {
     struct qs_ring_slot *slot = &ring->slots[t % QS_EVENT_RING_SIZE];
-    uint64_t s = atomic_load(&slot->seq);
+    uint64_t s = atomic_load_explicit(&slot->seq, memory_order_acquire);
     if (s < 2 * t + 2)
         return 0;
     if (s > 2 * t + 2)
         return -1;
-    memcpy(out, &slot->ev, sizeof *out);
-    atomic_thread_fence(memory_order_acquire);
-    return atomic_load(&slot->seq) == s ? 1 : -1;
+    uint64_t words[QS_EVENT_WORDS];
+    for (size_t i = 0; i < QS_EVENT_WORDS; i++)
+        words[i] = atomic_load_explicit(&slot->words[i], memory_order_relaxed);
+    atomic_thread_fence(memory_order_acquire); /* the payload before seq's second reading */
+    if (atomic_load_explicit(&slot->seq, memory_order_relaxed) != s)
+        return -1;
+    memcpy(out, words, sizeof *out);
+    return 1;
 }
 
 static void skip(struct qs_ring *ring, struct qs_ring_cursor *cur, uint64_t n)

@@ -676,7 +676,11 @@ static uint64_t begin_push(struct qs_ring *ring)
 static void finish_push(struct qs_ring *ring, uint64_t t, uint64_t value)
 {
     struct qs_ring_slot *slot = &ring->slots[t % QS_EVENT_RING_SIZE];
-    slot->ev = (qs_event){.seq = t, .kind = QS_EV_OOM, .vgpu = 1, .value = value};
+    qs_event ev = {.seq = t, .kind = QS_EV_OOM, .vgpu = 1, .value = value};
+    uint64_t words[QS_EVENT_WORDS];
+    memcpy(words, &ev, sizeof words);
+    for (size_t i = 0; i < QS_EVENT_WORDS; i++)
+        atomic_store(&slot->words[i], words[i]);
     atomic_store(&slot->seq, 2 * t + 2);
     atomic_fetch_add(&ring->notify, 1);
     qs_futex_wake(&ring->notify, 1);
@@ -732,6 +736,27 @@ static int test_slot_left_by_a_writer_killed_mid_push_is_skipped_across_short_po
     return 0;
 }
 
+/* The ring laps a slot whose writer was killed mid-push: the later writer takes it over, and
+ * its event is read whole. */
+static int test_a_later_lap_takes_over_a_slot_left_by_a_killed_writer(void)
+{
+    qs_node *node = make_node("lappush");
+    EXPECT(node);
+    struct qs_ring *ring = &node->seg.state->ring;
+    uint64_t dead = begin_push(ring); /* never finished */
+    for (uint32_t i = 1; i <= QS_EVENT_RING_SIZE; i++)
+        qs_ring_push(ring, QS_EV_OOM, 0, 1, 0, i);
+    struct qs_ring_slot *slot = &ring->slots[dead % QS_EVENT_RING_SIZE];
+    EXPECT(atomic_load(&slot->seq) == 2 * (dead + QS_EVENT_RING_SIZE) + 2);
+    qs_event ev = {0};
+    uint64_t last = 0;
+    while (qs_node_next_event(node, &ev, 10) == QS_OK)
+        last = ev.value;
+    EXPECT(last == QS_EVENT_RING_SIZE);
+    qs_node_close(node);
+    return 0;
+}
+
 int main(void)
 {
     const struct test_case tests[] = {
@@ -773,6 +798,8 @@ int main(void)
          test_event_of_a_writer_descheduled_mid_push_is_not_dropped},
         {"slot left by a writer killed mid-push is skipped across short polls",
          test_slot_left_by_a_writer_killed_mid_push_is_skipped_across_short_polls},
+        {"a later lap takes over a slot left by a killed writer",
+         test_a_later_lap_takes_over_a_slot_left_by_a_killed_writer},
     };
     return run_tests(tests, sizeof tests / sizeof tests[0]);
 }

@@ -5,6 +5,7 @@
 #include "node.h"
 
 #include <pthread.h>
+#include <stdlib.h>
 
 #define GiB (1ull << 30)
 
@@ -72,12 +73,59 @@ static int test_launch_counts_are_exact_across_threads(void)
     return 0;
 }
 
+enum { PUSHERS = 3, PUSHES = 20000 };
+
+static void *push_loop(void *arg)
+{
+    struct qs_ring *ring = ((void **)arg)[0];
+    uint32_t who = (uint32_t)(uintptr_t)((void **)arg)[1];
+    for (uint32_t i = 0; i < PUSHES; i++)
+        qs_ring_push(ring, 1, who, i, (int32_t)who, ((uint64_t)who << 32) | i);
+    return NULL;
+}
+
+/* Every event read is one a pusher wrote whole, and each pusher's events come in order; the
+ * ring may drop the oldest when the consumer falls behind, and says how many. */
+static int test_event_ring_reads_whole_events_while_threads_push(void)
+{
+    struct qs_ring *ring = calloc(1, sizeof *ring);
+    EXPECT(ring != NULL);
+    pthread_t t[PUSHERS];
+    void *args[PUSHERS][2];
+    for (uintptr_t i = 0; i < PUSHERS; i++) {
+        args[i][0] = ring;
+        args[i][1] = (void *)i;
+        pthread_create(&t[i], NULL, push_loop, args[i]);
+    }
+    struct qs_ring_cursor cur = {0};
+    int64_t last[PUSHERS] = {-1, -1, -1};
+    uint64_t read = 0, torn = 0;
+    qs_event ev;
+    while (read + atomic_load(&ring->dropped) < (uint64_t)PUSHERS * PUSHES &&
+           qs_ring_pop(ring, &cur, &ev, 1000) == QS_OK) {
+        read++;
+        if (ev.card >= PUSHERS || ev.value != (((uint64_t)ev.card << 32) | ev.vgpu) ||
+            (int64_t)ev.vgpu <= last[ev.card] || ev.pid != (int32_t)ev.card)
+            torn++;
+        else
+            last[ev.card] = ev.vgpu;
+    }
+    for (int i = 0; i < PUSHERS; i++)
+        pthread_join(t[i], NULL);
+    EXPECT(torn == 0);
+    EXPECT(read + atomic_load(&ring->dropped) == (uint64_t)PUSHERS * PUSHES);
+    free(ring);
+    return 0;
+}
+
 int main(void)
 {
     const struct test_case tests[] = {
         {"low-priority in-flight bound holds across threads",
          test_low_priority_inflight_bound_holds_across_threads},
         {"launch counts are exact across threads", test_launch_counts_are_exact_across_threads},
+        {"event ring reads whole events while threads push",
+         test_event_ring_reads_whole_events_while_threads_push},
     };
     return run_tests(tests, sizeof tests / sizeof tests[0]);
 }
