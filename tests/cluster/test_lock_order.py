@@ -17,14 +17,20 @@ import httpx
 from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from qshare.contracts.claims import ClaimResize, ClaimSpec, CreateClaim, ResizeClaim
+from qshare.contracts.claims import (
+    ClaimResize,
+    ClaimSpec,
+    CreateClaim,
+    CreateClaimReply,
+    ResizeClaim,
+)
 from qshare.contracts.domain import Priority
 from qshare.contracts.schema import claims
 from qshare_allocator.claims.resize import Resizer
 from qshare_allocator.claims.service import ClaimService
 from qshare_allocator.inventory.service import InventoryService
 
-from .conftest import RULES, StartAgent, eventually, ready_claim
+from .conftest import RULES, StartAgent, claim_until, eventually, ready_claim
 
 SOURCE = "test-lock-order"
 
@@ -55,11 +61,10 @@ async def _race(
     engine: AsyncEngine,
     claim_id: uuid.UUID,
     other: Callable[[AsyncConnection], Awaitable[Any]],
-    vmemory: int = 1024,
 ) -> Any:
-    """Lock the claim, run `other` until it waits, resize the claim (to `vmemory` MiB),
-    commit both; returns what `other` returned."""
-    resize = ResizeClaim(claim_id=claim_id, change=ClaimResize(vmemory=vmemory))
+    """Lock the claim, run `other` until it waits, resize the claim (a shrink), commit both;
+    returns what `other` returned."""
+    resize = ResizeClaim(claim_id=claim_id, change=ClaimResize(vmemory=1024))
     async with engine.connect() as first, engine.connect() as second:
         pid = await _pid(second)
         await second.commit()
@@ -103,47 +108,73 @@ async def test_a_resize_and_a_removal_of_the_claims_node_do_not_deadlock(
     assert [str(c) for c in reply.failed_claims] == [claim["id"]]
 
 
-async def test_a_resize_and_a_high_priority_claim_that_would_evict_it_do_not_deadlock(
-    api: httpx.AsyncClient, start_agent: StartAgent, engine: AsyncEngine
-) -> None:
-    """One card's memory is the victim's; the other card holds as many vGPUs as it may, so
-    the new claim locks the node, finds no card, and plans to evict the victim. The resize
-    shrinks the victim before the create can lock it: the plan is stale, and the create
-    places the claim in the room the shrink made, evicting nobody."""
+async def _two_cards_one_victim(
+    api: httpx.AsyncClient, start_agent: StartAgent, victim_memory: str
+) -> dict[str, Any]:
+    """One card's memory is mostly the victim's; the other card holds as many vGPUs as it
+    may, so an 8 GiB high-priority claim locks the node, finds no card, and plans to evict
+    the victim."""
     await start_agent(cards=2, memory="16Gi")
-    victim = await ready_claim(api, vmemory="14Gi")
+    victim = await ready_claim(api, vmemory=victim_memory)
     for _ in range(4):  # 1 % each: they spread onto the other card, up to its 4 vGPUs
         await ready_claim(api, vcore=1, vmemory="1Gi")
-    cards = (await api.get("/v1/gpus")).json()
-    assert sorted(c["vgpus"] for c in cards) == [1, 4]
+    return victim
+
+
+async def _create_while_resizing(
+    engine: AsyncEngine, claim_id: uuid.UUID, vmemory: int
+) -> CreateClaimReply:
+    """Hold the claim's lock as a resize does, create an 8 GiB high-priority claim to its end
+    (it must not wait for the claim: it may hold the node, which the resize takes next),
+    then finish the resize."""
     spec = ClaimSpec(priority=Priority.HIGH, vcore=20, vmemory=8192)
-    service = ClaimService(RULES, SOURCE)
-    reply = await _race(
-        engine,
-        uuid.UUID(victim["id"]),
-        lambda conn: service.create(conn, CreateClaim(tenant="admin", spec=spec)),
-    )
-    assert reply.claim.status.value == "placed"
+    resize = ResizeClaim(claim_id=claim_id, change=ClaimResize(vmemory=vmemory))
+    async with engine.connect() as first, engine.connect() as second:
+        async with first.begin():
+            await first.execute(
+                select(claims.c.id).where(claims.c.id == claim_id).with_for_update()
+            )
+
+            async def create() -> CreateClaimReply:
+                async with second.begin():
+                    service = ClaimService(RULES, SOURCE)
+                    return await service.create(second, CreateClaim(tenant="admin", spec=spec))
+
+            reply = await asyncio.wait_for(create(), 10)
+            await Resizer(RULES, SOURCE).resize(first, resize)
+    return reply
+
+
+async def test_a_high_priority_claim_does_not_wait_for_a_victim_a_resize_holds(
+    api: httpx.AsyncClient, start_agent: StartAgent, engine: AsyncEngine
+) -> None:
+    """It waits pending instead, evicting nobody yet."""
+    victim = await _two_cards_one_victim(api, start_agent, "14Gi")
+    reply = await _create_while_resizing(engine, uuid.UUID(victim["id"]), 14 * 1024)
+    assert reply.claim.status.value == "pending"
+    assert "evicted" not in (reply.claim.reason or "")
+
+
+async def test_a_shrink_that_makes_room_places_the_waiting_claim_evicting_nobody(
+    api: httpx.AsyncClient, start_agent: StartAgent, engine: AsyncEngine
+) -> None:
+    victim = await _two_cards_one_victim(api, start_agent, "14Gi")
+    reply = await _create_while_resizing(engine, uuid.UUID(victim["id"]), 1024)
+    await claim_until(api, str(reply.claim.id), "ready")
     assert await _evict_at(engine, uuid.UUID(victim["id"])) is None
 
 
-async def test_a_high_priority_claim_evicts_a_victim_that_a_concurrent_resize_grew(
+async def test_a_growth_that_leaves_no_room_has_the_waiting_claim_evict_the_victim(
     api: httpx.AsyncClient, start_agent: StartAgent, engine: AsyncEngine
 ) -> None:
-    """The plan read the victim at 10 GiB; it grows to 14 GiB before the create locks it, so
-    the create plans again from what was committed and still evicts it, and stays pending."""
-    await start_agent(cards=2, memory="16Gi")
-    victim = await ready_claim(api, vmemory="10Gi")
-    for _ in range(4):
-        await ready_claim(api, vcore=1, vmemory="1Gi")
-    spec = ClaimSpec(priority=Priority.HIGH, vcore=20, vmemory=8192)
-    service = ClaimService(RULES, SOURCE)
-    reply = await _race(
-        engine,
-        uuid.UUID(victim["id"]),
-        lambda conn: service.create(conn, CreateClaim(tenant="admin", spec=spec)),
-        vmemory=14 * 1024,
-    )
-    assert reply.claim.status.value == "pending"
-    assert "evicted" in (reply.claim.reason or "")
-    assert await _evict_at(engine, uuid.UUID(victim["id"])) is not None
+    """The plan read the victim at 10 GiB; it grows to 14 GiB meanwhile: the pending sweep
+    plans again from what was committed and evicts it."""
+    victim = await _two_cards_one_victim(api, start_agent, "10Gi")
+    reply = await _create_while_resizing(engine, uuid.UUID(victim["id"]), 14 * 1024)
+
+    async def evicting() -> bool:
+        return await _evict_at(engine, uuid.UUID(victim["id"])) is not None
+
+    await eventually(evicting, 10)
+    waiting = (await api.get(f"/v1/claims/{reply.claim.id}")).json()
+    assert "evicted" in waiting["reason"]

@@ -84,7 +84,7 @@ class ClaimService:
         if row is None:
             return None
         demand = await self._demand(conn, spec_of(row))
-        if choice := await self._find(conn, demand):
+        if choice := await find_and_lock(conn, demand, self._rules.node_timeout_s):
             held = holding(row.id, demand, choice)
             view = claim_view(row, held.vgpus).model_copy(
                 update={"status": ClaimStatus.PLACED, "node": choice.node, "reason": None}
@@ -124,17 +124,6 @@ class ClaimService:
         await conn.execute(together(_status_update(), event_insert()), params)
         return view
 
-    async def _find(self, conn: AsyncConnection, demand: Demand) -> Choice | None:
-        """Place `demand`. A miss that goes on to evict gives back the node locks it took
-        first: victims' claims are locked after, and a resize or delete of a victim locks
-        its claim, then its node (one lock order, no deadlock)."""
-        if not eviction_plan.may_evict(demand):
-            return await find_and_lock(conn, demand, self._rules.node_timeout_s)
-        savepoint = await conn.begin_nested()
-        choice = await find_and_lock(conn, demand, self._rules.node_timeout_s)
-        await (savepoint.commit() if choice else savepoint.rollback())
-        return choice
-
     async def _awaiting(self, conn: AsyncConnection, node: str) -> int | None:
         """The generation that drops a released claim's vGPUs from `node`, when an agent on
         a Ready node will confirm it; None when nothing will."""
@@ -150,10 +139,12 @@ class ClaimService:
     ) -> tuple[Choice | None, str | None]:
         """The cards for a new claim, or why it waits: after evicting low-priority claims
         for a high-priority one when that makes room. A plan whose victims changed before
-        they were locked (resized, released, moved) is stale: placement starts over."""
+        they were locked (resized, released, moved), or are locked by another transaction
+        now, is stale: placement starts over, and after a few tries the claim waits and the
+        pending sweep evicts for it later."""
         timeout_s = self._rules.node_timeout_s
         for _ in range(PLACE_ATTEMPTS):
-            if choice := await self._find(conn, demand):
+            if choice := await find_and_lock(conn, demand, self._rules.node_timeout_s):
                 return choice, None
             reason = await why_not(conn, demand, timeout_s)
             victims = await eviction_plan.plan(conn, demand, timeout_s)

@@ -26,13 +26,15 @@ async def under_way(conn: AsyncConnection) -> bool:
 
 
 async def lock_victims(conn: AsyncConnection, victims: list[Victim]) -> bool:
-    """Lock the victims' claims (in id order); False when one changed since the plan was
-    read: no longer holding, already evicting, resized or moved off the card."""
+    """Lock the victims' claims; False when one changed since the plan was read (no longer
+    holding, already evicting, resized or moved off the card) or another transaction holds
+    it. A locked victim is skipped, never waited for: the caller may hold a node's lock,
+    and a resize or a delete of that victim takes its claim, then its node."""
     ids = sorted(v.claim_id for v in victims)
     locked = select(claims.c.id).where(
         claims.c.id.in_(ids), claims.c.status.in_(HOLDING_STATUSES), claims.c.evict_at.is_(None)
     )
-    if len((await conn.execute(locked.order_by(claims.c.id).with_for_update())).all()) < len(ids):
+    if len((await conn.execute(locked.with_for_update(skip_locked=True))).all()) < len(ids):
         return False
     held = select(vgpus.c.claim_id, vgpus.c.gpu_uuid, vgpus.c.vmemory_mib).where(
         vgpus.c.claim_id.in_(ids)
