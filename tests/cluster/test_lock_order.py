@@ -129,19 +129,16 @@ async def _create_while_resizing(
     then finish the resize."""
     spec = ClaimSpec(priority=Priority.HIGH, vcore=20, vmemory=8192)
     resize = ResizeClaim(claim_id=claim_id, change=ClaimResize(vmemory=vmemory))
-    async with engine.connect() as first, engine.connect() as second:
-        async with first.begin():
-            await first.execute(
-                select(claims.c.id).where(claims.c.id == claim_id).with_for_update()
-            )
+    async with engine.connect() as first, engine.connect() as second, first.begin():
+        await first.execute(select(claims.c.id).where(claims.c.id == claim_id).with_for_update())
 
-            async def create() -> CreateClaimReply:
-                async with second.begin():
-                    service = ClaimService(RULES, SOURCE)
-                    return await service.create(second, CreateClaim(tenant="admin", spec=spec))
+        async def create() -> CreateClaimReply:
+            async with second.begin():
+                service = ClaimService(RULES, SOURCE)
+                return await service.create(second, CreateClaim(tenant="admin", spec=spec))
 
-            reply = await asyncio.wait_for(create(), 10)
-            await Resizer(RULES, SOURCE).resize(first, resize)
+        reply = await asyncio.wait_for(create(), 10)
+        await Resizer(RULES, SOURCE).resize(first, resize)
     return reply
 
 
