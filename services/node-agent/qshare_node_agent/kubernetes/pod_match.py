@@ -1,8 +1,9 @@
 """Which pod an `Allocate` call is for. The device plugin API names no pod, so the plugin
 takes the oldest pod on this node that the scheduler extender bound (it carries the
 `qshare.io/vgpus` annotation), that nobody has taken yet, and whose container asks for this
-many vcores; it takes it with a compare-and-swap on the pod's resourceVersion, so concurrent
-allocations never take the same pod and never wait on a node-wide lock.
+many vcores; it takes it with a compare-and-swap on the pod's resourceVersion and uid, so
+concurrent allocations never take the same pod, a pod re-created under the name is never
+taken in its predecessor's place, and nothing waits on a node-wide lock.
 
 Each take writes a mark of its own (`<taker>/<random>`): when a PATCH's answer is lost and
 the client's retry meets 409 (its first try was applied and changed the resourceVersion),
@@ -85,13 +86,19 @@ def _took(api: KubeApi, meta: dict[str, Any], mark: str) -> bool:
     """Mark the pod as taken by `mark`, unless it changed since it was read (then False:
     someone else took or changed it). An answer that was lost (no answer, or the retry's
     409) is settled by reading the pod again: our own mark on it means our PATCH landed."""
-    patch = {"metadata": {"resourceVersion": meta["resourceVersion"], "annotations": {TAKEN: mark}}}
+    patch = {
+        "metadata": {
+            "uid": meta.get("uid", ""),
+            "resourceVersion": meta["resourceVersion"],
+            "annotations": {TAKEN: mark},
+        }
+    }
     try:
         api.patch_pod(meta["namespace"], meta["name"], patch)
         return True
     except ApiError as exc:
-        if exc.status == 404:
-            return False  # deleted since the list: no container of it asks any more
+        if exc.status in (404, 422):
+            return False  # deleted (or re-created: 422, uid immutable) since the list
         if exc.status not in (0, 409):
             raise
         failure = exc
