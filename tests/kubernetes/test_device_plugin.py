@@ -284,3 +284,23 @@ def test_the_take_names_the_pod_instance_and_version_it_read(
     apiserver.patch = recording  # type: ignore[method-assign]
     allocate(kubelet, settings, 10)
     assert [(m["uid"], m["resourceVersion"]) for m in seen] == [(uid, version)]
+
+
+def test_a_pod_whose_vgpus_are_another_nodes_is_not_taken(
+    plugin: DevicePlugin,
+    kubelet: KubeletDouble,
+    settings: KubernetesSettings,
+    apiserver: ApiServerDouble,
+    backend: LocalVgpus,
+) -> None:
+    """A pod bound here although its claim was placed on another node (another binder won
+    the race) is not given a vGPU on this node's card by its annotation."""
+    bound_pod(apiserver, "stray", vcore=10)
+    path = "/api/v1/namespaces/default/pods/stray"
+    notes = apiserver.objects[path]["metadata"]["annotations"]
+    [vgpu] = json.loads(notes["qshare.io/vgpus"])
+    notes["qshare.io/vgpus"] = json.dumps([dict(vgpu, node="node-z")])
+    with pytest.raises(grpc.RpcError) as err:
+        allocate(kubelet, settings, 10)
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert backend.prepared() == {}

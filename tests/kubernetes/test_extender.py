@@ -453,3 +453,27 @@ async def test_the_annotation_patch_names_the_pod_instance_it_is_for(
     apiserver.patch = recording  # type: ignore[method-assign]
     assert (await extender.post("/extender/bind", json=binding)).json().get("Error", "") == ""
     assert [b["metadata"]["uid"] for b in seen] == [binding["PodUID"]]
+
+
+async def test_a_bind_refused_after_the_annotation_takes_the_annotation_off_again(
+    extender: httpx.AsyncClient, nc: Client, apiserver: ApiServerDouble, engine: AsyncEngine
+) -> None:
+    """Another binder assigns the pod between qshare's annotation and its Binding: the
+    claim is given back and the pod no longer names it."""
+    await register(nc, "node-a")
+    binding = stored_pod(apiserver, "web-0", "node-a")
+    path = "/api/v1/namespaces/team-a/pods/web-0"
+    after = apiserver.patch
+
+    def patch_then_bind_elsewhere(p: str, body: dict[str, Any]) -> tuple[int, Any]:
+        answer = after(p, body)
+        apiserver.objects[path]["spec"]["nodeName"] = "node-z"
+        apiserver.patch = after  # type: ignore[method-assign]
+        return answer
+
+    apiserver.patch = patch_then_bind_elsewhere  # type: ignore[method-assign]
+    reply = await extender.post("/extender/bind", json=binding)
+    assert 'pod web-0 is already assigned to node "node-z"' in reply.json()["Error"]
+    notes = apiserver.objects[path]["metadata"]["annotations"]
+    assert not {"qshare.io/vgpus", "qshare.io/claim", "qshare.io/bind-time"} & set(notes)
+    assert [s for s, _ in await claims_of(engine)] == ["released"]

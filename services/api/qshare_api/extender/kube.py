@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import ssl
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -98,12 +98,15 @@ class Kube:
         items: list[dict[str, Any]] = found.get("items", [])
         return items
 
-    async def annotate(self, namespace: str, name: str, uid: str, notes: dict[str, str]) -> None:
-        """Merge `notes` into the annotations of the pod instance `uid`. The uid in the patch
-        is a precondition: the API server refuses (422, the uid being immutable) a patch for
-        a pod re-created under the name, and answers 404 for a deleted one; both raise
-        `PodReplaced`. No resourceVersion: the patch names only qshare's own keys, so a
-        concurrent change to the pod's other fields is kept, not a reason to fail."""
+    async def annotate(
+        self, namespace: str, name: str, uid: str, notes: Mapping[str, str | None]
+    ) -> None:
+        """Merge `notes` into the annotations of the pod instance `uid` (None removes one).
+        The uid in the patch is a precondition: the API server refuses (422, the uid being
+        immutable) a patch for a pod re-created under the name, and answers 404 for a
+        deleted one; both raise `PodReplaced`. No resourceVersion: the patch names only
+        qshare's own keys, so a concurrent change to the pod's other fields is kept, not a
+        reason to fail."""
         patch = {"metadata": {"uid": uid, "annotations": notes}}
         path = f"/api/v1/namespaces/{namespace}/pods/{name}"
         await _conditional(self._call("PATCH", path, patch, merge=True), (404, 422), "annotated")

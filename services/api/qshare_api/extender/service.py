@@ -4,6 +4,7 @@ pod with its vGPUs and binds it (undoing the claim if any later step fails)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from typing import Any
@@ -115,8 +116,10 @@ class Extender:
         try:
             await kube.annotate(args.pod_namespace, args.pod_name, uid, _notes(claim))
             await _bind_pod(kube, args, uid)
-        except KubeError:
+        except KubeError as exc:
             await self._delete(claim, args.pod_namespace)
+            if not isinstance(exc, PodReplaced):
+                await _forget(kube, args, uid)
             raise
 
     async def _create(self, pod: dict[str, Any], args: ExtenderBindingArgs, uid: str) -> ClaimView:
@@ -178,6 +181,15 @@ async def _bind_pod(kube: Kube, args: ExtenderBindingArgs, uid: str) -> None:
             raise PodReplaced(why) from None
         if pods.node_name(now) != args.node:
             raise
+
+
+async def _forget(kube: Kube, args: ExtenderBindingArgs, uid: str) -> None:
+    """Take the given-back claim's annotations off the pod (when they got there), so no
+    device plugin takes the pod by a claim that is gone; a failure is the bind's own error's
+    to report, not this clean-up's."""
+    cleared: dict[str, str | None] = dict.fromkeys((VGPUS, CLAIM, BIND_TIME))
+    with contextlib.suppress(KubeError):
+        await kube.annotate(args.pod_namespace, args.pod_name, uid, cleared)
 
 
 def _preview_request(spec: ClaimSpec, names: list[str]) -> PreviewPlacement:

@@ -52,15 +52,17 @@ def _vcores(pod: dict[str, Any]) -> list[int]:
     return asked
 
 
-def candidates(pods: list[dict[str, Any]], vcores: int) -> list[dict[str, Any]]:
-    """Bound, not yet taken, not finished pods asking `vcores`, oldest binding first."""
+def candidates(pods: list[dict[str, Any]], vcores: int, node: str) -> list[dict[str, Any]]:
+    """Bound, not yet taken, not finished pods asking `vcores` whose vGPUs are not another
+    node's, oldest binding first."""
     out = []
     for pod in pods:
         meta = pod.get("metadata", {})
         notes = meta.get("annotations") or {}
         live = pod.get("status", {}).get("phase") not in ("Succeeded", "Failed")
         fresh = meta.get("deletionTimestamp") is None
-        if VGPUS in notes and TAKEN not in notes and live and fresh and vcores in _vcores(pod):
+        ours = VGPUS in notes and not _elsewhere(notes[VGPUS], node)
+        if ours and TAKEN not in notes and live and fresh and vcores in _vcores(pod):
             out.append(pod)
     return sorted(out, key=lambda p: p["metadata"]["annotations"].get(BIND_TIME, ""))
 
@@ -69,7 +71,7 @@ def take(api: KubeApi, node: str, vcores: int, taker: str) -> BoundPod:
     """Take the matching pod (compare-and-swap), retrying when another allocation won."""
     mark = f"{taker}/{secrets.token_hex(8)}"
     for _ in range(MAX_ROUNDS):
-        for pod in candidates(api.pods_on_node(node), vcores):
+        for pod in candidates(api.pods_on_node(node), vcores, node):
             if _took(api, pod["metadata"], mark):
                 return BoundPod(
                     pod["metadata"]["namespace"],
@@ -113,6 +115,18 @@ def _took(api: KubeApi, meta: dict[str, Any], mark: str) -> bool:
     if failure.status == 0:
         raise failure
     return False
+
+
+def _elsewhere(raw: Any, node: str) -> bool:
+    """The annotation names a vGPU of another node (the pod was bound somewhere other than
+    where its claim was placed); a malformed one is left for `_parse` to report."""
+    try:
+        vgpus = json.loads(raw)
+    except (TypeError, ValueError):
+        return False
+    if not isinstance(vgpus, list):
+        return False
+    return any(isinstance(v, dict) and v.get("node") not in (None, node) for v in vgpus)
 
 
 def _parse(pod: dict[str, Any]) -> list[VgpuView]:
