@@ -8,6 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from qshare.contracts.domain import PlacementPolicy
+from qshare.envsettings import SettingsError, load
 from qshare.settings import ClusterSettings
 from qshare_node_agent.settings import NodeAgentSettings
 
@@ -54,3 +55,25 @@ def test_variables_outside_the_qshare_prefix_set_no_placement(
 def test_placements_given_by_field_name_are_taken() -> None:
     rules = ClusterSettings(node_policy="binpack", card_policy="binpack")
     assert (rules.node_policy, rules.card_policy) == (PlacementPolicy.BINPACK,) * 2
+
+
+def test_a_bad_placement_is_reported_by_the_variable_read_and_its_value(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("QSHARE_PLACEMENT_NODE", "sideways")
+    with pytest.raises(SettingsError) as err:
+        load(ClusterSettings)
+    assert err.value.problems == [
+        "QSHARE_PLACEMENT_NODE='sideways': Input should be 'spread' or 'binpack'"
+    ]
+
+
+def test_a_bad_placement_under_the_older_name_is_reported_by_that_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("QSHARE_NODE_POLICY", "sideways")
+    with pytest.raises(SettingsError) as err:
+        load(ClusterSettings)
+    assert err.value.problems == [
+        "QSHARE_NODE_POLICY='sideways': Input should be 'spread' or 'binpack'"
+    ]

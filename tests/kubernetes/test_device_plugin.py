@@ -240,3 +240,67 @@ def test_the_sweep_releases_vgpus_of_finished_pods(
     apiserver.objects["/api/v1/namespaces/default/pods/batch"]["status"]["phase"] = "Succeeded"
     assert plugin.sweep() == [f"allocator/{vgpu_id}"]
     assert backend.prepared() == {}
+
+
+def test_the_sweep_keeps_a_vgpu_prepared_after_its_list_of_pods(
+    plugin: DevicePlugin,
+    kubelet: KubeletDouble,
+    settings: KubernetesSettings,
+    apiserver: ApiServerDouble,
+    backend: LocalVgpus,
+) -> None:
+    """A pod bound after the sweep listed the node's pods, and allocated before the sweep
+    looked at what is prepared, is not taken for gone."""
+    listed = plugin.api.pods_on_node
+
+    def list_then_bind_and_allocate(node: str) -> list[dict[str, Any]]:
+        before = listed(node)
+        plugin.api.pods_on_node = listed  # type: ignore[method-assign]
+        bound_pod(apiserver, "late", vcore=10)
+        allocate(kubelet, settings, 10)
+        return before
+
+    plugin.api.pods_on_node = list_then_bind_and_allocate  # type: ignore[method-assign]
+    assert plugin.sweep() == []
+    assert len(backend.prepared()) == 1
+
+
+def test_the_take_names_the_pod_instance_and_version_it_read(
+    plugin: DevicePlugin,
+    kubelet: KubeletDouble,
+    settings: KubernetesSettings,
+    apiserver: ApiServerDouble,
+) -> None:
+    bound_pod(apiserver, "web", vcore=10)
+    read = apiserver.objects["/api/v1/namespaces/default/pods/web"]["metadata"]
+    uid, version = read["uid"], read["resourceVersion"]
+    seen: list[dict[str, Any]] = []
+    patch = apiserver.patch
+
+    def recording(path: str, body: dict[str, Any]) -> tuple[int, Any]:
+        seen.append(body["metadata"])
+        return patch(path, body)
+
+    apiserver.patch = recording  # type: ignore[method-assign]
+    allocate(kubelet, settings, 10)
+    assert [(m["uid"], m["resourceVersion"]) for m in seen] == [(uid, version)]
+
+
+def test_a_pod_whose_vgpus_are_another_nodes_is_not_taken(
+    plugin: DevicePlugin,
+    kubelet: KubeletDouble,
+    settings: KubernetesSettings,
+    apiserver: ApiServerDouble,
+    backend: LocalVgpus,
+) -> None:
+    """A pod bound here although its claim was placed on another node (another binder won
+    the race) is not given a vGPU on this node's card by its annotation."""
+    bound_pod(apiserver, "stray", vcore=10)
+    path = "/api/v1/namespaces/default/pods/stray"
+    notes = apiserver.objects[path]["metadata"]["annotations"]
+    [vgpu] = json.loads(notes["qshare.io/vgpus"])
+    notes["qshare.io/vgpus"] = json.dumps([dict(vgpu, node="node-z")])
+    with pytest.raises(grpc.RpcError) as err:
+        allocate(kubelet, settings, 10)
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert backend.prepared() == {}

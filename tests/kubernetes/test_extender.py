@@ -331,3 +331,149 @@ def test_a_rotated_ca_file_is_read_again(tmp_path: Path) -> None:
     before = Kube(ext).tls
     os.utime(ca, ns=(ca.stat().st_atime_ns, ca.stat().st_mtime_ns + 1_000_000_000))
     assert Kube(ext).tls is not before
+
+
+def recreate(apiserver: ApiServerDouble, name: str) -> str:
+    """Delete the stored pod and create another under its name (as a StatefulSet does);
+    returns the new instance's uid."""
+    path = f"/api/v1/namespaces/team-a/pods/{name}"
+    apiserver.delete_object(path)
+    fresh = pod(name)
+    apiserver.put_object(path, fresh)
+    return str(fresh["metadata"]["uid"])
+
+
+async def test_bind_of_a_pod_re_created_since_scheduling_writes_nothing_and_keeps_no_claim(
+    extender: httpx.AsyncClient, nc: Client, apiserver: ApiServerDouble, engine: AsyncEngine
+) -> None:
+    await register(nc, "node-a")
+    binding = stored_pod(apiserver, "web-0", "node-a")
+    recreate(apiserver, "web-0")
+    reply = await extender.post("/extender/bind", json=binding)
+    assert "was re-created" in reply.json()["Error"]
+    stored = apiserver.objects["/api/v1/namespaces/team-a/pods/web-0"]
+    assert "qshare.io/claim" not in stored["metadata"]["annotations"]
+    assert "nodeName" not in stored["spec"]
+    assert await claims_of(engine) == []
+
+
+async def test_a_pod_re_created_before_its_annotation_is_not_annotated_and_its_claim_is_given_back(
+    extender: httpx.AsyncClient, nc: Client, apiserver: ApiServerDouble, engine: AsyncEngine
+) -> None:
+    await register(nc, "node-a")
+    binding = stored_pod(apiserver, "web-0", "node-a")
+    apiserver.before_patch = lambda path: recreate(apiserver, "web-0")
+    reply = await extender.post("/extender/bind", json=binding)
+    apiserver.before_patch = None
+    error = reply.json()["Error"]
+    assert "pod team-a/web-0: was deleted or re-created under its name before it was annotated" in (
+        error
+    )
+    assert "field is immutable" in error
+    stored = apiserver.objects["/api/v1/namespaces/team-a/pods/web-0"]
+    assert stored["metadata"]["uid"] != binding["PodUID"]
+    assert "qshare.io/claim" not in stored["metadata"]["annotations"]
+    assert "nodeName" not in stored["spec"]
+    assert [s for s, _ in await claims_of(engine)] == ["released"]
+
+
+async def test_a_pod_deleted_before_its_annotation_fails_the_bind_and_gives_its_claim_back(
+    extender: httpx.AsyncClient, nc: Client, apiserver: ApiServerDouble, engine: AsyncEngine
+) -> None:
+    await register(nc, "node-a")
+    binding = stored_pod(apiserver, "web-0", "node-a")
+    apiserver.before_patch = lambda path: apiserver.delete_object(path)
+    reply = await extender.post("/extender/bind", json=binding)
+    apiserver.before_patch = None
+    assert (
+        "was deleted or re-created under its name before it was annotated"
+        in (reply.json()["Error"])
+    )
+    assert [s for s, _ in await claims_of(engine)] == ["released"]
+
+
+async def test_a_pod_re_created_between_annotation_and_binding_is_not_bound(
+    extender: httpx.AsyncClient, nc: Client, apiserver: ApiServerDouble, engine: AsyncEngine
+) -> None:
+    await register(nc, "node-a")
+    binding = stored_pod(apiserver, "web-0", "node-a")
+    after = apiserver.patch
+
+    def patch_then_recreate(path: str, body: dict[str, Any]) -> tuple[int, Any]:
+        answer = after(path, body)
+        recreate(apiserver, "web-0")
+        return answer
+
+    apiserver.patch = patch_then_recreate  # type: ignore[method-assign]
+    reply = await extender.post("/extender/bind", json=binding)
+    assert "before binding" in reply.json()["Error"]
+    assert "Precondition failed: UID in precondition" in reply.json()["Error"]
+    assert "nodeName" not in apiserver.objects["/api/v1/namespaces/team-a/pods/web-0"]["spec"]
+    assert [s for s, _ in await claims_of(engine)] == ["released"]
+
+
+async def test_a_pod_bound_to_another_node_is_not_bound_again_and_gets_no_claim(
+    extender: httpx.AsyncClient, nc: Client, apiserver: ApiServerDouble, engine: AsyncEngine
+) -> None:
+    await register(nc, "node-a")
+    binding = stored_pod(apiserver, "web-0", "node-a")
+    apiserver.objects["/api/v1/namespaces/team-a/pods/web-0"]["spec"]["nodeName"] = "node-z"
+    reply = await extender.post("/extender/bind", json=binding)
+    assert "is already assigned to node node-z" in reply.json()["Error"]
+    assert await claims_of(engine) == []
+
+
+async def test_a_failed_repeat_of_a_bind_keeps_the_claim_the_first_bind_made(
+    extender: httpx.AsyncClient, nc: Client, apiserver: ApiServerDouble, engine: AsyncEngine
+) -> None:
+    """A repeated bind of a pod already bound to the node must not give back its claim
+    (the idempotent create answers with the same claim) when a later step of it fails."""
+    await register(nc, "node-a")
+    binding = stored_pod(apiserver, "web-0", "node-a")
+    assert (await extender.post("/extender/bind", json=binding)).json().get("Error", "") == ""
+    apiserver.before_patch = lambda path: apiserver.delete_object(path)
+    reply = await extender.post("/extender/bind", json=binding)
+    apiserver.before_patch = None
+    assert reply.json().get("Error", "") == ""
+    assert await claims_of(engine) == [("placed", "node-a")]
+
+
+async def test_the_annotation_patch_names_the_pod_instance_it_is_for(
+    extender: httpx.AsyncClient, nc: Client, apiserver: ApiServerDouble
+) -> None:
+    await register(nc, "node-a")
+    binding = stored_pod(apiserver, "web-0", "node-a")
+    seen: list[dict[str, Any]] = []
+    after = apiserver.patch
+
+    def recording(path: str, body: dict[str, Any]) -> tuple[int, Any]:
+        seen.append(body)
+        return after(path, body)
+
+    apiserver.patch = recording  # type: ignore[method-assign]
+    assert (await extender.post("/extender/bind", json=binding)).json().get("Error", "") == ""
+    assert [b["metadata"]["uid"] for b in seen] == [binding["PodUID"]]
+
+
+async def test_a_bind_refused_after_the_annotation_takes_the_annotation_off_again(
+    extender: httpx.AsyncClient, nc: Client, apiserver: ApiServerDouble, engine: AsyncEngine
+) -> None:
+    """Another binder assigns the pod between qshare's annotation and its Binding: the
+    claim is given back and the pod no longer names it."""
+    await register(nc, "node-a")
+    binding = stored_pod(apiserver, "web-0", "node-a")
+    path = "/api/v1/namespaces/team-a/pods/web-0"
+    after = apiserver.patch
+
+    def patch_then_bind_elsewhere(p: str, body: dict[str, Any]) -> tuple[int, Any]:
+        answer = after(p, body)
+        apiserver.objects[path]["spec"]["nodeName"] = "node-z"
+        apiserver.patch = after  # type: ignore[method-assign]
+        return answer
+
+    apiserver.patch = patch_then_bind_elsewhere  # type: ignore[method-assign]
+    reply = await extender.post("/extender/bind", json=binding)
+    assert 'pod web-0 is already assigned to node "node-z"' in reply.json()["Error"]
+    notes = apiserver.objects[path]["metadata"]["annotations"]
+    assert not {"qshare.io/vgpus", "qshare.io/claim", "qshare.io/bind-time"} & set(notes)
+    assert [s for s, _ in await claims_of(engine)] == ["released"]

@@ -8,6 +8,8 @@ import logging
 import sys
 from collections.abc import Callable
 
+from qshare.contracts.tracing import otlp_settings
+from qshare.envsettings import SettingsError, load, report
 from qshare_allocator.app import Allocator
 from qshare_allocator.migrate import upgrade
 from qshare_allocator.settings import AllocatorSettings
@@ -18,7 +20,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("action", nargs="?", choices=["serve", "migrate"], default="serve")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    settings = AllocatorSettings()
+    try:
+        settings = load(AllocatorSettings)
+        otlp_settings()
+    except SettingsError as exc:
+        return report(exc, "qshare allocator")
     if args.action == "migrate":
         asyncio.run(upgrade(settings.database_url))
         return 0

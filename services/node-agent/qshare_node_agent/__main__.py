@@ -9,8 +9,6 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from pydantic import ValidationError
-
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -30,21 +28,26 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from qshare.contracts.tracing import otlp_settings
+    from qshare.envsettings import SettingsError, load, report
     from qshare_node_agent.app import NodeAgent
     from qshare_node_agent.discovery import DiscoveryError
+    from qshare_node_agent.kubernetes.config import KubernetesSettings
     from qshare_node_agent.settings import NodeAgentSettings
 
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     given = {k: v for k, v in vars(args).items() if v is not None}
+    flags = {k: "--" + k.replace("_", "-") for k in given}
     try:
-        settings = NodeAgentSettings(**given)
+        settings = load(NodeAgentSettings, given, flags)
+        if settings.kubernetes:
+            load(KubernetesSettings)
+        otlp_settings()
+    except SettingsError as exc:
+        return report(exc, "qshare node agent")
+    try:
         asyncio.run(NodeAgent(settings).run())
-    except ValidationError as exc:
-        for error in exc.errors():
-            print(f"qshare node agent: {'.'.join(map(str, error['loc']))}: {error['msg']}",
-                  file=sys.stderr)  # fmt: skip
-        return 2
     except DiscoveryError as exc:
         print(f"qshare node agent: {exc}", file=sys.stderr)
         return 2

@@ -10,6 +10,7 @@ import logging
 from collections.abc import Callable
 
 from qshare.contracts.domain import Priority
+from qshare.envsettings import load
 from qshare_node_agent.converge import Converger
 from qshare_node_agent.discovery import Card
 from qshare_node_agent.kubernetes import cdi
@@ -89,7 +90,7 @@ class AgentBackend:
 
 def start_plugins(converger: Converger, cards: list[Card], min_vgpu_mib: int) -> KubernetesPlugins:
     """Restore the prepared claims, start the DRA and device plugins (settings QSHARE_K8S_*)."""
-    settings = KubernetesSettings()
+    settings = load(KubernetesSettings)
     local = LocalVgpus(converger.node, cards, min_vgpu_mib=min_vgpu_mib)
     kept = local.restore(lambda: cdi.recorded_vgpus(settings.cdi_dir))
     plugins = KubernetesPlugins(settings, AgentBackend(local, converger))

@@ -16,11 +16,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         "suspend/resume, preemption records. Settings come from QSHARE_PREEMPTOR_* variables "
         "(DATABASE_URL, NATS_URL, NATS_USER, NATS_PASSWORD).",
     ).parse_args(argv)
+    from qshare.contracts.tracing import otlp_settings
+    from qshare.envsettings import SettingsError, load, report
     from qshare_preemptor.app import Preemptor
     from qshare_preemptor.settings import PreemptorSettings
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    asyncio.run(Preemptor(PreemptorSettings()).run())
+    try:
+        settings = load(PreemptorSettings)
+        otlp_settings()
+    except SettingsError as exc:
+        return report(exc, "qshare preemptor")
+    asyncio.run(Preemptor(settings).run())
     return 0
 
 

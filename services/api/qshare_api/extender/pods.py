@@ -46,6 +46,15 @@ def uid(pod: dict[str, Any]) -> str:
     return str(_field(pod, "metadata", "pod.metadata").get("uid") or "")
 
 
+def node_name(pod: dict[str, Any]) -> str:
+    """The node the pod is bound to ("" when it is not bound)."""
+    return str(_field(pod, "spec", "pod.spec").get("nodeName") or "")
+
+
+def notes_of(pod: dict[str, Any]) -> dict[str, Any]:
+    return _field(_field(pod, "metadata", "pod.metadata"), "annotations", "annotations")
+
+
 def wants_qshare(pod: dict[str, Any]) -> bool:
     return any(_asked(c, VCORE) or _asked(c, VMEMORY) for c in _containers(pod))
 
@@ -56,7 +65,7 @@ def claim_spec(pod: dict[str, Any], vmemory_unit_mib: int, key: str | None = Non
     if len(containers) != 1:
         raise PodError(f"exactly one container must ask for {VCORE}, found {len(containers)}")
     vcore, memory = _asked(containers[0], VCORE), _asked(containers[0], VMEMORY)
-    notes = _field(_field(pod, "metadata", "pod.metadata"), "annotations", "annotations")
+    notes = notes_of(pod)
     try:
         units = int(memory or 0)
         return ClaimSpec.model_validate(

@@ -4,6 +4,7 @@ pod with its vGPUs and binds it (undoing the claim if any later step fails)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from typing import Any
@@ -24,7 +25,7 @@ from qshare.contracts.errors import QshareError
 from qshare.contracts.placement import PlacementPreview, PreviewPlacement
 from qshare_api.extender import pods
 from qshare_api.extender.cache import PreviewCache
-from qshare_api.extender.kube import Kube, KubeError
+from qshare_api.extender.kube import Kube, KubeError, PodReplaced
 from qshare_api.extender.schemas import (
     ExtenderArgs,
     ExtenderBindingArgs,
@@ -103,14 +104,22 @@ class Extender:
         return ExtenderBindingResult()
 
     async def _bind(self, kube: Kube, args: ExtenderBindingArgs) -> None:
+        """Claim, annotate and bind the pod instance the scheduler means (`PodUID`). A pod
+        already bound to the node by an earlier bind is left as it is; a pod deleted or
+        re-created under its name since the scheduler chose the node is not written, and its
+        claim is given back (the new instance is scheduled on its own, under its own uid)."""
         pod = await kube.pod(args.pod_namespace, args.pod_name)
-        uid = args.pod_uid or str(pod.get("metadata", {}).get("uid", ""))
+        uid = _instance(pod, args)
+        if _bound_by_us(pod, args.node):
+            return
         claim = await self._create(pod, args, uid)
         try:
-            await kube.annotate(args.pod_namespace, args.pod_name, _notes(claim))
-            await kube.bind(args.pod_namespace, args.pod_name, uid, args.node)
-        except KubeError:
+            await kube.annotate(args.pod_namespace, args.pod_name, uid, _notes(claim))
+            await _bind_pod(kube, args, uid)
+        except KubeError as exc:
             await self._delete(claim, args.pod_namespace)
+            if not isinstance(exc, PodReplaced):
+                await _forget(kube, args, uid)
             raise
 
     async def _create(self, pod: dict[str, Any], args: ExtenderBindingArgs, uid: str) -> ClaimView:
@@ -133,6 +142,54 @@ class Extender:
             self._nc, subjects.CLAIMS_DELETE, self._source, command, ClaimView,
             timeout=self._timeout,
         )  # fmt: skip
+
+
+def _instance(pod: dict[str, Any], args: ExtenderBindingArgs) -> str:
+    """The uid of the pod instance to bind: the scheduler's, which the pod read must carry."""
+    found = pods.uid(pod)
+    uid = args.pod_uid or found
+    if not uid:
+        raise pods.PodError("the pod has no metadata.uid")
+    if found != uid:
+        raise PodReplaced(f"was re-created (uid {found}) since it was scheduled (uid {uid})")
+    return uid
+
+
+def _bound_by_us(pod: dict[str, Any], node: str) -> bool:
+    """True when an earlier bind already bound the pod to `node` with its claim; a pod bound
+    anywhere else, or without a claim, is an error (it is not ours to bind)."""
+    bound = pods.node_name(pod)
+    if not bound:
+        return False
+    if bound == node and CLAIM in pods.notes_of(pod):
+        return True
+    raise KubeError(f"is already assigned to node {bound}")
+
+
+async def _bind_pod(kube: Kube, args: ExtenderBindingArgs, uid: str) -> None:
+    """Bind; a 409 Conflict is settled by reading the pod again: bound to the node already
+    (our own earlier try, whose answer was lost) is success, another instance is
+    `PodReplaced`, anything else the conflict itself."""
+    try:
+        await kube.bind(args.pod_namespace, args.pod_name, uid, args.node)
+    except KubeError as exc:
+        if exc.status != 409:
+            raise
+        now = await kube.pod_or_none(args.pod_namespace, args.pod_name)
+        if now is None or pods.uid(now) != uid:
+            why = f"was deleted or re-created under its name before binding ({exc})"
+            raise PodReplaced(why) from None
+        if pods.node_name(now) != args.node:
+            raise
+
+
+async def _forget(kube: Kube, args: ExtenderBindingArgs, uid: str) -> None:
+    """Take the given-back claim's annotations off the pod (when they got there), so no
+    device plugin takes the pod by a claim that is gone; a failure is the bind's own error's
+    to report, not this clean-up's."""
+    cleared: dict[str, str | None] = dict.fromkeys((VGPUS, CLAIM, BIND_TIME))
+    with contextlib.suppress(KubeError):
+        await kube.annotate(args.pod_namespace, args.pod_name, uid, cleared)
 
 
 def _preview_request(spec: ClaimSpec, names: list[str]) -> PreviewPlacement:

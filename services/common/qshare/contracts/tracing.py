@@ -18,8 +18,10 @@ from opentelemetry.sdk.trace.export import (
     SimpleSpanProcessor,
 )
 from opentelemetry.trace import Span, SpanKind
-from pydantic import AnyHttpUrl, Field, ValidationError
+from pydantic import AnyHttpUrl, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from qshare.envsettings import SettingsError, load
 
 log = logging.getLogger(__name__)
 _added: set[str] = set()
@@ -52,17 +54,15 @@ class OtlpSettings(BaseSettings):
         return None if base is None else str(base).rstrip("/") + "/v1/traces"
 
 
-class TracingConfigError(ValueError):
-    """An `OTEL_*` variable qshare cannot use; the message names it."""
+class TracingConfigError(SettingsError):
+    """`OTEL_*` variables qshare cannot use; each problem names its variable."""
 
 
 def otlp_settings() -> OtlpSettings:
     try:
-        return OtlpSettings()
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        name = "OTEL_" + str(first["loc"][0]).upper()
-        raise TracingConfigError(f"{name}={first['input']!r}: {first['msg']}") from None
+        return load(OtlpSettings)
+    except SettingsError as exc:
+        raise TracingConfigError(exc.problems) from None
 
 
 def setup_tracing(service: str, console: bool = False) -> None:

@@ -1,12 +1,19 @@
 """A test double of the Kubernetes API server for the few resource.k8s.io and core paths
 qshare calls: a loopback HTTP server holding objects by path, with create, replace, merge
-patch (compare-and-swap on metadata.resourceVersion), delete, pod binding, a pod list by
-node, and LIST + WATCH of a collection as the real server speaks them: a list carries the
-collection's resourceVersion; `?watch=true&resourceVersion=N` streams every later change as
-newline-delimited JSON events (`ADDED`, `MODIFIED`, `DELETED`) over a chunked response until
-`timeoutSeconds`, and answers a version older than its history with an `ERROR` event of
-status 410 (Gone), after which a client lists again. No admission, no authentication: it
-stands in for the API server in tests and benchmarks only."""
+patch, delete, pod binding, a pod list by node, and LIST + WATCH of a collection as the real
+server speaks them: a list carries the collection's resourceVersion;
+`?watch=true&resourceVersion=N` streams every later change as newline-delimited JSON events
+(`ADDED`, `MODIFIED`, `DELETED`) over a chunked response until `timeoutSeconds`, and answers
+a version older than its history with an `ERROR` event of status 410 (Gone), after which a
+client lists again. No admission, no authentication: it stands in for the API server in
+tests and benchmarks only.
+
+Preconditions answer as the real server does: a merge patch carrying a stale
+metadata.resourceVersion gets 409 Conflict (reason `Conflict`); one carrying another object's
+metadata.uid (the name now holds a re-created object) gets 422 (reason `Invalid`, "field is
+immutable"), the version being checked first; a Binding whose metadata.uid is not the pod's
+gets 409 Conflict ("Precondition failed: UID in precondition"), as does binding a pod that is
+already assigned to a node."""
 
 from __future__ import annotations
 
@@ -204,11 +211,7 @@ class ApiServerDouble:
         with self._lock:
             self.requests.append(("POST", path))
             if path.endswith("/binding"):
-                pod = self.objects.get(path.removesuffix("/binding"))
-                if pod is None:
-                    return 404, {"message": "pod not found"}
-                pod.setdefault("spec", {})["nodeName"] = body["target"]["name"]
-                return 201, {"kind": "Status", "status": "Success"}
+                return self._bind(path.removesuffix("/binding"), body)
             target = f"{path}/{body['metadata']['name']}"
             if target in self.objects:
                 return 409, {"message": f"{target} already exists"}
@@ -238,10 +241,62 @@ class ApiServerDouble:
             current = self.objects.get(path)
             if current is None:
                 return 404, {"message": f"{path} not found"}
-            wanted = patch.get("metadata", {}).get("resourceVersion")
-            if wanted is not None and wanted != current["metadata"]["resourceVersion"]:
-                return 409, {"message": "the object has been modified; please retry"}
+            refused = _unmet(path, current, patch.get("metadata") or {})
+            if refused is not None:
+                return refused
             return 200, self._store(path, _merge(current, patch))
+
+    def _bind(self, pod_path: str, binding: dict[str, Any]) -> tuple[int, Any]:
+        """The binding subresource: the Binding's uid is a precondition on the pod."""
+        pod = self.objects.get(pod_path)
+        name = pod_path.rsplit("/", 1)[-1]
+        if pod is None:
+            return 404, _status(404, "NotFound", f'pods "{name}" not found')
+        meta, spec = pod.setdefault("metadata", {}), pod.setdefault("spec", {})
+        wanted = (binding.get("metadata") or {}).get("uid")
+        if wanted and wanted != meta.get("uid"):
+            why = (
+                f"Precondition failed: UID in precondition: {wanted}, "
+                f"UID in object meta: {meta.get('uid', '')}"
+            )
+            return 409, _conflict("pods/binding", name, why)
+        if spec.get("nodeName"):
+            why = f'pod {name} is already assigned to node "{spec["nodeName"]}"'
+            return 409, _conflict("pods/binding", name, why)
+        spec["nodeName"] = binding["target"]["name"]
+        self._store(pod_path, pod)
+        return 201, {"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201}
+
+
+def _unmet(path: str, current: dict[str, Any], meta: dict[str, Any]) -> tuple[int, Any] | None:
+    """The real server's answer to a patch whose metadata preconditions `current` does not
+    meet (None when it meets them): the resourceVersion first (409), then the uid (422)."""
+    name = path.rsplit("/", 1)[-1]
+    have = current.get("metadata", {})
+    version = meta.get("resourceVersion")
+    if version is not None and version != have.get("resourceVersion"):
+        why = (
+            "the object has been modified; please apply your changes to the latest version "
+            "and try again"
+        )
+        return 409, _conflict(_rest(path)[-2], name, why)
+    uid = meta.get("uid")
+    if uid is not None and uid != have.get("uid"):
+        kind = str(current.get("kind") or _rest(path)[-2])
+        message = (
+            f'{kind} "{name}" is invalid: metadata.uid: Invalid value: "{uid}": field is immutable'
+        )
+        return 422, _status(422, "Invalid", message)
+    return None
+
+
+def _status(code: int, reason: str, message: str) -> dict[str, Any]:
+    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": message, "reason": reason, "code": code}  # fmt: skip
+
+
+def _conflict(resource: str, name: str, why: str) -> dict[str, Any]:
+    return _status(409, "Conflict", f'Operation cannot be fulfilled on {resource} "{name}": {why}')
 
 
 def _rest(path: str) -> list[str]:

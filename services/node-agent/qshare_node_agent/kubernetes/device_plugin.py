@@ -222,7 +222,10 @@ class DevicePlugin:
         ]
 
     def sweep(self) -> list[str]:
-        """Release allocator vGPUs of pods that are gone or finished; returns their keys."""
+        """Release allocator vGPUs of pods that are gone or finished; returns their keys.
+        What is prepared is read before the pods are listed: a vGPU prepared meanwhile (an
+        `Allocate` for a pod the list may predate) is not a candidate."""
+        prepared = [k for k in self.backend.prepared() if k.startswith("allocator/")]
         pods = self.api.pods_on_node(self.settings.node_name)
         live = {
             allocator_key(v.id)
@@ -230,7 +233,7 @@ class DevicePlugin:
             if pod.get("status", {}).get("phase") not in ("Succeeded", "Failed")
             for v in _annotated(pod)
         }
-        gone = [k for k in self.backend.prepared() if k.startswith("allocator/") and k not in live]
+        gone = [k for k in prepared if k not in live]
         for key in gone:
             self.backend.release(key)
         return gone

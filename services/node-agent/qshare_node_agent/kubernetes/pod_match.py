@@ -1,8 +1,9 @@
 """Which pod an `Allocate` call is for. The device plugin API names no pod, so the plugin
 takes the oldest pod on this node that the scheduler extender bound (it carries the
 `qshare.io/vgpus` annotation), that nobody has taken yet, and whose container asks for this
-many vcores; it takes it with a compare-and-swap on the pod's resourceVersion, so concurrent
-allocations never take the same pod and never wait on a node-wide lock.
+many vcores; it takes it with a compare-and-swap on the pod's resourceVersion and uid, so
+concurrent allocations never take the same pod, a pod re-created under the name is never
+taken in its predecessor's place, and nothing waits on a node-wide lock.
 
 Each take writes a mark of its own (`<taker>/<random>`): when a PATCH's answer is lost and
 the client's retry meets 409 (its first try was applied and changed the resourceVersion),
@@ -51,15 +52,17 @@ def _vcores(pod: dict[str, Any]) -> list[int]:
     return asked
 
 
-def candidates(pods: list[dict[str, Any]], vcores: int) -> list[dict[str, Any]]:
-    """Bound, not yet taken, not finished pods asking `vcores`, oldest binding first."""
+def candidates(pods: list[dict[str, Any]], vcores: int, node: str) -> list[dict[str, Any]]:
+    """Bound, not yet taken, not finished pods asking `vcores` whose vGPUs are not another
+    node's, oldest binding first."""
     out = []
     for pod in pods:
         meta = pod.get("metadata", {})
         notes = meta.get("annotations") or {}
         live = pod.get("status", {}).get("phase") not in ("Succeeded", "Failed")
         fresh = meta.get("deletionTimestamp") is None
-        if VGPUS in notes and TAKEN not in notes and live and fresh and vcores in _vcores(pod):
+        ours = VGPUS in notes and not _elsewhere(notes[VGPUS], node)
+        if ours and TAKEN not in notes and live and fresh and vcores in _vcores(pod):
             out.append(pod)
     return sorted(out, key=lambda p: p["metadata"]["annotations"].get(BIND_TIME, ""))
 
@@ -68,7 +71,7 @@ def take(api: KubeApi, node: str, vcores: int, taker: str) -> BoundPod:
     """Take the matching pod (compare-and-swap), retrying when another allocation won."""
     mark = f"{taker}/{secrets.token_hex(8)}"
     for _ in range(MAX_ROUNDS):
-        for pod in candidates(api.pods_on_node(node), vcores):
+        for pod in candidates(api.pods_on_node(node), vcores, node):
             if _took(api, pod["metadata"], mark):
                 return BoundPod(
                     pod["metadata"]["namespace"],
@@ -85,13 +88,19 @@ def _took(api: KubeApi, meta: dict[str, Any], mark: str) -> bool:
     """Mark the pod as taken by `mark`, unless it changed since it was read (then False:
     someone else took or changed it). An answer that was lost (no answer, or the retry's
     409) is settled by reading the pod again: our own mark on it means our PATCH landed."""
-    patch = {"metadata": {"resourceVersion": meta["resourceVersion"], "annotations": {TAKEN: mark}}}
+    patch = {
+        "metadata": {
+            "uid": meta.get("uid", ""),
+            "resourceVersion": meta["resourceVersion"],
+            "annotations": {TAKEN: mark},
+        }
+    }
     try:
         api.patch_pod(meta["namespace"], meta["name"], patch)
         return True
     except ApiError as exc:
-        if exc.status == 404:
-            return False  # deleted since the list: no container of it asks any more
+        if exc.status in (404, 422):
+            return False  # deleted (or re-created: 422, uid immutable) since the list
         if exc.status not in (0, 409):
             raise
         failure = exc
@@ -106,6 +115,18 @@ def _took(api: KubeApi, meta: dict[str, Any], mark: str) -> bool:
     if failure.status == 0:
         raise failure
     return False
+
+
+def _elsewhere(raw: Any, node: str) -> bool:
+    """The annotation names a vGPU of another node (the pod was bound somewhere other than
+    where its claim was placed); a malformed one is left for `_parse` to report."""
+    try:
+        vgpus = json.loads(raw)
+    except (TypeError, ValueError):
+        return False
+    if not isinstance(vgpus, list):
+        return False
+    return any(isinstance(v, dict) and v.get("node") not in (None, node) for v in vgpus)
 
 
 def _parse(pod: dict[str, Any]) -> list[VgpuView]:
