@@ -36,29 +36,43 @@ FINAL_STATUSES = (ClaimStatus.RELEASED.value, ClaimStatus.FAILED.value)
 def register(subparsers: Sub) -> None:
     claims = group(subparsers, "claims", "create, list, get, resize and delete claims")
     create = claims.add_parser("create", help="ask for vGPUs")
-    create.add_argument("--priority", required=True, choices=["high", "low"])
+    create.add_argument(
+        "--priority", required=True, choices=["high", "low"],
+        help="high: gets the card at once; low: harvests what high leaves idle",
+    )  # fmt: skip
     create.add_argument("--vcore", required=True, type=int, help="core share per card, 1-100")
     create.add_argument(
         "--vmemory", required=True, type=memory, help="memory per card: MiB or e.g. 4Gi"
     )
-    create.add_argument("--count", type=int, default=1, help="cards, on one node")
-    create.add_argument("--class", dest="class_name", default="qshare")
+    create.add_argument("--count", type=int, default=1, help="cards, on one node (default 1)")
     create.add_argument(
-        "--selector", action="append", default=[], metavar="KEY=VALUE", type=_selector_pair
+        "--class", dest="class_name", default="qshare",
+        help="default qshare (a slice); whole: empty cards, each taken entirely",
+    )  # fmt: skip
+    create.add_argument(
+        "--selector", action="append", default=[], metavar="KEY=VALUE", type=_selector_pair,
+        help="only nodes with this label; repeat for several",
+    )  # fmt: skip
+    create.add_argument(
+        "--node-policy", choices=["spread", "binpack"], help="default: the cluster's"
     )
-    create.add_argument("--node-policy", choices=["spread", "binpack"])
-    create.add_argument("--card-policy", choices=["spread", "binpack"])
+    create.add_argument(
+        "--card-policy", choices=["spread", "binpack"], help="default: the cluster's"
+    )
     create.add_argument("--idempotency-key", help="default: a fresh one, so a retry is safe")
     create.add_argument(
-        "--wait", type=_seconds, metavar="SECONDS", help="then wait this long for it to be ready"
-    )
+        "--wait", type=_seconds, metavar="SECONDS",
+        help="then wait up to SECONDS for it to be ready",
+    )  # fmt: skip
     create._negative_number_matcher = re.compile(r"^-\d")  # `--vmemory -4Gi` is a value
     create.set_defaults(handler=command(_create_claim))
     listing = claims.add_parser("list", help="list claims")
-    listing.add_argument("--status", choices=[s.value for s in ClaimStatus])
-    listing.add_argument("--priority")
-    listing.add_argument("--node")
-    listing.add_argument("--limit", type=int, default=50)
+    listing.add_argument(
+        "--status", choices=[s.value for s in ClaimStatus], help="only claims in this status"
+    )
+    listing.add_argument("--priority", choices=["high", "low"], help="only this priority")
+    listing.add_argument("--node", help="only claims on this node")
+    listing.add_argument("--limit", type=int, default=50, help="claims per page (default 50)")
     listing.add_argument("--cursor", help="the next page, as a previous listing printed it")
     listing.set_defaults(handler=command(_list_claims))
     one_claim_verbs = (
@@ -81,8 +95,9 @@ def register(subparsers: Sub) -> None:
     )
     wait.add_argument("claim_id", type=_claim_id)
     wait.add_argument(
-        "--for", dest="until", default="ready", choices=[s.value for s in ClaimStatus]
-    )
+        "--for", dest="until", default="ready", choices=[s.value for s in ClaimStatus],
+        help="the status to wait for (default ready)",
+    )  # fmt: skip
     wait.add_argument("--timeout", type=_seconds, default=60.0, help="seconds (default 60)")
     wait.set_defaults(handler=command(_wait_claim))
     nodes = group(subparsers, "nodes", "the inventory of nodes")
@@ -96,7 +111,7 @@ def register(subparsers: Sub) -> None:
         one_node.set_defaults(handler=command(_cordon), schedulable=verb == "uncordon")
     gpus = group(subparsers, "gpus", "cards and their free capacity")
     gpu_list = gpus.add_parser("list", help="list cards")
-    gpu_list.add_argument("--node")
+    gpu_list.add_argument("--node", help="only this node's cards")
     gpu_list.set_defaults(handler=command(_list_gpus))
 
 
@@ -126,12 +141,15 @@ def _connection_options(parser: argparse.ArgumentParser, defaults: bool) -> None
     def default(value: object) -> object:
         return value if defaults else argparse.SUPPRESS
 
-    parser.add_argument("--url", default=default(os.environ.get("QSHARE_URL", DEFAULT_URL)))
+    parser.add_argument(
+        "--url", default=default(os.environ.get("QSHARE_URL", DEFAULT_URL)),
+        help=f"the qshare API, or $QSHARE_URL (default {DEFAULT_URL})",
+    )  # fmt: skip
     token = os.environ.get("QSHARE_TOKEN")
-    parser.add_argument("--token", default=default(token), help="or $QSHARE_TOKEN")
+    parser.add_argument("--token", default=default(token), help="bearer token, or $QSHARE_TOKEN")
     parser.add_argument(
         "-o", "--output", choices=["table", "json", "yaml"], default=default("table"),
-        help="format",
+        help="output format (default table)",
     )  # fmt: skip
 
 
