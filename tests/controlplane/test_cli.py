@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import sys
 from collections.abc import AsyncIterator
 
 import pytest
 import uvicorn
 
-from qshare.cli import main
+from qshare.cli import EXIT_BROKEN_PIPE, main
 from qshare.natsauth import NatsAuth, ServiceRole
 from qshare.testing.servers import free_port
 from qshare_api.app import create_app
@@ -211,3 +213,18 @@ async def test_a_quota_set_from_the_cli_is_listed_and_cleared(
     assert capsys.readouterr().out.strip() == "quota of t-q cleared"
     quotas = await _json(api_url, capsys, "quotas", "list")
     assert isinstance(quotas, list) and "t-q" not in [q["tenant"] for q in quotas]
+
+
+async def test_a_reader_that_goes_away_ends_the_cli_quietly(
+    api_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`qshare nodes list | head`: no BrokenPipeError traceback, SIGPIPE's exit status."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    closed = os.fdopen(write_end, "w", buffering=1)
+    monkeypatch.setattr(sys, "stdout", closed)
+    try:
+        assert await _qshare(api_url, "nodes", "list") == EXIT_BROKEN_PIPE
+    finally:
+        monkeypatch.undo()
+        closed.close()
