@@ -228,3 +228,30 @@ async def test_a_reader_that_goes_away_ends_the_cli_quietly(
     finally:
         monkeypatch.undo()
         closed.close()
+
+
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        (("tokens", "create", "--name", "n", "--tenant", "t", "--expires-in", "0"), "--expires-in"),
+        (("claims", "create", "--priority", "low", "--vcore", "5", "--vmemory", "1Gi",
+          "--class", "nope"), "--class"),
+    ],
+)  # fmt: skip
+async def test_an_error_names_the_option_the_user_typed_not_the_api_field(
+    api_url: str, register: Register, capsys: pytest.CaptureFixture[str],
+    args: tuple[str, ...], flag: str,
+) -> None:  # fmt: skip
+    await register("n1")
+    assert await _qshare(api_url, *args) == 1
+    err = capsys.readouterr().err
+    assert f"  {flag}: " in err and "_s:" not in err and "class_name" not in err
+
+
+async def test_a_missing_token_gets_a_hint_where_to_find_one(
+    api_url: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("QSHARE_TOKEN", raising=False)
+    assert await asyncio.to_thread(main, ["nodes", "list", "--url", api_url]) == 1
+    err = capsys.readouterr().err
+    assert "401" in err and "--token or $QSHARE_TOKEN" in err

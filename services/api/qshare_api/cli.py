@@ -181,7 +181,7 @@ def command(
             if not streams:
                 print(_render(shown, args.output))
         except ApiError as exc:
-            _report(exc)
+            _report(exc, args.token)
             return 1
         except UsageError as exc:
             print(f"error: {exc}", file=sys.stderr)
@@ -207,16 +207,30 @@ def _render(shown: Shown, output: str) -> str:
     return shown.text
 
 
-def _report(exc: ApiError) -> None:
+FLAGS = {
+    "class_name": "--class", "node_selector": "--selector", "expires_in_s": "--expires-in",
+    "idempotency_key": "--idempotency-key",
+}  # fmt: skip
+"""The API's fields whose CLI option has another name: an error names what the user typed."""
+NO_TOKEN_HINT = (
+    "give a token with --token or $QSHARE_TOKEN (`qshare up` prints an admin token; "
+    "an admin issues others with `qshare tokens create`)"
+)
+
+
+def _report(exc: ApiError, token: str | None) -> None:
     """The problem once: its field errors when it names fields, else its detail."""
     errors = exc.problem.get("errors") or []
     if not errors:
         print(f"error {exc.status}: {exc}", file=sys.stderr)
+        if exc.status == 401 and not token:
+            print(f"  {NO_TOKEN_HINT}", file=sys.stderr)
         return
     print(f"error {exc.status}: {exc.problem.get('title', 'invalid request')}", file=sys.stderr)
     for item in errors:
         message = str(item.get("message", "")).removeprefix("Value error, ")
-        print(f"  {item.get('field')}: {message}", file=sys.stderr)
+        field = str(item.get("field"))
+        print(f"  {FLAGS.get(field, field)}: {message}", file=sys.stderr)
 
 
 def memory(value: str) -> int | str:
