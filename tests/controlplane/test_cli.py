@@ -255,3 +255,11 @@ async def test_a_missing_token_gets_a_hint_where_to_find_one(
     assert await asyncio.to_thread(main, ["nodes", "list", "--url", api_url]) == 1
     err = capsys.readouterr().err
     assert "401" in err and "--token or $QSHARE_TOKEN" in err
+
+
+async def test_a_token_id_that_is_not_a_uuid_is_named_before_anything_is_sent(
+    api_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        await _qshare(api_url, "tokens", "revoke", "123")
+    assert "'123' is not a token id" in capsys.readouterr().err

@@ -4,6 +4,7 @@ and revoke bearer tokens; set, list and clear tenants' quotas."""
 from __future__ import annotations
 
 import argparse
+import uuid
 from typing import TYPE_CHECKING, Any
 
 from qshare.contracts.domain import Role, TokenScope
@@ -38,7 +39,7 @@ def register(subparsers: Sub) -> None:
         handler=command(_list_tokens)
     )
     revoke = tokens.add_parser("revoke", help="revoke a token at once")
-    revoke.add_argument("token_id")
+    revoke.add_argument("token_id", type=_token_id, help="as `qshare tokens list` shows it")
     revoke.set_defaults(handler=command(_revoke_token))
     quotas = group(subparsers, "quotas", "tenants' limits (admins)")
     quotas.add_parser("list", help="list quotas").set_defaults(handler=command(_list_quotas))
@@ -53,6 +54,15 @@ def register(subparsers: Sub) -> None:
     clear = quotas.add_parser("clear", help="remove a tenant's quota")
     clear.add_argument("tenant")
     clear.set_defaults(handler=command(_clear_quota))
+
+
+def _token_id(value: str) -> str:
+    try:
+        return str(uuid.UUID(value))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a token id (a UUID, as `qshare tokens list` shows it)"
+        ) from exc
 
 
 def _issue_token(client: Client, args: argparse.Namespace) -> Shown:
