@@ -92,6 +92,16 @@ async def test_create_with_wait_returns_the_claim_once_it_is_ready(
     assert json.loads(capsys.readouterr().out)["status"] == "ready"
 
 
+async def test_create_with_wait_that_times_out_says_the_claim_stays_and_how_to_delete_it(
+    api: httpx.AsyncClient, api_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ("--priority", "low", "--vcore", "10", "--vmemory", "1Gi", "--wait", "0.5")
+    assert await qshare(api_url, "claims", "create", *args) == 1  # no node: it stays pending
+    [claim] = (await api.get("/v1/claims")).json()["items"]
+    err = capsys.readouterr().err
+    assert f"the claim stays pending; `qshare claims delete {claim['id']}` withdraws it" in err
+
+
 async def test_events_watch_prints_each_event_and_stops_after_count(
     api: httpx.AsyncClient, api_url: str, start_agent: StartAgent,
     capsys: pytest.CaptureFixture[str],

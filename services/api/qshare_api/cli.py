@@ -158,7 +158,11 @@ class UsageError(Exception):
 
 
 class WaitFailed(Exception):
-    """`claims wait` ended without the status it waited for."""
+    """`claims wait` ended without the status it waited for; `status` is the claim's then."""
+
+    def __init__(self, message: str, status: str) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 @dataclass(frozen=True)
@@ -288,8 +292,20 @@ def _create_claim(client: Client, args: argparse.Namespace) -> Shown:
         body["placement"] = {"node": args.node_policy, "card": args.card_policy}
     claim = client.post("/v1/claims", body)
     if args.wait is not None:
-        return _until(client, claim["id"], ClaimStatus.READY.value, args.wait)
+        return _created_and_ready(client, claim["id"], args.wait)
     return Shown(claim, _claims_table([claim]))
+
+
+def _created_and_ready(client: Client, claim_id: str, timeout_s: float) -> Shown:
+    """`create --wait`: a claim that is not ready in time was created all the same, and
+    stays (pending, say) until deleted: the error says so and how."""
+    try:
+        return _until(client, claim_id, ClaimStatus.READY.value, timeout_s)
+    except WaitFailed as exc:
+        if exc.status in FINAL_STATUSES:
+            raise
+        left = f"the claim stays {exc.status}; `qshare claims delete {claim_id}` withdraws it"
+        raise WaitFailed(f"{exc}\n{left}", exc.status) from exc
 
 
 def _list_claims(client: Client, args: argparse.Namespace) -> Shown:
@@ -350,7 +366,8 @@ def _until(client: Client, claim_id: str, status: str, timeout_s: float) -> Show
             return Shown(claim, _claims_table([claim]) if "tenant" in claim else claim["status"])
         if claim["status"] in FINAL_STATUSES or time.monotonic() >= deadline:
             why = f" ({claim['reason']})" if claim.get("reason") else ""
-            raise WaitFailed(f"claim {claim_id} is {claim['status']}{why}, not {status}")
+            message = f"claim {claim_id} is {claim['status']}{why}, not {status}"
+            raise WaitFailed(message, claim["status"])
         time.sleep(WAIT_POLL_S)
 
 
