@@ -124,6 +124,15 @@ async def test_events_watch_names_a_bad_subject(
     assert "subject" in capsys.readouterr().err
 
 
+async def test_a_bad_subject_gets_an_example_not_a_regular_expression(
+    api_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert await qshare(api_url, "events", "watch", "--subject", "claim.*.ready") == 1
+    err = capsys.readouterr().err
+    assert "'claim.*.ready' is not a subject under qshare.evt" in err
+    assert "e.g. qshare.evt.claim.*.ready" in err and "^qshare" not in err
+
+
 async def test_resize_changes_the_claims_size_per_card(
     api: httpx.AsyncClient, api_url: str, start_agent: StartAgent,
     capsys: pytest.CaptureFixture[str],
