@@ -7,7 +7,9 @@ import logging
 import sys
 
 import uvicorn
+from pydantic import ValidationError
 
+from qshare import startup
 from qshare_api.app import create_app
 from qshare_api.settings import ApiSettings
 
@@ -22,7 +24,11 @@ def main(argv: list[str] | None = None) -> int:
         "(DATABASE_URL, NATS_URL, NATS_SECRETS_DIR, HOST, PORT, BOOTSTRAP_ADMIN_TOKEN_FILE, ...).",
     ).parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    settings = ApiSettings()
+    try:
+        settings = ApiSettings()
+    except ValidationError as exc:
+        startup.report("qshare api", startup.settings_errors(exc, "QSHARE_API_"))
+        return 2
     app = create_app(settings, own_process=True)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level="info",
                 timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)  # fmt: skip
