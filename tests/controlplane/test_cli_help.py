@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from qshare.cli import build_parser
+from qshare.cli import build_parser, main
 
 API_GROUPS = ("claims", "nodes", "gpus", "tokens", "quotas", "events")
 
@@ -37,3 +37,11 @@ def test_the_url_option_names_its_variable_and_default() -> None:
     claims = _subparsers(build_parser())["claims"]
     text = claims.format_help()
     assert "$QSHARE_URL" in text and "http://127.0.0.1:8080" in text
+
+
+@pytest.mark.parametrize("option", ["--url", "--token", "-o"])
+def test_a_connection_option_before_the_group_says_where_it_goes(
+    option: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([option, "x", "claims", "list"]) == 2
+    assert f"qshare: {option} goes after the command's group" in capsys.readouterr().err

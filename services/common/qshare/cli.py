@@ -47,9 +47,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+CONNECTION_OPTIONS = ("--url", "--token", "-o", "--output")
+"""The API groups' options, which go after the group's name (`qshare claims --url U list`)."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    given = list(sys.argv[1:] if argv is None else argv)
+    if given and given[0].split("=")[0] in CONNECTION_OPTIONS:
+        print(f"qshare: {given[0].split('=')[0]} goes after the command's group, as in "
+              "`qshare claims --url URL list` or `qshare claims list --url URL`",
+              file=sys.stderr)  # fmt: skip
+        return 2
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser().parse_args(given)
         handler: Callable[[argparse.Namespace], int] = args.handler
         return handler(args)
     except KeyboardInterrupt:
