@@ -263,3 +263,12 @@ async def test_a_token_id_that_is_not_a_uuid_is_named_before_anything_is_sent(
     with pytest.raises(SystemExit):
         await _qshare(api_url, "tokens", "revoke", "123")
     assert "'123' is not a token id" in capsys.readouterr().err
+
+
+async def test_a_claim_not_found_points_to_the_released_listing(
+    api_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert await _qshare(api_url, "claims", "get", "00000000-0000-0000-0000-000000000009") == 1
+    err = capsys.readouterr().err
+    assert "error 404: claim 00000000-0000-0000-0000-000000000009 not found" in err
+    assert "`qshare claims list --status released`" in err

@@ -318,7 +318,13 @@ def _list_claims(client: Client, args: argparse.Namespace) -> Shown:
 
 
 def _get_claim(client: Client, args: argparse.Namespace) -> Shown:
-    claim = client.get(f"/v1/claims/{args.claim_id}")
+    try:
+        claim = client.get(f"/v1/claims/{args.claim_id}")
+    except ApiError as exc:
+        if exc.status != 404:
+            raise
+        hint = " (a released claim is listed by `qshare claims list --status released`)"
+        raise ApiError(404, exc.problem | {"detail": f"{exc}{hint}"}) from exc
     reason = f"\nreason: {claim['reason']}" if claim.get("reason") else ""
     return Shown(claim, _claims_table([claim]) + reason + _vgpus_table(claim))
 
