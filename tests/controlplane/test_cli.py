@@ -272,3 +272,14 @@ async def test_a_claim_not_found_points_to_the_released_listing(
     err = capsys.readouterr().err
     assert "error 404: claim 00000000-0000-0000-0000-000000000009 not found" in err
     assert "`qshare claims list --status released`" in err
+
+
+@pytest.mark.parametrize("group", ["gpus", "claims"])
+async def test_an_empty_listing_of_an_unknown_node_says_no_such_node_is_registered(
+    api_url: str, register: Register, capsys: pytest.CaptureFixture[str], group: str
+) -> None:
+    await register("n1")
+    assert await _qshare(api_url, group, "list", "--node", "n-typo") == 0
+    assert "(no node n-typo is registered" in capsys.readouterr().out
+    assert await _qshare(api_url, "claims", "list", "--node", "n1") == 0
+    assert "no node" not in capsys.readouterr().out

@@ -314,7 +314,22 @@ def _list_claims(client: Client, args: argparse.Namespace) -> Shown:
         limit=args.limit, cursor=args.cursor,
     )  # fmt: skip
     more = f"\n(more: --cursor {page['next_cursor']})" if page.get("next_cursor") else ""
-    return Shown(page, _claims_table(page["items"]) + more)
+    unknown = _unknown_node(client, args.node) if not page["items"] else ""
+    return Shown(page, _claims_table(page["items"]) + more + unknown)
+
+
+def _unknown_node(client: Client, node: str | None) -> str:
+    """For an empty listing filtered by node: a line saying when no such node exists (a
+    typo), since an empty table alone reads as 'nothing there'."""
+    if node is None:
+        return ""
+    try:
+        client.get(f"/v1/nodes/{node}")
+    except ApiError as exc:
+        if exc.status == 404:
+            return f"\n(no node {node} is registered: `qshare nodes list` shows them)"
+        raise
+    return ""
 
 
 def _get_claim(client: Client, args: argparse.Namespace) -> Shown:
@@ -428,7 +443,8 @@ def _list_gpus(client: Client, args: argparse.Namespace) -> Shown:
          f"{g['core_high_free']}%", f"{g['core_low_free']}%")
         for g in cards
     ]  # fmt: skip
-    return Shown(cards, table(GPU_COLUMNS, rows))
+    unknown = _unknown_node(client, args.node) if not cards else ""
+    return Shown(cards, table(GPU_COLUMNS, rows) + unknown)
 
 
 def _claims_table(claims: list[dict[str, Any]]) -> str:
