@@ -64,8 +64,8 @@ async def test_suspend_and_resume_act_on_the_claims_vgpus(
     assert not agent.node.vgpu_stats(local_id).suspended
     out = capsys.readouterr().out.splitlines()
     assert out == [
-        f"claim {claim['id']} suspended on 1 vGPUs",
-        f"claim {claim['id']} resumed on 1 vGPUs",
+        f"claim {claim['id']} suspended on 1 vGPU",
+        f"claim {claim['id']} resumed on 1 vGPU",
     ]
 
 

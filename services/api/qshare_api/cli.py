@@ -370,7 +370,8 @@ def _claim_action(reply: dict[str, Any]) -> Shown:
     missing = (
         f" ({reply['missing']} not reached: see the preemptor's log)" if reply["missing"] else ""
     )
-    return Shown(reply, f"claim {reply['claim_id']} {verb} on {reply['vgpus']} vGPUs{missing}")
+    vgpus = f"{reply['vgpus']} vGPU" + ("" if reply["vgpus"] == 1 else "s")
+    return Shown(reply, f"claim {reply['claim_id']} {verb} on {vgpus}{missing}")
 
 
 def _wait_claim(client: Client, args: argparse.Namespace) -> Shown:
