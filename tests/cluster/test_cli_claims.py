@@ -64,8 +64,8 @@ async def test_suspend_and_resume_act_on_the_claims_vgpus(
     assert not agent.node.vgpu_stats(local_id).suspended
     out = capsys.readouterr().out.splitlines()
     assert out == [
-        f"claim {claim['id']} suspended on 1 vGPUs",
-        f"claim {claim['id']} resumed on 1 vGPUs",
+        f"claim {claim['id']} suspended on 1 vGPU",
+        f"claim {claim['id']} resumed on 1 vGPU",
     ]
 
 
@@ -92,6 +92,16 @@ async def test_create_with_wait_returns_the_claim_once_it_is_ready(
     assert json.loads(capsys.readouterr().out)["status"] == "ready"
 
 
+async def test_create_with_wait_that_times_out_says_the_claim_stays_and_how_to_delete_it(
+    api: httpx.AsyncClient, api_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ("--priority", "low", "--vcore", "10", "--vmemory", "1Gi", "--wait", "0.5")
+    assert await qshare(api_url, "claims", "create", *args) == 1  # no node: it stays pending
+    [claim] = (await api.get("/v1/claims")).json()["items"]
+    err = capsys.readouterr().err
+    assert f"the claim stays pending; `qshare claims delete {claim['id']}` withdraws it" in err
+
+
 async def test_events_watch_prints_each_event_and_stops_after_count(
     api: httpx.AsyncClient, api_url: str, start_agent: StartAgent,
     capsys: pytest.CaptureFixture[str],
@@ -112,6 +122,15 @@ async def test_events_watch_names_a_bad_subject(
 ) -> None:
     assert await qshare(api_url, "events", "watch", "--subject", "not.ours") == 1
     assert "subject" in capsys.readouterr().err
+
+
+async def test_a_bad_subject_gets_an_example_not_a_regular_expression(
+    api_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert await qshare(api_url, "events", "watch", "--subject", "claim.*.ready") == 1
+    err = capsys.readouterr().err
+    assert "'claim.*.ready' is not a subject under qshare.evt" in err
+    assert "e.g. qshare.evt.claim.*.ready" in err and "^qshare" not in err
 
 
 async def test_resize_changes_the_claims_size_per_card(

@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import sys
 from collections.abc import AsyncIterator
 
 import pytest
 import uvicorn
 
-from qshare.cli import main
+from qshare.cli import EXIT_BROKEN_PIPE, main
 from qshare.natsauth import NatsAuth, ServiceRole
 from qshare.testing.servers import free_port
 from qshare_api.app import create_app
@@ -211,3 +213,73 @@ async def test_a_quota_set_from_the_cli_is_listed_and_cleared(
     assert capsys.readouterr().out.strip() == "quota of t-q cleared"
     quotas = await _json(api_url, capsys, "quotas", "list")
     assert isinstance(quotas, list) and "t-q" not in [q["tenant"] for q in quotas]
+
+
+async def test_a_reader_that_goes_away_ends_the_cli_quietly(
+    api_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`qshare nodes list | head`: no BrokenPipeError traceback, SIGPIPE's exit status."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    closed = os.fdopen(write_end, "w", buffering=1)
+    monkeypatch.setattr(sys, "stdout", closed)
+    try:
+        assert await _qshare(api_url, "nodes", "list") == EXIT_BROKEN_PIPE
+    finally:
+        monkeypatch.undo()
+        closed.close()
+
+
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        (("tokens", "create", "--name", "n", "--tenant", "t", "--expires-in", "0"), "--expires-in"),
+        (("claims", "create", "--priority", "low", "--vcore", "5", "--vmemory", "1Gi",
+          "--class", "nope"), "--class"),
+    ],
+)  # fmt: skip
+async def test_an_error_names_the_option_the_user_typed_not_the_api_field(
+    api_url: str, register: Register, capsys: pytest.CaptureFixture[str],
+    args: tuple[str, ...], flag: str,
+) -> None:  # fmt: skip
+    await register("n1")
+    assert await _qshare(api_url, *args) == 1
+    err = capsys.readouterr().err
+    assert f"  {flag}: " in err and "_s:" not in err and "class_name" not in err
+
+
+async def test_a_missing_token_gets_a_hint_where_to_find_one(
+    api_url: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("QSHARE_TOKEN", raising=False)
+    assert await asyncio.to_thread(main, ["nodes", "list", "--url", api_url]) == 1
+    err = capsys.readouterr().err
+    assert "401" in err and "--token or $QSHARE_TOKEN" in err
+
+
+async def test_a_token_id_that_is_not_a_uuid_is_named_before_anything_is_sent(
+    api_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        await _qshare(api_url, "tokens", "revoke", "123")
+    assert "'123' is not a token id" in capsys.readouterr().err
+
+
+async def test_a_claim_not_found_points_to_the_released_listing(
+    api_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert await _qshare(api_url, "claims", "get", "00000000-0000-0000-0000-000000000009") == 1
+    err = capsys.readouterr().err
+    assert "error 404: claim 00000000-0000-0000-0000-000000000009 not found" in err
+    assert "`qshare claims list --status released`" in err
+
+
+@pytest.mark.parametrize("group", ["gpus", "claims"])
+async def test_an_empty_listing_of_an_unknown_node_says_no_such_node_is_registered(
+    api_url: str, register: Register, capsys: pytest.CaptureFixture[str], group: str
+) -> None:
+    await register("n1")
+    assert await _qshare(api_url, group, "list", "--node", "n-typo") == 0
+    assert "(no node n-typo is registered" in capsys.readouterr().out
+    assert await _qshare(api_url, "claims", "list", "--node", "n1") == 0
+    assert "no node" not in capsys.readouterr().out

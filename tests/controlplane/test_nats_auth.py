@@ -98,6 +98,17 @@ async def test_an_anonymous_connection_is_refused(bus_url: str) -> None:
         await nats.connect(bus_url, max_reconnect_attempts=0, allow_reconnect=False)
 
 
+async def test_a_service_without_an_identity_is_told_where_to_set_one(
+    bus_url: str, nats_server: EmbeddedNats | None
+) -> None:
+    if nats_server is None:
+        pytest.skip("an existing NATS server without qshare's identities is in use")
+    with pytest.raises(
+        PermissionError, match=r"gave no identity: set the service's NATS_SECRETS_DIR"
+    ):
+        await bus.connect(bus.BusOptions(bus_url, "qshare-test"))
+
+
 async def test_a_wrong_password_is_refused(bus_url: str, nats_auth: NatsAuth) -> None:
     user = nats_auth.credentials(ServiceRole.API).user
     with pytest.raises(Exception, match=r"(?i)authorization"):

@@ -119,6 +119,13 @@ async def test_an_unknown_class_is_invalid(register: Register, claim: Claim) -> 
     assert [e.field for e in caught.value.errors] == ["class_name"]
 
 
+async def test_an_unknown_class_error_names_the_known_ones(claim: Claim) -> None:
+    with pytest.raises(InvalidInput) as caught:
+        await claim(class_name="no-such-class")
+    known = caught.value.errors[0].message.partition("(known: ")[2].rstrip(")").split(", ")
+    assert {"qshare", "whole"} <= set(known)  # other tests of the session may add classes
+
+
 async def test_a_node_without_heartbeats_gets_nothing(
     register: Register, claim: Claim, engine: AsyncEngine
 ) -> None:

@@ -56,6 +56,15 @@ def test_run_without_a_command_is_refused() -> None:
     assert "no command given" in done.stderr
 
 
+def test_run_in_a_claim_without_a_command_shows_the_claim_form() -> None:
+    claim = "00000000-0000-0000-0000-000000000001"
+    done = subprocess.run(
+        [sys.executable, "-c", RUN, "run", "--claim", claim, "--"], capture_output=True, text=True
+    )
+    assert done.returncode == 2
+    assert "(qshare run --claim ID -- CMD)" in done.stderr
+
+
 def test_run_without_a_node_segment_fails_before_starting_the_program(tmp_path: Path) -> None:
     marker = tmp_path / "ran"
     argv = [sys.executable, "-c", RUN, "run", "--vgpu", "1", "--shm-dir", str(tmp_path), "--"]

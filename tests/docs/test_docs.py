@@ -47,3 +47,37 @@ def test_every_qshare_command_in_the_readme_exists() -> None:
         actions = _subcommands(groups[group])
         if actions and action is not None:
             assert action in actions, f"qshare {group} {action}: no such command"
+
+
+CODE = re.compile(r"```[a-z]*\n(.*?)```|`([^`\n]+)`", re.S)
+"""Code blocks and inline code, where the docs show commands to type."""
+
+
+def _commands(text: str) -> list[list[str]]:
+    """Each `qshare GROUP …` shown in code, as its words up to a comment or the next one."""
+    found = []
+    for match in CODE.finditer(text):
+        for line in (match.group(1) or match.group(2)).splitlines():
+            for part in re.split(r"(?:^|\s)qshare\s+", line.split(" #")[0])[1:]:
+                found.append(part.split())
+    return found
+
+
+def _options(parser: argparse.ArgumentParser) -> set[str]:
+    return {flag for action in parser._actions for flag in action.option_strings}
+
+
+@pytest.mark.parametrize("document", DOCUMENTS, ids=lambda p: p.name)
+def test_every_option_a_document_shows_a_qshare_command_with_exists(document: Path) -> None:
+    groups = _subcommands(build_parser())
+    for words in _commands(document.read_text()):
+        if not words or words[0] not in groups:
+            continue
+        parser = groups[words[0]]
+        verbs = _subcommands(parser)
+        if len(words) > 1 and words[1] in verbs:
+            parser = verbs[words[1]]
+        flags = {w.strip("[]").split("=")[0] for w in words if w.strip("[").startswith("--")}
+        unknown = sorted(flags - _options(parser) - {"--"})
+        shown = " ".join(words)
+        assert not unknown, f"{document.name}: `qshare {shown}`: no option {', '.join(unknown)}"

@@ -152,6 +152,23 @@ def test_every_service_reaches_nats_at_the_in_cluster_service(
     assert settings.nats_url == "nats://nats.qshare-system.svc:4222"
 
 
+@pytest.mark.parametrize(
+    ("workload", "container"),
+    [
+        ("qshare-api", "api"),
+        ("qshare-extender", "extender"),
+        ("qshare-allocator", "allocator"),
+        ("qshare-preemptor", "preemptor"),
+    ],
+)
+def test_every_service_with_postgres_takes_its_database_url_from_the_secret(
+    monkeypatch: pytest.MonkeyPatch, workload: str, container: str
+) -> None:
+    """Not the settings' default (localhost), which no pod has."""
+    settings, _ = service_settings(monkeypatch, workload, container)
+    assert settings.database_url == "postgresql+asyncpg://u:p@db/qshare"
+
+
 def test_the_node_agent_serves_the_kubelet_plugins_as_its_kubernetes_node(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -36,29 +36,43 @@ FINAL_STATUSES = (ClaimStatus.RELEASED.value, ClaimStatus.FAILED.value)
 def register(subparsers: Sub) -> None:
     claims = group(subparsers, "claims", "create, list, get, resize and delete claims")
     create = claims.add_parser("create", help="ask for vGPUs")
-    create.add_argument("--priority", required=True, choices=["high", "low"])
+    create.add_argument(
+        "--priority", required=True, choices=["high", "low"],
+        help="high: gets the card at once; low: harvests what high leaves idle",
+    )  # fmt: skip
     create.add_argument("--vcore", required=True, type=int, help="core share per card, 1-100")
     create.add_argument(
         "--vmemory", required=True, type=memory, help="memory per card: MiB or e.g. 4Gi"
     )
-    create.add_argument("--count", type=int, default=1, help="cards, on one node")
-    create.add_argument("--class", dest="class_name", default="qshare")
+    create.add_argument("--count", type=int, default=1, help="cards, on one node (default 1)")
     create.add_argument(
-        "--selector", action="append", default=[], metavar="KEY=VALUE", type=_selector_pair
+        "--class", dest="class_name", default="qshare",
+        help="default qshare (a slice); whole: empty cards, each taken entirely",
+    )  # fmt: skip
+    create.add_argument(
+        "--selector", action="append", default=[], metavar="KEY=VALUE", type=_selector_pair,
+        help="only nodes with this label; repeat for several",
+    )  # fmt: skip
+    create.add_argument(
+        "--node-policy", choices=["spread", "binpack"], help="default: the cluster's"
     )
-    create.add_argument("--node-policy", choices=["spread", "binpack"])
-    create.add_argument("--card-policy", choices=["spread", "binpack"])
+    create.add_argument(
+        "--card-policy", choices=["spread", "binpack"], help="default: the cluster's"
+    )
     create.add_argument("--idempotency-key", help="default: a fresh one, so a retry is safe")
     create.add_argument(
-        "--wait", type=_seconds, metavar="SECONDS", help="then wait this long for it to be ready"
-    )
+        "--wait", type=_seconds, metavar="SECONDS",
+        help="then wait up to SECONDS for it to be ready",
+    )  # fmt: skip
     create._negative_number_matcher = re.compile(r"^-\d")  # `--vmemory -4Gi` is a value
     create.set_defaults(handler=command(_create_claim))
     listing = claims.add_parser("list", help="list claims")
-    listing.add_argument("--status", choices=[s.value for s in ClaimStatus])
-    listing.add_argument("--priority")
-    listing.add_argument("--node")
-    listing.add_argument("--limit", type=int, default=50)
+    listing.add_argument(
+        "--status", choices=[s.value for s in ClaimStatus], help="only claims in this status"
+    )
+    listing.add_argument("--priority", choices=["high", "low"], help="only this priority")
+    listing.add_argument("--node", help="only claims on this node")
+    listing.add_argument("--limit", type=int, default=50, help="claims per page (default 50)")
     listing.add_argument("--cursor", help="the next page, as a previous listing printed it")
     listing.set_defaults(handler=command(_list_claims))
     one_claim_verbs = (
@@ -81,8 +95,9 @@ def register(subparsers: Sub) -> None:
     )
     wait.add_argument("claim_id", type=_claim_id)
     wait.add_argument(
-        "--for", dest="until", default="ready", choices=[s.value for s in ClaimStatus]
-    )
+        "--for", dest="until", default="ready", choices=[s.value for s in ClaimStatus],
+        help="the status to wait for (default ready)",
+    )  # fmt: skip
     wait.add_argument("--timeout", type=_seconds, default=60.0, help="seconds (default 60)")
     wait.set_defaults(handler=command(_wait_claim))
     nodes = group(subparsers, "nodes", "the inventory of nodes")
@@ -96,7 +111,7 @@ def register(subparsers: Sub) -> None:
         one_node.set_defaults(handler=command(_cordon), schedulable=verb == "uncordon")
     gpus = group(subparsers, "gpus", "cards and their free capacity")
     gpu_list = gpus.add_parser("list", help="list cards")
-    gpu_list.add_argument("--node")
+    gpu_list.add_argument("--node", help="only this node's cards")
     gpu_list.set_defaults(handler=command(_list_gpus))
 
 
@@ -126,12 +141,15 @@ def _connection_options(parser: argparse.ArgumentParser, defaults: bool) -> None
     def default(value: object) -> object:
         return value if defaults else argparse.SUPPRESS
 
-    parser.add_argument("--url", default=default(os.environ.get("QSHARE_URL", DEFAULT_URL)))
+    parser.add_argument(
+        "--url", default=default(os.environ.get("QSHARE_URL", DEFAULT_URL)),
+        help=f"the qshare API, or $QSHARE_URL (default {DEFAULT_URL})",
+    )  # fmt: skip
     token = os.environ.get("QSHARE_TOKEN")
-    parser.add_argument("--token", default=default(token), help="or $QSHARE_TOKEN")
+    parser.add_argument("--token", default=default(token), help="bearer token, or $QSHARE_TOKEN")
     parser.add_argument(
         "-o", "--output", choices=["table", "json", "yaml"], default=default("table"),
-        help="format",
+        help="output format (default table)",
     )  # fmt: skip
 
 
@@ -140,7 +158,11 @@ class UsageError(Exception):
 
 
 class WaitFailed(Exception):
-    """`claims wait` ended without the status it waited for."""
+    """`claims wait` ended without the status it waited for; `status` is the claim's then."""
+
+    def __init__(self, message: str, status: str) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 @dataclass(frozen=True)
@@ -163,7 +185,7 @@ def command(
             if not streams:
                 print(_render(shown, args.output))
         except ApiError as exc:
-            _report(exc)
+            _report(exc, args.token)
             return 1
         except UsageError as exc:
             print(f"error: {exc}", file=sys.stderr)
@@ -189,16 +211,30 @@ def _render(shown: Shown, output: str) -> str:
     return shown.text
 
 
-def _report(exc: ApiError) -> None:
+FLAGS = {
+    "class_name": "--class", "node_selector": "--selector", "expires_in_s": "--expires-in",
+    "idempotency_key": "--idempotency-key",
+}  # fmt: skip
+"""The API's fields whose CLI option has another name: an error names what the user typed."""
+NO_TOKEN_HINT = (
+    "give a token with --token or $QSHARE_TOKEN (`qshare up` prints an admin token; "
+    "an admin issues others with `qshare tokens create`)"
+)
+
+
+def _report(exc: ApiError, token: str | None) -> None:
     """The problem once: its field errors when it names fields, else its detail."""
     errors = exc.problem.get("errors") or []
     if not errors:
         print(f"error {exc.status}: {exc}", file=sys.stderr)
+        if exc.status == 401 and not token:
+            print(f"  {NO_TOKEN_HINT}", file=sys.stderr)
         return
     print(f"error {exc.status}: {exc.problem.get('title', 'invalid request')}", file=sys.stderr)
     for item in errors:
         message = str(item.get("message", "")).removeprefix("Value error, ")
-        print(f"  {item.get('field')}: {message}", file=sys.stderr)
+        field = str(item.get("field"))
+        print(f"  {FLAGS.get(field, field)}: {message}", file=sys.stderr)
 
 
 def memory(value: str) -> int | str:
@@ -256,8 +292,20 @@ def _create_claim(client: Client, args: argparse.Namespace) -> Shown:
         body["placement"] = {"node": args.node_policy, "card": args.card_policy}
     claim = client.post("/v1/claims", body)
     if args.wait is not None:
-        return _until(client, claim["id"], ClaimStatus.READY.value, args.wait)
+        return _created_and_ready(client, claim["id"], args.wait)
     return Shown(claim, _claims_table([claim]))
+
+
+def _created_and_ready(client: Client, claim_id: str, timeout_s: float) -> Shown:
+    """`create --wait`: a claim that is not ready in time was created all the same, and
+    stays (pending, say) until deleted: the error says so and how."""
+    try:
+        return _until(client, claim_id, ClaimStatus.READY.value, timeout_s)
+    except WaitFailed as exc:
+        if exc.status in FINAL_STATUSES:
+            raise
+        left = f"the claim stays {exc.status}; `qshare claims delete {claim_id}` withdraws it"
+        raise WaitFailed(f"{exc}\n{left}", exc.status) from exc
 
 
 def _list_claims(client: Client, args: argparse.Namespace) -> Shown:
@@ -266,11 +314,32 @@ def _list_claims(client: Client, args: argparse.Namespace) -> Shown:
         limit=args.limit, cursor=args.cursor,
     )  # fmt: skip
     more = f"\n(more: --cursor {page['next_cursor']})" if page.get("next_cursor") else ""
-    return Shown(page, _claims_table(page["items"]) + more)
+    unknown = _unknown_node(client, args.node) if not page["items"] else ""
+    return Shown(page, _claims_table(page["items"]) + more + unknown)
+
+
+def _unknown_node(client: Client, node: str | None) -> str:
+    """For an empty listing filtered by node: a line saying when no such node exists (a
+    typo), since an empty table alone reads as 'nothing there'."""
+    if node is None:
+        return ""
+    try:
+        client.get(f"/v1/nodes/{node}")
+    except ApiError as exc:
+        if exc.status == 404:
+            return f"\n(no node {node} is registered: `qshare nodes list` shows them)"
+        raise
+    return ""
 
 
 def _get_claim(client: Client, args: argparse.Namespace) -> Shown:
-    claim = client.get(f"/v1/claims/{args.claim_id}")
+    try:
+        claim = client.get(f"/v1/claims/{args.claim_id}")
+    except ApiError as exc:
+        if exc.status != 404:
+            raise
+        hint = " (a released claim is listed by `qshare claims list --status released`)"
+        raise ApiError(404, exc.problem | {"detail": f"{exc}{hint}"}) from exc
     reason = f"\nreason: {claim['reason']}" if claim.get("reason") else ""
     return Shown(claim, _claims_table([claim]) + reason + _vgpus_table(claim))
 
@@ -301,7 +370,8 @@ def _claim_action(reply: dict[str, Any]) -> Shown:
     missing = (
         f" ({reply['missing']} not reached: see the preemptor's log)" if reply["missing"] else ""
     )
-    return Shown(reply, f"claim {reply['claim_id']} {verb} on {reply['vgpus']} vGPUs{missing}")
+    vgpus = f"{reply['vgpus']} vGPU" + ("" if reply["vgpus"] == 1 else "s")
+    return Shown(reply, f"claim {reply['claim_id']} {verb} on {vgpus}{missing}")
 
 
 def _wait_claim(client: Client, args: argparse.Namespace) -> Shown:
@@ -318,7 +388,8 @@ def _until(client: Client, claim_id: str, status: str, timeout_s: float) -> Show
             return Shown(claim, _claims_table([claim]) if "tenant" in claim else claim["status"])
         if claim["status"] in FINAL_STATUSES or time.monotonic() >= deadline:
             why = f" ({claim['reason']})" if claim.get("reason") else ""
-            raise WaitFailed(f"claim {claim_id} is {claim['status']}{why}, not {status}")
+            message = f"claim {claim_id} is {claim['status']}{why}, not {status}"
+            raise WaitFailed(message, claim["status"])
         time.sleep(WAIT_POLL_S)
 
 
@@ -373,7 +444,8 @@ def _list_gpus(client: Client, args: argparse.Namespace) -> Shown:
          f"{g['core_high_free']}%", f"{g['core_low_free']}%")
         for g in cards
     ]  # fmt: skip
-    return Shown(cards, table(GPU_COLUMNS, rows))
+    unknown = _unknown_node(client, args.node) if not cards else ""
+    return Shown(cards, table(GPU_COLUMNS, rows) + unknown)
 
 
 def _claims_table(claims: list[dict[str, Any]]) -> str:

@@ -4,6 +4,7 @@ and revoke bearer tokens; set, list and clear tenants' quotas."""
 from __future__ import annotations
 
 import argparse
+import uuid
 from typing import TYPE_CHECKING, Any
 
 from qshare.contracts.domain import Role, TokenScope
@@ -20,29 +21,48 @@ TOKEN_COLUMNS = ("ID", "NAME", "TENANT", "ROLE", "SCOPE", "CREATED", "EXPIRES")
 def register(subparsers: Sub) -> None:
     tokens = group(subparsers, "tokens", "issue, list and revoke API tokens (admins)")
     create = tokens.add_parser("create", help="issue a token; its secret is shown only now")
-    create.add_argument("--name", required=True)
-    create.add_argument("--tenant", required=True)
-    create.add_argument("--role", choices=[r.value for r in Role], default=Role.TENANT.value)
-    create.add_argument("--scope", choices=[s.value for s in TokenScope], default="write")
-    create.add_argument("--expires-in", type=int, metavar="SECONDS", help="default: never")
+    create.add_argument("--name", required=True, help="what the token is for")
+    create.add_argument("--tenant", required=True, help="whose claims it acts on")
+    create.add_argument(
+        "--role", choices=[r.value for r in Role], default=Role.TENANT.value,
+        help="admin: every tenant and the admin routes (default tenant)",
+    )  # fmt: skip
+    create.add_argument(
+        "--scope", choices=[s.value for s in TokenScope], default="write",
+        help="read: may only look (default write)",
+    )  # fmt: skip
+    create.add_argument(
+        "--expires-in", type=int, metavar="SECONDS", help="seconds, 60 or more (default: never)"
+    )
     create.set_defaults(handler=command(_issue_token))
     tokens.add_parser("list", help="list tokens, never their secrets").set_defaults(
         handler=command(_list_tokens)
     )
     revoke = tokens.add_parser("revoke", help="revoke a token at once")
-    revoke.add_argument("token_id")
+    revoke.add_argument("token_id", type=_token_id, help="as `qshare tokens list` shows it")
     revoke.set_defaults(handler=command(_revoke_token))
     quotas = group(subparsers, "quotas", "tenants' limits (admins)")
     quotas.add_parser("list", help="list quotas").set_defaults(handler=command(_list_quotas))
     put = quotas.add_parser("set", help="set a tenant's quota; a limit left out is no limit")
     put.add_argument("tenant")
-    put.add_argument("--memory", type=memory, help="memory its live claims may ask for")
+    put.add_argument(
+        "--memory", type=memory, help="memory its live claims may ask for: MiB or e.g. 64Gi"
+    )
     put.add_argument("--cards", type=int, help="vGPUs its live claims may hold")
     put.add_argument("--pending", type=int, help="claims it may have pending at once")
     put.set_defaults(handler=command(_set_quota))
     clear = quotas.add_parser("clear", help="remove a tenant's quota")
     clear.add_argument("tenant")
     clear.set_defaults(handler=command(_clear_quota))
+
+
+def _token_id(value: str) -> str:
+    try:
+        return str(uuid.UUID(value))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a token id (a UUID, as `qshare tokens list` shows it)"
+        ) from exc
 
 
 def _issue_token(client: Client, args: argparse.Namespace) -> Shown:

@@ -55,7 +55,17 @@ async def connect(options: BusOptions, reconnected: Hook | None = None) -> Clien
     if attempt in done:
         return attempt.result()
     attempt.cancel()
-    raise PermissionError(f"NATS refused the identity {options.user!r} of {options.name}")
+    raise PermissionError(_refusal(options))
+
+
+def _refusal(options: BusOptions) -> str:
+    if options.user is not None:
+        return f"NATS refused the identity {options.user!r} of {options.name}"
+    return (
+        f"NATS refused {options.name}, which gave no identity: set the service's "
+        "NATS_SECRETS_DIR (written by `python -m qshare.natsauth init DIR`) or its "
+        "NATS_USER and NATS_PASSWORD"
+    )
 
 
 async def _connect(options: BusOptions, refused: asyncio.Event, reconnected: Hook | None) -> Client:

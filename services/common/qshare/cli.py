@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import io
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Protocol
@@ -45,14 +47,41 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+CONNECTION_OPTIONS = ("--url", "--token", "-o", "--output")
+"""The API groups' options, which go after the group's name (`qshare claims --url U list`)."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    handler: Callable[[argparse.Namespace], int] = args.handler
+    given = list(sys.argv[1:] if argv is None else argv)
+    if given and given[0].split("=")[0] in CONNECTION_OPTIONS:
+        print(f"qshare: {given[0].split('=')[0]} goes after the command's group, as in "
+              "`qshare claims --url URL list` or `qshare claims list --url URL`",
+              file=sys.stderr)  # fmt: skip
+        return 2
     try:
+        args = build_parser().parse_args(given)
+        handler: Callable[[argparse.Namespace], int] = args.handler
         return handler(args)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        _stdout_to_devnull()
+        return EXIT_BROKEN_PIPE
+
+
+EXIT_BROKEN_PIPE = 141
+"""What a shell reports for a program killed by SIGPIPE: `qshare claims list | head` ends
+quietly, as other command-line tools do, instead of with a traceback."""
+
+
+def _stdout_to_devnull() -> None:
+    """The reader is gone: point stdout at /dev/null so the interpreter's final flush of
+    what is still buffered does not fail again at exit."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, io.UnsupportedOperation):
+        pass
 
 
 if __name__ == "__main__":

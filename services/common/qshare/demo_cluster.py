@@ -56,12 +56,17 @@ async def _subscribe(stack: Stack, out: Out) -> Any:
     nc = await stack.connect("qshare-demo", ServiceRole.INTEGRATION)
 
     async def show(msg: Msg) -> None:
-        data = envelope.decode(msg.data).data or {}
-        detail = data.get("status") or data.get("kind") or ""
-        out(f"  [event] {msg.subject}  {detail}")
+        out(f"  [event] {msg.subject}  {event_detail(envelope.decode(msg.data))}")
 
     await nc.subscribe("qshare.evt.>", cb=show)
     return nc
+
+
+def event_detail(event: envelope.Envelope) -> str:
+    """What happened: the claim's status, the card event's kind, or, for a body that has
+    neither (a claim `suspended` or `resumed` names only the claim), the event's type."""
+    data = event.data or {}
+    return str(data.get("status") or data.get("kind") or event.type.rpartition(".")[2])
 
 
 async def _ready(api: httpx.AsyncClient, out: Out, label: str, **spec: Any) -> dict[str, Any]:

@@ -33,9 +33,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--vgpu", type=int, help="node-local: a vGPU id in the node's segment (no API needed)"
     )
     parser.add_argument("--card", type=int, help="with --claim of several cards: the card index")
-    parser.add_argument("--url", default=os.environ.get("QSHARE_URL", "http://127.0.0.1:8080"))
-    parser.add_argument("--token", default=os.environ.get("QSHARE_TOKEN"), help="or $QSHARE_TOKEN")
-    parser.add_argument("--segment", default=DEFAULT_SEGMENT, help="node segment name")
+    parser.add_argument(
+        "--url", default=os.environ.get("QSHARE_URL", "http://127.0.0.1:8080"),
+        help="with --claim: the qshare API, or $QSHARE_URL (default http://127.0.0.1:8080)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--token", default=os.environ.get("QSHARE_TOKEN"), help="with --claim: or $QSHARE_TOKEN"
+    )
+    parser.add_argument(
+        "--segment", default=DEFAULT_SEGMENT,
+        help=f"with --vgpu: the node segment (default {DEFAULT_SEGMENT}; "
+        "a node agent's is qshare-<node>)",
+    )  # fmt: skip
     parser.add_argument("--shm-dir", type=Path, help="segment directory (default: /dev/shm)")
     parser.add_argument("--lib", type=Path, help=f"path of {LIBRARY_NAME}")
     parser.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
@@ -99,7 +108,8 @@ def run_command(args: argparse.Namespace) -> int:
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
     if not cmd:
-        print("qshare run: no command given (qshare run --vgpu ID -- CMD)", file=sys.stderr)
+        target = "--vgpu ID" if args.claim is None else "--claim ID"
+        print(f"qshare run: no command given (qshare run {target} -- CMD)", file=sys.stderr)
         return 2
     if args.claim is not None:
         try:

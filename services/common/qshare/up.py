@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 import signal
+import socket
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from qshare.contracts.quantities import parse_mib
 from qshare.natsauth import ServiceRole
 from qshare.stack import Stack, StackOptions, running_stack
 
@@ -22,7 +26,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("--nodes", type=_count(1, 64), default=2, help="simulated nodes (2)")
     parser.add_argument("--cards", type=_count(1, 16), default=2, help="cards per node (2)")
-    parser.add_argument("--card-memory", default="16Gi", help="memory per card (16Gi)")
+    parser.add_argument(
+        "--card-memory", type=_card_memory, default="16Gi", help="memory per card (16Gi)"
+    )
     parser.add_argument("--port", type=_count(1, 65535), default=8080, help="API port (8080)")
     parser.add_argument("--shm-dir", type=Path, help="segments' directory (default /dev/shm)")
     parser.set_defaults(handler=run_up)
@@ -37,15 +43,36 @@ def _count(low: int, high: int) -> Callable[[str], int]:
     return parse
 
 
+def _card_memory(text: str) -> str:
+    """A simulated card's memory, as the node agent takes it: whole Mi, Gi or Ti, at least 1Gi."""
+    hint = f" (did you mean {text}i?)" if re.fullmatch(r"[0-9]+[MGT]", text) else ""
+    if not re.fullmatch(r"[0-9]+(Mi|Gi|Ti)", text) or parse_mib(text) < 1024:
+        raise argparse.ArgumentTypeError(f"expected at least 1Gi, such as 16Gi, got {text!r}{hint}")
+    return text
+
+
 def run_up(args: argparse.Namespace) -> int:
     options = StackOptions(nodes=args.nodes, cards=args.cards, card_memory=args.card_memory,
                            port=args.port, shm_dir=args.shm_dir)  # fmt: skip
     try:
+        _check_port_free(options.host, options.port)
         asyncio.run(_serve(options))
     except OSError as exc:
-        print(f"qshare up: {exc}")
+        print(f"qshare up: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def _check_port_free(host: str, port: int) -> None:
+    """Refuse a port something listens on before starting anything (the API binds it last,
+    after Postgres, NATS and the services have started)."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise OSError(f"port {port} on {host} is in use ({exc.strerror}): "
+                          "choose another with --port") from exc  # fmt: skip
 
 
 async def _serve(options: StackOptions) -> None:

@@ -18,7 +18,10 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--name", help="node name (default: the host name)")
     p.add_argument("--nats-url", help="NATS server (default nats://localhost:4222)")
-    p.add_argument("--simulate", metavar="N[:MEM]", help="N simulated cards instead of NVML")
+    p.add_argument(
+        "--simulate", metavar="N[:MEM]",
+        help="N simulated cards of MEM each (e.g. 2:16Gi; default 16Gi) instead of NVML",
+    )  # fmt: skip
     p.add_argument("--segment", help="driver segment name (default qshare-<name>)")
     p.add_argument("--shm-dir", type=Path, help="segment directory (default /dev/shm)")
     p.add_argument("--policy", help="card policy: best-effort, fixed-share, burst-share")

@@ -64,7 +64,8 @@ def _nvml() -> Any:
         import pynvml  # type: ignore[import-not-found,unused-ignore]
     except ImportError as exc:
         raise DiscoveryError(
-            "pynvml is not installed; use --simulate N on a node without GPUs"
+            "pynvml is not installed: pip install nvidia-ml-py (qshare's gpu extra) on a GPU node, "
+            "or use --simulate N on a node without GPUs"
         ) from exc
     try:
         pynvml.nvmlInit()

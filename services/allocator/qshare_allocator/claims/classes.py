@@ -20,6 +20,12 @@ class ClassCatalog:
             query = select(classes.c.provisioner).where(classes.c.name == name)
             found = (await conn.execute(query)).scalar_one_or_none()
             if found is None:
-                raise InvalidInput.on("class_name", f"unknown class {name!r}")
+                known = ", ".join(await _names(conn))
+                raise InvalidInput.on("class_name", f"unknown class {name!r} (known: {known})")
             self._known[name] = Provisioner(found)
         return self._known[name]
+
+
+async def _names(conn: AsyncConnection) -> list[str]:
+    """Every class's name, for the error that names an unknown one."""
+    return list((await conn.execute(select(classes.c.name).order_by(classes.c.name))).scalars())

@@ -7,12 +7,14 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query
 from fastapi.responses import StreamingResponse
 from nats.aio.msg import Msg
+from pydantic import AfterValidator
 from sqlalchemy import select
 
 from qshare import bus
@@ -28,6 +30,19 @@ KEEPALIVE_S = 15.0
 QUEUE_LIMIT = 1000
 
 
+SUBJECT = re.compile(r"qshare\.evt(\.([A-Za-z0-9_-]+|\*))*(\.>)?")
+
+
+def _event_subject(value: str) -> str:
+    """A subject a client may follow, refused with an example rather than the pattern."""
+    if not SUBJECT.fullmatch(value):
+        raise ValueError(
+            f"{value!r} is not a subject under qshare.evt: dot-separated names, `*` for any "
+            "one and a final `>` for the rest, e.g. qshare.evt.claim.*.ready or qshare.evt.gpu.>"
+        )
+    return value
+
+
 @router.get(
     "",
     summary="Stream events (text/event-stream)",
@@ -41,9 +56,9 @@ async def stream(
         str,
         Query(
             max_length=200,
-            pattern=r"^qshare\.evt(\.([A-Za-z0-9_-]+|\*))*(\.>)?$",
             description="a NATS subject under qshare.evt: tokens, `*` for one, a final `>`",
         ),
+        AfterValidator(_event_subject),
     ] = "qshare.evt.>",
 ) -> StreamingResponse:
     """Each event is one SSE message: `event:` the NATS subject, `data:` the envelope."""

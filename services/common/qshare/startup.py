@@ -1,0 +1,39 @@
+"""What a service prints when it cannot start: the variable or the server at fault, in one
+line each, instead of a traceback."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable
+
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
+
+CANNOT_START = (OSError, ArgumentError)
+"""Failures of a service's first steps that its settings explain: Postgres or NATS out of
+reach, an identity NATS refused or whose password file is missing (PermissionError and
+FileNotFoundError are OSErrors), a database URL SQLAlchemy cannot use."""
+
+
+def cannot_start(exc: BaseException, env_prefix: str, database_url: str) -> list[str]:
+    """Why a service stopped while starting; when Postgres is the cause, the database URL it
+    used (without its password) and the form it takes."""
+    lines = [f"cannot start: {exc}"]
+    if isinstance(exc, (ArgumentError, ConnectionRefusedError)):
+        lines.append(
+            f"{env_prefix}DATABASE_URL is {_shown(database_url)}; "
+            "the form is postgresql+asyncpg://USER:PASSWORD@HOST:PORT/DATABASE"
+        )
+    return lines
+
+
+def report(program: str, lines: Iterable[str]) -> None:
+    for line in lines:
+        print(f"{program}: {line}", file=sys.stderr)
+
+
+def _shown(url: str) -> str:
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return repr(url)

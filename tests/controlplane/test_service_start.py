@@ -1,0 +1,38 @@
+"""`python -m qshare_allocator|qshare_api` that cannot start: one line naming the variable or
+the server at fault, never a traceback."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from qshare.testing.servers import free_port
+from qshare_allocator.__main__ import main as allocator
+
+
+def test_migrate_without_postgres_names_the_url_without_its_password(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"postgresql+asyncpg://qshare:hush@127.0.0.1:{free_port()}/qshare"
+    monkeypatch.setenv("QSHARE_ALLOCATOR_DATABASE_URL", url)
+    assert allocator(["migrate"]) == 1
+    err = capsys.readouterr().err
+    assert "qshare allocator: cannot start: " in err and "hush" not in err
+    assert "QSHARE_ALLOCATOR_DATABASE_URL is postgresql+asyncpg://qshare:***@127.0.0.1" in err
+
+
+def test_a_database_url_sqlalchemy_cannot_use_gets_the_form_it_takes(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("QSHARE_ALLOCATOR_DATABASE_URL", "postgres://qshare@db/qshare")
+    assert allocator(["migrate"]) == 1
+    assert "the form is postgresql+asyncpg://" in capsys.readouterr().err
+
+
+def test_a_missing_nats_identity_file_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("QSHARE_ALLOCATOR_NATS_SECRETS_DIR", str(tmp_path))
+    assert allocator([]) == 1
+    assert f"{tmp_path}/allocator.password is missing" in capsys.readouterr().err
