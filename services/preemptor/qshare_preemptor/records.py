@@ -7,7 +7,7 @@ from __future__ import annotations
 import uuid
 from collections import defaultdict
 
-from sqlalchemy import ARRAY, Text, func, insert, select, update
+from sqlalchemy import ARRAY, ColumnElement, Text, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from qshare.contracts.schema import gpus, preemptions
@@ -85,6 +85,8 @@ async def open_gangs(conn: AsyncConnection) -> dict[uuid.UUID, tuple[set[str], l
     named: dict[uuid.UUID, set[str]] = defaultdict(set)
     for claim_id, first, busy in (await conn.execute(query)).all():
         named[claim_id].update(busy if busy is not None else [first] if first else [])
+    if not named:
+        return {}
     known = await _known_cards(conn, set().union(*named.values()))
     members: dict[uuid.UUID, list[Member]] = defaultdict(list)
     for member in await vgpus_of_claims(conn, list(named)):
@@ -99,7 +101,7 @@ async def _known_cards(conn: AsyncConnection, cards: set[str]) -> set[str]:
     return set((await conn.execute(query)).scalars().all())
 
 
-def _with(gpu: str) -> object:
+def _with(gpu: str) -> ColumnElement[list[str]]:
     """The record's busy cards with `gpu` among them (once)."""
     kept = func.array_remove(preemptions.c.busy_gpus, gpu, type_=ARRAY(Text))
     return func.array_append(kept, gpu, type_=ARRAY(Text))
