@@ -59,6 +59,10 @@ async def vgpus_of_claim(conn: AsyncConnection, claim_id: uuid.UUID) -> list[Mem
     return await _members(conn, claims.c.id == claim_id)
 
 
+async def vgpus_of_claims(conn: AsyncConnection, claim_ids: list[uuid.UUID]) -> list[Member]:
+    return await _members(conn, claims.c.id.in_(claim_ids))
+
+
 async def _members(conn: AsyncConnection, chosen: ColumnElement[bool]) -> list[Member]:
     query = (
         select(claims.c.id, claims.c.tenant, vgpus.c.node_name, vgpus.c.gpu_uuid, vgpus.c.local_id)

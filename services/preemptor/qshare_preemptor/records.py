@@ -1,30 +1,52 @@
 """Preemption records in Postgres: opened when the control plane suspends a claim, closed
-when it resumes it; `GET /v1/preemptions` reads them."""
+when it resumes it; `GET /v1/preemptions` reads them. A `gang` record also names the busy
+cards holding its claim (`busy_gpus`), from which a restarted preemptor rebuilds its state."""
 
 from __future__ import annotations
 
 import uuid
+from collections import defaultdict
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import ARRAY, ColumnElement, Text, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from qshare.contracts.schema import gpus, preemptions
-from qshare_preemptor.gangs import Member, vgpus_of_claim
+from qshare_preemptor.gangs import Member, vgpus_of_claims
+
+OPEN_GANG = (preemptions.c.kind == "gang", preemptions.c.ended_at.is_(None))
 
 
 async def open_records(
-    conn: AsyncConnection, members: list[Member], kind: str, reason: str, gpu: str | None
+    conn: AsyncConnection, members: list[Member], kind: str, reason: str
 ) -> None:
     """One open record per claim among `members` that has none of this kind yet."""
     claims = {m.claim_id: m for m in members}
     already = await open_claims(conn, list(claims), kind)
-    rows = [
-        {"claim_id": c, "tenant": m.tenant, "gpu_uuid": gpu, "node_name": m.node,
-         "kind": kind, "reason": reason}
-        for c, m in claims.items() if c not in already
-    ]  # fmt: skip
-    if rows:
-        await conn.execute(insert(preemptions), rows)
+    await _insert(conn, [m for c, m in claims.items() if c not in already], kind, reason, None)
+
+
+async def hold_records(conn: AsyncConnection, members: list[Member], reason: str, gpu: str) -> None:
+    """Busy card `gpu` holds the claims among `members`: it joins the busy cards of each one's
+    open gang record, or opens one naming it (two statements: they run on the path from a
+    busy card to its gangs being suspended)."""
+    claims = {m.claim_id: m for m in members}
+    joined = await conn.execute(
+        update(preemptions)
+        .where(*OPEN_GANG, preemptions.c.claim_id.in_(list(claims)))
+        .values(busy_gpus=_with(gpu))
+        .returning(preemptions.c.claim_id)
+    )
+    already = set(joined.scalars().all())
+    await _insert(conn, [m for c, m in claims.items() if c not in already], "gang", reason, gpu)
+
+
+async def leave_records(conn: AsyncConnection, claim_ids: list[uuid.UUID], gpu: str) -> None:
+    """Card `gpu`, now idle, no longer holds the claims `claim_ids` (others still do)."""
+    await conn.execute(
+        update(preemptions)
+        .where(*OPEN_GANG, preemptions.c.claim_id.in_(claim_ids))
+        .values(busy_gpus=func.array_remove(preemptions.c.busy_gpus, gpu, type_=ARRAY(Text)))
+    )
 
 
 async def close_records(conn: AsyncConnection, claim_ids: list[uuid.UUID], kind: str) -> None:
@@ -51,24 +73,49 @@ async def open_claims(
     return set((await conn.execute(query)).scalars().all())
 
 
-async def open_gangs(conn: AsyncConnection) -> dict[uuid.UUID, tuple[str | None, list[Member]]]:
-    """Each claim with an open `gang` record (not also held by an operator): the busy card its
-    record names (None: it names none, or that card is no longer in the inventory) and the
-    claim's vGPUs."""
+async def open_gangs(conn: AsyncConnection) -> dict[uuid.UUID, tuple[set[str], list[Member]]]:
+    """Each claim with an open `gang` record (not also held by an operator): the busy cards its
+    record names that are still in the inventory (none: it names none) and the claim's vGPUs."""
     held = select(preemptions.c.claim_id).where(
         preemptions.c.ended_at.is_(None), preemptions.c.kind == "operator"
     )
-    query = (
-        select(preemptions.c.claim_id, gpus.c.uuid)
-        .outerjoin(gpus, gpus.c.uuid == preemptions.c.gpu_uuid)
-        .where(
-            preemptions.c.ended_at.is_(None), preemptions.c.kind == "gang",
-            preemptions.c.claim_id.not_in(held),
-        )
-        .order_by(preemptions.c.claim_id)
-    )  # fmt: skip
-    found: dict[uuid.UUID, tuple[str | None, list[Member]]] = {}
-    for claim_id, card in (await conn.execute(query)).all():
-        if claim_id not in found:
-            found[claim_id] = (card, await vgpus_of_claim(conn, claim_id))
-    return found
+    query = select(preemptions.c.claim_id, preemptions.c.gpu_uuid, preemptions.c.busy_gpus).where(
+        *OPEN_GANG, preemptions.c.claim_id.not_in(held)
+    )
+    named: dict[uuid.UUID, set[str]] = defaultdict(set)
+    for claim_id, first, busy in (await conn.execute(query)).all():
+        named[claim_id].update(busy if busy is not None else [first] if first else [])
+    if not named:
+        return {}
+    known = await _known_cards(conn, set().union(*named.values()))
+    members: dict[uuid.UUID, list[Member]] = defaultdict(list)
+    for member in await vgpus_of_claims(conn, list(named)):
+        members[member.claim_id].append(member)
+    return {c: (cards & known, members[c]) for c, cards in named.items()}
+
+
+async def _known_cards(conn: AsyncConnection, cards: set[str]) -> set[str]:
+    if not cards:
+        return set()
+    query = select(gpus.c.uuid).where(gpus.c.uuid.in_(cards))
+    return set((await conn.execute(query)).scalars().all())
+
+
+def _with(gpu: str) -> ColumnElement[list[str]]:
+    """The record's busy cards with `gpu` among them (once)."""
+    kept = func.array_remove(preemptions.c.busy_gpus, gpu, type_=ARRAY(Text))
+    return func.array_append(kept, gpu, type_=ARRAY(Text))
+
+
+async def _insert(
+    conn: AsyncConnection, members: list[Member], kind: str, reason: str, gpu: str | None
+) -> None:
+    if not members:
+        return
+    busy = [gpu] if kind == "gang" and gpu is not None else None
+    rows = [
+        {"claim_id": m.claim_id, "tenant": m.tenant, "gpu_uuid": gpu, "node_name": m.node,
+         "kind": kind, "reason": reason, "busy_gpus": busy}
+        for m in members
+    ]  # fmt: skip
+    await conn.execute(insert(preemptions), rows)

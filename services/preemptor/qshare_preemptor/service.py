@@ -29,7 +29,14 @@ from qshare_preemptor.gangs import (
     gang_of_card,
     vgpus_of_claim,
 )
-from qshare_preemptor.records import close_records, open_claims, open_gangs, open_records
+from qshare_preemptor.records import (
+    close_records,
+    hold_records,
+    leave_records,
+    open_claims,
+    open_gangs,
+    open_records,
+)
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +48,13 @@ class PreemptionService:
         self._source = source
         self._timeout_s = timeout_s
         self._held_by: dict[uuid.UUID, set[str]] = defaultdict(set)
+        """The busy cards holding each suspended claim (it resumes once none is left)."""
         self._members: dict[uuid.UUID, set[Member]] = {}
+        """The vGPUs of each suspended claim to resume once it is released."""
+        self._stopped: set[Member] = set()
+        """vGPUs suspended for a gang: a busy card suspends those of its gangs on other cards
+        that are not among them yet (one on the card that went busy first is suspended when a
+        second card of its gang goes busy: the first may go idle before the second)."""
         self._lock = asyncio.Lock()
         self._owners: dict[str, str] = {}
         self._unresumed: dict[str, set[int]] = defaultdict(set)
@@ -50,22 +63,22 @@ class PreemptionService:
         """Busy and idle events handled so far (whatever they led to)."""
 
     async def reconcile(self) -> None:
-        """At start: take up the gangs a previous preemptor left suspended (it kept which
-        cards were busy in memory only). Each stays held by the card its record names, as if
-        that card's busy event had just been handled; the state every agent announces when
-        the preemptor starts then resumes it if that card is idle (and a card busy meanwhile
-        adds itself). A gang whose record names no card still in the inventory is resumed
-        now: no event would ever come for it."""
+        """At start: take up the gangs a previous preemptor left suspended. Each stays held
+        by the busy cards its record names, as if their busy events had just been handled;
+        the state every agent announces when the preemptor starts then resumes it once those
+        cards are idle (and a card busy meanwhile adds itself). A gang whose record names no
+        card still in the inventory is resumed now: no event would ever come for it."""
         async with self._lock:
             left = await in_transaction(self._engine, open_gangs)
             free: list[uuid.UUID] = []
-            for claim_id, (gpu, members) in left.items():
-                others = {m for m in members if m.gpu != gpu}
-                if gpu is None or not others:
+            for claim_id, (cards, members) in left.items():
+                stopped = [m for m in members if cards - {m.gpu}]
+                if not stopped:
                     free.append(claim_id)
                     continue
-                self._held_by[claim_id].add(gpu)
-                self._members.setdefault(claim_id, set()).update(others)
+                self._held_by[claim_id].update(cards)
+                self._members.setdefault(claim_id, set()).update(members)
+                self._stopped.update(stopped)
             if free:
                 members = [m for c in free for m in left[c][1]]
                 await self._act(members, suspend=False, reason="preemptor restarted")
@@ -109,35 +122,62 @@ class PreemptionService:
         async with self._lock:
             members = await read_once(self._engine, lambda c: gang_of_card(c, gpu))
             others = [m for m in members if m.gpu != gpu]
-            fresh = [m for m in others if not self._held_by[m.claim_id]]
+            fresh = sorted({m.claim_id for m in others if not self._held_by.get(m.claim_id)})
+            joined = {m.claim_id: m for m in others if gpu not in self._held_by[m.claim_id]}
+            stop = [m for m in others if m not in self._stopped]
             for member in others:
                 self._held_by[member.claim_id].add(gpu)
                 self._members.setdefault(member.claim_id, set()).add(member)
-            if fresh:
-                await self._suspend(fresh, "gang", f"high priority busy on {gpu}", gpu)
+            self._stopped.update(stop)
+            if joined or stop:
+                await self._hold(gpu, stop, list(joined.values()), fresh)
+
+    async def _hold(
+        self, gpu: str, stop: list[Member], joined: list[Member], fresh: list[uuid.UUID]
+    ) -> None:
+        """Suspend `stop` while the records of the claims of `joined` name `gpu`; announce
+        the `fresh` claims' suspension as soon as the nodes confirmed, then finish the
+        records."""
+        reason = f"high priority busy on {gpu}"[:253]
+        record = asyncio.create_task(
+            in_transaction(self._engine, lambda c: hold_records(c, joined, reason, gpu))
+        )
+        try:
+            if stop:
+                await self._act(stop, suspend=True, reason=reason)
+            await self._publish_claims(fresh, "suspended")
+        finally:
+            await record
 
     async def card_idle(self, gpu: str) -> None:
-        """Resume the gangs whose last busy card was `gpu` (not those an operator holds)."""
+        """Resume the gangs whose last busy card was `gpu` (not those an operator holds); the
+        others it held stay held by their other busy cards."""
         async with self._lock:
             released = [c for c, cards in self._held_by.items() if gpu in cards]
             for claim_id in released:
                 self._held_by[claim_id].discard(gpu)
             done = [c for c in released if not self._held_by[c]]
-            if not done:
-                return
-            held = await in_transaction(self._engine, lambda c: open_claims(c, done, "operator"))
-            resume = [m for c in done if c not in held for m in self._members.pop(c, set())]
-            for claim_id in done:
-                self._held_by.pop(claim_id, None)
-            if resume:
-                await self._act(resume, suspend=False, reason=f"{gpu} idle")
-            await in_transaction(self._engine, lambda c: close_records(c, done, "gang"))
-            await self._publish_claims(done, "resumed")
+            kept = [c for c in released if self._held_by[c]]
+            if kept:
+                await in_transaction(self._engine, lambda c: leave_records(c, kept, gpu))
+            if done:
+                await self._release(done, f"{gpu} idle")
+
+    async def _release(self, done: list[uuid.UUID], reason: str) -> None:
+        held = await in_transaction(self._engine, lambda c: open_claims(c, done, "operator"))
+        resume = [m for c in done if c not in held for m in self._members.get(c, set())]
+        for claim_id in done:
+            self._held_by.pop(claim_id, None)
+            self._stopped.difference_update(self._members.pop(claim_id, set()))
+        if resume:
+            await self._act(resume, suspend=False, reason=reason)
+        await in_transaction(self._engine, lambda c: close_records(c, done, "gang"))
+        await self._publish_claims(done, "resumed")
 
     async def operator(self, action: ClaimAction, suspend: bool) -> ClaimActionReply:
         members = await in_transaction(self._engine, lambda c: self._owned(c, action))
         if suspend:
-            done, missing = await self._suspend(members, "operator", action.reason, None)
+            done, missing = await self._suspend(members, action.reason)
         else:
             done, missing = await self._act(members, False, action.reason)
             await in_transaction(
@@ -176,14 +216,12 @@ class PreemptionService:
                 self._unresumed[node].update(ids)
             return SuspendReply(done=[], missing=ids)
 
-    async def _suspend(
-        self, members: list[Member], kind: str, reason: str, gpu: str | None
-    ) -> tuple[int, int]:
-        """Suspend `members` on their nodes while the preemption record is written; announce
-        it as soon as the nodes confirmed (what the event states), then finish the record."""
+    async def _suspend(self, members: list[Member], reason: str) -> tuple[int, int]:
+        """Suspend `members` for an operator while the record is written; announce it as soon
+        as the nodes confirmed (what the event states), then finish the record."""
         record = asyncio.create_task(
             in_transaction(
-                self._engine, lambda c: open_records(c, members, kind, reason[:253], gpu)
+                self._engine, lambda c: open_records(c, members, "operator", reason[:253])
             )
         )
         try:

@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from sqlalchemy import select
 
 from qshare.contracts import rpc, subjects
@@ -28,6 +28,11 @@ class Preemption(BaseModel):
     claim_id: uuid.UUID
     tenant: str
     gpu: str | None
+    busy_gpus: list[str] | None = Field(
+        None,
+        description="a gang record's cards whose high priority holds the claim suspended "
+        "(while open; a closed record keeps the last)",
+    )
     node: str | None
     kind: str
     reason: str
@@ -73,8 +78,9 @@ async def list_preemptions(
         rows = (await conn.execute(query)).all()
     return [
         Preemption(
-            id=r.id, claim_id=r.claim_id, tenant=r.tenant, gpu=r.gpu_uuid, node=r.node_name,
-            kind=r.kind, reason=r.reason, started_at=r.started_at, ended_at=r.ended_at,
+            id=r.id, claim_id=r.claim_id, tenant=r.tenant, gpu=r.gpu_uuid,
+            busy_gpus=r.busy_gpus, node=r.node_name, kind=r.kind, reason=r.reason,
+            started_at=r.started_at, ended_at=r.ended_at,
             seconds=(r.ended_at - r.started_at).total_seconds() if r.ended_at else None,
         )
         for r in rows

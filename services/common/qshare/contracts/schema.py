@@ -24,7 +24,7 @@ from sqlalchemy import (
     func,
     text,
 )
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
 metadata = MetaData()
 
@@ -181,12 +181,16 @@ preemptions = Table(
     Column("reason", Text, nullable=False),
     Column("started_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("ended_at", DateTime(timezone=True), nullable=True),
+    Column("busy_gpus", ARRAY(Text), nullable=True),
     CheckConstraint("kind IN ('gang', 'operator', 'eviction')", name="preemptions_known_kind"),
     Index("preemptions_open", "claim_id", postgresql_where=text("ended_at IS NULL")),
     Index("preemptions_by_time", "started_at", "id"),
 )
 """Suspensions the control plane made (gang, operator) and memory evictions; open while
-`ended_at` is NULL. The driver's own per-card preemptions are counted by the node agent."""
+`ended_at` is NULL. The driver's own per-card preemptions are counted by the node agent.
+`gpu_uuid` is the card whose busy episode opened a gang record; `busy_gpus` every card whose
+high priority holds the claim suspended (a card joins when it goes busy, leaves when it goes
+idle; the record closes with the last, which it keeps); NULL for other kinds."""
 
 starvations = Table(
     "starvations",
