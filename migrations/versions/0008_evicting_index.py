@@ -1,8 +1,8 @@
 """Claims being evicted: the partial index `claims_evicting` serves the sweep's "is any
 eviction under way" check and the dispatcher's search for victims whose grace is over.
 
-Revision ID: 0007
-Revises: 0006
+Revision ID: 0008
+Revises: 0007
 Create Date: 2026-11-23
 """
 
@@ -11,8 +11,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0007"
-down_revision = "0006"
+revision = "0008"
+down_revision = "0007"
 branch_labels = None
 depends_on = None
 
