@@ -1,4 +1,4 @@
-"""`python -m qshare_allocator|qshare_api` that cannot start: one line naming the variable or
+"""`python -m qshare_allocator|qshare_preemptor` that cannot start: one line naming the variable or
 the server at fault, never a traceback."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import pytest
 
 from qshare.testing.servers import free_port
 from qshare_allocator.__main__ import main as allocator
+from qshare_preemptor.__main__ import main as preemptor
 
 
 def test_migrate_without_postgres_names_the_url_without_its_password(
@@ -36,3 +37,13 @@ def test_a_missing_nats_identity_file_is_named(
     monkeypatch.setenv("QSHARE_ALLOCATOR_NATS_SECRETS_DIR", str(tmp_path))
     assert allocator([]) == 1
     assert f"{tmp_path}/allocator.password is missing" in capsys.readouterr().err
+
+
+def test_a_preemptor_database_url_sqlalchemy_cannot_use_gets_the_form_it_takes(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("QSHARE_PREEMPTOR_DATABASE_URL", "postgres://qshare:hush@db/qshare")
+    assert preemptor([]) == 1
+    err = capsys.readouterr().err
+    assert "qshare preemptor: cannot start: " in err and "hush" not in err
+    assert "the form is postgresql+asyncpg://" in err

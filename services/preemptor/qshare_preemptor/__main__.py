@@ -14,8 +14,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m qshare_preemptor",
         description="The qshare preemptor: gang suspension across cards and nodes, operator "
         "suspend/resume, preemption records. Settings come from QSHARE_PREEMPTOR_* variables "
-        "(DATABASE_URL, NATS_URL, NATS_USER, NATS_PASSWORD).",
+        "(DATABASE_URL, NATS_URL, NATS_SECRETS_DIR or NATS_USER and NATS_PASSWORD, "
+        "...).",
     ).parse_args(argv)
+    from qshare import startup
     from qshare.contracts.tracing import otlp_settings
     from qshare.envsettings import SettingsError, load, report
     from qshare_preemptor.app import Preemptor
@@ -27,7 +29,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         otlp_settings()
     except SettingsError as exc:
         return report(exc, "qshare preemptor")
-    asyncio.run(Preemptor(settings).run())
+    try:
+        asyncio.run(Preemptor(settings).run())
+    except KeyboardInterrupt:
+        return 0
+    except startup.CANNOT_START as exc:
+        lines = startup.cannot_start(exc, "QSHARE_PREEMPTOR_", settings.database_url)
+        startup.report("qshare preemptor", lines)
+        return 1
     return 0
 
 
