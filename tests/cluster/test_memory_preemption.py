@@ -5,10 +5,15 @@ placed again or wait with the reason."""
 from __future__ import annotations
 
 import asyncio
+import uuid
 
 import httpx
-from sqlalchemy import text
+from sqlalchemy import func, text, update
 from sqlalchemy.ext.asyncio import AsyncEngine
+
+from qshare.contracts.domain import Priority
+from qshare.contracts.schema import claims
+from qshare_allocator.app import Allocator
 
 from .conftest import StartAgent, claim_until, create_claim
 
@@ -146,3 +151,25 @@ async def test_a_high_priority_claim_never_evicts_from_a_retired_card(
         await conn.execute(text("UPDATE gpus SET retired = true"))
     high = await create_claim(api, priority="high", vcore=40, vmemory="4Gi")
     assert high["status"] == "pending" and "evicted" not in high["reason"]
+
+
+async def test_the_room_an_eviction_frees_goes_to_the_high_priority_claim_not_a_low_one(
+    api: httpx.AsyncClient, start_agent: StartAgent, engine: AsyncEngine, allocator: Allocator
+) -> None:
+    """The grace period ends (the scan releases the victim) after the pending sweep's
+    high-priority pass and before its low-priority pass: that pass must not put the victim
+    back into the room, or the high-priority claim waits and evicts again."""
+    await short_grace(engine, 30.0)  # the scan run here ends it, not the background one
+    await start_agent(cards=1, memory="8Gi")
+    low = await create_claim(api, vmemory="8Gi")
+    await claim_until(api, low["id"], "ready")
+    high = await create_claim(api, priority="high", vcore=40, vmemory="8Gi")
+    assert "evicted" in high["reason"]
+    async with engine.begin() as conn:
+        ending = update(claims).where(claims.c.id == uuid.UUID(low["id"]))
+        await conn.execute(ending.values(evict_at=func.now()))
+    await allocator.dispatcher.scan()
+    async with engine.begin() as conn:  # the sweep's low-priority pass
+        await allocator.claims.place_pending(conn, None, Priority.LOW)
+    assert (await api.get(f"/v1/claims/{low['id']}")).json()["status"] == "pending"
+    await claim_until(api, high["id"], "ready")
