@@ -173,3 +173,24 @@ async def test_the_room_an_eviction_frees_goes_to_the_high_priority_claim_not_a_
         await allocator.claims.place_pending(conn, None, Priority.LOW)
     assert (await api.get(f"/v1/claims/{low['id']}")).json()["status"] == "pending"
     await claim_until(api, high["id"], "ready")
+
+
+async def test_victims_of_classes_with_different_grace_periods_leave_together(
+    api: httpx.AsyncClient, start_agent: StartAgent, engine: AsyncEngine
+) -> None:
+    """A whole card held by a claim of a short grace and one of a longer: the first to go
+    must not be placed back into the room (the only one) before the second goes, or the
+    high-priority claim evicts it again."""
+    await short_grace(engine, 3.0)
+    quick = {"name": f"quick-{uuid.uuid4().hex[:8]}", "provisioner": "qshare",
+             "eviction_grace_s": 0.2}  # fmt: skip
+    assert (await api.post("/v1/classes", json=quick)).status_code == 201
+    await start_agent(cards=1, memory="8Gi")
+    await create_claim(api, vmemory="4Gi")
+    low = await create_claim(api, vmemory="4Gi", class_name=quick["name"])
+    await claim_until(api, low["id"], "ready")
+    high = await create_claim(api, priority="high", class_name="whole")
+    assert "waiting for 2 low-priority claim(s)" in high["reason"]
+    await claim_until(api, high["id"], "ready")
+    records = (await api.get("/v1/preemptions")).json()
+    assert [r["claim_id"] for r in records].count(low["id"]) == 1

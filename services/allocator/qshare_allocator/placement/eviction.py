@@ -49,9 +49,13 @@ async def lock_victims(conn: AsyncConnection, victims: list[Victim]) -> bool:
 async def start(
     conn: AsyncConnection, victims: list[Victim], for_claim: uuid.UUID, source: str
 ) -> str:
-    """Mark the victims evicting (event, record); returns the waiting claim's reason."""
+    """Mark the victims evicting (event, record); returns the waiting claim's reason. They
+    all leave at the end of the longest of their classes' grace periods: one that left
+    earlier would be placed back into the room before the others left, and the waiting
+    claim would evict it again, and again."""
+    grace_s = max(v.grace_s for v in victims)
+    grace = timedelta(seconds=grace_s)
     for victim in victims:
-        grace = timedelta(seconds=victim.grace_s)
         await conn.execute(
             update(claims).where(claims.c.id == victim.claim_id).values(evict_at=func.now() + grace)
         )
@@ -61,7 +65,6 @@ async def start(
             node_name=victim.node, kind="eviction", reason=reason,
         ))  # fmt: skip
         await emit(conn, source, victim.claim_id, "evicting")
-    grace_s = max(v.grace_s for v in victims)
     cards = ", ".join(dict.fromkeys(v.gpu for v in victims))
     where = f"card {cards}" if "," not in cards else f"cards {cards}"
     return (
