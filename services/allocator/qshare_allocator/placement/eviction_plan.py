@@ -1,7 +1,8 @@
 """Which low-priority claims a high-priority claim evicts: on one node, the `count` cards that
 need the fewest evictions to fit it. A card fits once it has the claim's memory free and a
 free vGPU slot (a whole card: once every vGPU on it is gone). Only low-priority claims of
-evictable classes go, youngest first; a card with other vGPUs than those never empties."""
+evictable classes go, the fewest that make room and the youngest among equally few; a card
+with other vGPUs than those never empties."""
 
 from __future__ import annotations
 
@@ -79,20 +80,36 @@ def node_victims(cards: Sequence[CardState], demand: Demand) -> list[Victim]:
 
 
 def card_victims(card: CardState, demand: Demand) -> list[Victim] | None:
-    """Youngest first until `demand` fits on `card`; None when even all of them are not
-    enough ([] when it fits already)."""
+    """The fewest victims that make `demand` fit on `card`, the youngest among equally few;
+    None when even all of them are not enough ([] when it fits already)."""
     if demand.whole:
         return card.evictable if len(card.evictable) == card.vgpu_count else None
     missing_mib = demand.vmemory_mib - card.free_mib
-    missing_slots = card.vgpu_count - card.max_vgpus + 1
+    fewest = _fewest(card.evictable, missing_mib, card.vgpu_count - card.max_vgpus + 1)
+    if fewest is None:
+        return None
     chosen: list[Victim] = []
-    for victim in card.evictable:
-        if missing_mib <= 0 and missing_slots <= 0:
+    for i, victim in enumerate(card.evictable):  # youngest first
+        left = fewest - len(chosen)
+        if left == 0:
             break
-        chosen.append(victim)
-        missing_mib -= victim.mib
-        missing_slots -= 1
-    return chosen if missing_mib <= 0 and missing_slots <= 0 else None
+        if _frees(card.evictable[i + 1 :], left - 1) >= missing_mib - victim.mib:
+            chosen.append(victim)  # the rest can still make up what this one leaves
+            missing_mib -= victim.mib
+    return chosen
+
+
+def _fewest(victims: list[Victim], missing_mib: int, missing_slots: int) -> int | None:
+    """How few of `victims` free `missing_mib` and `missing_slots`; None: not all do."""
+    for count in range(max(missing_slots, 0), len(victims) + 1):
+        if _frees(victims, count) >= missing_mib:
+            return count
+    return None
+
+
+def _frees(victims: Sequence[Victim], count: int) -> int:
+    """The most memory `count` of `victims` free."""
+    return sum(sorted((v.mib for v in victims), reverse=True)[:count])
 
 
 def _by_node(cards: list[CardState]) -> dict[str, list[CardState]]:
