@@ -126,7 +126,12 @@ _Static_assert(sizeof(qs_event) % sizeof(uint64_t) == 0, "an event is whole 64-b
 struct qs_ring_slot {
     _Atomic uint64_t seq; /* 2t+1 while writing ticket t, 2t+2 once written */
     _Atomic uint64_t words[QS_EVENT_WORDS]; /* the event, word by word (a seqlock's payload) */
+    _Atomic uint64_t check; /* digest of ticket t and the words: a writer taken over for being
+                             * slow that wakes and stores into the slot is caught by it */
 };
+
+/* Store ticket `t`'s event and its digest into a slot its caller holds (seq odd, 2t+1). */
+void qs_ring_slot_store(struct qs_ring_slot *slot, uint64_t t, const qs_event *ev);
 
 struct qs_ring {
     _Alignas(QS_CACHELINE) _Atomic uint64_t head;

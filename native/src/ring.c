@@ -33,6 +33,26 @@ static int claim_slot(struct qs_ring_slot *slot, uint64_t t)
     return 0;
 }
 
+/* A digest of ticket `t` and its event's words: a stray store into the slot changes it. */
+static uint64_t digest(uint64_t t, const uint64_t *words)
+{
+    uint64_t h = t ^ 0x9e3779b97f4a7c15ull;
+    for (size_t i = 0; i < QS_EVENT_WORDS; i++) {
+        h = (h ^ words[i]) * 0xbf58476d1ce4e5b9ull;
+        h ^= h >> 31;
+    }
+    return h * 0x94d049bb133111ebull;
+}
+
+void qs_ring_slot_store(struct qs_ring_slot *slot, uint64_t t, const qs_event *ev)
+{
+    uint64_t words[QS_EVENT_WORDS];
+    memcpy(words, ev, sizeof words);
+    for (size_t i = 0; i < QS_EVENT_WORDS; i++)
+        atomic_store_explicit(&slot->words[i], words[i], memory_order_relaxed);
+    atomic_store_explicit(&slot->check, digest(t, words), memory_order_relaxed);
+}
+
 void qs_ring_push(struct qs_ring *ring, uint32_t kind, uint32_t card, uint32_t vgpu, int32_t pid,
                   uint64_t value)
 {
@@ -41,10 +61,7 @@ void qs_ring_push(struct qs_ring *ring, uint32_t kind, uint32_t card, uint32_t v
     if (claim_slot(slot, t)) {
         qs_event ev = {.seq = t, .time_ns = qs_now_ns(), .kind = kind, .card = card,
                        .vgpu = vgpu, .pid = pid, .value = value};
-        uint64_t words[QS_EVENT_WORDS];
-        memcpy(words, &ev, sizeof words);
-        for (size_t i = 0; i < QS_EVENT_WORDS; i++)
-            atomic_store_explicit(&slot->words[i], words[i], memory_order_relaxed);
+        qs_ring_slot_store(slot, t, &ev);
         uint64_t writing = 2 * t + 1; /* a later lap that took the slot over keeps it */
         atomic_compare_exchange_strong(&slot->seq, &writing, 2 * t + 2);
     }
@@ -55,7 +72,8 @@ void qs_ring_push(struct qs_ring *ring, uint32_t kind, uint32_t card, uint32_t v
 }
 
 /* Copy ticket `t` out of its slot: 1 when read whole, 0 while a writer is at it,
- * -1 when a later lap has overwritten it. */
+ * -1 when a later lap has overwritten it, or a writer taken over for being slow has stored
+ * into it since (the digest no longer matches). */
 static int read_slot(struct qs_ring *ring, uint64_t t, qs_event *out)
 {
     struct qs_ring_slot *slot = &ring->slots[t % QS_EVENT_RING_SIZE];
@@ -67,8 +85,9 @@ static int read_slot(struct qs_ring *ring, uint64_t t, qs_event *out)
     uint64_t words[QS_EVENT_WORDS];
     for (size_t i = 0; i < QS_EVENT_WORDS; i++)
         words[i] = atomic_load_explicit(&slot->words[i], memory_order_relaxed);
+    uint64_t check = atomic_load_explicit(&slot->check, memory_order_relaxed);
     atomic_thread_fence(memory_order_acquire); /* the payload before seq's second reading */
-    if (atomic_load_explicit(&slot->seq, memory_order_relaxed) != s)
+    if (atomic_load_explicit(&slot->seq, memory_order_relaxed) != s || check != digest(t, words))
         return -1;
     memcpy(out, words, sizeof *out);
     return 1;

@@ -677,10 +677,7 @@ static void finish_push(struct qs_ring *ring, uint64_t t, uint64_t value)
 {
     struct qs_ring_slot *slot = &ring->slots[t % QS_EVENT_RING_SIZE];
     qs_event ev = {.seq = t, .kind = QS_EV_OOM, .vgpu = 1, .value = value};
-    uint64_t words[QS_EVENT_WORDS];
-    memcpy(words, &ev, sizeof words);
-    for (size_t i = 0; i < QS_EVENT_WORDS; i++)
-        atomic_store(&slot->words[i], words[i]);
+    qs_ring_slot_store(slot, t, &ev);
     atomic_store(&slot->seq, 2 * t + 2);
     atomic_fetch_add(&ring->notify, 1);
     qs_futex_wake(&ring->notify, 1);
@@ -757,6 +754,33 @@ static int test_a_later_lap_takes_over_a_slot_left_by_a_killed_writer(void)
     return 0;
 }
 
+/* A writer taken over for being slow was only descheduled: it wakes and stores the rest of its
+ * event into the slot a later lap has written. The consumer never gets an event made of two:
+ * every event it reads is one a push made (here: value = ticket - first ticket). */
+static int test_a_taken_over_writer_that_wakes_never_mixes_into_the_later_event(void)
+{
+    qs_node *node = make_node("wakepush");
+    EXPECT(node);
+    struct qs_ring *ring = &node->seg.state->ring;
+    uint64_t slow = begin_push(ring); /* descheduled after storing nothing yet */
+    for (uint32_t i = 1; i <= QS_EVENT_RING_SIZE; i++)
+        qs_ring_push(ring, QS_EV_OOM, 0, 1, 0, i);
+    struct qs_ring_slot *slot = &ring->slots[slow % QS_EVENT_RING_SIZE];
+    qs_event late = {.seq = slow, .kind = QS_EV_OOM, .vgpu = 1, .value = 0xdeadull};
+    uint64_t words[QS_EVENT_WORDS];
+    memcpy(words, &late, sizeof words);
+    size_t value_word = offsetof(qs_event, value) / sizeof(uint64_t);
+    for (size_t i = value_word; i < QS_EVENT_WORDS; i++) /* the rest of its stores, as push does */
+        atomic_store_explicit(&slot->words[i], words[i], memory_order_relaxed);
+    qs_event ev = {0};
+    int mixed = 0;
+    while (qs_node_next_event(node, &ev, 10) == QS_OK)
+        mixed += ev.seq >= slow && ev.value != ev.seq - slow;
+    EXPECT(mixed == 0);
+    qs_node_close(node);
+    return 0;
+}
+
 int main(void)
 {
     const struct test_case tests[] = {
@@ -800,6 +824,8 @@ int main(void)
          test_slot_left_by_a_writer_killed_mid_push_is_skipped_across_short_polls},
         {"a later lap takes over a slot left by a killed writer",
          test_a_later_lap_takes_over_a_slot_left_by_a_killed_writer},
+        {"a taken-over writer that wakes never mixes into the later event",
+         test_a_taken_over_writer_that_wakes_never_mixes_into_the_later_event},
     };
     return run_tests(tests, sizeof tests / sizeof tests[0]);
 }

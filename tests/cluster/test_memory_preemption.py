@@ -5,10 +5,15 @@ placed again or wait with the reason."""
 from __future__ import annotations
 
 import asyncio
+import uuid
 
 import httpx
-from sqlalchemy import text
+from sqlalchemy import func, text, update
 from sqlalchemy.ext.asyncio import AsyncEngine
+
+from qshare.contracts.domain import Priority
+from qshare.contracts.schema import claims
+from qshare_allocator.app import Allocator
 
 from .conftest import StartAgent, claim_until, create_claim
 
@@ -146,3 +151,46 @@ async def test_a_high_priority_claim_never_evicts_from_a_retired_card(
         await conn.execute(text("UPDATE gpus SET retired = true"))
     high = await create_claim(api, priority="high", vcore=40, vmemory="4Gi")
     assert high["status"] == "pending" and "evicted" not in high["reason"]
+
+
+async def test_the_room_an_eviction_frees_goes_to_the_high_priority_claim_not_a_low_one(
+    api: httpx.AsyncClient, start_agent: StartAgent, engine: AsyncEngine, allocator: Allocator
+) -> None:
+    """The grace period ends (the scan releases the victim) after the pending sweep's
+    high-priority pass and before its low-priority pass: that pass must not put the victim
+    back into the room, or the high-priority claim waits and evicts again."""
+    await short_grace(engine, 30.0)  # the scan run here ends it, not the background one
+    await start_agent(cards=1, memory="8Gi")
+    low = await create_claim(api, vmemory="8Gi")
+    await claim_until(api, low["id"], "ready")
+    high = await create_claim(api, priority="high", vcore=40, vmemory="8Gi")
+    assert "evicted" in high["reason"]
+    async with engine.begin() as conn:
+        ending = update(claims).where(claims.c.id == uuid.UUID(low["id"]))
+        await conn.execute(ending.values(evict_at=func.now()))
+    await allocator.dispatcher.scan()
+    async with engine.begin() as conn:  # the sweep's low-priority pass
+        await allocator.claims.place_pending(conn, None, Priority.LOW)
+    assert (await api.get(f"/v1/claims/{low['id']}")).json()["status"] == "pending"
+    await claim_until(api, high["id"], "ready")
+
+
+async def test_victims_of_classes_with_different_grace_periods_leave_together(
+    api: httpx.AsyncClient, start_agent: StartAgent, engine: AsyncEngine
+) -> None:
+    """A whole card held by a claim of a short grace and one of a longer: the first to go
+    must not be placed back into the room (the only one) before the second goes, or the
+    high-priority claim evicts it again."""
+    await short_grace(engine, 3.0)
+    quick = {"name": f"quick-{uuid.uuid4().hex[:8]}", "provisioner": "qshare",
+             "eviction_grace_s": 0.2}  # fmt: skip
+    assert (await api.post("/v1/classes", json=quick)).status_code == 201
+    await start_agent(cards=1, memory="8Gi")
+    await create_claim(api, vmemory="4Gi")
+    low = await create_claim(api, vmemory="4Gi", class_name=quick["name"])
+    await claim_until(api, low["id"], "ready")
+    high = await create_claim(api, priority="high", class_name="whole")
+    assert "waiting for 2 low-priority claim(s)" in high["reason"]
+    await claim_until(api, high["id"], "ready")
+    records = (await api.get("/v1/preemptions")).json()
+    assert [r["claim_id"] for r in records].count(low["id"]) == 1

@@ -64,3 +64,15 @@ def test_a_claim_on_two_of_the_chosen_cards_is_evicted_once() -> None:
     claim = uuid.uuid4()
     cards = [_card(0, _victim(4096, "card-0", claim)), _card(0, _victim(4096, "card-1", claim))]
     assert [v.claim_id for v in node_victims(cards, two)] == [claim]
+
+
+def test_a_young_claim_too_small_to_matter_is_not_evicted_beside_one_that_frees_enough() -> None:
+    """Youngest first among the fewest that free enough: evicting the young 1 GiB claim and
+    the older 4 GiB one would be one eviction more than needed."""
+    young, older = _victim(1024), _victim(4096)
+    assert card_victims(_card(0, young, older), HIGH) == [older]
+
+
+def test_among_equally_few_victims_the_youngest_go() -> None:
+    young, middle, old = _victim(4096), _victim(4096), _victim(4096)
+    assert card_victims(_card(0, young, middle, old), HIGH) == [young]

@@ -477,3 +477,20 @@ async def test_a_bind_refused_after_the_annotation_takes_the_annotation_off_agai
     notes = apiserver.objects[path]["metadata"]["annotations"]
     assert not {"qshare.io/vgpus", "qshare.io/claim", "qshare.io/bind-time"} & set(notes)
     assert [s for s, _ in await claims_of(engine)] == ["released"]
+
+
+async def test_a_binding_applied_whose_answer_is_lost_keeps_the_claim_and_its_annotations(
+    extender: httpx.AsyncClient, nc: Client, apiserver: ApiServerDouble, engine: AsyncEngine
+) -> None:
+    """The API server binds the pod and the connection drops before its answer: the pod is
+    bound, so the bind succeeded, and its claim and annotations stay (else the pod runs on
+    the node with no vGPU its device plugin may take)."""
+    await register(nc, "node-a")
+    binding = stored_pod(apiserver, "web-0", "node-a")
+    apiserver.lose_post_answers = 1
+    reply = await extender.post("/extender/bind", json=binding)
+    stored = apiserver.objects["/api/v1/namespaces/team-a/pods/web-0"]
+    assert stored["spec"]["nodeName"] == "node-a"
+    assert "qshare.io/claim" in stored["metadata"]["annotations"]
+    assert await claims_of(engine) == [("placed", "node-a")]
+    assert reply.json().get("Error", "") == ""

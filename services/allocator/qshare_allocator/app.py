@@ -105,6 +105,7 @@ class Allocator(Service):
             self.settings.cluster.node_timeout_s,
             self.settings.apply_timeout_s,
             self._relay.wake,
+            self.claims.finish_evictions,
         )
         self._reregistration = Reregistration(self._nc, self.source, self.settings.register_again_s)
         self._router = Router(

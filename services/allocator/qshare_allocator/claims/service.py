@@ -84,16 +84,35 @@ class ClaimService:
         if row is None:
             return None
         demand = await self._demand(conn, spec_of(row))
-        if choice := await find_and_lock(conn, demand, self._rules.node_timeout_s):
-            held = holding(row.id, demand, choice)
-            view = claim_view(row, held.vgpus).model_copy(
-                update={"status": ClaimStatus.PLACED, "node": choice.node, "reason": None}
-            )
-            params = _status_params(view) | held.params | self._event(view)
-            await conn.execute(together(_status_update(), *held.statements, event_insert()), params)
-        elif eviction_plan.may_evict(demand):
+        if not await self._place_row(conn, row, demand) and eviction_plan.may_evict(demand):
             await self._evict_for_pending(conn, row.id, demand)
         return (row.created_at, row.id)
+
+    async def finish_evictions(self, conn: AsyncConnection) -> int:
+        """End the evictions whose grace period is over, and place the claims they made room
+        for at once, in the same transaction: a low-priority claim (a victim among them)
+        placed before them would take the room, and they would evict again. Returns how many
+        victims were released."""
+        released, waiting = await eviction.finish_due(conn, self._source)
+        if not waiting:
+            return released
+        query = select(claims).where(claims.c.id.in_(waiting))
+        for row in (await conn.execute(query.order_by(claims.c.created_at, claims.c.id))).all():
+            await self._place_row(conn, row, await self._demand(conn, spec_of(row)))
+        return released
+
+    async def _place_row(self, conn: AsyncConnection, row: Any, demand: Demand) -> bool:
+        """Place a locked pending claim if it fits now; whether it did."""
+        choice = await find_and_lock(conn, demand, self._rules.node_timeout_s)
+        if choice is None:
+            return False
+        held = holding(row.id, demand, choice)
+        view = claim_view(row, held.vgpus).model_copy(
+            update={"status": ClaimStatus.PLACED, "node": choice.node, "reason": None}
+        )
+        params = _status_params(view) | held.params | self._event(view)
+        await conn.execute(together(_status_update(), *held.statements, event_insert()), params)
+        return True
 
     async def _evict_for_pending(
         self, conn: AsyncConnection, claim_id: uuid.UUID, demand: Demand

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any
 
@@ -33,7 +33,6 @@ from qshare_allocator.db import in_transaction
 from qshare_allocator.nodes.confirm import Confirmations
 from qshare_allocator.nodes.desired import desired_state
 from qshare_allocator.nodes.health import HealthWatch
-from qshare_allocator.placement import eviction
 
 log = logging.getLogger(__name__)
 MAX_IN_FLIGHT = 3
@@ -51,6 +50,7 @@ class Dispatcher:
         node_timeout_s: float,
         apply_timeout_s: float,
         on_commit: Callable[[], None],
+        finish_evictions: Callable[[AsyncConnection], Awaitable[int]],
     ) -> None:
         self._nc = nc
         self._engine = engine
@@ -58,6 +58,7 @@ class Dispatcher:
         self._node_timeout_s = node_timeout_s
         self._apply_timeout_s = apply_timeout_s
         self._on_commit = on_commit
+        self._finish_evictions = finish_evictions
         self.confirmations = Confirmations(source)
         self.health = HealthWatch(source, node_timeout_s)
         self._tasks: set[asyncio.Task[None]] = set()
@@ -145,7 +146,7 @@ class Dispatcher:
         await self.dispatch_lagging()
         failed = await in_transaction(self._engine, self._fail_overdue)
         moved = await in_transaction(self._engine, self.health.scan)
-        moved += await in_transaction(self._engine, self._evict_due)
+        moved += await in_transaction(self._engine, self._finish_evictions)
         if failed or moved:
             self._on_commit()
         return bool(moved)
@@ -157,9 +158,6 @@ class Dispatcher:
             self._agentless.discard(node)  # the scan reads only nodes with an agent
             if node not in self._in_flight:  # its answer is on the way
                 self.wanted(node)
-
-    async def _evict_due(self, conn: AsyncConnection) -> int:
-        return await eviction.finish_due(conn, self._source)
 
     async def _lagging(self, conn: AsyncConnection) -> list[str]:
         query = select(nodes.c.name).where(

@@ -8,13 +8,16 @@ from __future__ import annotations
 import uuid
 from datetime import timedelta
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import Text, cast, func, insert, literal, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from qshare.contracts.domain import HOLDING_STATUSES, ClaimStatus
+from qshare.contracts.domain import HOLDING_STATUSES, ClaimStatus, Priority
 from qshare.contracts.schema import claims, preemptions, vgpus
 from qshare_allocator.claims.transitions import emit, transition
 from qshare_allocator.placement.eviction_plan import Victim
+
+EVICTED_FOR = "evicted for high-priority claim "
+"""An eviction record's reason, followed by the id of the claim it makes room for."""
 
 
 async def under_way(conn: AsyncConnection) -> bool:
@@ -46,19 +49,22 @@ async def lock_victims(conn: AsyncConnection, victims: list[Victim]) -> bool:
 async def start(
     conn: AsyncConnection, victims: list[Victim], for_claim: uuid.UUID, source: str
 ) -> str:
-    """Mark the victims evicting (event, record); returns the waiting claim's reason."""
+    """Mark the victims evicting (event, record); returns the waiting claim's reason. They
+    all leave at the end of the longest of their classes' grace periods: one that left
+    earlier would be placed back into the room before the others left, and the waiting
+    claim would evict it again, and again."""
+    grace_s = max(v.grace_s for v in victims)
+    grace = timedelta(seconds=grace_s)
     for victim in victims:
-        grace = timedelta(seconds=victim.grace_s)
         await conn.execute(
             update(claims).where(claims.c.id == victim.claim_id).values(evict_at=func.now() + grace)
         )
-        reason = f"evicted for high-priority claim {for_claim}"
+        reason = f"{EVICTED_FOR}{for_claim}"
         await conn.execute(insert(preemptions).values(
             claim_id=victim.claim_id, tenant=victim.tenant, gpu_uuid=victim.gpu,
             node_name=victim.node, kind="eviction", reason=reason,
         ))  # fmt: skip
         await emit(conn, source, victim.claim_id, "evicting")
-    grace_s = max(v.grace_s for v in victims)
     cards = ", ".join(dict.fromkeys(v.gpu for v in victims))
     where = f"card {cards}" if "," not in cards else f"cards {cards}"
     return (
@@ -67,8 +73,10 @@ async def start(
     )
 
 
-async def finish_due(conn: AsyncConnection, source: str) -> int:
-    """Release the victims whose grace period is over and make them pending again."""
+async def finish_due(conn: AsyncConnection, source: str) -> tuple[int, list[uuid.UUID]]:
+    """Release the victims whose grace period is over and make them pending again; returns
+    how many, and the pending claims they were evicted for, locked, for the caller to place
+    in this transaction (else the room could go to a low-priority claim first)."""
     due = (
         await conn.execute(
             select(claims)
@@ -76,6 +84,9 @@ async def finish_due(conn: AsyncConnection, source: str) -> int:
             .with_for_update(skip_locked=True)
         )
     ).all()
+    if not due:
+        return 0, []
+    waiting = await _lock_evicted_for(conn, [row.id for row in due])
     reason = "evicted for a high-priority claim; waiting to be placed again"
     for row in due:
         await transition(conn, source, row, ClaimStatus.PENDING, reason, release=True,
@@ -86,4 +97,25 @@ async def finish_due(conn: AsyncConnection, source: str) -> int:
                    preemptions.c.ended_at.is_(None))
             .values(ended_at=func.now())
         )  # fmt: skip
-    return len(due)
+    return len(due), waiting
+
+
+async def _lock_evicted_for(conn: AsyncConnection, victims: list[uuid.UUID]) -> list[uuid.UUID]:
+    """The pending high-priority claims `victims` were evicted for, locked in id order before
+    any node is: a sweep holding one finishes first (it finds the victims still there and
+    evicts no more), as a resize or delete of it does (they take the claim, then the node)."""
+    records = select(preemptions.c.reason).where(
+        preemptions.c.claim_id.in_(victims), preemptions.c.kind == "eviction",
+        preemptions.c.ended_at.is_(None),
+    )  # fmt: skip
+    query = (
+        select(claims.c.id)
+        .where(
+            (literal(EVICTED_FOR) + cast(claims.c.id, Text)).in_(records),
+            claims.c.status == ClaimStatus.PENDING.value,
+            claims.c.priority == Priority.HIGH.value,
+        )
+        .order_by(claims.c.id)
+        .with_for_update()
+    )
+    return list((await conn.execute(query)).scalars().all())

@@ -1,16 +1,18 @@
 """Which low-priority claims a high-priority claim evicts: on one node, the `count` cards that
 need the fewest evictions to fit it. A card fits once it has the claim's memory free and a
 free vGPU slot (a whole card: once every vGPU on it is gone). Only low-priority claims of
-evictable classes go, youngest first; a card with other vGPUs than those never empties."""
+evictable classes go, the fewest that make room and the youngest among equally few; a card
+with other vGPUs than those never empties."""
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import ColumnElement, Integer, and_, bindparam, select
+from sqlalchemy import ColumnElement, Integer, and_, bindparam, func, select
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -53,8 +55,9 @@ async def plan(conn: AsyncConnection, demand: Demand, timeout_s: float) -> list[
     if not may_evict(demand):
         return []
     params = {"node_timeout_s": timeout_s, "selector": demand.selector,
-              "max_core": MAX_CORE_SHARE - demand.card_vcore}  # fmt: skip
-    cards = await _cards(conn, params)
+              "max_core": MAX_CORE_SHARE - demand.card_vcore,
+              "need_card_mib": demand.vmemory_mib}  # fmt: skip
+    cards = await _cards(conn, params, demand.whole)
     best: list[Victim] = []
     for node_cards in _by_node(cards).values():
         chosen = node_victims(node_cards, demand)
@@ -77,20 +80,36 @@ def node_victims(cards: Sequence[CardState], demand: Demand) -> list[Victim]:
 
 
 def card_victims(card: CardState, demand: Demand) -> list[Victim] | None:
-    """Youngest first until `demand` fits on `card`; None when even all of them are not
-    enough ([] when it fits already)."""
+    """The fewest victims that make `demand` fit on `card`, the youngest among equally few;
+    None when even all of them are not enough ([] when it fits already)."""
     if demand.whole:
         return card.evictable if len(card.evictable) == card.vgpu_count else None
     missing_mib = demand.vmemory_mib - card.free_mib
-    missing_slots = card.vgpu_count - card.max_vgpus + 1
+    fewest = _fewest(card.evictable, missing_mib, card.vgpu_count - card.max_vgpus + 1)
+    if fewest is None:
+        return None
     chosen: list[Victim] = []
-    for victim in card.evictable:
-        if missing_mib <= 0 and missing_slots <= 0:
+    for i, victim in enumerate(card.evictable):  # youngest first
+        left = fewest - len(chosen)
+        if left == 0:
             break
-        chosen.append(victim)
-        missing_mib -= victim.mib
-        missing_slots -= 1
-    return chosen if missing_mib <= 0 and missing_slots <= 0 else None
+        if _frees(card.evictable[i + 1 :], left - 1) >= missing_mib - victim.mib:
+            chosen.append(victim)  # the rest can still make up what this one leaves
+            missing_mib -= victim.mib
+    return chosen
+
+
+def _fewest(victims: list[Victim], missing_mib: int, missing_slots: int) -> int | None:
+    """How few of `victims` free `missing_mib` and `missing_slots`; None: not all do."""
+    for count in range(max(missing_slots, 0), len(victims) + 1):
+        if _frees(victims, count) >= missing_mib:
+            return count
+    return None
+
+
+def _frees(victims: Sequence[Victim], count: int) -> int:
+    """The most memory `count` of `victims` free."""
+    return sum(sorted((v.mib for v in victims), reverse=True)[:count])
 
 
 def _by_node(cards: list[CardState]) -> dict[str, list[CardState]]:
@@ -100,10 +119,12 @@ def _by_node(cards: list[CardState]) -> dict[str, list[CardState]]:
     return found
 
 
-async def _cards(conn: AsyncConnection, params: dict[str, Any]) -> list[CardState]:
+async def _cards(conn: AsyncConnection, params: dict[str, Any], whole: bool) -> list[CardState]:
     """Every usable card on the Ready, schedulable, matching nodes that hold an evictable
-    vGPU, with those vGPUs."""
-    rows = (await conn.execute(_cards_query(), params)).all()
+    vGPU, that would fit once its evictable vGPUs left, with those vGPUs."""
+    rows = (await conn.execute(_cards_query(whole), params)).all()
+    if not rows:
+        return []
     cards = {r.uuid: CardState(r.uuid, r.node_name, r.free_mib, r.vgpu_count, r.max_vgpus)
              for r in rows}  # fmt: skip
     for r in (await conn.execute(_evictable_query(), {"cards": list(cards)})).all():
@@ -128,12 +149,33 @@ def _evictable_join() -> Any:
     )
 
 
-def _cards_query() -> Any:
+@functools.cache
+def _cards_query(whole: bool) -> Any:
+    """The cards, each only if it fits once all its evictable vGPUs leave: a card that
+    cannot is never read (a claim eviction cannot help costs the sweep little)."""
     with_victims = select(vgpus.c.node_name).select_from(_evictable_join()).where(_evictable())
+    gone = (
+        select(vgpus.c.gpu_uuid, func.sum(vgpus.c.vmemory_mib).label("mib"),
+               func.count().label("vgpus"))
+        .select_from(_evictable_join()).where(_evictable()).group_by(vgpus.c.gpu_uuid)
+        .subquery("gone")
+    )  # fmt: skip
+    gone_mib, gone_count = func.coalesce(gone.c.mib, 0), func.coalesce(gone.c.vgpus, 0)
+    free_mib = gpus.c.memory_mib - gpus.c.allocated_mib
+    could_fit = (
+        gone_count == gpus.c.vgpu_count
+        if whole
+        else and_(
+            free_mib + gone_mib >= bindparam("need_card_mib", type_=Integer),
+            gpus.c.vgpu_count - gone_count < gpus.c.max_vgpus,
+        )
+    )
     return select(
         gpus.c.uuid, gpus.c.node_name, gpus.c.vgpu_count, gpus.c.max_vgpus,
-        (gpus.c.memory_mib - gpus.c.allocated_mib).label("free_mib"),
-    ).join(nodes, nodes.c.name == gpus.c.node_name).where(
+        free_mib.label("free_mib"),
+    ).join(nodes, nodes.c.name == gpus.c.node_name).outerjoin(
+        gone, gone.c.gpu_uuid == gpus.c.uuid
+    ).where(
         gpus.c.healthy,
         gpus.c.retired.is_(False),
         gpus.c.core_high <= bindparam("max_core", type_=Integer),
@@ -141,6 +183,7 @@ def _cards_query() -> Any:
         node_is_ready(),
         nodes.c.labels.contains(bindparam("selector", type_=JSONB)),
         nodes.c.name.in_(with_victims),
+        could_fit,
     ).order_by(gpus.c.node_name, gpus.c.idx)  # fmt: skip
 
 

@@ -167,13 +167,14 @@ def _bound_by_us(pod: dict[str, Any], node: str) -> bool:
 
 
 async def _bind_pod(kube: Kube, args: ExtenderBindingArgs, uid: str) -> None:
-    """Bind; a 409 Conflict is settled by reading the pod again: bound to the node already
-    (our own earlier try, whose answer was lost) is success, another instance is
-    `PodReplaced`, anything else the conflict itself."""
+    """Bind; a 409 Conflict, or an answer that never came or came from a failing server
+    (the Binding may have been applied), is settled by reading the pod again: bound to the
+    node already (by this try or an earlier one whose answer was lost) is success, another
+    instance is `PodReplaced`, anything else the error itself."""
     try:
         await kube.bind(args.pod_namespace, args.pod_name, uid, args.node)
     except KubeError as exc:
-        if exc.status != 409:
+        if exc.status != 409 and 0 < exc.status < 500:
             raise
         now = await kube.pod_or_none(args.pod_namespace, args.pod_name)
         if now is None or pods.uid(now) != uid:

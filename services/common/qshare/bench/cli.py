@@ -20,6 +20,7 @@ BENCHMARKS: dict[str, str] = {
     "faults": "qshare.bench.faults",
     "chaos": "qshare.bench.chaos",
     "kubernetes": "qshare.bench.kubernetes",
+    "sweep": "qshare.bench.sweep",
 }
 
 

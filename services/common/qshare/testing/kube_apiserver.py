@@ -43,6 +43,7 @@ class ApiServerDouble:
         self._events: deque[Event] = deque(maxlen=history)
         self._closing = False
         self.lose_patch_answers = 0  # the next n PATCHes are applied but not answered
+        self.lose_post_answers = 0  # the next n POSTs (a Binding too) likewise
         self.before_patch: Callable[[str], None] | None = None
         """Called with a PATCH's path before it is applied (a change racing the client's)."""
         double = self
@@ -93,7 +94,11 @@ class ApiServerDouble:
                 self.close_connection = True
 
             def do_POST(self) -> None:
-                self._reply(*double.post(self.path, self._body()))
+                answer = double.post(self.path, self._body())
+                if double.take_lost_answer("lose_post_answers"):
+                    self.close_connection = True  # applied, but the client never hears
+                    return
+                self._reply(*answer)
 
             def do_PUT(self) -> None:
                 self._reply(*double.put(self.path, self._body()))
@@ -227,12 +232,13 @@ class ApiServerDouble:
                 return 409, {"message": "the object has been modified"}
             return 200, self._store(path, body)
 
-    def take_lost_answer(self) -> bool:
-        """True (once per `lose_patch_answers`) when a PATCH's answer is to be lost."""
+    def take_lost_answer(self, counter: str = "lose_patch_answers") -> bool:
+        """True (once per count of `counter`) when a request's answer is to be lost."""
         with self._lock:
-            if self.lose_patch_answers <= 0:
+            left: int = getattr(self, counter)
+            if left <= 0:
                 return False
-            self.lose_patch_answers -= 1
+            setattr(self, counter, left - 1)
             return True
 
     def patch(self, path: str, patch: dict[str, Any]) -> tuple[int, Any]:
