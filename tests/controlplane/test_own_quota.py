@@ -3,8 +3,14 @@
 
 from __future__ import annotations
 
+import uuid
+
 import httpx
 import pytest
+from sqlalchemy import insert
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from qshare.contracts.schema import preemptions
 
 from tests.controlplane.conftest import ADMIN_TOKEN, Register, auth
 
@@ -58,7 +64,14 @@ async def test_preemptions_of_an_unknown_kind_are_a_422_naming_kind(
     assert [e["field"] for e in response.json()["errors"]] == ["kind"]
 
 
-async def test_preemptions_filtered_by_a_known_kind_list(api: httpx.AsyncClient) -> None:
-    response = await api.get("/v1/preemptions", params={"kind": "eviction"}, headers=ADMIN)
-    assert response.status_code == 200
-    assert all(p["kind"] == "eviction" for p in response.json())
+async def test_preemptions_filtered_by_kind_list_only_that_kind(
+    api: httpx.AsyncClient, engine: AsyncEngine
+) -> None:
+    claim = uuid.uuid4()
+    rows = [{"claim_id": claim, "tenant": "team-a", "kind": k, "reason": "test"}
+            for k in ("gang", "operator", "eviction")]  # fmt: skip
+    async with engine.begin() as conn:
+        await conn.execute(insert(preemptions), rows)
+    params = {"claim": str(claim), "kind": "operator"}
+    listed = (await api.get("/v1/preemptions", params=params, headers=ADMIN)).json()
+    assert [p["kind"] for p in listed] == ["operator"]
