@@ -11,7 +11,6 @@ from sqlalchemy import insert
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from qshare.contracts.schema import preemptions
-
 from tests.controlplane.conftest import ADMIN_TOKEN, Register, auth
 
 ADMIN = auth(ADMIN_TOKEN)
