@@ -167,3 +167,12 @@ async def test_quotas_show_refuses_a_tenant_another_tenants_quota(
 ) -> None:
     assert await _qshare(api_url, tokens["cli-a"], "quotas", "show", "--tenant", "cli-b") == 1
     assert "error 403" in capsys.readouterr().err
+
+
+async def test_a_create_refused_for_quota_points_to_quotas_show(
+    api_url: str, tokens: dict[str, str], capsys: Capsys
+) -> None:
+    assert await _qshare(api_url, ADMIN_TOKEN, "quotas", "set", "cli-b", "--cards", "0") == 0
+    args = ("create", "--priority", "low", "--vcore", "10", "--vmemory", "1Gi")
+    assert await _qshare(api_url, tokens["cli-b"], "claims", *args) == 1
+    assert "`qshare quotas show`" in capsys.readouterr().err

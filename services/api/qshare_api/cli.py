@@ -236,6 +236,8 @@ def _report(exc: ApiError, token: str | None) -> None:
         message = str(item.get("message", "")).removeprefix("Value error, ")
         field = str(item.get("field"))
         print(f"  {FLAGS.get(field, field)}: {message}", file=sys.stderr)
+    if exc.status == 409 and "quota of" in str(exc):
+        print("  `qshare quotas show` gives your quota and what you use", file=sys.stderr)
 
 
 def memory(value: str) -> int | str:
