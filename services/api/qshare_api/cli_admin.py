@@ -114,21 +114,19 @@ def _list_quotas(client: Client, args: argparse.Namespace) -> Shown:
 def _show_quota(client: Client, args: argparse.Namespace) -> Shown:
     mine = client.get("/v1/quotas/me", tenant=args.tenant)
     used = mine["usage"]
-
-    def line(
-        name: str, limit: int | None, in_use: int, shown: Callable[[int], str]
-    ) -> tuple[str, ...]:
-        return (name, shown(in_use), "-" if limit is None else shown(limit))
-
     rows = [
-        line("memory", mine["memory_mib"], used["memory_mib"], format_mib),
-        line("cards", mine["cards"], used["cards"], str),
-        line("pending", mine["pending"], used["pending"], str),
+        _usage_row("memory", mine["memory_mib"], used["memory_mib"], format_mib),
+        _usage_row("cards", mine["cards"], used["cards"], str),
+        _usage_row("pending", mine["pending"], used["pending"], str),
     ]
-    text = f"tenant {mine['tenant']} (a limit of - is no limit)\n" + table(
-        ("", "USED", "LIMIT"), rows
-    )
-    return Shown(mine, text)
+    heading = f"tenant {mine['tenant']} (a limit of - is no limit)"
+    return Shown(mine, heading + "\n" + table(("", "USED", "LIMIT"), rows))
+
+
+def _usage_row(
+    name: str, limit: int | None, used: int, shown: Callable[[int], str]
+) -> tuple[str, str, str]:
+    return (name, shown(used), "-" if limit is None else shown(limit))
 
 
 def _set_quota(client: Client, args: argparse.Namespace) -> Shown:
