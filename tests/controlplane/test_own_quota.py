@@ -1,4 +1,4 @@
-"""`GET /v1/quotas/me`: a tenant reads its own quota and usage, never another's; and
+"""`GET /v1/me/quota`: a tenant reads its own quota and usage, never another's; and
 `GET /v1/preemptions?kind=` filters by kind, refusing an unknown one."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ async def test_a_tenant_reads_its_own_quota_and_usage(
     await register("n1", cards=2, memory="80Gi")
     await api.put("/v1/quotas/team-a", json={"memory": "8Gi", "cards": 4}, headers=ADMIN)
     assert (await api.post("/v1/claims", json=GOOD, headers=team_a)).status_code == 201
-    mine = (await api.get("/v1/quotas/me", headers=team_a)).json()
+    mine = (await api.get("/v1/me/quota", headers=team_a)).json()
     assert mine == {"tenant": "team-a", "memory_mib": 8192, "cards": 4, "pending": None,
                     "usage": {"memory_mib": 2048, "cards": 1, "pending": 0}}  # fmt: skip
 
@@ -36,7 +36,7 @@ async def test_a_tenant_reads_its_own_quota_and_usage(
 async def test_a_tenant_without_a_quota_reads_no_limits(
     api: httpx.AsyncClient, team_a: dict[str, str]
 ) -> None:
-    mine = (await api.get("/v1/quotas/me", headers=team_a)).json()
+    mine = (await api.get("/v1/me/quota", headers=team_a)).json()
     assert (mine["memory_mib"], mine["cards"], mine["pending"]) == (None, None, None)
     assert mine["usage"] == {"memory_mib": 0, "cards": 0, "pending": 0}
 
@@ -45,13 +45,13 @@ async def test_a_tenant_never_reads_another_tenants_quota(
     api: httpx.AsyncClient, team_a: dict[str, str]
 ) -> None:
     await api.put("/v1/quotas/team-b", json={"cards": 1}, headers=ADMIN)
-    response = await api.get("/v1/quotas/me", params={"tenant": "team-b"}, headers=team_a)
+    response = await api.get("/v1/me/quota", params={"tenant": "team-b"}, headers=team_a)
     assert response.status_code == 403
 
 
 async def test_an_admin_reads_any_tenants_quota(api: httpx.AsyncClient) -> None:
     await api.put("/v1/quotas/team-b", json={"cards": 1}, headers=ADMIN)
-    response = await api.get("/v1/quotas/me", params={"tenant": "team-b"}, headers=ADMIN)
+    response = await api.get("/v1/me/quota", params={"tenant": "team-b"}, headers=ADMIN)
     assert (response.json()["tenant"], response.json()["cards"]) == ("team-b", 1)
 
 

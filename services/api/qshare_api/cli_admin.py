@@ -112,7 +112,7 @@ def _list_quotas(client: Client, args: argparse.Namespace) -> Shown:
 
 
 def _show_quota(client: Client, args: argparse.Namespace) -> Shown:
-    mine = client.get("/v1/quotas/me", tenant=args.tenant)
+    mine = client.get("/v1/me/quota", tenant=args.tenant)
     used = mine["usage"]
     rows = [
         _usage_row("memory", mine["memory_mib"], used["memory_mib"], format_mib),

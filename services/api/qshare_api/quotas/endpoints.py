@@ -1,5 +1,6 @@
 """`/v1/quotas`: admins set, list and clear per-tenant quotas (the allocator enforces them
-when a claim is created); `/v1/quotas/me`: a tenant reads its own quota and usage."""
+when a claim is created); `/v1/me/quota`: a tenant reads its own quota and usage (not
+under `/v1/quotas/`, where `me` would be a tenant's name)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from qshare_api.problems import PROBLEMS
 from qshare_api.resources import Resources, resources
 
 router = APIRouter(prefix="/v1/quotas", tags=["quotas"], responses=PROBLEMS)
+own = APIRouter(prefix="/v1/me", tags=["quotas"], responses=PROBLEMS)
 Res = Annotated[Resources, Depends(resources)]
 Tenant = Annotated[str, Path(min_length=1, max_length=128, pattern=NO_NUL)]
 Limit = Annotated[int | None, Field(ge=0, le=1_000_000), WHOLE]
@@ -62,7 +64,7 @@ class QuotaAndUsage(Quota):
     usage: Usage
 
 
-@router.get("/me", response_model=QuotaAndUsage, summary="The caller's quota and usage")
+@own.get("/quota", response_model=QuotaAndUsage, summary="The caller's quota and usage")
 async def my_quota(caller: Caller, res: Res, tenant: TenantQuery = None) -> QuotaAndUsage:
     """A tenant reads only its own; an admin reads its own or, with `tenant`, anyone's."""
     if tenant is not None and tenant != caller.tenant and not caller.is_admin:
