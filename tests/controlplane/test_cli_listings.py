@@ -176,3 +176,11 @@ async def test_a_create_refused_for_quota_points_to_quotas_show(
     args = ("create", "--priority", "low", "--vcore", "10", "--vmemory", "1Gi")
     assert await _qshare(api_url, tokens["cli-b"], "claims", *args) == 1
     assert "`qshare quotas show`" in capsys.readouterr().err
+
+
+async def test_a_claim_option_that_matches_nothing_is_named(
+    api_url: str, tokens: dict[str, str], capsys: Capsys
+) -> None:
+    args = ("list", "--claim", "abcdef04...")
+    assert await _qshare(api_url, tokens["cli-a"], "preemptions", *args) == 2
+    assert "--claim: no claim of yours starts with abcdef04" in capsys.readouterr().err

@@ -276,11 +276,11 @@ def _seconds(value: str) -> float:
 
 def claim_id(value: str) -> str:
     """A whole claim id, or the start of one (8 hex digits or more, as listings shorten
-    it; a trailing `…` is dropped), resolved later by `resolve_claim`."""
+    it; a trailing `…` or `...` is dropped), resolved later by `resolve_claim`."""
     try:
         return str(uuid.UUID(value))
     except ValueError:
-        prefix = value.strip().removesuffix("…").lower()
+        prefix = value.strip().removesuffix("…").removesuffix("...").lower()
     if re.fullmatch(r"[0-9a-f]{8}[0-9a-f-]{0,27}", prefix):
         return prefix
     raise argparse.ArgumentTypeError(
@@ -288,16 +288,17 @@ def claim_id(value: str) -> str:
     )
 
 
-def resolve_claim(client: Client, claim: str) -> str:
+def resolve_claim(client: Client, claim: str, option: str = "claim id") -> str:
     """The one id of the caller's claims (the API lists only those) that starts with
-    `claim`; a UsageError naming them when none or several do."""
+    `claim`; a UsageError naming `option` and the claims when none or several do."""
     if len(claim) == 36:
         return claim
     found = [c["id"] for c in _all_claims(client) if str(c["id"]).startswith(claim)]
     if not found:
-        raise UsageError(f"no claim of yours starts with {claim} (`qshare claims list`)")
+        raise UsageError(f"{option}: no claim of yours starts with {claim} (`qshare claims list`)")
     if len(found) > 1:
-        raise UsageError(f"{claim} starts several claims: {', '.join(found)}; give more digits")
+        several = ", ".join(found)
+        raise UsageError(f"{option}: {claim} starts several claims: {several}; give more digits")
     return str(found[0])
 
 

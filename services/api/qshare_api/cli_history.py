@@ -53,7 +53,7 @@ def _limit(value: str) -> int:
 
 
 def _claim_filter(client: Client, args: argparse.Namespace) -> str | None:
-    return resolve_claim(client, args.claim) if args.claim else None
+    return resolve_claim(client, args.claim, "--claim") if args.claim else None
 
 
 def _list_preemptions(client: Client, args: argparse.Namespace) -> Shown:
