@@ -8,7 +8,9 @@ import pytest
 
 from qshare.cli import build_parser, main
 
-API_GROUPS = ("claims", "nodes", "gpus", "tokens", "quotas", "events")
+API_GROUPS = (
+    "claims", "nodes", "gpus", "tokens", "quotas", "events", "preemptions", "starvation", "classes",
+)  # fmt: skip
 
 
 def _verbs() -> list[tuple[str, argparse.ArgumentParser]]:

@@ -24,6 +24,7 @@ from qshare_api.inventory.endpoints import router as inventory_router
 from qshare_api.middleware import BodyLimit, Metrics
 from qshare_api.preemptions.endpoints import actions as claim_actions_router
 from qshare_api.preemptions.endpoints import router as preemptions_router
+from qshare_api.quotas.endpoints import own as own_quota_router
 from qshare_api.quotas.endpoints import router as quotas_router
 from qshare_api.ratelimit import RateLimiter
 from qshare_api.resources import Resources
@@ -52,7 +53,7 @@ def create_app(settings: ApiSettings, own_process: bool = False) -> FastAPI:
     )
     routers = (
         claims_router, claim_actions_router, inventory_router, classes_router, tokens_router,
-        quotas_router, preemptions_router, events_router, starvation_router,
+        quotas_router, own_quota_router, preemptions_router, events_router, starvation_router,
     )  # fmt: skip
     for router in (*routers, health.router):
         app.include_router(router)

@@ -9,7 +9,7 @@ import re
 import sys
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +29,7 @@ GPU_COLUMNS = (
 CLAIM_COLUMNS = ("ID", "TENANT", "STATUS", "PRIO", "VCORE", "VMEM", "COUNT", "NODE", "CARDS")
 DEFAULT_URL = "http://127.0.0.1:8080"
 WAIT_POLL_S = 0.25
+CLAIM_HELP = "the claim's id, or its first 8 hex digits or more (one of your claims)"
 FINAL_STATUSES = (ClaimStatus.RELEASED.value, ClaimStatus.FAILED.value)
 """A claim in these statuses never changes again: `claims wait` stops there."""
 
@@ -83,23 +84,23 @@ def register(subparsers: Sub) -> None:
     )
     for verb, action, help_ in one_claim_verbs:
         one = claims.add_parser(verb, help=help_)
-        one.add_argument("claim_id", type=_claim_id)
-        one.set_defaults(handler=command(action))
+        one.add_argument("claim_id", type=claim_id, help=CLAIM_HELP)
+        one.set_defaults(handler=command(_on_claim(action)))
     resize = claims.add_parser("resize", help="change a claim's core share or memory per card")
-    resize.add_argument("claim_id", type=_claim_id)
+    resize.add_argument("claim_id", type=claim_id, help=CLAIM_HELP)
     resize.add_argument("--vcore", type=int, help="core share per card, 1-100")
     resize.add_argument("--vmemory", type=memory, help="memory per card: MiB or e.g. 8Gi")
-    resize.set_defaults(handler=command(_resize_claim))
+    resize.set_defaults(handler=command(_on_claim(_resize_claim)))
     wait = claims.add_parser(
         "wait", help="wait until a claim reaches a status (a claim not found counts as released)"
     )
-    wait.add_argument("claim_id", type=_claim_id)
+    wait.add_argument("claim_id", type=claim_id, help=CLAIM_HELP)
     wait.add_argument(
         "--for", dest="until", default="ready", choices=[s.value for s in ClaimStatus],
         help="the status to wait for (default ready)",
     )  # fmt: skip
     wait.add_argument("--timeout", type=_seconds, default=60.0, help="seconds (default 60)")
-    wait.set_defaults(handler=command(_wait_claim))
+    wait.set_defaults(handler=command(_on_claim(_wait_claim)))
     nodes = group(subparsers, "nodes", "the inventory of nodes")
     nodes.add_parser("list", help="list nodes").set_defaults(handler=command(_list_nodes))
     for verb, help_ in (
@@ -235,6 +236,8 @@ def _report(exc: ApiError, token: str | None) -> None:
         message = str(item.get("message", "")).removeprefix("Value error, ")
         field = str(item.get("field"))
         print(f"  {FLAGS.get(field, field)}: {message}", file=sys.stderr)
+    if exc.status == 409 and "quota of" in str(exc):
+        print("  `qshare quotas show` gives your quota and what you use", file=sys.stderr)
 
 
 def memory(value: str) -> int | str:
@@ -271,11 +274,53 @@ def _seconds(value: str) -> float:
     return seconds
 
 
-def _claim_id(value: str) -> str:
+def claim_id(value: str) -> str:
+    """A whole claim id, or the start of one (8 hex digits or more, as listings shorten
+    it; a trailing `…` or `...` is dropped), resolved later by `resolve_claim`."""
     try:
         return str(uuid.UUID(value))
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a claim id (a UUID)") from exc
+    except ValueError:
+        prefix = value.strip().removesuffix("…").removesuffix("...").lower()
+    if re.fullmatch(r"[0-9a-f]{8}[0-9a-f-]{0,27}", prefix):
+        return prefix
+    raise argparse.ArgumentTypeError(
+        f"{value!r} is not a claim id (a UUID, or its first 8 hex digits or more)"
+    )
+
+
+def resolve_claim(client: Client, claim: str, option: str = "claim id") -> str:
+    """The one id of the caller's claims (the API lists only those) that starts with
+    `claim`; a UsageError naming `option` and the claims when none or several do."""
+    if len(claim) == 36:
+        return claim
+    found = [c["id"] for c in _all_claims(client) if str(c["id"]).startswith(claim)]
+    if not found:
+        raise UsageError(f"{option}: no claim of yours starts with {claim} (`qshare claims list`)")
+    if len(found) > 1:
+        several = ", ".join(found)
+        raise UsageError(f"{option}: {claim} starts several claims: {several}; give more digits")
+    return str(found[0])
+
+
+def _all_claims(client: Client) -> Iterator[dict[str, Any]]:
+    cursor = None
+    while True:
+        page = client.get("/v1/claims", limit=500, cursor=cursor)
+        yield from page["items"]
+        if not (cursor := page.get("next_cursor")):
+            return
+
+
+def _on_claim(
+    action: Callable[[Client, argparse.Namespace], Shown],
+) -> Callable[[Client, argparse.Namespace], Shown]:
+    """`action` with `args.claim_id` resolved from a prefix to the whole id first."""
+
+    def resolved(client: Client, args: argparse.Namespace) -> Shown:
+        args.claim_id = resolve_claim(client, args.claim_id)
+        return action(client, args)
+
+    return resolved
 
 
 def _create_claim(client: Client, args: argparse.Namespace) -> Shown:

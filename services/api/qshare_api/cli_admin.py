@@ -1,10 +1,12 @@
 """`qshare tokens|quotas …`: an administrator's command line over the REST API: issue, list
-and revoke bearer tokens; set, list and clear tenants' quotas."""
+and revoke bearer tokens; set, list and clear tenants' quotas (and anyone's `quotas show`:
+the caller's own quota and what it uses)."""
 
 from __future__ import annotations
 
 import argparse
 import uuid
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from qshare.contracts.domain import Role, TokenScope
@@ -41,9 +43,16 @@ def register(subparsers: Sub) -> None:
     revoke = tokens.add_parser("revoke", help="revoke a token at once")
     revoke.add_argument("token_id", type=_token_id, help="as `qshare tokens list` shows it")
     revoke.set_defaults(handler=command(_revoke_token))
-    quotas = group(subparsers, "quotas", "tenants' limits (admins)")
-    quotas.add_parser("list", help="list quotas").set_defaults(handler=command(_list_quotas))
-    put = quotas.add_parser("set", help="set a tenant's quota; a limit left out is no limit")
+    quotas = group(subparsers, "quotas", "tenants' limits: show yours; admins set them")
+    show = quotas.add_parser("show", help="your quota and what your live claims use")
+    show.add_argument("--tenant", help="another tenant's (admins)")
+    show.set_defaults(handler=command(_show_quota))
+    quotas.add_parser("list", help="list quotas (admins)").set_defaults(
+        handler=command(_list_quotas)
+    )
+    put = quotas.add_parser(
+        "set", help="set a tenant's quota; a limit left out is no limit (admins)"
+    )
     put.add_argument("tenant")
     put.add_argument(
         "--memory", type=memory, help="memory its live claims may ask for: MiB or e.g. 64Gi"
@@ -51,7 +60,7 @@ def register(subparsers: Sub) -> None:
     put.add_argument("--cards", type=int, help="vGPUs its live claims may hold")
     put.add_argument("--pending", type=int, help="claims it may have pending at once")
     put.set_defaults(handler=command(_set_quota))
-    clear = quotas.add_parser("clear", help="remove a tenant's quota")
+    clear = quotas.add_parser("clear", help="remove a tenant's quota (admins)")
     clear.add_argument("tenant")
     clear.set_defaults(handler=command(_clear_quota))
 
@@ -85,14 +94,14 @@ def _revoke_token(client: Client, args: argparse.Namespace) -> Shown:
 
 def _tokens_table(tokens: list[dict[str, Any]]) -> str:
     rows = [
-        (t["id"], t["name"], t["tenant"], t["role"], t["scope"], _day(t.get("created_at")),
-         _day(t.get("expires_at")) if t.get("expires_at") else "never")
+        (t["id"], t["name"], t["tenant"], t["role"], t["scope"], day(t.get("created_at")),
+         day(t.get("expires_at")) if t.get("expires_at") else "never")
         for t in tokens
     ]  # fmt: skip
     return table(TOKEN_COLUMNS, rows)
 
 
-def _day(stamp: str | None) -> str:
+def day(stamp: str | None) -> str:
     """An ISO time to the minute, as a table shows it."""
     return (stamp or "-")[:16].replace("T", " ")
 
@@ -100,6 +109,24 @@ def _day(stamp: str | None) -> str:
 def _list_quotas(client: Client, args: argparse.Namespace) -> Shown:
     quotas = client.get("/v1/quotas")
     return Shown(quotas, _quotas_table(quotas))
+
+
+def _show_quota(client: Client, args: argparse.Namespace) -> Shown:
+    mine = client.get("/v1/me/quota", tenant=args.tenant)
+    used = mine["usage"]
+    rows = [
+        _usage_row("memory", mine["memory_mib"], used["memory_mib"], format_mib),
+        _usage_row("cards", mine["cards"], used["cards"], str),
+        _usage_row("pending", mine["pending"], used["pending"], str),
+    ]
+    heading = f"tenant {mine['tenant']} (a limit of - is no limit)"
+    return Shown(mine, heading + "\n" + table(("", "USED", "LIMIT"), rows))
+
+
+def _usage_row(
+    name: str, limit: int | None, used: int, shown: Callable[[int], str]
+) -> tuple[str, str, str]:
+    return (name, shown(used), "-" if limit is None else shown(limit))
 
 
 def _set_quota(client: Client, args: argparse.Namespace) -> Shown:

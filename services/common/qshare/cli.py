@@ -19,6 +19,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "qshare_api.cli",
     "qshare_api.cli_admin",
     "qshare_api.cli_events",
+    "qshare_api.cli_history",
 )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Query
 from pydantic import BaseModel, Field
@@ -67,6 +67,7 @@ async def list_preemptions(
     caller: Caller,
     res: Res,
     claim: uuid.UUID | None = None,
+    kind: Literal["gang", "operator", "eviction"] | None = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
 ) -> list[Preemption]:
     query = select(preemptions).order_by(preemptions.c.started_at.desc()).limit(limit)
@@ -74,6 +75,8 @@ async def list_preemptions(
         query = query.where(preemptions.c.tenant == tenant)
     if claim is not None:
         query = query.where(preemptions.c.claim_id == claim)
+    if kind is not None:
+        query = query.where(preemptions.c.kind == kind)
     async with res.reader.connect() as conn:
         rows = (await conn.execute(query)).all()
     return [

@@ -1,27 +1,35 @@
 """`/v1/quotas`: admins set, list and clear per-tenant quotas (the allocator enforces them
-when a claim is created)."""
+when a claim is created); `/v1/me/quota`: a tenant reads its own quota and usage (not
+under `/v1/quotas/`, where `me` would be a tenant's name)."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Path, status
+from fastapi import APIRouter, Depends, Path, Query, status
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy import delete, func, select
+from sqlalchemy import Select, delete, func, select
 from sqlalchemy.dialects.postgresql import insert
 
 from qshare.contracts.claims import WHOLE, MemoryMiB
-from qshare.contracts.errors import NotFound
-from qshare.contracts.schema import quotas
-from qshare_api.auth import Admin
+from qshare.contracts.domain import ClaimStatus
+from qshare.contracts.errors import Forbidden, NotFound
+from qshare.contracts.schema import claims, quotas
+from qshare_api.auth import Admin, Caller
 from qshare_api.params import NO_NUL
 from qshare_api.problems import PROBLEMS
 from qshare_api.resources import Resources, resources
 
 router = APIRouter(prefix="/v1/quotas", tags=["quotas"], responses=PROBLEMS)
+own = APIRouter(prefix="/v1/me", tags=["quotas"], responses=PROBLEMS)
 Res = Annotated[Resources, Depends(resources)]
 Tenant = Annotated[str, Path(min_length=1, max_length=128, pattern=NO_NUL)]
 Limit = Annotated[int | None, Field(ge=0, le=1_000_000), WHOLE]
+TenantQuery = Annotated[
+    str | None, Query(min_length=1, max_length=128, pattern=NO_NUL, description="admins only")
+]
+LIVE = (ClaimStatus.PENDING.value, ClaimStatus.PLACED.value, ClaimStatus.READY.value)
+"""Claims the quota counts (as the allocator does): pending ones too."""
 
 
 class QuotaSpec(BaseModel):
@@ -42,6 +50,44 @@ class Quota(BaseModel):
     memory_mib: int | None
     cards: int | None
     pending: int | None
+
+
+class Usage(BaseModel):
+    memory_mib: int = Field(description="memory its live claims ask for, MiB")
+    cards: int = Field(description="vGPUs its live claims ask for")
+    pending: int = Field(description="its claims pending now")
+
+
+class QuotaAndUsage(Quota):
+    """A tenant's limits (null: no limit, also when it has no quota) and what it uses."""
+
+    usage: Usage
+
+
+@own.get("/quota", response_model=QuotaAndUsage, summary="The caller's quota and usage")
+async def my_quota(caller: Caller, res: Res, tenant: TenantQuery = None) -> QuotaAndUsage:
+    """A tenant reads only its own; an admin reads its own or, with `tenant`, anyone's."""
+    if tenant is not None and tenant != caller.tenant and not caller.is_admin:
+        raise Forbidden("only admins may read another tenant's quota")
+    whose = tenant or caller.tenant
+    async with res.reader.connect() as conn:
+        row = (await conn.execute(select(quotas).where(quotas.c.tenant == whose))).one_or_none()
+        used = (await conn.execute(_usage(whose))).one()
+    limits = row._mapping if row is not None else {}
+    return QuotaAndUsage(
+        tenant=whose, memory_mib=limits.get("memory_mib"), cards=limits.get("cards"),
+        pending=limits.get("pending"), usage=Usage.model_validate(used._mapping),
+    )  # fmt: skip
+
+
+def _usage(tenant: str) -> Select[Any]:
+    live = claims.c.status.in_(LIVE)
+    memory = func.sum(claims.c.vmemory_mib * claims.c.count).filter(live)
+    return select(
+        func.coalesce(memory, 0).label("memory_mib"),
+        func.coalesce(func.sum(claims.c.count).filter(live), 0).label("cards"),
+        func.count().filter(claims.c.status == ClaimStatus.PENDING.value).label("pending"),
+    ).where(claims.c.tenant == tenant)
 
 
 @router.put("/{tenant}", response_model=Quota, summary="Set a tenant's quota (admins)")

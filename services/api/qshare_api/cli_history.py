@@ -1,0 +1,108 @@
+"""`qshare preemptions|starvation|classes list`: read-only listings over the REST API:
+suspensions and evictions, starved low-priority claims, and the GPU classes."""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING, Any
+
+from qshare_api.cli import CLAIM_HELP, Shown, claim_id, command, group, resolve_claim, table
+from qshare_api.cli_admin import day
+from qshare_api.client import Client
+
+if TYPE_CHECKING:
+    from qshare_api.cli import Sub
+
+PREEMPTION_KINDS = ("gang", "operator", "eviction")
+PREEMPTION_COLUMNS = ("ID", "CLAIM", "TENANT", "KIND", "NODE", "CARD", "STARTED", "SECONDS",
+                      "REASON")  # fmt: skip
+STARVATION_COLUMNS = ("ID", "CLAIM", "TENANT", "NODE", "CARD", "SHARE", "HARVESTABLE", "OPEN",
+                      "MOVED_TO", "STARTED")  # fmt: skip
+CLASS_COLUMNS = ("NAME", "PROVISIONER", "EVICTABLE", "GRACE", "REPLACE", "STARVATION", "MOVE",
+                 "DESCRIPTION")  # fmt: skip
+
+
+def register(subparsers: Sub) -> None:
+    preemptions = group(subparsers, "preemptions", "suspensions and evictions of claims")
+    listing = preemptions.add_parser("list", help="list preemptions, newest first")
+    _history_options(listing)
+    listing.add_argument(
+        "--kind", choices=PREEMPTION_KINDS,
+        help="gang, operator (claims suspend) or eviction (memory taken back)",
+    )  # fmt: skip
+    listing.set_defaults(handler=command(_list_preemptions))
+    starvation = group(subparsers, "starvation", "low-priority claims found starved")
+    starved = starvation.add_parser("list", help="list starved claims, newest first")
+    _history_options(starved)
+    starved.set_defaults(handler=command(_list_starvation))
+    classes = group(subparsers, "classes", "GPU classes that claims name with --class")
+    classes.add_parser("list", help="list classes").set_defaults(handler=command(_list_classes))
+
+
+def _history_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--claim", type=claim_id, help=f"only this claim: {CLAIM_HELP}")
+    parser.add_argument(
+        "--limit", type=_limit, default=100, help="most recent records, 1-500 (default 100)"
+    )
+
+
+def _limit(value: str) -> int:
+    if not value.isdigit() or not 1 <= int(value) <= 500:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number from 1 to 500")
+    return int(value)
+
+
+def _claim_filter(client: Client, args: argparse.Namespace) -> str | None:
+    return resolve_claim(client, args.claim, "--claim") if args.claim else None
+
+
+def _list_preemptions(client: Client, args: argparse.Namespace) -> Shown:
+    found = client.get(
+        "/v1/preemptions", claim=_claim_filter(client, args), kind=args.kind, limit=args.limit
+    )
+    rows = [
+        (p["id"], p["claim_id"], p["tenant"], p["kind"], p["node"] or "-", p["gpu"] or "-",
+         day(p["started_at"]), _seconds(p["seconds"]), p["reason"])
+        for p in found
+    ]  # fmt: skip
+    return Shown(found, table(PREEMPTION_COLUMNS, rows))
+
+
+def _seconds(value: float | None) -> str:
+    """A finished preemption's length; an open one is still going."""
+    return "open" if value is None else f"{value:.1f}"
+
+
+def _list_starvation(client: Client, args: argparse.Namespace) -> Shown:
+    found = client.get("/v1/starvation", claim=_claim_filter(client, args), limit=args.limit)
+    rows = [
+        (s["id"], s["claim_id"], s["tenant"], s["node"], s["gpu"], _percent(s["share"]),
+         _percent(s["harvestable_share"]), "yes" if s["open"] else "no", s["moved_to"] or "-",
+         day(s["started_at"]))
+        for s in found
+    ]  # fmt: skip
+    return Shown(found, table(STARVATION_COLUMNS, rows))
+
+
+def _percent(share: float) -> str:
+    return f"{share * 100:.0f}%"
+
+
+def _list_classes(client: Client, args: argparse.Namespace) -> Shown:
+    found: list[dict[str, Any]] = client.get("/v1/classes")
+    rows = [
+        (c["name"], c["provisioner"], _yes(c["evictable"]), f"{c['eviction_grace_s']:g}s",
+         _yes(c["replace_on_failure"]), _watched(c["starvation_share"]),
+         _yes(c["move_on_starvation"]), c["description"] or "-")
+        for c in found
+    ]  # fmt: skip
+    return Shown(found, table(CLASS_COLUMNS, rows))
+
+
+def _watched(share: float) -> str:
+    """A class's starvation share; 0 means its claims are not watched."""
+    return _percent(share) if share else "off"
+
+
+def _yes(value: bool) -> str:
+    return "yes" if value else "no"
