@@ -10,9 +10,23 @@
  * machine finishes first; a dead writer delays the events behind it this much, once. */
 #define TORN_WAIT_NS 250000000ull
 
-/* A writer of an earlier lap still at this slot after this many spins was killed mid-push:
- * take the slot over. Writing an event takes nanoseconds; this is about a millisecond. */
-#define TAKEOVER_SPINS (1u << 20)
+/* A writer of an earlier lap still at this slot this long after we first found it there was
+ * killed mid-push (or is descheduled: the slot's digest catches its late stores): take the
+ * slot over. Writing an event takes nanoseconds. The clock is read every TAKEOVER_CHECK
+ * spins, a few microseconds. */
+#define TAKEOVER_NS 1000000ull
+#define TAKEOVER_CHECK 64u
+
+/* Whether the earlier writer found at this slot has had its time (`since` 0: not timed yet). */
+static int writer_overdue(uint64_t *since, uint32_t spins)
+{
+    if (spins % TAKEOVER_CHECK != 0)
+        return 0;
+    uint64_t now = qs_now_ns();
+    if (*since == 0)
+        *since = now;
+    return now - *since > TAKEOVER_NS;
+}
 
 /* Make ticket `t` the slot's writer: 1 when it is, 0 when a later lap already holds the slot
  * (this event is overwritten before it is written, and the consumer counts it dropped). A
@@ -20,9 +34,9 @@
  * their events in one slot. */
 static int claim_slot(struct qs_ring_slot *slot, uint64_t t)
 {
-    uint64_t mine = 2 * t + 1, s = atomic_load(&slot->seq);
+    uint64_t mine = 2 * t + 1, s = atomic_load(&slot->seq), since = 0;
     for (uint32_t spins = 0; s < mine;) {
-        if ((s & 1) && spins++ < TAKEOVER_SPINS) {
+        if ((s & 1) && !writer_overdue(&since, spins++)) {
             qs_cpu_relax();
             s = atomic_load(&slot->seq);
         } else if (atomic_compare_exchange_weak(&slot->seq, &s, mine)) {
