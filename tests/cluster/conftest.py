@@ -207,3 +207,28 @@ async def api_url(database_url: str, bus_url: str, allocator: Allocator) -> Asyn
     )  # fmt: skip
     async with serving(create_app(settings), "127.0.0.1", port, grace_s=1):
         yield f"http://127.0.0.1:{port}"
+
+
+class Restarts:
+    """Stops and starts the session's preemptor (a new process would start the same way)."""
+
+    def __init__(self, preemptor: Preemptor) -> None:
+        self.preemptor = preemptor
+        self.stopped = False
+
+    async def stop(self) -> None:
+        self.stopped = True
+        await self.preemptor.stop()
+
+    async def start(self) -> None:
+        await self.preemptor.start()
+        self.stopped = False
+
+
+@pytest.fixture
+async def restartable(preemptor: Preemptor) -> AsyncIterator[Restarts]:
+    """The session's preemptor, for a test that stops and starts it; running again after."""
+    restarts = Restarts(preemptor)
+    yield restarts
+    if restarts.stopped:
+        await preemptor.start()

@@ -23,32 +23,7 @@ from qshare_driver import Client
 from qshare_node_agent.app import NodeAgent
 from qshare_preemptor.app import Preemptor
 
-from .conftest import StartAgent, eventually, ready_claim
-
-
-class Restarts:
-    """Stops and starts the session's preemptor (a new process would start the same way)."""
-
-    def __init__(self, preemptor: Preemptor) -> None:
-        self.preemptor = preemptor
-        self.stopped = False
-
-    async def stop(self) -> None:
-        self.stopped = True
-        await self.preemptor.stop()
-
-    async def start(self) -> None:
-        await self.preemptor.start()
-        self.stopped = False
-
-
-@pytest.fixture
-async def restartable(preemptor: Preemptor) -> AsyncIterator[Restarts]:
-    """The session's preemptor, for a test that stops and starts it; running again after."""
-    restarts = Restarts(preemptor)
-    yield restarts
-    if restarts.stopped:
-        await preemptor.start()
+from .conftest import Restarts, StartAgent, eventually, ready_claim
 
 
 @pytest.fixture

@@ -23,8 +23,8 @@ from qshare_node_agent.app import NodeAgent
 from qshare_preemptor.app import Preemptor
 from qshare_preemptor.service import PreemptionService
 
-from .conftest import StartAgent, eventually, ready_claim
-from .test_card_resync import Restarts, handled_both_cards
+from .conftest import Restarts, StartAgent, eventually, ready_claim
+from .test_card_resync import handled_both_cards
 
 
 @dataclass
@@ -66,14 +66,6 @@ async def gang(api: httpx.AsyncClient, start_agent: StartAgent, nc: Nats) -> Asy
         await bus.settled(nc)
         yield found
         await sub.unsubscribe()
-
-
-@pytest.fixture
-async def restartable(preemptor: Preemptor) -> AsyncIterator[Restarts]:
-    restarts = Restarts(preemptor)
-    yield restarts
-    if restarts.stopped:
-        await preemptor.start()
 
 
 async def handled(preemptor: Preemptor, act: Callable[[], Any]) -> None:
