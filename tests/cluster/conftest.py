@@ -16,6 +16,7 @@ import httpx
 import nats
 import pytest
 from nats.aio.client import Client
+from sqlalchemy import make_url, text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from qshare.settings import ClusterSettings
@@ -232,3 +233,17 @@ async def restartable(preemptor: Preemptor) -> AsyncIterator[Restarts]:
     yield restarts
     if restarts.stopped:
         await preemptor.start()
+
+
+@pytest.fixture
+async def scratch_url(database_url: str) -> AsyncIterator[str]:
+    """A fresh, empty database on the session's server; dropped after the test."""
+    name = f"qshare_migration_{os.getpid()}"
+    admin = create_async_engine(database_url, isolation_level="AUTOCOMMIT")
+    async with admin.connect() as conn:
+        await conn.execute(text(f"DROP DATABASE IF EXISTS {name}"))
+        await conn.execute(text(f"CREATE DATABASE {name}"))
+    yield make_url(database_url).set(database=name).render_as_string(hide_password=False)
+    async with admin.connect() as conn:
+        await conn.execute(text(f"DROP DATABASE {name} WITH (FORCE)"))
+    await admin.dispose()

@@ -4,12 +4,9 @@ other records none, and the downgrade drops the column again (on a database of i
 from __future__ import annotations
 
 import asyncio
-import os
-from collections.abc import AsyncIterator
 
-import pytest
 from alembic import command
-from sqlalchemy import make_url, text
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from qshare_allocator.migrate import alembic_config, upgrade
@@ -19,20 +16,6 @@ RECORDS = [
     ("00000000-0000-0000-0000-000000000002", "gang", "GPU-b", "now()"),
     ("00000000-0000-0000-0000-000000000003", "operator", None, None),
 ]
-
-
-@pytest.fixture
-async def scratch_url(database_url: str) -> AsyncIterator[str]:
-    """A fresh, empty database on the session's server; dropped after the test."""
-    name = f"qshare_migration_{os.getpid()}"
-    admin = create_async_engine(database_url, isolation_level="AUTOCOMMIT")
-    async with admin.connect() as conn:
-        await conn.execute(text(f"DROP DATABASE IF EXISTS {name}"))
-        await conn.execute(text(f"CREATE DATABASE {name}"))
-    yield make_url(database_url).set(database=name).render_as_string(hide_password=False)
-    async with admin.connect() as conn:
-        await conn.execute(text(f"DROP DATABASE {name} WITH (FORCE)"))
-    await admin.dispose()
 
 
 async def test_open_gang_records_name_their_card_as_busy_and_the_downgrade_drops_the_column(

@@ -15,7 +15,7 @@ from qshare.contracts.domain import Priority
 from qshare.contracts.schema import claims
 from qshare_allocator.app import Allocator
 
-from .conftest import StartAgent, claim_until, create_claim
+from .conftest import StartAgent, claim_until, create_claim, eventually
 
 
 async def short_grace(engine: AsyncEngine, seconds: float = 0.5) -> None:
@@ -194,3 +194,36 @@ async def test_victims_of_classes_with_different_grace_periods_leave_together(
     await claim_until(api, high["id"], "ready")
     records = (await api.get("/v1/preemptions")).json()
     assert [r["claim_id"] for r in records].count(low["id"]) == 1
+
+
+async def test_a_waiting_claim_evicts_while_claims_are_evicted_for_another(
+    api: httpx.AsyncClient, start_agent: StartAgent, engine: AsyncEngine
+) -> None:
+    """Claim a's eviction runs (30 s grace) on one node; b waits on the other node until a
+    high-priority claim leaves there, then evicts for itself without waiting for a's."""
+    await short_grace(engine, 30.0)
+    await start_agent(cards=1, memory="16Gi", labels={"pool": "a"})
+    await start_agent(cards=1, memory="16Gi", labels={"pool": "b"})
+    first = await create_claim(api, node_selector={"pool": "a"}, vmemory="16Gi", vcore=10)
+    held = await create_claim(
+        api, priority="high", node_selector={"pool": "b"}, vcore=40, vmemory="8Gi"
+    )
+    second = await create_claim(api, node_selector={"pool": "b"}, vmemory="8Gi", vcore=10)
+    await claim_until(api, second["id"], "ready")
+    a = await create_claim(
+        api, priority="high", node_selector={"pool": "a"}, vcore=40, vmemory="8Gi"
+    )
+    assert "waiting for 1 low-priority claim(s)" in a["reason"]
+    b = await create_claim(
+        api, priority="high", node_selector={"pool": "b"}, vcore=40, vmemory="10Gi"
+    )
+    assert b["status"] == "pending" and "evicted" not in b["reason"]
+    assert (await api.delete(f"/v1/claims/{held['id']}")).status_code == 200
+
+    async def evicting() -> bool:
+        body = (await api.get(f"/v1/claims/{b['id']}")).json()
+        return "waiting for 1 low-priority claim(s)" in (body.get("reason") or "")
+
+    await eventually(evicting, 10)
+    records = (await api.get("/v1/preemptions", params={"kind": "eviction"})).json()
+    assert sorted(r["claim_id"] for r in records) == sorted([first["id"], second["id"]])

@@ -118,9 +118,10 @@ class ClaimService:
         self, conn: AsyncConnection, claim_id: uuid.UUID, demand: Demand
     ) -> None:
         """A waiting high-priority claim evicts as a new one would: capacity it waited for
-        may since have gone to low priority. Not while any eviction is under way: those
-        free room, and their end brings the sweep back (so one claim never evicts twice)."""
-        if await eviction.under_way(conn):
+        may since have gone to low priority. Not while claims are being evicted for it: their
+        end places it (so one claim never evicts twice). Evictions for other claims do not
+        hold it back."""
+        if await eviction.under_way_for(conn, claim_id):
             return
         victims = await eviction_plan.plan(conn, demand, self._rules.node_timeout_s)
         if victims and await eviction.lock_victims(conn, victims):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import uuid
 from datetime import timedelta
 
-from sqlalchemy import Text, cast, func, insert, literal, select, update
+from sqlalchemy import func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from qshare.contracts.domain import HOLDING_STATUSES, ClaimStatus, Priority
@@ -17,14 +17,22 @@ from qshare_allocator.claims.transitions import emit, transition
 from qshare_allocator.placement.eviction_plan import Victim
 
 EVICTED_FOR = "evicted for high-priority claim "
-"""An eviction record's reason, followed by the id of the claim it makes room for."""
+"""An eviction record's reason, followed by the id of the claim it makes room for (which
+the record's `for_claim` holds)."""
 
 
-async def under_way(conn: AsyncConnection) -> bool:
-    """Whether any claim is being evicted now."""
-    evicting = select(claims.c.id).where(
-        claims.c.evict_at.is_not(None), claims.c.status.in_(HOLDING_STATUSES)
-    )
+async def under_way_for(conn: AsyncConnection, claim_id: uuid.UUID) -> bool:
+    """Whether claims are being evicted for `claim_id` now (a record whose victim left
+    some other way, deleted or failed during its grace, does not count)."""
+    evicting = (
+        select(preemptions.c.id)
+        .join(claims, claims.c.id == preemptions.c.claim_id)
+        .where(
+            preemptions.c.for_claim == claim_id, preemptions.c.ended_at.is_(None),
+            preemptions.c.kind == "eviction", claims.c.evict_at.is_not(None),
+            claims.c.status.in_(HOLDING_STATUSES),
+        )
+    )  # fmt: skip
     return (await conn.execute(evicting.limit(1))).first() is not None
 
 
@@ -62,7 +70,7 @@ async def start(
         reason = f"{EVICTED_FOR}{for_claim}"
         await conn.execute(insert(preemptions).values(
             claim_id=victim.claim_id, tenant=victim.tenant, gpu_uuid=victim.gpu,
-            node_name=victim.node, kind="eviction", reason=reason,
+            node_name=victim.node, kind="eviction", reason=reason, for_claim=for_claim,
         ))  # fmt: skip
         await emit(conn, source, victim.claim_id, "evicting")
     cards = ", ".join(dict.fromkeys(v.gpu for v in victims))
@@ -104,14 +112,14 @@ async def _lock_evicted_for(conn: AsyncConnection, victims: list[uuid.UUID]) -> 
     """The pending high-priority claims `victims` were evicted for, locked in id order before
     any node is: a sweep holding one finishes first (it finds the victims still there and
     evicts no more), as a resize or delete of it does (they take the claim, then the node)."""
-    records = select(preemptions.c.reason).where(
+    records = select(preemptions.c.for_claim).where(
         preemptions.c.claim_id.in_(victims), preemptions.c.kind == "eviction",
         preemptions.c.ended_at.is_(None),
     )  # fmt: skip
     query = (
         select(claims.c.id)
         .where(
-            (literal(EVICTED_FOR) + cast(claims.c.id, Text)).in_(records),
+            claims.c.id.in_(records),
             claims.c.status == ClaimStatus.PENDING.value,
             claims.c.priority == Priority.HIGH.value,
         )

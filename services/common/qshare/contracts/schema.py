@@ -181,9 +181,11 @@ preemptions = Table(
     Column("reason", Text, nullable=False),
     Column("started_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("ended_at", DateTime(timezone=True), nullable=True),
+    Column("for_claim", Uuid, nullable=True),
     Column("busy_gpus", ARRAY(Text), nullable=True),
     CheckConstraint("kind IN ('gang', 'operator', 'eviction')", name="preemptions_known_kind"),
     Index("preemptions_open", "claim_id", postgresql_where=text("ended_at IS NULL")),
+    Index("preemptions_open_for_claim", "for_claim", postgresql_where=text("ended_at IS NULL")),
     Index("preemptions_by_time", "started_at", "id"),
 )
 """Suspensions the control plane made (gang, operator) and memory evictions; open while
