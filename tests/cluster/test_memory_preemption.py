@@ -227,3 +227,22 @@ async def test_a_waiting_claim_evicts_while_claims_are_evicted_for_another(
     await eventually(evicting, 10)
     records = (await api.get("/v1/preemptions", params={"kind": "eviction"})).json()
     assert sorted(r["claim_id"] for r in records) == sorted([first["id"], second["id"]])
+
+
+async def test_the_eviction_record_of_a_victim_deleted_during_its_grace_ends(
+    api: httpx.AsyncClient, start_agent: StartAgent, engine: AsyncEngine
+) -> None:
+    await short_grace(engine, 30.0)
+    await start_agent(cards=1, memory="4Gi")
+    low = await create_claim(api, vmemory="4Gi")
+    await claim_until(api, low["id"], "ready")
+    high = await create_claim(api, priority="high", vcore=50, vmemory="4Gi")
+    assert "waiting for 1 low-priority claim(s)" in high["reason"]
+    assert (await api.delete(f"/v1/claims/{low['id']}")).status_code == 200
+
+    async def ended() -> bool:
+        records = (await api.get("/v1/preemptions", params={"claim": low["id"]})).json()
+        return [r["ended_at"] is not None for r in records] == [True]
+
+    await eventually(ended, 10)
+    await claim_until(api, high["id"], "ready")

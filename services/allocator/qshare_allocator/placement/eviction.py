@@ -92,6 +92,7 @@ async def finish_due(conn: AsyncConnection, source: str) -> tuple[int, list[uuid
             .with_for_update(skip_locked=True)
         )
     ).all()
+    await _end_records_of_departed(conn)
     if not due:
         return 0, []
     waiting = await _lock_evicted_for(conn, [row.id for row in due])
@@ -106,6 +107,18 @@ async def finish_due(conn: AsyncConnection, source: str) -> tuple[int, list[uuid
             .values(ended_at=func.now())
         )  # fmt: skip
     return len(due), waiting
+
+
+async def _end_records_of_departed(conn: AsyncConnection) -> None:
+    """End the open eviction records of victims that left before their grace was over
+    (deleted, failed): nothing else would, and the listing would show them open for good."""
+    departed = select(claims.c.id).where(claims.c.status.not_in(HOLDING_STATUSES))
+    await conn.execute(
+        update(preemptions)
+        .where(preemptions.c.kind == "eviction", preemptions.c.ended_at.is_(None),
+               preemptions.c.claim_id.in_(departed))
+        .values(ended_at=func.now())
+    )  # fmt: skip
 
 
 async def _lock_evicted_for(conn: AsyncConnection, victims: list[uuid.UUID]) -> list[uuid.UUID]:
