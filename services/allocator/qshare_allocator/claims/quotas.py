@@ -5,17 +5,13 @@ locked, so concurrent creates of one tenant are checked one after another."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from sqlalchemy import Select, func, select
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from qshare.contracts.domain import ClaimStatus
 from qshare.contracts.errors import Conflict, FieldError
-from qshare.contracts.schema import claims, quotas
+from qshare.contracts.rows import quota_usage
+from qshare.contracts.schema import quotas
 from qshare_allocator.placement.demand import Demand
-
-LIVE = (ClaimStatus.PENDING.value, ClaimStatus.PLACED.value, ClaimStatus.READY.value)
 
 
 async def check_quota(conn: AsyncConnection, tenant: str, demand: Demand) -> None:
@@ -36,9 +32,9 @@ async def _check(
     quota = (await conn.execute(query)).one_or_none()
     if quota is None:
         return
-    used = (await conn.execute(_usage(tenant))).one()
+    used = (await conn.execute(quota_usage(tenant))).one()
     wanted = {  # field: (limit, what this adds, in use with it, unit)
-        "vmemory": (quota.memory_mib, memory_mib, used.memory + memory_mib, "MiB"),
+        "vmemory": (quota.memory_mib, memory_mib, used.memory_mib + memory_mib, "MiB"),
         "count": (quota.cards, cards, used.cards + cards, "cards"),
         "pending": (quota.pending, pending, used.pending + pending, "pending claims"),
     }
@@ -49,14 +45,3 @@ async def _check(
     ]
     if errors:
         raise Conflict(f"tenant {tenant}: " + "; ".join(e.message for e in errors), errors)
-
-
-def _usage(tenant: str) -> Select[Any]:
-    live = claims.c.status.in_(LIVE)
-    return select(
-        func.coalesce(func.sum(claims.c.vmemory_mib * claims.c.count).filter(live), 0).label(
-            "memory"
-        ),
-        func.coalesce(func.sum(claims.c.count).filter(live), 0).label("cards"),
-        func.count().filter(claims.c.status == ClaimStatus.PENDING.value).label("pending"),
-    ).where(claims.c.tenant == tenant)

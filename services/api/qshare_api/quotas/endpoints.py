@@ -4,17 +4,17 @@ under `/v1/quotas/`, where `me` would be a tenant's name)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Query, status
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy import Select, delete, func, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.dialects.postgresql import insert
 
 from qshare.contracts.claims import WHOLE, MemoryMiB
-from qshare.contracts.domain import ClaimStatus
 from qshare.contracts.errors import Forbidden, NotFound
-from qshare.contracts.schema import claims, quotas
+from qshare.contracts.rows import quota_usage
+from qshare.contracts.schema import quotas
 from qshare_api.auth import Admin, Caller
 from qshare_api.params import NO_NUL
 from qshare_api.problems import PROBLEMS
@@ -28,8 +28,6 @@ Limit = Annotated[int | None, Field(ge=0, le=1_000_000), WHOLE]
 TenantQuery = Annotated[
     str | None, Query(min_length=1, max_length=128, pattern=NO_NUL, description="admins only")
 ]
-LIVE = (ClaimStatus.PENDING.value, ClaimStatus.PLACED.value, ClaimStatus.READY.value)
-"""Claims the quota counts (as the allocator does): pending ones too."""
 
 
 class QuotaSpec(BaseModel):
@@ -72,22 +70,12 @@ async def my_quota(caller: Caller, res: Res, tenant: TenantQuery = None) -> Quot
     whose = tenant or caller.tenant
     async with res.reader.connect() as conn:
         row = (await conn.execute(select(quotas).where(quotas.c.tenant == whose))).one_or_none()
-        used = (await conn.execute(_usage(whose))).one()
+        used = (await conn.execute(quota_usage(whose))).one()
     limits = row._mapping if row is not None else {}
     return QuotaAndUsage(
         tenant=whose, memory_mib=limits.get("memory_mib"), cards=limits.get("cards"),
         pending=limits.get("pending"), usage=Usage.model_validate(used._mapping),
     )  # fmt: skip
-
-
-def _usage(tenant: str) -> Select[Any]:
-    live = claims.c.status.in_(LIVE)
-    memory = func.sum(claims.c.vmemory_mib * claims.c.count).filter(live)
-    return select(
-        func.coalesce(memory, 0).label("memory_mib"),
-        func.coalesce(func.sum(claims.c.count).filter(live), 0).label("cards"),
-        func.count().filter(claims.c.status == ClaimStatus.PENDING.value).label("pending"),
-    ).where(claims.c.tenant == tenant)
 
 
 @router.put("/{tenant}", response_model=Quota, summary="Set a tenant's quota (admins)")

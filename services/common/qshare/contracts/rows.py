@@ -5,13 +5,13 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from sqlalchemy import ColumnElement, Row, func, select, text
+from sqlalchemy import ColumnElement, Row, Select, func, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from qshare.contracts.claims import ClaimView, PlacementOverride, VgpuView
 from qshare.contracts.domain import ClaimStatus, NodeStatus, Priority
 from qshare.contracts.nodes import NodeView
-from qshare.contracts.schema import gpus, nodes, vgpus
+from qshare.contracts.schema import claims, gpus, nodes, vgpus
 
 
 def claim_view(row: Row[Any], held: list[VgpuView]) -> ClaimView:
@@ -114,3 +114,18 @@ def _node_view(row: Row[Any]) -> NodeView:
         memory_mib=row.memory_mib,
         free_mib=row.free_mib,
     )
+
+
+QUOTA_COUNTED = (ClaimStatus.PENDING.value, ClaimStatus.PLACED.value, ClaimStatus.READY.value)
+"""Claims a tenant's quota counts: every claim not yet released or failed, pending ones too."""
+
+
+def quota_usage(tenant: str) -> Select[Any]:
+    """What `tenant`'s claims use of its quota: `memory_mib`, `cards` (vGPUs), `pending`."""
+    counted = claims.c.status.in_(QUOTA_COUNTED)
+    memory = func.sum(claims.c.vmemory_mib * claims.c.count).filter(counted)
+    return select(
+        func.coalesce(memory, 0).label("memory_mib"),
+        func.coalesce(func.sum(claims.c.count).filter(counted), 0).label("cards"),
+        func.count().filter(claims.c.status == ClaimStatus.PENDING.value).label("pending"),
+    ).where(claims.c.tenant == tenant)
