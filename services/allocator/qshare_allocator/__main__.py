@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from qshare import startup
 from qshare.contracts.tracing import otlp_settings
-from qshare.envsettings import SettingsError, load, report
+from qshare.envsettings import SettingsError, load, report, say
 from qshare_allocator.app import Allocator
 from qshare_allocator.migrate import upgrade
 from qshare_allocator.settings import AllocatorSettings
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 0
     except startup.CANNOT_START as exc:
-        startup.report(PROGRAM, startup.cannot_start(exc, ENV_PREFIX, settings.database_url))
+        say(PROGRAM, startup.cannot_start(exc, ENV_PREFIX, settings.database_url))
         return 1
     return 0
 

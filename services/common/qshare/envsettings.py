@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
 
 from pydantic import AliasChoices, SecretStr, ValidationError
@@ -60,10 +60,15 @@ def describe(
 
 
 def report(exc: SettingsError, prog: str) -> int:
-    """Print the problems to stderr, each after `prog: `; the exit status to return."""
-    for problem in exc.problems:
-        print(f"{prog}: {problem}", file=sys.stderr)
+    """Print the problems to stderr; the exit status to return."""
+    say(prog, exc.problems)
     return EXIT_BAD_SETTINGS
+
+
+def say(prog: str, lines: Iterable[str]) -> None:
+    """Each line to stderr after `prog: ` (what a service prints instead of a traceback)."""
+    for line in lines:
+        print(f"{prog}: {line}", file=sys.stderr)
 
 
 def env_names(cls: type[BaseSettings], name: str) -> list[str]:

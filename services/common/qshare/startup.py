@@ -3,9 +3,6 @@ line each, instead of a traceback."""
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Iterable
-
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
@@ -25,11 +22,6 @@ def cannot_start(exc: BaseException, env_prefix: str, database_url: str) -> list
             "the form is postgresql+asyncpg://USER:PASSWORD@HOST:PORT/DATABASE"
         )
     return lines
-
-
-def report(program: str, lines: Iterable[str]) -> None:
-    for line in lines:
-        print(f"{program}: {line}", file=sys.stderr)
 
 
 def _shown(url: str) -> str:

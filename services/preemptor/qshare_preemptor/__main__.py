@@ -19,7 +19,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ).parse_args(argv)
     from qshare import startup
     from qshare.contracts.tracing import otlp_settings
-    from qshare.envsettings import SettingsError, load, report
+    from qshare.envsettings import SettingsError, load, report, say
     from qshare_preemptor.app import Preemptor
     from qshare_preemptor.settings import PreemptorSettings
 
@@ -35,7 +35,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except startup.CANNOT_START as exc:
         lines = startup.cannot_start(exc, "QSHARE_PREEMPTOR_", settings.database_url)
-        startup.report("qshare preemptor", lines)
+        say("qshare preemptor", lines)
         return 1
     return 0
 
