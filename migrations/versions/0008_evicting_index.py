@@ -1,5 +1,5 @@
-"""Claims being evicted: the partial index `claims_evicting` serves the sweep's "is any
-eviction under way" check and the dispatcher's search for victims whose grace is over.
+"""Claims being evicted: the partial index `claims_evicting` serves the dispatcher's
+search for victims whose grace is over, every scan.
 
 Revision ID: 0008
 Revises: 0007

@@ -164,7 +164,7 @@ class ClaimService:
         pending sweep evicts for it later."""
         timeout_s = self._rules.node_timeout_s
         for _ in range(PLACE_ATTEMPTS):
-            if choice := await find_and_lock(conn, demand, self._rules.node_timeout_s):
+            if choice := await find_and_lock(conn, demand, timeout_s):
                 return choice, None
             reason = await why_not(conn, demand, timeout_s)
             victims = await eviction_plan.plan(conn, demand, timeout_s)

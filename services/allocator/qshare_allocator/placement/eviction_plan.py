@@ -187,6 +187,7 @@ def _cards_query(whole: bool) -> Any:
     ).order_by(gpus.c.node_name, gpus.c.idx)  # fmt: skip
 
 
+@functools.cache
 def _evictable_query() -> Any:
     return (
         select(
