@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import nats
 import pytest
+from alembic import command
 from nats.aio.client import Client
 from sqlalchemy import make_url, text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
@@ -23,7 +24,7 @@ from qshare.settings import ClusterSettings
 from qshare.testing.inventory import empty_tables
 from qshare.testing.servers import EmbeddedNats, EmbeddedPostgres, nats_url, postgres_url
 from qshare_allocator.app import Allocator
-from qshare_allocator.migrate import upgrade
+from qshare_allocator.migrate import alembic_config, upgrade
 from qshare_allocator.settings import AllocatorSettings
 from qshare_api.app import create_app
 from qshare_api.settings import ApiSettings
@@ -247,3 +248,17 @@ async def scratch_url(database_url: str) -> AsyncIterator[str]:
     async with admin.connect() as conn:
         await conn.execute(text(f"DROP DATABASE {name} WITH (FORCE)"))
     await admin.dispose()
+
+
+async def preemption_columns_after_downgrade(url: str, revision: str) -> list[str]:
+    """Downgrade the database at `url` to `revision`; the columns `preemptions` has then."""
+    await asyncio.to_thread(command.downgrade, alembic_config(url), revision)
+    engine = create_async_engine(url)
+    columns = text(
+        "SELECT column_name FROM information_schema.columns WHERE table_name = 'preemptions'"
+    )
+    try:
+        async with engine.connect() as conn:
+            return list((await conn.execute(columns)).scalars().all())
+    finally:
+        await engine.dispose()

@@ -4,13 +4,12 @@ own)."""
 
 from __future__ import annotations
 
-import asyncio
-
-from alembic import command
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from qshare_allocator.migrate import alembic_config, upgrade
+from qshare_allocator.migrate import upgrade
+
+from .conftest import preemption_columns_after_downgrade
 
 FOR = "0000000a-0000-0000-0000-00000000000a"
 RECORDS = [
@@ -36,10 +35,5 @@ async def test_open_eviction_records_name_the_claim_they_make_room_for(scratch_u
     query = text("SELECT for_claim::text FROM preemptions ORDER BY claim_id")
     async with engine.connect() as conn:
         assert (await conn.execute(query)).scalars().all() == [FOR, None, None]
-    await asyncio.to_thread(command.downgrade, alembic_config(scratch_url), "0008")
-    columns = text(
-        "SELECT column_name FROM information_schema.columns WHERE table_name = 'preemptions'"
-    )
-    async with engine.connect() as conn:
-        assert "for_claim" not in (await conn.execute(columns)).scalars().all()
     await engine.dispose()
+    assert "for_claim" not in await preemption_columns_after_downgrade(scratch_url, "0008")
