@@ -12,15 +12,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import statistics
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from qshare.bench.stats import percentiles
 from qshare.contracts.claims import ClaimSpec, CreateClaim
 from qshare.contracts.domain import Priority
 from qshare.contracts.nodes import GpuSpec, NodeRegistration
+from qshare.db import in_transaction
 from qshare.settings import ClusterSettings
 from qshare.testing.servers import EmbeddedPostgres
 
@@ -93,7 +96,9 @@ async def _fill(engine: AsyncEngine, scale: Scale) -> int:
         cards = [GpuSpec(uuid=f"GPU-{n}-{c}", index=c, model="A100", memory=f"{CARD_GIB}Gi")
                  for c in range(scale.cards)]  # fmt: skip
         registration = NodeRegistration(name=f"node-{n}", gpus=cards)
-        await _in_tx(engine, functools.partial(inventory.register, registration=registration))
+        await in_transaction(
+            engine, functools.partial(inventory.register, registration=registration)
+        )
     total = scale.nodes * scale.cards
     await _create(engine, Priority.HIGH, HIGH_GIB, total)  # one a card: HP spreads from HP
     await _create(engine, Priority.LOW, LOW_GIB, 2 * total)
@@ -111,7 +116,7 @@ async def _create(engine: AsyncEngine, priority: Priority, gib: int, count: int)
     spec = ClaimSpec(priority=priority, vcore=10, vmemory=gib * 1024)
     command = CreateClaim(tenant="admin", spec=spec)
     for _ in range(count):
-        await _in_tx(engine, functools.partial(service.create, command=command))
+        await in_transaction(engine, functools.partial(service.create, command=command))
 
 
 async def _measure(engine: AsyncEngine, priority: Priority, rounds: int) -> dict[str, Any]:
@@ -128,13 +133,13 @@ async def _measure(engine: AsyncEngine, priority: Priority, rounds: int) -> dict
         while True:
             start = time.perf_counter()
             place = functools.partial(service.place_pending, after=cursor, priority=priority)
-            cursor = await _in_tx(engine, place)
+            cursor = await in_transaction(engine, place)
             if cursor is None:
                 break
             samples.append((time.perf_counter() - start) * 1000)
         sweeps.append(time.perf_counter() - began)
-    return {"claims": len(samples) // rounds, "per_claim_ms": _percentiles(samples),
-            "sweep_s_median": sorted(sweeps)[len(sweeps) // 2]}  # fmt: skip
+    return {"claims": len(samples) // rounds, "per_claim_ms": percentiles(samples, (50, 99)),
+            "sweep_s_median": statistics.median(sweeps)}  # fmt: skip
 
 
 async def _forget_pending(engine: AsyncEngine) -> None:
@@ -144,17 +149,3 @@ async def _forget_pending(engine: AsyncEngine) -> None:
 
     async with engine.begin() as conn:
         await conn.execute(delete(claims).where(claims.c.status == "pending"))
-
-
-async def _in_tx(engine: AsyncEngine, work: Any) -> Any:
-    async with engine.begin() as conn:
-        return await work(conn)
-
-
-def _percentiles(samples: list[float]) -> dict[str, float]:
-    ordered = sorted(samples)
-
-    def at(q: float) -> float:
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-    return {"p50": at(0.5), "p99": at(0.99)}
