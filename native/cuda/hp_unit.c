@@ -49,7 +49,8 @@ int qsc_hp_coalescable(CUstream stream) {
  * qsc_stream_unrecordable on the completion thread) says the stream must not be used, or it
  * or the fence was destroyed. */
 static CUresult record_fence_locked(int (*capturing)(CUstream)) {
-    if (hp.fence_epoch != qsc_ctx_epoch() || hp.stream_gone) return CUDA_ERROR_INVALID_HANDLE;
+    if (hp.fence_epoch != qsc_ctx_epoch(hp.ctx) || hp.stream_gone)
+        return CUDA_ERROR_INVALID_HANDLE;
     if (capturing(hp.stream)) return CUDA_ERROR_NOT_PERMITTED; /* never record into a capture */
     if (hp.interval_ns) hp.recorded_ns = qs_now_ns(); /* for pace(): no clock read unpaced */
     CUresult rc = QSC_REAL(qsc_event_record_fn, cuEventRecord)(hp.fence, hp.stream);
@@ -119,7 +120,8 @@ static int try_close(void) {
 
 /* One round: wait for the fence; cover what came after it, or end the unit. */
 static void complete_round(void) {
-    if (hp.fence_epoch == qsc_ctx_epoch()) QSC_REAL(qsc_event_fn, cuEventSynchronize)(hp.fence);
+    if (hp.fence_epoch == qsc_ctx_epoch(hp.ctx))
+        QSC_REAL(qsc_event_fn, cuEventSynchronize)(hp.fence);
     pace();
     uint64_t n = atomic_load(&hp.launched);
     if (atomic_load(&hp.pending)) {
@@ -157,7 +159,7 @@ static void *completion_main(void *arg) {
 
 static void start_completion(void) {
     hp.interval_ns = fence_interval_ns();
-    qsc_start_thread(completion_main, "the high-priority completion thread");
+    qsc_start_thread(completion_main, NULL, "the high-priority completion thread");
 }
 
 void qsc_hp_forked(void) {
@@ -196,7 +198,7 @@ int qsc_hp_try_open(void) {
  * the completion thread, or give the slot back. Returns 0 when the unit could not open. */
 int qsc_hp_opened(CUstream stream, CUcontext ctx, CUresult submitted) {
     typedef CUresult (*create_fn)(CUevent *, unsigned int);
-    uint64_t epoch = qsc_ctx_epoch();
+    uint64_t epoch = qsc_ctx_epoch(ctx);
     int stale = hp.ctx != ctx || hp.fence == NULL || hp.fence_epoch != epoch;
     if (submitted == CUDA_SUCCESS && stale) {
         if (hp.fence != NULL && hp.fence_epoch == epoch) /* a dead one is forgotten */

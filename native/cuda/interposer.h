@@ -168,14 +168,14 @@ const qsc_session *qsc_session_get(void);
  * detached session (client NULL, failure CUDA_ERROR_DEINITIALIZED). Never NULL; nests. */
 const qsc_session *qsc_enter(void);
 void qsc_leave(const qsc_session *s);
-/* Start `main` on a detached thread; if it cannot start, warn (once) that `what` cannot
+/* Start `main(arg)` on a detached thread; if it cannot start, warn (once) that `what` cannot
  * start and return nonzero. */
-int qsc_start_thread(void *(*main)(void *), const char *what);
+int qsc_start_thread(void *(*main)(void *), void *arg, const char *what);
 /* Moves whenever a context is destroyed (cuCtxDestroy, cuDevicePrimaryCtxReset, the release
  * of the primary context's last reference): events the
  * interposer made under an earlier epoch may have died with it, so they are forgotten (never
  * used or destroyed again) and made anew. */
-uint64_t qsc_ctx_epoch(void);
+uint64_t qsc_ctx_epoch(CUcontext ctx);
 /* First call of every thread the interposer starts (it waits on events): another thread's
  * graph capture neither forbids those waits nor is invalidated by them. */
 void qsc_thread_ignores_captures(void);
@@ -191,6 +191,7 @@ enum {
     QSC_WARN_RING,
     QSC_WARN_EXIT,
     QSC_WARN_CONFIG,
+    QSC_WARN_STREAMS,
     QSC_WARN_COUNT
 };
 /* Map a failing qs_status to the CUresult returned to the program. */
@@ -246,10 +247,16 @@ void qsc_lp_stream_destroyed(const qsc_session *s, CUstream stream);
 /* ---- low priority's launches tracked by batch (lp_batch.c) ---- */
 /* Launches a low-priority process may have between begin and end (all paths together). */
 #define QSC_LP_MAX_INFLIGHT (1u << 20)
-/* 1 if launches into `stream` from context `ctx` are tracked by batch (the first such
- * launch chooses the stream, and binds the device gate when asked for). */
+/* Streams tracked by batch at once; launches into more go one unit each (tracker.c). */
+#define LP_STREAMS 16u
+/* 1 if launches into `stream` from context `ctx` are tracked by batch: every stream the
+ * process launches into, while fewer than LP_STREAMS are tracked (the first binds the device
+ * gate when asked for). The batched calls below then apply to that stream, on this thread. */
 int qsc_lp_tracks(const qsc_session *s, CUstream stream, CUcontext ctx);
-/* Wait while the batched launches in flight are estimated at `window_ns` or more. */
+/* Context `ctx` (NULL: every context) is destroyed: its tracked streams die with it. */
+void qsc_lp_context_dies(CUcontext ctx);
+/* Wait while the batched launches in flight, summed over the process's streams, are
+ * estimated at `window_ns` or more. */
 void qsc_lp_wait_window(uint64_t window_ns);
 /* Before a batched launch: when nothing is in flight, mark where its batch starts. */
 void qsc_lp_opening(const qsc_session *s);

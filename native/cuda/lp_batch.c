@@ -1,16 +1,19 @@
-/* lp_batch.c — low priority's launches into one stream, tracked by batch. Each launch is
- * gated (qs_launch_begin: it blocks at once when the gate closes) and counted; completion
- * is seen through one timed fence event behind a batch of launches, recorded by the
- * launch that closes the batch (its launches' estimated device time reached a quarter of
- * the window) or, at the end of a burst, by a completion thread that waits on the fences
- * in order, ends their launches (qs_launch_end), accounts the device time between
- * consecutive fences and keeps the estimate of device time per launch. A launch waits
- * while the process's launches in flight are estimated at the card's window or more
+/* lp_batch.c — low priority's launches, tracked by batch in every stream the process
+ * launches into (up to LP_STREAMS at once). Each launch is gated (qs_launch_begin: it blocks
+ * at once when the gate closes) and counted; completion is seen, per stream, through one timed
+ * fence event behind a batch of that stream's launches (fences order only the work of their
+ * own stream), recorded by the launch that closes the batch (its launches' estimated device
+ * time reached a quarter of the window) or, at the end of a burst, by the stream's completion
+ * thread, which waits on the stream's fences in order, ends their launches (qs_launch_end),
+ * accounts the device time between consecutive fences and keeps the estimate of device time
+ * per launch. Every stream shares one window: a launch waits while the process's launches in
+ * flight, summed over its streams, are estimated at the card's window or more
  * (qs_client_lp_window_ns, re-read at every batch), so the device stays fed while high
  * priority, when the gate closes, waits at most for the window; with the device gate
  * (lp_device_gate.c) high priority waits for a slice instead and the window is the deep one.
- * A launch that neither blocks nor closes a batch makes no system call and takes no lock.
- * Other streams use tracker.c's per-launch units. */
+ * A launch that neither blocks nor closes a batch makes no system call and takes no lock (the
+ * first launch into a new stream binds it under a lock). Streams beyond LP_STREAMS use
+ * tracker.c's per-launch units. */
 #include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -20,45 +23,69 @@
 #include "internal.h"
 #include "interposer.h"
 
-#define FENCES 16u        /* batches in flight, plus the completed one kept as reference */
+#define FENCES 16u        /* batches in flight per stream, plus the completed one as reference */
 #define EST_INITIAL_DIV 8 /* before any batch was measured: a launch costs window / 8 */
 #define BATCH_DIV 4       /* a batch closes at a quarter of the window */
 #define BATCH_MAX 256u    /* ... or at this many launches, whatever the estimate */
 #define TAIL_QUIET_NS 50000ull /* launches this far apart end a burst: its tail gets a fence */
+#define STREAM_QUIET_NS 1000000ull /* ... or a stream's own launches, while others go on */
 
-enum { UNBOUND = 0, BINDING = 1, BOUND = 2 };
-#define STREAM_GONE ((CUstream)(uintptr_t)-1) /* the tracked stream once destroyed */
+#define STREAM_GONE ((CUstream)(uintptr_t)-1) /* a tracked stream once destroyed */
 
 typedef struct fence {
     CUevent ev;
-    uint64_t epoch;    /* qsc_ctx_epoch when `ev` was made */
-    uint64_t covered;  /* `launched` when recorded: every launch it completes */
+    uint64_t epoch;    /* qsc_ctx_epoch of the stream's context when `ev` was made */
+    uint64_t covered;  /* the stream's `launched` when recorded: every launch it completes */
     uint64_t episodes; /* the card's HP episodes when recorded (qs_client_hp_episodes) */
+    int untimed; /* its batch began in an idle stream with no marker: not measured */
 } fence;
 
-static struct {
-    _Atomic uint32_t bound; /* the tracked stream and context are chosen by the first launch */
-    _Atomic(CUstream) stream; /* STREAM_GONE once the program destroyed it */
-    CUcontext ctx;
-    qs_client *client; /* the process's, as of binding: used only within a launch's qsc_enter */
+/* One tracked stream. Free while `claimed` is 0; bound while `stream` names it; STREAM_GONE
+ * once the program destroyed it (or its context), until its completion thread has ended its
+ * launches and frees the slot for another stream. */
+typedef struct lp_stream {
+    _Atomic(CUstream) stream; /* NULL: never bound */
+    _Atomic(CUcontext) ctx;
+    _Atomic uint32_t claimed;       /* under lp.bind_lock */
+    _Atomic uint32_t thread_started; /* its completion thread runs (under lp.bind_lock) */
     _Alignas(64) _Atomic uint64_t launched; /* submitted into the stream, counted after */
     _Atomic uint64_t covered;               /* `launched` as of the newest fence */
     _Atomic uint32_t sleeping;              /* the completion thread waits for work */
     _Atomic uint32_t watching;              /* ... or for the end of a burst */
     _Atomic uint32_t work_seq;              /* futex: ... here */
+    _Atomic uint32_t unmarked; /* a launch into the idle stream recorded no marker */
     _Alignas(64) _Atomic uint64_t completed; /* launches ended */
-    _Atomic uint64_t est_ns;                 /* device ns per launch, 0 until measured */
-    _Atomic uint64_t window_ns;              /* the window in force, re-read every batch */
-    _Atomic uint32_t done_seq;               /* futex: launches waiting for the window */
-    _Atomic uint32_t done_waiters;
     _Alignas(64) pthread_mutex_t lock; /* the fence queue: taken once per batch */
     fence q[FENCES];
     uint64_t head, tail; /* q[head] oldest pending, q[head - 1] the reference */
     int ref_valid; /* completion thread only: q[head - 1] has completed (a launch into an idle
                     * pipeline records a marker, so the reference never spans an idle card) */
-} lp = {.lock = PTHREAD_MUTEX_INITIALIZER, .head = 1, .tail = 1};
+    uint64_t quiet_since; /* completion thread only: when it saw the stream's launches pause */
+} lp_stream;
+
+static struct {
+    lp_stream streams[LP_STREAMS];
+    pthread_mutex_t bind_lock;
+    _Atomic uint32_t claimed;        /* slots claimed: at LP_STREAMS, new streams go per launch */
+    _Atomic(lp_stream *) gated;      /* the stream the device gate waits in: the first bound */
+    qs_client *client; /* the process's, as of binding: used only within a launch's qsc_enter */
+    _Alignas(64) _Atomic uint64_t launched; /* every stream's, summed: the window's count */
+    _Alignas(64) _Atomic uint64_t completed;
+    _Atomic uint64_t est_ns;    /* device ns per launch, 0 until measured (every stream's) */
+    _Atomic uint64_t window_ns; /* the window in force, re-read every batch */
+    _Atomic uint32_t done_seq;  /* futex: launches waiting for the window */
+    _Atomic uint32_t done_waiters;
+} lp = {.bind_lock = PTHREAD_MUTEX_INITIALIZER};
 
 static pthread_once_t lp_once = PTHREAD_ONCE_INIT;
+static _Thread_local lp_stream *launching; /* the stream of this thread's batched launch */
+
+static void init_streams(void) {
+    for (unsigned i = 0; i < LP_STREAMS; i++) {
+        pthread_mutex_init(&lp.streams[i].lock, NULL);
+        lp.streams[i].head = lp.streams[i].tail = 1;
+    }
+}
 
 /* The window in force: the card's, or with the device gate on (high priority then waits for
  * a slice, not for the window), at least the one kept while nobody needs protecting. */
@@ -72,18 +99,24 @@ static uint64_t estimate(uint64_t window) {
     return e ? e : window / EST_INITIAL_DIV + 1;
 }
 
-/* Record a fence behind every launch counted so far (lock held): with `marker`, even when
- * that is none (it times the next batch from here), unless `capturing` says the stream must
- * not be recorded into. `client` is the entered session's (NULL once detached). 1 if one was
- * pushed. */
-static int push_fence_locked(int marker, qs_client *client, int (*capturing)(CUstream)) {
-    uint64_t n = atomic_load(&lp.launched); /* read before recording: all of them precede it */
-    CUstream stream = atomic_load(&lp.stream);
-    if ((n == atomic_load(&lp.covered) && !marker) || lp.tail - lp.head + 1 >= FENCES ||
+static void wake_completion(lp_stream *st) {
+    atomic_fetch_add(&st->work_seq, 1);
+    qs_futex_wake(&st->work_seq, 1);
+}
+
+/* Record a fence behind every launch counted so far into `st` (its lock held): with `marker`,
+ * even when that is none (it times the next batch from here), unless `capturing` says the
+ * stream must not be recorded into. `client` is the entered session's (NULL once detached).
+ * 1 if one was pushed. */
+static int push_fence_locked(lp_stream *st, int marker, qs_client *client,
+                             int (*capturing)(CUstream)) {
+    uint64_t n = atomic_load(&st->launched); /* read before recording: all of them precede it */
+    CUstream stream = atomic_load(&st->stream);
+    if ((n == atomic_load(&st->covered) && !marker) || st->tail - st->head + 1 >= FENCES ||
         stream == STREAM_GONE)
         return 0;
-    fence *f = &lp.q[lp.tail % FENCES];
-    uint64_t epoch = qsc_ctx_epoch();
+    fence *f = &st->q[st->tail % FENCES];
+    uint64_t epoch = qsc_ctx_epoch(atomic_load(&st->ctx));
     if (f->ev != NULL && f->epoch != epoch) f->ev = NULL; /* died with its context: forgotten */
     if (f->ev == NULL) {
         if (QSC_REAL(qsc_event_create_fn, cuEventCreate)(&f->ev, CU_EVENT_BLOCKING_SYNC) !=
@@ -96,18 +129,21 @@ static int push_fence_locked(int marker, qs_client *client, int (*capturing)(CUs
         return 0;
     f->covered = n;
     f->episodes = qs_client_hp_episodes(client);
-    atomic_store(&lp.covered, n);
-    lp.tail++;
+    f->untimed = (int)atomic_exchange(&st->unmarked, 0);
+    atomic_store(&st->covered, n);
+    st->tail++;
     return 1;
 }
 
-/* End launches up to `covered`, charging `device_ns` for them (`s` from qsc_enter: once the
- * process detached, there is nothing to end or charge), and wake window waiters. */
-static void end_launches(const qsc_session *s, uint64_t covered, uint64_t device_ns) {
-    uint64_t from = atomic_load(&lp.completed);
+/* End `st`'s launches up to `covered`, charging `device_ns` for them (`s` from qsc_enter: once
+ * the process detached, there is nothing to end or charge), and wake window waiters. */
+static void end_launches(const qsc_session *s, lp_stream *st, uint64_t covered,
+                         uint64_t device_ns) {
+    uint64_t from = atomic_load(&st->completed);
     if (device_ns && s->client != NULL) qs_account_device_time(s->client, device_ns);
     for (uint64_t i = from; i < covered && s->client != NULL; i++) qs_launch_end(s->client);
-    atomic_store(&lp.completed, covered);
+    atomic_store(&st->completed, covered);
+    atomic_fetch_add(&lp.completed, covered - from);
     qsc_stats_count(QSC_STAT_LP_BATCH_DONE, 1);
     atomic_fetch_add(&lp.done_seq, 1);
     if (atomic_load(&lp.done_waiters)) qs_futex_wake(&lp.done_seq, INT_MAX);
@@ -116,12 +152,13 @@ static void end_launches(const qsc_session *s, uint64_t covered, uint64_t device
 /* The device time of the launches behind `f`: from the previous fence when it completed in
  * this burst (the device had them queued) and, with the device gate on, high priority did not
  * close the gate in between (the card then held them); else from the estimate. */
-static uint64_t batch_device_ns(const qsc_session *s, const fence *f, uint64_t launches) {
+static uint64_t batch_device_ns(const qsc_session *s, lp_stream *st, const fence *f,
+                                uint64_t launches) {
     float ms = 0.0f;
-    const fence *ref = &lp.q[(lp.head - 1) % FENCES];
+    const fence *ref = &st->q[(st->head - 1) % FENCES];
     int held = qsc_dgate_on() && qs_client_hp_episodes(s->client) != ref->episodes;
-    int live = ref->epoch == f->epoch && f->epoch == qsc_ctx_epoch();
-    if (lp.ref_valid && launches && !held && live &&
+    int live = ref->epoch == f->epoch && f->epoch == qsc_ctx_epoch(atomic_load(&st->ctx));
+    if (st->ref_valid && !f->untimed && launches && !held && live &&
         QSC_REAL(qsc_event_elapsed_fn, cuEventElapsedTime)(&ms, ref->ev, f->ev) == CUDA_SUCCESS &&
         ms >= 0.0f) {
         uint64_t ns = (uint64_t)((double)ms * 1e6), per = ns / launches;
@@ -132,18 +169,19 @@ static uint64_t batch_device_ns(const qsc_session *s, const fence *f, uint64_t l
     return launches * atomic_load(&lp.est_ns);
 }
 
-static void complete_oldest(fence f) {
-    if (f.epoch == qsc_ctx_epoch()) QSC_REAL(qsc_event_fn, cuEventSynchronize)(f.ev);
+static void complete_oldest(lp_stream *st, fence f) {
+    if (f.epoch == qsc_ctx_epoch(atomic_load(&st->ctx)))
+        QSC_REAL(qsc_event_fn, cuEventSynchronize)(f.ev);
     const qsc_session *s = qsc_enter();
     if (s->client != NULL)
         atomic_store_explicit(&lp.window_ns, window_of(s), memory_order_relaxed);
-    uint64_t device_ns = batch_device_ns(s, &f, f.covered - atomic_load(&lp.completed));
-    end_launches(s, f.covered, device_ns);
+    uint64_t device_ns = batch_device_ns(s, st, &f, f.covered - atomic_load(&st->completed));
+    end_launches(s, st, f.covered, device_ns);
     qsc_leave(s);
-    pthread_mutex_lock(&lp.lock);
-    lp.head++;
-    pthread_mutex_unlock(&lp.lock);
-    lp.ref_valid = 1;
+    pthread_mutex_lock(&st->lock);
+    st->head++;
+    pthread_mutex_unlock(&st->lock);
+    st->ref_valid = 1;
 }
 
 /* Nothing in flight: sleep until a launch is counted or closes a batch (the Dekker pairs with
@@ -151,86 +189,176 @@ static void complete_oldest(fence f) {
  * `sleeping`; this raises `sleeping`, then reads both). A fence that a launch pushed after the
  * loop last looked is pending though every launch is covered: sleeping then would leave it
  * uncompleted, and a launch waiting for the window would wait for good. */
-static void idle(void) {
-    uint32_t seq = atomic_load(&lp.work_seq);
-    atomic_store(&lp.sleeping, 1);
-    pthread_mutex_lock(&lp.lock);
-    int nothing = lp.head == lp.tail && atomic_load(&lp.launched) == atomic_load(&lp.covered);
-    pthread_mutex_unlock(&lp.lock);
-    if (nothing) qs_futex_wait(&lp.work_seq, seq, 0);
-    atomic_store(&lp.sleeping, 0);
+static void idle(lp_stream *st) {
+    uint32_t seq = atomic_load(&st->work_seq);
+    atomic_store(&st->sleeping, 1);
+    pthread_mutex_lock(&st->lock);
+    int nothing = st->head == st->tail && atomic_load(&st->launched) == atomic_load(&st->covered);
+    pthread_mutex_unlock(&st->lock);
+    if (nothing) qs_futex_wait(&st->work_seq, seq, 0);
+    atomic_store(&st->sleeping, 0);
 }
 
 /* Launches counted but not fenced, none pending: while they keep coming, the launches close
- * their own batches; once they pause (or one waits for the window), fence the tail. 1 when
+ * their own batches; once the process's launches pause (or one waits for the window), or this
+ * stream's have paused for STREAM_QUIET_NS while other streams go on, fence the tail. 1 when
  * the burst has paused at `n` launches. */
-static int burst_paused(uint64_t n) {
+static int burst_paused(lp_stream *st, uint64_t n) {
     if (atomic_load(&lp.done_waiters)) return 1;
-    uint32_t seq = atomic_load(&lp.work_seq);
-    atomic_store(&lp.watching, 1);
-    qs_futex_wait(&lp.work_seq, seq, qs_now_ns() + TAIL_QUIET_NS);
-    atomic_store(&lp.watching, 0);
-    return atomic_load(&lp.launched) == n;
+    uint64_t all = atomic_load(&lp.launched);
+    uint32_t seq = atomic_load(&st->work_seq);
+    atomic_store(&st->watching, 1);
+    qs_futex_wait(&st->work_seq, seq, qs_now_ns() + TAIL_QUIET_NS);
+    atomic_store(&st->watching, 0);
+    if (atomic_load(&st->launched) != n) {
+        st->quiet_since = 0;
+        return 0;
+    }
+    uint64_t now = qs_now_ns();
+    if (st->quiet_since == 0) st->quiet_since = now;
+    int paused = atomic_load(&lp.launched) == all || now - st->quiet_since >= STREAM_QUIET_NS ||
+                 atomic_load(&lp.done_waiters);
+    if (paused) st->quiet_since = 0;
+    return paused;
 }
 
-static void fence_tail(uint64_t n) {
+static void fence_tail(lp_stream *st, uint64_t n) {
     const qsc_session *s = qsc_enter();
-    pthread_mutex_lock(&lp.lock);
-    int pushed = lp.head != lp.tail;
-    if (!pushed && push_fence_locked(0, s->client, qsc_stream_unrecordable)) {
+    pthread_mutex_lock(&st->lock);
+    int pushed = st->head != st->tail;
+    if (!pushed && push_fence_locked(st, 0, s->client, qsc_stream_unrecordable)) {
         pushed = 1;
         qsc_stats_count(QSC_STAT_LP_FENCE_TAIL, 1);
     }
-    pthread_mutex_unlock(&lp.lock);
-    if (!pushed) { /* cannot fence them (a capture began): end them as they are */
-        atomic_store(&lp.covered, n);
-        end_launches(s, n, 0);
+    pthread_mutex_unlock(&st->lock);
+    if (!pushed) { /* cannot fence them (a capture began, the stream died): end them as they are */
+        atomic_store(&st->covered, n);
+        end_launches(s, st, n, 0);
     }
     qsc_leave(s);
 }
 
+/* A destroyed stream whose launches have all ended: its events are destroyed while their
+ * context lives (forgotten if it died), and the slot is free for another stream. */
+static void release_slot(lp_stream *st) {
+    uint64_t epoch = qsc_ctx_epoch(atomic_load(&st->ctx));
+    for (unsigned i = 0; i < FENCES; i++) {
+        fence *f = &st->q[i];
+        if (f->ev != NULL && f->epoch == epoch) QSC_REAL(qsc_event_fn, cuEventDestroy_v2)(f->ev);
+        f->ev = NULL;
+    }
+    pthread_mutex_lock(&lp.bind_lock);
+    st->ref_valid = 0;
+    st->quiet_since = 0;
+    atomic_store(&st->claimed, 0);
+    atomic_fetch_sub(&lp.claimed, 1);
+    pthread_mutex_unlock(&lp.bind_lock);
+}
+
+static int drained_and_gone(lp_stream *st) {
+    return atomic_load(&st->claimed) && atomic_load(&st->stream) == STREAM_GONE &&
+           atomic_load(&st->completed) == atomic_load(&st->launched);
+}
+
+/* One round of a stream's completion thread. */
+static void complete_round(lp_stream *st) {
+    pthread_mutex_lock(&st->lock);
+    int pending = st->head != st->tail;
+    fence f = st->q[st->head % FENCES];
+    pthread_mutex_unlock(&st->lock);
+    uint64_t n = atomic_load(&st->launched);
+    if (pending)
+        complete_oldest(st, f);
+    else if (n != atomic_load(&st->covered)) {
+        if (burst_paused(st, n)) fence_tail(st, n);
+    } else if (drained_and_gone(st))
+        release_slot(st);
+    else
+        idle(st);
+}
+
 static void *completion_main(void *arg) {
-    (void)arg;
+    lp_stream *st = arg;
     typedef CUresult (*set_fn)(CUcontext);
     qsc_thread_ignores_captures();
-    QSC_REAL(set_fn, cuCtxSetCurrent)(lp.ctx);
+    CUcontext current = NULL;
     for (;;) {
-        pthread_mutex_lock(&lp.lock);
-        int pending = lp.head != lp.tail;
-        fence f = lp.q[lp.head % FENCES];
-        pthread_mutex_unlock(&lp.lock);
-        uint64_t n = atomic_load(&lp.launched);
-        if (pending)
-            complete_oldest(f);
-        else if (n == atomic_load(&lp.covered))
-            idle();
-        else if (burst_paused(n))
-            fence_tail(n);
+        CUcontext ctx = atomic_load(&st->ctx);
+        if (ctx != current && atomic_load(&st->stream) != STREAM_GONE) {
+            QSC_REAL(set_fn, cuCtxSetCurrent)(ctx);
+            current = ctx;
+        }
+        complete_round(st);
     }
     return NULL;
 }
 
-static void start_completion(void) {
-    qsc_start_thread(completion_main, "the low-priority completion thread");
+/* The slot bound to `stream` in `ctx`, if any: the one this thread used last, else a scan. */
+static lp_stream *find(CUstream stream, CUcontext ctx) {
+    lp_stream *last = launching;
+    if (last != NULL && atomic_load_explicit(&last->stream, memory_order_acquire) == stream &&
+        atomic_load_explicit(&last->ctx, memory_order_relaxed) == ctx)
+        return last;
+    for (unsigned i = 0; i < LP_STREAMS; i++) {
+        lp_stream *st = &lp.streams[i];
+        if (atomic_load_explicit(&st->stream, memory_order_acquire) == stream &&
+            atomic_load_explicit(&st->ctx, memory_order_relaxed) == ctx)
+            return st;
+    }
+    return NULL;
+}
+
+/* Claim a free slot for `stream` (bind_lock held): its counters start afresh, then the stream
+ * is published (a launch that finds it sees the counters reset). */
+static lp_stream *claim(CUstream stream, CUcontext ctx) {
+    for (unsigned i = 0; i < LP_STREAMS; i++) {
+        lp_stream *st = &lp.streams[i];
+        if (atomic_load(&st->claimed)) continue;
+        pthread_mutex_lock(&st->lock);
+        atomic_store(&st->launched, 0);
+        atomic_store(&st->covered, 0);
+        atomic_store(&st->completed, 0);
+        atomic_store(&st->unmarked, 0);
+        st->head = st->tail = 1;
+        pthread_mutex_unlock(&st->lock);
+        atomic_store(&st->claimed, 1);
+        atomic_fetch_add(&lp.claimed, 1);
+        atomic_store_explicit(&st->ctx, ctx, memory_order_relaxed);
+        atomic_store_explicit(&st->stream, stream, memory_order_release);
+        return st;
+    }
+    return NULL;
+}
+
+/* The first launch into `stream`: bind a slot to it and start its completion thread. */
+static lp_stream *bind(const qsc_session *s, CUstream stream, CUcontext ctx) {
+    pthread_once(&lp_once, init_streams);
+    pthread_mutex_lock(&lp.bind_lock);
+    lp_stream *st = find(stream, ctx); /* another thread may have bound it meanwhile */
+    if (st == NULL) st = claim(stream, ctx);
+    if (st != NULL && atomic_load(&lp.gated) == NULL) {
+        lp.client = s->client;
+        qsc_dgate_bind(s);
+        atomic_store(&lp.gated, st);
+    }
+    int start = st != NULL && !atomic_exchange(&st->thread_started, 1);
+    pthread_mutex_unlock(&lp.bind_lock);
+    if (start) qsc_start_thread(completion_main, st, "a low-priority completion thread");
+    return st;
 }
 
 int qsc_lp_tracks(const qsc_session *s, CUstream stream, CUcontext ctx) {
     if (!qsc_hp_coalescable(stream) || ctx == NULL) return 0;
-    uint32_t b = atomic_load_explicit(&lp.bound, memory_order_acquire);
-    if (b == UNBOUND) {
-        uint32_t unbound = UNBOUND;
-        if (atomic_compare_exchange_strong(&lp.bound, &unbound, BINDING)) {
-            atomic_store(&lp.stream, stream);
-            lp.ctx = ctx;
-            lp.client = s->client;
-            qsc_dgate_bind(s);
-            atomic_store_explicit(&lp.bound, BOUND, memory_order_release);
-            pthread_once(&lp_once, start_completion);
-        }
-        b = atomic_load_explicit(&lp.bound, memory_order_acquire);
+    lp_stream *st = find(stream, ctx);
+    if (st == NULL && atomic_load_explicit(&lp.claimed, memory_order_relaxed) < LP_STREAMS)
+        st = bind(s, stream, ctx);
+    if (st != NULL) {
+        launching = st;
+        return 1;
     }
-    return b == BOUND && atomic_load_explicit(&lp.stream, memory_order_relaxed) == stream &&
-           lp.ctx == ctx;
+    qsc_warn_once(QSC_WARN_STREAMS, "a low-priority process launches into more than %u streams "
+                  "at once; launches into the others are tracked one by one", LP_STREAMS);
+    return 0;
 }
 
 /* Wait for the window, counted and timed when statistics are on. */
@@ -242,50 +370,62 @@ static void wait_for_room(uint32_t seq) {
     qsc_stats_count(QSC_STAT_LP_WINDOW_WAIT_NS, qs_now_ns() - since);
 }
 
+/* A launch waits for the window: completion threads that wait for a burst to pause are told
+ * that this is the pause. */
+static void end_bursts(void) {
+    for (unsigned i = 0; i < LP_STREAMS; i++)
+        if (atomic_load(&lp.streams[i].watching)) wake_completion(&lp.streams[i]);
+}
+
 void qsc_lp_wait_window(uint64_t window_ns) {
     for (;;) {
         uint32_t seq = atomic_load(&lp.done_seq);
         uint64_t done = atomic_load(&lp.completed), inflight = atomic_load(&lp.launched) - done;
         if (inflight == 0 || inflight * estimate(window_ns) < window_ns) return;
         atomic_fetch_add(&lp.done_waiters, 1);
-        if (atomic_load(&lp.watching)) { /* it waits for the burst to pause: this is the pause */
-            atomic_fetch_add(&lp.work_seq, 1);
-            qs_futex_wake(&lp.work_seq, 1);
-        }
+        end_bursts();
         wait_for_room(seq);
         atomic_fetch_sub(&lp.done_waiters, 1);
     }
 }
 
 void qsc_lp_counted(uint64_t window_ns) {
-    uint64_t n = atomic_fetch_add(&lp.launched, 1) + 1;
-    if (qsc_dgate_on())
-        qsc_dgate_after(atomic_load_explicit(&lp.stream, memory_order_relaxed), n,
+    lp_stream *st = launching;
+    uint64_t n = atomic_fetch_add(&st->launched, 1) + 1;
+    atomic_fetch_add(&lp.launched, 1);
+    if (qsc_dgate_on() && st == atomic_load_explicit(&lp.gated, memory_order_relaxed))
+        qsc_dgate_after(atomic_load_explicit(&st->stream, memory_order_relaxed), n,
                         estimate(window_ns));
-    if (atomic_load(&lp.sleeping)) {
-        atomic_fetch_add(&lp.work_seq, 1);
-        qs_futex_wake(&lp.work_seq, 1);
+    if (atomic_load(&st->sleeping)) {
+        wake_completion(st);
         return;
     }
-    uint64_t open = n - atomic_load_explicit(&lp.covered, memory_order_relaxed);
+    uint64_t open = n - atomic_load_explicit(&st->covered, memory_order_relaxed);
     if (open < BATCH_MAX && open * estimate(window_ns) < window_ns / BATCH_DIV) return;
-    if (pthread_mutex_trylock(&lp.lock) != 0) return; /* another launch is closing one */
-    int pushed = push_fence_locked(0, lp.client, qsc_stream_capturing); /* in its qsc_enter */
-    pthread_mutex_unlock(&lp.lock);
+    if (pthread_mutex_trylock(&st->lock) != 0) return; /* another launch is closing one */
+    int pushed = push_fence_locked(st, 0, lp.client, qsc_stream_capturing); /* in its qsc_enter */
+    pthread_mutex_unlock(&st->lock);
     if (pushed) qsc_stats_count(QSC_STAT_LP_FENCE_LAUNCH, 1);
-    if (pushed && (atomic_load(&lp.watching) || atomic_load(&lp.sleeping))) { /* it has work */
-        atomic_fetch_add(&lp.work_seq, 1);
-        qs_futex_wake(&lp.work_seq, 1);
-    }
+    if (pushed && (atomic_load(&st->watching) || atomic_load(&st->sleeping))) /* it has work */
+        wake_completion(st);
 }
 
+/* A launch into an idle stream marks where its batch starts, so that the batch is timed from
+ * there; while other streams have work in flight, it only marks the batch untimed (the
+ * process's estimate comes from batches queued behind one another). */
 void qsc_lp_opening(const qsc_session *s) {
-    uint64_t done = atomic_load(&lp.completed);
-    if (atomic_load(&lp.launched) != done) return;
+    lp_stream *st = launching;
+    uint64_t done = atomic_load(&st->completed);
+    if (atomic_load(&st->launched) != done) return;
+    if (atomic_load(&lp.launched) != atomic_load(&lp.completed)) {
+        if (!atomic_load_explicit(&st->unmarked, memory_order_relaxed))
+            atomic_store(&st->unmarked, 1);
+        return;
+    }
     atomic_store_explicit(&lp.window_ns, window_of(s), memory_order_relaxed);
-    pthread_mutex_lock(&lp.lock);
-    int pushed = lp.head == lp.tail && push_fence_locked(1, s->client, qsc_stream_capturing);
-    pthread_mutex_unlock(&lp.lock);
+    pthread_mutex_lock(&st->lock);
+    int pushed = st->head == st->tail && push_fence_locked(st, 1, s->client, qsc_stream_capturing);
+    pthread_mutex_unlock(&st->lock);
     if (pushed) qsc_stats_count(QSC_STAT_LP_FENCE_MARKER, 1);
 }
 
@@ -303,23 +443,46 @@ uint64_t qsc_lp_window_launches(uint64_t window_ns) {
     return n ? n : 1;
 }
 
-/* The tracked stream is destroyed: fence what was launched into it while it lives; nothing
- * is recorded into it afterwards (launches the fence could not cover end as they are), and
- * launches into other streams stay per-launch units. */
+/* `st` dies (lock not held): nothing is recorded into it from now on; its completion thread
+ * ends what no fence covers and frees the slot. */
+static void stream_gone(lp_stream *st) {
+    pthread_mutex_lock(&st->lock);
+    atomic_store(&st->stream, STREAM_GONE);
+    pthread_mutex_unlock(&st->lock);
+    wake_completion(st);
+}
+
+/* A tracked stream is destroyed: fence what was launched into it while it lives; nothing is
+ * recorded into it afterwards (launches the fence could not cover end as they are). */
 void qsc_lp_stream_destroyed(const qsc_session *s, CUstream stream) {
-    if (atomic_load(&lp.bound) != BOUND || atomic_load(&lp.stream) != stream) return;
-    pthread_mutex_lock(&lp.lock);
-    if (push_fence_locked(0, s->client, qsc_stream_capturing))
-        qsc_stats_count(QSC_STAT_LP_FENCE_TAIL, 1);
-    atomic_store(&lp.stream, STREAM_GONE);
-    pthread_mutex_unlock(&lp.lock);
+    for (unsigned i = 0; i < LP_STREAMS; i++) {
+        lp_stream *st = &lp.streams[i];
+        if (!atomic_load(&st->claimed) || atomic_load(&st->stream) != stream) continue;
+        pthread_mutex_lock(&st->lock);
+        if (push_fence_locked(st, 0, s->client, qsc_stream_capturing))
+            qsc_stats_count(QSC_STAT_LP_FENCE_TAIL, 1);
+        pthread_mutex_unlock(&st->lock);
+        stream_gone(st);
+    }
+}
+
+/* Context `ctx` (NULL: every context) is about to be destroyed: its streams die with it. */
+void qsc_lp_context_dies(CUcontext ctx) {
+    for (unsigned i = 0; i < LP_STREAMS; i++) {
+        lp_stream *st = &lp.streams[i];
+        if (!atomic_load(&st->claimed) || (ctx != NULL && atomic_load(&st->ctx) != ctx) ||
+            atomic_load(&st->stream) == STREAM_GONE)
+            continue;
+        stream_gone(st);
+    }
 }
 
 void qsc_lp_forked(void) {
     memset(&lp, 0, sizeof lp);
-    pthread_mutex_init(&lp.lock, NULL); /* the parent's completion thread may have held it */
-    lp.head = lp.tail = 1;
+    pthread_mutex_init(&lp.bind_lock, NULL); /* the parent's threads may have held them */
     lp_once = (pthread_once_t)PTHREAD_ONCE_INIT;
+    pthread_once(&lp_once, init_streams);
+    launching = NULL;
 }
 
 uint64_t qsc_lp_estimate_ns(void) { return atomic_load(&lp.est_ns); }

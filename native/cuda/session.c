@@ -39,12 +39,12 @@ void qsc_warn_once(int key, const char *fmt, ...) {
     fprintf(stderr, "qshare: %s\n", text);
 }
 
-int qsc_start_thread(void *(*main)(void *), const char *what) {
+int qsc_start_thread(void *(*main)(void *), void *arg, const char *what) {
     pthread_t thread;
     pthread_attr_t attr;
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    int rc = pthread_create(&thread, &attr, main, NULL);
+    int rc = pthread_create(&thread, &attr, main, arg);
     pthread_attr_destroy(&attr);
     if (rc != 0)
         qsc_warn_once(QSC_WARN_RING, "cannot start %s", what);
@@ -215,18 +215,27 @@ int qsc_device_is_card(CUdevice dev) {
 
 static _Atomic uint64_t ctx_epoch;
 
-uint64_t qsc_ctx_epoch(void) { return atomic_load_explicit(&ctx_epoch, memory_order_acquire); }
+uint64_t qsc_ctx_epoch(CUcontext ctx) {
+    (void)ctx;
+    return atomic_load_explicit(&ctx_epoch, memory_order_acquire);
+}
 
 /* A context is destroyed: the epoch moves before the driver's call (events made meanwhile die
  * too) and after it (no event made before is taken for live). */
 static void context_dies(void) { atomic_fetch_add(&ctx_epoch, 1); }
+
+/* Before the driver destroys a context: its events and streams are about to die. */
+static void context_dying(void) {
+    context_dies();
+    qsc_lp_context_dies(NULL);
+}
 
 QSC_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
     typedef CUresult (*destroy_fn)(CUcontext);
     qsc_resolve();
     destroy_fn real = QSC_REAL(destroy_fn, cuCtxDestroy_v2);
     if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
-    context_dies();
+    context_dying();
     CUresult rc = real(ctx);
     context_dies();
     return rc;
@@ -249,7 +258,7 @@ typedef CUresult (*primary_reset_fn)(CUdevice);
 
 static CUresult reset_primary(primary_reset_fn real, CUdevice dev) {
     if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
-    context_dies();
+    context_dying();
     CUresult rc = real(dev);
     context_dies();
     return rc;
@@ -266,7 +275,7 @@ static CUresult release_primary(primary_reset_fn real, CUdevice dev) {
     int active = 1;
     if (rc == CUDA_SUCCESS && (state == NULL || state(dev, &flags, &active) != CUDA_SUCCESS ||
                                !active))
-        context_dies();
+        context_dying();
     return rc;
 }
 

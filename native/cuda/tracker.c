@@ -58,7 +58,7 @@ static CUcontext current_context(void) {
 /* Destroy `ev`'s events, or forget them if they died with their context. */
 static void destroy_events(events *ev) {
     qsc_event_fn destroy = QSC_REAL(qsc_event_fn, cuEventDestroy_v2);
-    int live = ev->epoch == qsc_ctx_epoch();
+    int live = ev->epoch == qsc_ctx_epoch(ev->ctx);
     if (live && ev->start != NULL) destroy(ev->start);
     if (live && ev->end != NULL) destroy(ev->end);
     ev->start = ev->end = NULL;
@@ -80,7 +80,7 @@ static void make_exit_key(void) { pthread_key_create(&exit_key, drop_thread_even
 /* Make `ev` hold events of context `ctx` (created in the current context). The first time
  * a thread has any, they are set to go with the thread when it exits. */
 static CUresult prepare_events(events *ev, CUcontext ctx, int timed) {
-    uint64_t epoch = qsc_ctx_epoch();
+    uint64_t epoch = qsc_ctx_epoch(ctx);
     if (ev->ctx != ctx || ev->epoch != epoch) {
         destroy_events(ev);
         ev->ctx = ctx;
@@ -112,7 +112,8 @@ static CUresult check_event(qsc_event_fn check, CUevent ev) {
 /* End a unit (`s` from qsc_enter; nothing to end once the process detached). */
 static void finish(const qsc_session *s, const events *ev, int completed) {
     if (s->client == NULL) return;
-    if (s->low_priority && completed && ev->start != NULL && ev->epoch == qsc_ctx_epoch()) {
+    if (s->low_priority && completed && ev->start != NULL &&
+        ev->epoch == qsc_ctx_epoch(ev->ctx)) {
         float ms = 0.0f;
         if (QSC_REAL(qsc_event_elapsed_fn, cuEventElapsedTime)(&ms, ev->start, ev->end) ==
                 CUDA_SUCCESS &&
@@ -131,7 +132,7 @@ static int end_oldest(int wait) {
     if (atomic_load_explicit(&s->state, memory_order_acquire) != SLOT_READY) return 0;
     qsc_event_fn check = wait ? QSC_REAL(qsc_event_fn, cuEventSynchronize)
                               : QSC_REAL(qsc_event_fn, cuEventQuery);
-    CUresult rc = s->ev.epoch == qsc_ctx_epoch() ? check_event(check, s->ev.end)
+    CUresult rc = s->ev.epoch == qsc_ctx_epoch(s->ev.ctx) ? check_event(check, s->ev.end)
                                                  : CUDA_ERROR_INVALID_HANDLE; /* it died */
     if (rc == CUDA_ERROR_NOT_READY) return 0;
     if (!atomic_compare_exchange_strong(&tracker.head, &h, h + 1)) return 1;
@@ -162,7 +163,7 @@ static void *reaper_main(void *arg) {
 
 static void start_reaper(void) {
     atomic_store(&tracker.reaper_sleeping, 1);
-    qsc_start_thread(reaper_main, "the completion thread; launches will wait");
+    qsc_start_thread(reaper_main, NULL, "the completion thread; launches will wait");
 }
 
 /* Hand the recorded `current` events to the ring, taking the slot's spare events back. */
@@ -229,8 +230,9 @@ static int hp_fast(const qsc_session *s, CUstream stream, int *tracked, CUresult
     return 1;
 }
 
-/* Low priority: batched into the tracked stream, or one unit per launch (bounded by the
- * same window, counted in launches) into any other. */
+/* Low priority: batched into every stream lp_batch.c tracks, or one unit per launch (bounded
+ * by the same window, counted in launches) into the others (per-thread default streams, and
+ * streams past LP_STREAMS). */
 static CUresult lp_begin(const qsc_session *s, CUstream stream, int *tracked) {
     uint64_t window = qsc_lp_window(s);
     CUcontext ctx = current_context();

@@ -21,3 +21,14 @@ def test_a_child_forked_with_launches_in_flight_gets_the_drivers_answer(
     assert run.reply("forklaunch")["hung"] == "0"
     assert run.rc("forkchild") == 3  # CUDA_ERROR_NOT_INITIALIZED
     assert run.rc("sync") == 0
+
+
+def test_a_low_priority_child_forked_with_two_streams_in_flight_gets_the_drivers_answer(
+    node: NodeOwner,
+) -> None:
+    """The parent's kernels of 20 ms over two streams fill the shared window."""
+    run = run_probe(node, LP_VGPU, ["init", "spread 20000 8 2", "forklaunch 0", "sync"])
+    assert run.rc("spread") == 0 and run.rc("forklaunch") == 0
+    assert run.reply("forklaunch")["hung"] == "0"
+    assert run.rc("forkchild") == 3  # CUDA_ERROR_NOT_INITIALIZED
+    assert run.rc("sync") == 0

@@ -52,3 +52,15 @@ def test_fences_behind_legacy_stream_work_leave_a_blocking_streams_capture_intac
     run = run_probe(node, vgpu, commands)
     assert run.rc("launch") == 0 and run.rc("capture", 0) == 0
     assert run.rc("capture", 1) == 0, run.stderr
+
+
+def test_a_capture_of_one_tracked_stream_beside_launches_into_another_stays_intact(
+    node: NodeOwner,
+) -> None:
+    """Low priority tracks both of its streams by batch: the probe's stream, launched into
+    first, is then captured while a second thread launches into a second stream without
+    pause; neither stream's completion thread may record into the captured one."""
+    commands = ["init", "launch kernel 2000 10", "spin 1000 second", "capture begin probe"]
+    run = run_probe(node, LP_VGPU, [*commands, "sleep 50", "capture end"])
+    assert run.rc("launch") == 0 and run.rc("spin") == 0 and run.rc("capture", 0) == 0
+    assert run.rc("capture", 1) == 0, run.stderr

@@ -17,3 +17,13 @@ def test_the_interposer_uses_no_stream_the_program_destroyed(node: NodeOwner, vg
     run = run_probe(node, vgpu, [*commands, "sync", "deadhandles"])
     assert all(r["rc"] == "0" for r in run.replies if "rc" in r), run.replies
     assert run.reply("deadhandles")["n"] == "0"
+
+
+def test_low_priority_uses_no_second_stream_the_program_destroyed(node: NodeOwner) -> None:
+    """Kernels spread over the probe's stream and a second one (both tracked by batch); the
+    second is destroyed at once, then made anew and launched into again."""
+    commands = ["init", "spread 200 10 2", "destroystream extra", "sleep 5", "spread 200 10 2"]
+    run = run_probe(node, LP_VGPU, [*commands, "sync", "deadhandles"])
+    assert all(r["rc"] == "0" for r in run.replies if "rc" in r), run.replies
+    assert run.reply("deadhandles")["n"] == "0"
+    assert node.stats(LP_VGPU)["launches"] == 20

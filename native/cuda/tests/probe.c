@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #define MAX_ALLOCS 256
+#define MAX_EXTRA 24 /* streams beside the probe's own (spread, second) */
 
 typedef struct allocation {
     char kind[32];
@@ -27,6 +28,8 @@ typedef struct probe {
     const probe_driver *d;
     CUcontext ctx;
     CUstream stream;
+    CUstream extra[MAX_EXTRA]; /* made on first use; extra[i] is stream number i + 1 */
+    int n_extra;
     CUmodule module;
     CUgraphExec graph;
     allocation allocs[MAX_ALLOCS];
@@ -133,8 +136,20 @@ static void cmd_nvml(probe *p) {
            rc, m1.total, m1.used, m1.free, m2.total, m2.used, m2.free);
 }
 
+/* Stream number `i`: 0 the probe's own, then extra ones, made on first use (NULL past
+ * MAX_EXTRA or when the driver refuses). */
+static CUstream stream_n(probe *p, unsigned long i) {
+    if (i == 0) return p->stream;
+    if (i > MAX_EXTRA) return NULL;
+    while (p->n_extra < (int)i)
+        if (p->d->cuStreamCreate(&p->extra[p->n_extra++], 0) != CUDA_SUCCESS) return NULL;
+    return p->extra[i - 1];
+}
+
 static CUresult launch_one(probe *p, const char *kind, CUfunction f) {
     const probe_driver *d = p->d;
+    if (strcmp(kind, "second") == 0) /* a second created stream */
+        return d->cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, stream_n(p, 1), NULL, NULL);
     if (strcmp(kind, "kernel") == 0)
         return d->cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, p->stream, NULL, NULL);
     if (strcmp(kind, "coop") == 0)
@@ -170,6 +185,29 @@ static void cmd_launch(probe *p, const char *kind, unsigned long us, unsigned lo
     for (unsigned long i = 0; i < count && rc == CUDA_SUCCESS; i++) rc = launch_one(p, kind, f);
     printf("launch rc=%d start=%llu t=%llu\n", rc, (unsigned long long)first,
            (unsigned long long)now_ns());
+}
+
+/* `count` kernels of `us` µs, round-robin over `streams` streams (the probe's own first). */
+static void cmd_spread(probe *p, unsigned long us, unsigned long count, unsigned long streams) {
+    const probe_driver *d = p->d;
+    CUfunction f = kernel_of(p, us);
+    CUresult rc = streams == 0 || streams > MAX_EXTRA + 1 ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+    uint64_t first = now_ns();
+    for (unsigned long i = 0; i < count && rc == CUDA_SUCCESS; i++) {
+        CUstream stream = stream_n(p, i % streams);
+        rc = stream == NULL ? CUDA_ERROR_INVALID_HANDLE
+                            : d->cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, stream, NULL, NULL);
+    }
+    printf("spread rc=%d start=%llu t=%llu\n", rc, (unsigned long long)first,
+           (unsigned long long)now_ns());
+}
+
+/* Wait for the probe's stream and every extra one. */
+static void cmd_sync(probe *p) {
+    CUresult rc = p->d->cuStreamSynchronize(p->stream);
+    for (int i = 0; i < p->n_extra && rc == CUDA_SUCCESS; i++)
+        rc = p->d->cuStreamSynchronize(p->extra[i]);
+    printf("sync rc=%d t=%llu\n", rc, (unsigned long long)now_ns());
 }
 
 static void cmd_bench(probe *p, unsigned long count) {
@@ -360,6 +398,7 @@ static void cmd_reset(probe *p, const char *how) {
                                                                   : "cuDevicePrimaryCtxReset_v2");
     CUgraph graph = NULL;
     CUresult rc = reset == NULL ? CUDA_ERROR_NOT_FOUND : reset(0);
+    p->n_extra = 0; /* they died with the context: made anew on next use */
     if (rc == CUDA_SUCCESS) rc = d->cuDevicePrimaryCtxRetain(&p->ctx, 0);
     if (rc == CUDA_SUCCESS) rc = d->cuCtxSetCurrent(p->ctx);
     if (rc == CUDA_SUCCESS) rc = d->cuModuleLoadData(&p->module, "fake image");
@@ -370,12 +409,18 @@ static void cmd_reset(probe *p, const char *how) {
 }
 
 /* The program destroys the probe's stream (its queued work still runs), and uses a new one
- * from now on. */
-static void cmd_destroy_stream(probe *p) {
+ * from now on; with `extra`, it destroys the extra streams instead (made anew on next use). */
+static void cmd_destroy_stream(probe *p, const char *which) {
     typedef CUresult (*destroy_fn)(CUstream);
     destroy_fn destroy = (destroy_fn)entry("cuStreamDestroy_v2");
-    CUresult rc = destroy == NULL ? CUDA_ERROR_NOT_FOUND : destroy(p->stream);
-    if (rc == CUDA_SUCCESS) rc = p->d->cuStreamCreate(&p->stream, 0);
+    CUresult rc = destroy == NULL ? CUDA_ERROR_NOT_FOUND : CUDA_SUCCESS;
+    if (strcmp(which, "extra") == 0) {
+        for (int i = 0; i < p->n_extra && rc == CUDA_SUCCESS; i++) rc = destroy(p->extra[i]);
+        p->n_extra = 0;
+    } else {
+        if (rc == CUDA_SUCCESS) rc = destroy(p->stream);
+        if (rc == CUDA_SUCCESS) rc = p->d->cuStreamCreate(&p->stream, 0);
+    }
     printf("destroystream rc=%d\n", rc);
 }
 
@@ -416,16 +461,15 @@ static void run(probe *p, char *line) {
     else if (strcmp(cmd, "meminfo") == 0) cmd_meminfo(p);
     else if (strcmp(cmd, "nvml") == 0) cmd_nvml(p);
     else if (strcmp(cmd, "launch") == 0) cmd_launch(p, arg1, n1, n2 ? n2 : 1);
-    else if (strcmp(cmd, "sync") == 0) {
-        CUresult rc = p->d->cuStreamSynchronize(p->stream);
-        printf("sync rc=%d t=%llu\n", rc, (unsigned long long)now_ns());
-    } else if (strcmp(cmd, "now") == 0) printf("now t=%llu\n", (unsigned long long)now_ns());
+    else if (strcmp(cmd, "sync") == 0) cmd_sync(p);
+    else if (strcmp(cmd, "spread") == 0) cmd_spread(p, strtoul(arg1, NULL, 10), n1, n2);
+    else if (strcmp(cmd, "now") == 0) printf("now t=%llu\n", (unsigned long long)now_ns());
     else if (strcmp(cmd, "bench") == 0) cmd_bench(p, strtoul(arg1, NULL, 10));
     else if (strcmp(cmd, "spin") == 0) cmd_spin(p, strtoul(arg1, NULL, 10), word3);
     else if (strcmp(cmd, "fork") == 0) cmd_fork();
     else if (strcmp(cmd, "reset") == 0) cmd_reset(p, arg1);
     else if (strcmp(cmd, "deadhandles") == 0) cmd_deadhandles();
-    else if (strcmp(cmd, "destroystream") == 0) cmd_destroy_stream(p);
+    else if (strcmp(cmd, "destroystream") == 0) cmd_destroy_stream(p, arg1);
     else if (strcmp(cmd, "forklaunch") == 0) cmd_forklaunch(p, strtoul(arg1, NULL, 10));
     else if (strcmp(cmd, "hold") == 0) cmd_hold(p);
     else if (strcmp(cmd, "records") == 0) cmd_records();

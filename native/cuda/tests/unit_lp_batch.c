@@ -23,9 +23,12 @@ void qsc_stats_count(int counter, uint64_t n) { (void)counter, (void)n; }
 const qsc_session *qsc_enter(void) { return &no_session; }
 void qsc_leave(const qsc_session *s) { (void)s; }
 void qsc_thread_ignores_captures(void) {}
-int qsc_start_thread(void *(*main)(void *), const char *what) { return (void)main, (void)what, 1; }
+int qsc_start_thread(void *(*main)(void *), void *arg, const char *what) {
+    return (void)main, (void)arg, (void)what, 1;
+}
 int qsc_hp_coalescable(CUstream stream) { return stream != CU_STREAM_PER_THREAD; }
-uint64_t qsc_ctx_epoch(void) { return 0; }
+uint64_t qsc_ctx_epoch(CUcontext ctx) { return (void)ctx, 0; }
+void qsc_warn_once(int key, const char *fmt, ...) { (void)key, (void)fmt; }
 
 /* ---- tests ---- */
 #define EXPECT(cond)                                                              \
@@ -37,15 +40,14 @@ uint64_t qsc_ctx_epoch(void) { return 0; }
     } while (0)
 
 static void *run_idle(void *arg) {
-    (void)arg;
-    idle();
+    idle(arg);
     return NULL;
 }
 
 /* 1 if idle() returned within `ms` (else its thread is left asleep). */
-static int idle_returns_within(long ms) {
+static int idle_returns_within(lp_stream *st, long ms) {
     pthread_t thread;
-    if (pthread_create(&thread, NULL, run_idle, NULL) != 0) return 0;
+    if (pthread_create(&thread, NULL, run_idle, st) != 0) return 0;
     struct timespec deadline;
     clock_gettime(CLOCK_REALTIME, &deadline);
     deadline.tv_sec += ms / 1000;
@@ -58,11 +60,13 @@ static int idle_returns_within(long ms) {
  * completion thread had found no fence pending: the thread must not go to sleep, or the
  * batch is never completed and a launch waiting for the window waits for good. */
 static int test_completion_thread_does_not_sleep_while_a_fence_is_pending(void) {
-    lp.head = 1;
-    lp.tail = 2;
-    atomic_store(&lp.launched, 5);
-    atomic_store(&lp.covered, 5);
-    EXPECT(idle_returns_within(1000));
+    pthread_once(&lp_once, init_streams);
+    lp_stream *st = &lp.streams[0];
+    st->head = 1;
+    st->tail = 2;
+    atomic_store(&st->launched, 5);
+    atomic_store(&st->covered, 5);
+    EXPECT(idle_returns_within(st, 1000));
     return 0;
 }
 

@@ -5,7 +5,8 @@ high- and as a low-priority vGPU), the nanoseconds each launch gains, and how lo
 takes to attach (its first cuInit), alone and with 64 processes starting at once. The
 replay runs the ResNet-50 training trace (bench/traces/) through the fake driver, kernels
 of their recorded durations on its device thread and the recorded host gaps between
-launches, directly and as a low-priority vGPU: the throughput ratio and the added ns/launch.
+launches, directly and as a low-priority vGPU: the throughput ratio and the added ns/launch,
+also with the launches spread round-robin over two streams (the trace has no stream ids).
 """
 
 from __future__ import annotations
@@ -73,10 +74,13 @@ def attach_ms(env: dict[str, str], processes: int, rounds: int) -> list[float]:
     return times
 
 
-def replay_wall_ns(env: dict[str, str], timeline: Path, passes: int) -> tuple[int, int]:
-    """(wall ns of `passes` timed passes, launches per pass) of one trace-replay run."""
+def replay_wall_ns(
+    env: dict[str, str], timeline: Path, passes: int, streams: int = 1
+) -> tuple[int, int]:
+    """(wall ns of `passes` timed passes, launches per pass) of one trace-replay run, its
+    launches round-robin over `streams` streams."""
     done = subprocess.run(
-        [str(TOOLS / "trace-replay"), str(timeline), str(passes)],
+        [str(TOOLS / "trace-replay"), str(timeline), str(passes), "1", str(streams)],
         env=env,
         capture_output=True,
         text=True,
@@ -114,17 +118,23 @@ def idle_high_priority(env: dict[str, str]) -> Iterator[None]:
 
 
 def replay_pairs(
-    directory: Path, seg: str, timeline: Path, passes: int, repeats: int, lp_env: Env = None
+    directory: Path,
+    seg: str,
+    timeline: Path,
+    passes: int,
+    repeats: int,
+    lp_env: Env = None,
+    streams: int = 1,
 ) -> tuple[list[int], list[int], int]:
-    """Wall ns of direct and interposed (LP, `lp_env` added) runs, interleaved, the order
-    alternating."""
+    """Wall ns of direct and interposed (LP, `lp_env` added) runs over `streams` streams,
+    interleaved, the order alternating."""
     direct: list[int] = []
     hooked: list[int] = []
     launches = 0
     for i in range(repeats):
         envs = [vgpu_env(directory, seg, None), vgpu_env(directory, seg, LP_VGPU) | (lp_env or {})]
         for env in envs if i % 2 == 0 else envs[::-1]:
-            wall, launches = replay_wall_ns(env, timeline, passes)
+            wall, launches = replay_wall_ns(env, timeline, passes, streams)
             (direct if "LD_PRELOAD" not in env else hooked).append(wall)
     return direct, hooked, launches
 
@@ -148,13 +158,13 @@ def replay_figures(
 
 
 def replay_stats(
-    directory: Path, seg: str, timeline: Path, passes: int, lp_env: Env = None
+    directory: Path, seg: str, timeline: Path, passes: int, lp_env: Env = None, streams: int = 1
 ) -> dict[str, Any]:
     """The interposer's statistics (QSHARE_STATS_FILE) over one more interposed run: the
     same counters `qshare bench gpu` collects on the real driver."""
     path = directory / "replay-stats.json"
     env = vgpu_env(directory, seg, LP_VGPU) | (lp_env or {}) | {"QSHARE_STATS_FILE": str(path)}
-    replay_wall_ns(env, timeline, passes)
+    replay_wall_ns(env, timeline, passes, streams)
     stats: dict[str, Any] = json.loads(path.read_text())
     return stats
 
@@ -167,6 +177,8 @@ def replay(directory: Path, seg: str, passes: int, repeats: int) -> dict[str, An
     traces.write_timeline(timeline, traces.LP_TRAINING)
     alone = replay_pairs(directory, seg, timeline, passes, repeats)
     alone_stats = replay_stats(directory, seg, timeline, passes)
+    two = replay_pairs(directory, seg, timeline, passes, repeats, streams=2)
+    two_stats = replay_stats(directory, seg, timeline, passes, streams=2)
     with idle_high_priority(vgpu_env(directory, seg, HP_VGPU)):
         beside_hp = replay_pairs(directory, seg, timeline, passes, repeats)
         beside_hp_stats = replay_stats(directory, seg, timeline, passes)
@@ -182,6 +194,7 @@ def replay(directory: Path, seg: str, passes: int, repeats: int) -> dict[str, An
         **replay_figures(*alone, passes),
         "interposer": alone_stats,
         "lp_throughput_ratio_target": 0.97,
+        "two_streams": {**replay_figures(*two, passes), "interposer": two_stats},
         "beside_idle_hp": {
             "lp_window_us": DEFAULT_LP_WINDOW_US,
             **replay_figures(*beside_hp, passes),
@@ -260,7 +273,10 @@ def table(result: dict[str, Any]) -> str:
         f"replay {r['workload']} ({r['runs']} runs of {r['passes_per_run']} passes of "
         f"{r['launches_per_pass']} launches, host gaps x{r['host_scale']})"
     )
-    rows = [("LP alone on the card", r), ("LP beside an idle HP", r["beside_idle_hp"])]
+    rows = [("LP alone on the card", r)]
+    if "two_streams" in r:
+        rows.append(("... over 2 streams", r["two_streams"]))
+    rows.append(("LP beside an idle HP", r["beside_idle_hp"]))
     if "beside_idle_hp_device_gate" in r:
         rows.append(("... with device gate", r["beside_idle_hp_device_gate"]))
     for label, row in rows:

@@ -1,0 +1,49 @@
+"""Low priority's launches into several streams, through the interposer and the fake driver:
+every stream is tracked by batch (a fence per batch, not two events per launch), the one
+window bounds the work in flight summed over the streams, and no launch waits for good, also
+past the number of streams tracked at once."""
+
+from __future__ import annotations
+
+from .conftest import LP_VGPU, NodeOwner, Probe, run_probe
+
+MS = 1_000_000
+
+
+def test_launches_into_two_streams_cost_batch_fences_not_two_events_each(
+    node: NodeOwner,
+) -> None:
+    """1,000 kernels of 10 us alternating between two streams: the per-launch path recorded two
+    events for each launch into the second stream (1,000 records); batches record far fewer."""
+    run = run_probe(node, LP_VGPU, ["init", "spread 10 1000 2", "sync", "records"])
+    assert run.rc("spread") == 0 and run.rc("sync") == 0
+    assert int(run.reply("records")["n"]) < 200
+    assert node.stats(LP_VGPU)["launches"] == 1000
+
+
+def test_the_window_bounds_the_work_in_flight_summed_over_streams(
+    node: NodeOwner, hp_probe: Probe
+) -> None:
+    """A 2 ms window (a high-priority process is attached): 40 kernels of 5 ms spread over
+    two streams cannot be submitted far ahead of the device. Were each stream given a window of
+    its own, or the second left to a per-launch bound, more would be queued when the loop
+    returns; summed, what is left is about one kernel per stream."""
+    assert node.command("window 0 2000")["rc"] == "0"
+    run = run_probe(node, LP_VGPU, ["init", "spread 5000 40 2", "sync"])
+    assert run.rc("spread") == 0 and run.rc("sync") == 0
+    submitting = int(run.reply("spread")["t"]) - int(run.reply("spread")["start"])
+    draining = int(run.reply("sync")["t"]) - int(run.reply("spread")["t"])
+    assert submitting >= 60 * MS
+    assert draining <= 20 * MS
+
+
+def test_launches_into_more_streams_than_are_tracked_all_complete(node: NodeOwner) -> None:
+    """20 streams (16 tracked by batch, the rest one unit per launch) under a narrow window:
+    every launch returns, is counted and ends."""
+    assert node.command("window 0 2000")["rc"] == "0"
+    run = run_probe(node, LP_VGPU, ["init", "spread 100 600 20", "sync", "sleep 20"])
+    assert run.returncode == 0, run.stderr
+    assert run.rc("spread") == 0 and run.rc("sync") == 0
+    stats = node.stats(LP_VGPU)
+    assert stats["launches"] == 600
+    assert "more than 16" in run.stderr
