@@ -62,6 +62,7 @@
     X(cuCtxGetDevice, cuCtxGetDevice, CUDA)      \
     X(cuDeviceGetUuid, cuDeviceGetUuid, CUDA)    \
     X(cuDevicePrimaryCtxGetState, cuDevicePrimaryCtxGetState, CUDA) \
+    X(cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain, CUDA) \
     X(cuEventCreate, cuEventCreate, CUDA)        \
     X(cuEventDestroy_v2, cuEventDestroy, CUDA)   \
     X(cuEventRecord, cuEventRecord, CUDA)        \
@@ -171,10 +172,11 @@ void qsc_leave(const qsc_session *s);
 /* Start `main(arg)` on a detached thread; if it cannot start, warn (once) that `what` cannot
  * start and return nonzero. */
 int qsc_start_thread(void *(*main)(void *), void *arg, const char *what);
-/* Moves whenever a context is destroyed (cuCtxDestroy, cuDevicePrimaryCtxReset, the release
- * of the primary context's last reference): events the
- * interposer made under an earlier epoch may have died with it, so they are forgotten (never
- * used or destroyed again) and made anew. */
+/* ---- destroyed contexts and streams (context.c) ---- */
+/* Context `ctx`'s epoch: it moves whenever that context is destroyed (cuCtxDestroy,
+ * cuDevicePrimaryCtxReset, the release of the primary context's last reference): events the
+ * interposer made in it under an earlier epoch died with it, so they are forgotten (never
+ * used or destroyed again) and made anew. Other contexts' epochs stay. */
 uint64_t qsc_ctx_epoch(CUcontext ctx);
 /* First call of every thread the interposer starts (it waits on events): another thread's
  * graph capture neither forbids those waits nor is invalidated by them. */

@@ -45,6 +45,7 @@ static void sleep_until_ns(uint64_t deadline) {
 /* ---- objects ---- */
 struct CUctx_st {
     int device;
+    _Atomic uint64_t generation; /* moves when the context is destroyed (see dead_handle) */
 };
 struct CUmod_st {
     int unused;
@@ -69,7 +70,8 @@ struct CUmemPoolHandle_st {
 
 enum { EV_NEVER = 0, EV_PENDING = 1, EV_DONE = 2 };
 struct CUevent_st {
-    uint64_t generation; /* the context's when created (see context_generation) */
+    CUcontext ctx;       /* the context current when it was made */
+    uint64_t generation; /* that context's when created (see dead_handle) */
     _Atomic int state;
     int timed; /* created without CU_EVENT_DISABLE_TIMING */
     uint64_t time_ns;
@@ -89,7 +91,8 @@ typedef struct op {
 } op;
 
 struct CUstream_st {
-    uint64_t generation; /* a created stream's context's; 0 for the default stream */
+    CUcontext ctx;       /* a created stream's context */
+    uint64_t generation; /* that context's when created; 0 for the default stream */
     pthread_mutex_t lock;
     pthread_cond_t work;
     op *first, *last;
@@ -104,22 +107,24 @@ struct CUstream_st {
     struct CUstream_st *next_stream;
 };
 
-static struct CUctx_st the_context;
+static struct CUctx_st the_context = {.generation = 1}; /* the primary context */
 static _Thread_local CUcontext current_context;
 static _Atomic int initialized;
 
-/* Destroying the context (cuCtxDestroy, cuDevicePrimaryCtxReset) destroys every stream and
- * event made in it: their handles are dead, and a call given one is refused as an invalid
- * handle (a real driver may do worse) and counted. The context's handle stays the same, as
- * the primary context's does on a real driver. */
-static _Atomic uint64_t context_generation = 1;
+/* Destroying a context (cuCtxDestroy, cuDevicePrimaryCtxReset) destroys every stream and
+ * event made in it, and only those: their handles are dead, and a call given one is refused as
+ * an invalid handle (a real driver may do worse) and counted. The context's handle stays the
+ * same, as the primary context's does on a real driver. */
 static _Atomic unsigned long dead_handle_uses;
 
-static int dead_handle(uint64_t generation) {
-    if (generation == 0 || generation == atomic_load(&context_generation)) return 0;
+static int dead_handle(CUcontext ctx, uint64_t generation) {
+    if (generation == 0 || generation == atomic_load(&ctx->generation)) return 0;
     atomic_fetch_add(&dead_handle_uses, 1);
     return 1;
 }
+
+/* The context new streams and events belong to: the current one, else the primary. */
+static CUcontext owning_context(void);
 
 /* Test hook: how many calls were given a handle that a destroyed context took with it. */
 EXPORT unsigned long qshare_fake_dead_handle_uses(void) { return atomic_load(&dead_handle_uses); }
@@ -224,7 +229,7 @@ static int legacy_use_forbidden(CUstream stream);
 static CUresult submit(CUstream stream, op o) {
     if (!atomic_load(&initialized)) return CUDA_ERROR_NOT_INITIALIZED;
     CUstream st = resolve(stream);
-    if (st == NULL || dead_handle(st->generation)) return CUDA_ERROR_INVALID_HANDLE;
+    if (st == NULL || dead_handle(st->ctx, st->generation)) return CUDA_ERROR_INVALID_HANDLE;
     if (legacy_use_forbidden(stream)) return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
     if (atomic_load(&st->capture) != CU_STREAM_CAPTURE_STATUS_NONE)
         return CUDA_SUCCESS; /* into the graph being captured: it does not run now */
@@ -363,7 +368,7 @@ EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
 /* The primary context lives while retained: the release of its last reference destroys it
  * (its handle stays the same for the next retain). */
 static _Atomic int primary_refs;
-static void destroy_context(void);
+static void destroy_context(CUcontext ctx);
 
 EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev) {
     if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
@@ -378,7 +383,7 @@ EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
     do {
         if (refs == 0) return CUDA_ERROR_INVALID_CONTEXT;
     } while (!atomic_compare_exchange_weak(&primary_refs, &refs, refs - 1));
-    if (refs == 1) destroy_context();
+    if (refs == 1) destroy_context(&the_context);
     return CUDA_SUCCESS;
 }
 
@@ -390,32 +395,41 @@ EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, in
     return CUDA_SUCCESS;
 }
 
+/* A context of its own (not the primary one), made current. Never freed: a test double's
+ * shortcut, so that a destroyed one's handle can still be told dead. */
 EXPORT CUresult cuCtxCreate_v2(CUcontext *ctx, unsigned int flags, CUdevice dev) {
     (void)flags;
     if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
-    *ctx = current_context = &the_context;
+    CUcontext made = calloc(1, sizeof *made);
+    if (made == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
+    atomic_store(&made->generation, 1);
+    *ctx = current_context = made;
     return CUDA_SUCCESS;
 }
 
+static CUcontext owning_context(void) {
+    return current_context != NULL ? current_context : &the_context;
+}
+
 /* Its work is waited for, then its streams and events die with it. */
-static void destroy_context(void) {
+static void destroy_context(CUcontext ctx) {
     pthread_mutex_lock(&streams_lock);
     CUstream list = all_streams;
     pthread_mutex_unlock(&streams_lock);
     for (CUstream st = list; st != NULL; st = st->next_stream) wait_stream(st);
-    atomic_fetch_add(&context_generation, 1);
+    atomic_fetch_add(&ctx->generation, 1);
 }
 
 EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
-    if (ctx != &the_context) return CUDA_ERROR_INVALID_CONTEXT;
-    destroy_context();
+    if (ctx == NULL) return CUDA_ERROR_INVALID_CONTEXT;
+    destroy_context(ctx);
     if (current_context == ctx) current_context = NULL;
     return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
     if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
-    destroy_context();
+    destroy_context(&the_context);
     return CUDA_SUCCESS;
 }
 
@@ -577,7 +591,8 @@ EXPORT CUresult cuStreamCreate(CUstream *stream, unsigned int flags) {
     *stream = new_stream();
     if (*stream == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
     (*stream)->blocking = (flags & CU_STREAM_NON_BLOCKING) == 0;
-    (*stream)->generation = atomic_load(&context_generation);
+    (*stream)->ctx = owning_context();
+    (*stream)->generation = atomic_load(&(*stream)->ctx->generation);
     return CUDA_SUCCESS;
 }
 
@@ -589,13 +604,14 @@ EXPORT CUresult cuStreamCreate(CUstream *stream, unsigned int flags) {
 EXPORT CUresult cuStreamDestroy_v2(CUstream stream) {
     if (stream == NULL || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD)
         return CUDA_ERROR_INVALID_HANDLE;
-    if (dead_handle(stream->generation)) return CUDA_ERROR_INVALID_HANDLE;
+    if (dead_handle(stream->ctx, stream->generation)) return CUDA_ERROR_INVALID_HANDLE;
     stream->generation = STREAM_DESTROYED;
     return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuStreamSynchronize(CUstream stream) {
-    if (dead_handle(resolve(stream)->generation)) return CUDA_ERROR_INVALID_HANDLE;
+    CUstream st = resolve(stream);
+    if (dead_handle(st->ctx, st->generation)) return CUDA_ERROR_INVALID_HANDLE;
     if (legacy_use_forbidden(stream)) return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
     if (capture_forbids_call()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     wait_stream(resolve(stream));
@@ -616,7 +632,7 @@ EXPORT unsigned long qshare_fake_capture_queries(void) { return capture_queries;
 EXPORT CUresult cuStreamIsCapturing(CUstream stream, int *status) {
     capture_queries++;
     CUstream st = resolve(stream);
-    if (st == NULL || dead_handle(st->generation)) return CUDA_ERROR_INVALID_HANDLE;
+    if (st == NULL || dead_handle(st->ctx, st->generation)) return CUDA_ERROR_INVALID_HANDLE;
     if ((stream == NULL || stream == CU_STREAM_LEGACY) && blocking_captures(0))
         return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
     *status = atomic_load(&st->capture);
@@ -671,6 +687,10 @@ EXPORT CUresult cuThreadExchangeStreamCaptureMode(int *mode) {
 }
 
 static _Atomic long live_events;
+static _Atomic unsigned long created_events;
+
+/* Test hook: how many events were ever created. */
+EXPORT unsigned long qshare_fake_events_created(void) { return atomic_load(&created_events); }
 
 /* Test hook: how many events exist (created and not destroyed), the program's and the
  * interposer's. */
@@ -682,13 +702,15 @@ EXPORT CUresult cuEventCreate(CUevent *event, unsigned int flags) {
     *event = calloc(1, sizeof **event);
     if (*event == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
     (*event)->timed = (flags & CU_EVENT_DISABLE_TIMING) == 0;
-    (*event)->generation = atomic_load(&context_generation);
+    (*event)->ctx = owning_context();
+    (*event)->generation = atomic_load(&(*event)->ctx->generation);
     atomic_fetch_add(&live_events, 1);
+    atomic_fetch_add(&created_events, 1);
     return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuEventDestroy_v2(CUevent event) {
-    if (event == NULL || dead_handle(event->generation)) return CUDA_ERROR_INVALID_HANDLE;
+    if (event == NULL || dead_handle(event->ctx, event->generation)) return CUDA_ERROR_INVALID_HANDLE;
     atomic_fetch_sub(&live_events, 1);
     free(event);
     return CUDA_SUCCESS;
@@ -762,7 +784,7 @@ EXPORT unsigned long qshare_fake_event_records(void) {
 }
 
 EXPORT CUresult cuEventRecord(CUevent event, CUstream stream) {
-    if (event == NULL || dead_handle(event->generation)) return CUDA_ERROR_INVALID_HANDLE;
+    if (event == NULL || dead_handle(event->ctx, event->generation)) return CUDA_ERROR_INVALID_HANDLE;
     atomic_fetch_add(&event_records, 1);
     atomic_store(&event->state, EV_PENDING);
     CUresult rc = submit(stream, (op){.kind = OP_EVENT, .event = event});
@@ -774,13 +796,13 @@ EXPORT CUresult cuEventRecord_ptsz(CUevent event, CUstream stream) {
 }
 
 EXPORT CUresult cuEventQuery(CUevent event) {
-    if (event == NULL || dead_handle(event->generation)) return CUDA_ERROR_INVALID_HANDLE;
+    if (event == NULL || dead_handle(event->ctx, event->generation)) return CUDA_ERROR_INVALID_HANDLE;
     if (capture_forbids_call()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     return atomic_load(&event->state) == EV_PENDING ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuEventSynchronize(CUevent event) {
-    if (event == NULL || dead_handle(event->generation)) return CUDA_ERROR_INVALID_HANDLE;
+    if (event == NULL || dead_handle(event->ctx, event->generation)) return CUDA_ERROR_INVALID_HANDLE;
     if (capture_forbids_call()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     pthread_mutex_lock(&done_lock);
     while (atomic_load(&event->state) == EV_PENDING) pthread_cond_wait(&done_cond, &done_lock);
@@ -790,7 +812,7 @@ EXPORT CUresult cuEventSynchronize(CUevent event) {
 
 EXPORT CUresult cuEventElapsedTime(float *ms, CUevent start, CUevent end) {
     if (start == NULL || end == NULL) return CUDA_ERROR_INVALID_HANDLE;
-    if (dead_handle(start->generation) || dead_handle(end->generation))
+    if (dead_handle(start->ctx, start->generation) || dead_handle(end->ctx, end->generation))
         return CUDA_ERROR_INVALID_HANDLE;
     if (!start->timed || !end->timed) return CUDA_ERROR_INVALID_HANDLE;
     if (atomic_load(&start->state) != EV_DONE || atomic_load(&end->state) != EV_DONE)

@@ -302,8 +302,36 @@ static void cmd_captures(void) {
     printf("captures n=%ld\n", fake_count("qshare_fake_capture_queries"));
 }
 
-/* How many events exist in the fake driver. */
-static void cmd_events(void) { printf("events n=%ld\n", fake_count("qshare_fake_live_events")); }
+/* A driver entry point outside the probe's table, found as a program's dlsym would. */
+static void *entry(const char *name) { return dlsym(RTLD_DEFAULT, name); }
+
+/* How many events exist in the fake driver, and how many were ever created. */
+static void cmd_events(void) {
+    printf("events n=%ld created=%ld\n", fake_count("qshare_fake_live_events"),
+           fake_count("qshare_fake_events_created"));
+}
+
+/* A second context of the program's own: made current, `count` kernels of `us` µs launched
+ * into a stream of it and waited for, then the context destroyed and the probe's made current
+ * again. */
+static void cmd_ctx2(probe *p, unsigned long us, unsigned long count) {
+    typedef CUresult (*create_fn)(CUcontext *, unsigned int, CUdevice);
+    typedef CUresult (*destroy_fn)(CUcontext);
+    create_fn create = (create_fn)entry("cuCtxCreate_v2");
+    destroy_fn destroy = (destroy_fn)entry("cuCtxDestroy_v2");
+    const probe_driver *d = p->d;
+    CUcontext ctx = NULL;
+    CUstream stream = NULL;
+    CUfunction f = kernel_of(p, us);
+    CUresult rc = create == NULL || destroy == NULL ? CUDA_ERROR_NOT_FOUND : create(&ctx, 0, 0);
+    if (rc == CUDA_SUCCESS) rc = d->cuStreamCreate(&stream, 0);
+    for (unsigned long i = 0; i < count && rc == CUDA_SUCCESS; i++)
+        rc = d->cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, stream, NULL, NULL);
+    if (rc == CUDA_SUCCESS) rc = d->cuStreamSynchronize(stream);
+    if (rc == CUDA_SUCCESS) rc = destroy(ctx);
+    if (rc == CUDA_SUCCESS) rc = d->cuCtxSetCurrent(p->ctx);
+    printf("ctx2 rc=%d\n", rc);
+}
 
 typedef struct one_launch {
     probe *p;
@@ -336,8 +364,6 @@ static void cmd_threads(probe *p, unsigned long count, const char *kind) {
 /* How many kernels the fake driver's device has run to their end. */
 static void cmd_kernels(void) { printf("kernels n=%ld\n", fake_count("qshare_fake_kernels_done")); }
 
-/* A driver entry point outside the probe's table, found as a program's dlsym would. */
-static void *entry(const char *name) { return dlsym(RTLD_DEFAULT, name); }
 
 /* cuMemHostGetDevicePointer of memory that was never registered: the driver refuses it and
  * must leave the caller's pointer as it was (kept=1). */
@@ -477,6 +503,7 @@ static void run(probe *p, char *line) {
     else if (strcmp(cmd, "captures") == 0) cmd_captures();
     else if (strcmp(cmd, "hostptr") == 0) cmd_hostptr();
     else if (strcmp(cmd, "events") == 0) cmd_events();
+    else if (strcmp(cmd, "ctx2") == 0) cmd_ctx2(p, strtoul(arg1, NULL, 10), n1);
     else if (strcmp(cmd, "threads") == 0) cmd_threads(p, strtoul(arg1, NULL, 10), word3);
     else if (strcmp(cmd, "capture") == 0) cmd_capture(p, arg1, word3);
     else if (strcmp(cmd, "sleep") == 0) cmd_sleep(strtoul(arg1, NULL, 10));

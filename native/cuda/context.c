@@ -1,0 +1,143 @@
+/* context.c — contexts and streams the program destroys. Each context has an epoch that moves
+ * when it is destroyed (cuCtxDestroy, a reset of the primary context, the release of its last
+ * reference): the interposer's events made in it under an earlier epoch died with it, so they
+ * are forgotten (never used or destroyed again) and made anew, while other contexts' events
+ * stay in use. Low priority's tracked streams of a dying context, and a destroyed stream, are
+ * dropped (lp_batch.c), high priority's fence stops recording into a destroyed stream. */
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "interposer.h"
+
+#define CTX_EPOCHS 64 /* contexts that have died, each keyed; past it every context moves */
+
+static struct {
+    _Atomic(CUcontext) ctx; /* appended, never removed: the first NULL ends the table */
+    _Atomic uint64_t epoch;
+} epochs[CTX_EPOCHS];
+static _Atomic uint64_t every_epoch; /* moves every context's epoch (table full, unknown one) */
+static pthread_mutex_t epochs_lock = PTHREAD_MUTEX_INITIALIZER; /* appending */
+
+uint64_t qsc_ctx_epoch(CUcontext ctx) {
+    uint64_t e = atomic_load_explicit(&every_epoch, memory_order_acquire);
+    for (unsigned i = 0; i < CTX_EPOCHS; i++) {
+        CUcontext known = atomic_load_explicit(&epochs[i].ctx, memory_order_acquire);
+        if (known == NULL) break;
+        if (known == ctx) return e + atomic_load_explicit(&epochs[i].epoch, memory_order_acquire);
+    }
+    return e;
+}
+
+/* The entry of `ctx`, appended if new; NULL when the table is full. */
+static _Atomic uint64_t *epoch_of(CUcontext ctx) {
+    pthread_mutex_lock(&epochs_lock);
+    _Atomic uint64_t *found = NULL;
+    for (unsigned i = 0; i < CTX_EPOCHS && found == NULL; i++) {
+        CUcontext known = atomic_load(&epochs[i].ctx);
+        if (known == NULL) atomic_store(&epochs[i].ctx, ctx);
+        if (known == NULL || known == ctx) found = &epochs[i].epoch;
+    }
+    pthread_mutex_unlock(&epochs_lock);
+    return found;
+}
+
+/* Context `ctx` is destroyed (NULL: one we cannot name, so every context): its epoch moves
+ * before the driver's call (events made meanwhile die too) and after it (no event made before
+ * is taken for live). */
+static void context_dies(CUcontext ctx) {
+    _Atomic uint64_t *epoch = ctx != NULL ? epoch_of(ctx) : NULL;
+    atomic_fetch_add(epoch != NULL ? epoch : &every_epoch, 1);
+}
+
+/* Before the driver destroys a context: its events and streams are about to die. */
+static void context_dying(CUcontext ctx) {
+    context_dies(ctx);
+    qsc_lp_context_dies(ctx);
+}
+
+QSC_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
+    typedef CUresult (*destroy_fn)(CUcontext);
+    qsc_resolve();
+    destroy_fn real = QSC_REAL(destroy_fn, cuCtxDestroy_v2);
+    if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
+    context_dying(ctx);
+    CUresult rc = real(ctx);
+    context_dies(ctx);
+    return rc;
+}
+
+QSC_EXPORT CUresult cuStreamDestroy_v2(CUstream stream) {
+    typedef CUresult (*destroy_fn)(CUstream);
+    qsc_resolve();
+    destroy_fn real = QSC_REAL(destroy_fn, cuStreamDestroy_v2);
+    if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
+    const qsc_session *s = qsc_enter();
+    qsc_hp_stream_destroyed(stream);
+    qsc_lp_stream_destroyed(s, stream);
+    CUresult rc = real(stream);
+    qsc_leave(s);
+    return rc;
+}
+
+typedef CUresult (*primary_reset_fn)(CUdevice);
+typedef CUresult (*primary_state_fn)(CUdevice, unsigned int *, int *);
+
+/* 1 if device `dev`'s primary context is active (also when the driver cannot say). */
+static int primary_active(CUdevice dev) {
+    primary_state_fn state = QSC_REAL(primary_state_fn, cuDevicePrimaryCtxGetState);
+    unsigned int flags = 0;
+    int active = 1;
+    return state == NULL || state(dev, &flags, &active) != CUDA_SUCCESS || active;
+}
+
+/* The handle of device `dev`'s primary context while it is active (one retain, given back at
+ * once, leaves it as it was); NULL when it cannot be had. */
+static CUcontext primary_of(CUdevice dev) {
+    typedef CUresult (*retain_fn)(CUcontext *, CUdevice);
+    retain_fn retain = QSC_REAL(retain_fn, cuDevicePrimaryCtxRetain);
+    primary_reset_fn release = QSC_REAL(primary_reset_fn, cuDevicePrimaryCtxRelease_v2);
+    CUcontext ctx = NULL;
+    if (retain == NULL || release == NULL || retain(&ctx, dev) != CUDA_SUCCESS) return NULL;
+    release(dev);
+    return ctx;
+}
+
+static CUresult reset_primary(primary_reset_fn real, CUdevice dev) {
+    if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!primary_active(dev)) return real(dev); /* nothing of ours lives in it */
+    CUcontext ctx = primary_of(dev);
+    context_dying(ctx);
+    CUresult rc = real(dev);
+    context_dies(ctx);
+    return rc;
+}
+
+/* The release of the primary context's last reference destroys it: known only after the
+ * driver's call, from the context's state; its handle is taken before. */
+static CUresult release_primary(primary_reset_fn real, CUdevice dev) {
+    if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
+    CUcontext ctx = primary_active(dev) ? primary_of(dev) : NULL;
+    CUresult rc = real(dev);
+    if (rc == CUDA_SUCCESS && !primary_active(dev)) context_dying(ctx);
+    return rc;
+}
+
+QSC_EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev) {
+    qsc_resolve();
+    return release_primary(QSC_REAL(primary_reset_fn, cuDevicePrimaryCtxRelease), dev);
+}
+
+QSC_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+    qsc_resolve();
+    return release_primary(QSC_REAL(primary_reset_fn, cuDevicePrimaryCtxRelease_v2), dev);
+}
+
+QSC_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev) {
+    qsc_resolve();
+    return reset_primary(QSC_REAL(primary_reset_fn, cuDevicePrimaryCtxReset), dev);
+}
+
+QSC_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
+    qsc_resolve();
+    return reset_primary(QSC_REAL(primary_reset_fn, cuDevicePrimaryCtxReset_v2), dev);
+}

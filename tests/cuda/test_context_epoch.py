@@ -1,0 +1,24 @@
+"""A program with two contexts destroys one: the interposer forgets (and makes anew) only the
+events it made in that context; the other context's events stay in use. Before, any destroy
+moved one epoch for every context, so each destroy leaked and re-made the events of all of
+them (the fake driver counts the events ever created)."""
+
+from __future__ import annotations
+
+from .conftest import LP_VGPU, NodeOwner, run_probe
+
+# Short bursts into the probe's stream, each fenced on its own (a marker, then the tail after
+# a pause): enough fences that every slot of the stream's fence queue holds an event.
+BURSTS = [c for _ in range(20) for c in ("launch kernel 0 1", "sleep 1")]
+
+
+def test_destroying_one_context_leaves_the_other_contexts_events_in_use(
+    node: NodeOwner,
+) -> None:
+    commands = ["init", *BURSTS, "events", "ctx2 100 50", "events", *BURSTS, "sync", "events"]
+    run = run_probe(node, LP_VGPU, [*commands, "deadhandles"])
+    assert all(r["rc"] == "0" for r in run.replies if "rc" in r), run.replies
+    before, after_destroy, after = (int(run.reply("events", i)["created"]) for i in range(3))
+    assert after_destroy > before  # the second context's own fences
+    assert after == after_destroy
+    assert run.reply("deadhandles")["n"] == "0"
