@@ -90,8 +90,7 @@ static void init_streams(void) {
 /* The window in force: the card's, or with the device gate on (high priority then waits for
  * a slice, not for the window), at least the one kept while nobody needs protecting. */
 static uint64_t window_of(const qsc_session *s) {
-    uint64_t w = qs_client_lp_window_ns(s->client);
-    return qsc_dgate_on() && w < QS_LP_WINDOW_ALONE_NS ? QS_LP_WINDOW_ALONE_NS : w;
+    return qs_lp_window_in_force(qs_client_lp_window_ns(s->client), qsc_dgate_on());
 }
 
 static uint64_t estimate(uint64_t window) {
@@ -381,7 +380,7 @@ void qsc_lp_wait_window(uint64_t window_ns) {
     for (;;) {
         uint32_t seq = atomic_load(&lp.done_seq);
         uint64_t done = atomic_load(&lp.completed), inflight = atomic_load(&lp.launched) - done;
-        if (inflight == 0 || inflight * estimate(window_ns) < window_ns) return;
+        if (qs_lp_window_admits(inflight * estimate(window_ns), window_ns)) return;
         atomic_fetch_add(&lp.done_waiters, 1);
         end_bursts();
         wait_for_room(seq);

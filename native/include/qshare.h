@@ -270,6 +270,15 @@ int qs_card_set_lp_window(qs_node *node, uint32_t index, uint64_t window_ns);
 /* The window as a launcher applies it now: the card's while a high-priority process is
  * attached to the card, else the larger of it and QS_LP_WINDOW_ALONE_NS. */
 uint64_t qs_client_lp_window_ns(qs_client *client);
+/* The window rule, one for every launcher (the CUDA interposer, the simulated card's replay
+ * and, through the binding, Python): 1 if a low-priority launch may go with `queued_ns` of its
+ * process's work submitted and not known complete (estimated device time; 0 when none is in
+ * flight: a launch then always goes) under `window_ns`. */
+int qs_lp_window_admits(uint64_t queued_ns, uint64_t window_ns);
+/* The window in force for a launcher given `window_ns` (qs_client_lp_window_ns): with the
+ * device gate on (`device_gate` 1: high priority then waits for a slice, not for the window),
+ * at least QS_LP_WINDOW_ALONE_NS. */
+uint64_t qs_lp_window_in_force(uint64_t window_ns, int device_gate);
 /* The card's gate word, for a device to wait on: a 32-bit value in the shared segment that is
  * QS_GATE_WORD_OPEN exactly while low priority may run (high priority closes it; the release
  * reopens it). Its page can be registered with the GPU so that queued low-priority work

@@ -1,7 +1,18 @@
 /* lp_window.c — low priority's in-flight window per card, in device time, and whether its
  * queued work waits on the card's gate word on the GPU (the device gate): set by the owner at
- * run time, read by launchers (the window at every batch, the device gate when they bind). */
+ * run time, read by launchers (the window at every batch, the device gate when they bind);
+ * and the window rule itself, which every launcher applies. */
 #include "node.h"
+
+int qs_lp_window_admits(uint64_t queued_ns, uint64_t window_ns)
+{
+    return queued_ns == 0 || queued_ns < window_ns;
+}
+
+uint64_t qs_lp_window_in_force(uint64_t window_ns, int device_gate)
+{
+    return device_gate && window_ns < QS_LP_WINDOW_ALONE_NS ? QS_LP_WINDOW_ALONE_NS : window_ns;
+}
 
 uint64_t qs_card_lp_window(const struct qs_cfg_card *card)
 {

@@ -113,7 +113,8 @@ static void wait_window(struct replay *r, uint64_t window_ns)
 {
     uint64_t now = qs_now_ns();
     end_finished(r, now);
-    while (window_ns && r->head < r->tail && queued_ns(r, now) >= window_ns) {
+    while (window_ns &&
+           !qs_lp_window_admits(r->head < r->tail ? queued_ns(r, now) : 0, window_ns)) {
         pass_time(r, now + (queued_ns(r, now) - window_ns) + 1, 0);
         end_finished(r, now = qs_now_ns());
     }

@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from qshare_driver import Client, InvalidArgumentError, Node, NotFoundError
+from qshare_driver import (
+    Client,
+    InvalidArgumentError,
+    Node,
+    NotFoundError,
+    lp_window_admits,
+    lp_window_in_force_ns,
+)
 from qshare_driver._lib import check, lib
 
 GiB = 1 << 30
@@ -75,3 +82,27 @@ def test_a_client_reads_its_cards_device_gate(node: Node, shm_dir: str) -> None:
     node.set_lp_device_gate(0, True)
     with Client.attach(node.name, 2, shm_dir) as lp:
         assert lib.qs_client_lp_device_gate(lp._h) == 1
+
+
+@pytest.mark.parametrize(
+    ("queued_ns", "window_ns", "admitted"),
+    [(0, 1000, True), (999, 1000, True), (1000, 1000, False), (5000, 1000, False), (0, 0, True)],
+)
+def test_window_rule_admits_a_launch_while_less_than_the_window_is_queued(
+    queued_ns: int, window_ns: int, admitted: bool
+) -> None:
+    """The one rule (qs_lp_window_admits) that the interposer, the simulated card's replay and
+    the benchmarks' ideal launcher all apply: nothing in flight always admits."""
+    assert lp_window_admits(queued_ns, window_ns) is admitted
+
+
+def test_window_in_force_with_the_device_gate_is_at_least_the_one_kept_alone() -> None:
+    alone = int(lib.QS_LP_WINDOW_ALONE_NS)
+    assert lp_window_in_force_ns(500_000, True) == alone
+    assert lp_window_in_force_ns(500_000, False) == 500_000
+    assert lp_window_in_force_ns(2 * alone, True) == 2 * alone
+
+
+def test_window_rule_refuses_negative_nanoseconds_by_name() -> None:
+    with pytest.raises(ValueError, match="queued_ns"):
+        lp_window_admits(-1, 1000)

@@ -12,6 +12,7 @@ from qshare_driver.errors import (
     SegmentMismatchError,
     ShareSumError,
 )
+from qshare_driver.lp_window import lp_window_admits, lp_window_in_force_ns
 from qshare_driver.node import CardStats, Event, EventKind, Node, Policy, Priority, VgpuStats
 
 __all__ = [
@@ -33,4 +34,6 @@ __all__ = [
     "SegmentMismatchError",
     "ShareSumError",
     "VgpuStats",
+    "lp_window_admits",
+    "lp_window_in_force_ns",
 ]

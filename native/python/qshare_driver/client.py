@@ -11,6 +11,7 @@ from typing import Any, Self
 
 from qshare_driver._lib import check, ffi, lib, text
 from qshare_driver.errors import DriverError
+from qshare_driver.lp_window import lp_window_in_force_ns
 from qshare_driver.node import Priority
 
 
@@ -128,7 +129,7 @@ class Client:
     def replay_gated(self, timeline: Sequence[tuple[int, int]]) -> tuple[int, int]:
         """`replay` as the CUDA interposer's device gate queues: the window it keeps alone
         (at least QS_LP_WINDOW_ALONE_NS), a slice of QS_LP_DEVICE_GATE_SLICE_NS at a time."""
-        window = max(self.lp_window_s, int(lib.QS_LP_WINDOW_ALONE_NS) / 1e9)
+        window = lp_window_in_force_ns(int(lib.qs_client_lp_window_ns(self._h)), True) / 1e9
         return self.replay(timeline, window, int(lib.QS_LP_DEVICE_GATE_SLICE_NS) / 1e9)
 
     def account_device_time(self, seconds: float) -> None:

@@ -16,6 +16,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from qshare_driver import lp_window_admits
+
 TRACE_FILE = Path(__file__).parent / "traces" / "h100-pytorch-2.11.json"
 HOST_SCALE = 0.5
 LP_TRAINING = "lp_resnet50_train_bs64"
@@ -91,7 +93,7 @@ def replay_model_ns(rows: list[tuple[int, int]], window_ns: int | None) -> int:
     host = device_end = 0
     for gap, dur in rows:
         host += gap
-        if window_ns is not None and device_end - host >= window_ns:
+        if window_ns is not None and not lp_window_admits(max(device_end - host, 0), window_ns):
             host = device_end - window_ns + 1
         device_end = max(host, device_end) + dur
     return max(host, device_end)
