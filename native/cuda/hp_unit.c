@@ -51,9 +51,13 @@ int qsc_hp_coalescable(CUstream stream) {
 static CUresult record_fence_locked(int (*capturing)(CUstream)) {
     if (hp.fence_epoch != qsc_ctx_epoch(hp.ctx) || hp.stream_gone)
         return CUDA_ERROR_INVALID_HANDLE;
-    if (capturing(hp.stream)) return CUDA_ERROR_NOT_PERMITTED; /* never record into a capture */
-    if (hp.interval_ns) hp.recorded_ns = qs_now_ns(); /* for pace(): no clock read unpaced */
-    CUresult rc = QSC_REAL(qsc_event_record_fn, cuEventRecord)(hp.fence, hp.stream);
+    qsc_record_begin();
+    CUresult rc = CUDA_ERROR_NOT_PERMITTED; /* never record into a capture */
+    if (!capturing(hp.stream)) {
+        if (hp.interval_ns) hp.recorded_ns = qs_now_ns(); /* for pace(): no clock read unpaced */
+        rc = QSC_REAL(qsc_event_record_fn, cuEventRecord)(hp.fence, hp.stream);
+    }
+    qsc_record_end();
     if (rc == CUDA_SUCCESS) qsc_stats_count(QSC_STAT_HP_FENCES, 1);
     return rc;
 }

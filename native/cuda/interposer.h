@@ -48,6 +48,12 @@
     X(cuDeviceTotalMem_v2, cuDeviceTotalMem, CUDA)                      \
     X(cuCtxDestroy_v2, cuCtxDestroy, CUDA)                              \
     X(cuStreamDestroy_v2, cuStreamDestroy, CUDA)                        \
+    X(cuStreamBeginCapture, cuStreamBeginCapture, CUDA)                 \
+    X(cuStreamBeginCapture_ptsz, cuStreamBeginCapture, CUDA)            \
+    X(cuStreamBeginCapture_v2, cuStreamBeginCapture, CUDA)              \
+    X(cuStreamBeginCapture_v2_ptsz, cuStreamBeginCapture, CUDA)         \
+    X(cuStreamBeginCaptureToGraph, cuStreamBeginCaptureToGraph, CUDA)   \
+    X(cuStreamBeginCaptureToGraph_ptsz, cuStreamBeginCaptureToGraph, CUDA) \
     X(cuDevicePrimaryCtxReset, cuDevicePrimaryCtxReset, CUDA)           \
     X(cuDevicePrimaryCtxReset_v2, cuDevicePrimaryCtxReset, CUDA)        \
     X(cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease, CUDA)       \
@@ -126,6 +132,16 @@ CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes);
 CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev);
 CUresult cuCtxDestroy_v2(CUcontext ctx);
 CUresult cuStreamDestroy_v2(CUstream stream);
+CUresult cuStreamBeginCapture(CUstream stream);
+CUresult cuStreamBeginCapture_ptsz(CUstream stream);
+CUresult cuStreamBeginCapture_v2(CUstream stream, CUstreamCaptureMode mode);
+CUresult cuStreamBeginCapture_v2_ptsz(CUstream stream, CUstreamCaptureMode mode);
+CUresult cuStreamBeginCaptureToGraph(CUstream stream, CUgraph graph, const void *dependencies,
+                                     const void *edge_data, size_t count,
+                                     CUstreamCaptureMode mode);
+CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream stream, CUgraph graph,
+                                          const void *dependencies, const void *edge_data,
+                                          size_t count, CUstreamCaptureMode mode);
 CUresult cuDevicePrimaryCtxReset(CUdevice dev);
 CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev);
 CUresult cuDevicePrimaryCtxRelease(CUdevice dev);
@@ -225,6 +241,13 @@ int qsc_stream_unrecordable(CUstream stream);
 /* After submitting, within the same qsc_enter: `submitted` is the driver's result. Tracks
  * completion on `stream`. */
 void qsc_unit_end(const qsc_session *s, CUstream stream, CUresult submitted, int tracked);
+
+/* ---- captures the program begins (capture.c) ---- */
+/* Around the interposer's question whether a stream may be recorded into and the recording
+ * itself: no capture can begin meanwhile (every cuStreamBeginCapture* waits). */
+void qsc_record_begin(void);
+void qsc_record_end(void);
+void qsc_captures_forked(void);
 
 /* ---- high priority's coalesced units (hp_unit.c) ---- */
 int qsc_hp_coalescable(CUstream stream);

@@ -123,9 +123,11 @@ static int push_fence_locked(lp_stream *st, int marker, qs_client *client,
             return 0;
         f->epoch = epoch;
     }
-    if (capturing(stream) ||
-        QSC_REAL(qsc_event_record_fn, cuEventRecord)(f->ev, stream) != CUDA_SUCCESS)
-        return 0;
+    qsc_record_begin();
+    int unrecorded = capturing(stream) ||
+                     QSC_REAL(qsc_event_record_fn, cuEventRecord)(f->ev, stream) != CUDA_SUCCESS;
+    qsc_record_end();
+    if (unrecorded) return 0;
     f->covered = n;
     f->episodes = qs_client_hp_episodes(client);
     f->untimed = (int)atomic_exchange(&st->unmarked, 0);

@@ -103,6 +103,7 @@ static void forget_parents_units(void) {
     qsc_units_forked();
     qsc_hp_forked();
     qsc_lp_forked();
+    qsc_captures_forked();
 }
 
 static void attach(void) {

@@ -225,14 +225,21 @@ static CUstream resolve(CUstream st) {
 }
 
 static int legacy_use_forbidden(CUstream stream);
+static _Atomic unsigned long captured_records;
+
+/* Test hook: how many event records went into a graph being captured (the probe records no
+ * events of its own: these are the interposer's). */
+EXPORT unsigned long qshare_fake_captured_records(void) { return atomic_load(&captured_records); }
 
 static CUresult submit(CUstream stream, op o) {
     if (!atomic_load(&initialized)) return CUDA_ERROR_NOT_INITIALIZED;
     CUstream st = resolve(stream);
     if (st == NULL || dead_handle(st->ctx, st->generation)) return CUDA_ERROR_INVALID_HANDLE;
     if (legacy_use_forbidden(stream)) return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
-    if (atomic_load(&st->capture) != CU_STREAM_CAPTURE_STATUS_NONE)
+    if (atomic_load(&st->capture) != CU_STREAM_CAPTURE_STATUS_NONE) {
+        if (o.kind == OP_EVENT) atomic_fetch_add(&captured_records, 1);
         return CUDA_SUCCESS; /* into the graph being captured: it does not run now */
+    }
     int instant = (o.kind != OP_KERNEL || o.duration_ns == 0) && o.kind != OP_WAIT;
     o.submit_ns = now_ns();
     if (instant && atomic_load(&st->pending) == 0) {
@@ -627,6 +634,18 @@ static _Thread_local unsigned long capture_queries;
  * launching thread: what its launches asked, not what other threads did). */
 EXPORT unsigned long qshare_fake_capture_queries(void) { return capture_queries; }
 
+/* QSHARE_FAKE_CAPTURE_QUERY_DELAY_MS: the first answer to a thread in thread-local capture
+ * mode (an interposer's completion thread) is held that long after it was read, so that a test
+ * can begin a capture between that question and the recording that follows it. */
+static void delay_first_completion_query(void) {
+    static _Atomic int delayed;
+    const char *ms = getenv("QSHARE_FAKE_CAPTURE_QUERY_DELAY_MS");
+    if (ms == NULL || thread_capture_mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL ||
+        atomic_exchange(&delayed, 1))
+        return;
+    sleep_until_ns(now_ns() + strtoull(ms, NULL, 10) * 1000000ull);
+}
+
 /* Asked of the legacy stream while a blocking stream is captured: the driver's error, which
  * invalidates nothing. */
 EXPORT CUresult cuStreamIsCapturing(CUstream stream, int *status) {
@@ -636,6 +655,7 @@ EXPORT CUresult cuStreamIsCapturing(CUstream stream, int *status) {
     if ((stream == NULL || stream == CU_STREAM_LEGACY) && blocking_captures(0))
         return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
     *status = atomic_load(&st->capture);
+    delay_first_completion_query();
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuStreamIsCapturing_ptsz(CUstream stream, int *status) {

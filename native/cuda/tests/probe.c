@@ -306,6 +306,10 @@ static void cmd_captures(void) {
 static void *entry(const char *name) { return dlsym(RTLD_DEFAULT, name); }
 
 /* How many events exist in the fake driver, and how many were ever created. */
+static void cmd_captured(void) {
+    printf("captured n=%ld\n", fake_count("qshare_fake_captured_records"));
+}
+
 static void cmd_events(void) {
     printf("events n=%ld created=%ld\n", fake_count("qshare_fake_live_events"),
            fake_count("qshare_fake_events_created"));
@@ -503,6 +507,7 @@ static void run(probe *p, char *line) {
     else if (strcmp(cmd, "captures") == 0) cmd_captures();
     else if (strcmp(cmd, "hostptr") == 0) cmd_hostptr();
     else if (strcmp(cmd, "events") == 0) cmd_events();
+    else if (strcmp(cmd, "captured") == 0) cmd_captured();
     else if (strcmp(cmd, "ctx2") == 0) cmd_ctx2(p, strtoul(arg1, NULL, 10), n1);
     else if (strcmp(cmd, "threads") == 0) cmd_threads(p, strtoul(arg1, NULL, 10), word3);
     else if (strcmp(cmd, "capture") == 0) cmd_capture(p, arg1, word3);
