@@ -25,9 +25,10 @@ def test_the_window_bounds_the_work_in_flight_summed_over_streams(
     node: NodeOwner, hp_probe: Probe
 ) -> None:
     """A 2 ms window (a high-priority process is attached): 40 kernels of 5 ms spread over
-    two streams cannot be submitted far ahead of the device. Were each stream given a window of
-    its own, or the second left to a per-launch bound, more would be queued when the loop
-    returns; summed, what is left is about one kernel per stream."""
+    two streams cannot be submitted far ahead of the device: the loop is held, and what is left
+    when it returns is about one kernel per stream. (That the sum over streams is what counts,
+    stream by stream under the window but not together, is tested on lp_batch.c alone:
+    test_units.py.)"""
     assert node.command("window 0 2000")["rc"] == "0"
     run = run_probe(node, LP_VGPU, ["init", "spread 5000 40 2", "sync"])
     assert run.rc("spread") == 0 and run.rc("sync") == 0

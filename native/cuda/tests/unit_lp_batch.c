@@ -72,6 +72,30 @@ static int test_completion_thread_does_not_sleep_while_a_fence_is_pending(void) 
     return 0;
 }
 
+static void *run_wait_window(void *arg) {
+    qsc_lp_wait_window(*(const uint64_t *)arg);
+    return NULL;
+}
+
+/* Six launches in flight in each of two streams, estimated at 100 ns each, under a 1,000 ns
+ * window: each stream alone is under it, their sum is not, so a launch waits; once one stream's
+ * launches end, it goes. */
+static int test_the_window_bounds_the_launches_in_flight_summed_over_streams(void) {
+    qsc_lp_forked(); /* a fresh state */
+    static const uint64_t window = 1000;
+    atomic_store(&lp.est_ns, 100);
+    for (unsigned i = 0; i < 2; i++) atomic_store(&lp.streams[i].launched, 6);
+    atomic_store(&lp.launched, 12);
+    pthread_t waiter;
+    EXPECT(pthread_create(&waiter, NULL, run_wait_window, (void *)&window) == 0);
+    struct timespec pause = {0, 100000000L};
+    nanosleep(&pause, NULL);
+    EXPECT(pthread_tryjoin_np(waiter, NULL) == EBUSY);
+    end_launches(&no_session, &lp.streams[1], 6, 0);
+    EXPECT(pthread_join(waiter, NULL) == 0);
+    return 0;
+}
+
 int main(void) {
     static const struct {
         const char *name;
@@ -79,6 +103,8 @@ int main(void) {
     } tests[] = {
         {"completion thread does not sleep while a fence is pending",
          test_completion_thread_does_not_sleep_while_a_fence_is_pending},
+        {"the window bounds the launches in flight summed over streams",
+         test_the_window_bounds_the_launches_in_flight_summed_over_streams},
     };
     int failed = 0;
     for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
