@@ -20,9 +20,7 @@ SECRETS = DEPLOY / "secrets"
 test_manifest_secrets.py renders the manifests with a generated one."""
 KUSTOMIZATIONS = sorted(k for k in DEPLOY.rglob("kustomization.yaml") if SECRETS not in k.parents)
 MANIFESTS = sorted(
-    p
-    for p in DEPLOY.rglob("*.yaml")
-    if p.name != "kustomization.yaml" and SECRETS not in p.parents
+    p for p in DEPLOY.rglob("*.yaml") if p.name != "kustomization.yaml" and SECRETS not in p.parents
 )
 
 
