@@ -627,3 +627,22 @@ async def test_a_pod_whose_bind_gave_its_claim_back_is_bound_when_the_scheduler_
     assert reply.json().get("Error", "") == ""
     assert apiserver.objects["/api/v1/namespaces/team-a/pods/web-0"]["spec"]["nodeName"] == "node-b"
     assert ("placed", "node-b") in await claims_of(engine)
+
+
+async def test_the_sweep_gives_back_an_old_claim_a_bound_pod_does_not_name(
+    extender: httpx.AsyncClient,
+    extender_app: FastAPI,
+    nc: Client,
+    apiserver: ApiServerDouble,
+    engine: AsyncEngine,
+) -> None:
+    """A claim of the pod's that its annotation does not name (an earlier bind's, say one
+    whose create answer was lost) is nobody's once the grace is over."""
+    await register(nc, "node-a")
+    reply = await extender.post("/extender/bind", json=stored_pod(apiserver, "web-0", "node-a"))
+    assert reply.json().get("Error", "") == ""
+    notes = apiserver.objects["/api/v1/namespaces/team-a/pods/web-0"]["metadata"]["annotations"]
+    notes["qshare.io/claim"] = str(uuid.uuid4())
+    await age_claims(engine, 301)
+    assert len(await Reaper(extender_app.state.resources).sweep()) == 1
+    assert await claims_of(engine) == [("released", "node-a")]
