@@ -197,3 +197,39 @@ def test_the_extender_takes_the_schedulers_request_for_five_thousand_nodes(
     pod = {"metadata": {"name": "p", "namespace": "n", "uid": "u" * 36}, "spec": {}}
     body = json.dumps({"Pod": pod | {"pad": "x" * 8192}, "NodeNames": names})
     assert len(body) <= settings.max_body_bytes
+
+
+def workloads() -> list[dict[str, Any]]:
+    return [o for o in all_objects() if o["kind"] in ("Deployment", "DaemonSet", "StatefulSet")]
+
+
+def test_every_unprivileged_container_drops_every_capability_and_cannot_escalate() -> None:
+    for obj in workloads():
+        spec = obj["spec"]["template"]["spec"]
+        for container in spec.get("initContainers", []) + spec["containers"]:
+            context = container.get("securityContext", {})
+            if context.get("privileged"):
+                continue
+            name = f"{obj['metadata']['name']}/{container['name']}"
+            assert context.get("allowPrivilegeEscalation") is False, name
+            assert context.get("capabilities", {}).get("drop") == ["ALL"], name
+            assert context.get("readOnlyRootFilesystem") is True, name
+
+
+def test_every_replicated_deployment_has_a_disruption_budget_leaving_one_replica() -> None:
+    budgets = {
+        o["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"]: o["spec"]
+        for o in all_objects()
+        if o["kind"] == "PodDisruptionBudget"
+    }
+    for obj in workloads():
+        if obj["kind"] == "Deployment" and obj["spec"]["replicas"] > 1:
+            label = obj["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"]
+            assert budgets[label]["maxUnavailable"] < obj["spec"]["replicas"], label
+
+
+def test_the_extender_keeps_every_replica_serving_during_a_rollout() -> None:
+    """The scheduler's extender is not ignorable: pods asking for qshare wait while none
+    answers."""
+    [extender] = [o for o in workloads() if o["metadata"]["name"] == "qshare-extender"]
+    assert extender["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
