@@ -200,7 +200,15 @@ def test_the_extender_takes_the_schedulers_request_for_five_thousand_nodes(
 
 
 def workloads() -> list[dict[str, Any]]:
-    return [o for o in all_objects() if o["kind"] in ("Deployment", "DaemonSet", "StatefulSet")]
+    """qshare's own workloads (not the examples')."""
+    kinds = ("Deployment", "DaemonSet", "StatefulSet")
+    return [
+        d
+        for p in MANIFESTS
+        if DEPLOY / "base" in p.parents
+        for d in documents(p)
+        if d["kind"] in kinds
+    ]
 
 
 def test_every_unprivileged_container_drops_every_capability_and_cannot_escalate() -> None:
@@ -233,3 +241,12 @@ def test_the_extender_keeps_every_replica_serving_during_a_rollout() -> None:
     answers."""
     [extender] = [o for o in workloads() if o["metadata"]["name"] == "qshare-extender"]
     assert extender["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+
+
+def test_the_allocator_migrates_the_schema_before_it_serves() -> None:
+    """A first `kubectl apply` has an empty database: nothing else creates the tables."""
+    [allocator] = [o for o in workloads() if o["metadata"]["name"] == "qshare-allocator"]
+    [init] = allocator["spec"]["template"]["spec"]["initContainers"]
+    assert init["command"][-2:] == ["qshare_allocator", "migrate"]
+    names = {v["name"] for v in init["env"]}
+    assert "QSHARE_ALLOCATOR_DATABASE_URL" in names
