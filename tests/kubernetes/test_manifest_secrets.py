@@ -60,7 +60,8 @@ def secret_data(objects: Objects, name: str) -> dict[str, str]:
     [secret] = [
         o
         for o in objects
-        if o["kind"] == "Secret" and re.fullmatch(f"{name}-[a-z0-9]{{10}}", o["metadata"]["name"])
+        if o["kind"] == "Secret"
+        and re.fullmatch(f"{name}(-[a-z0-9]{{10}})?", o["metadata"]["name"])
     ]
     return {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
 
@@ -285,8 +286,33 @@ def test_no_other_pod_mounts_the_admin_token_or_another_services_password(
     for obj in rendered:
         if obj["kind"] in ("Deployment", "DaemonSet", "StatefulSet"):
             volumes = obj["spec"]["template"]["spec"].get("volumes", [])
-            secrets = {v["secret"]["secretName"][:-11] for v in volumes if "secret" in v}
+            secrets = {_unhashed(v["secret"]["secretName"]) for v in volumes if "secret" in v}
             assert secrets == wanted[obj["metadata"]["name"]]
+
+
+def _unhashed(name: str) -> str:
+    return re.sub(r"-[a-z0-9]{10}$", "", name)
+
+
+def test_adding_a_node_renames_the_nats_config_but_not_the_nodes_secret(tmp_path: Path) -> None:
+    """NATS restarts with the new identity; the running node agents are not rolled."""
+    root = tmp_path / "kubernetes"
+    shutil.copytree(DEPLOY, root, ignore=shutil.ignore_patterns(SECRETS.name))
+    kube_secrets.write_kustomization(root / SECRETS.name, NODES)
+    before = _secret_names(root)
+    kube_secrets.write_kustomization(root / SECRETS.name, ["gpu-node-9"])
+    after = _secret_names(root)
+    assert before["qshare-nats-server"] != after["qshare-nats-server"]
+    assert before["qshare-nats-nodes"] == after["qshare-nats-nodes"] == "qshare-nats-nodes"
+    assert before["qshare-nats-api"] == after["qshare-nats-api"]
+
+
+def _secret_names(root: Path) -> dict[str, str]:
+    if KUBECTL is None:
+        pytest.skip("kubectl (its kustomize) is not installed")
+    out = subprocess.run([KUBECTL, "kustomize", str(root)], capture_output=True, check=True)
+    objects = [d for d in yaml.safe_load_all(out.stdout) if d and d["kind"] == "Secret"]
+    return {_unhashed(o["metadata"]["name"]): o["metadata"]["name"] for o in objects}
 
 
 @contextlib.asynccontextmanager

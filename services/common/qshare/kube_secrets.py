@@ -56,7 +56,7 @@ def kustomization(directory: Path) -> dict[str, object]:
         "namespace": NAMESPACE,
         "generatorOptions": {"labels": {"app.kubernetes.io/part-of": "qshare"}},
         "secretGenerator": [
-            {"name": name, "files": files} for name, files in _secret_files(directory).items()
+            _generator(name, files) for name, files in _secret_files(directory).items()
         ],
     }
 
@@ -64,6 +64,17 @@ def kustomization(directory: Path) -> dict[str, object]:
 def node_users(directory: Path) -> list[str]:
     """The node identities whose passwords are in `directory`, sorted."""
     return sorted(p.stem for p in directory.glob("node-*.password"))
+
+
+def _generator(name: str, files: list[str]) -> dict[str, object]:
+    """A Secret's generator. Every name but the nodes' gets a hash of the content, so that a
+    change restarts the pods reading it; a node added changes only the nodes' Secret, which
+    the running agents do not need again (their own password is kept), so it keeps its name
+    and the DaemonSet is not rolled: a new node's pod reads the updated Secret."""
+    generator: dict[str, object] = {"name": name, "files": files}
+    if name == NODES_SECRET:
+        generator["options"] = {"disableNameSuffixHash": True}
+    return generator
 
 
 def _secret_files(directory: Path) -> dict[str, list[str]]:
