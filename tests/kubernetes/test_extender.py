@@ -646,3 +646,20 @@ async def test_the_sweep_gives_back_an_old_claim_a_bound_pod_does_not_name(
     await age_claims(engine, 301)
     assert len(await Reaper(extender_app.state.resources).sweep()) == 1
     assert await claims_of(engine) == [("released", "node-a")]
+
+
+async def test_a_bind_that_reaches_its_binding_too_late_gives_its_claim_back_unbound(
+    extender: httpx.AsyncClient,
+    extender_app: FastAPI,
+    nc: Client,
+    apiserver: ApiServerDouble,
+    engine: AsyncEngine,
+) -> None:
+    """Past half the grace the reaper may soon take the claim for a leftover: the bind
+    does not send its Binding (here the grace is 0, so every bind is too late)."""
+    extender_app.state.resources.settings.extender.settle_after_s = 0
+    await register(nc, "node-a")
+    reply = await extender.post("/extender/bind", json=stored_pod(apiserver, "web-0", "node-a"))
+    assert "took too long to bind" in reply.json()["Error"]
+    assert "nodeName" not in apiserver.objects["/api/v1/namespaces/team-a/pods/web-0"]["spec"]
+    assert await claims_of(engine) == [("released", "node-a")]
