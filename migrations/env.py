@@ -17,6 +17,7 @@ if config.config_file_name is not None and config.attributes.get("configure_logg
     fileConfig(config.config_file_name, disable_existing_loggers=False)
 
 target_metadata = metadata
+MIGRATION_LOCK = 0x7173_6D67  # "qsmg": one migration at a time per database
 
 
 def _url() -> str:
@@ -29,8 +30,12 @@ def _url() -> str:
 
 
 def _run(connection: Connection) -> None:
+    """All revisions in one transaction, which first waits for any other migration of the
+    database (allocator replicas each migrate as they start): the one waiting then finds
+    the schema at head and does nothing."""
     context.configure(connection=connection, target_metadata=target_metadata)
     with context.begin_transaction():
+        connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK})")
         context.run_migrations()
 
 

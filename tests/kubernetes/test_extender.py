@@ -494,3 +494,172 @@ async def test_a_binding_applied_whose_answer_is_lost_keeps_the_claim_and_its_an
     assert "qshare.io/claim" in stored["metadata"]["annotations"]
     assert await claims_of(engine) == [("placed", "node-a")]
     assert reply.json().get("Error", "") == ""
+
+
+def fail_reads_after_the_binding(apiserver: ApiServerDouble, reads: int) -> None:
+    """The next Binding POST is followed by `reads` GETs answering 503 (the API server
+    failing while the extender settles the Binding's lost answer)."""
+    after = apiserver.post
+
+    def post_then_fail_reads(path: str, body: dict[str, Any]) -> tuple[int, Any]:
+        answer = after(path, body)
+        if path.endswith("/binding"):
+            apiserver.fail_gets = reads
+            apiserver.post = after  # type: ignore[method-assign]
+        return answer
+
+    apiserver.post = post_then_fail_reads  # type: ignore[method-assign]
+
+
+async def test_a_lost_binding_answer_and_a_failed_re_read_keep_the_claim_and_its_annotations(
+    extender: httpx.AsyncClient, nc: Client, apiserver: ApiServerDouble, engine: AsyncEngine
+) -> None:
+    """The Binding is applied, its answer lost, and every read of the pod after it fails:
+    the pod may run on the node, so its claim and annotations stay (the bind reports that
+    it could not settle; a later bind or the sweep does)."""
+    await register(nc, "node-a")
+    binding = stored_pod(apiserver, "web-0", "node-a")
+    apiserver.lose_post_answers = 1
+    fail_reads_after_the_binding(apiserver, reads=100)
+    reply = await extender.post("/extender/bind", json=binding)
+    apiserver.fail_gets = 0
+    assert "kept" in reply.json()["Error"]
+    stored = apiserver.objects["/api/v1/namespaces/team-a/pods/web-0"]
+    assert stored["spec"]["nodeName"] == "node-a"
+    assert "qshare.io/claim" in stored["metadata"]["annotations"]
+    assert await claims_of(engine) == [("placed", "node-a")]
+
+
+async def test_a_lost_binding_answer_is_settled_by_reading_the_pod_again_after_a_failed_read(
+    extender: httpx.AsyncClient, nc: Client, apiserver: ApiServerDouble, engine: AsyncEngine
+) -> None:
+    await register(nc, "node-a")
+    binding = stored_pod(apiserver, "web-0", "node-a")
+    apiserver.lose_post_answers = 1
+    fail_reads_after_the_binding(apiserver, reads=1)
+    reply = await extender.post("/extender/bind", json=binding)
+    assert reply.json().get("Error", "") == ""
+    assert await claims_of(engine) == [("placed", "node-a")]
+
+
+def unsettled_binding(apiserver: ApiServerDouble) -> None:
+    """The next Binding is refused by a failing server (503, not applied) and every read of
+    the pod after it fails too: the extender cannot tell that the pod is not bound."""
+    apiserver.fail_posts = 1
+    fail_reads_after_the_binding(apiserver, reads=100)
+
+
+async def test_a_pod_not_bound_after_an_unsettled_bind_is_bound_by_the_next_bind(
+    extender: httpx.AsyncClient, nc: Client, apiserver: ApiServerDouble, engine: AsyncEngine
+) -> None:
+    """The scheduler tries the pod again, on another node: it gets a claim there (its key
+    is not the first bind's), and the first claim waits for the sweep."""
+    await register(nc, "node-a")
+    await register(nc, "node-b")
+    binding = stored_pod(apiserver, "web-0", "node-a")
+    unsettled_binding(apiserver)
+    assert "kept" in (await extender.post("/extender/bind", json=binding)).json()["Error"]
+    apiserver.fail_gets = 0
+    reply = await extender.post("/extender/bind", json=binding | {"Node": "node-b"})
+    assert reply.json().get("Error", "") == ""
+    stored = apiserver.objects["/api/v1/namespaces/team-a/pods/web-0"]
+    assert stored["spec"]["nodeName"] == "node-b"
+    assert await claims_of(engine) == [("placed", "node-a"), ("placed", "node-b")]
+
+
+async def age_claims(engine: AsyncEngine, seconds: int) -> None:
+    async with engine.begin() as conn:
+        await conn.execute(
+            text("UPDATE claims SET created_at = created_at - make_interval(secs => :s)"),
+            {"s": seconds},
+        )
+
+
+async def test_the_sweep_gives_back_the_claim_of_an_unsettled_bind_once_its_grace_is_over(
+    extender: httpx.AsyncClient,
+    extender_app: FastAPI,
+    nc: Client,
+    apiserver: ApiServerDouble,
+    engine: AsyncEngine,
+) -> None:
+    """The pod was not bound: after `settle_after_s` its claim is nobody's."""
+    await register(nc, "node-a")
+    unsettled_binding(apiserver)
+    reply = await extender.post("/extender/bind", json=stored_pod(apiserver, "web-0", "node-a"))
+    apiserver.fail_gets = 0
+    assert "kept" in reply.json()["Error"]
+    reaper = Reaper(extender_app.state.resources)
+    assert await reaper.sweep() == []  # a bind may still be under way with it
+    await age_claims(engine, 301)
+    assert len(await reaper.sweep()) == 1
+    assert await claims_of(engine) == [("released", "node-a")]
+
+
+async def test_the_sweep_keeps_the_claim_a_bound_pod_names_however_old(
+    extender: httpx.AsyncClient,
+    extender_app: FastAPI,
+    nc: Client,
+    apiserver: ApiServerDouble,
+    engine: AsyncEngine,
+) -> None:
+    """The unsettled Binding was applied: the pod runs on the node with that claim."""
+    await register(nc, "node-a")
+    apiserver.lose_post_answers = 1
+    fail_reads_after_the_binding(apiserver, reads=100)
+    reply = await extender.post("/extender/bind", json=stored_pod(apiserver, "web-0", "node-a"))
+    apiserver.fail_gets = 0
+    assert "kept" in reply.json()["Error"]
+    await age_claims(engine, 3600)
+    assert await Reaper(extender_app.state.resources).sweep() == []
+    assert await claims_of(engine) == [("placed", "node-a")]
+
+
+async def test_a_pod_whose_bind_gave_its_claim_back_is_bound_when_the_scheduler_tries_again(
+    extender: httpx.AsyncClient, nc: Client, apiserver: ApiServerDouble, engine: AsyncEngine
+) -> None:
+    """The first try no longer fits on node-a; the next, on node-b, gets a claim of its own
+    (not the given-back one, which its key would name were the key the pod's alone)."""
+    await register(nc, "node-a", memory="4Gi")
+    await register(nc, "node-b")
+    binding = stored_pod(apiserver, "web-0", "node-a")
+    assert (await extender.post("/extender/bind", json=binding)).json()["Error"]
+    reply = await extender.post("/extender/bind", json=binding | {"Node": "node-b"})
+    assert reply.json().get("Error", "") == ""
+    assert apiserver.objects["/api/v1/namespaces/team-a/pods/web-0"]["spec"]["nodeName"] == "node-b"
+    assert ("placed", "node-b") in await claims_of(engine)
+
+
+async def test_the_sweep_gives_back_an_old_claim_a_bound_pod_does_not_name(
+    extender: httpx.AsyncClient,
+    extender_app: FastAPI,
+    nc: Client,
+    apiserver: ApiServerDouble,
+    engine: AsyncEngine,
+) -> None:
+    """A claim of the pod's that its annotation does not name (an earlier bind's, say one
+    whose create answer was lost) is nobody's once the grace is over."""
+    await register(nc, "node-a")
+    reply = await extender.post("/extender/bind", json=stored_pod(apiserver, "web-0", "node-a"))
+    assert reply.json().get("Error", "") == ""
+    notes = apiserver.objects["/api/v1/namespaces/team-a/pods/web-0"]["metadata"]["annotations"]
+    notes["qshare.io/claim"] = str(uuid.uuid4())
+    await age_claims(engine, 301)
+    assert len(await Reaper(extender_app.state.resources).sweep()) == 1
+    assert await claims_of(engine) == [("released", "node-a")]
+
+
+async def test_a_bind_that_reaches_its_binding_too_late_gives_its_claim_back_unbound(
+    extender: httpx.AsyncClient,
+    extender_app: FastAPI,
+    nc: Client,
+    apiserver: ApiServerDouble,
+    engine: AsyncEngine,
+) -> None:
+    """Past half the grace the reaper may soon take the claim for a leftover: the bind
+    does not send its Binding (here the grace is 0, so every bind is too late)."""
+    extender_app.state.resources.settings.extender.settle_after_s = 0
+    await register(nc, "node-a")
+    reply = await extender.post("/extender/bind", json=stored_pod(apiserver, "web-0", "node-a"))
+    assert "took too long to bind" in reply.json()["Error"]
+    assert "nodeName" not in apiserver.objects["/api/v1/namespaces/team-a/pods/web-0"]["spec"]
+    assert await claims_of(engine) == [("released", "node-a")]

@@ -1,9 +1,12 @@
 """Filter, prioritize and bind, through the allocator: filter and prioritize ask it for a
 read-only placement preview; bind creates the pod's claim on the chosen node, annotates the
-pod with its vGPUs and binds it (undoing the claim if any later step fails)."""
+pod with its vGPUs and binds it (undoing the claim if a later step fails and the pod is
+known not to be bound; a Binding whose outcome stays unknown keeps the claim for the
+reaper to settle)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import time
@@ -26,6 +29,7 @@ from qshare.contracts.placement import PlacementPreview, PreviewPlacement
 from qshare_api.extender import pods
 from qshare_api.extender.cache import PreviewCache
 from qshare_api.extender.kube import Kube, KubeError, PodReplaced
+from qshare_api.extender.reaper import CLAIM, KEY_PREFIX
 from qshare_api.extender.schemas import (
     ExtenderArgs,
     ExtenderBindingArgs,
@@ -36,8 +40,15 @@ from qshare_api.extender.schemas import (
 from qshare_api.extender.settings import ExtenderSettings
 
 VGPUS = "qshare.io/vgpus"
-CLAIM = "qshare.io/claim"
 BIND_TIME = "qshare.io/bind-time"
+REREADS = 3
+REREAD_WAIT_S = 0.5
+"""Reads of the pod, this far apart, that settle a Binding whose answer was lost."""
+
+
+class BindUnsettled(KubeError):
+    """The Binding may have been applied and the pod could not be read to tell: its claim
+    and annotations are kept (the reaper settles them: `Reaper.sweep`)."""
 
 
 class Extender:
@@ -113,17 +124,31 @@ class Extender:
         if _bound_by_us(pod, args.node):
             return
         claim = await self._create(pod, args, uid)
+        started = time.monotonic()
         try:
             await kube.annotate(args.pod_namespace, args.pod_name, uid, _notes(claim))
+            self._in_time(started, claim)
             await _bind_pod(kube, args, uid)
+        except BindUnsettled as exc:
+            raise BindUnsettled(f"{exc}; its claim {claim.id} is kept until settled") from None
         except KubeError as exc:
             await self._delete(claim, args.pod_namespace)
             if not isinstance(exc, PodReplaced):
                 await _forget(kube, args, uid)
             raise
 
+    def _in_time(self, started: float, claim: ClaimView) -> None:
+        """Refuse to send a Binding so late that the reaper may already take the claim for
+        a leftover (`settle_after_s`; an API server applies a Binding within its own request
+        timeout, a minute by default, so half the grace is left for that)."""
+        if time.monotonic() - started > self.settings.settle_after_s / 2:
+            raise KubeError(f"took too long to bind with claim {claim.id}; giving it back")
+
     async def _create(self, pod: dict[str, Any], args: ExtenderBindingArgs, uid: str) -> ClaimView:
-        spec = pods.claim_spec(pod, self.settings.vmemory_unit_mib, key=f"k8s-pod-{uid}")
+        """A new claim for this attempt (its key names the pod, and the attempt, so that a
+        pod whose earlier bind gave its claim back can still get one)."""
+        key = f"{KEY_PREFIX}{uid}.{time.time_ns()}"
+        spec = pods.claim_spec(pod, self.settings.vmemory_unit_mib, key=key)
         spec = spec.model_copy(update={"node_selector": {self.settings.node_label: args.node}})
         command = CreateClaim(tenant=_tenant(args.pod_namespace), spec=spec)
         reply = await rpc.call(
@@ -176,12 +201,29 @@ async def _bind_pod(kube: Kube, args: ExtenderBindingArgs, uid: str) -> None:
     except KubeError as exc:
         if exc.status != 409 and 0 < exc.status < 500:
             raise
-        now = await kube.pod_or_none(args.pod_namespace, args.pod_name)
+        now = await _read_again(kube, args, exc)
         if now is None or pods.uid(now) != uid:
             why = f"was deleted or re-created under its name before binding ({exc})"
             raise PodReplaced(why) from None
         if pods.node_name(now) != args.node:
             raise
+
+
+async def _read_again(
+    kube: Kube, args: ExtenderBindingArgs, lost: KubeError
+) -> dict[str, Any] | None:
+    """The pod as it is now (None: none of the name), read up to REREADS times; when every
+    read fails, `BindUnsettled`: the Binding may have been applied."""
+    for attempt in range(REREADS):
+        try:
+            return await kube.pod_or_none(args.pod_namespace, args.pod_name)
+        except KubeError as exc:
+            failed = exc
+            if attempt + 1 < REREADS:
+                await asyncio.sleep(REREAD_WAIT_S)
+    raise BindUnsettled(
+        f"the Binding's answer was lost ({lost}) and reading the pod again failed ({failed})"
+    )
 
 
 async def _forget(kube: Kube, args: ExtenderBindingArgs, uid: str) -> None:

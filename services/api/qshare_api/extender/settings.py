@@ -20,6 +20,12 @@ class ExtenderSettings(BaseSettings):
     timeout_s: float = Field(5.0, gt=0)
     vmemory_unit_mib: int = Field(1, ge=1, description="MiB per unit of qshare.io/vmemory")
     reap_s: float = Field(30.0, gt=0, description="release claims of finished pods this often")
+    settle_after_s: float = Field(
+        300.0,
+        ge=10,
+        description="a claim of a live pod that its pod does not name while bound is given "
+        "back once this old (a bind that failed or whose outcome was unknown)",
+    )
     node_label: str = Field(
         "kubernetes.io/hostname", description="node agents register this label = node name"
     )

@@ -44,6 +44,8 @@ class ApiServerDouble:
         self._closing = False
         self.lose_patch_answers = 0  # the next n PATCHes are applied but not answered
         self.lose_post_answers = 0  # the next n POSTs (a Binding too) likewise
+        self.fail_gets = 0  # the next n GETs (not watches) answer 503, as a failing server
+        self.fail_posts = 0  # the next n POSTs answer 503 and are not applied
         self.before_patch: Callable[[str], None] | None = None
         """Called with a PATCH's path before it is applied (a change racing the client's)."""
         double = self
@@ -71,6 +73,8 @@ class ApiServerDouble:
                 params = urllib.parse.parse_qs(query)
                 if params.get("watch", [""])[0] in ("true", "1"):
                     self._stream(double.watch(base, params))
+                elif double.take_lost_answer("fail_gets"):
+                    self._reply(503, _status(503, "ServiceUnavailable", "etcd timed out"))
                 else:
                     self._reply(*double.get(self.path))
 
@@ -213,6 +217,8 @@ class ApiServerDouble:
             return 404, {"kind": "Status", "message": f"{base} not found", "code": 404}
 
     def post(self, path: str, body: dict[str, Any]) -> tuple[int, Any]:
+        if self.take_lost_answer("fail_posts"):
+            return 503, _status(503, "ServiceUnavailable", "etcd timed out")
         with self._lock:
             self.requests.append(("POST", path))
             if path.endswith("/binding"):
@@ -233,7 +239,8 @@ class ApiServerDouble:
             return 200, self._store(path, body)
 
     def take_lost_answer(self, counter: str = "lose_patch_answers") -> bool:
-        """True (once per count of `counter`) when a request's answer is to be lost."""
+        """True (once per count of `counter`) when a request's answer is to be lost (or
+        failed: `fail_gets`, `fail_posts`)."""
         with self._lock:
             left: int = getattr(self, counter)
             if left <= 0:
