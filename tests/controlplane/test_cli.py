@@ -53,7 +53,7 @@ async def test_the_cli_creates_a_claim_and_shows_where_it_went(
     assert await _qshare(api_url, "claims", "create", *args) == 0
     header, row = capsys.readouterr().out.splitlines()
     assert header.split()[:4] == ["ID", "TENANT", "STATUS", "PRIO"]
-    assert row.split()[2:] == ["placed", "high", "30%", "2Gi", "1", "n1", "0"]
+    assert row.split()[2:] == ["placed", "high", "30%", "2", "GiB", "1", "n1", "0"]
 
 
 async def test_the_cli_lists_cards_with_their_free_capacity(
@@ -206,7 +206,7 @@ async def test_a_quota_set_from_the_cli_is_listed_and_cleared(
         "tenant": "t-q", "memory_mib": 65536, "cards": 8, "pending": None
     }  # fmt: skip
     assert await _qshare(api_url, "quotas", "list") == 0
-    assert ["t-q", "64Gi", "8", "-"] in [
+    assert ["t-q", "64", "GiB", "8", "-"] in [
         line.split() for line in capsys.readouterr().out.splitlines()
     ]
     assert await _qshare(api_url, "quotas", "clear", "t-q") == 0

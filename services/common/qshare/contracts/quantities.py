@@ -51,9 +51,18 @@ def parse_mib(value: int | str) -> int:
     return _positive(_bytes_to_mib(number, _SUFFIXES[suffix]))
 
 
+_UNITS = (("TiB", 1 << 20), ("GiB", 1 << 10))
+"""Units a size is shown in, largest first, with their size in MiB."""
+
+
 def format_mib(mib: int) -> str:
-    """Render MiB the way people read it: `4Gi` when whole GiB, else `1536Mi`."""
-    return f"{mib // 1024}Gi" if mib % 1024 == 0 else f"{mib}Mi"
+    """MiB as people read them, for tables and messages (JSON keeps exact MiB): in the
+    largest unit that shows it exactly with at most two decimals (`8 GiB`, `1.5 GiB`,
+    `1.25 TiB`), else in MiB (`512 MiB`, `1100 MiB`)."""
+    for unit, size in _UNITS:
+        if abs(mib) >= size and mib * 100 % size == 0:
+            return f"{mib / size:.2f}".rstrip("0").rstrip(".") + f" {unit}"
+    return f"{mib} MiB"
 
 
 def _bytes_to_mib(number: str, unit: int) -> int:
