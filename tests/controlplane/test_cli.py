@@ -215,6 +215,33 @@ async def test_a_quota_set_from_the_cli_is_listed_and_cleared(
     assert isinstance(quotas, list) and "t-q" not in [q["tenant"] for q in quotas]
 
 
+async def test_quotas_set_keeps_the_limits_it_is_not_given(
+    api_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert await _qshare(api_url, "quotas", "set", "t-k", "--memory", "8Gi", "--cards", "4") == 0
+    capsys.readouterr()
+    assert await _json(api_url, capsys, "quotas", "set", "t-k", "--pending", "2") == {
+        "tenant": "t-k", "memory_mib": 8192, "cards": 4, "pending": 2
+    }  # fmt: skip
+
+
+async def test_quotas_set_none_removes_that_limit(
+    api_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert await _qshare(api_url, "quotas", "set", "t-r", "--memory", "8Gi", "--cards", "4") == 0
+    capsys.readouterr()
+    assert await _json(api_url, capsys, "quotas", "set", "t-r", "--cards", "none") == {
+        "tenant": "t-r", "memory_mib": 8192, "cards": None, "pending": None
+    }  # fmt: skip
+
+
+async def test_quotas_set_without_a_limit_says_what_to_give(
+    api_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert await _qshare(api_url, "quotas", "set", "t-e") == 2
+    assert "give at least one of --memory, --cards, --pending" in capsys.readouterr().err
+
+
 async def test_a_reader_that_goes_away_ends_the_cli_quietly(
     api_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
