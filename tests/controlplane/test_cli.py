@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import sys
 from collections.abc import AsyncIterator
 
@@ -186,6 +187,15 @@ async def test_an_issued_token_works_for_its_tenant_until_it_is_revoked(
     capsys.readouterr()
     assert await asyncio.to_thread(main, as_tenant) == 1
     assert "401" in capsys.readouterr().err
+
+
+async def test_tokens_create_shows_when_the_token_was_created(
+    api_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert await _qshare(api_url, "tokens", "create", "--name", "c", "--tenant", "t-c") == 0
+    header, row = capsys.readouterr().out.splitlines()[:2]
+    created = row[header.index("CREATED") :].split()[:2]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d", " ".join(created)), row
 
 
 async def test_the_token_list_never_shows_a_secret(
