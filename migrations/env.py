@@ -10,6 +10,7 @@ from alembic import context
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from qshare import dburl
 from qshare.contracts.schema import metadata
 
 config = context.config
@@ -26,7 +27,7 @@ def _url() -> str:
     )
     if not url:
         raise RuntimeError("set QSHARE_ALLOCATOR_DATABASE_URL or sqlalchemy.url")
-    return url
+    return dburl.normalised(url)
 
 
 def _run(connection: Connection) -> None:

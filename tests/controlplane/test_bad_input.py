@@ -112,3 +112,21 @@ async def test_a_405_allows_every_method_of_the_path(
 ) -> None:
     response = await api.put("/v1/nodes/n1", headers=team_a)
     assert response.headers["allow"] == "DELETE, GET, PATCH"
+
+
+async def test_a_decimal_quantity_is_refused_with_the_binary_one_it_likely_means(
+    api: httpx.AsyncClient, team_a: dict[str, str]
+) -> None:
+    refused = await api.post("/v1/claims", json=GOOD | {"vmemory": "4G"}, headers=team_a)
+    assert _fields(refused) == ["vmemory"]
+    assert refused.json()["errors"][0]["message"] == (
+        "must be a whole number of MiB ('4G' is 4x10^9 bytes; did you mean 4Gi?)"
+    )
+
+
+async def test_a_problems_messages_carry_no_validator_prefix(
+    api: httpx.AsyncClient, team_a: dict[str, str]
+) -> None:
+    refused = await api.post("/v1/claims", json=GOOD | {"vmemory": "lots"}, headers=team_a)
+    assert _fields(refused) == ["vmemory"]
+    assert "Value error" not in refused.text

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import sys
 from collections.abc import AsyncIterator
 
@@ -53,7 +54,7 @@ async def test_the_cli_creates_a_claim_and_shows_where_it_went(
     assert await _qshare(api_url, "claims", "create", *args) == 0
     header, row = capsys.readouterr().out.splitlines()
     assert header.split()[:4] == ["ID", "TENANT", "STATUS", "PRIO"]
-    assert row.split()[2:] == ["placed", "high", "30%", "2Gi", "1", "n1", "0"]
+    assert row.split()[2:] == ["placed", "high", "30%", "2", "GiB", "1", "n1", "0"]
 
 
 async def test_the_cli_lists_cards_with_their_free_capacity(
@@ -188,6 +189,15 @@ async def test_an_issued_token_works_for_its_tenant_until_it_is_revoked(
     assert "401" in capsys.readouterr().err
 
 
+async def test_tokens_create_shows_when_the_token_was_created(
+    api_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert await _qshare(api_url, "tokens", "create", "--name", "c", "--tenant", "t-c") == 0
+    header, row = capsys.readouterr().out.splitlines()[:2]
+    created = row[header.index("CREATED") :].split()[:2]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d", " ".join(created)), row
+
+
 async def test_the_token_list_never_shows_a_secret(
     api_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -206,13 +216,40 @@ async def test_a_quota_set_from_the_cli_is_listed_and_cleared(
         "tenant": "t-q", "memory_mib": 65536, "cards": 8, "pending": None
     }  # fmt: skip
     assert await _qshare(api_url, "quotas", "list") == 0
-    assert ["t-q", "64Gi", "8", "-"] in [
+    assert ["t-q", "64", "GiB", "8", "-"] in [
         line.split() for line in capsys.readouterr().out.splitlines()
     ]
     assert await _qshare(api_url, "quotas", "clear", "t-q") == 0
     assert capsys.readouterr().out.strip() == "quota of t-q cleared"
     quotas = await _json(api_url, capsys, "quotas", "list")
     assert isinstance(quotas, list) and "t-q" not in [q["tenant"] for q in quotas]
+
+
+async def test_quotas_set_keeps_the_limits_it_is_not_given(
+    api_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert await _qshare(api_url, "quotas", "set", "t-k", "--memory", "8Gi", "--cards", "4") == 0
+    capsys.readouterr()
+    assert await _json(api_url, capsys, "quotas", "set", "t-k", "--pending", "2") == {
+        "tenant": "t-k", "memory_mib": 8192, "cards": 4, "pending": 2
+    }  # fmt: skip
+
+
+async def test_quotas_set_none_removes_that_limit(
+    api_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert await _qshare(api_url, "quotas", "set", "t-r", "--memory", "8Gi", "--cards", "4") == 0
+    capsys.readouterr()
+    assert await _json(api_url, capsys, "quotas", "set", "t-r", "--cards", "none") == {
+        "tenant": "t-r", "memory_mib": 8192, "cards": None, "pending": None
+    }  # fmt: skip
+
+
+async def test_quotas_set_without_a_limit_says_what_to_give(
+    api_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert await _qshare(api_url, "quotas", "set", "t-e") == 2
+    assert "give at least one of --memory, --cards, --pending" in capsys.readouterr().err
 
 
 async def test_a_reader_that_goes_away_ends_the_cli_quietly(

@@ -156,7 +156,7 @@ async def test_quotas_show_gives_a_tenant_its_limits_and_usage(
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("tenant cli-a")
     assert [line.split() for line in lines[2:]] == [
-        ["memory", "1Gi", "-"], ["cards", "1", "3"], ["pending", "1", "-"]
+        ["memory", "1", "GiB", "-"], ["cards", "1", "3"], ["pending", "1", "-"]
     ]  # fmt: skip
 
 

@@ -63,6 +63,17 @@ async def test_a_claim_larger_than_any_card_is_refused_at_once(
         await claim(vmemory="32Gi")
 
 
+async def test_a_claim_larger_than_any_card_is_told_both_sizes_in_readable_units(
+    register: Register, claim: Claim
+) -> None:
+    await register("n1", memory="16Gi")
+    with pytest.raises(InvalidInput) as refused:
+        await claim(vmemory="40Gi")
+    assert str(refused.value) == (
+        "vmemory: 40 GiB is more than any card in the cluster has (the largest has 16 GiB)"
+    )
+
+
 async def test_a_claim_for_more_cards_than_any_node_has_is_refused_at_once(
     register: Register, claim: Claim
 ) -> None:

@@ -126,7 +126,7 @@ async def test_a_node_heartbeats_as_itself_and_the_allocator_answers(
 
 
 async def test_a_node_registers_itself_on_its_own_subject(
-    connect_as: Connect, node_n1: NatsCredentials
+    connect_as: Connect, node_n1: NatsCredentials, replicas: list[Allocator]
 ) -> None:
     node, errors = await connect_as(node_n1)
     body = {"name": "n1", "gpus": [{"uuid": "n1-g0", "index": 0, "model": "A", "memory": 4096}]}
@@ -137,7 +137,10 @@ async def test_a_node_registers_itself_on_its_own_subject(
 
 
 async def test_a_dotted_node_registers_itself_on_its_own_subject(
-    connect_as: Connect, nats_auth: NatsAuth, nats_server: EmbeddedNats | None
+    connect_as: Connect,
+    nats_auth: NatsAuth,
+    nats_server: EmbeddedNats | None,
+    replicas: list[Allocator],
 ) -> None:
     credentials = await _node_identity(nats_auth, nats_server, "n1.rack-2.example")
     node, errors = await connect_as(credentials)
@@ -168,7 +171,7 @@ async def test_a_node_cannot_register_under_another_nodes_name(
 
 
 async def test_a_registration_naming_another_node_on_a_nodes_subject_is_refused(
-    nc: Client,
+    nc: Client, replicas: list[Allocator]
 ) -> None:
     body = {"name": "n2", "gpus": [{"uuid": "n2-g0", "index": 0, "model": "A", "memory": 4096}]}
     wrapped = envelope.encode(envelope.Envelope(source="n1", type="t", data=body))

@@ -23,12 +23,12 @@ def test_migrate_without_postgres_names_the_url_without_its_password(
     assert "QSHARE_ALLOCATOR_DATABASE_URL is postgresql+asyncpg://qshare:***@127.0.0.1" in err
 
 
-def test_a_database_url_sqlalchemy_cannot_use_gets_the_form_it_takes(
+def test_a_database_url_that_is_not_postgres_gets_the_form_it_takes(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setenv("QSHARE_ALLOCATOR_DATABASE_URL", "postgres://qshare@db/qshare")
-    assert allocator(["migrate"]) == 1
-    assert "the form is postgresql+asyncpg://" in capsys.readouterr().err
+    monkeypatch.setenv("QSHARE_ALLOCATOR_DATABASE_URL", "mysql://qshare@db/qshare")
+    assert allocator(["migrate"]) == 2
+    assert "the form is postgresql://USER:PASSWORD@HOST" in capsys.readouterr().err
 
 
 def test_a_missing_nats_identity_file_is_named(
@@ -39,11 +39,11 @@ def test_a_missing_nats_identity_file_is_named(
     assert f"{tmp_path}/allocator.password is missing" in capsys.readouterr().err
 
 
-def test_a_preemptor_database_url_sqlalchemy_cannot_use_gets_the_form_it_takes(
+def test_a_preemptor_database_url_that_is_not_postgres_gets_the_form_it_takes(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setenv("QSHARE_PREEMPTOR_DATABASE_URL", "postgres://qshare:hush@db/qshare")
-    assert preemptor([]) == 1
+    monkeypatch.setenv("QSHARE_PREEMPTOR_DATABASE_URL", "mysql://qshare:hush@db/qshare")
+    assert preemptor([]) == 2
     err = capsys.readouterr().err
-    assert "qshare preemptor: cannot start: " in err and "hush" not in err
-    assert "the form is postgresql+asyncpg://" in err
+    assert "qshare preemptor: QSHARE_PREEMPTOR_DATABASE_URL=" in err and "hush" not in err
+    assert "the form is postgresql://USER:PASSWORD@HOST" in err

@@ -97,6 +97,17 @@ async def test_a_claim_past_the_memory_quota_is_409_naming_vmemory(
     assert [e["field"] for e in refused.json()["errors"]] == ["vmemory"]
 
 
+async def test_a_memory_quota_refusal_gives_sizes_in_readable_units(
+    api: httpx.AsyncClient, register: Register, team_a: dict[str, str]
+) -> None:
+    await register("n1", cards=2, memory="80Gi")
+    await _quota(api, memory="3Gi")
+    assert (await api.post("/v1/claims", json=GOOD, headers=team_a)).status_code == 201
+    half = GOOD | {"vmemory": "1536Mi"}
+    refused = (await api.post("/v1/claims", json=half, headers=team_a)).json()
+    assert refused["errors"][0]["message"] == "quota of 3 GiB exceeded (3.5 GiB with this)"
+
+
 async def test_a_resize_past_the_memory_quota_is_409_naming_vmemory(
     api: httpx.AsyncClient, register: Register, team_a: dict[str, str]
 ) -> None:

@@ -8,6 +8,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from qshare.bus import BusIdentity, BusOptions
+from qshare.dburl import DatabaseUrl
 from qshare.natsauth import ServiceRole
 from qshare.settings import ClusterSettings
 
@@ -15,7 +16,7 @@ from qshare.settings import ClusterSettings
 class AllocatorSettings(BaseSettings, BusIdentity):
     model_config = SettingsConfigDict(env_prefix="QSHARE_ALLOCATOR_", extra="ignore")
 
-    database_url: str = "postgresql+asyncpg://qshare:qshare@localhost:5432/qshare"
+    database_url: DatabaseUrl = "postgresql+asyncpg://qshare:qshare@localhost:5432/qshare"
     instance: str = Field(default_factory=socket.gethostname, description="CloudEvents source")
     max_in_flight: int = Field(16, ge=1, description="requests handled at once per replica")
     pool_size: int = Field(20, ge=2, description="at least max_in_flight + 2 (relay, sweeper)")

@@ -241,12 +241,12 @@ def _report(exc: ApiError, token: str | None) -> None:
 
 
 def memory(value: str) -> int | str:
-    """Checked here so a decimal suffix gets a hint: `4G` is 10^9 bytes, `4Gi` is 4096 MiB."""
+    """Checked here, before any request (parse_mib's message hints that `4G`, 10^9 bytes,
+    is probably meant as `4Gi`, 4096 MiB)."""
     try:
         parse_mib(int(value) if value.isdigit() else value)
     except QuantityError as exc:
-        hint = f" (did you mean {value}i?)" if re.fullmatch(r"[0-9.]+[kMGTP]", value) else ""
-        raise argparse.ArgumentTypeError(f"{exc}{hint}") from exc
+        raise argparse.ArgumentTypeError(str(exc)) from exc
     return int(value) if value.isdigit() else value
 
 

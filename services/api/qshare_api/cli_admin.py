@@ -7,16 +7,17 @@ from __future__ import annotations
 import argparse
 import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from qshare.contracts.domain import Role, TokenScope
 from qshare.contracts.quantities import format_mib
-from qshare_api.cli import Shown, command, group, memory, table
+from qshare_api.cli import Shown, UsageError, command, group, memory, table
 from qshare_api.client import Client
 
 if TYPE_CHECKING:
     from qshare_api.cli import Sub
 
+T = TypeVar("T")
 TOKEN_COLUMNS = ("ID", "NAME", "TENANT", "ROLE", "SCOPE", "CREATED", "EXPIRES")
 
 
@@ -51,14 +52,22 @@ def register(subparsers: Sub) -> None:
         handler=command(_list_quotas)
     )
     put = quotas.add_parser(
-        "set", help="set a tenant's quota; a limit left out is no limit (admins)"
-    )
+        "set", help="change a tenant's limits: those given change, the others are kept; "
+        "`none` removes a limit (admins)",
+    )  # fmt: skip
     put.add_argument("tenant")
     put.add_argument(
-        "--memory", type=memory, help="memory its live claims may ask for: MiB or e.g. 64Gi"
-    )
-    put.add_argument("--cards", type=int, help="vGPUs its live claims may hold")
-    put.add_argument("--pending", type=int, help="claims it may have pending at once")
+        "--memory", type=_or_none(memory), default=argparse.SUPPRESS,
+        help="memory its live claims may ask for: MiB or e.g. 64Gi; none: no limit",
+    )  # fmt: skip
+    put.add_argument(
+        "--cards", type=_or_none(_count), default=argparse.SUPPRESS,
+        help="vGPUs its live claims may hold; none: no limit",
+    )  # fmt: skip
+    put.add_argument(
+        "--pending", type=_or_none(_count), default=argparse.SUPPRESS,
+        help="claims it may have pending at once; none: no limit",
+    )  # fmt: skip
     put.set_defaults(handler=command(_set_quota))
     clear = quotas.add_parser("clear", help="remove a tenant's quota (admins)")
     clear.add_argument("tenant")
@@ -129,10 +138,34 @@ def _usage_row(
     return (name, shown(used), "-" if limit is None else shown(limit))
 
 
+LIMITS = ("memory", "cards", "pending")
+
+
 def _set_quota(client: Client, args: argparse.Namespace) -> Shown:
-    body = {"memory": args.memory, "cards": args.cards, "pending": args.pending}
-    quota = client.put(f"/v1/quotas/{args.tenant}", body)
+    """PATCH: only the limits given change (a PUT would clear the ones left out)."""
+    body = {name: getattr(args, name) for name in LIMITS if hasattr(args, name)}
+    if not body:
+        raise UsageError(
+            "give at least one of --memory, --cards, --pending (`none` removes a limit)"
+        )
+    quota = client.patch(f"/v1/quotas/{args.tenant}", body)
     return Shown(quota, _quotas_table([quota]))
+
+
+def _count(value: str) -> int:
+    if not value.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number (0 or more) or none")
+    return int(value)
+
+
+def _or_none(parse: Callable[[str], T]) -> Callable[[str], T | None]:
+    """`parse`, or None for `none` (no limit)."""
+
+    def parsed(value: str) -> T | None:
+        return None if value.strip().lower() == "none" else parse(value)
+
+    parsed.__name__ = getattr(parse, "__name__", "value")  # argparse names it in errors
+    return parsed
 
 
 def _clear_quota(client: Client, args: argparse.Namespace) -> Shown:

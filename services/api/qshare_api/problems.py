@@ -137,7 +137,8 @@ def _field_error(error: Any) -> FieldError:
     loc = [str(p) for p in error.get("loc", ()) if p not in ("body", "query", "path", "header")]
     if error.get("type") == "json_invalid":
         loc = []
-    return FieldError(field=".".join(loc) or "body", message=str(error.get("msg", "invalid")))
+    message = str(error.get("msg", "invalid")).removeprefix("Value error, ")  # pydantic's
+    return FieldError(field=".".join(loc) or "body", message=message)
 
 
 def _documented(code: ErrorCode) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from qshare.bus import BusIdentity, BusOptions
+from qshare.dburl import DatabaseUrl
 from qshare.natsauth import ServiceRole
 from qshare.settings import ClusterSettings
 from qshare_api.extender.settings import ExtenderSettings
@@ -17,7 +18,7 @@ from qshare_api.extender.settings import ExtenderSettings
 class ApiSettings(BaseSettings, BusIdentity):
     model_config = SettingsConfigDict(env_prefix="QSHARE_API_", extra="ignore")
 
-    database_url: str = "postgresql+asyncpg://qshare:qshare@localhost:5432/qshare"
+    database_url: DatabaseUrl = "postgresql+asyncpg://qshare:qshare@localhost:5432/qshare"
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=1, le=65535)
     instance: str = Field(default_factory=socket.gethostname)

@@ -13,6 +13,8 @@ from pydantic import AliasChoices, SecretStr, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings
 
+from qshare import dburl
+
 S = TypeVar("S", bound=BaseSettings)
 EXIT_BAD_SETTINGS = 2
 
@@ -135,6 +137,8 @@ def _set_in_environment(names: list[str]) -> str | None:
 def _shown(field: FieldInfo, value: Any) -> str:
     if "SecretStr" in str(field.annotation) or isinstance(value, SecretStr):
         return "'**********'"
+    if isinstance(value, str) and "://" in value and "@" in value:  # a URL's password
+        return repr(dburl.shown(value))
     return repr(value)
 
 

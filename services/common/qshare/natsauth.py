@@ -16,6 +16,7 @@ import json
 import os
 import re
 import secrets
+import sys
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -290,12 +291,31 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m qshare.natsauth")
     parser.add_argument("action", choices=["init"])
     parser.add_argument("directory", type=Path)
-    parser.add_argument("--node", action="append", default=[], help="a node agent's identity")
+    parser.add_argument(
+        "--node", action="append", default=[], type=_node_name, help="a node agent's identity"
+    )
     parser.add_argument("--owner", type=int, default=None, help="chown the files to this uid")
     args = parser.parse_args(argv)
-    init_secrets(args.directory, args.node, args.owner)
+    try:
+        init_secrets(args.directory, args.node, args.owner)
+    except OSError as exc:  # a directory it cannot make or write, an owner it may not set
+        print(f"python -m qshare.natsauth: cannot write {args.directory}: {exc}", file=sys.stderr)
+        return 1
     print(f"secrets in {args.directory}: {CONFIG_FILE}, {ADMIN_TOKEN_FILE}, <user>.password")
     return 0
+
+
+def _node_name(value: str) -> str:
+    """A node name a NATS identity can carry (argparse names the flag when it is not)."""
+    try:
+        user_name(ServiceRole.NODE, value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a node name: dot-separated parts of letters, digits, '-' and "
+            f"'_', each starting and ending with a letter or digit, at most {NODE_NAME_MAX} "
+            "characters"
+        ) from None
+    return value
 
 
 def _role_of(user: str) -> tuple[ServiceRole, str | None]:

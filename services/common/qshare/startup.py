@@ -3,8 +3,9 @@ line each, instead of a traceback."""
 
 from __future__ import annotations
 
-from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
+
+from qshare import dburl
 
 CANNOT_START = (OSError, ArgumentError)
 """Failures of a service's first steps that its settings explain: Postgres or NATS out of
@@ -18,14 +19,6 @@ def cannot_start(exc: BaseException, env_prefix: str, database_url: str) -> list
     lines = [f"cannot start: {exc}"]
     if isinstance(exc, (ArgumentError, ConnectionRefusedError)):
         lines.append(
-            f"{env_prefix}DATABASE_URL is {_shown(database_url)}; "
-            "the form is postgresql+asyncpg://USER:PASSWORD@HOST:PORT/DATABASE"
+            f"{env_prefix}DATABASE_URL is {dburl.shown(database_url)}; the form is {dburl.FORM}"
         )
     return lines
-
-
-def _shown(url: str) -> str:
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
-        return repr(url)

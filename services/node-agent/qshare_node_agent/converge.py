@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from qshare.contracts.agent import LOCAL_ID_LIMIT, ApplyDesired, ApplyReply, DesiredVgpu, Refusal
+from qshare.contracts.quantities import format_mib
 from qshare_driver import DriverError, Node, NotFoundError
 from qshare_node_agent.discovery import Card
 
@@ -135,7 +136,8 @@ class Converger:
             return f"no card {vgpu.gpu} on this node"
         if vgpu.vmemory_mib > card.memory_mib:
             return (
-                f"{vgpu.vmemory_mib} MiB is more than card {vgpu.gpu} has ({card.memory_mib} MiB)"
+                f"{format_mib(vgpu.vmemory_mib)} is more than card {vgpu.gpu} has "
+                f"({format_mib(card.memory_mib)})"
             )
         return None
 

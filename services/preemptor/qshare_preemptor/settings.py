@@ -8,12 +8,13 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from qshare.bus import BusIdentity
+from qshare.dburl import DatabaseUrl
 
 
 class PreemptorSettings(BaseSettings, BusIdentity):
     model_config = SettingsConfigDict(env_prefix="QSHARE_PREEMPTOR_", extra="ignore")
 
-    database_url: str = "postgresql+asyncpg://qshare:qshare@localhost:5432/qshare"
+    database_url: DatabaseUrl = "postgresql+asyncpg://qshare:qshare@localhost:5432/qshare"
     instance: str = Field(default_factory=socket.gethostname, description="CloudEvents source")
     command_timeout_s: float = Field(2.0, gt=0, description="wait this long for a node's answer")
     pool_size: int = Field(5, ge=1)

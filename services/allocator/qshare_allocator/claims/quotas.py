@@ -9,6 +9,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from qshare.contracts.errors import Conflict, FieldError
+from qshare.contracts.quantities import format_mib
 from qshare.contracts.rows import quota_usage
 from qshare.contracts.schema import quotas
 from qshare_allocator.placement.demand import Demand
@@ -33,15 +34,24 @@ async def _check(
     if quota is None:
         return
     used = (await conn.execute(quota_usage(tenant))).one()
-    wanted = {  # field: (limit, what this adds, in use with it, unit)
-        "vmemory": (quota.memory_mib, memory_mib, used.memory_mib + memory_mib, "MiB"),
-        "count": (quota.cards, cards, used.cards + cards, "cards"),
-        "pending": (quota.pending, pending, used.pending + pending, "pending claims"),
+    wanted = {  # field: (limit, what this adds, in use with it, how a number is shown)
+        "vmemory": (quota.memory_mib, memory_mib, used.memory_mib + memory_mib, format_mib),
+        "count": (quota.cards, cards, used.cards + cards, _cards),
+        "pending": (quota.pending, pending, used.pending + pending, _pending),
     }
     errors = [
-        FieldError(field=field, message=f"quota of {limit} {unit} exceeded ({total} with this)")
-        for field, (limit, added, total, unit) in wanted.items()
+        FieldError(field=field, message=f"quota of {shown(limit)} exceeded ({shown(total)} "
+                   "with this)")
+        for field, (limit, added, total, shown) in wanted.items()
         if limit is not None and added > 0 and total > limit
-    ]
+    ]  # fmt: skip
     if errors:
         raise Conflict(f"tenant {tenant}: " + "; ".join(e.message for e in errors), errors)
+
+
+def _cards(n: int) -> str:
+    return f"{n} cards"
+
+
+def _pending(n: int) -> str:
+    return f"{n} pending claims"

@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from qshare.contracts.claims import ClaimView, ResizeClaim
 from qshare.contracts.domain import MAX_CORE_SHARE, ClaimStatus, Priority, Provisioner
 from qshare.contracts.errors import Conflict, FieldError
+from qshare.contracts.quantities import format_mib
 from qshare.contracts.rows import claim_view, node_is_ready, vgpus_of
 from qshare.contracts.schema import claims, gpus, nodes, vgpus
 from qshare.settings import ClusterSettings
@@ -146,7 +147,10 @@ def _no_room(card: Row[Any], high: bool, old: Size, new: Size, grows: bool) -> F
                           message=message)  # fmt: skip
     free_mib = card.memory_mib - card.allocated_mib + old.vmemory_mib
     if new.vmemory_mib > free_mib:
-        message = f"card {card.uuid} has {free_mib} MiB for it, {new.vmemory_mib} MiB asked"
+        message = (
+            f"card {card.uuid} has {format_mib(free_mib)} for it, "
+            f"{format_mib(new.vmemory_mib)} asked"
+        )
         return FieldError(field="vmemory", message=message)
     core_free = MAX_CORE_SHARE - (card.core_high if high else card.core_low) + old.vcore
     if new.vcore > core_free:

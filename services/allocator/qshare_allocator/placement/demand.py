@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from qshare.contracts.domain import MAX_CORE_SHARE, PlacementPolicy, Priority, Provisioner
 from qshare.contracts.errors import InvalidInput
+from qshare.contracts.quantities import format_mib
 from qshare.settings import ClusterSettings
 
 
@@ -37,7 +38,7 @@ class Demand:
     def describe(self) -> str:
         """Why nothing fits, in words (the Pending claim's reason)."""
         cards = "1 healthy card" if self.count == 1 else f"{self.count} healthy cards on one node"
-        shape = "empty" if self.whole else f"with {self.vmemory_mib} MiB free"
+        shape = "empty" if self.whole else f"with {format_mib(self.vmemory_mib)} free"
         core = "" if self.whole else f", {self.vcore}% {self.priority.value} core share free"
         where = (
             f"a Ready node matching {quoted_selector(self.selector)}"
@@ -59,4 +60,6 @@ def quoted_selector(selector: dict[str, str]) -> str:
 def check_granularity(vmemory_mib: int, provisioner: Provisioner, rules: ClusterSettings) -> None:
     """Refuse slices smaller than the cluster's minimum (whole cards ignore vmemory)."""
     if provisioner is Provisioner.QSHARE and vmemory_mib < rules.min_vgpu_mib:
-        raise InvalidInput.on("vmemory", f"must be at least {rules.min_vgpu_mib} MiB per vGPU")
+        raise InvalidInput.on(
+            "vmemory", f"must be at least {format_mib(rules.min_vgpu_mib)} per vGPU"
+        )

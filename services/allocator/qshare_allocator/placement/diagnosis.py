@@ -11,6 +11,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from qshare.contracts.errors import InvalidInput
+from qshare.contracts.quantities import format_mib
 from qshare.contracts.rows import node_is_ready
 from qshare.contracts.schema import gpus, nodes
 from qshare_allocator.placement.demand import Demand, quoted_selector
@@ -22,8 +23,8 @@ async def why_not(conn: AsyncConnection, demand: Demand, timeout_s: float) -> st
     if facts.cards and not demand.whole and demand.vmemory_mib > facts.largest_mib:
         raise InvalidInput.on(
             "vmemory",
-            f"{demand.vmemory_mib} MiB is more than any card in the cluster has "
-            f"(the largest has {facts.largest_mib} MiB)",
+            f"{format_mib(demand.vmemory_mib)} is more than any card in the cluster has "
+            f"(the largest has {format_mib(facts.largest_mib)})",
         )
     if facts.cards and demand.count > facts.most_cards:
         raise InvalidInput.on(
@@ -39,7 +40,7 @@ def _reason(facts: Any, demand: Demand) -> str:
     if not facts.ready:
         return f"no Ready, schedulable node{selector} ({facts.nodes} registered)"
     if not facts.big_enough:
-        size = "empty" if demand.whole else f"of at least {demand.vmemory_mib} MiB"
+        size = "empty" if demand.whole else f"of at least {format_mib(demand.vmemory_mib)}"
         return f"no Ready node{selector} has {demand.count} healthy card(s) {size}"
     return demand.describe()
 

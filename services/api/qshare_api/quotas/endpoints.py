@@ -31,7 +31,8 @@ TenantQuery = Annotated[
 
 
 class QuotaSpec(BaseModel):
-    """Limits of one tenant; a missing limit is no limit."""
+    """Limits of one tenant (null: no limit). PUT: a missing limit is no limit; PATCH: a
+    missing limit is kept."""
 
     model_config = ConfigDict(
         extra="forbid",
@@ -78,19 +79,34 @@ async def my_quota(caller: Caller, res: Res, tenant: TenantQuery = None) -> Quot
     )  # fmt: skip
 
 
-@router.put("/{tenant}", response_model=Quota, summary="Set a tenant's quota (admins)")
+@router.put("/{tenant}", response_model=Quota, summary="Set a tenant's whole quota (admins)")
 async def set_quota(tenant: Tenant, body: QuotaSpec, caller: Admin, res: Res) -> Quota:
-    row = {"tenant": tenant, "memory_mib": body.memory, "cards": body.cards,
-           "pending": body.pending}  # fmt: skip
-    statement = insert(quotas).values(row)
-    statement = statement.on_conflict_do_update(
+    """Replaces the quota: a limit the body leaves out is no limit (PATCH changes some)."""
+    return await _upsert(res, tenant, body.model_dump())
+
+
+@router.patch("/{tenant}", response_model=Quota, summary="Change some of a tenant's limits")
+async def change_quota(tenant: Tenant, body: QuotaSpec, caller: Admin, res: Res) -> Quota:
+    """Admins. Only the limits the body names change (`null`: no limit), the others are
+    kept; a tenant without a quota gets one with just these limits."""
+    return await _upsert(res, tenant, body.model_dump(exclude_unset=True))
+
+
+COLUMNS = {"memory": "memory_mib", "cards": "cards", "pending": "pending"}
+"""A QuotaSpec field's column in `quotas`."""
+
+
+async def _upsert(res: Resources, tenant: str, limits: dict[str, int | None]) -> Quota:
+    """Store `limits` (by QuotaSpec field) for `tenant`, leaving its other columns alone."""
+    values = {COLUMNS[k]: v for k, v in limits.items()}
+    row = insert(quotas).values({"tenant": tenant} | values)
+    statement = row.on_conflict_do_update(
         index_elements=[quotas.c.tenant],
-        set_={k: statement.excluded[k] for k in ("memory_mib", "cards", "pending")}
-        | {"updated_at": func.now()},
-    )
+        set_={k: row.excluded[k] for k in values} | {"updated_at": func.now()},
+    ).returning(quotas.c.tenant, quotas.c.memory_mib, quotas.c.cards, quotas.c.pending)
     async with res.engine.begin() as conn:
-        await conn.execute(statement)
-    return Quota.model_validate(row)
+        stored = (await conn.execute(statement)).one()
+    return Quota.model_validate(stored._mapping)
 
 
 @router.get("", response_model=list[Quota], summary="List quotas (admins)")

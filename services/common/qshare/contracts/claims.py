@@ -9,7 +9,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictStr, model_validator
 
 from qshare.contracts.domain import ClaimStatus, PlacementPolicy, Priority
-from qshare.contracts.quantities import parse_mib
+from qshare.contracts.quantities import format_mib, parse_mib
 
 MAX_MIB = 16 * 1024 * 1024
 """16 TiB: far above any card, and inside the 32-bit columns that store MiB."""
@@ -38,7 +38,7 @@ def _memory(value: Any) -> int:
         raise ValueError("must be an integer number of MiB or a quantity such as '4Gi'")
     mib = parse_mib(value)
     if mib > MAX_MIB:
-        raise ValueError(f"must be at most {MAX_MIB} MiB (16Ti)")
+        raise ValueError(f"must be at most {format_mib(MAX_MIB)}")
     return mib
 
 

@@ -19,6 +19,8 @@ _SUFFIXES: dict[str, int] = {
     "T": 10**12,
     "P": 10**15,
 }
+_DECIMAL = {"k": 3, "M": 6, "G": 9, "T": 12, "P": 15}
+"""The decimal suffixes, as powers of ten."""
 MAX_QUANTITY_CHARS = 32
 """Longer strings are refused before any arithmetic (no quantity needs more)."""
 _QUANTITY = re.compile(r"^(?P<number>[0-9]+(?:\.[0-9]+)?)(?P<suffix>Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$")
@@ -48,12 +50,27 @@ def parse_mib(value: int | str) -> int:
         if "." in number:
             raise QuantityError("a number without a suffix means MiB and must be whole")
         return _positive(int(number))
-    return _positive(_bytes_to_mib(number, _SUFFIXES[suffix]))
+    try:
+        return _positive(_bytes_to_mib(number, _SUFFIXES[suffix]))
+    except QuantityError as exc:
+        if suffix in _DECIMAL:  # `4G` is 4*10^9 bytes: almost always meant as `4Gi`
+            raise QuantityError(f"{exc} ({value!r} is {number}x10^{_DECIMAL[suffix]} bytes; "
+                                f"did you mean {number}{suffix.upper()}i?)") from None  # fmt: skip
+        raise
+
+
+_UNITS = (("TiB", 1 << 20), ("GiB", 1 << 10))
+"""Units a size is shown in, largest first, with their size in MiB."""
 
 
 def format_mib(mib: int) -> str:
-    """Render MiB the way people read it: `4Gi` when whole GiB, else `1536Mi`."""
-    return f"{mib // 1024}Gi" if mib % 1024 == 0 else f"{mib}Mi"
+    """MiB as people read them, for tables and messages (JSON keeps exact MiB): in the
+    largest unit that shows it exactly with at most two decimals (`8 GiB`, `1.5 GiB`,
+    `1.25 TiB`), else in MiB (`512 MiB`, `1100 MiB`)."""
+    for unit, size in _UNITS:
+        if abs(mib) >= size and mib * 100 % size == 0:
+            return f"{mib / size:.2f}".rstrip("0").rstrip(".") + f" {unit}"
+    return f"{mib} MiB"
 
 
 def _bytes_to_mib(number: str, unit: int) -> int:

@@ -1,0 +1,48 @@
+"""Database URLs as people write them (`postgres://` and `postgresql://`, as psql and hosting
+providers give them) turned into the SQLAlchemy asyncpg form the services connect with."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import AfterValidator
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError
+
+DRIVER = "postgresql+asyncpg"
+SCHEMES = frozenset({"postgres", "postgresql", DRIVER})
+FORM = (
+    "postgresql://USER:PASSWORD@HOST:PORT/DATABASE "
+    "(postgres:// and postgresql+asyncpg:// are read too)"
+)
+
+
+def normalised(url: str) -> str:
+    """`url` in the asyncpg form; ValueError naming what is wrong when it is not a Postgres
+    URL. libpq's `sslmode` becomes asyncpg's `ssl` (same values)."""
+    parsed = _parsed(url)
+    if parsed.drivername not in SCHEMES:
+        raise ValueError(f"{parsed.drivername}:// is not a Postgres URL; the form is {FORM}")
+    query = dict(parsed.query)
+    if "sslmode" in query and "ssl" not in query:
+        query["ssl"] = query.pop("sslmode")
+    return parsed.set(drivername=DRIVER, query=query).render_as_string(hide_password=False)
+
+
+def shown(url: str) -> str:
+    """`url` with its password hidden, for messages."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except (ArgumentError, ValueError):
+        return "(a value that is not a URL)" if "@" in url else repr(url)
+
+
+def _parsed(url: str) -> URL:
+    try:
+        return make_url(url)
+    except (ArgumentError, ValueError):
+        raise ValueError(f"not a database URL; the form is {FORM}") from None
+
+
+DatabaseUrl = Annotated[str, AfterValidator(normalised)]
+"""A settings field holding a Postgres URL, stored in the asyncpg form."""
