@@ -30,13 +30,41 @@ class Service:
         await self.stop()
 
     async def run(self) -> None:
-        """Serve until SIGTERM or SIGINT, then stop."""
-        stop = asyncio.Event()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
-        async with self:
+        """Serve until SIGTERM or SIGINT, then stop. A signal that comes while the service is
+        still starting (waiting for a NATS or Postgres server that is not up yet) ends the
+        start where it waits, and what it had set up is stopped."""
+        asked = _stop_on_signals()
+        starting = asyncio.create_task(self.start(), name="start")
+        stopping = asyncio.create_task(asked.wait(), name="stop signal")
+        await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done():
+            log.info("asked to stop while starting")
+            await cancelled(starting)
+            await self.stop()
+            return
+        if starting.exception() is not None:
+            stopping.cancel()
+            await self._stop_after_failed_start()
+            starting.result()  # raises the start's own error
+        try:
             settle_heap()
-            await stop.wait()
+            await stopping
+        finally:
+            await self.stop()
+
+    async def _stop_after_failed_start(self) -> None:
+        """Release what a failed start had set up; the start's error is the one reported."""
+        try:
+            await self.stop()
+        except Exception:
+            log.exception("stopping after a failed start failed too")
+
+
+def _stop_on_signals() -> asyncio.Event:
+    asked = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        asyncio.get_running_loop().add_signal_handler(sig, asked.set)
+    return asked
 
 
 async def cancelled(task: asyncio.Task[None]) -> None:

@@ -1,0 +1,63 @@
+"""A service still starting (its NATS server not up yet) stops on SIGTERM or SIGINT, as
+Kubernetes and a person at the terminal expect, instead of retrying on until SIGKILL."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from qshare.testing.servers import free_port
+
+WAITING_S = 3.0
+STOPPED_WITHIN_S = 15.0
+
+
+def _waiting_for_nats(module: str, prefix: str) -> subprocess.Popen[str]:
+    """`python -m module` whose NATS and Postgres servers are ports nobody listens on."""
+    env = dict(
+        os.environ,
+        **{
+            f"{prefix}_NATS_URL": f"nats://127.0.0.1:{free_port()}",
+            f"{prefix}_DATABASE_URL": f"postgresql://q:q@127.0.0.1:{free_port()}/q",
+            f"{prefix}_MIGRATE_ON_START": "false",
+        },
+    )
+    return subprocess.Popen(
+        [sys.executable, "-m", module], env=env, stderr=subprocess.PIPE, text=True
+    )
+
+
+def _stopped(process: subprocess.Popen[str], sig: signal.Signals) -> tuple[int | None, str]:
+    """The exit status after `sig` (None: still running, then killed) and what it logged."""
+    time.sleep(WAITING_S)
+    assert process.poll() is None, "it should still be waiting for NATS"
+    process.send_signal(sig)
+    try:
+        status: int | None = process.wait(STOPPED_WITHIN_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        status = None
+    assert process.stderr is not None
+    return status, process.stderr.read()
+
+
+@pytest.mark.parametrize(
+    ("module", "prefix"),
+    [("qshare_allocator", "QSHARE_ALLOCATOR"), ("qshare_preemptor", "QSHARE_PREEMPTOR")],
+)
+def test_a_service_waiting_for_nats_stops_on_sigterm(module: str, prefix: str) -> None:
+    status, log = _stopped(_waiting_for_nats(module, prefix), signal.SIGTERM)
+    assert status == 0, log[-2000:]
+    assert "asked to stop while starting" in log
+
+
+def test_a_service_waiting_for_nats_stops_on_ctrl_c() -> None:
+    status, log = _stopped(_waiting_for_nats("qshare_allocator", "QSHARE_ALLOCATOR"), signal.SIGINT)
+    assert status == 0, log[-2000:]
+    assert "Traceback" not in log
