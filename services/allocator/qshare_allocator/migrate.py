@@ -8,6 +8,7 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
+from alembic.script import ScriptDirectory
 
 
 def alembic_config(url: str) -> Config:
@@ -23,3 +24,10 @@ def alembic_config(url: str) -> Config:
 async def upgrade(url: str, revision: str = "head") -> None:
     """`alembic upgrade head`, in a thread: env.py runs its own event loop."""
     await asyncio.to_thread(command.upgrade, alembic_config(url), revision)
+
+
+def head(url: str) -> str:
+    """The revision the migrations end at (what this image's code needs)."""
+    found = ScriptDirectory.from_config(alembic_config(url)).get_current_head()
+    assert found is not None, "the migrations have no head"
+    return found

@@ -8,11 +8,12 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from qshare.bus import BusIdentity, BusOptions
+from qshare.health import HealthSettings
 from qshare.natsauth import ServiceRole
 from qshare.settings import ClusterSettings
 
 
-class AllocatorSettings(BaseSettings, BusIdentity):
+class AllocatorSettings(BaseSettings, BusIdentity, HealthSettings):
     model_config = SettingsConfigDict(env_prefix="QSHARE_ALLOCATOR_", extra="ignore")
 
     database_url: str = "postgresql+asyncpg://qshare:qshare@localhost:5432/qshare"

@@ -16,7 +16,7 @@ from opentelemetry.trace import SpanKind
 from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from qshare import bus
+from qshare import bus, health
 from qshare.contracts import envelope, rpc, subjects
 from qshare.contracts.agent import AnnounceRequest
 from qshare.contracts.errors import InvalidInput, QshareError
@@ -50,9 +50,18 @@ class Preemptor(Service):
         self._slots = {kind: asyncio.Semaphore(MAX_IN_FLIGHT) for kind in _KINDS}
         self.announce_requests = 0
         """Times this preemptor asked the nodes to announce their cards' state."""
+        self._health: health.HealthServer | None = None
+        self.probes = health.Probes()
+        self.probes.live["nats"] = health.nats_not_closed(lambda: self._nc)
+        self.probes.live["tasks"] = health.tasks_running(
+            lambda: [self._retrier] if self._retrier else []
+        )
+        self.probes.ready["nats"] = health.nats_connected(lambda: self._nc)
+        self.probes.ready["database"] = health.database_ready(lambda: self._engine)
 
     async def start(self) -> None:
         s = self.settings
+        self._health = await health.serve(self.probes, s)
         setup_tracing("qshare-preemptor")
         self._engine = create_async_engine(s.database_url, pool_size=s.pool_size)
         options = s.bus_as(self.source, ServiceRole.PREEMPTOR)
@@ -68,10 +77,14 @@ class Preemptor(Service):
         await bus.settled(self._nc)
         await self.service.reconcile()
         await self.ask_announce("preemptor started")
-        self._retrier = asyncio.create_task(self._resume_again(self.service))
+        self._retrier = asyncio.create_task(self._resume_again(self.service), name="resumer")
+        self.probes.serving()
         log.info("preemptor %s serving", s.instance)
 
     async def stop(self) -> None:
+        self.probes.stopping()
+        if self._health is not None:
+            await self._health.stop()
         if self._retrier is not None:
             await cancelled(self._retrier)
         if self._nc is not None:
