@@ -91,9 +91,7 @@ async def preemptor(stack: AsyncExitStack, url: str, nats: str, port: int) -> Pr
     return await stack.enter_async_context(Preemptor(settings))
 
 
-async def node_agent(
-    stack: AsyncExitStack, url: str, nats: str, port: int, shm: Path
-) -> NodeAgent:
+async def node_agent(stack: AsyncExitStack, url: str, nats: str, port: int, shm: Path) -> NodeAgent:
     await allocator(stack, url, nats)  # it registers with one
     settings = NodeAgentSettings(name=f"health-{uuid.uuid4().hex[:6]}", nats_url=nats,
                                  simulate="1:8Gi", shm_dir=shm, keep_segment_on_stop=False,
