@@ -6,6 +6,7 @@ and says not ready until the schema is there. Each test owns its NATS server and
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
@@ -17,7 +18,7 @@ import pytest
 from sqlalchemy import make_url, text
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from qshare.service import Service
+from qshare.service import Service, cancelled
 from qshare.testing.servers import EmbeddedNats, free_port
 from qshare_allocator.app import Allocator
 from qshare_allocator.migrate import upgrade
@@ -27,6 +28,7 @@ from qshare_api.app import create_app
 from qshare_api.settings import ApiSettings
 from qshare_node_agent.app import NodeAgent
 from qshare_node_agent.settings import NodeAgentSettings
+from qshare_preemptor import app as preemptor_app
 from qshare_preemptor.app import Preemptor
 from qshare_preemptor.settings import PreemptorSettings
 
@@ -73,7 +75,11 @@ async def probe(port: int, path: str) -> httpx.Response:
 
 
 async def answers(port: int, path: str, status: int) -> bool:
-    return (await probe(port, path)).status_code == status
+    """Whether `path` answers `status` (False while nothing listens yet)."""
+    try:
+        return (await probe(port, path)).status_code == status
+    except httpx.ConnectError:
+        return False
 
 
 def health(port: int) -> dict[str, Any]:
@@ -172,6 +178,31 @@ async def test_the_allocator_is_not_ready_on_a_schema_behind_its_migrations(
         verdict = await running.probes.readiness()
     assert verdict.failing == ["database"]
     assert verdict.checks["database"].startswith("schema at revision 0008, not at this image's")
+
+
+async def test_the_preemptor_waits_live_but_not_ready_for_an_unmigrated_schema(
+    new_database: Database, bus: EmbeddedNats, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A first apply starts every pod at once: the preemptor waits for the allocator's
+    migration instead of exiting (and crash-looping) on the missing tables."""
+    monkeypatch.setattr(preemptor_app, "SCHEMA_AGAIN_S", 0.05)
+    port = free_port()
+    url = await new_database(False)
+    settings = PreemptorSettings(database_url=url, nats_url=bus.url, health_port=port)
+    running = Preemptor(settings)
+    starting = asyncio.create_task(running.start())
+    try:
+        await eventually(lambda: answers(port, "/readyz", 503))
+        assert (await probe(port, "/healthz")).status_code == 200
+        checks = (await probe(port, "/readyz")).json()["checks"]
+        assert checks["serving"] == "starting"
+        assert checks["database"].startswith("schema not migrated yet")
+        await upgrade(url)
+        await starting
+        assert (await probe(port, "/readyz")).status_code == 200
+    finally:
+        await cancelled(starting)
+        await running.stop()
 
 
 async def test_the_api_starts_on_an_unmigrated_database_and_is_ready_once_it_is_migrated(

@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 SCOPE = "qshare.preemptor"
 RESUME_AGAIN_S = 1.0
 """How often resumes that did not reach their node are sent again."""
+SCHEMA_AGAIN_S = 1.0
+"""How often a preemptor waiting for the schema looks again."""
 MAX_IN_FLIGHT = 32
 """Messages of one kind (card events, usage reports, requests) handled at once; the rest wait
 in the subscription's bounded queue (NATS drops beyond it and says so), not as tasks."""
@@ -75,6 +77,7 @@ class Preemptor(Service):
                                           s.starvation_window_s, s.command_timeout_s)  # fmt: skip
         await self._nc.subscribe(subjects.NODE_USAGES, cb=self._on_usage)
         await bus.settled(self._nc)
+        await self._schema_migrated()
         await self.service.reconcile()
         await self.ask_announce("preemptor started")
         self._retrier = asyncio.create_task(self._resume_again(self.service), name="resumer")
@@ -94,6 +97,18 @@ class Preemptor(Service):
         if self._engine is not None:
             await self._engine.dispose()
         await asyncio.to_thread(flush_tracing)
+
+    async def _schema_migrated(self) -> None:
+        """Wait for the allocator to create the schema (a first apply starts every pod at
+        once): live meanwhile, not ready, rather than exiting and restarting until it is.
+        Postgres out of reach ends the start, as at any other step."""
+        assert self._engine is not None
+        if await health.schema_revision(self._engine) is not None:
+            return
+        log.warning("preemptor %s: the database schema is not migrated yet; waiting for it "
+                    "(python -m qshare_allocator migrate)", self.settings.instance)  # fmt: skip
+        while await health.schema_revision(self._engine) is None:
+            await asyncio.sleep(SCHEMA_AGAIN_S)
 
     async def _reconnected(self) -> None:
         await self.ask_announce("preemptor reconnected to NATS")
