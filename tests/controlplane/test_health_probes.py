@@ -19,7 +19,7 @@ from sqlalchemy import make_url, text
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from qshare.service import Service, cancelled
-from qshare.testing.servers import EmbeddedNats, free_port
+from qshare.testing.servers import EmbeddedNats, ServiceProcess, free_port
 from qshare_allocator.app import Allocator
 from qshare_allocator.migrate import upgrade
 from qshare_allocator.settings import AllocatorSettings
@@ -231,3 +231,16 @@ async def test_the_api_starts_on_an_unmigrated_database_and_is_ready_once_it_is_
 
 async def _ready(api: httpx.AsyncClient) -> bool:
     return (await api.get("/readyz")).status_code == 200
+
+
+async def test_the_allocator_process_serves_its_probes_on_the_pods_address(
+    new_database: Database, bus: EmbeddedNats
+) -> None:
+    """`python -m qshare_allocator` as the manifest runs it: the variables turn the server on."""
+    port = free_port()
+    env = {"QSHARE_ALLOCATOR_DATABASE_URL": await new_database(True),
+           "QSHARE_ALLOCATOR_NATS_URL": bus.url, "QSHARE_ALLOCATOR_HEALTH_PORT": str(port),
+           "QSHARE_ALLOCATOR_HEALTH_HOST": "0.0.0.0"}  # fmt: skip
+    async with ServiceProcess("qshare_allocator", env, "serving"):
+        await eventually(lambda: answers(port, "/readyz", 200))
+        assert (await probe(port, "/healthz")).json()["checks"] == {"nats": "ok", "tasks": "ok"}

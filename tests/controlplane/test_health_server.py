@@ -208,3 +208,19 @@ async def test_a_health_port_in_use_stops_the_start_naming_the_variable() -> Non
     assert str(err.value).startswith(
         f"QSHARE_ALLOCATOR_HEALTH_PORT={port}: the health server cannot listen on 127.0.0.1:"
     )
+
+
+def test_the_allocator_with_its_health_port_in_use_exits_with_one_line_naming_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        monkeypatch.setenv("QSHARE_ALLOCATOR_HEALTH_PORT", str(port))
+        assert allocator_main([]) == 1
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith(
+        f"qshare allocator: cannot start: QSHARE_ALLOCATOR_HEALTH_PORT={port}: the health "
+        f"server cannot listen on 127.0.0.1:{port} ("
+    )
