@@ -137,7 +137,7 @@ async def test_readiness_goes_false_while_nats_is_down_and_liveness_stays_true(
         await eventually(lambda: answers(port, "/readyz", 200))
 
 
-async def test_every_check_is_named_in_a_ready_answer(
+async def test_every_check_of_the_node_agent_is_named_in_its_answers(
     new_database: Database, bus: EmbeddedNats, tmp_path: Path
 ) -> None:
     port = free_port()
@@ -145,6 +145,8 @@ async def test_every_check_is_named_in_a_ready_answer(
         await node_agent(stack, await new_database(True), bus.url, port, tmp_path)
         await eventually(lambda: answers(port, "/readyz", 200))
         body = (await probe(port, "/readyz")).json()
+        live = (await probe(port, "/healthz")).json()
+    assert live["checks"] == {"nats": "ok", "tasks": "ok", "event reader": "ok"}
     assert body == {
         "status": "ready",
         "failing": [],

@@ -64,6 +64,7 @@ class NodeAgent(Service):
         self.probes = health.Probes()
         self.probes.live["nats"] = health.nats_not_closed(lambda: self._nc)
         self.probes.live["tasks"] = health.tasks_running(self._running)
+        self.probes.live["event reader"] = self._reader_check
         self.probes.ready["nats"] = health.nats_connected(lambda: self._nc)
         self.probes.ready["segment"] = self._segment_check
         self.probes.ready["registration"] = self._registration_check
@@ -146,6 +147,11 @@ class NodeAgent(Service):
         """The tasks that must run as long as the agent: heartbeats, usage, the event pump."""
         pump = [self._pump.task] if self._pump is not None and self._pump.task else []
         return [*self._tasks, *pump]
+
+    async def _reader_check(self) -> str | None:
+        if self._pump is None or self._pump.reading:
+            return None
+        return "the thread reading the driver's event ring ended"
 
     async def _segment_check(self) -> str | None:
         if self._node is None:

@@ -60,6 +60,11 @@ class EventPump:
         """The task publishing the events (None before `start`)."""
         return self._task
 
+    @property
+    def reading(self) -> bool:
+        """Whether the thread reading the driver's ring runs (False before `start`)."""
+        return self._thread is not None and self._thread.is_alive()
+
     def start(self) -> None:
         loop = asyncio.get_running_loop()
         self._thread = threading.Thread(target=self._read, args=(loop,), daemon=True)
