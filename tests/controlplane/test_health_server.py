@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import threading
 from collections.abc import AsyncIterator, Callable
 
 import httpx
@@ -224,3 +225,28 @@ def test_the_allocator_with_its_health_port_in_use_exits_with_one_line_naming_it
         f"qshare allocator: cannot start: QSHARE_ALLOCATOR_HEALTH_PORT={port}: the health "
         f"server cannot listen on 127.0.0.1:{port} ("
     )
+
+
+def test_a_stuck_event_loop_answers_no_liveness_probe_until_it_moves_again() -> None:
+    """The server runs on the service's own loop: a loop blocked by a call that never returns
+    leaves the kubelet's probe without an answer (its timeout counts as a failure)."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    server = HealthServer(Probes(), "127.0.0.1", 0, "QSHARE_TEST_HEALTH_PORT")
+    asyncio.run_coroutine_threadsafe(server.start(), loop).result(5)
+    url = f"http://127.0.0.1:{server.port}/healthz"
+    release = threading.Event()
+    try:
+        assert httpx.get(url, timeout=5).status_code == 200
+        loop.call_soon_threadsafe(release.wait, 30)  # the loop is stuck in this call
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.get(url, timeout=0.5)
+        release.set()
+        assert httpx.get(url, timeout=5).status_code == 200
+    finally:
+        release.set()
+        asyncio.run_coroutine_threadsafe(server.stop(), loop).result(5)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+        loop.close()
