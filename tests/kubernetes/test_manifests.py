@@ -1,5 +1,6 @@
 """Every manifest in deploy/kubernetes is a valid object of the Kubernetes version it targets,
-every kustomization names files that exist, and the RBAC stays least-privilege."""
+every kustomization names files that exist, the RBAC stays least-privilege, and every
+long-running container is probed (liveness and readiness) where its service listens."""
 
 from __future__ import annotations
 
@@ -250,3 +251,71 @@ def test_the_allocator_migrates_the_schema_before_it_serves() -> None:
     assert init["command"][-2:] == ["qshare_allocator", "migrate"]
     names = {v["name"] for v in init["env"]}
     assert "QSHARE_ALLOCATOR_DATABASE_URL" in names
+
+
+def long_running_containers() -> list[tuple[str, dict[str, Any]]]:
+    """(workload, container) of every container of qshare's workloads (init containers end)."""
+    return [
+        (obj["metadata"]["name"], container)
+        for obj in workloads()
+        for container in obj["spec"]["template"]["spec"]["containers"]
+    ]
+
+
+def probed_port(container: dict[str, Any], probe: dict[str, Any]) -> int:
+    """The container port a probe's httpGet names (by name or number); fails when the
+    container declares no such port."""
+    port = probe["httpGet"]["port"]
+    declared = {p.get("name", p["containerPort"]): p["containerPort"] for p in container["ports"]}
+    numbers = set(declared.values())
+    assert port in declared or port in numbers, f"{port} is not a port the container declares"
+    return int(declared.get(port, port))
+
+
+@pytest.mark.parametrize(
+    ("workload", "container"),
+    long_running_containers(),
+    ids=[f"{w}/{c['name']}" for w, c in long_running_containers()],
+)
+def test_every_long_running_container_has_liveness_and_readiness_probes_on_a_declared_port(
+    workload: str, container: dict[str, Any]
+) -> None:
+    for kind in ("livenessProbe", "readinessProbe"):
+        assert kind in container, f"{workload}/{container['name']} has no {kind}"
+        probed_port(container, container[kind])
+
+
+@pytest.mark.parametrize(
+    ("workload", "container", "port_setting", "host_setting"),
+    [
+        ("qshare-allocator", "allocator", "health_port", "health_host"),
+        ("qshare-preemptor", "preemptor", "health_port", "health_host"),
+        ("qshare-node-agent", "agent", "health_port", "health_host"),
+        ("qshare-api", "api", "port", "host"),
+        ("qshare-extender", "extender", "port", "host"),
+    ],
+)
+def test_every_service_serves_its_probes_where_the_kubelet_looks(
+    monkeypatch: pytest.MonkeyPatch,
+    workload: str,
+    container: str,
+    port_setting: str,
+    host_setting: str,
+) -> None:
+    """The port the probes name is the one the service's settings (from the manifest's
+    environment) listen on, on the pod's address rather than the loopback."""
+    settings, _ = service_settings(monkeypatch, workload, container)
+    [spec] = [c for w, c in long_running_containers() if (w, c["name"]) == (workload, container)]
+    for kind in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert probed_port(spec, spec[kind]) == getattr(settings, port_setting), kind
+    assert spec["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert spec["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert getattr(settings, host_setting) == "0.0.0.0"
+
+
+def test_the_nats_probes_ask_its_monitoring_port() -> None:
+    [spec] = [c for w, c in long_running_containers() if w == "nats"]
+    monitor = int(spec["args"][spec["args"].index("-m") + 1])
+    for kind in ("livenessProbe", "readinessProbe"):
+        assert probed_port(spec, spec[kind]) == monitor
+        assert spec[kind]["httpGet"]["path"].startswith("/healthz")

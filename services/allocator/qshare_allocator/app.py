@@ -16,7 +16,7 @@ from prometheus_client import start_http_server
 from pydantic import BaseModel
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from qshare import bus
+from qshare import bus, health
 from qshare.contracts import subjects
 from qshare.contracts.claims import (
     ClaimView,
@@ -46,7 +46,7 @@ from qshare_allocator.claims.service import ClaimService, PendingCursor
 from qshare_allocator.db import in_transaction, make_engine
 from qshare_allocator.inventory.service import InventoryService
 from qshare_allocator.messaging import Route, Router
-from qshare_allocator.migrate import upgrade
+from qshare_allocator.migrate import head, upgrade
 from qshare_allocator.nodes.dispatch import Dispatcher
 from qshare_allocator.nodes.reregister import Reregistration
 from qshare_allocator.outbox import OutboxRelay
@@ -78,6 +78,11 @@ class Allocator(Service):
         self._reregistration: Reregistration | None = None
         self._sweep_wanted = asyncio.Event()
         self._background: list[asyncio.Task[None]] = []
+        self._health: health.HealthServer | None = None
+        self.probes = health.Probes()
+        self.probes.live["nats"] = health.nats_not_closed(lambda: self._nc)
+        self.probes.live["tasks"] = health.tasks_running(lambda: self._background)
+        self.probes.ready["nats"] = health.nats_connected(lambda: self._nc)
 
     @property
     def engine(self) -> AsyncEngine:
@@ -90,10 +95,13 @@ class Allocator(Service):
         return self._router.handled if self._router is not None else 0
 
     async def start(self) -> None:
+        self._health = await health.serve(self.probes, self.settings)
         setup_tracing("qshare-allocator", self.settings.trace_console)
         if self.settings.migrate_on_start:
             await upgrade(self.settings.database_url)
+        needed = await asyncio.to_thread(head, self.settings.database_url)
         self._engine = make_engine(self.settings.database_url, self.settings.pool_size)
+        self.probes.ready["database"] = health.database_ready(lambda: self._engine, needed)
         self._nc = await bus.connect(self.settings.bus(self.source))
         js = self._nc.jetstream()
         await ensure_events_stream(js)
@@ -119,15 +127,19 @@ class Allocator(Service):
             await self._router.subscribe(route)
         await bus.settled(self._nc)  # "serving" means the server routes requests here
         self._background = [
-            asyncio.create_task(self._relay.run()),
-            asyncio.create_task(self._sweeper()),
-            asyncio.create_task(self._dispatch_scanner()),
+            asyncio.create_task(self._relay.run(), name="outbox relay"),
+            asyncio.create_task(self._sweeper(), name="pending sweeper"),
+            asyncio.create_task(self._dispatch_scanner(), name="dispatch scanner"),
         ]
         if self.settings.metrics_port:
             start_http_server(self.settings.metrics_port, addr=self.settings.metrics_host)
+        self.probes.serving()
         log.info("allocator %s serving", self.settings.instance)
 
     async def stop(self) -> None:
+        self.probes.stopping()
+        if self._health is not None:
+            await self._health.stop()
         if self._nc is not None:
             await bus.close(self._nc)
         if self._router is not None:

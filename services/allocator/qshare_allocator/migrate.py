@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
+from alembic.script import ScriptDirectory
+
+log = logging.getLogger(__name__)
 
 
 def alembic_config(url: str) -> Config:
@@ -23,3 +27,14 @@ def alembic_config(url: str) -> Config:
 async def upgrade(url: str, revision: str = "head") -> None:
     """`alembic upgrade head`, in a thread: env.py runs its own event loop."""
     await asyncio.to_thread(command.upgrade, alembic_config(url), revision)
+
+
+def head(url: str) -> str | None:
+    """The revision the migrations end at (what this image's code needs); None, with a
+    warning, where the migrations cannot be read (an install without `alembic.ini`)."""
+    try:
+        return ScriptDirectory.from_config(alembic_config(url)).get_current_head()
+    except Exception as exc:
+        log.warning("migrations not readable (%r): readiness checks only that the schema is "
+                    "migrated, not that it is at their head", exc)  # fmt: skip
+        return None

@@ -9,11 +9,12 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from qshare.bus import BusIdentity, BusOptions
 from qshare.dburl import DatabaseUrl
+from qshare.health import HealthSettings
 from qshare.natsauth import ServiceRole
 from qshare.settings import ClusterSettings
 
 
-class AllocatorSettings(BaseSettings, BusIdentity):
+class AllocatorSettings(BaseSettings, BusIdentity, HealthSettings):
     model_config = SettingsConfigDict(env_prefix="QSHARE_ALLOCATOR_", extra="ignore")
 
     database_url: DatabaseUrl = "postgresql+asyncpg://qshare:qshare@localhost:5432/qshare"

@@ -11,10 +11,10 @@ from fastapi import FastAPI
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from qshare import bus
-from qshare.contracts.domain import Role
 from qshare.contracts.tracing import flush_tracing, setup_tracing
 from qshare.service import settle_heap
 from qshare_api import health, problems
+from qshare_api.bootstrap import bootstrap_admin
 from qshare_api.claims.endpoints import router as claims_router
 from qshare_api.classes.endpoints import router as classes_router
 from qshare_api.events.endpoints import router as events_router
@@ -31,7 +31,6 @@ from qshare_api.resources import Resources
 from qshare_api.settings import ApiSettings
 from qshare_api.starvation.endpoints import router as starvation_router
 from qshare_api.tokens.endpoints import router as tokens_router
-from qshare_api.tokens.repository import ensure_token
 
 log = logging.getLogger(__name__)
 
@@ -78,15 +77,16 @@ def _lifespan(
         reader = engine.execution_options(isolation_level="AUTOCOMMIT")
         limiter = RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst)
         app.state.resources = Resources(settings, engine, reader, nc, limiter)
-        await _bootstrap_admin(app.state.resources)
+        app.state.bootstrap = await bootstrap_admin(engine, settings.bootstrap_secret())
         reaper = _start_reaper(app.state.resources) if settings.extender.enabled else None
         if own_process:
             settle_heap()
         try:
             yield
         finally:
-            if reaper is not None:
-                reaper.cancel()
+            for task in (reaper, app.state.bootstrap):
+                if task is not None:
+                    task.cancel()
             await bus.close(nc)
             await engine.dispose()
             await asyncio.to_thread(flush_tracing)
@@ -96,12 +96,3 @@ def _lifespan(
 
 def _start_reaper(res: Resources) -> asyncio.Task[None]:
     return asyncio.create_task(Reaper(res).run(res.settings.extender.reap_s))
-
-
-async def _bootstrap_admin(res: Resources) -> None:
-    secret = res.settings.bootstrap_secret()
-    if secret is not None:
-        async with res.engine.begin() as conn:
-            stored = await ensure_token(conn, "bootstrap admin", "admin", Role.ADMIN, secret)
-        if not stored:
-            log.info("bootstrap admin token already issued once; the setting is ignored")

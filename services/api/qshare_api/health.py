@@ -1,15 +1,17 @@
-"""`/healthz` (the process answers), `/readyz` (Postgres and NATS reachable), `/metrics`."""
+"""`/healthz` (the process answers), `/readyz` (NATS connected, Postgres answering with the
+schema migrated, the bootstrap admin token stored), `/metrics`."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Response
+from fastapi import APIRouter, Depends, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
-from sqlalchemy import text
 
+from qshare import health
 from qshare.contracts.errors import Unavailable
+from qshare_api import bootstrap
 from qshare_api.resources import Resources, resources
 
 router = APIRouter(tags=["health"])
@@ -24,15 +26,27 @@ async def healthz() -> Health:
     return Health(status="ok")
 
 
-@router.get("/readyz", response_model=Health, summary="Readiness: Postgres and NATS reachable")
-async def readyz(res: Annotated[Resources, Depends(resources)]) -> Health:
-    if not res.nc.is_connected:
-        raise Unavailable("NATS is not connected")
-    try:
-        async with res.reader.connect() as conn:
-            await conn.execute(text("SELECT 1"))
-    except Exception as exc:
-        raise Unavailable("Postgres is not reachable") from exc
+@router.get(
+    "/readyz",
+    response_model=Health,
+    summary="Readiness: NATS connected, Postgres answering with the schema migrated; a 503 "
+    "problem document names each check that fails",
+)
+async def readyz(request: Request, res: Annotated[Resources, Depends(resources)]) -> Health:
+    task = request.app.state.bootstrap
+
+    async def admin_token() -> str | None:
+        return bootstrap.pending(task)
+
+    checks = {
+        "nats": health.nats_connected(lambda: res.nc),
+        "database": health.database_ready(lambda: res.reader),
+        "bootstrap": admin_token,
+    }
+    verdict = await health.judge(checks, "ready", "not ready")
+    if verdict.failing:
+        reasons = "; ".join(f"{name}: {verdict.checks[name]}" for name in verdict.failing)
+        raise Unavailable(f"not ready: {reasons}")
     return Health(status="ready")
 
 

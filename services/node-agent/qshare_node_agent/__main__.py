@@ -33,6 +33,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     from qshare.contracts.tracing import otlp_settings
     from qshare.envsettings import SettingsError, load, report
+    from qshare.health import ListenError
     from qshare_node_agent.app import NodeAgent
     from qshare_node_agent.discovery import DiscoveryError
     from qshare_node_agent.kubernetes.config import KubernetesSettings
@@ -54,6 +55,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DiscoveryError as exc:
         print(f"qshare node agent: {exc}", file=sys.stderr)
         return 2
+    except ListenError as exc:
+        print(f"qshare node agent: cannot start: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -16,7 +16,7 @@ from prometheus_client import REGISTRY, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from pydantic import BaseModel, ValidationError
 
-from qshare import bus
+from qshare import bus, health
 from qshare.contracts import envelope, rpc, subjects
 from qshare.contracts.agent import AnnounceRequest, DesiredVgpu
 from qshare.contracts.domain import NODE_LABEL, POLICY_LABEL
@@ -60,6 +60,14 @@ class NodeAgent(Service):
         self.registered = asyncio.Event()
         self.reregistrations = 0
         """Registrations made again because the allocator asked (`cmd.register`)."""
+        self._health: health.HealthServer | None = None
+        self.probes = health.Probes()
+        self.probes.live["nats"] = health.nats_not_closed(lambda: self._nc)
+        self.probes.live["tasks"] = health.tasks_running(self._running)
+        self.probes.live["event reader"] = self._reader_check
+        self.probes.ready["nats"] = health.nats_connected(lambda: self._nc)
+        self.probes.ready["segment"] = self._segment_check
+        self.probes.ready["registration"] = self._registration_check
 
     @property
     def applied(self) -> dict[int, DesiredVgpu]:
@@ -73,6 +81,7 @@ class NodeAgent(Service):
         return self._node
 
     async def start(self) -> None:
+        self._health = await health.serve(self.probes, self.settings)
         setup_tracing("qshare-node-agent")
         self.cards = discover(self.settings)
         self._node, adopted = open_segment(self.settings, self.cards)
@@ -98,19 +107,23 @@ class NodeAgent(Service):
             from qshare_node_agent.kubernetes_wiring import start_plugins
 
             self._plugins = start_plugins(converger, self.cards, self.settings.min_vgpu_mib)
-        self._tasks = [asyncio.create_task(self._register_then_beat())]
+        self._tasks = [asyncio.create_task(self._register_then_beat(), name="heartbeats")]
         if self.settings.usage_interval_s:
             reader = UsageReader(self._node, self.name, {c.index: c.uuid for c in self.cards})
             interval = self.settings.usage_interval_s
             usage = report(reader, self._nc, self.source, interval, self.registered)
-            self._tasks.append(asyncio.create_task(usage))
+            self._tasks.append(asyncio.create_task(usage, name="usage reports"))
         if self.settings.metrics_port:
             REGISTRY.register(metrics.DriverCollector(self))
             start_http_server(self.settings.metrics_port, self.settings.metrics_host)
+        self.probes.serving()
         log.info("node agent %s: %d cards, segment %s", self.name, len(self.cards),
                  self.settings.segment_name)  # fmt: skip
 
     async def stop(self) -> None:
+        self.probes.stopping()
+        if self._health is not None:
+            await self._health.stop()
         for task in [*self._tasks, *([self._registering] if self._registering else [])]:
             await cancelled(task)
         if self.announcer is not None:
@@ -129,6 +142,25 @@ class NodeAgent(Service):
                 self._node.close()
             self._node = None
         await asyncio.to_thread(flush_tracing)
+
+    def _running(self) -> list[asyncio.Task[None]]:
+        """The tasks that must run as long as the agent: heartbeats, usage, the event pump."""
+        pump = [self._pump.task] if self._pump is not None and self._pump.task else []
+        return [*self._tasks, *pump]
+
+    async def _reader_check(self) -> str | None:
+        if self._pump is None or self._pump.reading:
+            return None
+        return "the thread reading the driver's event ring ended"
+
+    async def _segment_check(self) -> str | None:
+        if self._node is None:
+            return f"driver segment {self.settings.segment_name} not open"
+        await asyncio.to_thread(self._node.list_cards)  # the segment answers
+        return None
+
+    async def _registration_check(self) -> str | None:
+        return None if self.registered.is_set() else "not registered with an allocator yet"
 
     async def _connect(self) -> Client:
         options = self.settings.bus_as(self.source, ServiceRole.NODE, self.name)

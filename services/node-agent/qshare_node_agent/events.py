@@ -55,11 +55,21 @@ class EventPump:
             found = Event(seq=0, time_ns=now_ns(), kind=kind, card=card, vgpu=None, pid=0, value=0)
             self._queue.put_nowait(found)
 
+    @property
+    def task(self) -> asyncio.Task[None] | None:
+        """The task publishing the events (None before `start`)."""
+        return self._task
+
+    @property
+    def reading(self) -> bool:
+        """Whether the thread reading the driver's ring runs (False before `start`)."""
+        return self._thread is not None and self._thread.is_alive()
+
     def start(self) -> None:
         loop = asyncio.get_running_loop()
         self._thread = threading.Thread(target=self._read, args=(loop,), daemon=True)
         self._thread.start()
-        self._task = asyncio.create_task(self._publish_all())
+        self._task = asyncio.create_task(self._publish_all(), name="event pump")
 
     async def stop(self) -> None:
         self._stop.set()

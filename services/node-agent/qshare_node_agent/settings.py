@@ -15,6 +15,7 @@ from qshare.contracts.agent import LOCAL_ID_LIMIT
 from qshare.contracts.domain import CardPolicy
 from qshare.contracts.nodes import NODE_NAME_MAX, NODE_NAME_PATTERN, default_node_name
 from qshare.contracts.quantities import parse_mib
+from qshare.health import HealthSettings
 from qshare_driver import layout
 
 log = logging.getLogger(__name__)
@@ -26,7 +27,7 @@ SIMULATE_FORMAT = re.compile(r"^(?P<cards>[0-9]{1,2})(:(?P<memory>[0-9]+(Ki|Mi|G
 DEFAULT_SIM_MEMORY = "16Gi"
 
 
-class NodeAgentSettings(BaseSettings, BusIdentity):
+class NodeAgentSettings(BaseSettings, BusIdentity, HealthSettings):
     model_config = SettingsConfigDict(env_prefix="QSHARE_NODE_", extra="ignore")
 
     name: str = Field(

@@ -16,7 +16,7 @@ from opentelemetry.trace import SpanKind
 from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from qshare import bus
+from qshare import bus, health
 from qshare.contracts import envelope, rpc, subjects
 from qshare.contracts.agent import AnnounceRequest
 from qshare.contracts.errors import InvalidInput, QshareError
@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 SCOPE = "qshare.preemptor"
 RESUME_AGAIN_S = 1.0
 """How often resumes that did not reach their node are sent again."""
+SCHEMA_AGAIN_S = 1.0
+"""How often a preemptor waiting for the schema looks again."""
 MAX_IN_FLIGHT = 32
 """Messages of one kind (card events, usage reports, requests) handled at once; the rest wait
 in the subscription's bounded queue (NATS drops beyond it and says so), not as tasks."""
@@ -50,9 +52,18 @@ class Preemptor(Service):
         self._slots = {kind: asyncio.Semaphore(MAX_IN_FLIGHT) for kind in _KINDS}
         self.announce_requests = 0
         """Times this preemptor asked the nodes to announce their cards' state."""
+        self._health: health.HealthServer | None = None
+        self.probes = health.Probes()
+        self.probes.live["nats"] = health.nats_not_closed(lambda: self._nc)
+        self.probes.live["tasks"] = health.tasks_running(
+            lambda: [self._retrier] if self._retrier else []
+        )
+        self.probes.ready["nats"] = health.nats_connected(lambda: self._nc)
+        self.probes.ready["database"] = health.database_ready(lambda: self._engine)
 
     async def start(self) -> None:
         s = self.settings
+        self._health = await health.serve(self.probes, s)
         setup_tracing("qshare-preemptor")
         self._engine = create_async_engine(s.database_url, pool_size=s.pool_size)
         options = s.bus_as(self.source, ServiceRole.PREEMPTOR)
@@ -66,12 +77,17 @@ class Preemptor(Service):
                                           s.starvation_window_s, s.command_timeout_s)  # fmt: skip
         await self._nc.subscribe(subjects.NODE_USAGES, cb=self._on_usage)
         await bus.settled(self._nc)
+        await self._schema_migrated()
         await self.service.reconcile()
         await self.ask_announce("preemptor started")
-        self._retrier = asyncio.create_task(self._resume_again(self.service))
+        self._retrier = asyncio.create_task(self._resume_again(self.service), name="resumer")
+        self.probes.serving()
         log.info("preemptor %s serving", s.instance)
 
     async def stop(self) -> None:
+        self.probes.stopping()
+        if self._health is not None:
+            await self._health.stop()
         if self._retrier is not None:
             await cancelled(self._retrier)
         if self._nc is not None:
@@ -81,6 +97,18 @@ class Preemptor(Service):
         if self._engine is not None:
             await self._engine.dispose()
         await asyncio.to_thread(flush_tracing)
+
+    async def _schema_migrated(self) -> None:
+        """Wait for the allocator to create the schema (a first apply starts every pod at
+        once): live meanwhile, not ready, rather than exiting and restarting until it is.
+        Postgres out of reach ends the start, as at any other step."""
+        assert self._engine is not None
+        if await health.schema_revision(self._engine) is not None:
+            return
+        log.warning("preemptor %s: the database schema is not migrated yet; waiting for it "
+                    "(python -m qshare_allocator migrate)", self.settings.instance)  # fmt: skip
+        while await health.schema_revision(self._engine) is None:
+            await asyncio.sleep(SCHEMA_AGAIN_S)
 
     async def _reconnected(self) -> None:
         await self.ask_announce("preemptor reconnected to NATS")

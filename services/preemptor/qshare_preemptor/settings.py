@@ -9,9 +9,10 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from qshare.bus import BusIdentity
 from qshare.dburl import DatabaseUrl
+from qshare.health import HealthSettings
 
 
-class PreemptorSettings(BaseSettings, BusIdentity):
+class PreemptorSettings(BaseSettings, BusIdentity, HealthSettings):
     model_config = SettingsConfigDict(env_prefix="QSHARE_PREEMPTOR_", extra="ignore")
 
     database_url: DatabaseUrl = "postgresql+asyncpg://qshare:qshare@localhost:5432/qshare"
