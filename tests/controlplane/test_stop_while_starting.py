@@ -25,6 +25,7 @@ def _waiting_for_nats(module: str, prefix: str) -> subprocess.Popen[str]:
             f"{prefix}_NATS_URL": f"nats://127.0.0.1:{free_port()}",
             f"{prefix}_DATABASE_URL": f"postgresql://q:q@127.0.0.1:{free_port()}/q",
             f"{prefix}_MIGRATE_ON_START": "false",
+            f"{prefix}_PORT": str(free_port()),
         },
     )
     return subprocess.Popen(
@@ -49,7 +50,11 @@ def _stopped(process: subprocess.Popen[str], sig: signal.Signals) -> tuple[int |
 
 @pytest.mark.parametrize(
     ("module", "prefix"),
-    [("qshare_allocator", "QSHARE_ALLOCATOR"), ("qshare_preemptor", "QSHARE_PREEMPTOR")],
+    [
+        ("qshare_allocator", "QSHARE_ALLOCATOR"),
+        ("qshare_preemptor", "QSHARE_PREEMPTOR"),
+        ("qshare_api", "QSHARE_API"),
+    ],
 )
 def test_a_service_waiting_for_nats_stops_on_sigterm(module: str, prefix: str) -> None:
     status, log = _stopped(_waiting_for_nats(module, prefix), signal.SIGTERM)
@@ -61,3 +66,9 @@ def test_a_service_waiting_for_nats_stops_on_ctrl_c() -> None:
     status, log = _stopped(_waiting_for_nats("qshare_allocator", "QSHARE_ALLOCATOR"), signal.SIGINT)
     assert status == 0, log[-2000:]
     assert "Traceback" not in log
+
+
+def test_the_api_stopped_while_starting_logs_no_failure() -> None:
+    status, log = _stopped(_waiting_for_nats("qshare_api", "QSHARE_API"), signal.SIGINT)
+    assert status == 0, log[-2000:]
+    assert "Traceback" not in log and "startup failed" not in log

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
+import socket
 import sys
+from types import FrameType
 
 import uvicorn
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from qshare.contracts.tracing import otlp_settings
 from qshare.envsettings import SettingsError, load, report
@@ -30,9 +34,54 @@ def main(argv: list[str] | None = None) -> int:
     except SettingsError as exc:
         return report(exc, "qshare api")
     app = create_app(settings, own_process=True)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level="info",
-                timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)  # fmt: skip
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info",
+                            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)  # fmt: skip
+    server = StoppableWhileStarting(config)
+    config.app = _quiet_when_stopped(app, server)
+    server.run()
     return 0
+
+
+def _quiet_when_stopped(app: ASGIApp, server: StoppableWhileStarting) -> ASGIApp:
+    """`app`, except that its lifespan does not report a start that a stop signal ended as a
+    failure (uvicorn would log it as one, with the cancellation's traceback)."""
+
+    async def call(scope: Scope, receive: Receive, send: Send) -> None:
+        async def reported(message: Message) -> None:
+            if not (server.stopped_while_starting and message["type"].endswith(".failed")):
+                await send(message)
+
+        try:
+            await app(scope, receive, reported if scope["type"] == "lifespan" else send)
+        except asyncio.CancelledError:
+            if not server.stopped_while_starting:
+                raise
+
+    return call
+
+
+class StoppableWhileStarting(uvicorn.Server):
+    """uvicorn's server, except that SIGTERM or SIGINT while the application is still starting
+    (its lifespan waits for a NATS server that is not up yet) ends the start. uvicorn itself
+    looks at signals only once the start is over, so it could not be stopped before."""
+
+    serving: asyncio.Task[None] | None = None
+    stopped_while_starting = False
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        super().handle_exit(sig, frame)
+        if not self.started and self.serving is not None:
+            self.stopped_while_starting = True
+            self.serving.get_loop().call_soon_threadsafe(self.serving.cancel)
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        self.serving = asyncio.current_task()
+        try:
+            await super().serve(sockets)
+        except asyncio.CancelledError:
+            if not self.stopped_while_starting:
+                raise
+            logging.getLogger(__name__).info("asked to stop while starting")
 
 
 if __name__ == "__main__":
