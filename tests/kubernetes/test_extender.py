@@ -139,7 +139,7 @@ async def test_a_pod_that_asks_nothing_of_qshare_passes_every_node(
         (101, 4096, "qshare.io/vcore: Input should be less than or equal to 100"),
         (0, 4096, "qshare.io/vcore: Input should be greater than or equal to 1"),
         (10, "lots", "must be whole numbers"),
-        (10, 512, "vmemory: must be at least 1024 MiB"),
+        (10, 512, "vmemory: must be at least 1 GiB"),
     ],
 )
 async def test_a_bad_pod_request_gets_an_error_naming_what_is_wrong(
