@@ -23,7 +23,7 @@ from typing import Any
 import grpc
 
 from qshare_node_agent.kubernetes import cdi, resourceslice, wire
-from qshare_node_agent.kubernetes.allocation import ClaimError, DeviceShare, shares
+from qshare_node_agent.kubernetes.allocation import UNSHARED, ClaimError, DeviceShare, shares
 from qshare_node_agent.kubernetes.apiserver import ApiError, KubeApi
 from qshare_node_agent.kubernetes.backend import BackendError, CardInfo, LocalVgpu, VgpuBackend
 from qshare_node_agent.kubernetes.claim_cache import ClaimCache
@@ -175,12 +175,7 @@ class DraPlugin:
                 _refuse(answer, claim, exc)
                 continue
             for share, vgpu in made.vgpus:
-                answer.devices.add(
-                    request_names=[share.request],
-                    pool_name=self.settings.node_name,
-                    device_name=share.device,
-                    cdi_device_ids=[cdi.qualified(cdi.device_name(vgpu.key))],
-                )
+                _answer_device(answer, share, self.settings.node_name, vgpu)
         return response, staged
 
     def _fail_unsaved(
@@ -285,6 +280,18 @@ class _Staged:
     new: list[str]
 
 
+def _answer_device(answer: Any, share: DeviceShare, pool: str, vgpu: LocalVgpu) -> None:
+    """One prepared device in a claim's answer; v1 also names the share (v1beta1 has no field)."""
+    device = answer.devices.add(
+        request_names=[share.request],
+        pool_name=pool,
+        device_name=share.device,
+        cdi_device_ids=[cdi.qualified(cdi.device_name(vgpu.key))],
+    )
+    if share.share_id != UNSHARED and "share_id" in device.DESCRIPTOR.fields_by_name:
+        device.share_id = share.share_id
+
+
 def _refuse(answer: Any, claim: Any, exc: Exception) -> None:
     """The claim's error: a refusal or a failed write names what is wrong; anything else
     means a claim shaped unlike any ResourceClaim, and is logged."""
@@ -309,5 +316,5 @@ def _owner(uid: str) -> str:
 
 
 def _api_of(request: Any) -> wire.Api:
-    package = request.DESCRIPTOR.file.package
-    return wire.api(wire.DRA_V1 if package == "v1" else wire.DRA_V1BETA1)
+    v1 = request.DESCRIPTOR.file.package == wire.api(wire.DRA_V1).package
+    return wire.api(wire.DRA_V1 if v1 else wire.DRA_V1BETA1)
