@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
 from qshare.contracts.domain import Priority
 from qshare_node_agent.kubernetes.backend import LocalVgpu
-from qshare_node_agent.kubernetes.cdi import CdiWriter
+from qshare_node_agent.kubernetes.cdi import CdiWriter, device_name
 
 from .conftest import validate_cdi
 
@@ -32,3 +33,9 @@ def test_a_written_spec_leaves_no_temporary_file(short_dir: Path) -> None:
 
 def test_removing_a_spec_that_is_not_there_succeeds(short_dir: Path) -> None:
     CdiWriter(short_dir / "cdi").remove("claim_gone")
+
+
+def test_a_device_name_from_a_key_ending_in_punctuation_is_a_valid_cdi_name() -> None:
+    # CDI device names start and end with a letter or digit (the CDI parser's rule)
+    for key in ("dra/u/gpu/gpu-0/share-", "dra/u/gpu/gpu-0/s.", "-dra/u/gpu/gpu-0/s:"):
+        assert re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?", device_name(key)), key

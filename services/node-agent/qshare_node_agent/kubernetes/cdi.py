@@ -22,8 +22,10 @@ log = logging.getLogger(__name__)
 
 
 def device_name(key: str) -> str:
-    """A CDI device name for a prepared vGPU's key (letters, digits, '_', '.', '-', ':')."""
-    return re.sub(r"[^A-Za-z0-9_.:-]", "_", key.strip("/")).strip("_")
+    """A CDI device name for a prepared vGPU's key: letters, digits, '_', '.', '-', ':',
+    starting and ending with a letter or digit (what CDI's parser accepts)."""
+    name = re.sub(r"[^A-Za-z0-9_.:-]", "_", key)
+    return re.sub(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$", "", name)
 
 
 def qualified(name: str) -> str:
