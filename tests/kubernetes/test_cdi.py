@@ -6,6 +6,7 @@ import json
 import re
 import shutil
 from pathlib import Path
+from typing import Any
 
 from qshare.contracts.domain import Priority
 from qshare_node_agent.kubernetes.backend import LocalVgpu
@@ -39,3 +40,25 @@ def test_a_device_name_from_a_key_ending_in_punctuation_is_a_valid_cdi_name() ->
     # CDI device names start and end with a letter or digit (the CDI parser's rule)
     for key in ("dra/u/gpu/gpu-0/share-", "dra/u/gpu/gpu-0/s.", "-dra/u/gpu/gpu-0/s:"):
         assert re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?", device_name(key)), key
+
+
+def _lowest_cdi_version(spec: dict[str, Any]) -> str:
+    """The oldest CDI version whose fields hold `spec` (CDI's rules for 0.4.0-0.6.0)."""
+    devices = spec["devices"]
+    edits = [d["containerEdits"] for d in devices] + [spec.get("containerEdits") or {}]
+    annotated = spec.get("annotations") or any(d.get("annotations") for d in devices)
+    if annotated or "." in spec["kind"].partition("/")[2]:
+        return "0.6.0"
+    digit_name = any(d["name"][:1].isdigit() for d in devices)
+    if digit_name or any(n.get("hostPath") for e in edits for n in e.get("deviceNodes", [])):
+        return "0.5.0"
+    if any(m.get("type") for e in edits for m in e.get("mounts", [])):
+        return "0.4.0"
+    return "0.3.0"
+
+
+def test_a_spec_states_the_oldest_cdi_version_that_holds_it(short_dir: Path) -> None:
+    # an older container runtime refuses a spec of a version newer than its CDI library knows
+    path = CdiWriter(short_dir / "cdi").write("claim_a", [VGPU])
+    spec = json.loads(path.read_text())
+    assert spec["cdiVersion"] == _lowest_cdi_version(spec)
