@@ -1,6 +1,7 @@
 """The DRA kubelet plugin of driver `qshare.io`: registers with the kubelet, serves
 NodePrepareResources / NodeUnprepareResources (v1 and v1beta1) and publishes this node's
-cards as a ResourceSlice, republished when a card's health or policy changes.
+cards as a ResourceSlice, republished when a card's health or policy changes and when the
+slice is deleted (a starting kubelet wipes its node's slices; `SliceWatch`).
 
 Prepare reads the claim's allocation from the claims held by LIST + WATCH (`ClaimCache`;
 a GET to the API server when the claim is not held yet), asks the backend for one vGPU per
@@ -30,6 +31,7 @@ from qshare_node_agent.kubernetes.claim_cache import ClaimCache
 from qshare_node_agent.kubernetes.config import KubernetesSettings
 from qshare_node_agent.kubernetes.group_commit import GroupCommit
 from qshare_node_agent.kubernetes.registration import Registration
+from qshare_node_agent.kubernetes.slice_watch import SliceWatch
 from qshare_node_agent.kubernetes.sockets import LoopSocketServer, SocketServer
 
 log = logging.getLogger(__name__)
@@ -56,6 +58,8 @@ class DraPlugin:
         self._stopping = threading.Event()
         self._publisher: threading.Thread | None = None
         self._unwatch: Callable[[], None] | None = None
+        name = resourceslice.slice_name(settings.node_name, settings.driver)
+        self._slice_watch = SliceWatch(api, name, self._publish_wanted.set)
         self._servers = [
             LoopSocketServer(
                 settings.dra_socket, self._dra_handlers(), settings.workers, settings.socket_check_s
@@ -80,8 +84,10 @@ class DraPlugin:
             target=self._publish_loop, name="resourceslice", daemon=True
         )
         self._publisher.start()
+        self._slice_watch.start()
 
     def stop(self) -> None:
+        self._slice_watch.stop()
         if self._unwatch is not None:
             self._unwatch()
         self._stopping.set()
