@@ -17,7 +17,8 @@ RETRY_S = 1.0
 
 class SliceWatch:
     """`start()` / `stop()`; calls `on_gone()` (from its own thread) when the slice named
-    `name` is deleted, and when a (re)list finds it absent."""
+    `name` is deleted, and when a list after the first finds it absent (the plugin publishes
+    on start anyway: the first list's answer says nothing new)."""
 
     def __init__(
         self, api: KubeApi, name: str, on_gone: Callable[[], None], watch_s: int = WATCH_S
@@ -43,10 +44,11 @@ class SliceWatch:
             self._thread = None
 
     def _run(self) -> None:
-        version = ""
+        version, first = "", True
         while not self._stop.is_set():
             try:
-                version = version or self._list()
+                if not version:
+                    version, first = self._list(report=not first), False
                 version = self._follow(version)
             except ApiError as exc:
                 if exc.status == 410:  # our version is too old: list again
@@ -56,9 +58,9 @@ class SliceWatch:
                 version = ""
                 self._stop.wait(RETRY_S)
 
-    def _list(self) -> str:
+    def _list(self, report: bool) -> str:
         present, version = self._api.resource_slice_names(self._name)
-        if not present:
+        if report and not present:
             self._on_gone()
         return version
 
