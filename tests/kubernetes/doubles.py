@@ -1,6 +1,11 @@
 """The kubelet's side as a test double speaking the real wire protocol: `KubeletDouble` calls
 our plugins over their unix sockets with the kubelet's gRPC messages and serves kubelet.sock
-for device plugin registration. The API server double is `qshare.testing.kube_apiserver`."""
+for device plugin registration. The API server double is `qshare.testing.kube_apiserver`.
+
+The double calls the gRPC services by the names the upstream kubelet uses (`SERVICES`,
+written down from k8s.io/kubelet's .proto packages, see docs/kubernetes.md), not by the names
+in our .proto files: a plugin serving a wrongly named package answers UNIMPLEMENTED here,
+as it would to a real kubelet."""
 
 from __future__ import annotations
 
@@ -14,7 +19,30 @@ import grpc
 from qshare.testing.kube_apiserver import ApiServerDouble
 from qshare_node_agent.kubernetes import wire
 
-__all__ = ["ApiServerDouble", "KubeletDouble"]
+__all__ = ["SERVICES", "ApiServerDouble", "KubeletDouble"]
+
+# Full gRPC service names (proto package + service) that the kubelet calls or serves.
+SERVICES = {
+    (wire.REGISTRATION, "Registration"): "pluginregistration.Registration",
+    (wire.DRA_V1, "DRAPlugin"): "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin",
+    (wire.DRA_V1BETA1, "DRAPlugin"): "k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin",
+    (wire.DEVICE_PLUGIN, "Registration"): "v1beta1.Registration",
+    (wire.DEVICE_PLUGIN, "DevicePlugin"): "v1beta1.DevicePlugin",
+}
+
+
+def kubelet_stub(proto: str, service: str, channel: grpc.Channel) -> dict[str, Any]:
+    """Client callables for `service` of `proto`, at the kubelet's method paths."""
+    api = wire.api(proto)
+    calls: dict[str, Any] = {}
+    for name, method in api.services[service].items():
+        make = channel.unary_stream if method.server_streaming else channel.unary_unary
+        calls[name] = make(
+            f"/{SERVICES[proto, service]}/{name}",
+            request_serializer=method.request.SerializeToString,
+            response_deserializer=method.response.FromString,
+        )
+    return calls
 
 
 class KubeletDouble:
@@ -40,7 +68,7 @@ class KubeletDouble:
     # -- plugin registration (what the plugin watcher does on finding a socket) ----------
     def register_plugin(self, registration_socket: Path, accept: bool = True) -> Any:
         api = wire.api(wire.REGISTRATION)
-        calls = wire.stub(api, "Registration", self._channel(registration_socket))
+        calls = kubelet_stub(wire.REGISTRATION, "Registration", self._channel(registration_socket))
         info = calls["GetInfo"](api.message("InfoRequest"), timeout=5)
         status = api.message("RegistrationStatus", plugin_registered=accept)
         if not accept:
@@ -51,7 +79,7 @@ class KubeletDouble:
     # -- DRA ------------------------------------------------------------------------------
     def dra(self, socket: Path, version: str = wire.DRA_V1) -> tuple[wire.Api, dict[str, Any]]:
         api = wire.api(version)
-        return api, wire.stub(api, "DRAPlugin", self._channel(socket))
+        return api, kubelet_stub(version, "DRAPlugin", self._channel(socket))
 
     def prepare(
         self, socket: Path, claims: list[tuple[str, str, str]], version: str = wire.DRA_V1
@@ -80,7 +108,17 @@ class KubeletDouble:
             self.device_plugins.append(request)
             return api.message("Empty")
 
-        handler = wire.service_handler(api, "Registration", {"Register": register})
+        method = api.services["Registration"]["Register"]
+        handler = grpc.method_handlers_generic_handler(
+            SERVICES[wire.DEVICE_PLUGIN, "Registration"],
+            {
+                "Register": grpc.unary_unary_rpc_method_handler(
+                    register,
+                    request_deserializer=method.request.FromString,
+                    response_serializer=method.response.SerializeToString,
+                )
+            },
+        )
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         self._server.add_generic_rpc_handlers((handler,))
         self._server.add_insecure_port(f"unix://{kubelet_socket}")
@@ -88,7 +126,7 @@ class KubeletDouble:
 
     def device_plugin(self, socket: Path) -> tuple[wire.Api, dict[str, Any]]:
         api = wire.api(wire.DEVICE_PLUGIN)
-        return api, wire.stub(api, "DevicePlugin", self._channel(socket))
+        return api, kubelet_stub(wire.DEVICE_PLUGIN, "DevicePlugin", self._channel(socket))
 
     def list_and_watch(self, socket: Path) -> Iterator[Any]:
         api, calls = self.device_plugin(socket)

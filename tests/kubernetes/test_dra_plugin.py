@@ -142,6 +142,37 @@ def test_the_v1beta1_service_prepares_too(
     assert answer.devices[0].device_name == "gpu-0"
 
 
+def test_the_slice_is_published_again_after_the_kubelet_wipes_it(
+    dra: DraPlugin, apiserver: ApiServerDouble
+) -> None:
+    # a starting kubelet deletes its node's ResourceSlices before any plugin registers
+    wait_for(lambda: SLICE in apiserver.objects)
+    generation = apiserver.objects[SLICE]["spec"]["pool"]["generation"]
+    apiserver.delete_object(SLICE)
+    wait_for(lambda: SLICE in apiserver.objects)
+    assert apiserver.objects[SLICE]["spec"]["pool"]["generation"] > generation
+
+
+def test_a_v1_answer_names_the_allocated_share_of_each_device(
+    dra: DraPlugin, kubelet: KubeletDouble, settings: KubernetesSettings, apiserver: ApiServerDouble
+) -> None:
+    body = resource_claim("shared")
+    share = body["status"]["allocation"]["devices"]["results"][0]["shareID"]
+    answer = prepare_one(kubelet, settings, store_claim(apiserver, body))
+    assert answer.error == ""
+    assert answer.devices[0].share_id == share
+
+
+def test_a_v1_answer_names_no_share_for_a_device_allocated_without_one(
+    dra: DraPlugin, kubelet: KubeletDouble, settings: KubernetesSettings, apiserver: ApiServerDouble
+) -> None:
+    body = resource_claim("unshared")
+    del body["status"]["allocation"]["devices"]["results"][0]["shareID"]
+    answer = prepare_one(kubelet, settings, store_claim(apiserver, body))
+    assert answer.error == ""
+    assert not answer.devices[0].HasField("share_id")
+
+
 def test_prepare_is_idempotent(
     dra: DraPlugin,
     kubelet: KubeletDouble,

@@ -13,7 +13,10 @@ metadata.resourceVersion gets 409 Conflict (reason `Conflict`); one carrying ano
 metadata.uid (the name now holds a re-created object) gets 422 (reason `Invalid`, "field is
 immutable"), the version being checked first; a Binding whose metadata.uid is not the pod's
 gets 409 Conflict ("Precondition failed: UID in precondition"), as does binding a pod that is
-already assigned to a node."""
+already assigned to a node.
+
+A ResourceSlice is checked as the real server checks it before it is stored (create or
+replace): what its OpenAPI schema cannot say (`resource_slice_rules`) gets 422 Invalid."""
 
 from __future__ import annotations
 
@@ -26,6 +29,8 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from qshare.testing.resource_slice_rules import slice_errors
 
 HISTORY = 10_000  # watch events kept; a watch from an older version gets 410 Gone
 Event = tuple[int, str, str, dict[str, Any]]  # resourceVersion, type, path, object
@@ -226,6 +231,9 @@ class ApiServerDouble:
             target = f"{path}/{body['metadata']['name']}"
             if target in self.objects:
                 return 409, {"message": f"{target} already exists"}
+            refused = _invalid(target, body, None)
+            if refused is not None:
+                return refused
             return 201, self._store(target, body)
 
     def put(self, path: str, body: dict[str, Any]) -> tuple[int, Any]:
@@ -236,6 +244,9 @@ class ApiServerDouble:
                 return 404, {"message": f"{path} not found"}
             if body["metadata"].get("resourceVersion") != current["metadata"]["resourceVersion"]:
                 return 409, {"message": "the object has been modified"}
+            refused = _invalid(path, body, current)
+            if refused is not None:
+                return refused
             return 200, self._store(path, body)
 
     def take_lost_answer(self, counter: str = "lose_patch_answers") -> bool:
@@ -301,6 +312,18 @@ def _unmet(path: str, current: dict[str, Any], meta: dict[str, Any]) -> tuple[in
         )
         return 422, _status(422, "Invalid", message)
     return None
+
+
+def _invalid(path: str, body: dict[str, Any], old: dict[str, Any] | None) -> tuple[int, Any] | None:
+    """422 Invalid for a ResourceSlice the real server would refuse (None: not refused)."""
+    if _rest(path)[:1] != ["resourceslices"]:
+        return None
+    errors = slice_errors(body, old)
+    if not errors:
+        return None
+    name = path.rsplit("/", 1)[-1]
+    message = f'ResourceSlice.resource.k8s.io "{name}" is invalid: ' + "; ".join(errors)
+    return 422, _status(422, "Invalid", message)
 
 
 def _status(code: int, reason: str, message: str) -> dict[str, Any]:

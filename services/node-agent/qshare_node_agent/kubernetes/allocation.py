@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from qshare.contracts.domain import MAX_CORE_SHARE, Priority
 
 MIB = 1 << 20
+UNSHARED = "whole"  # the share id of a result without a shareID (the device is not shared)
 _QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|k|M|G|T)?$")
 _UNITS = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40}
 _UNITS |= {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
@@ -129,7 +130,7 @@ def _share(
         raise ClaimError(f"a whole card needs cores {MAX_CORE_SHARE}, got {cores}")
     if not min_mib <= memory_mib <= cards[index]:
         raise ClaimError(f"memory must be {min_mib}-{cards[index]} MiB, got {memory_mib} MiB")
-    share_id = str(result.get("shareID") or "whole")
+    share_id = str(result.get("shareID") or UNSHARED)
     return DeviceShare(request, device, index, share_id, cores, memory_mib, config)
 
 

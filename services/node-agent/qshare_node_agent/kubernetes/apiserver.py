@@ -110,6 +110,23 @@ class KubeApi:
         items: list[dict[str, Any]] = result.get("items") or []
         return items, str((result.get("metadata") or {}).get("resourceVersion", ""))
 
+    def resource_slice_names(self, name: str) -> tuple[set[str], str]:
+        """Which of the slices named `name` exist (none or it) and the list's
+        resourceVersion (to watch from)."""
+        query = urllib.parse.urlencode({"fieldSelector": f"metadata.name={name}"})
+        result = self.request("GET", f"{RESOURCE}/resourceslices?{query}")
+        items: list[dict[str, Any]] = result.get("items") or []
+        names = {str((i.get("metadata") or {}).get("name")) for i in items}
+        return names & {name}, str((result.get("metadata") or {}).get("resourceVersion", ""))
+
+    def watch_resource_slice(self, name: str, resource_version: str, timeout_s: int) -> Watch:
+        """The changes to the ResourceSlice `name` after `resource_version`."""
+        query = urllib.parse.urlencode(
+            {"watch": "true", "resourceVersion": resource_version, "timeoutSeconds": timeout_s,
+             "fieldSelector": f"metadata.name={name}", "allowWatchBookmarks": "true"}
+        )  # fmt: skip
+        return Watch(self, f"{RESOURCE}/resourceslices?{query}", timeout_s)
+
     def watch_resource_claims(self, resource_version: str, timeout_s: int) -> Watch:
         """The changes to every namespace's ResourceClaims after `resource_version`."""
         query = urllib.parse.urlencode(

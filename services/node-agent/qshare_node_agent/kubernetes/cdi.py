@@ -14,7 +14,10 @@ from typing import Any
 from qshare_node_agent.kubernetes import atomic_file
 from qshare_node_agent.kubernetes.backend import LocalVgpu
 
-CDI_VERSION = "0.6.0"
+# The oldest CDI version holding what we write (env, mounts without a type, device nodes by
+# path, names starting with a letter, no annotations): a runtime refuses a newer one than its
+# CDI library knows, and every library knows 0.3.0.
+CDI_VERSION = "0.3.0"
 VENDOR = "qshare.io"
 CLASS = "vgpu"
 KIND = f"{VENDOR}/{CLASS}"
@@ -22,8 +25,10 @@ log = logging.getLogger(__name__)
 
 
 def device_name(key: str) -> str:
-    """A CDI device name for a prepared vGPU's key (letters, digits, '_', '.', '-', ':')."""
-    return re.sub(r"[^A-Za-z0-9_.:-]", "_", key.strip("/")).strip("_")
+    """A CDI device name for a prepared vGPU's key: letters, digits, '_', '.', '-', ':',
+    starting and ending with a letter or digit (what CDI's parser accepts)."""
+    name = re.sub(r"[^A-Za-z0-9_.:-]", "_", key)
+    return re.sub(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$", "", name)
 
 
 def qualified(name: str) -> str:

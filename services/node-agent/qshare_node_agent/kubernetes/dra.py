@@ -1,6 +1,7 @@
 """The DRA kubelet plugin of driver `qshare.io`: registers with the kubelet, serves
 NodePrepareResources / NodeUnprepareResources (v1 and v1beta1) and publishes this node's
-cards as a ResourceSlice, republished when a card's health or policy changes.
+cards as a ResourceSlice, republished when a card's health or policy changes and when the
+slice is deleted (a starting kubelet wipes its node's slices; `SliceWatch`).
 
 Prepare reads the claim's allocation from the claims held by LIST + WATCH (`ClaimCache`;
 a GET to the API server when the claim is not held yet), asks the backend for one vGPU per
@@ -23,13 +24,14 @@ from typing import Any
 import grpc
 
 from qshare_node_agent.kubernetes import cdi, resourceslice, wire
-from qshare_node_agent.kubernetes.allocation import ClaimError, DeviceShare, shares
+from qshare_node_agent.kubernetes.allocation import UNSHARED, ClaimError, DeviceShare, shares
 from qshare_node_agent.kubernetes.apiserver import ApiError, KubeApi
 from qshare_node_agent.kubernetes.backend import BackendError, CardInfo, LocalVgpu, VgpuBackend
 from qshare_node_agent.kubernetes.claim_cache import ClaimCache
 from qshare_node_agent.kubernetes.config import KubernetesSettings
 from qshare_node_agent.kubernetes.group_commit import GroupCommit
 from qshare_node_agent.kubernetes.registration import Registration
+from qshare_node_agent.kubernetes.slice_watch import SliceWatch
 from qshare_node_agent.kubernetes.sockets import LoopSocketServer, SocketServer
 
 log = logging.getLogger(__name__)
@@ -56,6 +58,8 @@ class DraPlugin:
         self._stopping = threading.Event()
         self._publisher: threading.Thread | None = None
         self._unwatch: Callable[[], None] | None = None
+        name = resourceslice.slice_name(settings.node_name, settings.driver)
+        self._slice_watch = SliceWatch(api, name, self._publish_wanted.set)
         self._servers = [
             LoopSocketServer(
                 settings.dra_socket, self._dra_handlers(), settings.workers, settings.socket_check_s
@@ -80,8 +84,10 @@ class DraPlugin:
             target=self._publish_loop, name="resourceslice", daemon=True
         )
         self._publisher.start()
+        self._slice_watch.start()
 
     def stop(self) -> None:
+        self._slice_watch.stop()
         if self._unwatch is not None:
             self._unwatch()
         self._stopping.set()
@@ -175,12 +181,7 @@ class DraPlugin:
                 _refuse(answer, claim, exc)
                 continue
             for share, vgpu in made.vgpus:
-                answer.devices.add(
-                    request_names=[share.request],
-                    pool_name=self.settings.node_name,
-                    device_name=share.device,
-                    cdi_device_ids=[cdi.qualified(cdi.device_name(vgpu.key))],
-                )
+                _answer_device(answer, share, self.settings.node_name, vgpu)
         return response, staged
 
     def _fail_unsaved(
@@ -285,6 +286,18 @@ class _Staged:
     new: list[str]
 
 
+def _answer_device(answer: Any, share: DeviceShare, pool: str, vgpu: LocalVgpu) -> None:
+    """One prepared device in a claim's answer; v1 also names the share (v1beta1 has no field)."""
+    device = answer.devices.add(
+        request_names=[share.request],
+        pool_name=pool,
+        device_name=share.device,
+        cdi_device_ids=[cdi.qualified(cdi.device_name(vgpu.key))],
+    )
+    if share.share_id != UNSHARED and "share_id" in device.DESCRIPTOR.fields_by_name:
+        device.share_id = share.share_id
+
+
 def _refuse(answer: Any, claim: Any, exc: Exception) -> None:
     """The claim's error: a refusal or a failed write names what is wrong; anything else
     means a claim shaped unlike any ResourceClaim, and is logged."""
@@ -309,5 +322,5 @@ def _owner(uid: str) -> str:
 
 
 def _api_of(request: Any) -> wire.Api:
-    package = request.DESCRIPTOR.file.package
-    return wire.api(wire.DRA_V1 if package == "v1" else wire.DRA_V1BETA1)
+    v1 = request.DESCRIPTOR.file.package == wire.api(wire.DRA_V1).package
+    return wire.api(wire.DRA_V1 if v1 else wire.DRA_V1BETA1)

@@ -1,5 +1,8 @@
 """This node's cards as one ResourceSlice of driver `qshare.io`: a shareable device per card
-with capacities `memory` and `cores` and its attributes."""
+with capacities `memory` and `cores` and its attributes. Every capacity's request policy
+holds the API server's rules (min <= default <= max <= value, and min + step <= value when a
+step is given): a card with less memory than the smallest claim is left out, since the
+server would refuse the whole slice for it."""
 
 from __future__ import annotations
 
@@ -34,11 +37,7 @@ def device(card: CardInfo, min_mib: int) -> dict[str, Any]:
                 "value": f"{card.memory_mib}Mi",
                 "requestPolicy": {
                     "default": f"{min_mib}Mi",
-                    "validRange": {
-                        "min": f"{min_mib}Mi",
-                        "max": f"{card.memory_mib}Mi",
-                        "step": "1Mi",
-                    },
+                    "validRange": _memory_range(card, min_mib),
                 },
             },
             "cores": {
@@ -50,6 +49,15 @@ def device(card: CardInfo, min_mib: int) -> dict[str, Any]:
             },
         },
     }
+
+
+def _memory_range(card: CardInfo, min_mib: int) -> dict[str, str]:
+    """From the smallest claim to the whole card in MiB steps; no step on a card that holds
+    only the smallest claim (one step above it would exceed the card)."""
+    bounds = {"min": f"{min_mib}Mi", "max": f"{card.memory_mib}Mi"}
+    if card.memory_mib > min_mib:
+        bounds["step"] = "1Mi"
+    return bounds
 
 
 def resource_slice(
@@ -65,6 +73,6 @@ def resource_slice(
             "driver": driver,
             "nodeName": node,
             "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
-            "devices": [device(c, min_mib) for c in cards],
+            "devices": [device(c, min_mib) for c in cards if c.memory_mib >= min_mib],
         },
     }

@@ -1,7 +1,7 @@
 """The kubelet's gRPC wire types, compiled from our .proto files with grpcio-tools on first use.
 
-Each proto file is loaded into its own descriptor pool: the device plugin API and the DRA
-v1beta1 API share the package name `v1beta1` and both define `Device`, which one pool refuses.
+Each proto file is loaded into its own descriptor pool, so the APIs' like-named messages
+(`Device`, `Claim`) never meet.
 Servers and stubs are built generically from the descriptors, so nothing generated is kept.
 """
 
