@@ -205,7 +205,8 @@ int qsc_hp_opened(CUstream stream, CUcontext ctx, CUresult submitted) {
     uint64_t epoch = qsc_ctx_epoch(ctx);
     int stale = hp.ctx != ctx || hp.fence == NULL || hp.fence_epoch != epoch;
     if (submitted == CUDA_SUCCESS && stale) {
-        if (hp.fence != NULL && hp.fence_epoch == epoch) /* a dead one is forgotten */
+        /* live by its own context's epoch (not the new one's): a dead one is forgotten */
+        if (hp.fence != NULL && hp.fence_epoch == qsc_ctx_epoch(hp.ctx))
             QSC_REAL(qsc_event_fn, cuEventDestroy_v2)(hp.fence);
         hp.fence = NULL;
         hp.ctx = ctx;
