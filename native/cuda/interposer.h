@@ -303,6 +303,9 @@ int qsc_dgate_on(void);
 /* After batched launch number `n` into `stream`: once the launches since the last wait are
  * estimated at a slice of device time, enqueue the next wait on the gate word. */
 void qsc_dgate_after(CUstream stream, uint64_t n, uint64_t est_ns);
+/* The waits move to another stream (the one they went into died), whose launch count is `n`:
+ * the next slice is counted from there. */
+void qsc_dgate_moved(uint64_t n);
 
 /* ---- statistics for diagnosis (stats.c): on only with QSHARE_STATS_FILE ---- */
 extern _Atomic int qsc_stats_on;

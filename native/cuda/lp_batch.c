@@ -67,7 +67,8 @@ static struct {
     lp_stream streams[LP_STREAMS];
     pthread_mutex_t bind_lock;
     _Atomic uint32_t claimed;        /* slots claimed: at LP_STREAMS, new streams go per launch */
-    _Atomic(lp_stream *) gated;      /* the stream the device gate waits in: the first bound */
+    _Atomic(lp_stream *) gated; /* the stream the device gate waits in: the first bound, and
+                                 * once it dies, the next that a launch goes into */
     qs_client *client; /* the process's, as of binding: used only within a launch's qsc_enter */
     _Alignas(64) _Atomic uint64_t launched; /* every stream's, summed: the window's count */
     _Alignas(64) _Atomic uint64_t completed;
@@ -337,7 +338,7 @@ static lp_stream *bind(const qsc_session *s, CUstream stream, CUcontext ctx) {
     pthread_mutex_lock(&lp.bind_lock);
     lp_stream *st = find(stream, ctx); /* another thread may have bound it meanwhile */
     if (st == NULL) st = claim(stream, ctx);
-    if (st != NULL && atomic_load(&lp.gated) == NULL) {
+    if (st != NULL && lp.client == NULL) { /* the first stream bound */
         lp.client = s->client;
         qsc_dgate_bind(s);
         atomic_store(&lp.gated, st);
@@ -390,11 +391,21 @@ void qsc_lp_wait_window(uint64_t window_ns) {
     }
 }
 
+/* 1 if the device gate's waits go into `st`: it is the gated stream, or none is (the gated one
+ * died) and `st` takes its place, the waits counted from its next launch. */
+static int gates(lp_stream *st) {
+    lp_stream *g = atomic_load_explicit(&lp.gated, memory_order_relaxed);
+    if (g == st) return 1;
+    if (g != NULL || !atomic_compare_exchange_strong(&lp.gated, &g, st)) return 0;
+    qsc_dgate_moved(atomic_load(&st->launched) - 1);
+    return 1;
+}
+
 void qsc_lp_counted(uint64_t window_ns) {
     lp_stream *st = launching;
     uint64_t n = atomic_fetch_add(&st->launched, 1) + 1;
     atomic_fetch_add(&lp.launched, 1);
-    if (qsc_dgate_on() && st == atomic_load_explicit(&lp.gated, memory_order_relaxed))
+    if (qsc_dgate_on() && gates(st))
         qsc_dgate_after(atomic_load_explicit(&st->stream, memory_order_relaxed), n,
                         estimate(window_ns));
     if (atomic_load(&st->sleeping)) {
@@ -445,11 +456,14 @@ uint64_t qsc_lp_window_launches(uint64_t window_ns) {
 }
 
 /* `st` dies (lock not held): nothing is recorded into it from now on; its completion thread
- * ends what no fence covers and frees the slot. */
+ * ends what no fence covers and frees the slot. The device gate's waits leave it for the next
+ * stream launched into. */
 static void stream_gone(lp_stream *st) {
     pthread_mutex_lock(&st->lock);
     atomic_store(&st->stream, STREAM_GONE);
     pthread_mutex_unlock(&st->lock);
+    lp_stream *gated = st;
+    atomic_compare_exchange_strong(&lp.gated, &gated, NULL);
     wake_completion(st);
 }
 
