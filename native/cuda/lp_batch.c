@@ -379,16 +379,16 @@ static void end_bursts(void) {
         if (atomic_load(&lp.streams[i].watching)) wake_completion(&lp.streams[i]);
 }
 
-void qsc_lp_wait_window(uint64_t window_ns) {
-    for (;;) {
-        uint32_t seq = atomic_load(&lp.done_seq);
-        uint64_t done = atomic_load(&lp.completed), inflight = atomic_load(&lp.launched) - done;
-        if (qs_lp_window_admits(inflight * estimate(window_ns), window_ns)) return;
-        atomic_fetch_add(&lp.done_waiters, 1);
-        end_bursts();
-        wait_for_room(seq);
-        atomic_fetch_sub(&lp.done_waiters, 1);
-    }
+int qsc_lp_wait_window(uint64_t window_ns, uint64_t units) {
+    uint32_t seq = atomic_load(&lp.done_seq);
+    uint64_t done = atomic_load(&lp.completed), inflight = atomic_load(&lp.launched) - done;
+    if (qs_lp_window_admits((inflight + units) * estimate(window_ns), window_ns)) return 1;
+    if (inflight == 0) return 0;
+    atomic_fetch_add(&lp.done_waiters, 1);
+    end_bursts();
+    wait_for_room(seq);
+    atomic_fetch_sub(&lp.done_waiters, 1);
+    return 0;
 }
 
 /* 1 if the device gate's waits go into `st`: it is the gated stream, or none is (the gated one
@@ -448,11 +448,6 @@ uint64_t qsc_lp_window(const qsc_session *s) {
         atomic_store_explicit(&lp.window_ns, w, memory_order_relaxed);
     }
     return w;
-}
-
-uint64_t qsc_lp_window_launches(uint64_t window_ns) {
-    uint64_t n = window_ns / estimate(window_ns);
-    return n ? n : 1;
 }
 
 /* `st` dies (lock not held): nothing is recorded into it from now on; its completion thread

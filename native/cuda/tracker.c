@@ -230,20 +230,24 @@ static int hp_fast(const qsc_session *s, CUstream stream, int *tracked, CUresult
     return 1;
 }
 
-/* Low priority: batched into every stream lp_batch.c tracks, or one unit per launch (bounded
- * by the same window, counted in launches) into the others (per-thread default streams, and
- * streams past LP_STREAMS). */
+/* Low priority's window holds the launches of both paths together (batched, and units here):
+ * wait while they are estimated at the window or more, for the next batch while batches are
+ * in flight, else for the oldest unit (a unit still being appended does not hold the launch). */
+static void lp_wait_window(uint64_t window) {
+    for (;;) {
+        uint64_t units = atomic_load(&tracker.tail) - atomic_load(&tracker.head);
+        if (qsc_lp_wait_window(window, units)) return;
+        if (units != 0 && !end_oldest(1)) return;
+    }
+}
+
+/* Low priority: batched into every stream lp_batch.c tracks, or one unit per launch into the
+ * others (per-thread default streams, and streams past LP_STREAMS), under one window. */
 static CUresult lp_begin(const qsc_session *s, CUstream stream, int *tracked) {
     uint64_t window = qsc_lp_window(s);
     CUcontext ctx = current_context();
     int batched = qsc_lp_tracks(s, stream, ctx);
-    if (batched) {
-        qsc_lp_wait_window(window);
-    } else {
-        uint64_t limit = qsc_lp_window_launches(window);
-        while (atomic_load(&tracker.tail) - atomic_load(&tracker.head) >= limit && end_oldest(1)) {
-        }
-    }
+    lp_wait_window(window);
     int rc = qs_launch_begin(s->client);
     if (rc != QS_OK) {
         qsc_warn_once(QSC_WARN_DRIVER, "launch refused: %s (%s)", qs_strerror(rc), qs_last_error());

@@ -74,7 +74,8 @@ static int test_completion_thread_does_not_sleep_while_a_fence_is_pending(void) 
 }
 
 static void *run_wait_window(void *arg) {
-    qsc_lp_wait_window(*(const uint64_t *)arg);
+    while (!qsc_lp_wait_window(*(const uint64_t *)arg, 0)) {
+    }
     return NULL;
 }
 
