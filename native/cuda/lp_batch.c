@@ -381,7 +381,10 @@ static void end_bursts(void) {
 
 int qsc_lp_wait_window(uint64_t window_ns, uint64_t units) {
     uint32_t seq = atomic_load(&lp.done_seq);
-    uint64_t done = atomic_load(&lp.completed), inflight = atomic_load(&lp.launched) - done;
+    /* A launch's thread counts it in the total first, then in its stream, whose fences end it;
+     * the total read after `done` is then never behind it. Kept safe anyway: never below 0. */
+    uint64_t done = atomic_load(&lp.completed), launched = atomic_load(&lp.launched);
+    uint64_t inflight = launched > done ? launched - done : 0;
     if (qs_lp_window_admits((inflight + units) * estimate(window_ns), window_ns)) return 1;
     if (inflight == 0) return 0;
     atomic_fetch_add(&lp.done_waiters, 1);
@@ -403,8 +406,8 @@ static int gates(lp_stream *st) {
 
 void qsc_lp_counted(uint64_t window_ns) {
     lp_stream *st = launching;
+    atomic_fetch_add(&lp.launched, 1); /* before the stream's: see qsc_lp_wait_window */
     uint64_t n = atomic_fetch_add(&st->launched, 1) + 1;
-    atomic_fetch_add(&lp.launched, 1);
     if (qsc_dgate_on() && gates(st))
         qsc_dgate_after(atomic_load_explicit(&st->stream, memory_order_relaxed), n,
                         estimate(window_ns));

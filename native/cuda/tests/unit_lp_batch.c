@@ -98,6 +98,27 @@ static int test_the_window_bounds_the_launches_in_flight_summed_over_streams(voi
     return 0;
 }
 
+/* A launch is counted in its stream, not yet in the process's total (its thread is between the
+ * two counts), and a fence that covers it completes: the stream's launches end, so the total's
+ * completed count passes its launched count for a moment. A launch that then checks the window
+ * must not take that for a huge number in flight and sleep: nothing may complete after it, and
+ * it would sleep for good. */
+static int test_a_launch_ended_before_the_total_counts_it_does_not_hold_the_window(void) {
+    qsc_lp_forked();
+    static const uint64_t window = 1000;
+    atomic_store(&lp.est_ns, 100);
+    atomic_store(&lp.streams[0].launched, 5);
+    atomic_store(&lp.launched, 4);
+    end_launches(&no_session, &lp.streams[0], 5, 0);
+    pthread_t waiter;
+    EXPECT(pthread_create(&waiter, NULL, run_wait_window, (void *)&window) == 0);
+    struct timespec deadline;
+    clock_gettime(CLOCK_REALTIME, &deadline);
+    deadline.tv_sec += 1;
+    EXPECT(pthread_timedjoin_np(waiter, NULL, &deadline) == 0);
+    return 0;
+}
+
 int main(void) {
     static const struct {
         const char *name;
@@ -107,6 +128,8 @@ int main(void) {
          test_completion_thread_does_not_sleep_while_a_fence_is_pending},
         {"the window bounds the launches in flight summed over streams",
          test_the_window_bounds_the_launches_in_flight_summed_over_streams},
+        {"a launch ended before the total counts it does not hold the window",
+         test_a_launch_ended_before_the_total_counts_it_does_not_hold_the_window},
     };
     int failed = 0;
     for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
