@@ -47,7 +47,8 @@ typedef struct lp_stream {
     _Atomic(CUstream) stream; /* NULL: never bound */
     _Atomic(CUcontext) ctx;
     _Atomic uint32_t claimed;       /* under lp.bind_lock */
-    _Atomic uint32_t thread_started; /* its completion thread runs (under lp.bind_lock) */
+    _Atomic uint32_t thread_started; /* its completion thread runs (started under lp.bind_lock,
+                                      * before the slot's first stream is published) */
     _Alignas(64) _Atomic uint64_t launched; /* submitted into the stream, counted after */
     _Atomic uint64_t covered;               /* `launched` as of the newest fence */
     _Atomic uint32_t sleeping;              /* the completion thread waits for work */
@@ -67,6 +68,7 @@ static struct {
     lp_stream streams[LP_STREAMS];
     pthread_mutex_t bind_lock;
     _Atomic uint32_t claimed;        /* slots claimed: at LP_STREAMS, new streams go per launch */
+    _Atomic uint32_t no_thread; /* a completion thread could not start: new streams go per launch */
     _Atomic(lp_stream *) gated; /* the stream the device gate waits in: the first bound, and
                                  * once it dies, the next that a launch goes into */
     qs_client *client; /* the process's, as of binding: used only within a launch's qsc_enter */
@@ -310,9 +312,8 @@ static lp_stream *find(CUstream stream, CUcontext ctx) {
     return NULL;
 }
 
-/* Claim a free slot for `stream` (bind_lock held): its counters start afresh, then the stream
- * is published (a launch that finds it sees the counters reset). */
-static lp_stream *claim(CUstream stream, CUcontext ctx) {
+/* A free slot, its counters started afresh (bind_lock held); NULL when none is free. */
+static lp_stream *free_slot(void) {
     for (unsigned i = 0; i < LP_STREAMS; i++) {
         lp_stream *st = &lp.streams[i];
         if (atomic_load(&st->claimed)) continue;
@@ -323,16 +324,33 @@ static lp_stream *claim(CUstream stream, CUcontext ctx) {
         atomic_store(&st->unmarked, 0);
         st->head = st->tail = 1;
         pthread_mutex_unlock(&st->lock);
-        atomic_store(&st->claimed, 1);
-        atomic_fetch_add(&lp.claimed, 1);
-        atomic_store_explicit(&st->ctx, ctx, memory_order_relaxed);
-        atomic_store_explicit(&st->stream, stream, memory_order_release);
         return st;
     }
     return NULL;
 }
 
-/* The first launch into `stream`: bind a slot to it and start its completion thread. */
+/* Claim a free slot for `stream` (bind_lock held), its completion thread running, then publish
+ * the stream (a launch that finds it sees the counters reset). A slot whose thread cannot start
+ * is left free: nothing would end its launches, so the stream goes one unit per launch. */
+static lp_stream *claim(CUstream stream, CUcontext ctx) {
+    lp_stream *st = free_slot();
+    if (st == NULL) return NULL;
+    atomic_store_explicit(&st->ctx, ctx, memory_order_relaxed);
+    if (!atomic_load(&st->thread_started)) {
+        if (qsc_start_thread(completion_main, st, "a low-priority completion thread; launches "
+                                                  "into new streams are tracked one by one") != 0) {
+            atomic_store(&lp.no_thread, 1);
+            return NULL;
+        }
+        atomic_store(&st->thread_started, 1);
+    }
+    atomic_store(&st->claimed, 1);
+    atomic_fetch_add(&lp.claimed, 1);
+    atomic_store_explicit(&st->stream, stream, memory_order_release);
+    return st;
+}
+
+/* The first launch into `stream`: bind a slot to it. */
 static lp_stream *bind(const qsc_session *s, CUstream stream, CUcontext ctx) {
     pthread_once(&lp_once, init_streams);
     pthread_mutex_lock(&lp.bind_lock);
@@ -343,23 +361,24 @@ static lp_stream *bind(const qsc_session *s, CUstream stream, CUcontext ctx) {
         qsc_dgate_bind(s);
         atomic_store(&lp.gated, st);
     }
-    int start = st != NULL && !atomic_exchange(&st->thread_started, 1);
     pthread_mutex_unlock(&lp.bind_lock);
-    if (start) qsc_start_thread(completion_main, st, "a low-priority completion thread");
     return st;
 }
 
 int qsc_lp_tracks(const qsc_session *s, CUstream stream, CUcontext ctx) {
     if (!qsc_hp_coalescable(stream) || ctx == NULL) return 0;
     lp_stream *st = find(stream, ctx);
-    if (st == NULL && atomic_load_explicit(&lp.claimed, memory_order_relaxed) < LP_STREAMS)
+    int room = atomic_load_explicit(&lp.claimed, memory_order_relaxed) < LP_STREAMS;
+    if (st == NULL && room && !atomic_load_explicit(&lp.no_thread, memory_order_relaxed))
         st = bind(s, stream, ctx);
     if (st != NULL) {
         launching = st;
         return 1;
     }
-    qsc_warn_once(QSC_WARN_STREAMS, "a low-priority process launches into more than %u streams "
-                  "at once; launches into the others are tracked one by one", LP_STREAMS);
+    if (!room)
+        qsc_warn_once(QSC_WARN_STREAMS, "a low-priority process launches into more than %u "
+                      "streams at once; launches into the others are tracked one by one",
+                      LP_STREAMS);
     return 0;
 }
 

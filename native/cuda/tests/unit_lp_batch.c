@@ -119,6 +119,19 @@ static int test_a_launch_ended_before_the_total_counts_it_does_not_hold_the_wind
     return 0;
 }
 
+/* The first launch into a stream binds a slot and starts its completion thread; the thread
+ * cannot start (here no thread ever does: a process at its thread limit). The stream must not
+ * be tracked by batch, where nothing would ever end its launches (the window fills and every
+ * launch waits for good): it goes one unit per launch, and its slot stays free. */
+static int test_a_stream_whose_completion_thread_cannot_start_is_not_tracked(void) {
+    qsc_lp_forked();
+    CUstream stream = (CUstream)(uintptr_t)0x1000;
+    CUcontext ctx = (CUcontext)(uintptr_t)0x2000;
+    EXPECT(!qsc_lp_tracks(&no_session, stream, ctx));
+    EXPECT(atomic_load(&lp.claimed) == 0);
+    return 0;
+}
+
 int main(void) {
     static const struct {
         const char *name;
@@ -130,6 +143,8 @@ int main(void) {
          test_the_window_bounds_the_launches_in_flight_summed_over_streams},
         {"a launch ended before the total counts it does not hold the window",
          test_a_launch_ended_before_the_total_counts_it_does_not_hold_the_window},
+        {"a stream whose completion thread cannot start is not tracked",
+         test_a_stream_whose_completion_thread_cannot_start_is_not_tracked},
     };
     int failed = 0;
     for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
