@@ -60,6 +60,7 @@ QSC_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
     qsc_resolve();
     destroy_fn real = QSC_REAL(destroy_fn, cuCtxDestroy_v2);
     if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
+    if (ctx == NULL) return real(ctx); /* names no context: the driver refuses it */
     context_dying(ctx);
     CUresult rc = real(ctx);
     context_dies(ctx);

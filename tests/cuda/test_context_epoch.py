@@ -33,3 +33,15 @@ def test_high_priority_never_destroys_its_fence_of_a_context_that_died(node: Nod
     run = run_probe(node, HP_VGPU, [*commands, "launch kernel 0 1", "sync", "deadhandles"])
     assert all(r["rc"] == "0" for r in run.replies if "rc" in r), run.replies
     assert run.reply("deadhandles")["n"] == "0"
+
+
+def test_a_refused_destroy_of_no_context_forgets_no_events(node: NodeOwner) -> None:
+    """cuCtxDestroy(NULL) names no context and the driver refuses it: every context lives on,
+    so the interposer's events do too, and destroying the program's streams then destroys the
+    fence events of their slots (before, the interposer took the call for the death of every
+    context and forgot every event it held: they were never destroyed, a leak)."""
+    commands = ["init", "spread 100 200 4", "sync", "sleep 5", "destroynull", "events"]
+    run = run_probe(node, LP_VGPU, [*commands, "destroystream extra", "sleep 20", "events"])
+    assert run.rc("destroynull") != 0 and run.rc("destroystream") == 0
+    before, after = (int(run.reply("events", i)["n"]) for i in range(2))
+    assert after < before

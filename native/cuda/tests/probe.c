@@ -355,6 +355,13 @@ static void cmd_ctx2(probe *p, unsigned long us, unsigned long count) {
     printf("ctx2 rc=%d\n", rc);
 }
 
+/* cuCtxDestroy of NULL, a context the driver refuses to name: nothing is destroyed. */
+static void cmd_destroy_null_ctx(void) {
+    typedef CUresult (*destroy_fn)(CUcontext);
+    destroy_fn destroy = (destroy_fn)entry("cuCtxDestroy_v2");
+    printf("destroynull rc=%d\n", destroy == NULL ? CUDA_ERROR_NOT_FOUND : destroy(NULL));
+}
+
 typedef struct one_launch {
     probe *p;
     const char *kind;
@@ -527,6 +534,7 @@ static void run(probe *p, char *line) {
     else if (strcmp(cmd, "hostptr") == 0) cmd_hostptr();
     else if (strcmp(cmd, "events") == 0) cmd_events();
     else if (strcmp(cmd, "captured") == 0) cmd_captured();
+    else if (strcmp(cmd, "destroynull") == 0) cmd_destroy_null_ctx();
     else if (strcmp(cmd, "ctx2") == 0) cmd_ctx2(p, strtoul(arg1, NULL, 10), n1);
     else if (strcmp(cmd, "threads") == 0) cmd_threads(p, strtoul(arg1, NULL, 10), word3);
     else if (strcmp(cmd, "capture") == 0) cmd_capture(p, arg1, word3);
