@@ -226,7 +226,23 @@ static int burst_paused(lp_stream *st, uint64_t n) {
     return paused;
 }
 
+/* A completion thread's current context: the one its slot's fences are made in. */
+static _Thread_local CUcontext completion_ctx;
+
+/* Make `st`'s context current to its completion thread, unless it is (or the stream died). */
+static void use_context(lp_stream *st) {
+    typedef CUresult (*set_fn)(CUcontext);
+    if (atomic_load(&st->stream) == STREAM_GONE) return; /* read first: claim() publishes it last */
+    CUcontext ctx = atomic_load(&st->ctx);
+    if (ctx == completion_ctx) return;
+    QSC_REAL(set_fn, cuCtxSetCurrent)(ctx);
+    completion_ctx = ctx;
+}
+
+/* The tail's fence may be made here: in the stream's context, which the slot may have changed
+ * since the thread last looked (freed by a stream of one context, claimed for another's). */
 static void fence_tail(lp_stream *st, uint64_t n) {
+    use_context(st);
     const qsc_session *s = qsc_enter();
     pthread_mutex_lock(&st->lock);
     int pushed = st->head != st->tail;
@@ -283,15 +299,9 @@ static void complete_round(lp_stream *st) {
 
 static void *completion_main(void *arg) {
     lp_stream *st = arg;
-    typedef CUresult (*set_fn)(CUcontext);
     qsc_thread_ignores_captures();
-    CUcontext current = NULL;
     for (;;) {
-        CUcontext ctx = atomic_load(&st->ctx);
-        if (ctx != current && atomic_load(&st->stream) != STREAM_GONE) {
-            QSC_REAL(set_fn, cuCtxSetCurrent)(ctx);
-            current = ctx;
-        }
+        use_context(st);
         complete_round(st);
     }
     return NULL;

@@ -132,6 +132,50 @@ static int test_a_stream_whose_completion_thread_cannot_start_is_not_tracked(voi
     return 0;
 }
 
+/* Driver stand-ins for a completion thread's fence: the calling thread's current context, and
+ * the context each event was made in. */
+static _Thread_local CUcontext stub_current;
+static CUcontext made_in[4];
+static unsigned made;
+
+static CUresult stub_set_current(CUcontext ctx) { return stub_current = ctx, CUDA_SUCCESS; }
+
+static CUresult stub_event_create(CUevent *ev, unsigned int flags) {
+    (void)flags;
+    if (made == 4) return CUDA_ERROR_OUT_OF_MEMORY;
+    made_in[made] = stub_current;
+    *ev = (CUevent)(uintptr_t)(0x100 + made++);
+    return CUDA_SUCCESS;
+}
+
+static CUresult stub_event_record(CUevent ev, CUstream stream) {
+    return (void)ev, (void)stream, CUDA_SUCCESS;
+}
+
+/* A slot freed by a stream of context A is claimed for a stream of context B after its
+ * completion thread last looked at the slot's context (A is still current to it), and a launch
+ * is counted with no marker (other streams were busy). The tail fence the thread then records
+ * is made in B, the stream's context: an event of A would not belong to the stream (and A may
+ * be destroyed). */
+static int test_a_tail_fence_is_made_in_the_streams_context_after_the_slot_changed_context(void) {
+    qsc_lp_forked();
+    qsc_real_table[QSC_cuCtxSetCurrent] = (void *)stub_set_current;
+    qsc_real_table[QSC_cuEventCreate] = (void *)stub_event_create;
+    qsc_real_table[QSC_cuEventRecord] = (void *)stub_event_record;
+    CUcontext a = (CUcontext)(uintptr_t)0xa000, b = (CUcontext)(uintptr_t)0xb000;
+    lp_stream *st = &lp.streams[0];
+    stub_current = a; /* what the thread made current while the slot was A's */
+    atomic_store(&st->thread_started, 1); /* its thread runs (this one, below) */
+    pthread_mutex_lock(&lp.bind_lock);
+    EXPECT(claim((CUstream)(uintptr_t)0x5000, b) == st);
+    pthread_mutex_unlock(&lp.bind_lock);
+    atomic_store(&st->launched, 1);
+    atomic_store(&lp.launched, 1);
+    complete_round(st); /* the burst has paused: the tail is fenced */
+    EXPECT(made == 1 && made_in[0] == b);
+    return 0;
+}
+
 int main(void) {
     static const struct {
         const char *name;
@@ -145,6 +189,8 @@ int main(void) {
          test_a_launch_ended_before_the_total_counts_it_does_not_hold_the_window},
         {"a stream whose completion thread cannot start is not tracked",
          test_a_stream_whose_completion_thread_cannot_start_is_not_tracked},
+        {"a tail fence is made in the stream's context after the slot changed context",
+         test_a_tail_fence_is_made_in_the_streams_context_after_the_slot_changed_context},
     };
     int failed = 0;
     for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
