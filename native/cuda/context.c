@@ -18,6 +18,13 @@ static struct {
 static _Atomic uint64_t every_epoch; /* moves every context's epoch (table full, unknown one) */
 static pthread_mutex_t epochs_lock = PTHREAD_MUTEX_INITIALIZER; /* appending */
 
+/* A child forked while another thread appended has the lock held by no thread of its own. */
+static void epochs_forked(void) { pthread_mutex_init(&epochs_lock, NULL); }
+
+__attribute__((constructor)) static void watch_forks(void) {
+    pthread_atfork(NULL, NULL, epochs_forked);
+}
+
 uint64_t qsc_ctx_epoch(CUcontext ctx) {
     uint64_t e = atomic_load_explicit(&every_epoch, memory_order_acquire);
     for (unsigned i = 0; i < CTX_EPOCHS; i++) {
