@@ -41,6 +41,7 @@ static struct {
     _Alignas(64) _Atomic uint64_t head; /* oldest unit not yet ended */
     _Alignas(64) _Atomic uint32_t reaper_sleeping;
     _Atomic uint32_t wake_seq;
+    _Atomic uint32_t no_reaper; /* it could not start: launching threads end their own units */
 } tracker;
 
 /* The calling thread's events for the unit it is submitting. */
@@ -163,10 +164,12 @@ static void *reaper_main(void *arg) {
 
 static void start_reaper(void) {
     atomic_store(&tracker.reaper_sleeping, 1);
-    qsc_start_thread(reaper_main, NULL, "the completion thread; launches will wait");
+    if (qsc_start_thread(reaper_main, NULL, "the completion thread; launches will wait") != 0)
+        atomic_store(&tracker.no_reaper, 1);
 }
 
-/* Hand the recorded `current` events to the ring, taking the slot's spare events back. */
+/* Hand the recorded `current` events to the ring, taking the slot's spare events back. With no
+ * reaper, the launching thread waits for its unit here: nothing else would end it. */
 static void append(void) {
     pthread_once(&reaper_once, start_reaper);
     uint64_t t = atomic_fetch_add(&tracker.tail, 1);
@@ -183,6 +186,11 @@ static void append(void) {
     }
     current = spare;
     atomic_store_explicit(&s->state, SLOT_READY, memory_order_release);
+    if (atomic_load(&tracker.no_reaper)) {
+        while (end_oldest(1)) {
+        }
+        return;
+    }
     if (atomic_load(&tracker.reaper_sleeping)) {
         atomic_fetch_add(&tracker.wake_seq, 1);
         qs_futex_wake(&tracker.wake_seq, 1);

@@ -31,3 +31,11 @@ def test_hp_unit_units_pass(cuda_build: Path) -> None:
         [str(ASAN_TOOLS / "unit-hp-unit")], capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_tracker_units_pass(cuda_build: Path) -> None:
+    build_cuda("unit")
+    done = subprocess.run(
+        [str(ASAN_TOOLS / "unit-tracker")], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
