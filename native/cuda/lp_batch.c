@@ -378,8 +378,12 @@ static lp_stream *bind(const qsc_session *s, CUstream stream, CUcontext ctx) {
 int qsc_lp_tracks(const qsc_session *s, CUstream stream, CUcontext ctx) {
     if (!qsc_hp_coalescable(stream) || ctx == NULL) return 0;
     lp_stream *st = find(stream, ctx);
+    if (st != NULL) {
+        launching = st;
+        return 1;
+    }
     int room = atomic_load_explicit(&lp.claimed, memory_order_relaxed) < LP_STREAMS;
-    if (st == NULL && room && !atomic_load_explicit(&lp.no_thread, memory_order_relaxed))
+    if (room && !atomic_load_explicit(&lp.no_thread, memory_order_relaxed))
         st = bind(s, stream, ctx);
     if (st != NULL) {
         launching = st;
