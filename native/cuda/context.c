@@ -79,6 +79,8 @@ QSC_EXPORT CUresult cuStreamDestroy_v2(CUstream stream) {
     qsc_resolve();
     destroy_fn real = QSC_REAL(destroy_fn, cuStreamDestroy_v2);
     if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
+    if (stream == NULL || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD)
+        return real(stream); /* a default stream: the driver refuses, and it lives on */
     const qsc_session *s = qsc_enter();
     qsc_hp_stream_destroyed(stream);
     qsc_lp_stream_destroyed(s, stream);

@@ -469,6 +469,10 @@ static void cmd_destroy_stream(probe *p, const char *which) {
     typedef CUresult (*destroy_fn)(CUstream);
     destroy_fn destroy = (destroy_fn)entry("cuStreamDestroy_v2");
     CUresult rc = destroy == NULL ? CUDA_ERROR_NOT_FOUND : CUDA_SUCCESS;
+    if (strcmp(which, "legacy") == 0) { /* the driver refuses: a default stream */
+        printf("destroystream rc=%d\n", rc == CUDA_SUCCESS ? destroy(CU_STREAM_LEGACY) : rc);
+        return;
+    }
     if (strcmp(which, "extra") == 0) {
         for (int i = 0; i < p->n_extra && rc == CUDA_SUCCESS; i++) rc = destroy(p->extra[i]);
         p->n_extra = 0;
