@@ -13,7 +13,7 @@
  * (lp_device_gate.c) high priority waits for a slice instead and the window is the deep one.
  * A launch that neither blocks nor closes a batch makes no system call and takes no lock (the
  * first launch into a new stream binds it under a lock). Streams beyond LP_STREAMS use
- * tracker.c's per-launch units. */
+ * tracker.c's per-launch units, which count in the same window (qsc_lp_wait_window). */
 #include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
