@@ -18,6 +18,13 @@ static struct {
 static _Atomic uint64_t every_epoch; /* moves every context's epoch (table full, unknown one) */
 static pthread_mutex_t epochs_lock = PTHREAD_MUTEX_INITIALIZER; /* appending */
 
+/* A child forked while another thread appended has the lock held by no thread of its own. */
+static void epochs_forked(void) { pthread_mutex_init(&epochs_lock, NULL); }
+
+__attribute__((constructor)) static void watch_forks(void) {
+    pthread_atfork(NULL, NULL, epochs_forked);
+}
+
 uint64_t qsc_ctx_epoch(CUcontext ctx) {
     uint64_t e = atomic_load_explicit(&every_epoch, memory_order_acquire);
     for (unsigned i = 0; i < CTX_EPOCHS; i++) {
@@ -60,6 +67,7 @@ QSC_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
     qsc_resolve();
     destroy_fn real = QSC_REAL(destroy_fn, cuCtxDestroy_v2);
     if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
+    if (ctx == NULL) return real(ctx); /* names no context: the driver refuses it */
     context_dying(ctx);
     CUresult rc = real(ctx);
     context_dies(ctx);
@@ -71,6 +79,8 @@ QSC_EXPORT CUresult cuStreamDestroy_v2(CUstream stream) {
     qsc_resolve();
     destroy_fn real = QSC_REAL(destroy_fn, cuStreamDestroy_v2);
     if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
+    if (stream == NULL || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD)
+        return real(stream); /* a default stream: the driver refuses, and it lives on */
     const qsc_session *s = qsc_enter();
     qsc_hp_stream_destroyed(stream);
     qsc_lp_stream_destroyed(s, stream);

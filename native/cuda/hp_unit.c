@@ -35,6 +35,7 @@ static struct {
     uint64_t interval_ns; /* QSHARE_HP_FENCE_INTERVAL_US; 0: re-record at once */
     pthread_mutex_t record_lock; /* a recording into `stream` against its destruction */
     int stream_gone;             /* the program destroyed `stream` (under record_lock) */
+    _Atomic uint32_t no_thread;  /* the completion thread could not start: no units open */
 } hp = {.record_lock = PTHREAD_MUTEX_INITIALIZER};
 
 #define FENCE_INTERVAL_MAX_US 100000ul /* a tenth of a second: beyond, release is mostly late */
@@ -163,7 +164,9 @@ static void *completion_main(void *arg) {
 
 static void start_completion(void) {
     hp.interval_ns = fence_interval_ns();
-    qsc_start_thread(completion_main, NULL, "the high-priority completion thread");
+    if (qsc_start_thread(completion_main, NULL, "the high-priority completion thread; "
+                                                "launches are tracked one by one") != 0)
+        atomic_store(&hp.no_thread, 1);
 }
 
 void qsc_hp_forked(void) {
@@ -176,6 +179,7 @@ void qsc_hp_forked(void) {
     hp.ctx = NULL;
     hp.fence = NULL;
     hp.covered = 0;
+    atomic_store(&hp.no_thread, 0);
     hp_once = (pthread_once_t)PTHREAD_ONCE_INIT;
 }
 
@@ -194,6 +198,7 @@ void qsc_hp_joined(void) {
 }
 
 int qsc_hp_try_open(void) {
+    if (atomic_load_explicit(&hp.no_thread, memory_order_relaxed)) return 0;
     uint32_t idle = HP_IDLE;
     return atomic_compare_exchange_strong(&hp.state, &idle, HP_OPENING);
 }
@@ -205,7 +210,8 @@ int qsc_hp_opened(CUstream stream, CUcontext ctx, CUresult submitted) {
     uint64_t epoch = qsc_ctx_epoch(ctx);
     int stale = hp.ctx != ctx || hp.fence == NULL || hp.fence_epoch != epoch;
     if (submitted == CUDA_SUCCESS && stale) {
-        if (hp.fence != NULL && hp.fence_epoch == epoch) /* a dead one is forgotten */
+        /* live by its own context's epoch (not the new one's): a dead one is forgotten */
+        if (hp.fence != NULL && hp.fence_epoch == qsc_ctx_epoch(hp.ctx))
             QSC_REAL(qsc_event_fn, cuEventDestroy_v2)(hp.fence);
         hp.fence = NULL;
         hp.ctx = ctx;
@@ -225,6 +231,10 @@ int qsc_hp_opened(CUstream stream, CUcontext ctx, CUresult submitted) {
     atomic_store(&hp.launched, 1);
     hp.covered = 1;
     pthread_once(&hp_once, start_completion);
+    if (atomic_load(&hp.no_thread)) { /* nothing would end the unit: the caller ends the launch */
+        atomic_store(&hp.state, HP_IDLE);
+        return 0;
+    }
     atomic_store(&hp.state, HP_OPEN);
     qs_futex_wake(&hp.state, 1);
     return 1;

@@ -280,17 +280,17 @@ void qsc_lp_stream_destroyed(const qsc_session *s, CUstream stream);
 int qsc_lp_tracks(const qsc_session *s, CUstream stream, CUcontext ctx);
 /* Context `ctx` (NULL: every context) is destroyed: its tracked streams die with it. */
 void qsc_lp_context_dies(CUcontext ctx);
-/* Wait while the batched launches in flight, summed over the process's streams, are
- * estimated at `window_ns` or more. */
-void qsc_lp_wait_window(uint64_t window_ns);
+/* The window, over both paths: 1 when the batched launches in flight (summed over the
+ * process's streams) and `units` per-launch units (tracker.c) are estimated under `window_ns`.
+ * Else 0: after waiting for the next batch to complete while batched launches are in flight,
+ * at once when none are (the caller then waits for a unit). */
+int qsc_lp_wait_window(uint64_t window_ns, uint64_t units);
 /* Before a batched launch: when nothing is in flight, mark where its batch starts. */
 void qsc_lp_opening(const qsc_session *s);
 /* After a batched launch was submitted: count it (may close a batch). */
 void qsc_lp_counted(uint64_t window_ns);
 /* The window in force (device ns), as of the last batch completed. */
 uint64_t qsc_lp_window(const qsc_session *s);
-/* How many launches the window holds, by the current estimate (at least 1). */
-uint64_t qsc_lp_window_launches(uint64_t window_ns);
 /* The device ns per launch as last measured (0 before any), and the window last read. */
 uint64_t qsc_lp_estimate_ns(void);
 uint64_t qsc_lp_window_now(void);
@@ -303,6 +303,9 @@ int qsc_dgate_on(void);
 /* After batched launch number `n` into `stream`: once the launches since the last wait are
  * estimated at a slice of device time, enqueue the next wait on the gate word. */
 void qsc_dgate_after(CUstream stream, uint64_t n, uint64_t est_ns);
+/* The waits move to another stream (the one they went into died), whose launch count is `n`:
+ * the next slice is counted from there. */
+void qsc_dgate_moved(uint64_t n);
 
 /* ---- statistics for diagnosis (stats.c): on only with QSHARE_STATS_FILE ---- */
 extern _Atomic int qsc_stats_on;

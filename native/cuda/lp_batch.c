@@ -13,7 +13,7 @@
  * (lp_device_gate.c) high priority waits for a slice instead and the window is the deep one.
  * A launch that neither blocks nor closes a batch makes no system call and takes no lock (the
  * first launch into a new stream binds it under a lock). Streams beyond LP_STREAMS use
- * tracker.c's per-launch units. */
+ * tracker.c's per-launch units, which count in the same window (qsc_lp_wait_window). */
 #include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -47,7 +47,8 @@ typedef struct lp_stream {
     _Atomic(CUstream) stream; /* NULL: never bound */
     _Atomic(CUcontext) ctx;
     _Atomic uint32_t claimed;       /* under lp.bind_lock */
-    _Atomic uint32_t thread_started; /* its completion thread runs (under lp.bind_lock) */
+    _Atomic uint32_t thread_started; /* its completion thread runs (started under lp.bind_lock,
+                                      * before the slot's first stream is published) */
     _Alignas(64) _Atomic uint64_t launched; /* submitted into the stream, counted after */
     _Atomic uint64_t covered;               /* `launched` as of the newest fence */
     _Atomic uint32_t sleeping;              /* the completion thread waits for work */
@@ -67,7 +68,9 @@ static struct {
     lp_stream streams[LP_STREAMS];
     pthread_mutex_t bind_lock;
     _Atomic uint32_t claimed;        /* slots claimed: at LP_STREAMS, new streams go per launch */
-    _Atomic(lp_stream *) gated;      /* the stream the device gate waits in: the first bound */
+    _Atomic uint32_t no_thread; /* a completion thread could not start: new streams go per launch */
+    _Atomic(lp_stream *) gated; /* the stream the device gate waits in: the first bound, and
+                                 * once it dies, the next that a launch goes into */
     qs_client *client; /* the process's, as of binding: used only within a launch's qsc_enter */
     _Alignas(64) _Atomic uint64_t launched; /* every stream's, summed: the window's count */
     _Alignas(64) _Atomic uint64_t completed;
@@ -223,7 +226,23 @@ static int burst_paused(lp_stream *st, uint64_t n) {
     return paused;
 }
 
+/* A completion thread's current context: the one its slot's fences are made in. */
+static _Thread_local CUcontext completion_ctx;
+
+/* Make `st`'s context current to its completion thread, unless it is (or the stream died). */
+static void use_context(lp_stream *st) {
+    typedef CUresult (*set_fn)(CUcontext);
+    if (atomic_load(&st->stream) == STREAM_GONE) return; /* read first: claim() publishes it last */
+    CUcontext ctx = atomic_load(&st->ctx);
+    if (ctx == completion_ctx) return;
+    QSC_REAL(set_fn, cuCtxSetCurrent)(ctx);
+    completion_ctx = ctx;
+}
+
+/* The tail's fence may be made here: in the stream's context, which the slot may have changed
+ * since the thread last looked (freed by a stream of one context, claimed for another's). */
 static void fence_tail(lp_stream *st, uint64_t n) {
+    use_context(st);
     const qsc_session *s = qsc_enter();
     pthread_mutex_lock(&st->lock);
     int pushed = st->head != st->tail;
@@ -280,15 +299,9 @@ static void complete_round(lp_stream *st) {
 
 static void *completion_main(void *arg) {
     lp_stream *st = arg;
-    typedef CUresult (*set_fn)(CUcontext);
     qsc_thread_ignores_captures();
-    CUcontext current = NULL;
     for (;;) {
-        CUcontext ctx = atomic_load(&st->ctx);
-        if (ctx != current && atomic_load(&st->stream) != STREAM_GONE) {
-            QSC_REAL(set_fn, cuCtxSetCurrent)(ctx);
-            current = ctx;
-        }
+        use_context(st);
         complete_round(st);
     }
     return NULL;
@@ -309,9 +322,8 @@ static lp_stream *find(CUstream stream, CUcontext ctx) {
     return NULL;
 }
 
-/* Claim a free slot for `stream` (bind_lock held): its counters start afresh, then the stream
- * is published (a launch that finds it sees the counters reset). */
-static lp_stream *claim(CUstream stream, CUcontext ctx) {
+/* A free slot, its counters started afresh (bind_lock held); NULL when none is free. */
+static lp_stream *free_slot(void) {
     for (unsigned i = 0; i < LP_STREAMS; i++) {
         lp_stream *st = &lp.streams[i];
         if (atomic_load(&st->claimed)) continue;
@@ -322,43 +334,65 @@ static lp_stream *claim(CUstream stream, CUcontext ctx) {
         atomic_store(&st->unmarked, 0);
         st->head = st->tail = 1;
         pthread_mutex_unlock(&st->lock);
-        atomic_store(&st->claimed, 1);
-        atomic_fetch_add(&lp.claimed, 1);
-        atomic_store_explicit(&st->ctx, ctx, memory_order_relaxed);
-        atomic_store_explicit(&st->stream, stream, memory_order_release);
         return st;
     }
     return NULL;
 }
 
-/* The first launch into `stream`: bind a slot to it and start its completion thread. */
+/* Claim a free slot for `stream` (bind_lock held), its completion thread running, then publish
+ * the stream (a launch that finds it sees the counters reset). A slot whose thread cannot start
+ * is left free: nothing would end its launches, so the stream goes one unit per launch. */
+static lp_stream *claim(CUstream stream, CUcontext ctx) {
+    lp_stream *st = free_slot();
+    if (st == NULL) return NULL;
+    atomic_store_explicit(&st->ctx, ctx, memory_order_relaxed);
+    if (!atomic_load(&st->thread_started)) {
+        if (qsc_start_thread(completion_main, st, "a low-priority completion thread; launches "
+                                                  "into new streams are tracked one by one") != 0) {
+            atomic_store(&lp.no_thread, 1);
+            return NULL;
+        }
+        atomic_store(&st->thread_started, 1);
+    }
+    atomic_store(&st->claimed, 1);
+    atomic_fetch_add(&lp.claimed, 1);
+    atomic_store_explicit(&st->stream, stream, memory_order_release);
+    return st;
+}
+
+/* The first launch into `stream`: bind a slot to it. */
 static lp_stream *bind(const qsc_session *s, CUstream stream, CUcontext ctx) {
     pthread_once(&lp_once, init_streams);
     pthread_mutex_lock(&lp.bind_lock);
     lp_stream *st = find(stream, ctx); /* another thread may have bound it meanwhile */
     if (st == NULL) st = claim(stream, ctx);
-    if (st != NULL && atomic_load(&lp.gated) == NULL) {
+    if (st != NULL && lp.client == NULL) { /* the first stream bound */
         lp.client = s->client;
         qsc_dgate_bind(s);
         atomic_store(&lp.gated, st);
     }
-    int start = st != NULL && !atomic_exchange(&st->thread_started, 1);
     pthread_mutex_unlock(&lp.bind_lock);
-    if (start) qsc_start_thread(completion_main, st, "a low-priority completion thread");
     return st;
 }
 
 int qsc_lp_tracks(const qsc_session *s, CUstream stream, CUcontext ctx) {
     if (!qsc_hp_coalescable(stream) || ctx == NULL) return 0;
     lp_stream *st = find(stream, ctx);
-    if (st == NULL && atomic_load_explicit(&lp.claimed, memory_order_relaxed) < LP_STREAMS)
+    if (st != NULL) {
+        launching = st;
+        return 1;
+    }
+    int room = atomic_load_explicit(&lp.claimed, memory_order_relaxed) < LP_STREAMS;
+    if (room && !atomic_load_explicit(&lp.no_thread, memory_order_relaxed))
         st = bind(s, stream, ctx);
     if (st != NULL) {
         launching = st;
         return 1;
     }
-    qsc_warn_once(QSC_WARN_STREAMS, "a low-priority process launches into more than %u streams "
-                  "at once; launches into the others are tracked one by one", LP_STREAMS);
+    if (!room)
+        qsc_warn_once(QSC_WARN_STREAMS, "a low-priority process launches into more than %u "
+                      "streams at once; launches into the others are tracked one by one",
+                      LP_STREAMS);
     return 0;
 }
 
@@ -378,23 +412,36 @@ static void end_bursts(void) {
         if (atomic_load(&lp.streams[i].watching)) wake_completion(&lp.streams[i]);
 }
 
-void qsc_lp_wait_window(uint64_t window_ns) {
-    for (;;) {
-        uint32_t seq = atomic_load(&lp.done_seq);
-        uint64_t done = atomic_load(&lp.completed), inflight = atomic_load(&lp.launched) - done;
-        if (qs_lp_window_admits(inflight * estimate(window_ns), window_ns)) return;
-        atomic_fetch_add(&lp.done_waiters, 1);
-        end_bursts();
-        wait_for_room(seq);
-        atomic_fetch_sub(&lp.done_waiters, 1);
-    }
+int qsc_lp_wait_window(uint64_t window_ns, uint64_t units) {
+    uint32_t seq = atomic_load(&lp.done_seq);
+    /* A launch's thread counts it in the total first, then in its stream, whose fences end it;
+     * the total read after `done` is then never behind it. Kept safe anyway: never below 0. */
+    uint64_t done = atomic_load(&lp.completed), launched = atomic_load(&lp.launched);
+    uint64_t inflight = launched > done ? launched - done : 0;
+    if (qs_lp_window_admits((inflight + units) * estimate(window_ns), window_ns)) return 1;
+    if (inflight == 0) return 0;
+    atomic_fetch_add(&lp.done_waiters, 1);
+    end_bursts();
+    wait_for_room(seq);
+    atomic_fetch_sub(&lp.done_waiters, 1);
+    return 0;
+}
+
+/* 1 if the device gate's waits go into `st`: it is the gated stream, or none is (the gated one
+ * died) and `st` takes its place, the waits counted from its next launch. */
+static int gates(lp_stream *st) {
+    lp_stream *g = atomic_load_explicit(&lp.gated, memory_order_relaxed);
+    if (g == st) return 1;
+    if (g != NULL || !atomic_compare_exchange_strong(&lp.gated, &g, st)) return 0;
+    qsc_dgate_moved(atomic_load(&st->launched) - 1);
+    return 1;
 }
 
 void qsc_lp_counted(uint64_t window_ns) {
     lp_stream *st = launching;
+    atomic_fetch_add(&lp.launched, 1); /* before the stream's: see qsc_lp_wait_window */
     uint64_t n = atomic_fetch_add(&st->launched, 1) + 1;
-    atomic_fetch_add(&lp.launched, 1);
-    if (qsc_dgate_on() && st == atomic_load_explicit(&lp.gated, memory_order_relaxed))
+    if (qsc_dgate_on() && gates(st))
         qsc_dgate_after(atomic_load_explicit(&st->stream, memory_order_relaxed), n,
                         estimate(window_ns));
     if (atomic_load(&st->sleeping)) {
@@ -439,17 +486,15 @@ uint64_t qsc_lp_window(const qsc_session *s) {
     return w;
 }
 
-uint64_t qsc_lp_window_launches(uint64_t window_ns) {
-    uint64_t n = window_ns / estimate(window_ns);
-    return n ? n : 1;
-}
-
 /* `st` dies (lock not held): nothing is recorded into it from now on; its completion thread
- * ends what no fence covers and frees the slot. */
+ * ends what no fence covers and frees the slot. The device gate's waits leave it for the next
+ * stream launched into. */
 static void stream_gone(lp_stream *st) {
     pthread_mutex_lock(&st->lock);
     atomic_store(&st->stream, STREAM_GONE);
     pthread_mutex_unlock(&st->lock);
+    lp_stream *gated = st;
+    atomic_compare_exchange_strong(&lp.gated, &gated, NULL);
     wake_completion(st);
 }
 

@@ -79,6 +79,8 @@ int qsc_dgate_bind(const qsc_session *s) {
 
 int qsc_dgate_on(void) { return atomic_load_explicit(&dg.on, memory_order_acquire); }
 
+void qsc_dgate_moved(uint64_t n) { atomic_store(&dg.since, n); }
+
 void qsc_dgate_after(CUstream stream, uint64_t n, uint64_t est_ns) {
     uint64_t since = atomic_load_explicit(&dg.since, memory_order_relaxed);
     if (n <= since || (n - since) * est_ns < SLICE_NS) return;

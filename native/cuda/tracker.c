@@ -41,6 +41,7 @@ static struct {
     _Alignas(64) _Atomic uint64_t head; /* oldest unit not yet ended */
     _Alignas(64) _Atomic uint32_t reaper_sleeping;
     _Atomic uint32_t wake_seq;
+    _Atomic uint32_t no_reaper; /* it could not start: launching threads end their own units */
 } tracker;
 
 /* The calling thread's events for the unit it is submitting. */
@@ -163,10 +164,12 @@ static void *reaper_main(void *arg) {
 
 static void start_reaper(void) {
     atomic_store(&tracker.reaper_sleeping, 1);
-    qsc_start_thread(reaper_main, NULL, "the completion thread; launches will wait");
+    if (qsc_start_thread(reaper_main, NULL, "the completion thread; launches will wait") != 0)
+        atomic_store(&tracker.no_reaper, 1);
 }
 
-/* Hand the recorded `current` events to the ring, taking the slot's spare events back. */
+/* Hand the recorded `current` events to the ring, taking the slot's spare events back. With no
+ * reaper, the launching thread waits for its unit here: nothing else would end it. */
 static void append(void) {
     pthread_once(&reaper_once, start_reaper);
     uint64_t t = atomic_fetch_add(&tracker.tail, 1);
@@ -183,6 +186,11 @@ static void append(void) {
     }
     current = spare;
     atomic_store_explicit(&s->state, SLOT_READY, memory_order_release);
+    if (atomic_load(&tracker.no_reaper)) {
+        while (end_oldest(1)) {
+        }
+        return;
+    }
     if (atomic_load(&tracker.reaper_sleeping)) {
         atomic_fetch_add(&tracker.wake_seq, 1);
         qs_futex_wake(&tracker.wake_seq, 1);
@@ -230,20 +238,24 @@ static int hp_fast(const qsc_session *s, CUstream stream, int *tracked, CUresult
     return 1;
 }
 
-/* Low priority: batched into every stream lp_batch.c tracks, or one unit per launch (bounded
- * by the same window, counted in launches) into the others (per-thread default streams, and
- * streams past LP_STREAMS). */
+/* Low priority's window holds the launches of both paths together (batched, and units here):
+ * wait while they are estimated at the window or more, for the next batch while batches are
+ * in flight, else for the oldest unit (a unit still being appended does not hold the launch). */
+static void lp_wait_window(uint64_t window) {
+    for (;;) {
+        uint64_t units = atomic_load(&tracker.tail) - atomic_load(&tracker.head);
+        if (qsc_lp_wait_window(window, units)) return;
+        if (units != 0 && !end_oldest(1)) return;
+    }
+}
+
+/* Low priority: batched into every stream lp_batch.c tracks, or one unit per launch into the
+ * others (per-thread default streams, and streams past LP_STREAMS), under one window. */
 static CUresult lp_begin(const qsc_session *s, CUstream stream, int *tracked) {
     uint64_t window = qsc_lp_window(s);
     CUcontext ctx = current_context();
     int batched = qsc_lp_tracks(s, stream, ctx);
-    if (batched) {
-        qsc_lp_wait_window(window);
-    } else {
-        uint64_t limit = qsc_lp_window_launches(window);
-        while (atomic_load(&tracker.tail) - atomic_load(&tracker.head) >= limit && end_oldest(1)) {
-        }
-    }
+    lp_wait_window(window);
     int rc = qs_launch_begin(s->client);
     if (rc != QS_OK) {
         qsc_warn_once(QSC_WARN_DRIVER, "launch refused: %s (%s)", qs_strerror(rc), qs_last_error());

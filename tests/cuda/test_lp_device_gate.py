@@ -141,3 +141,24 @@ def test_a_driver_that_cannot_register_the_gate_word_leaves_the_window_in_force(
     stats = json.loads(path.read_text())
     assert stats["lp_device_gate_waits"] == 0
     assert stats["lp_window_ns"] == MS // 2
+
+
+def test_queued_work_is_held_after_the_first_stream_is_destroyed(
+    node: NodeOwner, hp_probe: Probe
+) -> None:
+    """The gate waits go into one stream, the first bound. The program destroys it while its
+    50 ms kernel still runs (its slot is not yet free) and queues into a new stream: the waits
+    move to the new stream, so its queued work is held while high priority runs. Before, they
+    stayed with the destroyed stream's slot and the new stream's work ran through."""
+    lp = Probe(node, LP_VGPU, extra_env=GATE_ON)
+    try:
+        for command in ["init", "launch kernel 50000 1", "destroystream probe"]:
+            assert lp.ask(command)["rc"] == "0"
+        assert lp.ask(f"launch kernel 20000 {LP_KERNELS}")["rc"] == "0"
+        assert hp_probe.ask("launch kernel 300000 1")["rc"] == "0"
+        time.sleep(0.1)
+        early = kernels_done(lp)
+        time.sleep(0.1)
+        assert early == kernels_done(lp) < LP_KERNELS + 1
+    finally:
+        lp.close()

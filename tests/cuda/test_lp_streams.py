@@ -48,3 +48,31 @@ def test_launches_into_more_streams_than_are_tracked_all_complete(node: NodeOwne
     stats = node.stats(LP_VGPU)
     assert stats["launches"] == 600
     assert "more than 16" in run.stderr
+
+
+def test_slots_of_destroyed_streams_are_reused_by_new_streams(node: NodeOwner) -> None:
+    """16 streams tracked, 15 of them destroyed, then 15 new ones: the destroyed streams' slots
+    are freed once their launches ended, so the new streams are tracked by batch too (no
+    warning, and a fence per batch rather than two events per launch)."""
+    first = ["init", "spread 10 320 16", "sync", "destroystream extra", "sleep 50", "records"]
+    run = run_probe(node, LP_VGPU, [*first, "spread 10 320 16", "sync", "records"])
+    assert all(r["rc"] == "0" for r in run.replies if "rc" in r), run.replies
+    assert "more than 16" not in run.stderr
+    added = int(run.reply("records", 1)["n"]) - int(run.reply("records", 0)["n"])
+    assert added < 400  # one unit per launch: two records each, 600 for the new streams alone
+    assert node.stats(LP_VGPU)["launches"] == 640
+
+
+def test_the_window_bounds_batched_and_per_launch_work_together(
+    node: NodeOwner, hp_probe: Probe
+) -> None:
+    """16 streams tracked by batch, then 100 us kernels alternating between a tracked stream
+    and a 17th (one unit per launch) under a 2 ms window: the kernels still queued on the
+    device when the loop returns are the window's worth, about 20, not a window's worth on
+    each path (about 40)."""
+    assert node.command("window 0 2000")["rc"] == "0"
+    commands = ["init", "spread 100 160 16", "sync", "alternate 100 600 0 16", "kernels"]
+    run = run_probe(node, LP_VGPU, [*commands, "sync"])
+    assert all(r["rc"] == "0" for r in run.replies if "rc" in r), run.replies
+    queued = 160 + 600 - int(run.reply("kernels")["n"])
+    assert queued <= 28

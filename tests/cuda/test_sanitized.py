@@ -119,3 +119,18 @@ def test_capture_stream_destroy_and_context_reset_run_clean(
         parse_reply(line) for line in run_sanitized(sanitized_probe, node, LP_VGPU, commands)
     ]
     assert all(r["rc"] == "0" for r in replies if "rc" in r), replies
+
+
+def test_many_streams_destroys_and_contexts_run_clean(
+    sanitized_probe: Path, node: NodeOwner
+) -> None:
+    """Low priority over 18 streams (16 batched, 2 one unit per launch), from threads that exit,
+    streams and a second context destroyed, the primary context reset."""
+    commands = ["init", "spread 100 200 18", "alternate 100 100 0 17", "threads 4 kernel"]
+    commands += ["destroystream extra", "spread 100 100 4", "ctx2 100 20", "sync"]
+    commands += ["reset", "spread 100 100 4", "sync", "sleep 5", "deadhandles"]
+    replies = [
+        parse_reply(line) for line in run_sanitized(sanitized_probe, node, LP_VGPU, commands)
+    ]
+    assert all(r["rc"] == "0" for r in replies if "rc" in r), replies
+    assert replies[-1] == {"cmd": "deadhandles", "n": "0"}

@@ -27,3 +27,16 @@ def test_low_priority_uses_no_second_stream_the_program_destroyed(node: NodeOwne
     assert all(r["rc"] == "0" for r in run.replies if "rc" in r), run.replies
     assert run.reply("deadhandles")["n"] == "0"
     assert node.stats(LP_VGPU)["launches"] == 20
+
+
+def test_a_refused_destroy_of_the_legacy_stream_drops_nothing(node: NodeOwner) -> None:
+    """cuStreamDestroy(CU_STREAM_LEGACY): the driver refuses to destroy a default stream, which
+    lives on; low priority keeps tracking it with the slot and fence events it has (before, the
+    interposer took the stream for destroyed: its slot was dropped and a new one made, with
+    fence events of its own)."""
+    burst = ["launch legacy 100 50", "sync", "sleep 5"]
+    commands = ["init", *burst * 20, "events", "destroystream legacy", *burst * 20, "events"]
+    run = run_probe(node, LP_VGPU, commands)
+    assert run.rc("destroystream") != 0
+    before, after = (int(run.reply("events", i)["created"]) for i in range(2))
+    assert after == before

@@ -202,6 +202,24 @@ static void cmd_spread(probe *p, unsigned long us, unsigned long count, unsigned
            (unsigned long long)now_ns());
 }
 
+/* `count` kernels of `us` µs, alternating between stream numbers `a` and `b` (as stream_n
+ * numbers them). */
+static void cmd_alternate(probe *p, const char *line) {
+    unsigned long us = 0, count = 0, a = 0, b = 0;
+    CUresult rc = sscanf(line, "%*s %lu %lu %lu %lu", &us, &count, &a, &b) == 4
+                      ? CUDA_SUCCESS
+                      : CUDA_ERROR_INVALID_VALUE;
+    CUfunction f = kernel_of(p, us);
+    uint64_t first = now_ns();
+    for (unsigned long i = 0; i < count && rc == CUDA_SUCCESS; i++) {
+        CUstream stream = stream_n(p, i % 2 ? b : a);
+        rc = stream == NULL ? CUDA_ERROR_INVALID_HANDLE
+                            : p->d->cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, stream, NULL, NULL);
+    }
+    printf("alternate rc=%d start=%llu t=%llu\n", rc, (unsigned long long)first,
+           (unsigned long long)now_ns());
+}
+
 /* Wait for the probe's stream and every extra one. */
 static void cmd_sync(probe *p) {
     CUresult rc = p->d->cuStreamSynchronize(p->stream);
@@ -337,6 +355,13 @@ static void cmd_ctx2(probe *p, unsigned long us, unsigned long count) {
     printf("ctx2 rc=%d\n", rc);
 }
 
+/* cuCtxDestroy of NULL, a context the driver refuses to name: nothing is destroyed. */
+static void cmd_destroy_null_ctx(void) {
+    typedef CUresult (*destroy_fn)(CUcontext);
+    destroy_fn destroy = (destroy_fn)entry("cuCtxDestroy_v2");
+    printf("destroynull rc=%d\n", destroy == NULL ? CUDA_ERROR_NOT_FOUND : destroy(NULL));
+}
+
 typedef struct one_launch {
     probe *p;
     const char *kind;
@@ -444,6 +469,10 @@ static void cmd_destroy_stream(probe *p, const char *which) {
     typedef CUresult (*destroy_fn)(CUstream);
     destroy_fn destroy = (destroy_fn)entry("cuStreamDestroy_v2");
     CUresult rc = destroy == NULL ? CUDA_ERROR_NOT_FOUND : CUDA_SUCCESS;
+    if (strcmp(which, "legacy") == 0) { /* the driver refuses: a default stream */
+        printf("destroystream rc=%d\n", rc == CUDA_SUCCESS ? destroy(CU_STREAM_LEGACY) : rc);
+        return;
+    }
     if (strcmp(which, "extra") == 0) {
         for (int i = 0; i < p->n_extra && rc == CUDA_SUCCESS; i++) rc = destroy(p->extra[i]);
         p->n_extra = 0;
@@ -493,6 +522,7 @@ static void run(probe *p, char *line) {
     else if (strcmp(cmd, "launch") == 0) cmd_launch(p, arg1, n1, n2 ? n2 : 1);
     else if (strcmp(cmd, "sync") == 0) cmd_sync(p);
     else if (strcmp(cmd, "spread") == 0) cmd_spread(p, strtoul(arg1, NULL, 10), n1, n2);
+    else if (strcmp(cmd, "alternate") == 0) cmd_alternate(p, line);
     else if (strcmp(cmd, "now") == 0) printf("now t=%llu\n", (unsigned long long)now_ns());
     else if (strcmp(cmd, "bench") == 0) cmd_bench(p, strtoul(arg1, NULL, 10));
     else if (strcmp(cmd, "spin") == 0) cmd_spin(p, strtoul(arg1, NULL, 10), word3);
@@ -508,6 +538,7 @@ static void run(probe *p, char *line) {
     else if (strcmp(cmd, "hostptr") == 0) cmd_hostptr();
     else if (strcmp(cmd, "events") == 0) cmd_events();
     else if (strcmp(cmd, "captured") == 0) cmd_captured();
+    else if (strcmp(cmd, "destroynull") == 0) cmd_destroy_null_ctx();
     else if (strcmp(cmd, "ctx2") == 0) cmd_ctx2(p, strtoul(arg1, NULL, 10), n1);
     else if (strcmp(cmd, "threads") == 0) cmd_threads(p, strtoul(arg1, NULL, 10), word3);
     else if (strcmp(cmd, "capture") == 0) cmd_capture(p, arg1, word3);

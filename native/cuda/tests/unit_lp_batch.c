@@ -17,6 +17,7 @@ static qsc_session no_session = {.failure = CUDA_ERROR_DEINITIALIZED};
 int qsc_dgate_on(void) { return 0; }
 int qsc_dgate_bind(const qsc_session *s) { return (void)s, 0; }
 void qsc_dgate_after(CUstream stream, uint64_t n, uint64_t est) { (void)stream, (void)n, (void)est; }
+void qsc_dgate_moved(uint64_t n) { (void)n; }
 int qsc_stream_capturing(CUstream stream) { return (void)stream, 0; }
 int qsc_stream_unrecordable(CUstream stream) { return (void)stream, 0; }
 void qsc_stats_count(int counter, uint64_t n) { (void)counter, (void)n; }
@@ -73,7 +74,8 @@ static int test_completion_thread_does_not_sleep_while_a_fence_is_pending(void) 
 }
 
 static void *run_wait_window(void *arg) {
-    qsc_lp_wait_window(*(const uint64_t *)arg);
+    while (!qsc_lp_wait_window(*(const uint64_t *)arg, 0)) {
+    }
     return NULL;
 }
 
@@ -96,6 +98,84 @@ static int test_the_window_bounds_the_launches_in_flight_summed_over_streams(voi
     return 0;
 }
 
+/* A launch is counted in its stream, not yet in the process's total (its thread is between the
+ * two counts), and a fence that covers it completes: the stream's launches end, so the total's
+ * completed count passes its launched count for a moment. A launch that then checks the window
+ * must not take that for a huge number in flight and sleep: nothing may complete after it, and
+ * it would sleep for good. */
+static int test_a_launch_ended_before_the_total_counts_it_does_not_hold_the_window(void) {
+    qsc_lp_forked();
+    static const uint64_t window = 1000;
+    atomic_store(&lp.est_ns, 100);
+    atomic_store(&lp.streams[0].launched, 5);
+    atomic_store(&lp.launched, 4);
+    end_launches(&no_session, &lp.streams[0], 5, 0);
+    pthread_t waiter;
+    EXPECT(pthread_create(&waiter, NULL, run_wait_window, (void *)&window) == 0);
+    struct timespec deadline;
+    clock_gettime(CLOCK_REALTIME, &deadline);
+    deadline.tv_sec += 1;
+    EXPECT(pthread_timedjoin_np(waiter, NULL, &deadline) == 0);
+    return 0;
+}
+
+/* The first launch into a stream binds a slot and starts its completion thread; the thread
+ * cannot start (here no thread ever does: a process at its thread limit). The stream must not
+ * be tracked by batch, where nothing would ever end its launches (the window fills and every
+ * launch waits for good): it goes one unit per launch, and its slot stays free. */
+static int test_a_stream_whose_completion_thread_cannot_start_is_not_tracked(void) {
+    qsc_lp_forked();
+    CUstream stream = (CUstream)(uintptr_t)0x1000;
+    CUcontext ctx = (CUcontext)(uintptr_t)0x2000;
+    EXPECT(!qsc_lp_tracks(&no_session, stream, ctx));
+    EXPECT(atomic_load(&lp.claimed) == 0);
+    return 0;
+}
+
+/* Driver stand-ins for a completion thread's fence: the calling thread's current context, and
+ * the context each event was made in. */
+static _Thread_local CUcontext stub_current;
+static CUcontext made_in[4];
+static unsigned made;
+
+static CUresult stub_set_current(CUcontext ctx) { return stub_current = ctx, CUDA_SUCCESS; }
+
+static CUresult stub_event_create(CUevent *ev, unsigned int flags) {
+    (void)flags;
+    if (made == 4) return CUDA_ERROR_OUT_OF_MEMORY;
+    made_in[made] = stub_current;
+    *ev = (CUevent)(uintptr_t)(0x100 + made++);
+    return CUDA_SUCCESS;
+}
+
+static CUresult stub_event_record(CUevent ev, CUstream stream) {
+    return (void)ev, (void)stream, CUDA_SUCCESS;
+}
+
+/* A slot freed by a stream of context A is claimed for a stream of context B after its
+ * completion thread last looked at the slot's context (A is still current to it), and a launch
+ * is counted with no marker (other streams were busy). The tail fence the thread then records
+ * is made in B, the stream's context: an event of A would not belong to the stream (and A may
+ * be destroyed). */
+static int test_a_tail_fence_is_made_in_the_streams_context_after_the_slot_changed_context(void) {
+    qsc_lp_forked();
+    qsc_real_table[QSC_cuCtxSetCurrent] = (void *)stub_set_current;
+    qsc_real_table[QSC_cuEventCreate] = (void *)stub_event_create;
+    qsc_real_table[QSC_cuEventRecord] = (void *)stub_event_record;
+    CUcontext a = (CUcontext)(uintptr_t)0xa000, b = (CUcontext)(uintptr_t)0xb000;
+    lp_stream *st = &lp.streams[0];
+    stub_current = a; /* what the thread made current while the slot was A's */
+    atomic_store(&st->thread_started, 1); /* its thread runs (this one, below) */
+    pthread_mutex_lock(&lp.bind_lock);
+    EXPECT(claim((CUstream)(uintptr_t)0x5000, b) == st);
+    pthread_mutex_unlock(&lp.bind_lock);
+    atomic_store(&st->launched, 1);
+    atomic_store(&lp.launched, 1);
+    complete_round(st); /* the burst has paused: the tail is fenced */
+    EXPECT(made == 1 && made_in[0] == b);
+    return 0;
+}
+
 int main(void) {
     static const struct {
         const char *name;
@@ -105,6 +185,12 @@ int main(void) {
          test_completion_thread_does_not_sleep_while_a_fence_is_pending},
         {"the window bounds the launches in flight summed over streams",
          test_the_window_bounds_the_launches_in_flight_summed_over_streams},
+        {"a launch ended before the total counts it does not hold the window",
+         test_a_launch_ended_before_the_total_counts_it_does_not_hold_the_window},
+        {"a stream whose completion thread cannot start is not tracked",
+         test_a_stream_whose_completion_thread_cannot_start_is_not_tracked},
+        {"a tail fence is made in the stream's context after the slot changed context",
+         test_a_tail_fence_is_made_in_the_streams_context_after_the_slot_changed_context},
     };
     int failed = 0;
     for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {

@@ -1,0 +1,76 @@
+/* unit_hp_unit.c — hp_unit.c's coalesced units tested on their own: the file is compiled into
+ * this program with stand-ins for the interposer's other parts and the driver calls it makes,
+ * so a test can put it where a process can be (no thread can start) and check what follows.
+ * Built with AddressSanitizer and UBSan (`make -C native/cuda unit`). */
+#include "../hp_unit.c"
+
+#include <stdio.h>
+
+/* ---- stand-ins for the rest of the interposer and the driver ---- */
+void *qsc_real_table[QSC_N_ALL];
+_Atomic int qsc_stats_on;
+static qsc_session no_session = {.failure = CUDA_ERROR_DEINITIALIZED};
+const qsc_session *qsc_enter(void) { return &no_session; }
+void qsc_leave(const qsc_session *s) { (void)s; }
+void qsc_thread_ignores_captures(void) {}
+void qsc_record_begin(void) {}
+void qsc_record_end(void) {}
+void qsc_stats_count(int counter, uint64_t n) { (void)counter, (void)n; }
+uint64_t qsc_ctx_epoch(CUcontext ctx) { return (void)ctx, 0; }
+int qsc_stream_unrecordable(CUstream stream) { return (void)stream, 0; }
+void qsc_warn_once(int key, const char *fmt, ...) { (void)key, (void)fmt; }
+int qsc_start_thread(void *(*main)(void *), void *arg, const char *what) {
+    return (void)main, (void)arg, (void)what, 1; /* a process at its thread limit */
+}
+
+static CUresult stub_event_create(CUevent *ev, unsigned int flags) {
+    static int event;
+    return (void)flags, *ev = (CUevent)&event, CUDA_SUCCESS;
+}
+static CUresult stub_event_record(CUevent ev, CUstream stream) {
+    return (void)ev, (void)stream, CUDA_SUCCESS;
+}
+int qsc_stream_capturing(CUstream stream) { return (void)stream, 0; }
+
+/* ---- tests ---- */
+#define EXPECT(cond)                                                              \
+    do {                                                                          \
+        if (!(cond)) {                                                            \
+            fprintf(stderr, "  %s:%d: expected %s\n", __FILE__, __LINE__, #cond); \
+            return 1;                                                             \
+        }                                                                         \
+    } while (0)
+
+/* A launch opens a unit, but the completion thread that would end it cannot start: the unit
+ * must not stay open (high priority would be busy for good, and every low-priority launch on
+ * the card held at the gate for good). The opening launch is ended by its caller, and later
+ * launches do not try to open units. */
+static int test_a_unit_is_not_left_open_when_its_completion_thread_cannot_start(void) {
+    qsc_real_table[QSC_cuEventCreate] = (void *)stub_event_create;
+    qsc_real_table[QSC_cuEventRecord] = (void *)stub_event_record;
+    CUstream stream = (CUstream)(uintptr_t)0x5000;
+    CUcontext ctx = (CUcontext)(uintptr_t)0xc000;
+    EXPECT(qsc_hp_try_open());
+    EXPECT(qsc_hp_opened(stream, ctx, CUDA_SUCCESS) == 0);
+    EXPECT(atomic_load(&hp.state) == HP_IDLE);
+    EXPECT(!qsc_hp_try_open());
+    return 0;
+}
+
+int main(void) {
+    static const struct {
+        const char *name;
+        int (*fn)(void);
+    } tests[] = {
+        {"a unit is not left open when its completion thread cannot start",
+         test_a_unit_is_not_left_open_when_its_completion_thread_cannot_start},
+    };
+    int failed = 0;
+    for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
+        int rc = tests[i].fn();
+        printf("%s %s\n", rc ? "FAIL" : "ok  ", tests[i].name);
+        failed += rc != 0;
+    }
+    printf("%zu passed, %d failed\n", sizeof tests / sizeof tests[0] - (size_t)failed, failed);
+    return failed ? 1 : 0;
+}

@@ -1,0 +1,77 @@
+/* unit_tracker.c — tracker.c's per-launch units tested on their own: the file is compiled into
+ * this program with stand-ins for the interposer's other parts and the driver calls it makes,
+ * so a test can put it where a process can be (no thread can start) and check what follows.
+ * Built with AddressSanitizer and UBSan (`make -C native/cuda unit`). */
+#include "../tracker.c"
+
+#include <stdio.h>
+
+/* ---- stand-ins for the rest of the interposer and the driver ---- */
+void *qsc_real_table[QSC_N_ALL];
+static qsc_session no_session = {.failure = CUDA_ERROR_DEINITIALIZED};
+const qsc_session *qsc_enter(void) { return &no_session; }
+void qsc_leave(const qsc_session *s) { (void)s; }
+void qsc_thread_ignores_captures(void) {}
+CUstreamCaptureMode qsc_capture_mode(CUstreamCaptureMode mode) { return mode; }
+uint64_t qsc_ctx_epoch(CUcontext ctx) { return (void)ctx, 0; }
+void qsc_warn_once(int key, const char *fmt, ...) { (void)key, (void)fmt; }
+int qsc_start_thread(void *(*main)(void *), void *arg, const char *what) {
+    return (void)main, (void)arg, (void)what, 1; /* a process at its thread limit */
+}
+CUresult qsc_cu_status(int status) { return (void)status, CUDA_ERROR_NOT_PERMITTED; }
+int qsc_hp_coalescable(CUstream stream) { return (void)stream, 0; }
+int qsc_hp_join(CUstream stream) { return (void)stream, 0; }
+void qsc_hp_joined(void) {}
+int qsc_hp_try_open(void) { return 0; }
+int qsc_hp_opened(CUstream stream, CUcontext ctx, CUresult rc) {
+    return (void)stream, (void)ctx, (void)rc, 0;
+}
+int qsc_lp_tracks(const qsc_session *s, CUstream stream, CUcontext ctx) {
+    return (void)s, (void)stream, (void)ctx, 0;
+}
+int qsc_lp_wait_window(uint64_t window_ns, uint64_t units) { return (void)window_ns, (void)units, 1; }
+void qsc_lp_opening(const qsc_session *s) { (void)s; }
+void qsc_lp_counted(uint64_t window_ns) { (void)window_ns; }
+uint64_t qsc_lp_window(const qsc_session *s) { return (void)s, 0; }
+
+static CUresult event_done(CUevent ev) { return (void)ev, CUDA_SUCCESS; }
+
+/* ---- tests ---- */
+#define EXPECT(cond)                                                              \
+    do {                                                                          \
+        if (!(cond)) {                                                            \
+            fprintf(stderr, "  %s:%d: expected %s\n", __FILE__, __LINE__, #cond); \
+            return 1;                                                             \
+        }                                                                         \
+    } while (0)
+
+/* A unit is handed to the ring, but the thread that waits for units to complete cannot start:
+ * the unit must still be ended (before, it waited for a later launch to end it, and after the
+ * process's last launch its units stayed in flight for good: high priority busy for good). */
+static int test_a_unit_is_ended_when_the_reaper_cannot_start(void) {
+    static int end_event;
+    qsc_real_table[QSC_cuEventSynchronize] = (void *)event_done;
+    qsc_real_table[QSC_cuEventQuery] = (void *)event_done;
+    current.end = (CUevent)&end_event;
+    append();
+    EXPECT(atomic_load(&tracker.head) == atomic_load(&tracker.tail));
+    return 0;
+}
+
+int main(void) {
+    static const struct {
+        const char *name;
+        int (*fn)(void);
+    } tests[] = {
+        {"a unit is ended when the reaper cannot start",
+         test_a_unit_is_ended_when_the_reaper_cannot_start},
+    };
+    int failed = 0;
+    for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
+        int rc = tests[i].fn();
+        printf("%s %s\n", rc ? "FAIL" : "ok  ", tests[i].name);
+        failed += rc != 0;
+    }
+    printf("%zu passed, %d failed\n", sizeof tests / sizeof tests[0] - (size_t)failed, failed);
+    return failed ? 1 : 0;
+}

@@ -1,0 +1,44 @@
+"""The interposer under ThreadSanitizer: the direct-call probe linked to a build of it with
+-fsanitize=thread (`make -C native/cuda tsan`), run through the paths where its threads meet:
+launches into many streams (batched and one unit per launch), from threads that exit, streams and
+contexts destroyed under their completion threads, a capture begun beside them, high and low
+priority. A data race reported is a failure."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from qshare.native_build import ASAN_TOOLS, build_cuda
+
+from .conftest import HP_VGPU, LP_VGPU, NodeOwner, Probe, parse_reply
+
+TSAN_PROBE = ASAN_TOOLS.parent / "cuda-tests-tsan" / "probe-direct"
+TSAN_EXIT = 66
+
+STREAMS = ["init", "spread 100 200 18", "alternate 100 200 0 17", "threads 4 kernel"]
+DESTROYS = ["destroystream extra", "spread 100 100 4", "ctx2 100 20", "destroystream probe"]
+CAPTURE = ["launch kernel 1000 5", "capture begin", "sleep 5", "capture end"]
+
+
+@pytest.fixture(scope="module")
+def tsan_probe(cuda_build: Path) -> Path:
+    build_cuda("tsan")
+    return TSAN_PROBE
+
+
+@pytest.mark.parametrize("vgpu", [HP_VGPU, LP_VGPU], ids=["high", "low"])
+def test_streams_destroys_and_captures_run_race_free(
+    tsan_probe: Path, node: NodeOwner, vgpu: int, hp_probe: Probe
+) -> None:
+    env = node.env(vgpu) | {"TSAN_OPTIONS": f"halt_on_error=1:exitcode={TSAN_EXIT}"}
+    assert node.command("window 0 2000")["rc"] == "0"
+    commands = [*STREAMS, *DESTROYS, *CAPTURE, "launch kernel 100 20", "sleep 20"]
+    done = subprocess.run(
+        [str(tsan_probe), *commands], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    replies = [parse_reply(line) for line in done.stdout.splitlines()]
+    assert all(r["rc"] == "0" for r in replies if "rc" in r), replies
