@@ -3,6 +3,7 @@
  * state another thread leaves (a lock held at a fork) and check what a call does from there.
  * Built with AddressSanitizer and UBSan (`make -C native/cuda unit`). */
 #include "../context.c"
+#include "unit_runner.h"
 
 #include <signal.h>
 #include <stdio.h>
@@ -20,13 +21,6 @@ const qsc_session *qsc_enter(void) { return &no_session; }
 void qsc_leave(const qsc_session *s) { (void)s; }
 
 /* ---- tests ---- */
-#define EXPECT(cond)                                                              \
-    do {                                                                          \
-        if (!(cond)) {                                                            \
-            fprintf(stderr, "  %s:%d: expected %s\n", __FILE__, __LINE__, #cond); \
-            return 1;                                                             \
-        }                                                                         \
-    } while (0)
 
 /* Another thread is destroying a context (it holds the epoch table's lock) when the process
  * forks. The child, the forking thread alone, destroys a context: it must not wait for good on
@@ -50,19 +44,9 @@ static int test_a_child_forked_while_the_epoch_table_is_locked_can_destroy_a_con
 }
 
 int main(void) {
-    static const struct {
-        const char *name;
-        int (*fn)(void);
-    } tests[] = {
+    static const unit_test tests[] = {
         {"a child forked while the epoch table is locked can destroy a context",
          test_a_child_forked_while_the_epoch_table_is_locked_can_destroy_a_context},
     };
-    int failed = 0;
-    for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
-        int rc = tests[i].fn();
-        printf("%s %s\n", rc ? "FAIL" : "ok  ", tests[i].name);
-        failed += rc != 0;
-    }
-    printf("%zu passed, %d failed\n", sizeof tests / sizeof tests[0] - (size_t)failed, failed);
-    return failed ? 1 : 0;
+    return UNIT_RUN_ALL(tests);
 }

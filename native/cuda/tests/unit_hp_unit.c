@@ -3,6 +3,7 @@
  * so a test can put it where a process can be (no thread can start) and check what follows.
  * Built with AddressSanitizer and UBSan (`make -C native/cuda unit`). */
 #include "../hp_unit.c"
+#include "unit_runner.h"
 
 #include <stdio.h>
 
@@ -33,13 +34,6 @@ static CUresult stub_event_record(CUevent ev, CUstream stream) {
 int qsc_stream_capturing(CUstream stream) { return (void)stream, 0; }
 
 /* ---- tests ---- */
-#define EXPECT(cond)                                                              \
-    do {                                                                          \
-        if (!(cond)) {                                                            \
-            fprintf(stderr, "  %s:%d: expected %s\n", __FILE__, __LINE__, #cond); \
-            return 1;                                                             \
-        }                                                                         \
-    } while (0)
 
 /* A launch opens a unit, but the completion thread that would end it cannot start: the unit
  * must not stay open (high priority would be busy for good, and every low-priority launch on
@@ -58,19 +52,9 @@ static int test_a_unit_is_not_left_open_when_its_completion_thread_cannot_start(
 }
 
 int main(void) {
-    static const struct {
-        const char *name;
-        int (*fn)(void);
-    } tests[] = {
+    static const unit_test tests[] = {
         {"a unit is not left open when its completion thread cannot start",
          test_a_unit_is_not_left_open_when_its_completion_thread_cannot_start},
     };
-    int failed = 0;
-    for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
-        int rc = tests[i].fn();
-        printf("%s %s\n", rc ? "FAIL" : "ok  ", tests[i].name);
-        failed += rc != 0;
-    }
-    printf("%zu passed, %d failed\n", sizeof tests / sizeof tests[0] - (size_t)failed, failed);
-    return failed ? 1 : 0;
+    return UNIT_RUN_ALL(tests);
 }

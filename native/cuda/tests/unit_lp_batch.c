@@ -4,6 +4,7 @@
  * interleaving of threads leaves and check what the completion thread does from there.
  * Built with AddressSanitizer and UBSan (`make -C native/cuda unit`). */
 #include "../lp_batch.c"
+#include "unit_runner.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -34,13 +35,6 @@ uint64_t qsc_ctx_epoch(CUcontext ctx) { return (void)ctx, 0; }
 void qsc_warn_once(int key, const char *fmt, ...) { (void)key, (void)fmt; }
 
 /* ---- tests ---- */
-#define EXPECT(cond)                                                              \
-    do {                                                                          \
-        if (!(cond)) {                                                            \
-            fprintf(stderr, "  %s:%d: expected %s\n", __FILE__, __LINE__, #cond); \
-            return 1;                                                             \
-        }                                                                         \
-    } while (0)
 
 static void *run_idle(void *arg) {
     idle(arg);
@@ -177,10 +171,7 @@ static int test_a_tail_fence_is_made_in_the_streams_context_after_the_slot_chang
 }
 
 int main(void) {
-    static const struct {
-        const char *name;
-        int (*fn)(void);
-    } tests[] = {
+    static const unit_test tests[] = {
         {"completion thread does not sleep while a fence is pending",
          test_completion_thread_does_not_sleep_while_a_fence_is_pending},
         {"the window bounds the launches in flight summed over streams",
@@ -192,12 +183,5 @@ int main(void) {
         {"a tail fence is made in the stream's context after the slot changed context",
          test_a_tail_fence_is_made_in_the_streams_context_after_the_slot_changed_context},
     };
-    int failed = 0;
-    for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
-        int rc = tests[i].fn();
-        printf("%s %s\n", rc ? "FAIL" : "ok  ", tests[i].name);
-        failed += rc != 0;
-    }
-    printf("%zu passed, %d failed\n", sizeof tests / sizeof tests[0] - (size_t)failed, failed);
-    return failed ? 1 : 0;
+    return UNIT_RUN_ALL(tests);
 }

@@ -3,6 +3,7 @@
  * so a test can put it where a process can be (no thread can start) and check what follows.
  * Built with AddressSanitizer and UBSan (`make -C native/cuda unit`). */
 #include "../tracker.c"
+#include "unit_runner.h"
 
 #include <stdio.h>
 
@@ -37,13 +38,6 @@ uint64_t qsc_lp_window(const qsc_session *s) { return (void)s, 0; }
 static CUresult event_done(CUevent ev) { return (void)ev, CUDA_SUCCESS; }
 
 /* ---- tests ---- */
-#define EXPECT(cond)                                                              \
-    do {                                                                          \
-        if (!(cond)) {                                                            \
-            fprintf(stderr, "  %s:%d: expected %s\n", __FILE__, __LINE__, #cond); \
-            return 1;                                                             \
-        }                                                                         \
-    } while (0)
 
 /* A unit is handed to the ring, but the thread that waits for units to complete cannot start:
  * the unit must still be ended (before, it waited for a later launch to end it, and after the
@@ -59,19 +53,9 @@ static int test_a_unit_is_ended_when_the_reaper_cannot_start(void) {
 }
 
 int main(void) {
-    static const struct {
-        const char *name;
-        int (*fn)(void);
-    } tests[] = {
+    static const unit_test tests[] = {
         {"a unit is ended when the reaper cannot start",
          test_a_unit_is_ended_when_the_reaper_cannot_start},
     };
-    int failed = 0;
-    for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
-        int rc = tests[i].fn();
-        printf("%s %s\n", rc ? "FAIL" : "ok  ", tests[i].name);
-        failed += rc != 0;
-    }
-    printf("%zu passed, %d failed\n", sizeof tests / sizeof tests[0] - (size_t)failed, failed);
-    return failed ? 1 : 0;
+    return UNIT_RUN_ALL(tests);
 }
