@@ -23,10 +23,28 @@ def normalised(url: str) -> str:
     parsed = _parsed(url)
     if parsed.drivername not in SCHEMES:
         raise ValueError(f"{parsed.drivername}:// is not a Postgres URL; the form is {FORM}")
-    query = dict(parsed.query)
-    if "sslmode" in query and "ssl" not in query:
-        query["ssl"] = query.pop("sslmode")
+    query = _asyncpg_query(dict(parsed.query))
     return parsed.set(drivername=DRIVER, query=query).render_as_string(hide_password=False)
+
+
+TAKEN = ("host", "port", "ssl", "target_session_attrs", "passfile", "krbsrvname", "gsslib",
+         "prepared_statement_cache_size")  # fmt: skip
+"""The URL options the asyncpg driver takes (SQLAlchemy hands each to `asyncpg.connect` as
+a keyword: any other one would fail every connection with a TypeError)."""
+
+
+def _asyncpg_query(query: dict[str, str | tuple[str, ...]]) -> dict[str, str | tuple[str, ...]]:
+    if "sslmode" in query:
+        if "ssl" in query:
+            raise ValueError("?sslmode= and ?ssl= both given; keep one")
+        query["ssl"] = query.pop("sslmode")
+    refused = sorted(set(query) - set(TAKEN))
+    if refused:
+        raise ValueError(
+            f"{', '.join(f'?{name}=' for name in refused)}: not an option the asyncpg driver "
+            f"takes from a URL; it takes {', '.join(TAKEN)} and sslmode (as ssl)"
+        )
+    return query
 
 
 def shown(url: str) -> str:
