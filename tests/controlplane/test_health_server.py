@@ -159,6 +159,36 @@ async def test_the_server_answers_others_while_a_client_sends_nothing(probes: Pr
         silent.close()
 
 
+async def test_probes_that_come_together_share_one_run_of_the_checks(probes: Probes) -> None:
+    """A burst of probes costs the database one connection, not one per probe (the checks
+    share the service's own pool)."""
+    runs = 0
+
+    async def counted() -> str | None:
+        nonlocal runs
+        runs += 1
+        await asyncio.sleep(1.0)
+        return None
+
+    probes.serving()
+    probes.ready["database"] = counted
+    answers = await asyncio.gather(*(get(probes, "/readyz") for _ in range(20)))
+    assert [a.status_code for a in answers] == [200] * 20
+    assert runs <= 2
+
+
+async def test_a_probe_after_a_run_ended_runs_the_checks_again(probes: Probes) -> None:
+    states = iter(["down", None])
+
+    async def flips() -> str | None:
+        return next(states)
+
+    probes.serving()
+    probes.ready["database"] = flips
+    assert (await get(probes, "/readyz")).status_code == 503
+    assert (await get(probes, "/readyz")).status_code == 200
+
+
 @pytest.mark.parametrize(
     ("main", "variable", "program"),
     [

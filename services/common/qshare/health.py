@@ -57,12 +57,15 @@ class Verdict(BaseModel):
 
 class Probes:
     """What a service's /healthz (`live`) and /readyz (`ready`) check. Readiness also waits
-    for `serving()`, called once start-up is over; `stopping()` ends it again."""
+    for `serving()`, called once start-up is over; `stopping()` ends it again. Probes that
+    come while a run of the same checks is under way share its verdict, so a burst of probes
+    costs the database one connection of the service's pool, not one each."""
 
     def __init__(self) -> None:
         self.live: dict[str, Check] = {}
         self.ready: dict[str, Check] = {"serving": self._serving_check}
         self._state = "starting"
+        self._runs: dict[str, asyncio.Future[Verdict]] = {}
 
     def serving(self) -> None:
         self._state = "serving"
@@ -74,10 +77,18 @@ class Probes:
         return None if self._state == "serving" else self._state
 
     async def liveness(self) -> Verdict:
-        return await judge(self.live, "live", "not live")
+        return await self._shared("live", lambda: judge(self.live, "live", "not live"))
 
     async def readiness(self) -> Verdict:
-        return await judge(self.ready, "ready", "not ready")
+        return await self._shared("ready", lambda: judge(self.ready, "ready", "not ready"))
+
+    async def _shared(self, kind: str, run: Callable[[], Awaitable[Verdict]]) -> Verdict:
+        """The verdict of the run of `kind` under way, else of a new one; a probe that goes
+        away does not cancel the run the others wait for."""
+        task = self._runs.get(kind)
+        if task is None or task.done():
+            task = self._runs[kind] = asyncio.ensure_future(run())
+        return await asyncio.shield(task)
 
 
 async def judge(checks: dict[str, Check], good: str, bad: str) -> Verdict:
