@@ -189,6 +189,25 @@ async def test_a_probe_after_a_run_ended_runs_the_checks_again(probes: Probes) -
     assert (await get(probes, "/readyz")).status_code == 200
 
 
+async def test_silent_clients_hold_no_more_than_a_bounded_number_of_sockets(
+    probes: Probes,
+) -> None:
+    """Clients that connect and send nothing (slowloris) cannot pile up the service's file
+    descriptors: past the limit, the longest waiting is closed, and a probe is still served."""
+    port = PORTS[id(probes)]
+    silent = [await asyncio.open_connection("127.0.0.1", port) for _ in range(150)]
+    try:
+        answer = await get(probes, "/healthz")
+        assert answer.status_code == 200
+        await asyncio.sleep(0.2)
+        closed = [reader.at_eof() for reader, _ in silent]
+        assert sum(closed) >= 150 - health.MAX_WAITING
+        assert not any(closed[-health.MAX_WAITING + 1 :])  # the newest ones are kept
+    finally:
+        for _, writer in silent:
+            writer.close()
+
+
 @pytest.mark.parametrize(
     ("main", "variable", "program"),
     [

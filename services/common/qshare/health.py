@@ -30,6 +30,10 @@ READ_TIMEOUT_S = 5.0
 HEAD_LIMIT = 8192
 """Bytes of a request's head; a longer one is answered 431."""
 CLOSE_WAIT_S = 2.0
+MAX_WAITING = 64
+"""Connections whose request head has not come yet; a newer one closes the oldest of them,
+so silent clients (slowloris) cannot pile up the service's file descriptors while the
+kubelet's probe, which sends its head at once, is still served."""
 
 
 class HealthSettings(BaseModel):
@@ -124,6 +128,8 @@ class HealthServer:
         self._port = port
         self.setting = setting
         self._server: asyncio.Server | None = None
+        self._waiting: dict[asyncio.StreamWriter, None] = {}
+        """Connections waiting for their request head, oldest first."""
 
     @property
     def port(self) -> int:
@@ -152,8 +158,13 @@ class HealthServer:
         self._server = None
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._waiting[writer] = None
+        if len(self._waiting) > MAX_WAITING:
+            oldest = next(iter(self._waiting))
+            del self._waiting[oldest]
+            oldest.close()  # its head read ends at the EOF this gives
         try:
-            status, body, head_only = await self._answer(reader)
+            status, body, head_only = await self._answer(reader, writer)
             writer.write(response(status, body, head_only))
             await writer.drain()
         except (OSError, TimeoutError, asyncio.IncompleteReadError):
@@ -161,12 +172,16 @@ class HealthServer:
         finally:
             writer.close()
 
-    async def _answer(self, reader: asyncio.StreamReader) -> tuple[int, dict[str, Any], bool]:
+    async def _answer(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> tuple[int, dict[str, Any], bool]:
         try:
             async with asyncio.timeout(READ_TIMEOUT_S):
                 head = await reader.readuntil(b"\r\n\r\n")
         except asyncio.LimitOverrunError:
             return 431, {"error": f"request head over {HEAD_LIMIT} bytes"}, False
+        finally:
+            self._waiting.pop(writer, None)
         parts = head.split(b"\r\n", 1)[0].decode("latin-1").split(" ")
         if len(parts) != 3 or not parts[2].startswith("HTTP/"):
             return 400, {"error": "not an HTTP/1.x request line"}, False
