@@ -16,8 +16,9 @@ from typing import Any
 import httpx
 import pytest
 from sqlalchemy import make_url, text
-from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from qshare import health as health_module
 from qshare.service import Service, cancelled
 from qshare.testing.servers import EmbeddedNats, ServiceProcess, free_port
 from qshare_allocator.app import Allocator
@@ -246,3 +247,22 @@ async def test_the_allocator_process_serves_its_probes_on_the_pods_address(
     async with ServiceProcess("qshare_allocator", env, "serving"):
         await eventually(lambda: answers(port, "/readyz", 200))
         assert (await probe(port, "/healthz")).json()["checks"] == {"nats": "ok", "tasks": "ok"}
+
+
+async def test_a_burst_of_api_readiness_probes_asks_the_database_once(
+    api: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Probes that come together share one run of the checks (and one connection of the
+    API's pool, which its requests need), as the other services' probes do."""
+    asked = 0
+    real = health_module.schema_revision
+
+    async def counted(engine: AsyncEngine) -> str | None:
+        nonlocal asked
+        asked += 1
+        return await real(engine)
+
+    monkeypatch.setattr(health_module, "schema_revision", counted)
+    answers = await asyncio.gather(*(api.get("/readyz") for _ in range(20)))
+    assert [a.status_code for a in answers] == [200] * 20
+    assert asked <= 2

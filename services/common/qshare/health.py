@@ -69,7 +69,7 @@ class Probes:
         self.live: dict[str, Check] = {}
         self.ready: dict[str, Check] = {"serving": self._serving_check}
         self._state = "starting"
-        self._runs: dict[str, asyncio.Future[Verdict]] = {}
+        self._live, self._ready = Shared(), Shared()
 
     def serving(self) -> None:
         self._state = "serving"
@@ -81,18 +81,23 @@ class Probes:
         return None if self._state == "serving" else self._state
 
     async def liveness(self) -> Verdict:
-        return await self._shared("live", lambda: judge(self.live, "live", "not live"))
+        return await self._live(lambda: judge(self.live, "live", "not live"))
 
     async def readiness(self) -> Verdict:
-        return await self._shared("ready", lambda: judge(self.ready, "ready", "not ready"))
+        return await self._ready(lambda: judge(self.ready, "ready", "not ready"))
 
-    async def _shared(self, kind: str, run: Callable[[], Awaitable[Verdict]]) -> Verdict:
-        """The verdict of the run of `kind` under way, else of a new one; a probe that goes
-        away does not cancel the run the others wait for."""
-        task = self._runs.get(kind)
-        if task is None or task.done():
-            task = self._runs[kind] = asyncio.ensure_future(run())
-        return await asyncio.shield(task)
+
+class Shared:
+    """One run of some checks at a time: a probe that comes while one is under way gets its
+    verdict; one that goes away does not cancel the run the others wait for."""
+
+    def __init__(self) -> None:
+        self._run: asyncio.Future[Verdict] | None = None
+
+    async def __call__(self, run: Callable[[], Awaitable[Verdict]]) -> Verdict:
+        if self._run is None or self._run.done():
+            self._run = asyncio.ensure_future(run())
+        return await asyncio.shield(self._run)
 
 
 async def judge(checks: dict[str, Check], good: str, bad: str) -> Verdict:
