@@ -114,3 +114,24 @@ async def test_options_asyncpg_takes_connect(database_url: str, query: str) -> N
 def test_ipv6_hosts_quoted_passwords_and_socket_directories_are_kept(url: str, form: str) -> None:
     assert normalised(url) == form
     assert make_url(normalised(url)).password == make_url(url).password
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "mysql://qshare:pw1@pw2@db/qshare",  # an '@' in the password, not percent-encoded
+        "postgres://qshare:pw1@pw2@db/qshare?connect_timeout=3",
+        "qshare:pw1@db/qshare",  # no scheme
+        "host=db user=qshare password=pw1 dbname=qshare",  # libpq's keyword form
+        "mysql://db/qshare?password=pw1",
+    ],
+)
+def test_a_refused_url_never_shows_any_of_its_password(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    monkeypatch.setenv("QSHARE_API_DATABASE_URL", value)
+    with pytest.raises(SettingsError) as refused:
+        load(ApiSettings)
+    (line,) = refused.value.problems
+    assert line.startswith("QSHARE_API_DATABASE_URL=")
+    assert "pw" not in line, line

@@ -3,6 +3,7 @@ providers give them) turned into the SQLAlchemy asyncpg form the services connec
 
 from __future__ import annotations
 
+import re
 from typing import Annotated
 
 from pydantic import AfterValidator
@@ -48,11 +49,17 @@ def _asyncpg_query(query: dict[str, str | tuple[str, ...]]) -> dict[str, str | t
 
 
 def shown(url: str) -> str:
-    """`url` with its password hidden, for messages."""
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except (ArgumentError, ValueError):
-        return "(a value that is not a URL)" if "@" in url else repr(url)
+    """`url` with its password hidden, for messages; also where it is not a URL or its
+    password holds an '@' not percent-encoded (all up to the last '@' of the rest is hidden),
+    and libpq's `password=` (keyword form or query option)."""
+    scheme, sep, rest = url.partition("://") if "://" in url else ("", "", url)
+    userinfo, at, after = rest.rpartition("@")
+    if at and ":" in userinfo:
+        rest = f"{userinfo.split(':', 1)[0]}:***@{after}"
+    return _PASSWORD_OPTION.sub(r"\1***", scheme + sep + rest)
+
+
+_PASSWORD_OPTION = re.compile(r"(password=)[^&\s]*", re.IGNORECASE)
 
 
 def _parsed(url: str) -> URL:
