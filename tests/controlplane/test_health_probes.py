@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from qshare import health as health_module
 from qshare.service import Service, cancelled
-from qshare.testing.servers import EmbeddedNats, ServiceProcess, free_port
+from qshare.testing.servers import EmbeddedNats, EmbeddedPostgres, ServiceProcess, free_port
 from qshare_allocator.app import Allocator
 from qshare_allocator.migrate import upgrade
 from qshare_allocator.settings import AllocatorSettings
@@ -266,3 +266,24 @@ async def test_a_burst_of_api_readiness_probes_asks_the_database_once(
     answers = await asyncio.gather(*(api.get("/readyz") for _ in range(20)))
     assert [a.status_code for a in answers] == [200] * 20
     assert asked <= 2
+
+
+async def test_readiness_comes_back_after_postgres_restarts() -> None:
+    """A restart of Postgres fails readiness while it is down; the pool's connections it
+    broke do not keep it failing once Postgres is back."""
+    async with EmbeddedPostgres(durable=False) as server:
+        await upgrade(server.url)
+        engine = create_async_engine(server.url)
+        ready = health_module.database_ready(lambda: engine)
+        try:
+            assert await ready() is None
+            await server.stop()
+            assert (await ready() or "").startswith("unreachable: ")
+            await server.start()
+            await eventually(lambda: _holds(ready), within_s=15)
+        finally:
+            await engine.dispose()
+
+
+async def _holds(check: health_module.Check) -> bool:
+    return await check() is None
