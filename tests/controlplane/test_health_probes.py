@@ -287,3 +287,24 @@ async def test_readiness_comes_back_after_postgres_restarts() -> None:
 
 async def _holds(check: health_module.Check) -> bool:
     return await check() is None
+
+
+async def test_api_replicas_waiting_together_for_the_schema_store_the_token_once(
+    new_database: Database, bus: EmbeddedNats, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(bootstrap, "AGAIN_S", 0.02)
+    url = await new_database(False)
+    settings = ApiSettings(database_url=url, nats_url=bus.url, bootstrap_admin_token=ADMIN_TOKEN)
+    apps = [create_app(settings) for _ in range(3)]
+    async with AsyncExitStack() as stack:
+        clients = []
+        for app in apps:
+            await stack.enter_async_context(app.router.lifespan_context(app))
+            transport = httpx.ASGITransport(app=app)
+            client = httpx.AsyncClient(transport=transport, base_url="http://t")
+            clients.append(await stack.enter_async_context(client))
+        await upgrade(url)
+        for client in clients:
+            await eventually(lambda c=client: _ready(c))
+        listed = await clients[0].get("/v1/tokens", headers=auth(ADMIN_TOKEN))
+        assert [t["name"] for t in listed.json()] == ["bootstrap admin"]
