@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -103,3 +104,31 @@ def test_a_blank_bootstrap_token_is_refused_naming_the_variable(
     monkeypatch.setenv("QSHARE_API_BOOTSTRAP_ADMIN_TOKEN", "  ")
     with pytest.raises(SettingsError, match="QSHARE_API_BOOTSTRAP_ADMIN_TOKEN"):
         load(ApiSettings)
+
+
+async def test_a_failed_start_closes_its_nats_connection(
+    tmp_path: Path, bus_url: str, nats_auth: NatsAuth, database_url: str
+) -> None:
+    """What the start had opened before it failed is closed (the API in a process exits, but
+    one started in-process, as `qshare up` and the tests do, would keep a NATS client)."""
+    empty = tmp_path / "admin.token"
+    empty.write_text("")
+    settings = ApiSettings(
+        database_url=database_url, nats_url=bus_url, bootstrap_admin_token_file=empty,
+        **as_identity(nats_auth, ServiceRole.API),
+    )  # fmt: skip
+    before = _nats_tasks()
+    app = create_app(settings)
+    with pytest.raises(ValueError, match="is empty"):
+        async with app.router.lifespan_context(app):
+            pass
+    await asyncio.sleep(0.1)
+    assert _nats_tasks() - before == set()
+
+
+def _nats_tasks() -> set[asyncio.Task[object]]:
+    """The running tasks of NATS clients (their read loops, pings and flushers)."""
+    return {
+        task for task in asyncio.all_tasks()
+        if "/nats/" in getattr(getattr(task.get_coro(), "cr_code", None), "co_filename", "")
+    }  # fmt: skip

@@ -78,7 +78,12 @@ def _lifespan(
         reader = engine.execution_options(isolation_level="AUTOCOMMIT")
         limiter = RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst)
         app.state.resources = Resources(settings, engine, reader, nc, limiter)
-        app.state.bootstrap = await bootstrap_admin(engine, settings.bootstrap_secret())
+        try:
+            app.state.bootstrap = await bootstrap_admin(engine, settings.bootstrap_secret())
+        except BaseException:  # a failed start releases what it had opened
+            await bus.close(nc)
+            await engine.dispose()
+            raise
         app.state.readiness = Shared()  # the run of /readyz's checks probes share
         reaper = _start_reaper(app.state.resources) if settings.extender.enabled else None
         if own_process:
