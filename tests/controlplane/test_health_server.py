@@ -208,6 +208,17 @@ async def test_silent_clients_hold_no_more_than_a_bounded_number_of_sockets(
             writer.close()
 
 
+async def test_a_client_that_half_closes_after_its_request_still_gets_the_answer(
+    probes: Probes,
+) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", PORTS[id(probes)])
+    writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    writer.write_eof()
+    answer = await asyncio.wait_for(reader.read(), 5)
+    writer.close()
+    assert answer.startswith(b"HTTP/1.1 200 OK\r\n")
+
+
 @pytest.mark.parametrize(
     ("main", "variable", "program"),
     [
