@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import httpx
 import pytest
 
+from qshare.envsettings import SettingsError, load
 from qshare.natsauth import NatsAuth, ServiceRole
 from qshare.testing.servers import EmbeddedPostgres
 from qshare_allocator.migrate import upgrade
@@ -72,3 +75,60 @@ async def test_a_different_bootstrap_secret_later_is_ignored(
         assert (
             await api.get("/v1/nodes", headers=auth("qs_a_second_bootstrap_secret"))
         ).status_code == 401
+
+
+async def test_an_empty_bootstrap_token_file_stops_the_start_and_issues_nothing(
+    tmp_path: Path, bus_url: str, nats_auth: NatsAuth
+) -> None:
+    """An empty token file (a Secret whose generation was cut short) is refused naming the
+    variable; recorded as issued, it would have made the real token, once there, ignored."""
+    empty = tmp_path / "admin.token"
+    empty.write_text("\n")
+    async with EmbeddedPostgres(durable=False) as server:
+        await upgrade(server.url)
+        settings = ApiSettings(
+            database_url=server.url, nats_url=bus_url, bootstrap_admin_token_file=empty,
+            **as_identity(nats_auth, ServiceRole.API),
+        )  # fmt: skip
+        app = create_app(settings)
+        with pytest.raises(ValueError, match="QSHARE_API_BOOTSTRAP_ADMIN_TOKEN_FILE"):
+            async with app.router.lifespan_context(app):
+                pass
+        async with api_started(server.url, bus_url, SECRET, nats_auth) as api:
+            assert (await api.get("/v1/tokens", headers=auth(SECRET))).status_code == 200
+
+
+def test_a_blank_bootstrap_token_is_refused_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("QSHARE_API_BOOTSTRAP_ADMIN_TOKEN", "  ")
+    with pytest.raises(SettingsError, match="QSHARE_API_BOOTSTRAP_ADMIN_TOKEN"):
+        load(ApiSettings)
+
+
+async def test_a_failed_start_closes_its_nats_connection(
+    tmp_path: Path, bus_url: str, nats_auth: NatsAuth, database_url: str
+) -> None:
+    """What the start had opened before it failed is closed (the API in a process exits, but
+    one started in-process, as `qshare up` and the tests do, would keep a NATS client)."""
+    empty = tmp_path / "admin.token"
+    empty.write_text("")
+    settings = ApiSettings(
+        database_url=database_url, nats_url=bus_url, bootstrap_admin_token_file=empty,
+        **as_identity(nats_auth, ServiceRole.API),
+    )  # fmt: skip
+    before = _nats_tasks()
+    app = create_app(settings)
+    with pytest.raises(ValueError, match="is empty"):
+        async with app.router.lifespan_context(app):
+            pass
+    await asyncio.sleep(0.1)
+    assert _nats_tasks() - before == set()
+
+
+def _nats_tasks() -> set[asyncio.Task[object]]:
+    """The running tasks of NATS clients (their read loops, pings and flushers)."""
+    return {
+        task for task in asyncio.all_tasks()
+        if "/nats/" in getattr(getattr(task.get_coro(), "cr_code", None), "co_filename", "")
+    }  # fmt: skip

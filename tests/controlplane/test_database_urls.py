@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import pytest
 from pydantic_settings import BaseSettings
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import create_async_engine
 
-from qshare.envsettings import load
+from qshare.dburl import normalised
+from qshare.envsettings import SettingsError, load
 from qshare_allocator.__main__ import main as allocator
 from qshare_allocator.settings import AllocatorSettings
 from qshare_api.__main__ import main as api
@@ -64,3 +68,70 @@ def test_the_allocator_migrates_through_a_postgres_url(
     assert scheme == "postgresql+asyncpg"
     monkeypatch.setenv("QSHARE_ALLOCATOR_DATABASE_URL", f"postgres://{rest}")
     assert allocator(["migrate"]) == 0
+
+
+@pytest.mark.parametrize("option", ["connect_timeout=10", "application_name=qs", "options=-c"])
+def test_a_libpq_option_asyncpg_cannot_take_is_refused_at_start_naming_it(
+    monkeypatch: pytest.MonkeyPatch, option: str
+) -> None:
+    monkeypatch.setenv("QSHARE_API_DATABASE_URL", f"postgres://u:hush@db/q?{option}")
+    with pytest.raises(SettingsError) as refused:
+        load(ApiSettings)
+    (line,) = refused.value.problems
+    assert line.startswith("QSHARE_API_DATABASE_URL=")
+    assert f"?{option.partition('=')[0]}=" in line and "hush" not in line
+
+
+def test_both_sslmode_and_ssl_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("QSHARE_API_DATABASE_URL", "postgres://u:p@db/q?sslmode=require&ssl=true")
+    with pytest.raises(SettingsError, match="sslmode"):
+        load(ApiSettings)
+
+
+@pytest.mark.parametrize(
+    "query", ["", "&sslmode=disable", "&target_session_attrs=read-write", "&ssl=disable"]
+)
+async def test_options_asyncpg_takes_connect(database_url: str, query: str) -> None:
+    _, _, rest = database_url.partition("://")
+    assert "?host=" in rest  # the test server listens on a unix socket: ?host=/its/dir
+    engine = create_async_engine(normalised(f"postgres://{rest}{query}"))
+    try:
+        async with engine.connect() as conn:
+            assert await conn.scalar(text("SELECT 1")) == 1
+    finally:
+        await engine.dispose()
+
+
+@pytest.mark.parametrize(
+    ("url", "form"),
+    [
+        ("postgres://u:p@[::1]:5432/q", "postgresql+asyncpg://u:p@[::1]:5432/q"),
+        ("postgres://u:p%40s%3As%2F%23@h/q", "postgresql+asyncpg://u:p%40s%3As%2F%23@h/q"),
+        ("postgres://u@/q?host=/var/run/postgresql",
+         "postgresql+asyncpg://u@/q?host=%2Fvar%2Frun%2Fpostgresql"),
+    ],
+)  # fmt: skip
+def test_ipv6_hosts_quoted_passwords_and_socket_directories_are_kept(url: str, form: str) -> None:
+    assert normalised(url) == form
+    assert make_url(normalised(url)).password == make_url(url).password
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "mysql://qshare:pw1@pw2@db/qshare",  # an '@' in the password, not percent-encoded
+        "postgres://qshare:pw1@pw2@db/qshare?connect_timeout=3",
+        "qshare:pw1@db/qshare",  # no scheme
+        "host=db user=qshare password=pw1 dbname=qshare",  # libpq's keyword form
+        "mysql://db/qshare?password=pw1",
+    ],
+)
+def test_a_refused_url_never_shows_any_of_its_password(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    monkeypatch.setenv("QSHARE_API_DATABASE_URL", value)
+    with pytest.raises(SettingsError) as refused:
+        load(ApiSettings)
+    (line,) = refused.value.problems
+    assert line.startswith("QSHARE_API_DATABASE_URL=")
+    assert "pw" not in line, line

@@ -16,10 +16,11 @@ from typing import Any
 import httpx
 import pytest
 from sqlalchemy import make_url, text
-from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from qshare import health as health_module
 from qshare.service import Service, cancelled
-from qshare.testing.servers import EmbeddedNats, ServiceProcess, free_port
+from qshare.testing.servers import EmbeddedNats, EmbeddedPostgres, ServiceProcess, free_port
 from qshare_allocator.app import Allocator
 from qshare_allocator.migrate import upgrade
 from qshare_allocator.settings import AllocatorSettings
@@ -246,3 +247,64 @@ async def test_the_allocator_process_serves_its_probes_on_the_pods_address(
     async with ServiceProcess("qshare_allocator", env, "serving"):
         await eventually(lambda: answers(port, "/readyz", 200))
         assert (await probe(port, "/healthz")).json()["checks"] == {"nats": "ok", "tasks": "ok"}
+
+
+async def test_a_burst_of_api_readiness_probes_asks_the_database_once(
+    api: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Probes that come together share one run of the checks (and one connection of the
+    API's pool, which its requests need), as the other services' probes do."""
+    asked = 0
+    real = health_module.schema_revision
+
+    async def counted(engine: AsyncEngine) -> str | None:
+        nonlocal asked
+        asked += 1
+        return await real(engine)
+
+    monkeypatch.setattr(health_module, "schema_revision", counted)
+    answers = await asyncio.gather(*(api.get("/readyz") for _ in range(20)))
+    assert [a.status_code for a in answers] == [200] * 20
+    assert asked <= 2
+
+
+async def test_readiness_comes_back_after_postgres_restarts() -> None:
+    """A restart of Postgres fails readiness while it is down; the pool's connections it
+    broke do not keep it failing once Postgres is back."""
+    async with EmbeddedPostgres(durable=False) as server:
+        await upgrade(server.url)
+        engine = create_async_engine(server.url)
+        ready = health_module.database_ready(lambda: engine)
+        try:
+            assert await ready() is None
+            await server.stop()
+            assert (await ready() or "").startswith("unreachable: ")
+            await server.start()
+            await eventually(lambda: _holds(ready), within_s=15)
+        finally:
+            await engine.dispose()
+
+
+async def _holds(check: health_module.Check) -> bool:
+    return await check() is None
+
+
+async def test_api_replicas_waiting_together_for_the_schema_store_the_token_once(
+    new_database: Database, bus: EmbeddedNats, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(bootstrap, "AGAIN_S", 0.02)
+    url = await new_database(False)
+    settings = ApiSettings(database_url=url, nats_url=bus.url, bootstrap_admin_token=ADMIN_TOKEN)
+    apps = [create_app(settings) for _ in range(3)]
+    async with AsyncExitStack() as stack:
+        clients = []
+        for app in apps:
+            await stack.enter_async_context(app.router.lifespan_context(app))
+            transport = httpx.ASGITransport(app=app)
+            client = httpx.AsyncClient(transport=transport, base_url="http://t")
+            clients.append(await stack.enter_async_context(client))
+        await upgrade(url)
+        for client in clients:
+            await eventually(lambda c=client: _ready(c))
+        listed = await clients[0].get("/v1/tokens", headers=auth(ADMIN_TOKEN))
+        assert [t["name"] for t in listed.json()] == ["bootstrap admin"]

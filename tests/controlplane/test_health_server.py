@@ -159,6 +159,66 @@ async def test_the_server_answers_others_while_a_client_sends_nothing(probes: Pr
         silent.close()
 
 
+async def test_probes_that_come_together_share_one_run_of_the_checks(probes: Probes) -> None:
+    """A burst of probes costs the database one connection, not one per probe (the checks
+    share the service's own pool)."""
+    runs = 0
+
+    async def counted() -> str | None:
+        nonlocal runs
+        runs += 1
+        await asyncio.sleep(1.0)
+        return None
+
+    probes.serving()
+    probes.ready["database"] = counted
+    answers = await asyncio.gather(*(get(probes, "/readyz") for _ in range(20)))
+    assert [a.status_code for a in answers] == [200] * 20
+    assert runs <= 2
+
+
+async def test_a_probe_after_a_run_ended_runs_the_checks_again(probes: Probes) -> None:
+    states = iter(["down", None])
+
+    async def flips() -> str | None:
+        return next(states)
+
+    probes.serving()
+    probes.ready["database"] = flips
+    assert (await get(probes, "/readyz")).status_code == 503
+    assert (await get(probes, "/readyz")).status_code == 200
+
+
+async def test_silent_clients_hold_no_more_than_a_bounded_number_of_sockets(
+    probes: Probes,
+) -> None:
+    """Clients that connect and send nothing (slowloris) cannot pile up the service's file
+    descriptors: past the limit, the longest waiting is closed, and a probe is still served."""
+    port = PORTS[id(probes)]
+    silent = [await asyncio.open_connection("127.0.0.1", port) for _ in range(150)]
+    try:
+        answer = await get(probes, "/healthz")
+        assert answer.status_code == 200
+        await asyncio.sleep(0.2)
+        closed = [reader.at_eof() for reader, _ in silent]
+        assert sum(closed) >= 150 - health.MAX_WAITING
+        assert not any(closed[-health.MAX_WAITING + 1 :])  # the newest ones are kept
+    finally:
+        for _, writer in silent:
+            writer.close()
+
+
+async def test_a_client_that_half_closes_after_its_request_still_gets_the_answer(
+    probes: Probes,
+) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", PORTS[id(probes)])
+    writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    writer.write_eof()
+    answer = await asyncio.wait_for(reader.read(), 5)
+    writer.close()
+    assert answer.startswith(b"HTTP/1.1 200 OK\r\n")
+
+
 @pytest.mark.parametrize(
     ("main", "variable", "program"),
     [

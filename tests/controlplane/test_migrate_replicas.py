@@ -12,6 +12,9 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from qshare.testing.servers import EmbeddedPostgres
 
+MIGRATION_LOCK = 0x7173_6D67
+"""migrations/env.py's advisory lock key (env.py is not importable: Alembic runs it)."""
+
 
 async def migrate(url: str) -> tuple[int, bytes]:
     """`python -m qshare_allocator migrate`, as the init container runs it."""
@@ -33,3 +36,24 @@ async def test_replicas_migrating_an_empty_database_together_all_succeed() -> No
         await engine.dispose()
     assert [code for code, _ in results] == [0, 0, 0], [err[-300:] for _, err in results]
     assert len(versions) == 1
+
+
+async def test_a_migration_waits_for_the_lock_before_touching_the_schema() -> None:
+    """The lock is taken before the first statement of the upgrade (alembic_version is not
+    even created while another migration holds it), and the upgrade goes on once it is freed,
+    as it is when the holder's session ends (a migration killed midway)."""
+    async with EmbeddedPostgres(durable=False) as server:
+        engine = create_async_engine(server.url)
+        try:
+            async with engine.connect() as holder:
+                await holder.execute(text(f"SELECT pg_advisory_lock({MIGRATION_LOCK})"))
+                waiting = asyncio.create_task(migrate(server.url))
+                await asyncio.sleep(3.0)
+                assert not waiting.done()
+                found = await holder.scalar(text("SELECT to_regclass('alembic_version')"))
+                assert found is None
+            await engine.dispose()  # ends the holder's session, and with it its lock
+            code, err = await asyncio.wait_for(waiting, 60)
+            assert code == 0, err[-300:]
+        finally:
+            await engine.dispose()

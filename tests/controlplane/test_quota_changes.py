@@ -3,6 +3,8 @@ others; PUT still sets the whole quota (a limit it leaves out is no limit)."""
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 
 from tests.controlplane.conftest import ADMIN_TOKEN, auth
@@ -47,3 +49,14 @@ async def test_a_patch_with_a_bad_limit_is_422_naming_it(api: httpx.AsyncClient)
     refused = await api.patch("/v1/quotas/t-b", json={"cards": -1}, headers=ADMIN)
     assert refused.status_code == 422
     assert [e["field"] for e in refused.json()["errors"]] == ["cards"]
+
+
+async def test_patches_of_different_limits_at_once_lose_neither(api: httpx.AsyncClient) -> None:
+    patches = [{"cards": 3}, {"pending": 5}, {"memory": "4Gi"}] * 4
+    answers = await asyncio.gather(
+        *(api.patch("/v1/quotas/t-race", json=body, headers=ADMIN) for body in patches)
+    )
+    assert {a.status_code for a in answers} == {200}
+    assert await _quota(api, "t-race") == {
+        "tenant": "t-race", "memory_mib": 4096, "cards": 3, "pending": 5
+    }  # fmt: skip

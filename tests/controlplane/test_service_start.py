@@ -3,10 +3,14 @@ the server at fault, never a traceback."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from qshare.natsauth import NatsAuth, ServiceRole, identity_env
 from qshare.testing.servers import free_port
 from qshare_allocator.__main__ import main as allocator
 from qshare_preemptor.__main__ import main as preemptor
@@ -47,3 +51,24 @@ def test_a_preemptor_database_url_that_is_not_postgres_gets_the_form_it_takes(
     err = capsys.readouterr().err
     assert "qshare preemptor: QSHARE_PREEMPTOR_DATABASE_URL=" in err and "hush" not in err
     assert "the form is postgresql://USER:PASSWORD@HOST" in err
+
+
+def test_an_api_whose_start_fails_exits_non_zero(
+    tmp_path: Path, bus_url: str, nats_auth: NatsAuth, database_url: str
+) -> None:
+    """A failure of the API's start (here: its bootstrap token file is missing) ends the
+    process with a non-zero status, so that Kubernetes and scripts see it failed."""
+    missing = tmp_path / "admin.token"
+    env = dict(
+        os.environ,
+        QSHARE_API_NATS_URL=bus_url,
+        QSHARE_API_DATABASE_URL=database_url,
+        QSHARE_API_PORT=str(free_port()),
+        QSHARE_API_BOOTSTRAP_ADMIN_TOKEN_FILE=str(missing),
+        **identity_env("QSHARE_API_", nats_auth.credentials(ServiceRole.API)),
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "qshare_api"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode != 0, done.stderr[-2000:]
+    assert str(missing) in done.stderr

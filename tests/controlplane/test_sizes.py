@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from qshare.contracts.quantities import format_mib
+from qshare.contracts.quantities import format_mib, parse_mib
 
 
 @pytest.mark.parametrize(
@@ -16,3 +16,13 @@ from qshare.contracts.quantities import format_mib
 )  # fmt: skip
 def test_a_size_is_shown_in_the_largest_unit_that_shows_it_exactly(mib: int, shown: str) -> None:
     assert format_mib(mib) == shown
+
+
+def test_every_size_shown_reads_back_as_exactly_itself() -> None:
+    """No rounding: 1535 MiB is never shown as 1.5 GiB (checked for every size up to 4 GiB
+    and around a TiB)."""
+    sizes = [*range(1, 4 * 1024), *range((1 << 20) - 1024, (1 << 20) + 1024)]
+    for mib in sizes:
+        number, unit = format_mib(mib).split(" ")
+        read = int(number) if unit == "MiB" else parse_mib(number + unit.removesuffix("B"))
+        assert read == mib, format_mib(mib)

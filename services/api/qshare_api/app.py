@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from qshare import bus
 from qshare.contracts.tracing import flush_tracing, setup_tracing
+from qshare.health import Shared
 from qshare.service import settle_heap
 from qshare_api import health, problems
 from qshare_api.bootstrap import bootstrap_admin
@@ -77,7 +78,13 @@ def _lifespan(
         reader = engine.execution_options(isolation_level="AUTOCOMMIT")
         limiter = RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst)
         app.state.resources = Resources(settings, engine, reader, nc, limiter)
-        app.state.bootstrap = await bootstrap_admin(engine, settings.bootstrap_secret())
+        try:
+            app.state.bootstrap = await bootstrap_admin(engine, settings.bootstrap_secret())
+        except BaseException:  # a failed start releases what it had opened
+            await bus.close(nc)
+            await engine.dispose()
+            raise
+        app.state.readiness = Shared()  # the run of /readyz's checks probes share
         reaper = _start_reaper(app.state.resources) if settings.extender.enabled else None
         if own_process:
             settle_heap()

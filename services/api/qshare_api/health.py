@@ -43,7 +43,8 @@ async def readyz(request: Request, res: Annotated[Resources, Depends(resources)]
         "database": health.database_ready(lambda: res.reader),
         "bootstrap": admin_token,
     }
-    verdict = await health.judge(checks, "ready", "not ready")
+    shared: health.Shared = request.app.state.readiness
+    verdict = await shared(lambda: health.judge(checks, "ready", "not ready"))
     if verdict.failing:
         reasons = "; ".join(f"{name}: {verdict.checks[name]}" for name in verdict.failing)
         raise Unavailable(f"not ready: {reasons}")

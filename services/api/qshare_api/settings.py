@@ -5,11 +5,12 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from qshare.bus import BusIdentity, BusOptions
 from qshare.dburl import DatabaseUrl
+from qshare.envsettings import env_names
 from qshare.natsauth import ServiceRole
 from qshare.settings import ClusterSettings
 from qshare_api.extender.settings import ExtenderSettings
@@ -44,6 +45,13 @@ class ApiSettings(BaseSettings, BusIdentity):
     cluster: ClusterSettings = Field(default_factory=ClusterSettings)
     extender: ExtenderSettings = Field(default_factory=ExtenderSettings)
 
+    @field_validator("bootstrap_admin_token")
+    @classmethod
+    def _not_blank(cls, token: SecretStr | None) -> SecretStr | None:
+        if token is not None and not token.get_secret_value().strip():
+            raise ValueError("is blank; leave it unset for no bootstrap admin token")
+        return token
+
     def bus(self, name: str) -> BusOptions:
         """How this service connects to NATS, as `name`."""
         return self.bus_as(name, ServiceRole.API)
@@ -53,5 +61,9 @@ class ApiSettings(BaseSettings, BusIdentity):
         if self.bootstrap_admin_token is not None:
             return self.bootstrap_admin_token.get_secret_value()
         if self.bootstrap_admin_token_file is not None:
-            return self.bootstrap_admin_token_file.read_text().strip()
+            token = self.bootstrap_admin_token_file.read_text().strip()
+            if not token:  # stored, it would count as issued and the real one be ignored
+                variable = env_names(type(self), "bootstrap_admin_token_file")[0]
+                raise ValueError(f"{variable}={self.bootstrap_admin_token_file} is empty")
+            return token
         return None

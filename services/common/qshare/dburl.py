@@ -3,6 +3,7 @@ providers give them) turned into the SQLAlchemy asyncpg form the services connec
 
 from __future__ import annotations
 
+import re
 from typing import Annotated
 
 from pydantic import AfterValidator
@@ -23,18 +24,42 @@ def normalised(url: str) -> str:
     parsed = _parsed(url)
     if parsed.drivername not in SCHEMES:
         raise ValueError(f"{parsed.drivername}:// is not a Postgres URL; the form is {FORM}")
-    query = dict(parsed.query)
-    if "sslmode" in query and "ssl" not in query:
-        query["ssl"] = query.pop("sslmode")
+    query = _asyncpg_query(dict(parsed.query))
     return parsed.set(drivername=DRIVER, query=query).render_as_string(hide_password=False)
 
 
+TAKEN = ("host", "port", "ssl", "target_session_attrs", "passfile", "krbsrvname", "gsslib",
+         "prepared_statement_cache_size")  # fmt: skip
+"""The URL options the asyncpg driver takes (SQLAlchemy hands each to `asyncpg.connect` as
+a keyword: any other one would fail every connection with a TypeError)."""
+
+
+def _asyncpg_query(query: dict[str, str | tuple[str, ...]]) -> dict[str, str | tuple[str, ...]]:
+    if "sslmode" in query:
+        if "ssl" in query:
+            raise ValueError("?sslmode= and ?ssl= both given; keep one")
+        query["ssl"] = query.pop("sslmode")
+    refused = sorted(set(query) - set(TAKEN))
+    if refused:
+        raise ValueError(
+            f"{', '.join(f'?{name}=' for name in refused)}: not an option the asyncpg driver "
+            f"takes from a URL; it takes {', '.join(TAKEN)} and sslmode (as ssl)"
+        )
+    return query
+
+
 def shown(url: str) -> str:
-    """`url` with its password hidden, for messages."""
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except (ArgumentError, ValueError):
-        return "(a value that is not a URL)" if "@" in url else repr(url)
+    """`url` with its password hidden, for messages; also where it is not a URL or its
+    password holds an '@' not percent-encoded (all up to the last '@' of the rest is hidden),
+    and libpq's `password=` (keyword form or query option)."""
+    scheme, sep, rest = url.partition("://") if "://" in url else ("", "", url)
+    userinfo, at, after = rest.rpartition("@")
+    if at and ":" in userinfo:
+        rest = f"{userinfo.split(':', 1)[0]}:***@{after}"
+    return _PASSWORD_OPTION.sub(r"\1***", scheme + sep + rest)
+
+
+_PASSWORD_OPTION = re.compile(r"(password=)[^&\s]*", re.IGNORECASE)
 
 
 def _parsed(url: str) -> URL:

@@ -137,7 +137,7 @@ def _set_in_environment(names: list[str]) -> str | None:
 def _shown(field: FieldInfo, value: Any) -> str:
     if "SecretStr" in str(field.annotation) or isinstance(value, SecretStr):
         return "'**********'"
-    if isinstance(value, str) and "://" in value and "@" in value:  # a URL's password
+    if isinstance(value, str) and ("@" in value or "password" in value.lower()):  # a URL's
         return repr(dburl.shown(value))
     return repr(value)
 

@@ -30,6 +30,10 @@ READ_TIMEOUT_S = 5.0
 HEAD_LIMIT = 8192
 """Bytes of a request's head; a longer one is answered 431."""
 CLOSE_WAIT_S = 2.0
+MAX_WAITING = 64
+"""Connections whose request head has not come yet; a newer one closes the oldest of them,
+so silent clients (slowloris) cannot pile up the service's file descriptors while the
+kubelet's probe, which sends its head at once, is still served."""
 
 
 class HealthSettings(BaseModel):
@@ -57,12 +61,15 @@ class Verdict(BaseModel):
 
 class Probes:
     """What a service's /healthz (`live`) and /readyz (`ready`) check. Readiness also waits
-    for `serving()`, called once start-up is over; `stopping()` ends it again."""
+    for `serving()`, called once start-up is over; `stopping()` ends it again. Probes that
+    come while a run of the same checks is under way share its verdict, so a burst of probes
+    costs the database one connection of the service's pool, not one each."""
 
     def __init__(self) -> None:
         self.live: dict[str, Check] = {}
         self.ready: dict[str, Check] = {"serving": self._serving_check}
         self._state = "starting"
+        self._live, self._ready = Shared(), Shared()
 
     def serving(self) -> None:
         self._state = "serving"
@@ -74,10 +81,23 @@ class Probes:
         return None if self._state == "serving" else self._state
 
     async def liveness(self) -> Verdict:
-        return await judge(self.live, "live", "not live")
+        return await self._live(lambda: judge(self.live, "live", "not live"))
 
     async def readiness(self) -> Verdict:
-        return await judge(self.ready, "ready", "not ready")
+        return await self._ready(lambda: judge(self.ready, "ready", "not ready"))
+
+
+class Shared:
+    """One run of some checks at a time: a probe that comes while one is under way gets its
+    verdict; one that goes away does not cancel the run the others wait for."""
+
+    def __init__(self) -> None:
+        self._run: asyncio.Future[Verdict] | None = None
+
+    async def __call__(self, run: Callable[[], Awaitable[Verdict]]) -> Verdict:
+        if self._run is None or self._run.done():
+            self._run = asyncio.ensure_future(run())
+        return await asyncio.shield(self._run)
 
 
 async def judge(checks: dict[str, Check], good: str, bad: str) -> Verdict:
@@ -113,6 +133,8 @@ class HealthServer:
         self._port = port
         self.setting = setting
         self._server: asyncio.Server | None = None
+        self._waiting: dict[asyncio.StreamWriter, None] = {}
+        """Connections waiting for their request head, oldest first."""
 
     @property
     def port(self) -> int:
@@ -141,8 +163,13 @@ class HealthServer:
         self._server = None
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._waiting[writer] = None
+        if len(self._waiting) > MAX_WAITING:
+            oldest = next(iter(self._waiting))
+            del self._waiting[oldest]
+            oldest.close()  # its head read ends at the EOF this gives
         try:
-            status, body, head_only = await self._answer(reader)
+            status, body, head_only = await self._answer(reader, writer)
             writer.write(response(status, body, head_only))
             await writer.drain()
         except (OSError, TimeoutError, asyncio.IncompleteReadError):
@@ -150,12 +177,16 @@ class HealthServer:
         finally:
             writer.close()
 
-    async def _answer(self, reader: asyncio.StreamReader) -> tuple[int, dict[str, Any], bool]:
+    async def _answer(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> tuple[int, dict[str, Any], bool]:
         try:
             async with asyncio.timeout(READ_TIMEOUT_S):
                 head = await reader.readuntil(b"\r\n\r\n")
         except asyncio.LimitOverrunError:
             return 431, {"error": f"request head over {HEAD_LIMIT} bytes"}, False
+        finally:
+            self._waiting.pop(writer, None)
         parts = head.split(b"\r\n", 1)[0].decode("latin-1").split(" ")
         if len(parts) != 3 or not parts[2].startswith("HTTP/"):
             return 400, {"error": "not an HTTP/1.x request line"}, False

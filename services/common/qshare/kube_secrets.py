@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from qshare import natsauth
@@ -98,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
         path = write_kustomization(args.directory, args.node)
     except ValueError as error:  # a node name that is not one
         parser.error(str(error))
+    except OSError as error:  # a directory it cannot make or write
+        print(f"{parser.prog}: cannot write {args.directory}: {error}", file=sys.stderr)
+        return 1
     nodes = len(node_users(args.directory))
     print(f"{path}: NATS identities of every service and {nodes} node(s), the admin token")
     return 0

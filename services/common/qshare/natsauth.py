@@ -231,7 +231,9 @@ class NatsAuth:
 
     def save(self, directory: Path, tls: ServerTls | None = None) -> None:
         """Write `<user>.password` files and `nats.conf`, readable by the owner only."""
-        directory.mkdir(parents=True, exist_ok=True)
+        if not directory.exists():
+            directory.mkdir(parents=True)
+            directory.chmod(0o700)  # its names (nodes) are nobody else's business either
         for user, password in self._passwords.items():
             _write_secret(directory / f"{user}.password", password)
         _write_secret(directory / CONFIG_FILE, self.server_config(tls))
@@ -239,7 +241,8 @@ class NatsAuth:
     @classmethod
     def load(cls, directory: Path) -> NatsAuth:
         found = {p.stem: p.read_text().strip() for p in directory.glob("*.password")}
-        return cls(found)
+        # an empty file (a write interrupted before `_write_secret` was atomic) is no password
+        return cls({user: password for user, password in found.items() if password})
 
 
 def nats_credentials(
@@ -279,8 +282,9 @@ def init_secrets(directory: Path, nodes: list[str], owner: int | None = None) ->
         auth.add_node(node)
     auth.save(directory)
     token = directory / ADMIN_TOKEN_FILE
-    if not token.exists():
+    if not token.exists() or not token.read_text().strip():
         _write_secret(token, "qs_" + secrets.token_urlsafe(32))
+    token.chmod(0o600)
     if owner is not None:
         for path in [directory, *directory.iterdir()]:
             os.chown(path, owner, owner)
@@ -336,9 +340,21 @@ def _password() -> str:
 
 
 def _write_secret(path: Path, content: str) -> None:
-    path.touch(mode=0o600, exist_ok=True)
-    path.chmod(0o600)
-    path.write_text(content + "\n")
+    """`content` in `path`, owner-only from its first byte, whole or not at all: it is
+    written to a new file beside it that then replaces it (a run stopped midway leaves the
+    old file or the new one, never a part)."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "w") as out:
+            out.write(content + "\n")
+            out.flush()
+            os.fsync(out.fileno())
+        os.chmod(partial, 0o600)
+        os.replace(partial, path)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
 
 
 if __name__ == "__main__":
