@@ -13,48 +13,29 @@ rather than from a copy of its earlier allocation.
 
 from __future__ import annotations
 
-import logging
 import threading
 from typing import Any
 
-from qshare_node_agent.kubernetes.apiserver import ApiError, KubeApi, Watch
+from qshare_node_agent.kubernetes.apiserver import KubeApi, Watch
+from qshare_node_agent.kubernetes.list_watch import ListWatch
 
-log = logging.getLogger(__name__)
 WATCH_S = 300  # one watch request's length; the next continues from the last version seen
 RETRY_S = 1.0
 MAX_RETRY_S = 30.0
-GONE = 410
 
 
-class ClaimCache:
+class ClaimCache(ListWatch):
     """`start()` / `stop()`; `get` is thread-safe."""
 
     def __init__(self, api: KubeApi, watch_s: int = WATCH_S, retry_s: float = RETRY_S) -> None:
+        super().__init__("ResourceClaims", retry_s, MAX_RETRY_S)
         self._api = api
         self._watch_s = watch_s
-        self._retry_s = retry_s
         self._claims: dict[tuple[str, str], dict[str, Any]] = {}
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._watch: Watch | None = None
-        self._thread: threading.Thread | None = None
         self.synced = threading.Event()  # set once the first LIST is held
         self.hits = 0
         self.misses = 0
-
-    def start(self) -> None:
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name="claim watch", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        with self._lock:
-            if self._watch is not None:
-                self._watch.close()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
 
     def holds(self, namespace: str, name: str, uid: str) -> bool:
         """Whether `get` would answer the claim now (counting nothing)."""
@@ -80,20 +61,6 @@ class ClaimCache:
             for key in [k for k, c in self._claims.items() if _uid(c) == uid]:
                 del self._claims[key]
 
-    def _run(self) -> None:
-        delay = self._retry_s  # doubles while listing keeps failing (an API server down)
-        while not self._stop.is_set():
-            try:
-                version = self._relist()
-                delay = self._retry_s
-                while not self._stop.is_set():
-                    version = self._follow(version)
-            except ApiError as exc:
-                if exc.status != GONE and not self._stop.is_set():
-                    log.warning("watching ResourceClaims failed (%s); listing again", exc)
-                    self._stop.wait(delay)
-                    delay = min(delay * 2, MAX_RETRY_S)
-
     def _relist(self) -> str:
         items, version = self._api.resource_claims()
         held = {_key(c): c for c in items}
@@ -102,16 +69,8 @@ class ClaimCache:
         self.synced.set()
         return version
 
-    def _follow(self, version: str) -> str:
-        """One watch from `version` until the server ends it; returns the last version."""
-        watch = self._api.watch_resource_claims(version, self._watch_s)
-        with self._lock:
-            self._watch = watch
-        if self._stop.is_set():
-            watch.close()
-        for event in watch:
-            version = self._apply(event) or version
-        return version
+    def _open(self, version: str) -> Watch:
+        return self._api.watch_resource_claims(version, self._watch_s)
 
     def _apply(self, event: dict[str, Any]) -> str:
         claim = event["object"]
