@@ -23,6 +23,7 @@ from pathlib import Path
 
 from pydantic import SecretStr
 
+from qshare import atomic_file
 from qshare.contracts import subjects
 from qshare.contracts.nodes import NODE_NAME_MAX, NODE_NAME_PATTERN
 
@@ -340,21 +341,12 @@ def _password() -> str:
 
 
 def _write_secret(path: Path, content: str) -> None:
-    """`content` in `path`, owner-only from its first byte, whole or not at all: it is
-    written to a new file beside it that then replaces it (a run stopped midway leaves the
-    old file or the new one, never a part)."""
+    """`content` in `path`, owner-only from its first byte, whole or not at all (a run stopped
+    midway leaves the old file or the new one, never a part)."""
     partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        with os.fdopen(fd, "w") as out:
-            out.write(content + "\n")
-            out.flush()
-            os.fsync(out.fileno())
-        os.chmod(partial, 0o600)
-        os.replace(partial, path)
-    except BaseException:
-        partial.unlink(missing_ok=True)
-        raise
+    atomic_file.replace(
+        str(path), str(partial), (content + "\n").encode(), durable=True, mode=0o600
+    )
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from qshare_node_agent.kubernetes import atomic_file
+from qshare import atomic_file
 from qshare_node_agent.kubernetes.backend import LocalVgpu
 
 # The oldest CDI version holding what we write (env, mounts without a type, device nodes by

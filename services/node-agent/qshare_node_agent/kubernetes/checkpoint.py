@@ -17,8 +17,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
+from qshare import atomic_file
 from qshare.contracts.domain import Priority
-from qshare_node_agent.kubernetes import atomic_file
 
 VERSION = 1
 
