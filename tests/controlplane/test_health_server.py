@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import httpx
 import pytest
@@ -19,9 +19,7 @@ from qshare.testing.servers import free_port
 from qshare_allocator.__main__ import main as allocator_main
 from qshare_allocator.app import Allocator
 from qshare_allocator.settings import AllocatorSettings
-from qshare_node_agent.__main__ import main as agent_main
 from qshare_node_agent.settings import NodeAgentSettings
-from qshare_preemptor.__main__ import main as preemptor_main
 from qshare_preemptor.settings import PreemptorSettings
 
 
@@ -217,28 +215,6 @@ async def test_a_client_that_half_closes_after_its_request_still_gets_the_answer
     answer = await asyncio.wait_for(reader.read(), 5)
     writer.close()
     assert answer.startswith(b"HTTP/1.1 200 OK\r\n")
-
-
-@pytest.mark.parametrize(
-    ("main", "variable", "program"),
-    [
-        (allocator_main, "QSHARE_ALLOCATOR_HEALTH_PORT", "qshare allocator"),
-        (preemptor_main, "QSHARE_PREEMPTOR_HEALTH_PORT", "qshare preemptor"),
-        (agent_main, "QSHARE_NODE_HEALTH_PORT", "qshare node agent"),
-    ],
-)
-def test_a_health_port_out_of_range_stops_the_service_naming_the_variable(
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-    main: Callable[[list[str]], int],
-    variable: str,
-    program: str,
-) -> None:
-    monkeypatch.setenv(variable, "70000")
-    assert main([]) == 2
-    assert capsys.readouterr().err.splitlines() == [
-        f"{program}: {variable}='70000': Input should be less than or equal to 65535"
-    ]
 
 
 @pytest.mark.parametrize(

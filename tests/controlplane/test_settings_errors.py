@@ -62,6 +62,12 @@ def test_a_required_variable_that_is_not_set_is_named(monkeypatch: pytest.Monkey
         (allocator_main, "OTEL_TRACES_EXPORTER", "zipkin",
          "qshare allocator: OTEL_TRACES_EXPORTER='zipkin': Input should be 'otlp', 'console' "
          "or 'none'"),
+        *[(main, variable, "70000",
+           f"{program}: {variable}='70000': Input should be less than or equal to 65535")
+          for main, variable, program in [
+              (allocator_main, "QSHARE_ALLOCATOR_HEALTH_PORT", "qshare allocator"),
+              (preemptor_main, "QSHARE_PREEMPTOR_HEALTH_PORT", "qshare preemptor"),
+              (agent_main, "QSHARE_NODE_HEALTH_PORT", "qshare node agent")]],
     ],
 )  # fmt: skip
 def test_a_service_with_a_bad_variable_exits_with_one_line_naming_it(
