@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +18,7 @@ import httpx
 import nats
 import pytest
 from nats.js.api import ConsumerConfig, DeliverPolicy
-from sqlalchemy import make_url, text
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from qshare.contracts import subjects
@@ -51,18 +50,10 @@ class Cluster:
 
 
 @pytest.fixture
-async def own_database(database_url: str) -> AsyncIterator[str]:
+async def own_database(scratch_url: str) -> str:
     """A fresh, migrated database on the session's Postgres server."""
-    name = f"nats_restart_{uuid.uuid4().hex[:8]}"
-    admin = create_async_engine(database_url, isolation_level="AUTOCOMMIT")
-    async with admin.connect() as conn:
-        await conn.execute(text(f'CREATE DATABASE "{name}"'))
-    url = make_url(database_url).set(database=name).render_as_string(hide_password=False)
-    await upgrade(url)
-    yield url
-    async with admin.connect() as conn:
-        await conn.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
-    await admin.dispose()
+    await upgrade(scratch_url)
+    return scratch_url
 
 
 @pytest.fixture
