@@ -11,7 +11,7 @@ NATIVE_HDR := $(wildcard native/include/*.h native/src/*.h)
 BUILD := native/build
 FFI_STAMP := $(BUILD)/.ffi
 
-.PHONY: all setup native test test-c test-tsan test-py lint demo bench clean
+.PHONY: all setup native image-install test test-c test-tsan test-py lint demo bench clean
 
 all: setup
 
@@ -35,6 +35,18 @@ $(FFI_STAMP): $(STAMP) $(NATIVE_SRC) $(NATIVE_HDR) native/build_ffi.py
 	@mkdir -p $(BUILD)
 	$(PY) native/build_ffi.py
 	touch $@
+
+# The container image's install, run by the root Dockerfile: the cffi module and the CUDA
+# interposer are built first, so that a plain (not editable) install carries the module.
+# Nothing here touches a venv: the distribution goes under IMAGE_ROOT only.
+IMAGE_ROOT ?= /
+PIP_FLAGS ?=
+image-install:
+	$(PYTHON) native/build_ffi.py
+	$(MAKE) -s -C native/cuda CC=$(CC) ../build/libqshare-cuda.so
+	$(PYTHON) -m pip install -q --no-cache-dir --no-warn-script-location --ignore-installed \
+		$(PIP_FLAGS) --root '$(IMAGE_ROOT)' '.[gpu]'
+	install -D -m 0644 $(BUILD)/libqshare-cuda.so '$(IMAGE_ROOT)/usr/lib/qshare/libqshare-cuda.so'
 
 test: setup lint test-py test-tsan
 
