@@ -4,6 +4,8 @@ variable, without its password."""
 
 from __future__ import annotations
 
+from urllib.parse import quote
+
 import pytest
 from pydantic_settings import BaseSettings
 from sqlalchemy import text
@@ -12,6 +14,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from qshare.dburl import normalised
 from qshare.envsettings import SettingsError, load
+from qshare.testing.servers import free_port
 from qshare_allocator.__main__ import main as allocator
 from qshare_allocator.settings import AllocatorSettings
 from qshare_api.__main__ import main as api
@@ -135,3 +138,71 @@ def test_a_refused_url_never_shows_any_of_its_password(
     (line,) = refused.value.problems
     assert line.startswith("QSHARE_API_DATABASE_URL=")
     assert "pw" not in line, line
+
+
+@pytest.mark.parametrize(
+    ("url", "form"),
+    [
+        ("postgresql://u:p@h1:5432,h2:5433/db",
+         "postgresql+asyncpg://u:p@/db?host=h1%3A5432&host=h2%3A5433"),
+        ("postgres://u:p@h1,h2:5433/db?sslmode=require",
+         "postgresql+asyncpg://u:p@/db?host=h1%3A5432&host=h2%3A5433&ssl=require"),
+        ("postgres://u@db-a.example:6000,%2Frun%2Fpg:5432/db",
+         "postgresql+asyncpg://u@/db?host=db-a.example%3A6000&host=%2Frun%2Fpg%3A5432"),
+    ],
+)  # fmt: skip
+def test_libpqs_several_hosts_become_asyncpgs_host_options(url: str, form: str) -> None:
+    """libpq's failover form (a host without a port is on 5432, as libpq has it) becomes the
+    repeated `?host=HOST:PORT` SQLAlchemy's asyncpg dialect takes."""
+    assert normalised(url) == form
+
+
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [
+        ("postgres://u:pw1@h1:5432,[::1]:5433/db", "IPv6"),
+        ("postgres://u:pw1@h1,h2/db?host=h3:5432", "?host="),
+        ("postgres://u:pw1@h1,h2/db?port=5432", "?port="),
+        ("postgres://u:pw1@h1:x,h2/db", "'x' is not a port"),
+        ("postgres://u:pw1@h1,,h2/db", "an empty host"),
+    ],
+)  # fmt: skip
+def test_several_hosts_asyncpg_cannot_take_are_refused_saying_why(
+    monkeypatch: pytest.MonkeyPatch, url: str, problem: str
+) -> None:
+    monkeypatch.setenv("QSHARE_API_DATABASE_URL", url)
+    with pytest.raises(SettingsError) as refused:
+        load(ApiSettings)
+    (line,) = refused.value.problems
+    assert problem in line and "pw1" not in line, line
+
+
+def _failover_url(database_url: str) -> str:
+    """The test server's URL in libpq's several-hosts form: first a local port nothing
+    listens on, then the server's socket directory."""
+    url = make_url(database_url)
+    socket_dir = quote(str(url.query["host"]), safe="")
+    hosts = f"127.0.0.1:{free_port()},{socket_dir}:{url.port or 5432}"
+    password = f":{quote(url.password, safe='')}" if url.password else ""
+    return f"postgresql://{url.username}{password}@{hosts}/{url.database}"
+
+
+async def test_a_service_connects_to_the_host_that_answers_of_several(database_url: str) -> None:
+    engine = create_async_engine(load_url(_failover_url(database_url)))
+    try:
+        async with engine.connect() as conn:
+            assert await conn.scalar(text("SELECT 1")) == 1
+    finally:
+        await engine.dispose()
+
+
+def test_the_allocator_migrates_through_several_hosts(
+    monkeypatch: pytest.MonkeyPatch, database_url: str
+) -> None:
+    monkeypatch.setenv("QSHARE_ALLOCATOR_DATABASE_URL", _failover_url(database_url))
+    assert allocator(["migrate"]) == 0
+
+
+def load_url(url: str) -> str:
+    """`url` as the preemptor's settings hold it."""
+    return PreemptorSettings(database_url=url).database_url

@@ -19,6 +19,10 @@ from sqlalchemy import make_url, text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from qshare import health as health_module
+from qshare.bus import connect, options_for
+from qshare.contracts import rpc, subjects
+from qshare.contracts.errors import Unavailable
+from qshare.contracts.preemption import ClaimAction, ClaimActionReply
 from qshare.service import Service, cancelled
 from qshare.testing.servers import EmbeddedNats, EmbeddedPostgres, ServiceProcess, free_port
 from qshare_allocator.app import Allocator
@@ -206,6 +210,39 @@ async def test_the_preemptor_waits_live_but_not_ready_for_an_unmigrated_schema(
     finally:
         await cancelled(starting)
         await running.stop()
+
+
+async def test_the_preemptor_takes_no_events_or_requests_before_the_schema_is_there(
+    new_database: Database,
+    bus: EmbeddedNats,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Handled against missing tables, an event or a request would fail (and the event be
+    lost): until the schema is there the preemptor subscribes to nothing, so a request finds
+    no responder, and once it starts it asks the nodes for the card states it missed."""
+    monkeypatch.setattr(preemptor_app, "SCHEMA_AGAIN_S", 0.05)
+    url = await new_database(False)
+    running = Preemptor(PreemptorSettings(database_url=url, nats_url=bus.url, health_port=0))
+    starting = asyncio.create_task(running.start())
+    try:
+        async with await connect(options_for(bus.url, "test", None)) as nc:
+            await eventually(lambda: _waiting_for_schema(caplog))
+            await nc.publish("qshare.evt.gpu.n1.0.busy", b"{}")
+            action = ClaimAction(claim_id=uuid.uuid4())
+            with pytest.raises(Unavailable, match="no answer"):
+                await rpc.call(nc, subjects.CLAIMS_SUSPEND, "test", action, ClaimActionReply, 1)
+        await upgrade(url)
+        await starting
+        assert running.announce_requests == 1
+        assert "preemptor task failed" not in caplog.text
+    finally:
+        await cancelled(starting)
+        await running.stop()
+
+
+async def _waiting_for_schema(caplog: pytest.LogCaptureFixture) -> bool:
+    return "waiting for it" in caplog.text
 
 
 async def test_the_api_starts_on_an_unmigrated_database_and_is_ready_once_it_is_migrated(

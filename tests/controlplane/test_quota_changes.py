@@ -37,6 +37,25 @@ async def test_a_patch_gives_a_tenant_without_a_quota_one(api: httpx.AsyncClient
     assert changed.json() == {"tenant": "t-new", "memory_mib": None, "cards": 3, "pending": None}
 
 
+async def test_an_empty_patch_of_a_tenant_without_a_quota_is_404_naming_it(
+    api: httpx.AsyncClient,
+) -> None:
+    refused = await api.patch("/v1/quotas/t-none", json={}, headers=ADMIN)
+    assert refused.status_code == 404
+    assert "t-none" in refused.json()["detail"]
+    assert all(q["tenant"] != "t-none" for q in (await api.get("/v1/quotas", headers=ADMIN)).json())
+
+
+async def test_an_empty_patch_of_a_quota_changes_nothing_and_returns_it(
+    api: httpx.AsyncClient,
+) -> None:
+    await api.put("/v1/quotas/t-e", json={"memory": "8Gi", "pending": 2}, headers=ADMIN)
+    kept = await api.patch("/v1/quotas/t-e", json={}, headers=ADMIN)
+    expected = {"tenant": "t-e", "memory_mib": 8192, "cards": None, "pending": 2}
+    assert (kept.status_code, kept.json()) == (200, expected)
+    assert await _quota(api, "t-e") == expected
+
+
 async def test_a_put_still_sets_the_whole_quota(api: httpx.AsyncClient) -> None:
     await api.put("/v1/quotas/t-w", json={"memory": "8Gi", "cards": 4}, headers=ADMIN)
     await api.put("/v1/quotas/t-w", json={"pending": 1}, headers=ADMIN)

@@ -10,7 +10,7 @@ import logging
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from qshare.contracts.domain import Role
-from qshare.health import one_line, schema_revision
+from qshare.health import one_line, schema_revision, until_migrated
 from qshare_api.tokens.repository import ensure_token
 
 log = logging.getLogger(__name__)
@@ -39,15 +39,21 @@ async def _store(engine: AsyncEngine, secret: str) -> None:
 
 
 async def _once_migrated(engine: AsyncEngine, secret: str) -> None:
+    """Store `secret` once the schema is there; Postgres away for now is waited out."""
     while True:
+        await until_migrated(engine, AGAIN_S, on_error=_not_stored_yet)
         try:
-            if await schema_revision(engine) is not None:
-                await _store(engine, secret)
-                log.info("the schema is there: bootstrap admin token stored")
-                return
-        except Exception as exc:  # Postgres away for now: look again
-            log.warning("bootstrap admin token not stored yet (%s)", one_line(exc))
-        await asyncio.sleep(AGAIN_S)
+            await _store(engine, secret)
+        except Exception as exc:
+            _not_stored_yet(exc)
+            await asyncio.sleep(AGAIN_S)
+        else:
+            log.info("the schema is there: bootstrap admin token stored")
+            return
+
+
+def _not_stored_yet(exc: Exception) -> None:
+    log.warning("bootstrap admin token not stored yet (%s)", one_line(exc))
 
 
 def pending(task: asyncio.Task[None] | None) -> str | None:

@@ -1,10 +1,12 @@
 """Database URLs as people write them (`postgres://` and `postgresql://`, as psql and hosting
-providers give them) turned into the SQLAlchemy asyncpg form the services connect with."""
+providers give them, libpq's several failover hosts `HOST1:PORT1,HOST2:PORT2` too) turned into
+the SQLAlchemy asyncpg form the services connect with."""
 
 from __future__ import annotations
 
 import re
 from typing import Annotated
+from urllib.parse import unquote
 
 from pydantic import AfterValidator
 from sqlalchemy.engine import URL, make_url
@@ -20,7 +22,9 @@ FORM = (
 
 def normalised(url: str) -> str:
     """`url` in the asyncpg form; ValueError naming what is wrong when it is not a Postgres
-    URL. libpq's `sslmode` becomes asyncpg's `ssl` (same values)."""
+    URL. libpq's `sslmode` becomes asyncpg's `ssl` (same values), its several hosts
+    `h1:5432,h2:5433` the repeated `?host=h1:5432&host=h2:5433` SQLAlchemy's asyncpg dialect
+    takes (asyncpg tries them in turn)."""
     parsed = _parsed(url)
     if parsed.drivername not in SCHEMES:
         raise ValueError(f"{parsed.drivername}:// is not a Postgres URL; the form is {FORM}")
@@ -63,10 +67,50 @@ _PASSWORD_OPTION = re.compile(r"(password=)[^&\s]*", re.IGNORECASE)
 
 
 def _parsed(url: str) -> URL:
+    single, hosts = _several_hosts(url)
     try:
-        return make_url(url)
+        parsed = make_url(single)
     except (ArgumentError, ValueError):
         raise ValueError(f"not a database URL; the form is {FORM}") from None
+    if not hosts:
+        return parsed
+    clash = sorted({"host", "port"} & set(parsed.query))
+    if clash:
+        raise ValueError(f"several hosts and ?{clash[0]}= both given; keep one")
+    return parsed.set(query={"host": hosts} | dict(parsed.query))
+
+
+_NETLOC = re.compile(r"(?P<head>[^:/?#]+://(?:[^/?#]*@)?)(?P<hosts>[^/?#]*)(?P<tail>.*)", re.S)
+"""A URL: scheme and user info, its hosts (libpq: comma-separated), then path and query."""
+DEFAULT_PORT = "5432"
+"""libpq's port for a host given without one (the asyncpg dialect wants every port)."""
+
+
+def _several_hosts(url: str) -> tuple[str, tuple[str, ...]]:
+    """`url` without its hosts and its `HOST:PORT`s when it names several (libpq's form,
+    which SQLAlchemy's URL parser cannot read); else `url` as it is and none."""
+    found = _NETLOC.fullmatch(url)
+    if found is None or "," not in found["hosts"]:
+        return url, ()
+    if "[" in found["hosts"]:
+        raise ValueError(
+            "an IPv6 address among several hosts: the asyncpg driver cannot take one there; "
+            "give that host's name, or the address alone as the only host"
+        )
+    hosts = tuple(_host_and_port(token) for token in found["hosts"].split(","))
+    return found["head"] + found["tail"], hosts
+
+
+def _host_and_port(token: str) -> str:
+    host, _, port = token.partition(":")
+    if not host:
+        raise ValueError(f"an empty host in the hosts list; the form is {SEVERAL}")
+    if port and not port.isdigit():
+        raise ValueError(f"{port!r} is not a port (of host {unquote(host)}); the form is {SEVERAL}")
+    return f"{unquote(host)}:{port or DEFAULT_PORT}"
+
+
+SEVERAL = "postgresql://USER:PASSWORD@HOST1:PORT1,HOST2:PORT2/DATABASE"
 
 
 DatabaseUrl = Annotated[str, AfterValidator(normalised)]

@@ -298,6 +298,24 @@ async def schema_revision(engine: AsyncEngine) -> str | None:
         return None if found is None else str(found)
 
 
+async def until_migrated(
+    engine: AsyncEngine, again_s: float, on_error: Callable[[Exception], None] | None = None
+) -> str:
+    """Wait until the schema is migrated, looking every `again_s`; its revision. Postgres out
+    of reach ends the wait with its error, or, given `on_error`, is told to it and waited out."""
+    while True:
+        try:
+            revision = await schema_revision(engine)
+        except Exception as exc:
+            if on_error is None:
+                raise
+            on_error(exc)
+        else:
+            if revision is not None:
+                return revision
+        await asyncio.sleep(again_s)
+
+
 def schema_problem(revision: str | None, head: str | None) -> str | None:
     """Why a schema at `revision` does not serve code that needs `head` (None: any)."""
     if revision is None:

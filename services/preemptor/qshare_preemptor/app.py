@@ -68,6 +68,7 @@ class Preemptor(Service):
         self._engine = create_async_engine(s.database_url, pool_size=s.pool_size)
         options = s.bus_as(self.source, ServiceRole.PREEMPTOR)
         self._nc = await bus.connect(options, reconnected=self._reconnected)
+        await self._schema_migrated()  # before any subscription: nothing handled on no tables
         self.service = PreemptionService(self._nc, self._engine, self.source, s.command_timeout_s)
         await self._nc.subscribe("qshare.evt.gpu.*.*.busy", cb=self._on_card)
         await self._nc.subscribe("qshare.evt.gpu.*.*.idle", cb=self._on_card)
@@ -77,7 +78,6 @@ class Preemptor(Service):
                                           s.starvation_window_s, s.command_timeout_s)  # fmt: skip
         await self._nc.subscribe(subjects.NODE_USAGES, cb=self._on_usage)
         await bus.settled(self._nc)
-        await self._schema_migrated()
         await self.service.reconcile()
         await self.ask_announce("preemptor started")
         self._retrier = asyncio.create_task(self._resume_again(self.service), name="resumer")
@@ -101,14 +101,15 @@ class Preemptor(Service):
     async def _schema_migrated(self) -> None:
         """Wait for the allocator to create the schema (a first apply starts every pod at
         once): live meanwhile, not ready, rather than exiting and restarting until it is.
+        Nothing is subscribed yet, so no event or request is handled against missing tables;
+        the card states missed meanwhile come with the nodes' announce once it starts.
         Postgres out of reach ends the start, as at any other step."""
         assert self._engine is not None
         if await health.schema_revision(self._engine) is not None:
             return
         log.warning("preemptor %s: the database schema is not migrated yet; waiting for it "
                     "(python -m qshare_allocator migrate)", self.settings.instance)  # fmt: skip
-        while await health.schema_revision(self._engine) is None:
-            await asyncio.sleep(SCHEMA_AGAIN_S)
+        await health.until_migrated(self._engine, SCHEMA_AGAIN_S)
 
     async def _reconnected(self) -> None:
         await self.ask_announce("preemptor reconnected to NATS")

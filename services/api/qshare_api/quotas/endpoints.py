@@ -88,8 +88,22 @@ async def set_quota(tenant: Tenant, body: QuotaSpec, caller: Admin, res: Res) ->
 @router.patch("/{tenant}", response_model=Quota, summary="Change some of a tenant's limits")
 async def change_quota(tenant: Tenant, body: QuotaSpec, caller: Admin, res: Res) -> Quota:
     """Admins. Only the limits the body names change (`null`: no limit), the others are
-    kept; a tenant without a quota gets one with just these limits."""
-    return await _upsert(res, tenant, body.model_dump(exclude_unset=True))
+    kept; a tenant without a quota gets one with just these limits. An empty body `{}`
+    changes nothing: it returns the quota as it is, or 404 where the tenant has none (as a
+    PATCH of a missing claim is 404), so it never creates an empty quota."""
+    limits = body.model_dump(exclude_unset=True)
+    if not limits:
+        return await _existing(res, tenant)
+    return await _upsert(res, tenant, limits)
+
+
+async def _existing(res: Resources, tenant: str) -> Quota:
+    """`tenant`'s quota as stored (read from the primary, as a write would be), or 404."""
+    async with res.engine.connect() as conn:
+        row = (await conn.execute(select(quotas).where(quotas.c.tenant == tenant))).one_or_none()
+    if row is None:
+        raise NotFound(f"tenant {tenant} has no quota: an empty PATCH has nothing to change")
+    return Quota.model_validate(row._mapping)
 
 
 COLUMNS = {"memory": "memory_mib", "cards": "cards", "pending": "pending"}
