@@ -1,4 +1,5 @@
-"""The one container image (the root Dockerfile) holds what the manifests run. No Docker
+"""The one container image (the root Dockerfile) holds what the Kubernetes manifests and
+the compose stack run. No Docker
 engine runs here, so its build is replayed: the Dockerfile's COPY lines into a scratch
 tree, its `make image-install` into a scratch root, then each manifest's command runs
 from that root with an interpreter that sees only the image's packages and their
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from sqlalchemy import make_url, text
 from sqlalchemy.ext.asyncio import create_async_engine
 
@@ -26,6 +28,7 @@ from .test_manifests import all_objects
 
 ROOT = Path(__file__).parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
+COMPOSE = ROOT / "compose" / "docker-compose.yml"
 LEFT_OUT = shutil.ignore_patterns("__pycache__", "build", "*.so", "*.egg-info", "*.pyc")
 
 
@@ -138,29 +141,48 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> Image:
     return Image(base / "root", interpreter(base, image_site), env)
 
 
-def python_modules() -> set[str]:
-    """Every `python -m MODULE` a qshare container or init container runs."""
-    modules = set()
+def manifest_commands() -> list[list[str]]:
+    """The command of every container and init container of the manifests' workloads."""
+    commands = []
     for obj in all_objects():
         pod = obj.get("spec", {}).get("template", {}).get("spec", {})
         for container in pod.get("containers", []) + pod.get("initContainers", []):
-            command = container.get("command", [])
-            if command[:2] == ["python", "-m"]:
-                modules.add(command[2])
-    return modules
+            commands.append(container.get("command", []))
+    return commands
+
+
+def compose_services() -> dict[str, dict[str, Any]]:
+    """The compose services built from this repository (the others are upstream images)."""
+    services: dict[str, dict[str, Any]] = yaml.safe_load(COMPOSE.read_text())["services"]
+    return {name: s for name, s in services.items() if "build" in s}
+
+
+def compose_commands() -> list[list[str]]:
+    return [s.get("entrypoint", []) + s.get("command", []) for s in compose_services().values()]
+
+
+def python_modules(commands: list[list[str]]) -> set[str]:
+    """Every MODULE of `python -m MODULE ...` among `commands`."""
+    return {c[2] for c in commands if c[:2] == ["python", "-m"]}
 
 
 def test_the_manifests_run_every_service_from_the_one_image() -> None:
-    assert python_modules() == {
-        "qshare_allocator",
-        "qshare_api",
-        "qshare_node_agent",
-        "qshare_preemptor",
+    services = {"qshare_allocator", "qshare_api", "qshare_node_agent", "qshare_preemptor"}
+    assert python_modules(manifest_commands()) == services
+
+
+def test_compose_builds_every_qshare_service_from_the_one_image() -> None:
+    builds = {
+        (s["build"]["context"], s["build"]["dockerfile"]) for s in compose_services().values()
     }
+    assert builds == {("..", "Dockerfile")}
+    assert all(c[:2] == ["python", "-m"] for c in compose_commands())
 
 
-@pytest.mark.parametrize("module", sorted(python_modules()))
-def test_every_service_the_manifests_run_starts_from_the_image(image: Image, module: str) -> None:
+@pytest.mark.parametrize("module", sorted(python_modules(manifest_commands() + compose_commands())))
+def test_every_module_the_manifests_and_compose_run_starts_from_the_image(
+    image: Image, module: str
+) -> None:
     done = image.run("-m", module, "--help")
     assert done.returncode == 0, done.stderr
     assert f"python -m {module}" in done.stdout
