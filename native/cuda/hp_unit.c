@@ -22,6 +22,10 @@
 
 enum { HP_IDLE = 0, HP_OPENING = 1, HP_OPEN = 2, HP_CLOSING = 3 };
 
+/* The open unit's stream once the program destroyed it: no launch joins it (the driver may
+ * hand the same handle to a new stream) and no fence is recorded into it. */
+#define STREAM_GONE ((CUstream)(uintptr_t)-1)
+
 static struct {
     _Alignas(64) _Atomic uint32_t state; /* futex: the completion thread sleeps while IDLE */
     _Atomic uint32_t pending;            /* joined launches not yet submitted */
@@ -34,7 +38,6 @@ static struct {
     uint64_t recorded_ns; /* when the fence was last recorded */
     uint64_t interval_ns; /* QSHARE_HP_FENCE_INTERVAL_US; 0: re-record at once */
     pthread_mutex_t record_lock; /* a recording into `stream` against its destruction */
-    int stream_gone;             /* the program destroyed `stream` (under record_lock) */
     _Atomic uint32_t no_thread;  /* the completion thread could not start: no units open */
 } hp = {.record_lock = PTHREAD_MUTEX_INITIALIZER};
 
@@ -50,7 +53,7 @@ int qsc_hp_coalescable(CUstream stream) {
  * qsc_stream_unrecordable on the completion thread) says the stream must not be used, or it
  * or the fence was destroyed. */
 static CUresult record_fence_locked(int (*capturing)(CUstream)) {
-    if (hp.fence_epoch != qsc_ctx_epoch(hp.ctx) || hp.stream_gone)
+    if (hp.fence_epoch != qsc_ctx_epoch(hp.ctx) || atomic_load(&hp.stream) == STREAM_GONE)
         return CUDA_ERROR_INVALID_HANDLE;
     qsc_record_begin();
     CUresult rc = CUDA_ERROR_NOT_PERMITTED; /* never record into a capture */
@@ -71,10 +74,11 @@ static CUresult record_fence(int (*capturing)(CUstream)) {
 }
 
 /* The program destroys `stream`: the fence is not recorded into it again (the unit ends when
- * the fence it has completes). */
+ * the fence it has completes), and no launch joins the unit by its handle, which a new stream
+ * may get: that stream's launches are units of their own, not taken as covered by this one. */
 void qsc_hp_stream_destroyed(CUstream stream) {
     pthread_mutex_lock(&hp.record_lock);
-    if (atomic_load(&hp.stream) == stream) hp.stream_gone = 1;
+    if (atomic_load(&hp.stream) == stream) atomic_store(&hp.stream, STREAM_GONE);
     pthread_mutex_unlock(&hp.record_lock);
 }
 
@@ -175,7 +179,6 @@ void qsc_hp_forked(void) {
     atomic_store(&hp.launched, 0);
     atomic_store(&hp.stream, NULL);
     pthread_mutex_init(&hp.record_lock, NULL); /* the parent's threads may have held it */
-    hp.stream_gone = 0;
     hp.ctx = NULL;
     hp.fence = NULL;
     hp.covered = 0;
@@ -220,8 +223,7 @@ int qsc_hp_opened(CUstream stream, CUcontext ctx, CUresult submitted) {
                                                           CU_EVENT_DISABLE_TIMING);
     }
     pthread_mutex_lock(&hp.record_lock);
-    hp.stream = stream;
-    hp.stream_gone = 0;
+    atomic_store(&hp.stream, stream);
     pthread_mutex_unlock(&hp.record_lock);
     if (submitted != CUDA_SUCCESS || hp.fence == NULL ||
         record_fence(qsc_stream_capturing) != CUDA_SUCCESS) {

@@ -51,10 +51,30 @@ static int test_a_unit_is_not_left_open_when_its_completion_thread_cannot_start(
     return 0;
 }
 
+/* The program destroys the open unit's stream, and the driver hands its handle to a new
+ * stream: a launch into the new stream must not join the unit (its work would be taken for
+ * covered by the old stream's fence, and the unit would end before it), nor may the fence be
+ * recorded into the new stream by the old one's name. */
+static int test_a_new_stream_with_a_destroyed_streams_handle_does_not_join_its_unit(void) {
+    qsc_hp_forked(); /* a fresh state */
+    CUstream stream = (CUstream)(uintptr_t)0x5000;
+    atomic_store(&hp.stream, stream); /* a unit open on `stream`, as qsc_hp_opened leaves it */
+    atomic_store(&hp.state, HP_OPEN);
+    EXPECT(qsc_hp_join(stream));
+    qsc_hp_joined();
+    qsc_hp_stream_destroyed(stream);
+    EXPECT(!qsc_hp_join(stream)); /* the recycled handle: a new stream */
+    EXPECT(record_fence(qsc_stream_capturing) == CUDA_ERROR_INVALID_HANDLE);
+    qsc_hp_forked();
+    return 0;
+}
+
 int main(void) {
     static const unit_test tests[] = {
         {"a unit is not left open when its completion thread cannot start",
          test_a_unit_is_not_left_open_when_its_completion_thread_cannot_start},
+        {"a new stream with a destroyed stream's handle does not join its unit",
+         test_a_new_stream_with_a_destroyed_streams_handle_does_not_join_its_unit},
     };
     return UNIT_RUN_ALL(tests);
 }
