@@ -194,6 +194,12 @@ int qsc_start_thread(void *(*main)(void *), void *arg, const char *what);
  * interposer made in it under an earlier epoch died with it, so they are forgotten (never
  * used or destroyed again) and made anew. Other contexts' epochs stay. */
 uint64_t qsc_ctx_epoch(CUcontext ctx);
+/* The driver drains a context's work in its destroy: an event found dead (its context's epoch
+ * moved) may stand for work still running until that call returns. 1 while a destroy
+ * (cuCtxDestroy, cuDevicePrimaryCtxReset) is under way; qsc_ctx_wait_destroys waits (futex)
+ * until none is, so that the work is not ended (taken out of the window) before it drained. */
+int qsc_ctx_destroying(void);
+void qsc_ctx_wait_destroys(void);
 /* First call of every thread the interposer starts (it waits on events): another thread's
  * graph capture neither forbids those waits nor is invalidated by them. */
 void qsc_thread_ignores_captures(void);

@@ -173,9 +173,13 @@ static uint64_t batch_device_ns(const qsc_session *s, lp_stream *st, const fence
     return launches * atomic_load(&lp.est_ns);
 }
 
+/* Wait for the oldest fence; one that died with its context stands for work the driver's
+ * destroy drains, so its launches stay in the window until that call returned. */
 static void complete_oldest(lp_stream *st, fence f) {
     if (f.epoch == qsc_ctx_epoch(atomic_load(&st->ctx)))
         QSC_REAL(qsc_event_fn, cuEventSynchronize)(f.ev);
+    else
+        qsc_ctx_wait_destroys();
     const qsc_session *s = qsc_enter();
     if (s->client != NULL)
         atomic_store_explicit(&lp.window_ns, window_of(s), memory_order_relaxed);
@@ -242,6 +246,7 @@ static void use_context(lp_stream *st) {
 /* The tail's fence may be made here: in the stream's context, which the slot may have changed
  * since the thread last looked (freed by a stream of one context, claimed for another's). */
 static void fence_tail(lp_stream *st, uint64_t n) {
+    if (atomic_load(&st->stream) == STREAM_GONE) qsc_ctx_wait_destroys(); /* see complete_oldest */
     use_context(st);
     const qsc_session *s = qsc_enter();
     pthread_mutex_lock(&st->lock);

@@ -133,8 +133,10 @@ static int end_oldest(int wait) {
     if (atomic_load_explicit(&s->state, memory_order_acquire) != SLOT_READY) return 0;
     qsc_event_fn check = wait ? QSC_REAL(qsc_event_fn, cuEventSynchronize)
                               : QSC_REAL(qsc_event_fn, cuEventQuery);
-    CUresult rc = s->ev.epoch == qsc_ctx_epoch(s->ev.ctx) ? check_event(check, s->ev.end)
-                                                 : CUDA_ERROR_INVALID_HANDLE; /* it died */
+    int live = s->ev.epoch == qsc_ctx_epoch(s->ev.ctx);
+    if (!live && !wait && qsc_ctx_destroying()) return 0; /* the destroy still drains it */
+    if (!live) qsc_ctx_wait_destroys();
+    CUresult rc = live ? check_event(check, s->ev.end) : CUDA_ERROR_INVALID_HANDLE; /* it died */
     if (rc == CUDA_ERROR_NOT_READY) return 0;
     if (!atomic_compare_exchange_strong(&tracker.head, &h, h + 1)) return 1;
     const qsc_session *session = qsc_enter();

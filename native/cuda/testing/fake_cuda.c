@@ -139,6 +139,22 @@ static CUstream default_stream;
 
 static _Atomic unsigned long kernels_done;
 
+/* Kernel time submitted and not yet run to its end, over every stream, and the most there has
+ * been (test hooks: what a process had queued on the card at once). */
+static _Atomic uint64_t queued_ns, queued_max_ns;
+
+static void queue_kernel(uint64_t ns) {
+    uint64_t now = atomic_fetch_add(&queued_ns, ns) + ns;
+    uint64_t max = atomic_load(&queued_max_ns);
+    while (now > max && !atomic_compare_exchange_weak(&queued_max_ns, &max, now)) {
+    }
+}
+
+/* Test hook: the most kernel time (ns) that was queued on the device at once. */
+EXPORT unsigned long qshare_fake_queued_max_ns(void) {
+    return (unsigned long)atomic_load(&queued_max_ns);
+}
+
 /* A stream memory wait: the device polls the word, as a real card's front end does, every
  * WAIT_POLL_NS. The stream reached it at its clock (run_op set it); only a wait that found
  * the word otherwise moves the clock, to when it saw the value (a device thread that woke
@@ -165,6 +181,7 @@ static void run_op(CUstream st, op *o) {
     case OP_KERNEL:
         if (o->duration_ns && st->clock_ns > now_ns()) sleep_until_ns(st->clock_ns);
         atomic_fetch_add(&kernels_done, 1);
+        atomic_fetch_sub(&queued_ns, o->duration_ns);
         break;
     case OP_WAIT: wait_value(st, o); break;
     case OP_EVENT: complete_event(o->event, st->clock_ns); break;
@@ -242,6 +259,7 @@ static CUresult submit(CUstream stream, op o) {
     }
     int instant = (o.kind != OP_KERNEL || o.duration_ns == 0) && o.kind != OP_WAIT;
     o.submit_ns = now_ns();
+    if (o.kind == OP_KERNEL) queue_kernel(o.duration_ns);
     if (instant && atomic_load(&st->pending) == 0) {
         run_op(st, &o); /* the device thread is parked: nothing else moves the clock */
         return CUDA_SUCCESS;

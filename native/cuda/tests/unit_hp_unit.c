@@ -18,6 +18,8 @@ void qsc_record_begin(void) {}
 void qsc_record_end(void) {}
 void qsc_stats_count(int counter, uint64_t n) { (void)counter, (void)n; }
 uint64_t qsc_ctx_epoch(CUcontext ctx) { return (void)ctx, 0; }
+int qsc_ctx_destroying(void) { return 0; }
+void qsc_ctx_wait_destroys(void) {}
 int qsc_stream_unrecordable(CUstream stream) { return (void)stream, 0; }
 void qsc_warn_once(int key, const char *fmt, ...) { (void)key, (void)fmt; }
 int qsc_start_thread(void *(*main)(void *), void *arg, const char *what) {

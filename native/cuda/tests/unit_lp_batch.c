@@ -32,6 +32,8 @@ int qsc_start_thread(void *(*main)(void *), void *arg, const char *what) {
 }
 int qsc_hp_coalescable(CUstream stream) { return stream != CU_STREAM_PER_THREAD; }
 uint64_t qsc_ctx_epoch(CUcontext ctx) { return (void)ctx, 0; }
+int qsc_ctx_destroying(void) { return 0; }
+void qsc_ctx_wait_destroys(void) {}
 void qsc_warn_once(int key, const char *fmt, ...) { (void)key, (void)fmt; }
 
 /* ---- tests ---- */
