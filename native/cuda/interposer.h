@@ -306,12 +306,10 @@ uint64_t qsc_lp_window_now(void);
  * the card's gate word with the GPU. 1 when the device gate is on. */
 int qsc_dgate_bind(const qsc_session *s);
 int qsc_dgate_on(void);
-/* After batched launch number `n` into `stream`: once the launches since the last wait are
- * estimated at a slice of device time, enqueue the next wait on the gate word. */
-void qsc_dgate_after(CUstream stream, uint64_t n, uint64_t est_ns);
-/* The waits move to another stream (the one they went into died), whose launch count is `n`:
- * the next slice is counted from there. */
-void qsc_dgate_moved(uint64_t n);
+/* After batched launch number `n` into `stream` (counted per stream): once its launches since
+ * its last wait (`*since`, that stream's launch count then) are estimated at a slice of device
+ * time, enqueue the next wait on the gate word into it. */
+void qsc_dgate_after(CUstream stream, _Atomic uint64_t *since, uint64_t n, uint64_t est_ns);
 
 /* ---- statistics for diagnosis (stats.c): on only with QSHARE_STATS_FILE ---- */
 extern _Atomic int qsc_stats_on;

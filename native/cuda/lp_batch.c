@@ -10,7 +10,8 @@
  * flight, summed over its streams, are estimated at the card's window or more
  * (qs_client_lp_window_ns, re-read at every batch), so the device stays fed while high
  * priority, when the gate closes, waits at most for the window; with the device gate
- * (lp_device_gate.c) high priority waits for a slice instead and the window is the deep one.
+ * (lp_device_gate.c), every tracked stream waits on the device after each slice of its own
+ * launches, so high priority waits for a slice instead and the window is the deep one.
  * A launch that neither blocks nor closes a batch makes no system call and takes no lock (the
  * first launch into a new stream binds it under a lock). Streams beyond LP_STREAMS use
  * tracker.c's per-launch units, which count in the same window (qsc_lp_wait_window). */
@@ -51,6 +52,7 @@ typedef struct lp_stream {
                                       * before the slot's first stream is published) */
     _Alignas(64) _Atomic uint64_t launched; /* submitted into the stream, counted after */
     _Atomic uint64_t covered;               /* `launched` as of the newest fence */
+    _Atomic uint64_t gate_since;            /* `launched` at its last wait on the device gate */
     _Atomic uint32_t sleeping;              /* the completion thread waits for work */
     _Atomic uint32_t watching;              /* ... or for the end of a burst */
     _Atomic uint32_t work_seq;              /* futex: ... here */
@@ -69,8 +71,6 @@ static struct {
     pthread_mutex_t bind_lock;
     _Atomic uint32_t claimed;        /* slots claimed: at LP_STREAMS, new streams go per launch */
     _Atomic uint32_t no_thread; /* a completion thread could not start: new streams go per launch */
-    _Atomic(lp_stream *) gated; /* the stream the device gate waits in: the first bound, and
-                                 * once it dies, the next that a launch goes into */
     qs_client *client; /* the process's, as of binding: used only within a launch's qsc_enter */
     _Alignas(64) _Atomic uint64_t launched; /* every stream's, summed: the window's count */
     _Alignas(64) _Atomic uint64_t completed;
@@ -337,6 +337,7 @@ static lp_stream *free_slot(void) {
         atomic_store(&st->covered, 0);
         atomic_store(&st->completed, 0);
         atomic_store(&st->unmarked, 0);
+        atomic_store(&st->gate_since, 0);
         st->head = st->tail = 1;
         pthread_mutex_unlock(&st->lock);
         return st;
@@ -374,7 +375,6 @@ static lp_stream *bind(const qsc_session *s, CUstream stream, CUcontext ctx) {
     if (st != NULL && lp.client == NULL) { /* the first stream bound */
         lp.client = s->client;
         qsc_dgate_bind(s);
-        atomic_store(&lp.gated, st);
     }
     pthread_mutex_unlock(&lp.bind_lock);
     return st;
@@ -432,23 +432,13 @@ int qsc_lp_wait_window(uint64_t window_ns, uint64_t units) {
     return 0;
 }
 
-/* 1 if the device gate's waits go into `st`: it is the gated stream, or none is (the gated one
- * died) and `st` takes its place, the waits counted from its next launch. */
-static int gates(lp_stream *st) {
-    lp_stream *g = atomic_load_explicit(&lp.gated, memory_order_relaxed);
-    if (g == st) return 1;
-    if (g != NULL || !atomic_compare_exchange_strong(&lp.gated, &g, st)) return 0;
-    qsc_dgate_moved(atomic_load(&st->launched) - 1);
-    return 1;
-}
-
 void qsc_lp_counted(uint64_t window_ns) {
     lp_stream *st = launching;
     atomic_fetch_add(&lp.launched, 1); /* before the stream's: see qsc_lp_wait_window */
     uint64_t n = atomic_fetch_add(&st->launched, 1) + 1;
-    if (qsc_dgate_on() && gates(st))
-        qsc_dgate_after(atomic_load_explicit(&st->stream, memory_order_relaxed), n,
-                        estimate(window_ns));
+    if (qsc_dgate_on()) /* every tracked stream waits on the device, counted by its own */
+        qsc_dgate_after(atomic_load_explicit(&st->stream, memory_order_relaxed), &st->gate_since,
+                        n, estimate(window_ns));
     if (atomic_load(&st->sleeping)) {
         wake_completion(st);
         return;
@@ -492,14 +482,11 @@ uint64_t qsc_lp_window(const qsc_session *s) {
 }
 
 /* `st` dies (lock not held): nothing is recorded into it from now on; its completion thread
- * ends what no fence covers and frees the slot. The device gate's waits leave it for the next
- * stream launched into. */
+ * ends what no fence covers and frees the slot. */
 static void stream_gone(lp_stream *st) {
     pthread_mutex_lock(&st->lock);
     atomic_store(&st->stream, STREAM_GONE);
     pthread_mutex_unlock(&st->lock);
-    lp_stream *gated = st;
-    atomic_compare_exchange_strong(&lp.gated, &gated, NULL);
     wake_completion(st);
 }
 

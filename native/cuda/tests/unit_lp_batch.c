@@ -17,8 +17,9 @@ static qsc_session no_session = {.failure = CUDA_ERROR_DEINITIALIZED};
 
 int qsc_dgate_on(void) { return 0; }
 int qsc_dgate_bind(const qsc_session *s) { return (void)s, 0; }
-void qsc_dgate_after(CUstream stream, uint64_t n, uint64_t est) { (void)stream, (void)n, (void)est; }
-void qsc_dgate_moved(uint64_t n) { (void)n; }
+void qsc_dgate_after(CUstream stream, _Atomic uint64_t *since, uint64_t n, uint64_t est) {
+    (void)stream, (void)since, (void)n, (void)est;
+}
 int qsc_stream_capturing(CUstream stream) { return (void)stream, 0; }
 int qsc_stream_unrecordable(CUstream stream) { return (void)stream, 0; }
 void qsc_stats_count(int counter, uint64_t n) { (void)counter, (void)n; }
