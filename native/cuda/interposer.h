@@ -76,6 +76,7 @@
     X(cuEventSynchronize, cuEventSynchronize, CUDA) \
     X(cuEventElapsedTime, cuEventElapsedTime, CUDA) \
     X(cuStreamIsCapturing, cuStreamIsCapturing, CUDA) \
+    X(cuStreamGetCtx, cuStreamGetCtx, CUDA)      \
     X(cuMemHostRegister_v2, cuMemHostRegister, CUDA) \
     X(cuMemHostGetDevicePointer_v2, cuMemHostGetDevicePointer, CUDA) \
     X(cuStreamWaitValue32_v2, cuStreamWaitValue32, CUDA) \
@@ -151,6 +152,8 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *me
 
 /* Signatures of the helpers the interposer calls. */
 typedef CUresult (*qsc_ctx_get_current_fn)(CUcontext *ctx);
+typedef CUresult (*qsc_ctx_set_current_fn)(CUcontext ctx);
+typedef CUresult (*qsc_stream_get_ctx_fn)(CUstream stream, CUcontext *ctx);
 typedef CUresult (*qsc_ctx_get_device_fn)(CUdevice *dev);
 typedef CUresult (*qsc_device_get_uuid_fn)(CUuuid *uuid, CUdevice dev);
 typedef CUresult (*qsc_event_create_fn)(CUevent *event, unsigned int flags);
@@ -280,9 +283,11 @@ void qsc_lp_stream_destroyed(const qsc_session *s, CUstream stream);
 #define QSC_LP_MAX_INFLIGHT (1u << 20)
 /* Streams tracked by batch at once; launches into more go one unit each (tracker.c). */
 #define LP_STREAMS 16u
-/* 1 if launches into `stream` from context `ctx` are tracked by batch: every stream the
- * process launches into, while fewer than LP_STREAMS are tracked (the first binds the device
- * gate when asked for). The batched calls below then apply to that stream, on this thread. */
+/* 1 if launches into `stream` are tracked by batch: every stream the process launches into,
+ * while fewer than LP_STREAMS are tracked (the first binds the device gate when asked for). A
+ * created stream is tracked in its own context (cuStreamGetCtx, asked once when it is bound),
+ * whichever is current (`ctx`); the legacy default stream in `ctx`. The batched calls below
+ * then apply to that stream, on this thread. */
 int qsc_lp_tracks(const qsc_session *s, CUstream stream, CUcontext ctx);
 /* Context `ctx` (NULL: every context) is destroyed: its tracked streams die with it. */
 void qsc_lp_context_dies(CUcontext ctx);

@@ -634,6 +634,22 @@ EXPORT CUresult cuStreamDestroy_v2(CUstream stream) {
     return CUDA_SUCCESS;
 }
 
+/* A created stream's own context, whichever is current; a default stream is the current
+ * context's (the primary when none is). */
+EXPORT CUresult cuStreamGetCtx(CUstream stream, CUcontext *ctx) {
+    if (ctx == NULL) return CUDA_ERROR_INVALID_VALUE;
+    if (stream == NULL || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD) {
+        *ctx = owning_context();
+        return CUDA_SUCCESS;
+    }
+    if (dead_handle(stream->ctx, stream->generation)) return CUDA_ERROR_INVALID_HANDLE;
+    *ctx = stream->ctx;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuStreamGetCtx_ptsz(CUstream stream, CUcontext *ctx) {
+    return cuStreamGetCtx(stream, ctx);
+}
+
 EXPORT CUresult cuStreamSynchronize(CUstream stream) {
     CUstream st = resolve(stream);
     if (dead_handle(st->ctx, st->generation)) return CUDA_ERROR_INVALID_HANDLE;
@@ -821,8 +837,27 @@ EXPORT unsigned long qshare_fake_event_records(void) {
     return atomic_load(&event_records);
 }
 
+static _Atomic unsigned long cross_context_records;
+
+/* Test hook: how many event records were refused because the event and the stream belong to
+ * different contexts. */
+EXPORT unsigned long qshare_fake_cross_context_records(void) {
+    return atomic_load(&cross_context_records);
+}
+
+/* An event is recorded only into a stream of its own context, as the real driver requires: a
+ * created stream's context is its own; the default streams (one shared stream here) are taken
+ * as the current context's. */
+static int other_context(CUevent event, CUstream stream) {
+    int named = stream != NULL && stream != CU_STREAM_LEGACY && stream != CU_STREAM_PER_THREAD;
+    if (event->ctx == (named ? stream->ctx : owning_context())) return 0;
+    atomic_fetch_add(&cross_context_records, 1);
+    return 1;
+}
+
 EXPORT CUresult cuEventRecord(CUevent event, CUstream stream) {
     if (event == NULL || dead_handle(event->ctx, event->generation)) return CUDA_ERROR_INVALID_HANDLE;
+    if (other_context(event, stream)) return CUDA_ERROR_INVALID_HANDLE;
     atomic_fetch_add(&event_records, 1);
     atomic_store(&event->state, EV_PENDING);
     CUresult rc = submit(stream, (op){.kind = OP_EVENT, .event = event});
@@ -1044,7 +1079,8 @@ static const named table[] = {
     NAMED(cuLaunchHostFunc_ptsz), NAMED(cuGraphCreate), NAMED(cuGraphDestroy),
     NAMED(cuGraphInstantiateWithFlags), NAMED(cuGraphExecDestroy), NAMED(cuGraphLaunch),
     NAMED(cuGraphLaunch_ptsz), NAMED(cuStreamCreate), NAMED(cuStreamDestroy_v2),
-    NAMED(cuStreamSynchronize), NAMED(cuStreamSynchronize_ptsz), NAMED(cuStreamIsCapturing),
+    NAMED(cuStreamSynchronize), NAMED(cuStreamSynchronize_ptsz), NAMED(cuStreamGetCtx),
+    NAMED(cuStreamGetCtx_ptsz), NAMED(cuStreamIsCapturing),
     NAMED(cuStreamIsCapturing_ptsz), NAMED(cuStreamBeginCapture_v2), NAMED(cuStreamEndCapture),
     NAMED(cuThreadExchangeStreamCaptureMode), NAMED(cuEventCreate), NAMED(cuEventDestroy_v2),
     NAMED(cuEventRecord), NAMED(cuEventRecord_ptsz), NAMED(cuEventQuery),

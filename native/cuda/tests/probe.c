@@ -396,6 +396,24 @@ static void cmd_ctxrace(probe *p, unsigned long us, unsigned long count) {
     printf("ctxrace rc=%d queued_max_ns=%ld\n", rc, fake_count("qshare_fake_queued_max_ns"));
 }
 
+/* `count` kernels of `us` µs launched into a stream of a second context while the probe's
+ * context is current, then waited for (the second context is left alive). Answers how many
+ * event records the fake refused for naming a stream of another context than the event's. */
+static void cmd_otherctx(probe *p, unsigned long us, unsigned long count) {
+    typedef CUresult (*create_fn)(CUcontext *, unsigned int, CUdevice);
+    create_fn create = (create_fn)entry("cuCtxCreate_v2");
+    CUfunction f = kernel_of(p, us);
+    CUcontext ctx = NULL;
+    CUstream stream = NULL;
+    CUresult rc = create == NULL ? CUDA_ERROR_NOT_FOUND : create(&ctx, 0, 0);
+    if (rc == CUDA_SUCCESS) rc = p->d->cuStreamCreate(&stream, 0);
+    if (rc == CUDA_SUCCESS) rc = p->d->cuCtxSetCurrent(p->ctx);
+    for (unsigned long i = 0; i < count && rc == CUDA_SUCCESS; i++)
+        rc = p->d->cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, stream, NULL, NULL);
+    if (rc == CUDA_SUCCESS) rc = p->d->cuStreamSynchronize(stream);
+    printf("otherctx rc=%d cross=%ld\n", rc, fake_count("qshare_fake_cross_context_records"));
+}
+
 /* cuCtxDestroy of NULL, a context the driver refuses to name: nothing is destroyed. */
 static void cmd_destroy_null_ctx(void) {
     typedef CUresult (*destroy_fn)(CUcontext);
@@ -582,6 +600,7 @@ static void run(probe *p, char *line) {
     else if (strcmp(cmd, "destroynull") == 0) cmd_destroy_null_ctx();
     else if (strcmp(cmd, "ctx2") == 0) cmd_ctx2(p, strtoul(arg1, NULL, 10), n1);
     else if (strcmp(cmd, "ctxrace") == 0) cmd_ctxrace(p, strtoul(arg1, NULL, 10), n1);
+    else if (strcmp(cmd, "otherctx") == 0) cmd_otherctx(p, strtoul(arg1, NULL, 10), n1);
     else if (strcmp(cmd, "threads") == 0) cmd_threads(p, strtoul(arg1, NULL, 10), word3);
     else if (strcmp(cmd, "capture") == 0) cmd_capture(p, arg1, word3);
     else if (strcmp(cmd, "sleep") == 0) cmd_sleep(strtoul(arg1, NULL, 10));

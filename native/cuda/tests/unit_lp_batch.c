@@ -136,6 +136,7 @@ static CUcontext made_in[4];
 static unsigned made;
 
 static CUresult stub_set_current(CUcontext ctx) { return stub_current = ctx, CUDA_SUCCESS; }
+static CUresult stub_get_current(CUcontext *ctx) { return *ctx = stub_current, CUDA_SUCCESS; }
 
 static CUresult stub_event_create(CUevent *ev, unsigned int flags) {
     (void)flags;
@@ -157,6 +158,7 @@ static CUresult stub_event_record(CUevent ev, CUstream stream) {
 static int test_a_tail_fence_is_made_in_the_streams_context_after_the_slot_changed_context(void) {
     qsc_lp_forked();
     qsc_real_table[QSC_cuCtxSetCurrent] = (void *)stub_set_current;
+    qsc_real_table[QSC_cuCtxGetCurrent] = (void *)stub_get_current;
     qsc_real_table[QSC_cuEventCreate] = (void *)stub_event_create;
     qsc_real_table[QSC_cuEventRecord] = (void *)stub_event_record;
     CUcontext a = (CUcontext)(uintptr_t)0xa000, b = (CUcontext)(uintptr_t)0xb000;
