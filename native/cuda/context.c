@@ -120,6 +120,24 @@ QSC_EXPORT CUresult cuStreamDestroy_v2(CUstream stream) {
     return rc;
 }
 
+CUcontext qsc_stream_context(CUstream stream, CUcontext current) {
+    qsc_stream_get_ctx_fn get = QSC_REAL(qsc_stream_get_ctx_fn, cuStreamGetCtx);
+    CUcontext ctx = NULL;
+    if (!qsc_stream_created(stream) || get == NULL || get(stream, &ctx) != CUDA_SUCCESS ||
+        ctx == NULL)
+        return current;
+    return ctx;
+}
+
+CUresult qsc_event_create_in(CUcontext ctx, CUevent *ev, unsigned int flags) {
+    CUcontext was = ctx;
+    QSC_REAL(qsc_ctx_get_current_fn, cuCtxGetCurrent)(&was);
+    if (was != ctx) QSC_REAL(qsc_ctx_set_current_fn, cuCtxSetCurrent)(ctx);
+    CUresult rc = QSC_REAL(qsc_event_create_fn, cuEventCreate)(ev, flags);
+    if (was != ctx) QSC_REAL(qsc_ctx_set_current_fn, cuCtxSetCurrent)(was);
+    return rc;
+}
+
 typedef CUresult (*primary_reset_fn)(CUdevice);
 typedef CUresult (*primary_state_fn)(CUdevice, unsigned int *, int *);
 

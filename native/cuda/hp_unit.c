@@ -188,11 +188,22 @@ void qsc_hp_forked(void) {
     hp_once = (pthread_once_t)PTHREAD_ONCE_INIT;
 }
 
+/* 1 if a launch into `stream` goes into the open unit's stream: a created stream's handle names
+ * one stream whichever context is current; the legacy default stream is each context's own,
+ * so it is the unit's only while the unit's context is current (one cheap driver call). */
+static int unit_stream(CUstream stream) {
+    if (hp.stream != stream) return 0;
+    if (qsc_stream_created(stream)) return 1;
+    CUcontext ctx = NULL;
+    QSC_REAL(qsc_ctx_get_current_fn, cuCtxGetCurrent)(&ctx);
+    return ctx == hp.ctx;
+}
+
 int qsc_hp_join(CUstream stream) {
     if (atomic_load_explicit(&hp.state, memory_order_relaxed) != HP_OPEN || hp.stream != stream)
         return 0; /* cheap miss; the check below is the one that counts */
     atomic_fetch_add(&hp.pending, 1);
-    if (atomic_load(&hp.state) == HP_OPEN && hp.stream == stream) return 1;
+    if (atomic_load(&hp.state) == HP_OPEN && unit_stream(stream)) return 1;
     atomic_fetch_sub(&hp.pending, 1);
     return 0;
 }
@@ -211,7 +222,6 @@ int qsc_hp_try_open(void) {
 /* After the opening launch was submitted (or failed): arm the fence and hand the unit to
  * the completion thread, or give the slot back. Returns 0 when the unit could not open. */
 int qsc_hp_opened(CUstream stream, CUcontext ctx, CUresult submitted) {
-    typedef CUresult (*create_fn)(CUevent *, unsigned int);
     uint64_t epoch = qsc_ctx_epoch(ctx);
     int stale = hp.ctx != ctx || hp.fence == NULL || hp.fence_epoch != epoch;
     if (submitted == CUDA_SUCCESS && stale) {
@@ -221,8 +231,7 @@ int qsc_hp_opened(CUstream stream, CUcontext ctx, CUresult submitted) {
         hp.fence = NULL;
         hp.ctx = ctx;
         hp.fence_epoch = epoch;
-        QSC_REAL(create_fn, cuEventCreate)(&hp.fence, CU_EVENT_BLOCKING_SYNC |
-                                                          CU_EVENT_DISABLE_TIMING);
+        qsc_event_create_in(ctx, &hp.fence, CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING);
     }
     pthread_mutex_lock(&hp.record_lock);
     atomic_store(&hp.stream, stream);

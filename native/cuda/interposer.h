@@ -203,6 +203,17 @@ uint64_t qsc_ctx_epoch(CUcontext ctx);
  * until none is, so that the work is not ended (taken out of the window) before it drained. */
 int qsc_ctx_destroying(void);
 void qsc_ctx_wait_destroys(void);
+/* A stream the program created (not a default stream): its handle names one stream of one
+ * context, whichever context is current. */
+static inline int qsc_stream_created(CUstream stream) {
+    return stream != NULL && stream != CU_STREAM_LEGACY && stream != CU_STREAM_PER_THREAD;
+}
+/* The context `stream` belongs to: a created stream's own (cuStreamGetCtx), else, or when the
+ * driver cannot say, `current`. */
+CUcontext qsc_stream_context(CUstream stream, CUcontext current);
+/* Create an event in context `ctx`, made current around the call when another is (an event is
+ * recorded only into a stream of its own context). */
+CUresult qsc_event_create_in(CUcontext ctx, CUevent *ev, unsigned int flags);
 /* First call of every thread the interposer starts (it waits on events): another thread's
  * graph capture neither forbids those waits nor is invalidated by them. */
 void qsc_thread_ignores_captures(void);

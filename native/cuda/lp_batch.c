@@ -106,18 +106,6 @@ static void wake_completion(lp_stream *st) {
     qs_futex_wake(&st->work_seq, 1);
 }
 
-/* Make a fence event in the stream's context `ctx`, made current for the call when another is
- * (a launch into a stream of a context not current): an event is recorded only into a stream
- * of its own context. Once per fence of the queue, not per batch. */
-static CUresult create_fence_event(CUevent *ev, CUcontext ctx) {
-    CUcontext was = ctx;
-    QSC_REAL(qsc_ctx_get_current_fn, cuCtxGetCurrent)(&was);
-    if (was != ctx) QSC_REAL(qsc_ctx_set_current_fn, cuCtxSetCurrent)(ctx);
-    CUresult rc = QSC_REAL(qsc_event_create_fn, cuEventCreate)(ev, CU_EVENT_BLOCKING_SYNC);
-    if (was != ctx) QSC_REAL(qsc_ctx_set_current_fn, cuCtxSetCurrent)(was);
-    return rc;
-}
-
 /* Record a fence behind every launch counted so far into `st` (its lock held): with `marker`,
  * even when that is none (it times the next batch from here), unless `capturing` says the
  * stream must not be recorded into. `client` is the entered session's (NULL once detached).
@@ -134,7 +122,7 @@ static int push_fence_locked(lp_stream *st, int marker, qs_client *client,
     uint64_t epoch = qsc_ctx_epoch(ctx);
     if (f->ev != NULL && f->epoch != epoch) f->ev = NULL; /* died with its context: forgotten */
     if (f->ev == NULL) {
-        if (create_fence_event(&f->ev, ctx) != CUDA_SUCCESS) return 0;
+        if (qsc_event_create_in(ctx, &f->ev, CU_EVENT_BLOCKING_SYNC) != CUDA_SUCCESS) return 0;
         f->epoch = epoch;
     }
     qsc_record_begin();
@@ -323,14 +311,10 @@ static void *completion_main(void *arg) {
     return NULL;
 }
 
-/* A stream the program created (not a default stream): its handle names one stream of one
- * context, whichever context is current. */
-static int created(CUstream stream) { return stream != NULL && stream != CU_STREAM_LEGACY; }
-
 /* 1 if `st` is bound to `stream` launched into with `ctx` current. */
 static int bound_to(lp_stream *st, CUstream stream, CUcontext ctx) {
     return atomic_load_explicit(&st->stream, memory_order_acquire) == stream &&
-           (created(stream) || atomic_load_explicit(&st->ctx, memory_order_relaxed) == ctx);
+           (qsc_stream_created(stream) || atomic_load_explicit(&st->ctx, memory_order_relaxed) == ctx);
 }
 
 /* The slot bound to `stream` (`ctx` current), if any: the one this thread used last, else a
@@ -343,14 +327,6 @@ static lp_stream *find(CUstream stream, CUcontext ctx) {
     return NULL;
 }
 
-/* The context `stream` belongs to: a created stream's own (the driver says), else `current`. */
-static CUcontext context_of(CUstream stream, CUcontext current) {
-    qsc_stream_get_ctx_fn get = QSC_REAL(qsc_stream_get_ctx_fn, cuStreamGetCtx);
-    CUcontext ctx = NULL;
-    if (!created(stream) || get == NULL || get(stream, &ctx) != CUDA_SUCCESS || ctx == NULL)
-        return current;
-    return ctx;
-}
 
 /* A free slot, its counters started afresh (bind_lock held); NULL when none is free. */
 static lp_stream *free_slot(void) {
@@ -394,7 +370,7 @@ static lp_stream *claim(CUstream stream, CUcontext ctx) {
 /* The first launch into `stream` (`ctx` current): bind a slot to it, in its own context. */
 static lp_stream *bind(const qsc_session *s, CUstream stream, CUcontext ctx) {
     pthread_once(&lp_once, init_streams);
-    CUcontext own = context_of(stream, ctx);
+    CUcontext own = qsc_stream_context(stream, ctx);
     if (own == NULL) return NULL;
     pthread_mutex_lock(&lp.bind_lock);
     lp_stream *st = find(stream, ctx); /* another thread may have bound it meanwhile */
@@ -408,7 +384,7 @@ static lp_stream *bind(const qsc_session *s, CUstream stream, CUcontext ctx) {
 }
 
 int qsc_lp_tracks(const qsc_session *s, CUstream stream, CUcontext ctx) {
-    if (!qsc_hp_coalescable(stream) || (ctx == NULL && !created(stream))) return 0;
+    if (!qsc_hp_coalescable(stream) || (ctx == NULL && !qsc_stream_created(stream))) return 0;
     lp_stream *st = find(stream, ctx);
     if (st != NULL) {
         launching = st;

@@ -224,8 +224,8 @@ int qsc_stream_unrecordable(CUstream stream) {
            (is_capturing(stream, &status) != CUDA_SUCCESS || status != CAPTURE_NONE);
 }
 
-/* High priority into a stream the completion thread can name: join the open unit (no
- * driver call at all), or open one. */
+/* High priority into a stream the completion thread can name: open a unit (joining the
+ * open one, in qsc_unit_begin, makes no driver call beyond the legacy stream's context check). */
 static int hp_fast(const qsc_session *s, CUstream stream, int *tracked, CUresult *rc) {
     if (s->low_priority || !qsc_hp_coalescable(stream)) return 0;
     if (!qsc_hp_try_open()) return 0;
@@ -306,7 +306,8 @@ void qsc_unit_end(const qsc_session *s, CUstream stream, CUresult submitted, int
         return;
     }
     if (tracked == QSC_UNIT_OPENING) {
-        if (!qsc_hp_opened(stream, current_context(), submitted)) qs_launch_end(s->client);
+        CUcontext ctx = qsc_stream_context(stream, current_context()); /* once per unit */
+        if (!qsc_hp_opened(stream, ctx, submitted)) qs_launch_end(s->client);
         return;
     }
     if (submitted != CUDA_SUCCESS || current.end == NULL ||
