@@ -4,9 +4,11 @@
  * are forgotten (never used or destroyed again) and made anew, while other contexts' events
  * stay in use. Low priority's tracked streams of a dying context, and a destroyed stream, are
  * dropped (lp_batch.c), high priority's fence stops recording into a destroyed stream. */
+#include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 
+#include "internal.h"
 #include "interposer.h"
 
 #define CTX_EPOCHS 64 /* contexts that have died, each keyed; past it every context moves */
@@ -18,8 +20,15 @@ static struct {
 static _Atomic uint64_t every_epoch; /* moves every context's epoch (table full, unknown one) */
 static pthread_mutex_t epochs_lock = PTHREAD_MUTEX_INITIALIZER; /* appending */
 
-/* A child forked while another thread appended has the lock held by no thread of its own. */
-static void epochs_forked(void) { pthread_mutex_init(&epochs_lock, NULL); }
+static _Atomic uint32_t destroys;     /* context destroys under way (the driver's call) */
+static _Atomic uint32_t destroys_seq; /* futex: moves when one returns */
+
+/* A child forked while another thread appended has the lock held by no thread of its own, and
+ * no destroy under way (the parent's thread making it is not the child's). */
+static void epochs_forked(void) {
+    pthread_mutex_init(&epochs_lock, NULL);
+    atomic_store(&destroys, 0);
+}
 
 __attribute__((constructor)) static void watch_forks(void) {
     pthread_atfork(NULL, NULL, epochs_forked);
@@ -48,6 +57,26 @@ static _Atomic uint64_t *epoch_of(CUcontext ctx) {
     return found;
 }
 
+int qsc_ctx_destroying(void) { return atomic_load(&destroys) != 0; }
+
+void qsc_ctx_wait_destroys(void) {
+    for (;;) {
+        uint32_t seq = atomic_load(&destroys_seq);
+        if (atomic_load(&destroys) == 0) return;
+        qs_futex_wait(&destroys_seq, seq, 0);
+    }
+}
+
+/* Around the driver's destroy of a context, from before its epoch first moves until the call
+ * returned (the driver has then drained the context's work). */
+static void destroy_begins(void) { atomic_fetch_add(&destroys, 1); }
+
+static void destroy_ends(void) {
+    atomic_fetch_sub(&destroys, 1);
+    atomic_fetch_add(&destroys_seq, 1);
+    qs_futex_wake(&destroys_seq, INT_MAX);
+}
+
 /* Context `ctx` is destroyed (NULL: one we cannot name, so every context): its epoch moves
  * before the driver's call (events made meanwhile die too) and after it (no event made before
  * is taken for live). */
@@ -68,9 +97,11 @@ QSC_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
     destroy_fn real = QSC_REAL(destroy_fn, cuCtxDestroy_v2);
     if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
     if (ctx == NULL) return real(ctx); /* names no context: the driver refuses it */
+    destroy_begins();
     context_dying(ctx);
     CUresult rc = real(ctx);
     context_dies(ctx);
+    destroy_ends();
     return rc;
 }
 
@@ -86,6 +117,24 @@ QSC_EXPORT CUresult cuStreamDestroy_v2(CUstream stream) {
     qsc_lp_stream_destroyed(s, stream);
     CUresult rc = real(stream);
     qsc_leave(s);
+    return rc;
+}
+
+CUcontext qsc_stream_context(CUstream stream, CUcontext current) {
+    qsc_stream_get_ctx_fn get = QSC_REAL(qsc_stream_get_ctx_fn, cuStreamGetCtx);
+    CUcontext ctx = NULL;
+    if (!qsc_stream_created(stream) || get == NULL || get(stream, &ctx) != CUDA_SUCCESS ||
+        ctx == NULL)
+        return current;
+    return ctx;
+}
+
+CUresult qsc_event_create_in(CUcontext ctx, CUevent *ev, unsigned int flags) {
+    CUcontext was = ctx;
+    QSC_REAL(qsc_ctx_get_current_fn, cuCtxGetCurrent)(&was);
+    if (was != ctx) QSC_REAL(qsc_ctx_set_current_fn, cuCtxSetCurrent)(ctx);
+    CUresult rc = QSC_REAL(qsc_event_create_fn, cuEventCreate)(ev, flags);
+    if (was != ctx) QSC_REAL(qsc_ctx_set_current_fn, cuCtxSetCurrent)(was);
     return rc;
 }
 
@@ -116,9 +165,11 @@ static CUresult reset_primary(primary_reset_fn real, CUdevice dev) {
     if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
     if (!primary_active(dev)) return real(dev); /* nothing of ours lives in it */
     CUcontext ctx = primary_of(dev);
+    destroy_begins();
     context_dying(ctx);
     CUresult rc = real(dev);
     context_dies(ctx);
+    destroy_ends();
     return rc;
 }
 

@@ -22,6 +22,10 @@
 
 enum { HP_IDLE = 0, HP_OPENING = 1, HP_OPEN = 2, HP_CLOSING = 3 };
 
+/* The open unit's stream once the program destroyed it: no launch joins it (the driver may
+ * hand the same handle to a new stream) and no fence is recorded into it. */
+#define STREAM_GONE ((CUstream)(uintptr_t)-1)
+
 static struct {
     _Alignas(64) _Atomic uint32_t state; /* futex: the completion thread sleeps while IDLE */
     _Atomic uint32_t pending;            /* joined launches not yet submitted */
@@ -34,7 +38,6 @@ static struct {
     uint64_t recorded_ns; /* when the fence was last recorded */
     uint64_t interval_ns; /* QSHARE_HP_FENCE_INTERVAL_US; 0: re-record at once */
     pthread_mutex_t record_lock; /* a recording into `stream` against its destruction */
-    int stream_gone;             /* the program destroyed `stream` (under record_lock) */
     _Atomic uint32_t no_thread;  /* the completion thread could not start: no units open */
 } hp = {.record_lock = PTHREAD_MUTEX_INITIALIZER};
 
@@ -50,7 +53,7 @@ int qsc_hp_coalescable(CUstream stream) {
  * qsc_stream_unrecordable on the completion thread) says the stream must not be used, or it
  * or the fence was destroyed. */
 static CUresult record_fence_locked(int (*capturing)(CUstream)) {
-    if (hp.fence_epoch != qsc_ctx_epoch(hp.ctx) || hp.stream_gone)
+    if (hp.fence_epoch != qsc_ctx_epoch(hp.ctx) || atomic_load(&hp.stream) == STREAM_GONE)
         return CUDA_ERROR_INVALID_HANDLE;
     qsc_record_begin();
     CUresult rc = CUDA_ERROR_NOT_PERMITTED; /* never record into a capture */
@@ -71,10 +74,11 @@ static CUresult record_fence(int (*capturing)(CUstream)) {
 }
 
 /* The program destroys `stream`: the fence is not recorded into it again (the unit ends when
- * the fence it has completes). */
+ * the fence it has completes), and no launch joins the unit by its handle, which a new stream
+ * may get: that stream's launches are units of their own, not taken as covered by this one. */
 void qsc_hp_stream_destroyed(CUstream stream) {
     pthread_mutex_lock(&hp.record_lock);
-    if (atomic_load(&hp.stream) == stream) hp.stream_gone = 1;
+    if (atomic_load(&hp.stream) == stream) atomic_store(&hp.stream, STREAM_GONE);
     pthread_mutex_unlock(&hp.record_lock);
 }
 
@@ -127,6 +131,8 @@ static int try_close(void) {
 static void complete_round(void) {
     if (hp.fence_epoch == qsc_ctx_epoch(hp.ctx))
         QSC_REAL(qsc_event_fn, cuEventSynchronize)(hp.fence);
+    else
+        qsc_ctx_wait_destroys(); /* died with its context: the driver's destroy drains its work */
     pace();
     uint64_t n = atomic_load(&hp.launched);
     if (atomic_load(&hp.pending)) {
@@ -175,7 +181,6 @@ void qsc_hp_forked(void) {
     atomic_store(&hp.launched, 0);
     atomic_store(&hp.stream, NULL);
     pthread_mutex_init(&hp.record_lock, NULL); /* the parent's threads may have held it */
-    hp.stream_gone = 0;
     hp.ctx = NULL;
     hp.fence = NULL;
     hp.covered = 0;
@@ -183,11 +188,22 @@ void qsc_hp_forked(void) {
     hp_once = (pthread_once_t)PTHREAD_ONCE_INIT;
 }
 
+/* 1 if a launch into `stream` goes into the open unit's stream: a created stream's handle names
+ * one stream whichever context is current; the legacy default stream is each context's own,
+ * so it is the unit's only while the unit's context is current (one cheap driver call). */
+static int unit_stream(CUstream stream) {
+    if (hp.stream != stream) return 0;
+    if (qsc_stream_created(stream)) return 1;
+    CUcontext ctx = NULL;
+    QSC_REAL(qsc_ctx_get_current_fn, cuCtxGetCurrent)(&ctx);
+    return ctx == hp.ctx;
+}
+
 int qsc_hp_join(CUstream stream) {
     if (atomic_load_explicit(&hp.state, memory_order_relaxed) != HP_OPEN || hp.stream != stream)
         return 0; /* cheap miss; the check below is the one that counts */
     atomic_fetch_add(&hp.pending, 1);
-    if (atomic_load(&hp.state) == HP_OPEN && hp.stream == stream) return 1;
+    if (atomic_load(&hp.state) == HP_OPEN && unit_stream(stream)) return 1;
     atomic_fetch_sub(&hp.pending, 1);
     return 0;
 }
@@ -206,7 +222,6 @@ int qsc_hp_try_open(void) {
 /* After the opening launch was submitted (or failed): arm the fence and hand the unit to
  * the completion thread, or give the slot back. Returns 0 when the unit could not open. */
 int qsc_hp_opened(CUstream stream, CUcontext ctx, CUresult submitted) {
-    typedef CUresult (*create_fn)(CUevent *, unsigned int);
     uint64_t epoch = qsc_ctx_epoch(ctx);
     int stale = hp.ctx != ctx || hp.fence == NULL || hp.fence_epoch != epoch;
     if (submitted == CUDA_SUCCESS && stale) {
@@ -216,12 +231,10 @@ int qsc_hp_opened(CUstream stream, CUcontext ctx, CUresult submitted) {
         hp.fence = NULL;
         hp.ctx = ctx;
         hp.fence_epoch = epoch;
-        QSC_REAL(create_fn, cuEventCreate)(&hp.fence, CU_EVENT_BLOCKING_SYNC |
-                                                          CU_EVENT_DISABLE_TIMING);
+        qsc_event_create_in(ctx, &hp.fence, CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING);
     }
     pthread_mutex_lock(&hp.record_lock);
-    hp.stream = stream;
-    hp.stream_gone = 0;
+    atomic_store(&hp.stream, stream);
     pthread_mutex_unlock(&hp.record_lock);
     if (submitted != CUDA_SUCCESS || hp.fence == NULL ||
         record_fence(qsc_stream_capturing) != CUDA_SUCCESS) {

@@ -76,6 +76,7 @@
     X(cuEventSynchronize, cuEventSynchronize, CUDA) \
     X(cuEventElapsedTime, cuEventElapsedTime, CUDA) \
     X(cuStreamIsCapturing, cuStreamIsCapturing, CUDA) \
+    X(cuStreamGetCtx, cuStreamGetCtx, CUDA)      \
     X(cuMemHostRegister_v2, cuMemHostRegister, CUDA) \
     X(cuMemHostGetDevicePointer_v2, cuMemHostGetDevicePointer, CUDA) \
     X(cuStreamWaitValue32_v2, cuStreamWaitValue32, CUDA) \
@@ -151,6 +152,8 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *me
 
 /* Signatures of the helpers the interposer calls. */
 typedef CUresult (*qsc_ctx_get_current_fn)(CUcontext *ctx);
+typedef CUresult (*qsc_ctx_set_current_fn)(CUcontext ctx);
+typedef CUresult (*qsc_stream_get_ctx_fn)(CUstream stream, CUcontext *ctx);
 typedef CUresult (*qsc_ctx_get_device_fn)(CUdevice *dev);
 typedef CUresult (*qsc_device_get_uuid_fn)(CUuuid *uuid, CUdevice dev);
 typedef CUresult (*qsc_event_create_fn)(CUevent *event, unsigned int flags);
@@ -194,6 +197,23 @@ int qsc_start_thread(void *(*main)(void *), void *arg, const char *what);
  * interposer made in it under an earlier epoch died with it, so they are forgotten (never
  * used or destroyed again) and made anew. Other contexts' epochs stay. */
 uint64_t qsc_ctx_epoch(CUcontext ctx);
+/* The driver drains a context's work in its destroy: an event found dead (its context's epoch
+ * moved) may stand for work still running until that call returns. 1 while a destroy
+ * (cuCtxDestroy, cuDevicePrimaryCtxReset) is under way; qsc_ctx_wait_destroys waits (futex)
+ * until none is, so that the work is not ended (taken out of the window) before it drained. */
+int qsc_ctx_destroying(void);
+void qsc_ctx_wait_destroys(void);
+/* A stream the program created (not a default stream): its handle names one stream of one
+ * context, whichever context is current. */
+static inline int qsc_stream_created(CUstream stream) {
+    return stream != NULL && stream != CU_STREAM_LEGACY && stream != CU_STREAM_PER_THREAD;
+}
+/* The context `stream` belongs to: a created stream's own (cuStreamGetCtx), else, or when the
+ * driver cannot say, `current`. */
+CUcontext qsc_stream_context(CUstream stream, CUcontext current);
+/* Create an event in context `ctx`, made current around the call when another is (an event is
+ * recorded only into a stream of its own context). */
+CUresult qsc_event_create_in(CUcontext ctx, CUevent *ev, unsigned int flags);
 /* First call of every thread the interposer starts (it waits on events): another thread's
  * graph capture neither forbids those waits nor is invalidated by them. */
 void qsc_thread_ignores_captures(void);
@@ -274,9 +294,11 @@ void qsc_lp_stream_destroyed(const qsc_session *s, CUstream stream);
 #define QSC_LP_MAX_INFLIGHT (1u << 20)
 /* Streams tracked by batch at once; launches into more go one unit each (tracker.c). */
 #define LP_STREAMS 16u
-/* 1 if launches into `stream` from context `ctx` are tracked by batch: every stream the
- * process launches into, while fewer than LP_STREAMS are tracked (the first binds the device
- * gate when asked for). The batched calls below then apply to that stream, on this thread. */
+/* 1 if launches into `stream` are tracked by batch: every stream the process launches into,
+ * while fewer than LP_STREAMS are tracked (the first binds the device gate when asked for). A
+ * created stream is tracked in its own context (cuStreamGetCtx, asked once when it is bound),
+ * whichever is current (`ctx`); the legacy default stream in `ctx`. The batched calls below
+ * then apply to that stream, on this thread. */
 int qsc_lp_tracks(const qsc_session *s, CUstream stream, CUcontext ctx);
 /* Context `ctx` (NULL: every context) is destroyed: its tracked streams die with it. */
 void qsc_lp_context_dies(CUcontext ctx);
@@ -300,12 +322,10 @@ uint64_t qsc_lp_window_now(void);
  * the card's gate word with the GPU. 1 when the device gate is on. */
 int qsc_dgate_bind(const qsc_session *s);
 int qsc_dgate_on(void);
-/* After batched launch number `n` into `stream`: once the launches since the last wait are
- * estimated at a slice of device time, enqueue the next wait on the gate word. */
-void qsc_dgate_after(CUstream stream, uint64_t n, uint64_t est_ns);
-/* The waits move to another stream (the one they went into died), whose launch count is `n`:
- * the next slice is counted from there. */
-void qsc_dgate_moved(uint64_t n);
+/* After batched launch number `n` into `stream` (counted per stream): once its launches since
+ * its last wait (`*since`, that stream's launch count then) are estimated at a slice of device
+ * time, enqueue the next wait on the gate word into it. */
+void qsc_dgate_after(CUstream stream, _Atomic uint64_t *since, uint64_t n, uint64_t est_ns);
 
 /* ---- statistics for diagnosis (stats.c): on only with QSHARE_STATS_FILE ---- */
 extern _Atomic int qsc_stats_on;

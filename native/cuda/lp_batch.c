@@ -10,7 +10,8 @@
  * flight, summed over its streams, are estimated at the card's window or more
  * (qs_client_lp_window_ns, re-read at every batch), so the device stays fed while high
  * priority, when the gate closes, waits at most for the window; with the device gate
- * (lp_device_gate.c) high priority waits for a slice instead and the window is the deep one.
+ * (lp_device_gate.c), every tracked stream waits on the device after each slice of its own
+ * launches, so high priority waits for a slice instead and the window is the deep one.
  * A launch that neither blocks nor closes a batch makes no system call and takes no lock (the
  * first launch into a new stream binds it under a lock). Streams beyond LP_STREAMS use
  * tracker.c's per-launch units, which count in the same window (qsc_lp_wait_window). */
@@ -51,6 +52,7 @@ typedef struct lp_stream {
                                       * before the slot's first stream is published) */
     _Alignas(64) _Atomic uint64_t launched; /* submitted into the stream, counted after */
     _Atomic uint64_t covered;               /* `launched` as of the newest fence */
+    _Atomic uint64_t gate_since;            /* `launched` at its last wait on the device gate */
     _Atomic uint32_t sleeping;              /* the completion thread waits for work */
     _Atomic uint32_t watching;              /* ... or for the end of a burst */
     _Atomic uint32_t work_seq;              /* futex: ... here */
@@ -69,8 +71,6 @@ static struct {
     pthread_mutex_t bind_lock;
     _Atomic uint32_t claimed;        /* slots claimed: at LP_STREAMS, new streams go per launch */
     _Atomic uint32_t no_thread; /* a completion thread could not start: new streams go per launch */
-    _Atomic(lp_stream *) gated; /* the stream the device gate waits in: the first bound, and
-                                 * once it dies, the next that a launch goes into */
     qs_client *client; /* the process's, as of binding: used only within a launch's qsc_enter */
     _Alignas(64) _Atomic uint64_t launched; /* every stream's, summed: the window's count */
     _Alignas(64) _Atomic uint64_t completed;
@@ -118,12 +118,11 @@ static int push_fence_locked(lp_stream *st, int marker, qs_client *client,
         stream == STREAM_GONE)
         return 0;
     fence *f = &st->q[st->tail % FENCES];
-    uint64_t epoch = qsc_ctx_epoch(atomic_load(&st->ctx));
+    CUcontext ctx = atomic_load(&st->ctx);
+    uint64_t epoch = qsc_ctx_epoch(ctx);
     if (f->ev != NULL && f->epoch != epoch) f->ev = NULL; /* died with its context: forgotten */
     if (f->ev == NULL) {
-        if (QSC_REAL(qsc_event_create_fn, cuEventCreate)(&f->ev, CU_EVENT_BLOCKING_SYNC) !=
-            CUDA_SUCCESS)
-            return 0;
+        if (qsc_event_create_in(ctx, &f->ev, CU_EVENT_BLOCKING_SYNC) != CUDA_SUCCESS) return 0;
         f->epoch = epoch;
     }
     qsc_record_begin();
@@ -173,9 +172,13 @@ static uint64_t batch_device_ns(const qsc_session *s, lp_stream *st, const fence
     return launches * atomic_load(&lp.est_ns);
 }
 
+/* Wait for the oldest fence; one that died with its context stands for work the driver's
+ * destroy drains, so its launches stay in the window until that call returned. */
 static void complete_oldest(lp_stream *st, fence f) {
     if (f.epoch == qsc_ctx_epoch(atomic_load(&st->ctx)))
         QSC_REAL(qsc_event_fn, cuEventSynchronize)(f.ev);
+    else
+        qsc_ctx_wait_destroys();
     const qsc_session *s = qsc_enter();
     if (s->client != NULL)
         atomic_store_explicit(&lp.window_ns, window_of(s), memory_order_relaxed);
@@ -242,6 +245,7 @@ static void use_context(lp_stream *st) {
 /* The tail's fence may be made here: in the stream's context, which the slot may have changed
  * since the thread last looked (freed by a stream of one context, claimed for another's). */
 static void fence_tail(lp_stream *st, uint64_t n) {
+    if (atomic_load(&st->stream) == STREAM_GONE) qsc_ctx_wait_destroys(); /* see complete_oldest */
     use_context(st);
     const qsc_session *s = qsc_enter();
     pthread_mutex_lock(&st->lock);
@@ -307,20 +311,22 @@ static void *completion_main(void *arg) {
     return NULL;
 }
 
-/* The slot bound to `stream` in `ctx`, if any: the one this thread used last, else a scan. */
+/* 1 if `st` is bound to `stream` launched into with `ctx` current. */
+static int bound_to(lp_stream *st, CUstream stream, CUcontext ctx) {
+    return atomic_load_explicit(&st->stream, memory_order_acquire) == stream &&
+           (qsc_stream_created(stream) || atomic_load_explicit(&st->ctx, memory_order_relaxed) == ctx);
+}
+
+/* The slot bound to `stream` (`ctx` current), if any: the one this thread used last, else a
+ * scan. */
 static lp_stream *find(CUstream stream, CUcontext ctx) {
     lp_stream *last = launching;
-    if (last != NULL && atomic_load_explicit(&last->stream, memory_order_acquire) == stream &&
-        atomic_load_explicit(&last->ctx, memory_order_relaxed) == ctx)
-        return last;
-    for (unsigned i = 0; i < LP_STREAMS; i++) {
-        lp_stream *st = &lp.streams[i];
-        if (atomic_load_explicit(&st->stream, memory_order_acquire) == stream &&
-            atomic_load_explicit(&st->ctx, memory_order_relaxed) == ctx)
-            return st;
-    }
+    if (last != NULL && bound_to(last, stream, ctx)) return last;
+    for (unsigned i = 0; i < LP_STREAMS; i++)
+        if (bound_to(&lp.streams[i], stream, ctx)) return &lp.streams[i];
     return NULL;
 }
+
 
 /* A free slot, its counters started afresh (bind_lock held); NULL when none is free. */
 static lp_stream *free_slot(void) {
@@ -332,6 +338,7 @@ static lp_stream *free_slot(void) {
         atomic_store(&st->covered, 0);
         atomic_store(&st->completed, 0);
         atomic_store(&st->unmarked, 0);
+        atomic_store(&st->gate_since, 0);
         st->head = st->tail = 1;
         pthread_mutex_unlock(&st->lock);
         return st;
@@ -360,23 +367,24 @@ static lp_stream *claim(CUstream stream, CUcontext ctx) {
     return st;
 }
 
-/* The first launch into `stream`: bind a slot to it. */
+/* The first launch into `stream` (`ctx` current): bind a slot to it, in its own context. */
 static lp_stream *bind(const qsc_session *s, CUstream stream, CUcontext ctx) {
     pthread_once(&lp_once, init_streams);
+    CUcontext own = qsc_stream_context(stream, ctx);
+    if (own == NULL) return NULL;
     pthread_mutex_lock(&lp.bind_lock);
     lp_stream *st = find(stream, ctx); /* another thread may have bound it meanwhile */
-    if (st == NULL) st = claim(stream, ctx);
+    if (st == NULL) st = claim(stream, own);
     if (st != NULL && lp.client == NULL) { /* the first stream bound */
         lp.client = s->client;
         qsc_dgate_bind(s);
-        atomic_store(&lp.gated, st);
     }
     pthread_mutex_unlock(&lp.bind_lock);
     return st;
 }
 
 int qsc_lp_tracks(const qsc_session *s, CUstream stream, CUcontext ctx) {
-    if (!qsc_hp_coalescable(stream) || ctx == NULL) return 0;
+    if (!qsc_hp_coalescable(stream) || (ctx == NULL && !qsc_stream_created(stream))) return 0;
     lp_stream *st = find(stream, ctx);
     if (st != NULL) {
         launching = st;
@@ -427,23 +435,13 @@ int qsc_lp_wait_window(uint64_t window_ns, uint64_t units) {
     return 0;
 }
 
-/* 1 if the device gate's waits go into `st`: it is the gated stream, or none is (the gated one
- * died) and `st` takes its place, the waits counted from its next launch. */
-static int gates(lp_stream *st) {
-    lp_stream *g = atomic_load_explicit(&lp.gated, memory_order_relaxed);
-    if (g == st) return 1;
-    if (g != NULL || !atomic_compare_exchange_strong(&lp.gated, &g, st)) return 0;
-    qsc_dgate_moved(atomic_load(&st->launched) - 1);
-    return 1;
-}
-
 void qsc_lp_counted(uint64_t window_ns) {
     lp_stream *st = launching;
     atomic_fetch_add(&lp.launched, 1); /* before the stream's: see qsc_lp_wait_window */
     uint64_t n = atomic_fetch_add(&st->launched, 1) + 1;
-    if (qsc_dgate_on() && gates(st))
-        qsc_dgate_after(atomic_load_explicit(&st->stream, memory_order_relaxed), n,
-                        estimate(window_ns));
+    if (qsc_dgate_on()) /* every tracked stream waits on the device, counted by its own */
+        qsc_dgate_after(atomic_load_explicit(&st->stream, memory_order_relaxed), &st->gate_since,
+                        n, estimate(window_ns));
     if (atomic_load(&st->sleeping)) {
         wake_completion(st);
         return;
@@ -487,14 +485,11 @@ uint64_t qsc_lp_window(const qsc_session *s) {
 }
 
 /* `st` dies (lock not held): nothing is recorded into it from now on; its completion thread
- * ends what no fence covers and frees the slot. The device gate's waits leave it for the next
- * stream launched into. */
+ * ends what no fence covers and frees the slot. */
 static void stream_gone(lp_stream *st) {
     pthread_mutex_lock(&st->lock);
     atomic_store(&st->stream, STREAM_GONE);
     pthread_mutex_unlock(&st->lock);
-    lp_stream *gated = st;
-    atomic_compare_exchange_strong(&lp.gated, &gated, NULL);
     wake_completion(st);
 }
 

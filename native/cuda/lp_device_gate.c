@@ -2,8 +2,9 @@
  * (per card, qs_card_set_lp_device_gate; per process, QSHARE_LP_DEVICE_GATE=0|1). The card's gate word (qs_client_gate_word) lives in the node's
  * shared segment; its page is registered with the GPU, and after every slice of estimated
  * device time the launching thread enqueues into the tracked stream a wait for that word to
- * read open. When high priority closes the gate, the card finishes the slice it is in and
- * holds the rest of the queue; when the release reopens it, the queue resumes on the card
+ * read open, in each stream the process's launches are batched in (each counts its own
+ * slices). When high priority closes the gate, the card finishes the slice each stream is in and
+ * holds the rest of the queues; when the release reopens it, the queue resumes on the card
  * with no host round trip. So high priority waits for about one slice while low priority
  * keeps the deep queue it has alone (lp_batch.c widens the window). Off, or where the driver
  * refuses the registration, the window alone bounds what high priority waits for. */
@@ -26,7 +27,6 @@ typedef CUresult (*wait_value_fn)(CUstream, CUdeviceptr, uint32_t, unsigned int)
 static struct {
     _Atomic int on;
     CUdeviceptr word;
-    _Atomic uint64_t since; /* the launch count at the last wait enqueued */
 } dg;
 
 static pthread_once_t bind_once = PTHREAD_ONCE_INIT;
@@ -79,12 +79,10 @@ int qsc_dgate_bind(const qsc_session *s) {
 
 int qsc_dgate_on(void) { return atomic_load_explicit(&dg.on, memory_order_acquire); }
 
-void qsc_dgate_moved(uint64_t n) { atomic_store(&dg.since, n); }
-
-void qsc_dgate_after(CUstream stream, uint64_t n, uint64_t est_ns) {
-    uint64_t since = atomic_load_explicit(&dg.since, memory_order_relaxed);
+void qsc_dgate_after(CUstream stream, _Atomic uint64_t *since_n, uint64_t n, uint64_t est_ns) {
+    uint64_t since = atomic_load_explicit(since_n, memory_order_relaxed);
     if (n <= since || (n - since) * est_ns < SLICE_NS) return;
-    if (!atomic_compare_exchange_strong(&dg.since, &since, n)) return; /* another thread did */
+    if (!atomic_compare_exchange_strong(since_n, &since, n)) return; /* another thread did */
     CUresult rc = QSC_REAL(wait_value_fn, cuStreamWaitValue32_v2)(stream, dg.word,
                                                                    QS_GATE_WORD_OPEN,
                                                                    CU_STREAM_WAIT_VALUE_EQ);

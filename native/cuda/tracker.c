@@ -133,8 +133,10 @@ static int end_oldest(int wait) {
     if (atomic_load_explicit(&s->state, memory_order_acquire) != SLOT_READY) return 0;
     qsc_event_fn check = wait ? QSC_REAL(qsc_event_fn, cuEventSynchronize)
                               : QSC_REAL(qsc_event_fn, cuEventQuery);
-    CUresult rc = s->ev.epoch == qsc_ctx_epoch(s->ev.ctx) ? check_event(check, s->ev.end)
-                                                 : CUDA_ERROR_INVALID_HANDLE; /* it died */
+    int live = s->ev.epoch == qsc_ctx_epoch(s->ev.ctx);
+    if (!live && !wait && qsc_ctx_destroying()) return 0; /* the destroy still drains it */
+    if (!live) qsc_ctx_wait_destroys();
+    CUresult rc = live ? check_event(check, s->ev.end) : CUDA_ERROR_INVALID_HANDLE; /* it died */
     if (rc == CUDA_ERROR_NOT_READY) return 0;
     if (!atomic_compare_exchange_strong(&tracker.head, &h, h + 1)) return 1;
     const qsc_session *session = qsc_enter();
@@ -222,8 +224,8 @@ int qsc_stream_unrecordable(CUstream stream) {
            (is_capturing(stream, &status) != CUDA_SUCCESS || status != CAPTURE_NONE);
 }
 
-/* High priority into a stream the completion thread can name: join the open unit (no
- * driver call at all), or open one. */
+/* High priority into a stream the completion thread can name: open a unit (joining the
+ * open one, in qsc_unit_begin, makes no driver call beyond the legacy stream's context check). */
 static int hp_fast(const qsc_session *s, CUstream stream, int *tracked, CUresult *rc) {
     if (s->low_priority || !qsc_hp_coalescable(stream)) return 0;
     if (!qsc_hp_try_open()) return 0;
@@ -304,7 +306,8 @@ void qsc_unit_end(const qsc_session *s, CUstream stream, CUresult submitted, int
         return;
     }
     if (tracked == QSC_UNIT_OPENING) {
-        if (!qsc_hp_opened(stream, current_context(), submitted)) qs_launch_end(s->client);
+        CUcontext ctx = qsc_stream_context(stream, current_context()); /* once per unit */
+        if (!qsc_hp_opened(stream, ctx, submitted)) qs_launch_end(s->client);
         return;
     }
     if (submitted != CUDA_SUCCESS || current.end == NULL ||

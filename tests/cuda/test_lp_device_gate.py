@@ -162,3 +162,25 @@ def test_queued_work_is_held_after_the_first_stream_is_destroyed(
         assert early == kernels_done(lp) < LP_KERNELS + 1
     finally:
         lp.close()
+
+
+def test_every_stream_of_the_process_is_held_on_the_device_while_high_priority_runs(
+    node: NodeOwner, hp_probe: Probe
+) -> None:
+    """Kernels of 2 ms alternate between two streams until the 20 ms window holds the launch
+    loop, then high priority runs a 300 ms kernel: each stream ends the kernel it is in and
+    holds the rest of its queue (about 5 kernels each). Before, only the first stream the
+    process launched into waited on the device, and the second's queue ran through."""
+    lp = Probe(node, LP_VGPU, extra_env=GATE_ON)
+    try:
+        assert lp.ask("init")["rc"] == "0"
+        assert lp.ask("alternate 2000 100 0 1")["rc"] == "0"
+        assert hp_probe.ask("launch kernel 300000 1")["rc"] == "0"
+        before = kernels_done(lp)
+        time.sleep(0.1)
+        early = kernels_done(lp)
+        time.sleep(0.1)
+        late = kernels_done(lp)
+        assert early == late <= before + 3
+    finally:
+        lp.close()

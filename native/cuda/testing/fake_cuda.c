@@ -139,6 +139,22 @@ static CUstream default_stream;
 
 static _Atomic unsigned long kernels_done;
 
+/* Kernel time submitted and not yet run to its end, over every stream, and the most there has
+ * been (test hooks: what a process had queued on the card at once). */
+static _Atomic uint64_t queued_ns, queued_max_ns;
+
+static void queue_kernel(uint64_t ns) {
+    uint64_t now = atomic_fetch_add(&queued_ns, ns) + ns;
+    uint64_t max = atomic_load(&queued_max_ns);
+    while (now > max && !atomic_compare_exchange_weak(&queued_max_ns, &max, now)) {
+    }
+}
+
+/* Test hook: the most kernel time (ns) that was queued on the device at once. */
+EXPORT unsigned long qshare_fake_queued_max_ns(void) {
+    return (unsigned long)atomic_load(&queued_max_ns);
+}
+
 /* A stream memory wait: the device polls the word, as a real card's front end does, every
  * WAIT_POLL_NS. The stream reached it at its clock (run_op set it); only a wait that found
  * the word otherwise moves the clock, to when it saw the value (a device thread that woke
@@ -165,6 +181,7 @@ static void run_op(CUstream st, op *o) {
     case OP_KERNEL:
         if (o->duration_ns && st->clock_ns > now_ns()) sleep_until_ns(st->clock_ns);
         atomic_fetch_add(&kernels_done, 1);
+        atomic_fetch_sub(&queued_ns, o->duration_ns);
         break;
     case OP_WAIT: wait_value(st, o); break;
     case OP_EVENT: complete_event(o->event, st->clock_ns); break;
@@ -242,6 +259,7 @@ static CUresult submit(CUstream stream, op o) {
     }
     int instant = (o.kind != OP_KERNEL || o.duration_ns == 0) && o.kind != OP_WAIT;
     o.submit_ns = now_ns();
+    if (o.kind == OP_KERNEL) queue_kernel(o.duration_ns);
     if (instant && atomic_load(&st->pending) == 0) {
         run_op(st, &o); /* the device thread is parked: nothing else moves the clock */
         return CUDA_SUCCESS;
@@ -616,6 +634,22 @@ EXPORT CUresult cuStreamDestroy_v2(CUstream stream) {
     return CUDA_SUCCESS;
 }
 
+/* A created stream's own context, whichever is current; a default stream is the current
+ * context's (the primary when none is). */
+EXPORT CUresult cuStreamGetCtx(CUstream stream, CUcontext *ctx) {
+    if (ctx == NULL) return CUDA_ERROR_INVALID_VALUE;
+    if (stream == NULL || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD) {
+        *ctx = owning_context();
+        return CUDA_SUCCESS;
+    }
+    if (dead_handle(stream->ctx, stream->generation)) return CUDA_ERROR_INVALID_HANDLE;
+    *ctx = stream->ctx;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuStreamGetCtx_ptsz(CUstream stream, CUcontext *ctx) {
+    return cuStreamGetCtx(stream, ctx);
+}
+
 EXPORT CUresult cuStreamSynchronize(CUstream stream) {
     CUstream st = resolve(stream);
     if (dead_handle(st->ctx, st->generation)) return CUDA_ERROR_INVALID_HANDLE;
@@ -803,8 +837,27 @@ EXPORT unsigned long qshare_fake_event_records(void) {
     return atomic_load(&event_records);
 }
 
+static _Atomic unsigned long cross_context_records;
+
+/* Test hook: how many event records were refused because the event and the stream belong to
+ * different contexts. */
+EXPORT unsigned long qshare_fake_cross_context_records(void) {
+    return atomic_load(&cross_context_records);
+}
+
+/* An event is recorded only into a stream of its own context, as the real driver requires: a
+ * created stream's context is its own; the default streams (one shared stream here) are taken
+ * as the current context's. */
+static int other_context(CUevent event, CUstream stream) {
+    int named = stream != NULL && stream != CU_STREAM_LEGACY && stream != CU_STREAM_PER_THREAD;
+    if (event->ctx == (named ? stream->ctx : owning_context())) return 0;
+    atomic_fetch_add(&cross_context_records, 1);
+    return 1;
+}
+
 EXPORT CUresult cuEventRecord(CUevent event, CUstream stream) {
     if (event == NULL || dead_handle(event->ctx, event->generation)) return CUDA_ERROR_INVALID_HANDLE;
+    if (other_context(event, stream)) return CUDA_ERROR_INVALID_HANDLE;
     atomic_fetch_add(&event_records, 1);
     atomic_store(&event->state, EV_PENDING);
     CUresult rc = submit(stream, (op){.kind = OP_EVENT, .event = event});
@@ -1026,7 +1079,8 @@ static const named table[] = {
     NAMED(cuLaunchHostFunc_ptsz), NAMED(cuGraphCreate), NAMED(cuGraphDestroy),
     NAMED(cuGraphInstantiateWithFlags), NAMED(cuGraphExecDestroy), NAMED(cuGraphLaunch),
     NAMED(cuGraphLaunch_ptsz), NAMED(cuStreamCreate), NAMED(cuStreamDestroy_v2),
-    NAMED(cuStreamSynchronize), NAMED(cuStreamSynchronize_ptsz), NAMED(cuStreamIsCapturing),
+    NAMED(cuStreamSynchronize), NAMED(cuStreamSynchronize_ptsz), NAMED(cuStreamGetCtx),
+    NAMED(cuStreamGetCtx_ptsz), NAMED(cuStreamIsCapturing),
     NAMED(cuStreamIsCapturing_ptsz), NAMED(cuStreamBeginCapture_v2), NAMED(cuStreamEndCapture),
     NAMED(cuThreadExchangeStreamCaptureMode), NAMED(cuEventCreate), NAMED(cuEventDestroy_v2),
     NAMED(cuEventRecord), NAMED(cuEventRecord_ptsz), NAMED(cuEventQuery),

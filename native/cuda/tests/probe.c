@@ -355,6 +355,65 @@ static void cmd_ctx2(probe *p, unsigned long us, unsigned long count) {
     printf("ctx2 rc=%d\n", rc);
 }
 
+typedef struct racer {
+    probe *p;
+    CUfunction f;
+    unsigned long count;
+    CUresult rc;
+} racer;
+
+static void *race_main(void *arg) {
+    racer *r = arg;
+    r->rc = r->p->d->cuCtxSetCurrent(r->p->ctx);
+    for (unsigned long i = 0; i < r->count && r->rc == CUDA_SUCCESS; i++)
+        r->rc = launch_one(r->p, "kernel", r->f);
+    return NULL;
+}
+
+/* A second context of the program's own gets `count` kernels of `us` µs queued into a stream
+ * of it; then a thread launches as many into the probe's stream while this one destroys the
+ * second context. Answers the most kernel time the device had queued at once (the fake's
+ * count), and the first failure. */
+static void cmd_ctxrace(probe *p, unsigned long us, unsigned long count) {
+    typedef CUresult (*create_fn)(CUcontext *, unsigned int, CUdevice);
+    typedef CUresult (*destroy_fn)(CUcontext);
+    create_fn create = (create_fn)entry("cuCtxCreate_v2");
+    destroy_fn destroy = (destroy_fn)entry("cuCtxDestroy_v2");
+    racer r = {p, kernel_of(p, us), count, CUDA_SUCCESS};
+    CUcontext ctx = NULL;
+    CUstream stream = NULL;
+    CUresult rc = create == NULL || destroy == NULL ? CUDA_ERROR_NOT_FOUND : create(&ctx, 0, 0);
+    if (rc == CUDA_SUCCESS) rc = p->d->cuStreamCreate(&stream, 0);
+    for (unsigned long i = 0; i < count && rc == CUDA_SUCCESS; i++)
+        rc = p->d->cuLaunchKernel(r.f, 1, 1, 1, 1, 1, 1, 0, stream, NULL, NULL);
+    pthread_t thread;
+    int started = rc == CUDA_SUCCESS && pthread_create(&thread, NULL, race_main, &r) == 0;
+    if (rc == CUDA_SUCCESS) rc = started ? destroy(ctx) : CUDA_ERROR_OUT_OF_MEMORY;
+    if (started) pthread_join(thread, NULL);
+    if (rc == CUDA_SUCCESS) rc = r.rc;
+    if (rc == CUDA_SUCCESS) rc = p->d->cuCtxSetCurrent(p->ctx);
+    if (rc == CUDA_SUCCESS) rc = p->d->cuStreamSynchronize(p->stream);
+    printf("ctxrace rc=%d queued_max_ns=%ld\n", rc, fake_count("qshare_fake_queued_max_ns"));
+}
+
+/* `count` kernels of `us` µs launched into a stream of a second context while the probe's
+ * context is current, then waited for (the second context is left alive). Answers how many
+ * event records the fake refused for naming a stream of another context than the event's. */
+static void cmd_otherctx(probe *p, unsigned long us, unsigned long count) {
+    typedef CUresult (*create_fn)(CUcontext *, unsigned int, CUdevice);
+    create_fn create = (create_fn)entry("cuCtxCreate_v2");
+    CUfunction f = kernel_of(p, us);
+    CUcontext ctx = NULL;
+    CUstream stream = NULL;
+    CUresult rc = create == NULL ? CUDA_ERROR_NOT_FOUND : create(&ctx, 0, 0);
+    if (rc == CUDA_SUCCESS) rc = p->d->cuStreamCreate(&stream, 0);
+    if (rc == CUDA_SUCCESS) rc = p->d->cuCtxSetCurrent(p->ctx);
+    for (unsigned long i = 0; i < count && rc == CUDA_SUCCESS; i++)
+        rc = p->d->cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, stream, NULL, NULL);
+    if (rc == CUDA_SUCCESS) rc = p->d->cuStreamSynchronize(stream);
+    printf("otherctx rc=%d cross=%ld\n", rc, fake_count("qshare_fake_cross_context_records"));
+}
+
 /* cuCtxDestroy of NULL, a context the driver refuses to name: nothing is destroyed. */
 static void cmd_destroy_null_ctx(void) {
     typedef CUresult (*destroy_fn)(CUcontext);
@@ -540,6 +599,8 @@ static void run(probe *p, char *line) {
     else if (strcmp(cmd, "captured") == 0) cmd_captured();
     else if (strcmp(cmd, "destroynull") == 0) cmd_destroy_null_ctx();
     else if (strcmp(cmd, "ctx2") == 0) cmd_ctx2(p, strtoul(arg1, NULL, 10), n1);
+    else if (strcmp(cmd, "ctxrace") == 0) cmd_ctxrace(p, strtoul(arg1, NULL, 10), n1);
+    else if (strcmp(cmd, "otherctx") == 0) cmd_otherctx(p, strtoul(arg1, NULL, 10), n1);
     else if (strcmp(cmd, "threads") == 0) cmd_threads(p, strtoul(arg1, NULL, 10), word3);
     else if (strcmp(cmd, "capture") == 0) cmd_capture(p, arg1, word3);
     else if (strcmp(cmd, "sleep") == 0) cmd_sleep(strtoul(arg1, NULL, 10));

@@ -17,8 +17,9 @@ static qsc_session no_session = {.failure = CUDA_ERROR_DEINITIALIZED};
 
 int qsc_dgate_on(void) { return 0; }
 int qsc_dgate_bind(const qsc_session *s) { return (void)s, 0; }
-void qsc_dgate_after(CUstream stream, uint64_t n, uint64_t est) { (void)stream, (void)n, (void)est; }
-void qsc_dgate_moved(uint64_t n) { (void)n; }
+void qsc_dgate_after(CUstream stream, _Atomic uint64_t *since, uint64_t n, uint64_t est) {
+    (void)stream, (void)since, (void)n, (void)est;
+}
 int qsc_stream_capturing(CUstream stream) { return (void)stream, 0; }
 int qsc_stream_unrecordable(CUstream stream) { return (void)stream, 0; }
 void qsc_stats_count(int counter, uint64_t n) { (void)counter, (void)n; }
@@ -32,6 +33,14 @@ int qsc_start_thread(void *(*main)(void *), void *arg, const char *what) {
 }
 int qsc_hp_coalescable(CUstream stream) { return stream != CU_STREAM_PER_THREAD; }
 uint64_t qsc_ctx_epoch(CUcontext ctx) { return (void)ctx, 0; }
+int qsc_ctx_destroying(void) { return 0; }
+CUresult qsc_event_create_in(CUcontext ctx, CUevent *ev, unsigned int flags) {
+    return (void)ctx, QSC_REAL(qsc_event_create_fn, cuEventCreate)(ev, flags);
+}
+CUcontext qsc_stream_context(CUstream stream, CUcontext current) {
+    return (void)stream, current;
+}
+void qsc_ctx_wait_destroys(void) {}
 void qsc_warn_once(int key, const char *fmt, ...) { (void)key, (void)fmt; }
 
 /* ---- tests ---- */

@@ -1,0 +1,39 @@
+"""Launches into a stream of a context that is not current, through the interposer and the
+fake driver (which, as the real driver, refuses to record an event into a stream of another
+context): low priority's batch fences are made in the stream's own context."""
+
+from __future__ import annotations
+
+from .conftest import HP_VGPU, LP_VGPU, NodeOwner, run_probe
+
+MS = 1_000_000
+
+
+def test_low_priority_fences_a_stream_of_a_non_current_context_in_that_context(
+    node: NodeOwner,
+) -> None:
+    """Context A current, 50 kernels of 1 ms launched into a stream created in context B:
+    every fence is recorded (none refused for another context's event), so every launch is
+    counted and its device time measured. Before, the stream's slot was bound to A and its
+    fences made in A: each recording was refused, and the launches ended as they were."""
+    run = run_probe(node, LP_VGPU, ["init", "otherctx 1000 50"])
+    assert run.returncode == 0, run.stderr
+    assert run.rc("otherctx") == 0
+    assert int(run.reply("otherctx")["cross"]) == 0
+    stats = node.stats(LP_VGPU)
+    assert stats["launches"] == 50
+    assert 40 * MS <= stats["device_ns"] <= 150 * MS
+
+
+def test_high_priority_fences_a_stream_of_a_non_current_context_in_that_context(
+    node: NodeOwner,
+) -> None:
+    """The same for high priority's coalesced unit: its fence is made in the stream's context,
+    so one unit opens and covers the 50 launches (the vGPU counts one). Before, the fence was
+    made in the current context and every recording refused: no unit opened, and each of the
+    50 launches was ended at once, before its work (high priority turned quiet while it ran)."""
+    run = run_probe(node, HP_VGPU, ["init", "otherctx 1000 50"])
+    assert run.returncode == 0, run.stderr
+    assert run.rc("otherctx") == 0
+    assert int(run.reply("otherctx")["cross"]) == 0
+    assert node.stats(HP_VGPU)["launches"] == 1
