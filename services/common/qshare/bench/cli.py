@@ -38,6 +38,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         action="store_true",
         help="cluster: Postgres without fsync, to show what durable commits cost on this disk",
     )
+    parser.add_argument(
+        "--replot",
+        type=Path,
+        metavar="JSON",
+        help="colocation: draw the inflation figure again from a saved --json run, not running",
+    )
     add_gpu_options(parser)
     parser.set_defaults(handler=run_benchmark)
 

@@ -53,48 +53,67 @@ def plot_timeline(timelines: dict[str, dict[str, Any]], path: Path) -> Path:
 
 
 def _limit(values: list[float]) -> float:
-    """A y-axis end the bulk sets (1.3 x the 75th percentile, at least 1.5), not outliers."""
+    """An x-axis end the bulk sets (1.3 x the 75th percentile, at least 1.5), not outliers."""
     ordered = sorted(values)
     p75 = ordered[min(len(ordered) - 1, round(0.75 * (len(ordered) - 1)))] if ordered else 1.0
     return max(1.5, 1.3 * p75)
 
 
+MODE_ORDER = ("time-slicing", "qshare-0ms", "qshare-1ms", "qshare-1ms-dg", "qshare-10ms",
+              "qshare-100ms", "qshare-100ms-dg", "qshare-auto")  # fmt: skip
+
+
+def _cases(points: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """(LP workload, mode) rows, grouped by workload, modes from plain co-location to qshare's
+    longest release, each once."""
+    rank = {m: i for i, m in enumerate(MODE_ORDER)}
+    found = {(r["lp"], r["mode"]) for r in points}
+    return sorted(found, key=lambda c: (c[0], rank.get(c[1], len(rank)), c[1]))
+
+
+def _bars(ax: Any, values: list[float | None], top: float, fmt: str, color: str) -> None:
+    """Horizontal bars clipped at `top`; each labelled with its value (clipped ones with an
+    arrow), so no point hides another and no outlier sets the scale."""
+    for y, v in enumerate(values):
+        if v is None:
+            continue
+        ax.barh(y, min(v, top), color=color, height=0.7)
+        label = fmt.format(v) + (" ▸" if v > top else "")
+        ax.text(min(v, top) + top * 0.01, y, label, va="center", fontsize=7)
+    ax.set_xlim(0, top * 1.18)
+    ax.grid(axis="x", alpha=0.3)
+
+
 def plot_inflation(rows: list[dict[str, Any]], path: Path) -> Path:
-    """HP p99 inflation (x HP alone) against LP harvest, one panel per shape, one colour per
-    LP workload; points above the axis (set by the bulk) sit on its edge with their value."""
+    """Per HP shape, HP p99 (x HP alone) beside LP harvest (% of the card time HP left idle),
+    one row per LP workload and mode, side by side: what high priority pays and what low
+    priority gets, read across one line."""
     points = [r for r in rows if r.get("hp_p99_inflation") is not None and r["harvest"] is not None]
     shapes = sorted({r["shape"] for r in points}) or ["steady"]
-    lps = sorted({r["lp"] for r in points})
+    cases = _cases(points)
     top = _limit([r["hp_p99_inflation"] for r in points])
-    fig, axes = plt.subplots(1, len(shapes), figsize=(6 * len(shapes), 4.8), squeeze=False)
-    for ax, shape in zip(axes[0], shapes, strict=True):
-        for i, r in enumerate(r for r in points if r["shape"] == shape):
-            y = min(r["hp_p99_inflation"], top)
-            color = f"C{lps.index(r['lp'])}"
-            ax.scatter(
-                100 * r["harvest"], y, color=color, marker="^" if y < r["hp_p99_inflation"] else "o"
-            )
-            name = r["mode"].removeprefix("qshare-")
-            if y < r["hp_p99_inflation"]:
-                name += f" ({r['hp_p99_inflation']:.1f}x)"
-            ax.annotate(
-                name,
-                (100 * r["harvest"], y),
-                fontsize=7,
-                color=color,
-                xytext=(4, 6 - 12 * (i % 2)),
-                textcoords="offset points",
-            )
-        ax.set_ylim(0.9, top * 1.05)
-        ax.set_xlim(-2, 102)
-        ax.axhline(1.05, color="grey", lw=0.8, ls="--")
-        ax.set_xlabel("LP harvest: % of the card time HP left idle")
-        ax.set_title(f"{shape} HP (dashed: 1.05 x alone; ^ clipped)", fontsize=9)
-        ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("HP p99 latency / HP alone")
-    for i, lp in enumerate(lps):
-        axes[0][-1].scatter([], [], color=f"C{i}", label=lp)
-    axes[0][-1].legend(fontsize=7, loc="upper left")
+    height = 1.6 + 0.26 * len(cases)
+    fig, axes = plt.subplots(1, 2 * len(shapes), figsize=(4.2 * len(shapes) + 4, height),
+                             sharey=True, squeeze=False)  # fmt: skip
+    for k, shape in enumerate(shapes):
+        by_case = {(r["lp"], r["mode"]): r for r in points if r["shape"] == shape}
+        hp_ax, lp_ax = axes[0][2 * k], axes[0][2 * k + 1]
+        inflation = [by_case[c]["hp_p99_inflation"] if c in by_case else None for c in cases]
+        harvest = [100 * by_case[c]["harvest"] if c in by_case else None for c in cases]
+        _bars(hp_ax, inflation, top, "{:.2f}x", "tab:orange")
+        _bars(lp_ax, harvest, 100.0, "{:.0f} %", "tab:blue")
+        hp_ax.axvline(1.05, color="grey", lw=0.8, ls="--")
+        hp_ax.set_title(f"{shape} HP: p99 ÷ alone (dashed 1.05)", fontsize=9)
+        lp_ax.set_title(f"{shape} HP: LP harvest %", fontsize=9)
+    labels = [f"{lp.removeprefix('lp-')} · {mode.removeprefix('qshare-')}" for lp, mode in cases]
+    axes[0][0].set_yticks(range(len(cases)), labels, fontsize=8)
+    axes[0][0].invert_yaxis()
+    for y in range(1, len(cases)):
+        if cases[y][0] != cases[y - 1][0]:
+            for ax in axes[0]:
+                ax.axhline(y - 0.5, color="black", lw=0.6)
+    fig.suptitle("HP latency paid and LP work harvested, per LP workload and mode "
+                 "(▸: beyond the axis)", fontsize=10)  # fmt: skip
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

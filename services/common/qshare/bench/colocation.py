@@ -14,6 +14,7 @@ timestamps.
 from __future__ import annotations
 
 import argparse
+import json
 import tempfile
 import threading
 import time
@@ -313,7 +314,25 @@ def _targets(rows: list[dict[str, Any]], lp: Lp) -> dict[str, Any]:
     return out
 
 
+def replot(saved: Path, out_dir: Path) -> dict[str, Any]:
+    """A saved run with its inflation figure drawn again into `out_dir` (the timeline is not
+    kept in the JSON)."""
+    try:
+        result: dict[str, Any] = json.loads(saved.read_text())
+        scenarios = result["scenarios"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SystemExit(
+            f"qshare bench colocation --replot {saved}: not a saved run ({exc!r})"
+        ) from None
+    out_dir.mkdir(parents=True, exist_ok=True)
+    figure = plot_inflation(scenarios, out_dir / "colocation-inflation.png")
+    result["figures"] = {**result.get("figures", {}), "inflation_png": str(figure)}
+    return result
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    if getattr(args, "replot", None) is not None:
+        return replot(args.replot, args.out_dir)
     plan = QUICK if args.quick else FULL
     out_dir: Path = args.out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
