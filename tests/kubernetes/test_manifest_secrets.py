@@ -359,3 +359,12 @@ async def test_nats_with_the_rendered_config_lets_a_node_agent_publish_only_its_
         assert await delivered(server.url, operator, client, subjects.heartbeat(NODES[0]))
         assert not await delivered(server.url, operator, client, subjects.heartbeat(NODES[1]))
         assert any("permissions violation" in e.lower() for e in errors)
+
+
+def test_every_pod_carries_the_part_of_label_a_pod_monitor_selects(rendered: Objects) -> None:
+    """Prometheus (a PodMonitor on `app.kubernetes.io/part-of: qshare`) finds every pod."""
+    workloads = ("Deployment", "DaemonSet", "StatefulSet")
+    templates = [o["spec"]["template"] for o in rendered if o["kind"] in workloads]
+    assert templates
+    for template in templates:
+        assert template["metadata"]["labels"]["app.kubernetes.io/part-of"] == "qshare"

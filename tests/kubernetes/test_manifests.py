@@ -313,6 +313,20 @@ def test_every_service_serves_its_probes_where_the_kubelet_looks(
     assert getattr(settings, host_setting) == "0.0.0.0"
 
 
+@pytest.mark.parametrize(
+    ("workload", "container"),
+    [("qshare-allocator", "allocator"), ("qshare-node-agent", "agent")],
+)
+def test_every_service_with_metrics_serves_them_on_its_declared_metrics_port(
+    monkeypatch: pytest.MonkeyPatch, workload: str, container: str
+) -> None:
+    """Prometheus finds them by the port named `metrics`, on the pod's address."""
+    settings, _ = service_settings(monkeypatch, workload, container)
+    [spec] = [c for w, c in long_running_containers() if (w, c["name"]) == (workload, container)]
+    assert probed_port(spec, {"httpGet": {"port": "metrics"}}) == settings.metrics_port
+    assert settings.metrics_host == "0.0.0.0"
+
+
 def test_the_nats_probes_ask_its_monitoring_port() -> None:
     [spec] = [c for w, c in long_running_containers() if w == "nats"]
     monitor = int(spec["args"][spec["args"].index("-m") + 1])

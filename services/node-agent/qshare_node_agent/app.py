@@ -12,8 +12,7 @@ from typing import Any
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from prometheus_client import REGISTRY, start_http_server
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client import Metric
 from pydantic import BaseModel, ValidationError
 
 from qshare import bus, health
@@ -52,6 +51,7 @@ class NodeAgent(Service):
         self._node: Node | None = None
         self._nc: Client | None = None
         self._commands: Commands | None = None
+        self._metrics: metrics.MetricsServer | None = None
         self._pump: EventPump | None = None
         self.announcer: Announcer | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -114,8 +114,8 @@ class NodeAgent(Service):
             usage = report(reader, self._nc, self.source, interval, self.registered)
             self._tasks.append(asyncio.create_task(usage, name="usage reports"))
         if self.settings.metrics_port:
-            REGISTRY.register(metrics.DriverCollector(self))
-            start_http_server(self.settings.metrics_port, self.settings.metrics_host)
+            port, host = self.settings.metrics_port, self.settings.metrics_host
+            self._metrics = metrics.MetricsServer(self, port, host)
         self.probes.serving()
         log.info("node agent %s: %d cards, segment %s", self.name, len(self.cards),
                  self.settings.segment_name)  # fmt: skip
@@ -124,6 +124,9 @@ class NodeAgent(Service):
         self.probes.stopping()
         if self._health is not None:
             await self._health.stop()
+        if self._metrics is not None:
+            await asyncio.to_thread(self._metrics.stop)
+            self._metrics = None
         for task in [*self._tasks, *([self._registering] if self._registering else [])]:
             await cancelled(task)
         if self.announcer is not None:
@@ -298,22 +301,53 @@ class NodeAgent(Service):
             gpu = next((c.uuid for c in self.cards if c.index == event.card), "")
             metrics.BUSY_SECONDS.labels(self.name, gpu).observe(event.value / 1e9)
 
-    def metric_families(self) -> Iterator[GaugeMetricFamily]:
+    def metric_families(self) -> Iterator[Metric]:
         if self._node is None or self._commands is None:
             return
-        used = metrics.family("qshare_vgpu_memory_used_bytes", "memory reserved", ["node", "vgpu"])
-        limit = metrics.family("qshare_vgpu_memory_limit_bytes", "memory limit", ["node", "vgpu"])
-        device = metrics.family("qshare_vgpu_device_seconds", "device time used", ["node", "vgpu"])
-        for local_id in list(self._commands.converger.held):
-            stats = self._node.vgpu_stats(local_id)
-            labels = [self.name, str(local_id)]
-            used.add_metric(labels, stats.mem_used)
-            limit.add_metric(labels, stats.mem_limit)
-            device.add_metric(labels, stats.device_ns / 1e9)
-        episodes = metrics.family("qshare_card_busy_episodes", "busy episodes", ["node", "gpu"])
+        yield from self._vgpu_families(self._node, self._commands.converger.held)
+        yield from self._card_families(self._node)
+
+    def _vgpu_families(self, node: Node, held: dict[int, DesiredVgpu]) -> Iterator[Metric]:
+        """Per vGPU, labelled with its claim, card and priority (dashboards join on claim)."""
+        labels = ["node", "vgpu", "claim", "gpu", "priority"]
+        used = metrics.family("qshare_vgpu_memory_used_bytes", "memory reserved", labels)
+        limit = metrics.family("qshare_vgpu_memory_limit_bytes", "memory limit", labels)
+        share = metrics.family("qshare_vgpu_core_share_percent", "compute share", labels)
+        device = metrics.family("qshare_vgpu_device_seconds", "device time used", labels)
+        launches = metrics.counter("qshare_vgpu_launches", "kernel launches", labels)
+        processes = metrics.family("qshare_vgpu_processes", "processes attached", labels)
+        suspended = metrics.family("qshare_vgpu_suspended", "1 while suspended", labels)
+        for local_id, vgpu in list(held.items()):
+            stats = node.vgpu_stats(local_id)
+            values = [self.name, str(local_id), str(vgpu.claim_id), vgpu.gpu, vgpu.priority]
+            used.add_metric(values, stats.mem_used)
+            limit.add_metric(values, stats.mem_limit)
+            share.add_metric(values, stats.core_share)
+            device.add_metric(values, stats.device_ns / 1e9)
+            launches.add_metric(values, stats.launches)
+            processes.add_metric(values, stats.contexts)
+            suspended.add_metric(values, int(stats.suspended))
+        yield from (used, limit, share, device, launches, processes, suspended)
+
+    def _card_families(self, node: Node) -> Iterator[Metric]:
+        """Per card: high priority's hold, the release delay and LP window in force, vGPUs."""
+        labels = ["node", "gpu"]
+        episodes = metrics.family("qshare_card_busy_episodes", "busy episodes", labels)
+        busy = metrics.family("qshare_card_busy", "1 while high priority holds the card", labels)
+        delay = metrics.family("qshare_card_release_delay_seconds", "release delay", labels)
+        window = metrics.family("qshare_card_lp_window_seconds", "LP in-flight window", labels)
+        vgpus = metrics.family("qshare_card_vgpus", "vGPUs on the card", labels)
+        memory = metrics.family("qshare_card_memory_bytes", "the card's memory", labels)
         for card in self.cards:
-            episodes.add_metric([self.name, card.uuid], self._node.card_stats(card.index).episodes)
-        yield from (used, limit, device, episodes)
+            stats = node.card_stats(card.index)
+            values = [self.name, card.uuid]
+            episodes.add_metric(values, stats.episodes)
+            busy.add_metric(values, int(stats.busy))
+            delay.add_metric(values, stats.release_delay_s)
+            window.add_metric(values, stats.lp_window_s)
+            vgpus.add_metric(values, stats.vgpus)
+            memory.add_metric(values, stats.total_mem)
+        yield from (episodes, busy, delay, window, vgpus, memory)
 
 
 def _decode(msg: Msg, model: type) -> object:
