@@ -5,11 +5,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import httpx
 import psutil
 import yaml
 
 from qshare.bus import close, connect
-from qshare.natsauth import ADMIN_TOKEN_FILE, CONFIG_FILE, init_secrets, nats_credentials
+from qshare.natsauth import (
+    ADMIN_TOKEN_FILE,
+    CONFIG_FILE,
+    NatsAuth,
+    ServiceRole,
+    init_secrets,
+    nats_credentials,
+)
 from qshare.testing.servers import EmbeddedNats, free_port
 from qshare_allocator.app import Allocator
 from qshare_allocator.settings import AllocatorSettings
@@ -59,22 +67,36 @@ def test_compose_ships_no_token_and_gives_nats_its_identities() -> None:
     assert services["allocator"]["environment"]["QSHARE_ALLOCATOR_NATS_SECRETS_DIR"] == "/secrets"
 
 
-async def test_the_allocator_metrics_listen_on_loopback_by_default(
-    database_url: str, bus_url: str, nats_auth: object
-) -> None:
-    from qshare.natsauth import NatsAuth, ServiceRole
-
-    assert isinstance(nats_auth, NatsAuth)
+def metrics_settings(database_url: str, bus_url: str, nats_auth: NatsAuth) -> AllocatorSettings:
     found = nats_auth.credentials(ServiceRole.ALLOCATOR)
-    port = free_port()
-    settings = AllocatorSettings(
-        database_url=database_url, nats_url=bus_url, metrics_port=port, cluster=RULES,
+    return AllocatorSettings(
+        database_url=database_url, nats_url=bus_url, metrics_port=free_port(), cluster=RULES,
         nats_user=found.user, nats_password=found.password,
     )  # fmt: skip
+
+
+def listening_on(port: int) -> set[str]:
+    return {
+        c.laddr.ip
+        for c in psutil.net_connections("tcp")
+        if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN
+    }
+
+
+async def test_the_allocator_metrics_listen_on_loopback_by_default(
+    database_url: str, bus_url: str, nats_auth: NatsAuth
+) -> None:
+    settings = metrics_settings(database_url, bus_url, nats_auth)
     async with Allocator(settings):
-        listening = {
-            c.laddr.ip
-            for c in psutil.net_connections("tcp")
-            if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN
-        }
+        listening = listening_on(settings.metrics_port)
     assert listening == {"127.0.0.1"}
+
+
+async def test_a_stopped_allocator_no_longer_serves_its_metrics(
+    database_url: str, bus_url: str, nats_auth: NatsAuth
+) -> None:
+    settings = metrics_settings(database_url, bus_url, nats_auth)
+    async with Allocator(settings), httpx.AsyncClient() as client:
+        served = await client.get(f"http://127.0.0.1:{settings.metrics_port}/metrics")
+    assert "qshare_allocator_messages_total" in served.text
+    assert listening_on(settings.metrics_port) == set()

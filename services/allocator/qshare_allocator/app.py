@@ -12,7 +12,6 @@ from typing import Any
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from prometheus_client import start_http_server
 from pydantic import BaseModel
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -39,6 +38,7 @@ from qshare.contracts.placement import PreviewPlacement
 from qshare.contracts.streams import ensure_events_stream
 from qshare.contracts.tracing import flush_tracing, setup_tracing
 from qshare.contracts.usage import MoveClaim, MoveReply
+from qshare.metrics_http import MetricsServer
 from qshare.service import Service, cancelled
 from qshare_allocator import metrics
 from qshare_allocator.claims.resize import Resizer
@@ -79,6 +79,7 @@ class Allocator(Service):
         self._sweep_wanted = asyncio.Event()
         self._background: list[asyncio.Task[None]] = []
         self._health: health.HealthServer | None = None
+        self._metrics: MetricsServer | None = None
         self.probes = health.Probes()
         self.probes.live["nats"] = health.nats_not_closed(lambda: self._nc)
         self.probes.live["tasks"] = health.tasks_running(lambda: self._background)
@@ -132,7 +133,7 @@ class Allocator(Service):
             asyncio.create_task(self._dispatch_scanner(), name="dispatch scanner"),
         ]
         if self.settings.metrics_port:
-            start_http_server(self.settings.metrics_port, addr=self.settings.metrics_host)
+            self._metrics = MetricsServer(self.settings.metrics_port, self.settings.metrics_host)
         self.probes.serving()
         log.info("allocator %s serving", self.settings.instance)
 
@@ -140,6 +141,9 @@ class Allocator(Service):
         self.probes.stopping()
         if self._health is not None:
             await self._health.stop()
+        if self._metrics is not None:
+            await asyncio.to_thread(self._metrics.stop)
+            self._metrics = None
         if self._nc is not None:
             await bus.close(self._nc)
         if self._router is not None:

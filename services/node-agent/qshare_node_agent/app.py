@@ -22,6 +22,7 @@ from qshare.contracts.domain import NODE_LABEL, POLICY_LABEL
 from qshare.contracts.errors import InvalidInput, QshareError
 from qshare.contracts.nodes import GpuSpec, Heartbeat, NodeRegistration, NodeView
 from qshare.contracts.tracing import flush_tracing, handling, setup_tracing
+from qshare.metrics_http import MetricsServer
 from qshare.natsauth import ServiceRole
 from qshare.service import Service, cancelled
 from qshare_driver import Event, EventKind, Node
@@ -51,7 +52,7 @@ class NodeAgent(Service):
         self._node: Node | None = None
         self._nc: Client | None = None
         self._commands: Commands | None = None
-        self._metrics: metrics.MetricsServer | None = None
+        self._metrics: MetricsServer | None = None
         self._pump: EventPump | None = None
         self.announcer: Announcer | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -115,7 +116,7 @@ class NodeAgent(Service):
             self._tasks.append(asyncio.create_task(usage, name="usage reports"))
         if self.settings.metrics_port:
             port, host = self.settings.metrics_port, self.settings.metrics_host
-            self._metrics = metrics.MetricsServer(self, port, host)
+            self._metrics = MetricsServer(port, host, metrics.DriverCollector(self))
         self.probes.serving()
         log.info("node agent %s: %d cards, segment %s", self.name, len(self.cards),
                  self.settings.segment_name)  # fmt: skip

@@ -6,15 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import (
-    REGISTRY,
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    Metric,
-    start_http_server,
-)
+from prometheus_client import Counter, Gauge, Histogram, Metric
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -48,29 +40,6 @@ class DriverCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         yield from self._agent.metric_families()
-
-
-class _Shared(Collector):
-    """The process-wide metrics (the counters above), served beside one agent's own."""
-
-    def collect(self) -> Iterator[Metric]:
-        yield from REGISTRY.collect()
-
-
-class MetricsServer:
-    """One agent's `/metrics`: the shared counters and its driver's figures, on its own
-    registry, so that several agents in one process (or one started again) each serve theirs."""
-
-    def __init__(self, agent: Any, port: int, host: str) -> None:
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(_Shared())
-        self.registry.register(DriverCollector(agent))
-        self._server, self._thread = start_http_server(port, host, registry=self.registry)
-
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
 
 
 def family(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
