@@ -73,6 +73,7 @@ def _parsed(url: str) -> URL:
     except (ArgumentError, ValueError):
         raise ValueError(f"not a database URL; the form is {FORM}") from None
     if not hosts:
+        _check_port(parsed.host or "", "" if parsed.port is None else str(parsed.port))
         return parsed
     clash = sorted({"host", "port"} & set(parsed.query))
     if clash:
@@ -80,8 +81,11 @@ def _parsed(url: str) -> URL:
     return parsed.set(query={"host": hosts} | dict(parsed.query))
 
 
-_NETLOC = re.compile(r"(?P<head>[^:/?#]+://(?:[^/?#]*@)?)(?P<hosts>[^/?#]*)(?P<tail>.*)", re.S)
-"""A URL: scheme and user info, its hosts (libpq: comma-separated), then path and query."""
+_NETLOC = re.compile(
+    r"(?P<head>[^:/?#]+://(?:[^:/@]*(?::[^@]*)?@)?)(?P<hosts>[^/?#@]*)(?P<tail>.*)", re.S
+)
+"""A URL: scheme and user info (its password, as SQLAlchemy reads it, all up to the '@'),
+its hosts (libpq: comma-separated), then path and query."""
 DEFAULT_PORT = "5432"
 """libpq's port for a host given without one (the asyncpg dialect wants every port)."""
 
@@ -90,7 +94,13 @@ def _several_hosts(url: str) -> tuple[str, tuple[str, ...]]:
     """`url` without its hosts and its `HOST:PORT`s when it names several (libpq's form,
     which SQLAlchemy's URL parser cannot read); else `url` as it is and none."""
     found = _NETLOC.fullmatch(url)
-    if found is None or "," not in found["hosts"]:
+    if found is None:
+        return url, ()
+    if found["tail"].startswith("@"):
+        raise ValueError(
+            "an '@' in the user name or password: percent-encode it (%40); the form is " + FORM
+        )
+    if "," not in found["hosts"]:
         return url, ()
     if "[" in found["hosts"]:
         raise ValueError(
@@ -105,9 +115,19 @@ def _host_and_port(token: str) -> str:
     host, _, port = token.partition(":")
     if not host:
         raise ValueError(f"an empty host in the hosts list; the form is {SEVERAL}")
-    if port and not port.isdigit():
-        raise ValueError(f"{port!r} is not a port (of host {unquote(host)}); the form is {SEVERAL}")
+    _check_port(unquote(host), port)
     return f"{unquote(host)}:{port or DEFAULT_PORT}"
+
+
+def _check_port(host: str, port: str) -> None:
+    """ValueError where `port` (empty: the default) is not one a connection can use: asyncpg
+    raises OverflowError past 65535 and takes 0 for 5432."""
+    if not port:
+        return
+    if not re.fullmatch("[0-9]+", port):
+        raise ValueError(f"{port!r} is not a port (of host {host}); the form is {SEVERAL}")
+    if not 0 < int(port) < 65536:
+        raise ValueError(f"port {port} of host {host} is out of range (1 to 65535)")
 
 
 SEVERAL = "postgresql://USER:PASSWORD@HOST1:PORT1,HOST2:PORT2/DATABASE"
