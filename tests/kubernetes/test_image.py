@@ -223,9 +223,16 @@ def test_compose_builds_every_qshare_service_from_the_one_image() -> None:
 def test_every_module_the_manifests_and_compose_run_starts_from_the_image(
     image: Image, module: str
 ) -> None:
+    before = files_of(image.root)
     done = image.run("-m", module, "--help")
     assert done.returncode == 0, done.stderr
     assert f"python -m {module}" in done.stdout
+    assert files_of(image.root) == before  # the manifests' root filesystem is read-only
+
+
+def files_of(root: Path) -> dict[str, int]:
+    """Every file under `root`, with its modification time."""
+    return {str(p): p.stat().st_mtime_ns for p in root.rglob("*") if p.is_file()}
 
 
 def test_the_image_carries_the_drivers_native_module(image: Image) -> None:
@@ -261,11 +268,13 @@ async def test_the_allocators_init_container_migrates_an_empty_database_from_the
         await conn.execute(text(f"DROP DATABASE IF EXISTS {name}"))
         await conn.execute(text(f"CREATE DATABASE {name}"))
     url = make_url(database_url).set(database=name).render_as_string(hide_password=False)
+    before = files_of(image.root)
     try:
         done = image.run(
             "-m", "qshare_allocator", "migrate", extra={"QSHARE_ALLOCATOR_DATABASE_URL": url}
         )
         assert done.returncode == 0, done.stderr
+        assert files_of(image.root) == before  # no bytecode of the migrations either
         scratch = create_async_engine(url)
         async with scratch.connect() as conn:
             version = (await conn.execute(text("SELECT version_num FROM alembic_version"))).scalar()
