@@ -229,6 +229,9 @@ def test_a_password_with_slash_question_hash_comma_or_colon_is_read_whole(hosts:
         ("postgres://u:pw1@db:70000/q", "port 70000 of host db"),
         ("postgres://u:pw1@db:0/q", "port 0 of host db"),
         ("postgres://u:pw1@h1:²,h2/db", "'²' is not a port"),
+        ("postgres://u:pw1@/db?host=/run/pg&port=99999", "port 99999 of host /run/pg"),
+        ("postgres://u:pw1@/db?host=h1,h2&port=5432,70000", "port 70000"),
+        ("postgres://u:pw1@/db?host=h1:5432&host=h2:99999", "port 99999 of host h2"),
     ],
 )  # fmt: skip
 def test_an_unencoded_at_or_a_port_out_of_range_is_refused_at_start_saying_why(

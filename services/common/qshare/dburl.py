@@ -29,6 +29,7 @@ def normalised(url: str) -> str:
     if parsed.drivername not in SCHEMES:
         raise ValueError(f"{parsed.drivername}:// is not a Postgres URL; the form is {FORM}")
     query = _asyncpg_query(dict(parsed.query))
+    _check_query_ports(query)
     return parsed.set(drivername=DRIVER, query=query).render_as_string(hide_password=False)
 
 
@@ -50,6 +51,22 @@ def _asyncpg_query(query: dict[str, str | tuple[str, ...]]) -> dict[str, str | t
             f"takes from a URL; it takes {', '.join(TAKEN)} and sslmode (as ssl)"
         )
     return query
+
+
+def _check_query_ports(query: dict[str, str | tuple[str, ...]]) -> None:
+    """The ports of `?port=` (libpq's comma-separated list, one a host) or of the
+    `?host=HOST:PORT`s checked as the URL's own (an IPv6 address is no `HOST:PORT`)."""
+    hosts, ports = _values(query.get("host")), _values(query.get("port"))
+    for i, port in enumerate(ports):
+        _check_port(hosts[i] if i < len(hosts) else "(default)", port)
+    for token in [] if ports else hosts:
+        if token.count(":") == 1:
+            _check_port(*token.split(":"))
+
+
+def _values(value: str | tuple[str, ...] | None) -> list[str]:
+    items = (value,) if isinstance(value, str) else (value or ())
+    return [part for item in items for part in item.split(",")]
 
 
 def shown(url: str) -> str:
