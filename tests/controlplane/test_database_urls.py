@@ -206,3 +206,41 @@ def test_the_allocator_migrates_through_several_hosts(
 def load_url(url: str) -> str:
     """`url` as the preemptor's settings hold it."""
     return PreemptorSettings(database_url=url).database_url
+
+
+@pytest.mark.parametrize(
+    "hosts", ["h1:5432,h2:5433", "db.example:6543"], ids=["several hosts", "one host"]
+)
+def test_a_password_with_slash_question_hash_comma_or_colon_is_read_whole(hosts: str) -> None:
+    """Not percent-encoded, as SQLAlchemy reads it with one host (base64 passwords hold '/'):
+    with several hosts too, the password is everything between the first ':' and the '@'."""
+    password = "pw,1/x?y#z:w"
+    url = make_url(normalised(f"postgres://u:{password}@{hosts}/db"))
+    assert (url.username, url.password, url.database) == ("u", password, "db")
+
+
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [
+        ("postgres://u:pw1@pw2@h1,h2/db", "'@'"),
+        ("postgres://u:pw1@pw2@db/q", "'@'"),
+        ("postgres://u:pw1@h1:99999,h2/db", "port 99999 of host h1"),
+        ("postgres://u:pw1@h1,h2:0/db", "port 0 of host h2"),
+        ("postgres://u:pw1@db:70000/q", "port 70000 of host db"),
+        ("postgres://u:pw1@db:0/q", "port 0 of host db"),
+        ("postgres://u:pw1@h1:²,h2/db", "'²' is not a port"),
+        ("postgres://u:pw1@/db?host=/run/pg&port=99999", "port 99999 of host /run/pg"),
+        ("postgres://u:pw1@/db?host=h1,h2&port=5432,70000", "port 70000"),
+        ("postgres://u:pw1@/db?host=h1:5432&host=h2:99999", "port 99999 of host h2"),
+    ],
+)  # fmt: skip
+def test_an_unencoded_at_or_a_port_out_of_range_is_refused_at_start_saying_why(
+    monkeypatch: pytest.MonkeyPatch, url: str, problem: str
+) -> None:
+    """Not at the first connection: asyncpg raises OverflowError for a port past 65535 (a
+    traceback, not a service's one-line error) and takes port 0 for 5432."""
+    monkeypatch.setenv("QSHARE_API_DATABASE_URL", url)
+    with pytest.raises(SettingsError) as refused:
+        load(ApiSettings)
+    (line,) = refused.value.problems
+    assert problem in line and "pw1" not in line and "pw2" not in line, line

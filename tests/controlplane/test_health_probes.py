@@ -7,6 +7,8 @@ and says not ready until the schema is there. Each test owns its NATS server and
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
@@ -239,6 +241,37 @@ async def test_the_preemptor_takes_no_events_or_requests_before_the_schema_is_th
     finally:
         await cancelled(starting)
         await running.stop()
+
+
+async def test_a_preemptor_waiting_for_the_schema_stops_on_sigterm_leaving_no_connection(
+    new_database: Database,
+    bus: EmbeddedNats,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The schema may never come (no migration job): Kubernetes' SIGTERM still ends the
+    wait at once, and none of the wait's many looks keeps a connection open."""
+    monkeypatch.setattr(preemptor_app, "SCHEMA_AGAIN_S", 0.01)
+    url = await new_database(False)
+    running = Preemptor(PreemptorSettings(database_url=url, nats_url=bus.url, health_port=0))
+    runner = asyncio.create_task(running.run())
+    await eventually(lambda: _waiting_for_schema(caplog))
+    await asyncio.sleep(0.3)  # some dozens of looks
+    os.kill(os.getpid(), signal.SIGTERM)
+    await asyncio.wait_for(runner, 5)
+    assert running.service is None  # stopped where it waited, never subscribed
+    assert await _others_connected(url) == 0
+
+
+async def _others_connected(url: str) -> int:
+    engine = create_async_engine(url)
+    try:
+        async with engine.connect() as conn:
+            query = ("SELECT count(*) FROM pg_stat_activity "
+                     "WHERE datname = current_database() AND pid <> pg_backend_pid()")  # fmt: skip
+            return int(await conn.scalar(text(query)) or 0)
+    finally:
+        await engine.dispose()
 
 
 async def _waiting_for_schema(caplog: pytest.LogCaptureFixture) -> bool:

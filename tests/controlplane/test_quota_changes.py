@@ -56,6 +56,19 @@ async def test_an_empty_patch_of_a_quota_changes_nothing_and_returns_it(
     assert await _quota(api, "t-e") == expected
 
 
+async def test_a_patch_only_removing_limits_of_a_tenant_without_a_quota_is_404_naming_it(
+    api: httpx.AsyncClient,
+) -> None:
+    """`{"cards": null}` (`qshare quotas set T --cards none`) has no limit to remove there:
+    like `{}`, it never creates an empty quota."""
+    refused = await api.patch("/v1/quotas/t-nulls", json={"cards": None}, headers=ADMIN)
+    assert refused.status_code == 404
+    assert "t-nulls" in refused.json()["detail"]
+    assert all(
+        q["tenant"] != "t-nulls" for q in (await api.get("/v1/quotas", headers=ADMIN)).json()
+    )
+
+
 async def test_a_put_still_sets_the_whole_quota(api: httpx.AsyncClient) -> None:
     await api.put("/v1/quotas/t-w", json={"memory": "8Gi", "cards": 4}, headers=ADMIN)
     await api.put("/v1/quotas/t-w", json={"pending": 1}, headers=ADMIN)

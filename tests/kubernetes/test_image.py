@@ -8,6 +8,7 @@ dependencies (not the repository's sources, as the development venv does)."""
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -29,7 +30,10 @@ from .test_manifests import all_objects
 ROOT = Path(__file__).parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
 COMPOSE = ROOT / "compose" / "docker-compose.yml"
-LEFT_OUT = shutil.ignore_patterns("__pycache__", "build", "*.so", "*.egg-info", "*.pyc")
+DOCKERIGNORE = ROOT / ".dockerignore"
+PACKAGE_ROOTS = ("services/common", "services/api", "services/allocator", "services/node-agent",
+                 "services/preemptor", "native/python")  # fmt: skip
+"""pyproject.toml's `packages.find` roots: each package under one lands in site-packages."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,7 @@ class Image:
     root: Path
     python: Path
     env: dict[str, str]
+    site: Path
 
     def run(
         self, *args: str, extra: dict[str, str] | None = None
@@ -87,14 +92,49 @@ def stages() -> list[Stage]:
     return found
 
 
+def dockerignore() -> list[tuple[bool, re.Pattern[str]]]:
+    """.dockerignore's patterns, each (excludes, regex over a path relative to the context):
+    `**` any number of directories, `*` and `?` within one name, `!` re-includes."""
+    rules = []
+    for line in DOCKERIGNORE.read_text().splitlines():
+        pattern = line.strip()
+        if not pattern or pattern.startswith("#"):
+            continue
+        include = pattern.startswith("!")
+        parts = re.split(r"(\*\*/|\*\*|\*|\?)", pattern.lstrip("!").strip("/"))
+        wild = {"**/": "(?:.*/)?", "**": ".*", "*": "[^/]*", "?": "[^/]"}
+        rules.append((not include, re.compile("".join(wild.get(p, re.escape(p)) for p in parts))))
+    return rules
+
+
+def ignored(relative: str, rules: list[tuple[bool, re.Pattern[str]]]) -> bool:
+    """Whether Docker leaves `relative` out of the build context: the last rule matching it
+    or one of its directories decides."""
+    parts = relative.split("/")
+    prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+    verdict = False
+    for excludes, regex in rules:
+        if any(regex.fullmatch(prefix) for prefix in prefixes):
+            verdict = excludes
+    return verdict
+
+
+def context_filter(dirpath: str, names: list[str]) -> list[str]:
+    """shutil.copytree's `ignore`: what .dockerignore keeps out of the build context."""
+    rules = dockerignore()
+    here = Path(dirpath).relative_to(ROOT)
+    return [name for name in names if ignored((here / name).as_posix(), rules)]
+
+
 def copy_into(stage: Stage, top: Path) -> None:
-    """The stage's COPY lines from the repository into `top`, the image's `/`."""
+    """The stage's COPY lines from the repository's build context (less what .dockerignore
+    leaves out, local build outputs among them) into `top`, the image's `/`."""
     for sources, dest in stage.copies:
         target = top / stage.workdir.lstrip("/") / dest
         for source in sources:
             path = ROOT / source
             if path.is_dir():
-                shutil.copytree(path, target, ignore=LEFT_OUT)
+                shutil.copytree(path, target, ignore=context_filter)
             else:
                 target.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(path, target / path.name)
@@ -138,7 +178,7 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> Image:
     copy_into(runtime, base / "root")
     [image_site] = {p.parent for p in (base / "root").rglob("site-packages/qshare_driver")}
     env = {k: str(base / "root") + v if v.startswith("/") else v for k, v in runtime.env.items()}
-    return Image(base / "root", interpreter(base, image_site), env)
+    return Image(base / "root", interpreter(base, image_site), env, image_site)
 
 
 def manifest_commands() -> list[list[str]]:
@@ -183,9 +223,16 @@ def test_compose_builds_every_qshare_service_from_the_one_image() -> None:
 def test_every_module_the_manifests_and_compose_run_starts_from_the_image(
     image: Image, module: str
 ) -> None:
+    before = files_of(image.root)
     done = image.run("-m", module, "--help")
     assert done.returncode == 0, done.stderr
     assert f"python -m {module}" in done.stdout
+    assert files_of(image.root) == before  # the manifests' root filesystem is read-only
+
+
+def files_of(root: Path) -> dict[str, int]:
+    """Every file under `root`, with its modification time."""
+    return {str(p): p.stat().st_mtime_ns for p in root.rglob("*") if p.is_file()}
 
 
 def test_the_image_carries_the_drivers_native_module(image: Image) -> None:
@@ -221,11 +268,13 @@ async def test_the_allocators_init_container_migrates_an_empty_database_from_the
         await conn.execute(text(f"DROP DATABASE IF EXISTS {name}"))
         await conn.execute(text(f"CREATE DATABASE {name}"))
     url = make_url(database_url).set(database=name).render_as_string(hide_password=False)
+    before = files_of(image.root)
     try:
         done = image.run(
             "-m", "qshare_allocator", "migrate", extra={"QSHARE_ALLOCATOR_DATABASE_URL": url}
         )
         assert done.returncode == 0, done.stderr
+        assert files_of(image.root) == before  # no bytecode of the migrations either
         scratch = create_async_engine(url)
         async with scratch.connect() as conn:
             version = (await conn.execute(text("SELECT version_num FROM alembic_version"))).scalar()
@@ -235,3 +284,54 @@ async def test_the_allocators_init_container_migrates_an_empty_database_from_the
         async with admin.connect() as conn:
             await conn.execute(text(f"DROP DATABASE {name} WITH (FORCE)"))
         await admin.dispose()
+
+
+def tracked(*paths: str) -> list[str]:
+    done = subprocess.run(["git", "ls-files", "--", *paths], cwd=ROOT, capture_output=True,
+                          text=True, check=True)  # fmt: skip
+    return done.stdout.splitlines()
+
+
+def packaged_files() -> list[tuple[str, str]]:
+    """(repository path, site-packages path) of every file git tracks in a package: modules,
+    .proto and .schema.json files, bench traces, py.typed (the loose scripts beside the
+    packages, such as native/python/write_paths_pth.py, are no package's)."""
+    found = []
+    for root in PACKAGE_ROOTS:
+        for path in tracked(root):
+            inside = Path(path).relative_to(root)
+            if len(inside.parts) > 1:
+                found.append((path, inside.as_posix()))
+    return found
+
+
+def test_every_file_git_tracks_in_a_package_is_in_the_image(image: Image) -> None:
+    missing = [repo for repo, site in packaged_files() if not (image.site / site).is_file()]
+    assert missing == []
+
+
+def test_every_migration_git_tracks_is_in_the_image(image: Image) -> None:
+    missing = [
+        p for p in tracked("migrations", "alembic.ini") if not (image.root / "app" / p).is_file()
+    ]
+    assert missing == []
+
+
+@pytest.mark.parametrize(
+    ("path", "left_out"),
+    [
+        ("native/build/libqshare.so", True),
+        ("services/common/qshare/__pycache__/dburl.cpython-311.pyc", True),
+        ("qshare.egg-info/PKG-INFO", True),
+        ("native/python/qshare_driver/_ffi.cpython-311-x86_64-linux-gnu.so", True),
+        ("services/node-agent/qshare_node_agent/kubernetes/protos/dra_v1.proto", False),
+        ("native/cuda/launch.c", False),
+        ("native/src/build_notes.c", False),  # a name with "build" in it is no build output
+        # the secrets `python -m qshare.natsauth init ./secrets` writes (docs/control-plane.md)
+        ("secrets/admin.token", True),
+        ("secrets/nats.conf", True),
+        ("compose/secrets/allocator.password", True),
+    ],
+)  # fmt: skip
+def test_the_replay_reads_dockerignore_as_docker_does(path: str, left_out: bool) -> None:
+    assert ignored(path, dockerignore()) is left_out

@@ -23,10 +23,23 @@ def windows(mix: Mix, lo_s: float, hi_s: float, window_s: float = 0.5) -> list[l
     return found
 
 
-# Work conservation: a policy that capped vGPUs at their shares would leave the card at the
-# sum of the shares (30-50 % below); a conserving one fills it, up to what the simulated card
-# delivers, which swings from about 80 to 99 % with this shared host's wake-up latency.
-CONSERVING = 70.0
+# Work conservation is held against what best-effort (which holds nobody back) gives the same
+# processes in the same run, not against a fixed bar: the simulated card delivers from about
+# 80 to 99 % with this shared host's wake-up latency, and a loaded host lowers both runs.
+LENT_PART = 0.5
+"""Of the device time the card gives beyond the shares when nothing holds it back (under
+best-effort, in the same run), the part burst-share must lend."""
+ROOM = 15.0
+"""Percentage points the card must give beyond the shares for lending to show."""
+
+
+def assert_lends(lent: float, ceiling: float, shares: float) -> None:
+    """Burst-share used `lent` % of the card where best-effort used `ceiling` % and the
+    shares sum to `shares` %: a policy that did not lend would stay at `shares`."""
+    assert ceiling >= shares + ROOM, f"the card gave only {ceiling:.1f} %: host too busy"
+    assert lent - shares >= LENT_PART * (ceiling - shares), (
+        f"lent {lent:.1f} %, best-effort {ceiling:.1f} %"
+    )
 
 
 def busy(ws: list[list[float]]) -> float:
@@ -80,31 +93,33 @@ ROOM = 15.0
 
 
 def test_burst_share_lends_idle_compute_to_the_only_vgpu_with_work(shm_dir: str) -> None:
-    """Held against what the host lets the same processes use right after, under best-effort
-    (a loaded host lowers both), not against a fixed bar: a policy that did not lend would
-    keep the vGPU at its 30 % share however much more the card gives it alone."""
+    """A policy that did not lend would keep the vGPU at its 30 % share however much more
+    the card gives it alone."""
     alone = [Tenant(11, 30), Tenant(12, 70, processes=0)]
     mix = run_mix(shm_dir, "burst-share", alone, 3.0, switch_to=(1.5, "best-effort"))
     lent = busy(windows(mix, 0.2, 1.5, window_s=0.25))
-    ceiling = busy(windows(mix, 1.7, 3.0, window_s=0.25))
-    assert ceiling >= 30 + ROOM, f"the card gave a lone vGPU only {ceiling:.1f} %: host too busy"
-    assert lent - 30 >= LENT_PART * (ceiling - 30), f"lent {lent:.1f} %, alone {ceiling:.1f} %"
+    assert_lends(lent, busy(windows(mix, 1.7, 3.0, window_s=0.25)), 30)
 
 
 def test_burst_share_guarantees_each_share_and_shares_the_surplus(shm_dir: str) -> None:
-    mix = run_mix(shm_dir, "burst-share", [Tenant(11, 30), Tenant(12, 20)], 2.0)
+    tenants = [Tenant(11, 30), Tenant(12, 20)]
+    mix = run_mix(shm_dir, "burst-share", tenants, 3.3, switch_to=(2.0, "best-effort"))
     ws = windows(mix, 0.2, 2.0)
-    assert busy(ws) >= CONSERVING, ws  # nobody is held back while the card would idle
+    # nobody is held back while the card would idle
+    assert_lends(busy(ws), busy(windows(mix, 2.2, 3.3, window_s=0.25)), 30 + 20)
     used = [of_used(w) for w in ws]
     assert all(a >= 30 and b >= 20 for a, b in used), used
     assert near(overall(used), [60, 40], TOL), used  # the surplus goes by the shares
 
 
 def test_burst_share_falls_back_to_its_share_when_the_other_returns(shm_dir: str) -> None:
-    mix = run_mix(shm_dir, "burst-share", [Tenant(11, 30), Tenant(12, 70, start_s=1.0)], 2.2)
-    alone = windows(mix, 0.2, 1.0)
-    assert busy(alone) >= CONSERVING, alone
-    used = [of_used(w) for w in windows(mix, 1.1, 2.2)]
+    """Best-effort first shows what the card gives the lone vGPU; then burst-share must lend
+    it most of that until the other vGPU's work comes."""
+    tenants = [Tenant(11, 30), Tenant(12, 70, start_s=2.4)]
+    mix = run_mix(shm_dir, "best-effort", tenants, 3.6, switch_to=(1.2, "burst-share"))
+    ceiling = busy(windows(mix, 0.2, 1.2, window_s=0.25))
+    assert_lends(busy(windows(mix, 1.3, 2.4, window_s=0.25)), ceiling, 30)
+    used = [of_used(w) for w in windows(mix, 2.5, 3.6)]
     assert near(overall(used), [30, 70], TOL), used
     assert all(near(w, [30, 70], WINDOW_TOL) for w in used), used
 

@@ -29,6 +29,7 @@ def normalised(url: str) -> str:
     if parsed.drivername not in SCHEMES:
         raise ValueError(f"{parsed.drivername}:// is not a Postgres URL; the form is {FORM}")
     query = _asyncpg_query(dict(parsed.query))
+    _check_query_ports(query)
     return parsed.set(drivername=DRIVER, query=query).render_as_string(hide_password=False)
 
 
@@ -52,6 +53,22 @@ def _asyncpg_query(query: dict[str, str | tuple[str, ...]]) -> dict[str, str | t
     return query
 
 
+def _check_query_ports(query: dict[str, str | tuple[str, ...]]) -> None:
+    """The ports of `?port=` (libpq's comma-separated list, one a host) or of the
+    `?host=HOST:PORT`s checked as the URL's own (an IPv6 address is no `HOST:PORT`)."""
+    hosts, ports = _values(query.get("host")), _values(query.get("port"))
+    for i, port in enumerate(ports):
+        _check_port(hosts[i] if i < len(hosts) else "(default)", port)
+    for token in [] if ports else hosts:
+        if token.count(":") == 1:
+            _check_port(*token.split(":"))
+
+
+def _values(value: str | tuple[str, ...] | None) -> list[str]:
+    items = (value,) if isinstance(value, str) else (value or ())
+    return [part for item in items for part in item.split(",")]
+
+
 def shown(url: str) -> str:
     """`url` with its password hidden, for messages; also where it is not a URL or its
     password holds an '@' not percent-encoded (all up to the last '@' of the rest is hidden),
@@ -73,6 +90,7 @@ def _parsed(url: str) -> URL:
     except (ArgumentError, ValueError):
         raise ValueError(f"not a database URL; the form is {FORM}") from None
     if not hosts:
+        _check_port(parsed.host or "", "" if parsed.port is None else str(parsed.port))
         return parsed
     clash = sorted({"host", "port"} & set(parsed.query))
     if clash:
@@ -80,8 +98,11 @@ def _parsed(url: str) -> URL:
     return parsed.set(query={"host": hosts} | dict(parsed.query))
 
 
-_NETLOC = re.compile(r"(?P<head>[^:/?#]+://(?:[^/?#]*@)?)(?P<hosts>[^/?#]*)(?P<tail>.*)", re.S)
-"""A URL: scheme and user info, its hosts (libpq: comma-separated), then path and query."""
+_NETLOC = re.compile(
+    r"(?P<head>[^:/?#]+://(?:[^:/@]*(?::[^@]*)?@)?)(?P<hosts>[^/?#@]*)(?P<tail>.*)", re.S
+)
+"""A URL: scheme and user info (its password, as SQLAlchemy reads it, all up to the '@'),
+its hosts (libpq: comma-separated), then path and query."""
 DEFAULT_PORT = "5432"
 """libpq's port for a host given without one (the asyncpg dialect wants every port)."""
 
@@ -90,7 +111,13 @@ def _several_hosts(url: str) -> tuple[str, tuple[str, ...]]:
     """`url` without its hosts and its `HOST:PORT`s when it names several (libpq's form,
     which SQLAlchemy's URL parser cannot read); else `url` as it is and none."""
     found = _NETLOC.fullmatch(url)
-    if found is None or "," not in found["hosts"]:
+    if found is None:
+        return url, ()
+    if found["tail"].startswith("@"):
+        raise ValueError(
+            "an '@' in the user name or password: percent-encode it (%40); the form is " + FORM
+        )
+    if "," not in found["hosts"]:
         return url, ()
     if "[" in found["hosts"]:
         raise ValueError(
@@ -105,9 +132,19 @@ def _host_and_port(token: str) -> str:
     host, _, port = token.partition(":")
     if not host:
         raise ValueError(f"an empty host in the hosts list; the form is {SEVERAL}")
-    if port and not port.isdigit():
-        raise ValueError(f"{port!r} is not a port (of host {unquote(host)}); the form is {SEVERAL}")
+    _check_port(unquote(host), port)
     return f"{unquote(host)}:{port or DEFAULT_PORT}"
+
+
+def _check_port(host: str, port: str) -> None:
+    """ValueError where `port` (empty: the default) is not one a connection can use: asyncpg
+    raises OverflowError past 65535 and takes 0 for 5432."""
+    if not port:
+        return
+    if not re.fullmatch("[0-9]+", port):
+        raise ValueError(f"{port!r} is not a port (of host {host}); the form is {SEVERAL}")
+    if not 0 < int(port) < 65536:
+        raise ValueError(f"port {port} of host {host} is out of range (1 to 65535)")
 
 
 SEVERAL = "postgresql://USER:PASSWORD@HOST1:PORT1,HOST2:PORT2/DATABASE"

@@ -8,7 +8,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Query, status
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.dialects.postgresql import insert
 
 from qshare.contracts.claims import WHOLE, MemoryMiB
@@ -90,10 +90,13 @@ async def change_quota(tenant: Tenant, body: QuotaSpec, caller: Admin, res: Res)
     """Admins. Only the limits the body names change (`null`: no limit), the others are
     kept; a tenant without a quota gets one with just these limits. An empty body `{}`
     changes nothing: it returns the quota as it is, or 404 where the tenant has none (as a
-    PATCH of a missing claim is 404), so it never creates an empty quota."""
+    PATCH of a missing claim is 404); a body that only removes limits (all `null`) is 404
+    there too, so a PATCH never creates an empty quota."""
     limits = body.model_dump(exclude_unset=True)
     if not limits:
         return await _existing(res, tenant)
+    if all(limit is None for limit in limits.values()):
+        return await _removed(res, tenant, limits)
     return await _upsert(res, tenant, limits)
 
 
@@ -104,6 +107,21 @@ async def _existing(res: Resources, tenant: str) -> Quota:
     if row is None:
         raise NotFound(f"tenant {tenant} has no quota: an empty PATCH has nothing to change")
     return Quota.model_validate(row._mapping)
+
+
+async def _removed(res: Resources, tenant: str, limits: dict[str, int | None]) -> Quota:
+    """`tenant`'s quota without `limits` (all None), or 404 where it has none (nothing to
+    remove), in one statement: a quota cleared meanwhile is not made again."""
+    values = {COLUMNS[k]: v for k, v in limits.items()} | {"updated_at": func.now()}
+    statement = (
+        update(quotas).where(quotas.c.tenant == tenant).values(values)
+        .returning(quotas.c.tenant, quotas.c.memory_mib, quotas.c.cards, quotas.c.pending)
+    )  # fmt: skip
+    async with res.engine.begin() as conn:
+        stored = (await conn.execute(statement)).one_or_none()
+    if stored is None:
+        raise NotFound(f"tenant {tenant} has no quota: a PATCH removing limits has none to remove")
+    return Quota.model_validate(stored._mapping)
 
 
 COLUMNS = {"memory": "memory_mib", "cards": "cards", "pending": "pending"}
