@@ -198,11 +198,13 @@ int qsc_start_thread(void *(*main)(void *), void *arg, const char *what);
  * used or destroyed again) and made anew. Other contexts' epochs stay. */
 uint64_t qsc_ctx_epoch(CUcontext ctx);
 /* The driver drains a context's work in its destroy: an event found dead (its context's epoch
- * moved) may stand for work still running until that call returns. 1 while a destroy
- * (cuCtxDestroy, cuDevicePrimaryCtxReset) is under way; qsc_ctx_wait_destroys waits (futex)
- * until none is, so that the work is not ended (taken out of the window) before it drained. */
-int qsc_ctx_destroying(void);
-void qsc_ctx_wait_destroys(void);
+ * moved) may stand for work still running until that call returns. 1 while a destroy of `ctx`
+ * (cuCtxDestroy, cuDevicePrimaryCtxReset; or of a context that could not be named, which
+ * moved every epoch) is under way; qsc_ctx_wait_destroys waits (futex) until none is, so that
+ * the work is not ended (taken out of the window) before it drained. Other contexts' destroys
+ * are not waited for. */
+int qsc_ctx_destroying(CUcontext ctx);
+void qsc_ctx_wait_destroys(CUcontext ctx);
 /* A stream the program created (not a default stream): its handle names one stream of one
  * context, whichever context is current. */
 static inline int qsc_stream_created(CUstream stream) {

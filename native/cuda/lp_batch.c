@@ -178,7 +178,7 @@ static void complete_oldest(lp_stream *st, fence f) {
     if (f.epoch == qsc_ctx_epoch(atomic_load(&st->ctx)))
         QSC_REAL(qsc_event_fn, cuEventSynchronize)(f.ev);
     else
-        qsc_ctx_wait_destroys();
+        qsc_ctx_wait_destroys(atomic_load(&st->ctx));
     const qsc_session *s = qsc_enter();
     if (s->client != NULL)
         atomic_store_explicit(&lp.window_ns, window_of(s), memory_order_relaxed);
@@ -245,7 +245,8 @@ static void use_context(lp_stream *st) {
 /* The tail's fence may be made here: in the stream's context, which the slot may have changed
  * since the thread last looked (freed by a stream of one context, claimed for another's). */
 static void fence_tail(lp_stream *st, uint64_t n) {
-    if (atomic_load(&st->stream) == STREAM_GONE) qsc_ctx_wait_destroys(); /* see complete_oldest */
+    if (atomic_load(&st->stream) == STREAM_GONE) /* see complete_oldest */
+        qsc_ctx_wait_destroys(atomic_load(&st->ctx));
     use_context(st);
     const qsc_session *s = qsc_enter();
     pthread_mutex_lock(&st->lock);

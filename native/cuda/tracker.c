@@ -134,8 +134,8 @@ static int end_oldest(int wait) {
     qsc_event_fn check = wait ? QSC_REAL(qsc_event_fn, cuEventSynchronize)
                               : QSC_REAL(qsc_event_fn, cuEventQuery);
     int live = s->ev.epoch == qsc_ctx_epoch(s->ev.ctx);
-    if (!live && !wait && qsc_ctx_destroying()) return 0; /* the destroy still drains it */
-    if (!live) qsc_ctx_wait_destroys();
+    if (!live && !wait && qsc_ctx_destroying(s->ev.ctx)) return 0; /* its destroy drains it */
+    if (!live) qsc_ctx_wait_destroys(s->ev.ctx);
     CUresult rc = live ? check_event(check, s->ev.end) : CUDA_ERROR_INVALID_HANDLE; /* it died */
     if (rc == CUDA_ERROR_NOT_READY) return 0;
     if (!atomic_compare_exchange_strong(&tracker.head, &h, h + 1)) return 1;

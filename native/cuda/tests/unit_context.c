@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 /* ---- stand-ins for the rest of the interposer ---- */
@@ -27,16 +28,124 @@ void qsc_leave(const qsc_session *s) { (void)s; }
  * a lock that no thread of its own will release. */
 static int test_a_child_forked_while_the_epoch_table_is_locked_can_destroy_a_context(void) {
     CUcontext ctx = (CUcontext)(uintptr_t)0xc000;
-    context_dies(ctx); /* the process has destroyed a context before */
+    context_dies(epoch_of(ctx)); /* the process has destroyed a context before */
     pthread_mutex_lock(&epochs_lock); /* as another thread's destroy holds it */
     fflush(NULL);
     pid_t child = fork();
     if (child == 0) {
         alarm(2);
-        context_dies(ctx);
+        context_dies(epoch_of(ctx));
         _exit(0);
     }
     pthread_mutex_unlock(&epochs_lock);
+    int status = 0;
+    EXPECT(child > 0 && waitpid(child, &status, 0) == child);
+    EXPECT(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    return 0;
+}
+
+/* ---- a driver whose destroy of one context is held until the test lets it return ---- */
+static struct CUctx_st *const CTX_A = (CUcontext)(uintptr_t)0xa000;
+static struct CUctx_st *const CTX_B = (CUcontext)(uintptr_t)0xb000;
+static pthread_mutex_t held_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t held_cond = PTHREAD_COND_INITIALIZER;
+static int b_inside, b_released;
+
+static CUresult destroy_holding_b(CUcontext ctx) {
+    if (ctx != CTX_B) return CUDA_SUCCESS;
+    pthread_mutex_lock(&held_lock);
+    b_inside = 1;
+    pthread_cond_broadcast(&held_cond);
+    while (!b_released) pthread_cond_wait(&held_cond, &held_lock);
+    pthread_mutex_unlock(&held_lock);
+    return CUDA_SUCCESS;
+}
+
+static void *destroy_b(void *arg) {
+    (void)arg;
+    cuCtxDestroy_v2(CTX_B);
+    return NULL;
+}
+
+static _Atomic int waited;
+
+static void *wait_for(void *ctx) {
+    qsc_ctx_wait_destroys(ctx);
+    atomic_store(&waited, 1);
+    return NULL;
+}
+
+/* Let B's destroy return, and wait for its thread and the waiter (unless it is B's). */
+static void release_b(pthread_t b, pthread_t waiter) {
+    pthread_mutex_lock(&held_lock);
+    b_released = 1;
+    pthread_cond_broadcast(&held_cond);
+    pthread_mutex_unlock(&held_lock);
+    pthread_join(b, NULL);
+    if (!pthread_equal(b, waiter)) pthread_join(waiter, NULL);
+}
+
+/* Start destroying B on a thread of its own; return once it is inside the driver's call. */
+static int start_destroying_b(pthread_t *b) {
+    qsc_real_table[QSC_cuCtxDestroy_v2] = (void *)destroy_holding_b;
+    b_inside = b_released = 0;
+    atomic_store(&waited, 0);
+    if (pthread_create(b, NULL, destroy_b, NULL) != 0) return 0;
+    pthread_mutex_lock(&held_lock);
+    while (!b_inside) pthread_cond_wait(&held_cond, &held_lock);
+    pthread_mutex_unlock(&held_lock);
+    return 1;
+}
+
+/* 1 once `flag` is set, polled for at most `ms`. */
+static int set_within(_Atomic int *flag, long ms) {
+    struct timespec tick = {0, 1000000L};
+    for (long i = 0; i < ms && !atomic_load(flag); i++) nanosleep(&tick, NULL);
+    return atomic_load(flag);
+}
+
+/* Context A's events died with it, and A's destroy has returned (the driver drained A's work)
+ * while another thread's destroy of context B is still inside the driver. A wait for A's work
+ * returns now: it is not held until B's destroy returns too (a completion thread held so kept
+ * A's ended launches in the window, and high priority busy, for as long as other contexts were
+ * being destroyed: for good while some thread always was). */
+static int test_a_wait_for_one_contexts_destroy_does_not_wait_for_another_contexts(void) {
+    pthread_t b, waiter;
+    EXPECT(start_destroying_b(&b));
+    EXPECT(cuCtxDestroy_v2(CTX_A) == CUDA_SUCCESS);
+    EXPECT(pthread_create(&waiter, NULL, wait_for, CTX_A) == 0);
+    int returned = set_within(&waited, 500);
+    release_b(b, waiter);
+    EXPECT(returned);
+    return 0;
+}
+
+/* The wait for B's work lasts until B's destroy returned (the driver drained it). */
+static int test_a_wait_for_a_contexts_destroy_lasts_until_the_destroy_returns(void) {
+    pthread_t b, waiter;
+    EXPECT(start_destroying_b(&b));
+    EXPECT(qsc_ctx_destroying(CTX_B) && !qsc_ctx_destroying(CTX_A));
+    EXPECT(pthread_create(&waiter, NULL, wait_for, CTX_B) == 0);
+    int early = set_within(&waited, 100);
+    release_b(b, waiter);
+    EXPECT(!early && atomic_load(&waited));
+    EXPECT(!qsc_ctx_destroying(CTX_B));
+    return 0;
+}
+
+/* A child forked while another thread destroys B has no destroy under way (that thread is not
+ * the child's): a wait for B's work in it returns at once, never for good. */
+static int test_a_child_forked_during_a_destroy_does_not_wait_for_it(void) {
+    pthread_t b;
+    EXPECT(start_destroying_b(&b));
+    fflush(NULL);
+    pid_t child = fork();
+    if (child == 0) {
+        alarm(2);
+        qsc_ctx_wait_destroys(CTX_B);
+        _exit(qsc_ctx_destroying(CTX_B));
+    }
+    release_b(b, b);
     int status = 0;
     EXPECT(child > 0 && waitpid(child, &status, 0) == child);
     EXPECT(WIFEXITED(status) && WEXITSTATUS(status) == 0);
@@ -47,6 +156,12 @@ int main(void) {
     static const unit_test tests[] = {
         {"a child forked while the epoch table is locked can destroy a context",
          test_a_child_forked_while_the_epoch_table_is_locked_can_destroy_a_context},
+        {"a wait for one context's destroy does not wait for another context's",
+         test_a_wait_for_one_contexts_destroy_does_not_wait_for_another_contexts},
+        {"a wait for a context's destroy lasts until the destroy returns",
+         test_a_wait_for_a_contexts_destroy_lasts_until_the_destroy_returns},
+        {"a child forked during a destroy does not wait for it",
+         test_a_child_forked_during_a_destroy_does_not_wait_for_it},
     };
     return UNIT_RUN_ALL(tests);
 }

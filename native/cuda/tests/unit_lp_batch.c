@@ -33,14 +33,14 @@ int qsc_start_thread(void *(*main)(void *), void *arg, const char *what) {
 }
 int qsc_hp_coalescable(CUstream stream) { return stream != CU_STREAM_PER_THREAD; }
 uint64_t qsc_ctx_epoch(CUcontext ctx) { return (void)ctx, 0; }
-int qsc_ctx_destroying(void) { return 0; }
+int qsc_ctx_destroying(CUcontext ctx) { return (void)ctx, 0; }
 CUresult qsc_event_create_in(CUcontext ctx, CUevent *ev, unsigned int flags) {
     return (void)ctx, QSC_REAL(qsc_event_create_fn, cuEventCreate)(ev, flags);
 }
 CUcontext qsc_stream_context(CUstream stream, CUcontext current) {
     return (void)stream, current;
 }
-void qsc_ctx_wait_destroys(void) {}
+void qsc_ctx_wait_destroys(CUcontext ctx) { (void)ctx; }
 void qsc_warn_once(int key, const char *fmt, ...) { (void)key, (void)fmt; }
 
 /* ---- tests ---- */

@@ -15,11 +15,11 @@ void qsc_leave(const qsc_session *s) { (void)s; }
 void qsc_thread_ignores_captures(void) {}
 CUstreamCaptureMode qsc_capture_mode(CUstreamCaptureMode mode) { return mode; }
 uint64_t qsc_ctx_epoch(CUcontext ctx) { return (void)ctx, 0; }
-int qsc_ctx_destroying(void) { return 0; }
+int qsc_ctx_destroying(CUcontext ctx) { return (void)ctx, 0; }
 CUcontext qsc_stream_context(CUstream stream, CUcontext current) {
     return (void)stream, current;
 }
-void qsc_ctx_wait_destroys(void) {}
+void qsc_ctx_wait_destroys(CUcontext ctx) { (void)ctx; }
 void qsc_warn_once(int key, const char *fmt, ...) { (void)key, (void)fmt; }
 int qsc_start_thread(void *(*main)(void *), void *arg, const char *what) {
     return (void)main, (void)arg, (void)what, 1; /* a process at its thread limit */
