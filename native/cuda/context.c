@@ -154,11 +154,13 @@ CUcontext qsc_stream_context(CUstream stream, CUcontext current) {
 }
 
 CUresult qsc_event_create_in(CUcontext ctx, CUevent *ev, unsigned int flags) {
-    CUcontext was = ctx;
-    QSC_REAL(qsc_ctx_get_current_fn, cuCtxGetCurrent)(&was);
-    if (was != ctx) QSC_REAL(qsc_ctx_set_current_fn, cuCtxSetCurrent)(ctx);
-    CUresult rc = QSC_REAL(qsc_event_create_fn, cuEventCreate)(ev, flags);
-    if (was != ctx) QSC_REAL(qsc_ctx_set_current_fn, cuCtxSetCurrent)(was);
+    qsc_ctx_set_current_fn set = QSC_REAL(qsc_ctx_set_current_fn, cuCtxSetCurrent);
+    CUcontext was = NULL;
+    CUresult rc = QSC_REAL(qsc_ctx_get_current_fn, cuCtxGetCurrent)(&was);
+    if (rc == CUDA_SUCCESS && was != ctx) rc = set(ctx); /* refused: made in no other context */
+    if (rc != CUDA_SUCCESS) return rc;
+    rc = QSC_REAL(qsc_event_create_fn, cuEventCreate)(ev, flags);
+    if (was != ctx) set(was);
     return rc;
 }
 

@@ -214,7 +214,9 @@ static inline int qsc_stream_created(CUstream stream) {
  * driver cannot say, `current`. */
 CUcontext qsc_stream_context(CUstream stream, CUcontext current);
 /* Create an event in context `ctx`, made current around the call when another is (an event is
- * recorded only into a stream of its own context). */
+ * recorded only into a stream of its own context); the thread's current context is restored.
+ * When the current context cannot be read or `ctx` cannot be made current (it died), no event
+ * is made and that error is returned. */
 CUresult qsc_event_create_in(CUcontext ctx, CUevent *ev, unsigned int flags);
 /* First call of every thread the interposer starts (it waits on events): another thread's
  * graph capture neither forbids those waits nor is invalidated by them. */

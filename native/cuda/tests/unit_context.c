@@ -152,6 +152,75 @@ static int test_a_child_forked_during_a_destroy_does_not_wait_for_it(void) {
     return 0;
 }
 
+/* ---- a driver with a current context per thread, which refuses to make a dead one current ---- */
+static struct CUctx_st *const CTX_DEAD = (CUcontext)(uintptr_t)0xdead0;
+static _Thread_local CUcontext current_ctx;
+static CUresult get_current_rc;
+static int events_made;
+static CUcontext event_made_in;
+
+static CUresult fake_get_current(CUcontext *ctx) {
+    if (get_current_rc == CUDA_SUCCESS) *ctx = current_ctx;
+    return get_current_rc;
+}
+
+static CUresult fake_set_current(CUcontext ctx) {
+    if (ctx == CTX_DEAD) return CUDA_ERROR_INVALID_CONTEXT;
+    current_ctx = ctx;
+    return CUDA_SUCCESS;
+}
+
+static CUresult fake_event_create(CUevent *ev, unsigned int flags) {
+    (void)flags;
+    static int event;
+    events_made++;
+    event_made_in = current_ctx;
+    *ev = (CUevent)&event;
+    return current_ctx != NULL ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+}
+
+static void use_fake_contexts(CUresult get_rc) {
+    qsc_real_table[QSC_cuCtxGetCurrent] = (void *)fake_get_current;
+    qsc_real_table[QSC_cuCtxSetCurrent] = (void *)fake_set_current;
+    qsc_real_table[QSC_cuEventCreate] = (void *)fake_event_create;
+    get_current_rc = get_rc;
+    current_ctx = CTX_A;
+    events_made = 0;
+    event_made_in = NULL;
+}
+
+/* An event is made in another context than the current one: that context made current for
+ * the call, and the thread's own current again after. */
+static int test_an_event_is_made_in_the_context_asked_for_and_the_current_one_restored(void) {
+    use_fake_contexts(CUDA_SUCCESS);
+    CUevent ev = NULL;
+    EXPECT(qsc_event_create_in(CTX_B, &ev, 0) == CUDA_SUCCESS);
+    EXPECT(events_made == 1 && event_made_in == CTX_B && current_ctx == CTX_A);
+    return 0;
+}
+
+/* The context asked for cannot be made current (it died): no event is made, in the current
+ * context or any, and the error says so; the current context stays. Before, the event was made
+ * in the current context, could never be recorded into the stream, and was leaked once its
+ * context's epoch moved. */
+static int test_no_event_is_made_when_its_context_cannot_be_made_current(void) {
+    use_fake_contexts(CUDA_SUCCESS);
+    CUevent ev = NULL;
+    EXPECT(qsc_event_create_in(CTX_DEAD, &ev, 0) == CUDA_ERROR_INVALID_CONTEXT);
+    EXPECT(events_made == 0 && ev == NULL && current_ctx == CTX_A);
+    return 0;
+}
+
+/* The current context cannot be read: no event is made (it could not be said which context
+ * it would be made in, nor the current one restored), and that error is returned. */
+static int test_no_event_is_made_when_the_current_context_cannot_be_read(void) {
+    use_fake_contexts(CUDA_ERROR_DEINITIALIZED);
+    CUevent ev = NULL;
+    EXPECT(qsc_event_create_in(CTX_B, &ev, 0) == CUDA_ERROR_DEINITIALIZED);
+    EXPECT(events_made == 0 && ev == NULL && current_ctx == CTX_A);
+    return 0;
+}
+
 int main(void) {
     static const unit_test tests[] = {
         {"a child forked while the epoch table is locked can destroy a context",
@@ -162,6 +231,12 @@ int main(void) {
          test_a_wait_for_a_contexts_destroy_lasts_until_the_destroy_returns},
         {"a child forked during a destroy does not wait for it",
          test_a_child_forked_during_a_destroy_does_not_wait_for_it},
+        {"an event is made in the context asked for and the current one restored",
+         test_an_event_is_made_in_the_context_asked_for_and_the_current_one_restored},
+        {"no event is made when its context cannot be made current",
+         test_no_event_is_made_when_its_context_cannot_be_made_current},
+        {"no event is made when the current context cannot be read",
+         test_no_event_is_made_when_the_current_context_cannot_be_read},
     };
     return UNIT_RUN_ALL(tests);
 }
