@@ -313,8 +313,8 @@ void qsc_lp_context_dies(CUcontext ctx);
 int qsc_lp_wait_window(uint64_t window_ns, uint64_t units);
 /* Before a batched launch: when nothing is in flight, mark where its batch starts. */
 void qsc_lp_opening(const qsc_session *s);
-/* After a batched launch was submitted: count it (may close a batch). */
-void qsc_lp_counted(uint64_t window_ns);
+/* After a batched launch into `stream` was submitted: count it (may close a batch). */
+void qsc_lp_counted(CUstream stream, uint64_t window_ns);
 /* The window in force (device ns), as of the last batch completed. */
 uint64_t qsc_lp_window(const qsc_session *s);
 /* The device ns per launch as last measured (0 before any), and the window last read. */

@@ -436,13 +436,13 @@ int qsc_lp_wait_window(uint64_t window_ns, uint64_t units) {
     return 0;
 }
 
-void qsc_lp_counted(uint64_t window_ns) {
+void qsc_lp_counted(CUstream stream, uint64_t window_ns) {
     lp_stream *st = launching;
     atomic_fetch_add(&lp.launched, 1); /* before the stream's: see qsc_lp_wait_window */
     uint64_t n = atomic_fetch_add(&st->launched, 1) + 1;
-    if (qsc_dgate_on()) /* every tracked stream waits on the device, counted by its own */
-        qsc_dgate_after(atomic_load_explicit(&st->stream, memory_order_relaxed), &st->gate_since,
-                        n, estimate(window_ns));
+    if (qsc_dgate_on()) /* every tracked stream waits on the device, counted by its own; into
+                         * the launch's stream (the slot's may be marked gone meanwhile) */
+        qsc_dgate_after(stream, &st->gate_since, n, estimate(window_ns));
     if (atomic_load(&st->sleeping)) {
         wake_completion(st);
         return;

@@ -301,7 +301,7 @@ void qsc_unit_end(const qsc_session *s, CUstream stream, CUresult submitted, int
         return;
     }
     if (tracked == QSC_UNIT_BATCHED) {
-        if (submitted == CUDA_SUCCESS) qsc_lp_counted(qsc_lp_window(s));
+        if (submitted == CUDA_SUCCESS) qsc_lp_counted(stream, qsc_lp_window(s));
         else qs_launch_end(s->client);
         return;
     }

@@ -37,7 +37,7 @@ int qsc_lp_tracks(const qsc_session *s, CUstream stream, CUcontext ctx) {
 }
 int qsc_lp_wait_window(uint64_t window_ns, uint64_t units) { return (void)window_ns, (void)units, 1; }
 void qsc_lp_opening(const qsc_session *s) { (void)s; }
-void qsc_lp_counted(uint64_t window_ns) { (void)window_ns; }
+void qsc_lp_counted(CUstream stream, uint64_t window_ns) { (void)stream, (void)window_ns; }
 uint64_t qsc_lp_window(const qsc_session *s) { return (void)s, 0; }
 
 static CUresult event_done(CUevent ev) { return (void)ev, CUDA_SUCCESS; }
