@@ -20,6 +20,9 @@ CUcontext qsc_stream_context(CUstream stream, CUcontext current) {
     return (void)stream, current;
 }
 void qsc_ctx_wait_destroys(CUcontext ctx) { (void)ctx; }
+CUresult qsc_event_create_in(CUcontext ctx, CUevent *ev, unsigned int flags) {
+    return (void)ctx, (void)ev, (void)flags, CUDA_ERROR_NOT_SUPPORTED;
+}
 void qsc_warn_once(int key, const char *fmt, ...) { (void)key, (void)fmt; }
 int qsc_start_thread(void *(*main)(void *), void *arg, const char *what) {
     return (void)main, (void)arg, (void)what, 1; /* a process at its thread limit */
