@@ -13,82 +13,108 @@
 
 #define CTX_EPOCHS 64 /* contexts that have died, each keyed; past it every context moves */
 
-static struct {
+typedef struct ctx_entry {
     _Atomic(CUcontext) ctx; /* appended, never removed: the first NULL ends the table */
     _Atomic uint64_t epoch;
-} epochs[CTX_EPOCHS];
-static _Atomic uint64_t every_epoch; /* moves every context's epoch (table full, unknown one) */
-static pthread_mutex_t epochs_lock = PTHREAD_MUTEX_INITIALIZER; /* appending */
+    _Atomic uint32_t destroying; /* its destroys under way (the driver's call) */
+} ctx_entry;
 
-static _Atomic uint32_t destroys;     /* context destroys under way (the driver's call) */
-static _Atomic uint32_t destroys_seq; /* futex: moves when one returns */
+static ctx_entry epochs[CTX_EPOCHS];
+static _Atomic uint64_t every_epoch; /* moves every context's epoch (table full, unknown one) */
+static _Atomic uint32_t every_destroying; /* destroys under way of a context we cannot key */
+static _Atomic uint32_t destroys_seq;     /* futex: moves when a destroy returns */
+static pthread_mutex_t epochs_lock = PTHREAD_MUTEX_INITIALIZER; /* appending */
 
 /* A child forked while another thread appended has the lock held by no thread of its own, and
  * no destroy under way (the parent's thread making it is not the child's). */
 static void epochs_forked(void) {
     pthread_mutex_init(&epochs_lock, NULL);
-    atomic_store(&destroys, 0);
+    for (unsigned i = 0; i < CTX_EPOCHS; i++) atomic_store(&epochs[i].destroying, 0);
+    atomic_store(&every_destroying, 0);
 }
 
 __attribute__((constructor)) static void watch_forks(void) {
     pthread_atfork(NULL, NULL, epochs_forked);
 }
 
-uint64_t qsc_ctx_epoch(CUcontext ctx) {
-    uint64_t e = atomic_load_explicit(&every_epoch, memory_order_acquire);
+/* The entry of `ctx` if it has one (no lock: entries are appended, never removed). */
+static ctx_entry *entry_of(CUcontext ctx) {
     for (unsigned i = 0; i < CTX_EPOCHS; i++) {
         CUcontext known = atomic_load_explicit(&epochs[i].ctx, memory_order_acquire);
         if (known == NULL) break;
-        if (known == ctx) return e + atomic_load_explicit(&epochs[i].epoch, memory_order_acquire);
+        if (known == ctx) return &epochs[i];
     }
-    return e;
+    return NULL;
 }
 
-/* The entry of `ctx`, appended if new; NULL when the table is full. */
-static _Atomic uint64_t *epoch_of(CUcontext ctx) {
+uint64_t qsc_ctx_epoch(CUcontext ctx) {
+    uint64_t e = atomic_load_explicit(&every_epoch, memory_order_acquire);
+    ctx_entry *entry = entry_of(ctx);
+    return entry != NULL ? e + atomic_load_explicit(&entry->epoch, memory_order_acquire) : e;
+}
+
+/* The entry of `ctx`, appended if new; NULL when the table is full or `ctx` is NULL. */
+static ctx_entry *epoch_of(CUcontext ctx) {
+    if (ctx == NULL) return NULL;
     pthread_mutex_lock(&epochs_lock);
-    _Atomic uint64_t *found = NULL;
+    ctx_entry *found = NULL;
     for (unsigned i = 0; i < CTX_EPOCHS && found == NULL; i++) {
         CUcontext known = atomic_load(&epochs[i].ctx);
         if (known == NULL) atomic_store(&epochs[i].ctx, ctx);
-        if (known == NULL || known == ctx) found = &epochs[i].epoch;
+        if (known == NULL || known == ctx) found = &epochs[i];
     }
     pthread_mutex_unlock(&epochs_lock);
     return found;
 }
 
-int qsc_ctx_destroying(void) { return atomic_load(&destroys) != 0; }
+int qsc_ctx_destroying(CUcontext ctx) {
+    if (atomic_load(&every_destroying)) return 1;
+    ctx_entry *entry = entry_of(ctx);
+    return entry != NULL && atomic_load(&entry->destroying) != 0;
+}
 
-void qsc_ctx_wait_destroys(void) {
+void qsc_ctx_wait_destroys(CUcontext ctx) {
     for (;;) {
         uint32_t seq = atomic_load(&destroys_seq);
-        if (atomic_load(&destroys) == 0) return;
+        if (!qsc_ctx_destroying(ctx)) return;
         qs_futex_wait(&destroys_seq, seq, 0);
     }
 }
 
-/* Around the driver's destroy of a context, from before its epoch first moves until the call
- * returned (the driver has then drained the context's work). */
-static void destroy_begins(void) { atomic_fetch_add(&destroys, 1); }
-
-static void destroy_ends(void) {
-    atomic_fetch_sub(&destroys, 1);
-    atomic_fetch_add(&destroys_seq, 1);
-    qs_futex_wake(&destroys_seq, INT_MAX);
-}
-
-/* Context `ctx` is destroyed (NULL: one we cannot name, so every context): its epoch moves
+/* `entry`'s context is destroyed (NULL: one we cannot key, so every context): its epoch moves
  * before the driver's call (events made meanwhile die too) and after it (no event made before
  * is taken for live). */
-static void context_dies(CUcontext ctx) {
-    _Atomic uint64_t *epoch = ctx != NULL ? epoch_of(ctx) : NULL;
-    atomic_fetch_add(epoch != NULL ? epoch : &every_epoch, 1);
+static void context_dies(ctx_entry *entry) {
+    atomic_fetch_add(entry != NULL ? &entry->epoch : &every_epoch, 1);
 }
 
-/* Before the driver destroys a context: its events and streams are about to die. */
-static void context_dying(CUcontext ctx) {
-    context_dies(ctx);
+/* Before the driver destroys context `ctx` (NULL: one we cannot name): its events and streams
+ * are about to die. */
+static void context_dying(CUcontext ctx, ctx_entry *entry) {
+    context_dies(entry);
     qsc_lp_context_dies(ctx);
+}
+
+/* A destroy under way: from before its context's epoch first moves until the driver's call
+ * returned (the driver has then drained the context's work). */
+typedef struct destroy_mark {
+    ctx_entry *entry;        /* NULL: a context we cannot key */
+    _Atomic uint32_t *count; /* its destroys under way */
+} destroy_mark;
+
+static destroy_mark destroy_begins(CUcontext ctx) {
+    ctx_entry *entry = epoch_of(ctx);
+    destroy_mark m = {entry, entry != NULL ? &entry->destroying : &every_destroying};
+    atomic_fetch_add(m.count, 1);
+    context_dying(ctx, entry);
+    return m;
+}
+
+static void destroy_ends(destroy_mark m) {
+    context_dies(m.entry);
+    atomic_fetch_sub(m.count, 1);
+    atomic_fetch_add(&destroys_seq, 1);
+    qs_futex_wake(&destroys_seq, INT_MAX);
 }
 
 QSC_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
@@ -97,11 +123,9 @@ QSC_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
     destroy_fn real = QSC_REAL(destroy_fn, cuCtxDestroy_v2);
     if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
     if (ctx == NULL) return real(ctx); /* names no context: the driver refuses it */
-    destroy_begins();
-    context_dying(ctx);
+    destroy_mark m = destroy_begins(ctx);
     CUresult rc = real(ctx);
-    context_dies(ctx);
-    destroy_ends();
+    destroy_ends(m);
     return rc;
 }
 
@@ -130,11 +154,13 @@ CUcontext qsc_stream_context(CUstream stream, CUcontext current) {
 }
 
 CUresult qsc_event_create_in(CUcontext ctx, CUevent *ev, unsigned int flags) {
-    CUcontext was = ctx;
-    QSC_REAL(qsc_ctx_get_current_fn, cuCtxGetCurrent)(&was);
-    if (was != ctx) QSC_REAL(qsc_ctx_set_current_fn, cuCtxSetCurrent)(ctx);
-    CUresult rc = QSC_REAL(qsc_event_create_fn, cuEventCreate)(ev, flags);
-    if (was != ctx) QSC_REAL(qsc_ctx_set_current_fn, cuCtxSetCurrent)(was);
+    qsc_ctx_set_current_fn set = QSC_REAL(qsc_ctx_set_current_fn, cuCtxSetCurrent);
+    CUcontext was = NULL;
+    CUresult rc = QSC_REAL(qsc_ctx_get_current_fn, cuCtxGetCurrent)(&was);
+    if (rc == CUDA_SUCCESS && was != ctx) rc = set(ctx); /* refused: made in no other context */
+    if (rc != CUDA_SUCCESS) return rc;
+    rc = QSC_REAL(qsc_event_create_fn, cuEventCreate)(ev, flags);
+    if (was != ctx) set(was);
     return rc;
 }
 
@@ -165,11 +191,9 @@ static CUresult reset_primary(primary_reset_fn real, CUdevice dev) {
     if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
     if (!primary_active(dev)) return real(dev); /* nothing of ours lives in it */
     CUcontext ctx = primary_of(dev);
-    destroy_begins();
-    context_dying(ctx);
+    destroy_mark m = destroy_begins(ctx);
     CUresult rc = real(dev);
-    context_dies(ctx);
-    destroy_ends();
+    destroy_ends(m);
     return rc;
 }
 
@@ -179,7 +203,7 @@ static CUresult release_primary(primary_reset_fn real, CUdevice dev) {
     if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
     CUcontext ctx = primary_active(dev) ? primary_of(dev) : NULL;
     CUresult rc = real(dev);
-    if (rc == CUDA_SUCCESS && !primary_active(dev)) context_dying(ctx);
+    if (rc == CUDA_SUCCESS && !primary_active(dev)) context_dying(ctx, epoch_of(ctx));
     return rc;
 }
 

@@ -198,11 +198,13 @@ int qsc_start_thread(void *(*main)(void *), void *arg, const char *what);
  * used or destroyed again) and made anew. Other contexts' epochs stay. */
 uint64_t qsc_ctx_epoch(CUcontext ctx);
 /* The driver drains a context's work in its destroy: an event found dead (its context's epoch
- * moved) may stand for work still running until that call returns. 1 while a destroy
- * (cuCtxDestroy, cuDevicePrimaryCtxReset) is under way; qsc_ctx_wait_destroys waits (futex)
- * until none is, so that the work is not ended (taken out of the window) before it drained. */
-int qsc_ctx_destroying(void);
-void qsc_ctx_wait_destroys(void);
+ * moved) may stand for work still running until that call returns. 1 while a destroy of `ctx`
+ * (cuCtxDestroy, cuDevicePrimaryCtxReset; or of a context that could not be named, which
+ * moved every epoch) is under way; qsc_ctx_wait_destroys waits (futex) until none is, so that
+ * the work is not ended (taken out of the window) before it drained. Other contexts' destroys
+ * are not waited for. */
+int qsc_ctx_destroying(CUcontext ctx);
+void qsc_ctx_wait_destroys(CUcontext ctx);
 /* A stream the program created (not a default stream): its handle names one stream of one
  * context, whichever context is current. */
 static inline int qsc_stream_created(CUstream stream) {
@@ -212,7 +214,9 @@ static inline int qsc_stream_created(CUstream stream) {
  * driver cannot say, `current`. */
 CUcontext qsc_stream_context(CUstream stream, CUcontext current);
 /* Create an event in context `ctx`, made current around the call when another is (an event is
- * recorded only into a stream of its own context). */
+ * recorded only into a stream of its own context); the thread's current context is restored.
+ * When the current context cannot be read or `ctx` cannot be made current (it died), no event
+ * is made and that error is returned. */
 CUresult qsc_event_create_in(CUcontext ctx, CUevent *ev, unsigned int flags);
 /* First call of every thread the interposer starts (it waits on events): another thread's
  * graph capture neither forbids those waits nor is invalidated by them. */
@@ -309,8 +313,8 @@ void qsc_lp_context_dies(CUcontext ctx);
 int qsc_lp_wait_window(uint64_t window_ns, uint64_t units);
 /* Before a batched launch: when nothing is in flight, mark where its batch starts. */
 void qsc_lp_opening(const qsc_session *s);
-/* After a batched launch was submitted: count it (may close a batch). */
-void qsc_lp_counted(uint64_t window_ns);
+/* After a batched launch into `stream` was submitted: count it (may close a batch). */
+void qsc_lp_counted(CUstream stream, uint64_t window_ns);
 /* The window in force (device ns), as of the last batch completed. */
 uint64_t qsc_lp_window(const qsc_session *s);
 /* The device ns per launch as last measured (0 before any), and the window last read. */

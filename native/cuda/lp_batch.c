@@ -178,7 +178,7 @@ static void complete_oldest(lp_stream *st, fence f) {
     if (f.epoch == qsc_ctx_epoch(atomic_load(&st->ctx)))
         QSC_REAL(qsc_event_fn, cuEventSynchronize)(f.ev);
     else
-        qsc_ctx_wait_destroys();
+        qsc_ctx_wait_destroys(atomic_load(&st->ctx));
     const qsc_session *s = qsc_enter();
     if (s->client != NULL)
         atomic_store_explicit(&lp.window_ns, window_of(s), memory_order_relaxed);
@@ -245,7 +245,8 @@ static void use_context(lp_stream *st) {
 /* The tail's fence may be made here: in the stream's context, which the slot may have changed
  * since the thread last looked (freed by a stream of one context, claimed for another's). */
 static void fence_tail(lp_stream *st, uint64_t n) {
-    if (atomic_load(&st->stream) == STREAM_GONE) qsc_ctx_wait_destroys(); /* see complete_oldest */
+    if (atomic_load(&st->stream) == STREAM_GONE) /* see complete_oldest */
+        qsc_ctx_wait_destroys(atomic_load(&st->ctx));
     use_context(st);
     const qsc_session *s = qsc_enter();
     pthread_mutex_lock(&st->lock);
@@ -435,13 +436,13 @@ int qsc_lp_wait_window(uint64_t window_ns, uint64_t units) {
     return 0;
 }
 
-void qsc_lp_counted(uint64_t window_ns) {
+void qsc_lp_counted(CUstream stream, uint64_t window_ns) {
     lp_stream *st = launching;
     atomic_fetch_add(&lp.launched, 1); /* before the stream's: see qsc_lp_wait_window */
     uint64_t n = atomic_fetch_add(&st->launched, 1) + 1;
-    if (qsc_dgate_on()) /* every tracked stream waits on the device, counted by its own */
-        qsc_dgate_after(atomic_load_explicit(&st->stream, memory_order_relaxed), &st->gate_since,
-                        n, estimate(window_ns));
+    if (qsc_dgate_on()) /* every tracked stream waits on the device, counted by its own; into
+                         * the launch's stream (the slot's may be marked gone meanwhile) */
+        qsc_dgate_after(stream, &st->gate_since, n, estimate(window_ns));
     if (atomic_load(&st->sleeping)) {
         wake_completion(st);
         return;

@@ -56,6 +56,13 @@ static CUcontext current_context(void) {
     return ctx;
 }
 
+/* The context a launch into `stream` runs in: a created stream's own (one cuStreamGetCtx),
+ * else (a default stream, or when the driver cannot say) the current one. */
+static CUcontext context_of(CUstream stream) {
+    CUcontext own = qsc_stream_created(stream) ? qsc_stream_context(stream, NULL) : NULL;
+    return own != NULL ? own : current_context();
+}
+
 /* Destroy `ev`'s events, or forget them if they died with their context. */
 static void destroy_events(events *ev) {
     qsc_event_fn destroy = QSC_REAL(qsc_event_fn, cuEventDestroy_v2);
@@ -78,8 +85,9 @@ static void drop_thread_events(void *arg) {
 
 static void make_exit_key(void) { pthread_key_create(&exit_key, drop_thread_events); }
 
-/* Make `ev` hold events of context `ctx` (created in the current context). The first time
- * a thread has any, they are set to go with the thread when it exits. */
+/* Make `ev` hold events of context `ctx` (the context of the stream they are recorded into:
+ * made current for their creation when it is not). The first time a thread has any, they are
+ * set to go with the thread when it exits. */
 static CUresult prepare_events(events *ev, CUcontext ctx, int timed) {
     uint64_t epoch = qsc_ctx_epoch(ctx);
     if (ev->ctx != ctx || ev->epoch != epoch) {
@@ -91,11 +99,11 @@ static CUresult prepare_events(events *ev, CUcontext ctx, int timed) {
         pthread_once(&exit_key_once, make_exit_key);
         pthread_setspecific(exit_key, ev);
     }
-    qsc_event_create_fn create = QSC_REAL(qsc_event_create_fn, cuEventCreate);
     unsigned int flags = CU_EVENT_BLOCKING_SYNC | (timed ? 0u : (unsigned)CU_EVENT_DISABLE_TIMING);
     CUresult rc = CUDA_SUCCESS;
-    if (ev->end == NULL) rc = create(&ev->end, flags);
-    if (rc == CUDA_SUCCESS && timed && ev->start == NULL) rc = create(&ev->start, flags);
+    if (ev->end == NULL) rc = qsc_event_create_in(ctx, &ev->end, flags);
+    if (rc == CUDA_SUCCESS && timed && ev->start == NULL)
+        rc = qsc_event_create_in(ctx, &ev->start, flags);
     return rc;
 }
 
@@ -134,8 +142,8 @@ static int end_oldest(int wait) {
     qsc_event_fn check = wait ? QSC_REAL(qsc_event_fn, cuEventSynchronize)
                               : QSC_REAL(qsc_event_fn, cuEventQuery);
     int live = s->ev.epoch == qsc_ctx_epoch(s->ev.ctx);
-    if (!live && !wait && qsc_ctx_destroying()) return 0; /* the destroy still drains it */
-    if (!live) qsc_ctx_wait_destroys();
+    if (!live && !wait && qsc_ctx_destroying(s->ev.ctx)) return 0; /* its destroy drains it */
+    if (!live) qsc_ctx_wait_destroys(s->ev.ctx);
     CUresult rc = live ? check_event(check, s->ev.end) : CUDA_ERROR_INVALID_HANDLE; /* it died */
     if (rc == CUDA_ERROR_NOT_READY) return 0;
     if (!atomic_compare_exchange_strong(&tracker.head, &h, h + 1)) return 1;
@@ -265,7 +273,8 @@ static CUresult lp_begin(const qsc_session *s, CUstream stream, int *tracked) {
     }
     *tracked = batched ? QSC_UNIT_BATCHED : QSC_UNIT_EVENT;
     if (batched) qsc_lp_opening(s);
-    else if (prepare_events(&current, ctx, 1) == CUDA_SUCCESS)
+    else if (prepare_events(&current, qsc_stream_created(stream) ? context_of(stream) : ctx, 1) ==
+             CUDA_SUCCESS)
         QSC_REAL(qsc_event_record_fn, cuEventRecord)(current.start, stream);
     return CUDA_SUCCESS;
 }
@@ -291,7 +300,7 @@ CUresult qsc_unit_begin(const qsc_session *s, CUstream stream, int *tracked) {
         return qsc_cu_status(rc);
     }
     *tracked = QSC_UNIT_EVENT;
-    prepare_events(&current, current_context(), 0);
+    prepare_events(&current, context_of(stream), 0);
     return CUDA_SUCCESS;
 }
 
@@ -301,13 +310,13 @@ void qsc_unit_end(const qsc_session *s, CUstream stream, CUresult submitted, int
         return;
     }
     if (tracked == QSC_UNIT_BATCHED) {
-        if (submitted == CUDA_SUCCESS) qsc_lp_counted(qsc_lp_window(s));
+        if (submitted == CUDA_SUCCESS) qsc_lp_counted(stream, qsc_lp_window(s));
         else qs_launch_end(s->client);
         return;
     }
     if (tracked == QSC_UNIT_OPENING) {
-        CUcontext ctx = qsc_stream_context(stream, current_context()); /* once per unit */
-        if (!qsc_hp_opened(stream, ctx, submitted)) qs_launch_end(s->client);
+        if (!qsc_hp_opened(stream, context_of(stream), submitted)) /* once per unit */
+            qs_launch_end(s->client);
         return;
     }
     if (submitted != CUDA_SUCCESS || current.end == NULL ||

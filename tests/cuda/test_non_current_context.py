@@ -37,3 +37,33 @@ def test_high_priority_fences_a_stream_of_a_non_current_context_in_that_context(
     assert run.rc("otherctx") == 0
     assert int(run.reply("otherctx")["cross"]) == 0
     assert node.stats(HP_VGPU)["launches"] == 1
+
+
+def test_high_priority_units_of_a_second_stream_are_fenced_in_that_streams_context(
+    node: NodeOwner,
+) -> None:
+    """A unit is open on the probe's stream (a 50 ms kernel) when 20 launches go into a stream
+    of a second, non-current context: they take the per-launch path, whose events are made in
+    that stream's context, so every recording is accepted and each unit ends when its work
+    does. Before, they were made in the current context and every recording refused: each
+    launch was ended at once, before its work."""
+    run = run_probe(node, HP_VGPU, ["init", "launch kernel 50000 1", "otherctx 1000 20"])
+    assert run.returncode == 0, run.stderr
+    assert run.rc("otherctx") == 0
+    assert int(run.reply("otherctx")["cross"]) == 0
+
+
+def test_low_priority_launches_past_the_batched_streams_are_timed_in_their_streams_context(
+    node: NodeOwner,
+) -> None:
+    """16 streams of the current context take every batched slot; 20 kernels of 1 ms then go
+    into a stream of a second, non-current context, one unit each: their timing events are made
+    in that stream's context, recorded, and their device time measured. Before, they were made
+    in the current context, every recording was refused, and the launches ended untimed."""
+    run = run_probe(node, LP_VGPU, ["init", "spread 100 16 16", "otherctx 1000 20"])
+    assert run.returncode == 0, run.stderr
+    assert run.rc("otherctx") == 0
+    assert int(run.reply("otherctx")["cross"]) == 0
+    stats = node.stats(LP_VGPU)
+    assert stats["launches"] == 36
+    assert stats["device_ns"] >= 15 * MS

@@ -1,8 +1,10 @@
 """The interposer under ThreadSanitizer: the direct-call probe linked to a build of it with
 -fsanitize=thread (`make -C native/cuda tsan`), run through the paths where its threads meet:
 launches into many streams (batched and one unit per launch), from threads that exit, streams and
-contexts destroyed under their completion threads, a capture begun beside them, high and low
-priority. A data race reported is a failure."""
+contexts destroyed under their completion threads, a context destroyed while another thread
+launches into a second context (completion threads of both contexts and the destroy's wait
+for its drain racing), a capture begun beside them, high and low priority. A data race
+reported is a failure."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ TSAN_EXIT = 66
 
 STREAMS = ["init", "spread 100 200 18", "alternate 100 200 0 17", "threads 4 kernel"]
 DESTROYS = ["destroystream extra", "spread 100 100 4", "ctx2 100 20", "destroystream probe"]
+CONTEXT_RACE = ["ctxrace 200 30", "otherctx 100 20", "ctxrace 100 40"]
 CAPTURE = ["launch kernel 1000 5", "capture begin", "sleep 5", "capture end"]
 
 
@@ -35,7 +38,7 @@ def test_streams_destroys_and_captures_run_race_free(
 ) -> None:
     env = node.env(vgpu) | {"TSAN_OPTIONS": f"halt_on_error=1:exitcode={TSAN_EXIT}"}
     assert node.command("window 0 2000")["rc"] == "0"
-    commands = [*STREAMS, *DESTROYS, *CAPTURE, "launch kernel 100 20", "sleep 20"]
+    commands = [*STREAMS, *DESTROYS, *CONTEXT_RACE, *CAPTURE, "launch kernel 100 20", "sleep 20"]
     done = subprocess.run(
         [str(tsan_probe), *commands], env=env, capture_output=True, text=True, timeout=120
     )

@@ -18,11 +18,11 @@ void qsc_record_begin(void) {}
 void qsc_record_end(void) {}
 void qsc_stats_count(int counter, uint64_t n) { (void)counter, (void)n; }
 uint64_t qsc_ctx_epoch(CUcontext ctx) { return (void)ctx, 0; }
-int qsc_ctx_destroying(void) { return 0; }
+int qsc_ctx_destroying(CUcontext ctx) { return (void)ctx, 0; }
 CUresult qsc_event_create_in(CUcontext ctx, CUevent *ev, unsigned int flags) {
     return (void)ctx, QSC_REAL(qsc_event_create_fn, cuEventCreate)(ev, flags);
 }
-void qsc_ctx_wait_destroys(void) {}
+void qsc_ctx_wait_destroys(CUcontext ctx) { (void)ctx; }
 int qsc_stream_unrecordable(CUstream stream) { return (void)stream, 0; }
 void qsc_warn_once(int key, const char *fmt, ...) { (void)key, (void)fmt; }
 int qsc_start_thread(void *(*main)(void *), void *arg, const char *what) {

@@ -15,10 +15,13 @@ void *qsc_real_table[QSC_N_ALL];
 _Atomic int qsc_stats_on;
 static qsc_session no_session = {.failure = CUDA_ERROR_DEINITIALIZED};
 
-int qsc_dgate_on(void) { return 0; }
+static int dgate_on; /* the device gate, off unless a test turns it on */
+static CUstream gate_waits_into; /* the stream the last wait on the gate word went into */
+int qsc_dgate_on(void) { return dgate_on; }
 int qsc_dgate_bind(const qsc_session *s) { return (void)s, 0; }
 void qsc_dgate_after(CUstream stream, _Atomic uint64_t *since, uint64_t n, uint64_t est) {
-    (void)stream, (void)since, (void)n, (void)est;
+    (void)since, (void)n, (void)est;
+    gate_waits_into = stream;
 }
 int qsc_stream_capturing(CUstream stream) { return (void)stream, 0; }
 int qsc_stream_unrecordable(CUstream stream) { return (void)stream, 0; }
@@ -33,14 +36,14 @@ int qsc_start_thread(void *(*main)(void *), void *arg, const char *what) {
 }
 int qsc_hp_coalescable(CUstream stream) { return stream != CU_STREAM_PER_THREAD; }
 uint64_t qsc_ctx_epoch(CUcontext ctx) { return (void)ctx, 0; }
-int qsc_ctx_destroying(void) { return 0; }
+int qsc_ctx_destroying(CUcontext ctx) { return (void)ctx, 0; }
 CUresult qsc_event_create_in(CUcontext ctx, CUevent *ev, unsigned int flags) {
     return (void)ctx, QSC_REAL(qsc_event_create_fn, cuEventCreate)(ev, flags);
 }
 CUcontext qsc_stream_context(CUstream stream, CUcontext current) {
     return (void)stream, current;
 }
-void qsc_ctx_wait_destroys(void) {}
+void qsc_ctx_wait_destroys(CUcontext ctx) { (void)ctx; }
 void qsc_warn_once(int key, const char *fmt, ...) { (void)key, (void)fmt; }
 
 /* ---- tests ---- */
@@ -179,6 +182,27 @@ static int test_a_tail_fence_is_made_in_the_streams_context_after_the_slot_chang
     return 0;
 }
 
+/* A launch into a live stream found its slot; then, before it is counted, a destroy of a context
+ * the interposer could not name (every context's streams are dropped) marks the slot gone.
+ * With the device gate on, the launch's wait on the gate word goes into the stream it was
+ * launched into: before, it went to the slot's marker, an invalid handle, which the driver
+ * refused, and the device gate was turned off for the rest of the process. */
+static int test_a_counted_launch_gates_its_own_stream_after_its_slot_was_dropped(void) {
+    qsc_lp_forked();
+    CUstream stream = (CUstream)(uintptr_t)0x7000;
+    lp_stream *st = &lp.streams[0];
+    atomic_store(&st->claimed, 1);
+    atomic_store(&st->stream, stream);
+    launching = st; /* as qsc_lp_tracks left it */
+    qsc_lp_context_dies(NULL);
+    dgate_on = 1;
+    gate_waits_into = NULL;
+    qsc_lp_counted(stream, 1000);
+    dgate_on = 0;
+    EXPECT(gate_waits_into == stream);
+    return 0;
+}
+
 int main(void) {
     static const unit_test tests[] = {
         {"completion thread does not sleep while a fence is pending",
@@ -191,6 +215,8 @@ int main(void) {
          test_a_stream_whose_completion_thread_cannot_start_is_not_tracked},
         {"a tail fence is made in the stream's context after the slot changed context",
          test_a_tail_fence_is_made_in_the_streams_context_after_the_slot_changed_context},
+        {"a counted launch gates its own stream after its slot was dropped",
+         test_a_counted_launch_gates_its_own_stream_after_its_slot_was_dropped},
     };
     return UNIT_RUN_ALL(tests);
 }

@@ -15,11 +15,14 @@ void qsc_leave(const qsc_session *s) { (void)s; }
 void qsc_thread_ignores_captures(void) {}
 CUstreamCaptureMode qsc_capture_mode(CUstreamCaptureMode mode) { return mode; }
 uint64_t qsc_ctx_epoch(CUcontext ctx) { return (void)ctx, 0; }
-int qsc_ctx_destroying(void) { return 0; }
+int qsc_ctx_destroying(CUcontext ctx) { return (void)ctx, 0; }
 CUcontext qsc_stream_context(CUstream stream, CUcontext current) {
     return (void)stream, current;
 }
-void qsc_ctx_wait_destroys(void) {}
+void qsc_ctx_wait_destroys(CUcontext ctx) { (void)ctx; }
+CUresult qsc_event_create_in(CUcontext ctx, CUevent *ev, unsigned int flags) {
+    return (void)ctx, (void)ev, (void)flags, CUDA_ERROR_NOT_SUPPORTED;
+}
 void qsc_warn_once(int key, const char *fmt, ...) { (void)key, (void)fmt; }
 int qsc_start_thread(void *(*main)(void *), void *arg, const char *what) {
     return (void)main, (void)arg, (void)what, 1; /* a process at its thread limit */
@@ -37,7 +40,7 @@ int qsc_lp_tracks(const qsc_session *s, CUstream stream, CUcontext ctx) {
 }
 int qsc_lp_wait_window(uint64_t window_ns, uint64_t units) { return (void)window_ns, (void)units, 1; }
 void qsc_lp_opening(const qsc_session *s) { (void)s; }
-void qsc_lp_counted(uint64_t window_ns) { (void)window_ns; }
+void qsc_lp_counted(CUstream stream, uint64_t window_ns) { (void)stream, (void)window_ns; }
 uint64_t qsc_lp_window(const qsc_session *s) { return (void)s, 0; }
 
 static CUresult event_done(CUevent ev) { return (void)ev, CUDA_SUCCESS; }
