@@ -348,9 +348,10 @@ static lp_stream *free_slot(void) {
 }
 
 /* Claim a free slot for `stream` (bind_lock held), its completion thread running, then publish
- * the stream (a launch that finds it sees the counters reset). A slot whose thread cannot start
- * is left free: nothing would end its launches, so the stream goes one unit per launch. */
-static lp_stream *claim(CUstream stream, CUcontext ctx) {
+ * the stream (a launch that finds it sees the counters reset, and the process's client and
+ * device gate, set by the first stream claimed). A slot whose thread cannot start is left free:
+ * nothing would end its launches, so the stream goes one unit per launch. */
+static lp_stream *claim(const qsc_session *s, CUstream stream, CUcontext ctx) {
     lp_stream *st = free_slot();
     if (st == NULL) return NULL;
     atomic_store_explicit(&st->ctx, ctx, memory_order_relaxed);
@@ -364,6 +365,10 @@ static lp_stream *claim(CUstream stream, CUcontext ctx) {
     }
     atomic_store(&st->claimed, 1);
     atomic_fetch_add(&lp.claimed, 1);
+    if (lp.client == NULL) { /* the first stream bound: before any launch can find it */
+        lp.client = s->client;
+        qsc_dgate_bind(s);
+    }
     atomic_store_explicit(&st->stream, stream, memory_order_release);
     return st;
 }
@@ -375,11 +380,7 @@ static lp_stream *bind(const qsc_session *s, CUstream stream, CUcontext ctx) {
     if (own == NULL) return NULL;
     pthread_mutex_lock(&lp.bind_lock);
     lp_stream *st = find(stream, ctx); /* another thread may have bound it meanwhile */
-    if (st == NULL) st = claim(stream, own);
-    if (st != NULL && lp.client == NULL) { /* the first stream bound */
-        lp.client = s->client;
-        qsc_dgate_bind(s);
-    }
+    if (st == NULL) st = claim(s, stream, own);
     pthread_mutex_unlock(&lp.bind_lock);
     return st;
 }

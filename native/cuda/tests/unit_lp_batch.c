@@ -173,7 +173,7 @@ static int test_a_tail_fence_is_made_in_the_streams_context_after_the_slot_chang
     stub_current = a; /* what the thread made current while the slot was A's */
     atomic_store(&st->thread_started, 1); /* its thread runs (this one, below) */
     pthread_mutex_lock(&lp.bind_lock);
-    EXPECT(claim((CUstream)(uintptr_t)0x5000, b) == st);
+    EXPECT(claim(&no_session, (CUstream)(uintptr_t)0x5000, b) == st);
     pthread_mutex_unlock(&lp.bind_lock);
     atomic_store(&st->launched, 1);
     atomic_store(&lp.launched, 1);
