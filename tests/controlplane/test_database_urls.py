@@ -219,6 +219,14 @@ def test_a_password_with_slash_question_hash_comma_or_colon_is_read_whole(hosts:
     assert (url.username, url.password, url.database) == ("u", password, "db")
 
 
+@pytest.mark.parametrize("hosts", ["h1,h2:5433", "h1"], ids=["several hosts", "one host"])
+def test_a_user_name_holding_an_at_is_read_as_sqlalchemy_reads_it(hosts: str) -> None:
+    """Some hosting providers name users `user@server`; SQLAlchemy reads the name up to the
+    password's ':' (percent-encoding it is the portable form)."""
+    url = make_url(normalised(f"postgres://user@server:pw@{hosts}/db"))
+    assert (url.username, url.password) == ("user@server", "pw")
+
+
 @pytest.mark.parametrize(
     ("url", "problem"),
     [

@@ -99,10 +99,11 @@ def _parsed(url: str) -> URL:
 
 
 _NETLOC = re.compile(
-    r"(?P<head>[^:/?#]+://(?:[^:/@]*(?::[^@]*)?@)?)(?P<hosts>[^/?#@]*)(?P<tail>.*)", re.S
+    r"(?P<head>[^:/?#]+://(?:[^:/]*(?::[^@]*)?@)?)(?P<hosts>[^/?#@]*)(?P<tail>.*)", re.S
 )
-"""A URL: scheme and user info (its password, as SQLAlchemy reads it, all up to the '@'),
-its hosts (libpq: comma-separated), then path and query."""
+"""A URL: scheme and user info, read as SQLAlchemy reads it (the user name all up to the
+password's ':', an '@' in it too, as some hosting providers' `user@server` names; the
+password all up to the next '@'), its hosts (libpq: comma-separated), then path and query."""
 DEFAULT_PORT = "5432"
 """libpq's port for a host given without one (the asyncpg dialect wants every port)."""
 
