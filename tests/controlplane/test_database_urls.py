@@ -149,6 +149,10 @@ def test_a_refused_url_never_shows_any_of_its_password(
          "postgresql+asyncpg://u:p@/db?host=h1%3A5432&host=h2%3A5433&ssl=require"),
         ("postgres://u@db-a.example:6000,%2Frun%2Fpg:5432/db",
          "postgresql+asyncpg://u@/db?host=db-a.example%3A6000&host=%2Frun%2Fpg%3A5432"),
+        ("postgresql+asyncpg://u:p@h1:5432,h2:5433/db",
+         "postgresql+asyncpg://u:p@/db?host=h1%3A5432&host=h2%3A5433"),
+        ("postgres://u:p%40%2C%3A%2F@h1,h2/db",
+         "postgresql+asyncpg://u:p%40%2C%3A%2F@/db?host=h1%3A5432&host=h2%3A5432"),
     ],
 )  # fmt: skip
 def test_libpqs_several_hosts_become_asyncpgs_host_options(url: str, form: str) -> None:
