@@ -256,3 +256,46 @@ def test_an_unencoded_at_or_a_port_out_of_range_is_refused_at_start_saying_why(
         load(ApiSettings)
     (line,) = refused.value.problems
     assert problem in line and "pw1" not in line and "pw2" not in line, line
+
+
+@pytest.mark.parametrize(
+    ("url", "form"),
+    [
+        ("postgres://u:p@/db?host=h1,h2",
+         "postgresql+asyncpg://u:p@/db?host=h1%3A5432&host=h2%3A5432"),
+        ("postgres://u:p@/db?host=h1,h2&port=6000",
+         "postgresql+asyncpg://u:p@/db?host=h1%3A6000&host=h2%3A6000"),
+        ("postgres://u:p@/db?host=h1,%2Frun%2Fpg&port=6000,5433",
+         "postgresql+asyncpg://u:p@/db?host=h1%3A6000&host=%2Frun%2Fpg%3A5433"),
+    ],
+)  # fmt: skip
+def test_libpqs_host_and_port_lists_become_asyncpgs_host_options(url: str, form: str) -> None:
+    """libpq's `?host=h1,h2` (every host on 5432, or on the one `?port=` given, or each on
+    its own of as many) would fail every connection as SQLAlchemy's asyncpg dialect reads it
+    ("All ports are required", "number of hosts and ports don't match")."""
+    assert normalised(url) == form
+
+
+def test_host_and_port_lists_of_different_lengths_are_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("QSHARE_API_DATABASE_URL", "postgres://u:pw1@/db?host=a,b,c&port=1,2")
+    with pytest.raises(SettingsError) as refused:
+        load(ApiSettings)
+    (line,) = refused.value.problems
+    assert "3 hosts and 2 ports" in line and "pw1" not in line, line
+
+
+async def test_a_service_connects_through_libpqs_host_and_port_lists(database_url: str) -> None:
+    url = make_url(database_url)
+    socket_dir = quote(str(url.query["host"]), safe="")
+    password = f":{quote(url.password, safe='')}" if url.password else ""
+    lists = f"host=127.0.0.1,{socket_dir}&port={free_port()},{url.port or 5432}"
+    engine = create_async_engine(
+        load_url(f"postgresql://{url.username}{password}@/{url.database}?{lists}")
+    )
+    try:
+        async with engine.connect() as conn:
+            assert await conn.scalar(text("SELECT 1")) == 1
+    finally:
+        await engine.dispose()

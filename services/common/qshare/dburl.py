@@ -28,7 +28,7 @@ def normalised(url: str) -> str:
     parsed = _parsed(url)
     if parsed.drivername not in SCHEMES:
         raise ValueError(f"{parsed.drivername}:// is not a Postgres URL; the form is {FORM}")
-    query = _asyncpg_query(dict(parsed.query))
+    query = _host_lists(_asyncpg_query(dict(parsed.query)))
     _check_query_ports(query)
     return parsed.set(drivername=DRIVER, query=query).render_as_string(hide_password=False)
 
@@ -51,6 +51,26 @@ def _asyncpg_query(query: dict[str, str | tuple[str, ...]]) -> dict[str, str | t
             f"takes from a URL; it takes {', '.join(TAKEN)} and sslmode (as ssl)"
         )
     return query
+
+
+def _host_lists(query: dict[str, str | tuple[str, ...]]) -> dict[str, str | tuple[str, ...]]:
+    """libpq's `?host=h1,h2` with `?port=` (none: each on 5432; one: all on it; else one
+    for each) as the repeated `?host=h1:p1&host=h2:p2` (SQLAlchemy's asyncpg dialect would
+    fail every connection on the first two)."""
+    host = query.get("host")
+    if not isinstance(host, str) or "," not in host:
+        return query
+    hosts, ports = host.split(","), _values(query.pop("port", None))
+    if len(ports) < 2:
+        ports = ports * len(hosts) or [DEFAULT_PORT] * len(hosts)
+    if len(ports) != len(hosts):
+        raise ValueError(f"{len(hosts)} hosts and {len(ports)} ports in ?host= and ?port=: "
+                         "give one port for all, or one for each host")  # fmt: skip
+    if not all(hosts):
+        raise ValueError(f"an empty host in ?host=; the form is {SEVERAL}")
+    return query | {
+        "host": tuple(f"{h}:{p or DEFAULT_PORT}" for h, p in zip(hosts, ports, strict=True))
+    }
 
 
 def _check_query_ports(query: dict[str, str | tuple[str, ...]]) -> None:
