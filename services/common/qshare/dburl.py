@@ -23,8 +23,9 @@ FORM = (
 def normalised(url: str) -> str:
     """`url` in the asyncpg form; ValueError naming what is wrong when it is not a Postgres
     URL. libpq's `sslmode` becomes asyncpg's `ssl` (same values), its several hosts
-    `h1:5432,h2:5433` the repeated `?host=h1:5432&host=h2:5433` SQLAlchemy's asyncpg dialect
-    takes (asyncpg tries them in turn)."""
+    `h1:5432,h2:5433` (or `?host=h1,h2&port=5432,5433`) the repeated
+    `?host=h1:5432&host=h2:5433` SQLAlchemy's asyncpg dialect takes (asyncpg tries them in
+    turn). Every port is checked here, not at the first connection."""
     parsed = _parsed(url)
     if parsed.drivername not in SCHEMES:
         raise ValueError(f"{parsed.drivername}:// is not a Postgres URL; the form is {FORM}")
