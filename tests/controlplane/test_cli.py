@@ -245,6 +245,13 @@ async def test_quotas_set_none_removes_that_limit(
     }  # fmt: skip
 
 
+async def test_quotas_set_none_of_a_tenant_without_a_quota_says_it_has_none(
+    api_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert await _qshare(api_url, "quotas", "set", "t-no", "--cards", "none") == 1
+    assert "tenant t-no has no quota" in capsys.readouterr().err
+
+
 async def test_quotas_set_without_a_limit_says_what_to_give(
     api_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

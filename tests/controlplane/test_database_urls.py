@@ -149,6 +149,10 @@ def test_a_refused_url_never_shows_any_of_its_password(
          "postgresql+asyncpg://u:p@/db?host=h1%3A5432&host=h2%3A5433&ssl=require"),
         ("postgres://u@db-a.example:6000,%2Frun%2Fpg:5432/db",
          "postgresql+asyncpg://u@/db?host=db-a.example%3A6000&host=%2Frun%2Fpg%3A5432"),
+        ("postgresql+asyncpg://u:p@h1:5432,h2:5433/db",
+         "postgresql+asyncpg://u:p@/db?host=h1%3A5432&host=h2%3A5433"),
+        ("postgres://u:p%40%2C%3A%2F@h1,h2/db",
+         "postgresql+asyncpg://u:p%40%2C%3A%2F@/db?host=h1%3A5432&host=h2%3A5432"),
     ],
 )  # fmt: skip
 def test_libpqs_several_hosts_become_asyncpgs_host_options(url: str, form: str) -> None:
@@ -219,6 +223,14 @@ def test_a_password_with_slash_question_hash_comma_or_colon_is_read_whole(hosts:
     assert (url.username, url.password, url.database) == ("u", password, "db")
 
 
+@pytest.mark.parametrize("hosts", ["h1,h2:5433", "h1"], ids=["several hosts", "one host"])
+def test_a_user_name_holding_an_at_is_read_as_sqlalchemy_reads_it(hosts: str) -> None:
+    """Some hosting providers name users `user@server`; SQLAlchemy reads the name up to the
+    password's ':' (percent-encoding it is the portable form)."""
+    url = make_url(normalised(f"postgres://user@server:pw@{hosts}/db"))
+    assert (url.username, url.password) == ("user@server", "pw")
+
+
 @pytest.mark.parametrize(
     ("url", "problem"),
     [
@@ -244,3 +256,46 @@ def test_an_unencoded_at_or_a_port_out_of_range_is_refused_at_start_saying_why(
         load(ApiSettings)
     (line,) = refused.value.problems
     assert problem in line and "pw1" not in line and "pw2" not in line, line
+
+
+@pytest.mark.parametrize(
+    ("url", "form"),
+    [
+        ("postgres://u:p@/db?host=h1,h2",
+         "postgresql+asyncpg://u:p@/db?host=h1%3A5432&host=h2%3A5432"),
+        ("postgres://u:p@/db?host=h1,h2&port=6000",
+         "postgresql+asyncpg://u:p@/db?host=h1%3A6000&host=h2%3A6000"),
+        ("postgres://u:p@/db?host=h1,%2Frun%2Fpg&port=6000,5433",
+         "postgresql+asyncpg://u:p@/db?host=h1%3A6000&host=%2Frun%2Fpg%3A5433"),
+    ],
+)  # fmt: skip
+def test_libpqs_host_and_port_lists_become_asyncpgs_host_options(url: str, form: str) -> None:
+    """libpq's `?host=h1,h2` (every host on 5432, or on the one `?port=` given, or each on
+    its own of as many) would fail every connection as SQLAlchemy's asyncpg dialect reads it
+    ("All ports are required", "number of hosts and ports don't match")."""
+    assert normalised(url) == form
+
+
+def test_host_and_port_lists_of_different_lengths_are_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("QSHARE_API_DATABASE_URL", "postgres://u:pw1@/db?host=a,b,c&port=1,2")
+    with pytest.raises(SettingsError) as refused:
+        load(ApiSettings)
+    (line,) = refused.value.problems
+    assert "3 hosts and 2 ports" in line and "pw1" not in line, line
+
+
+async def test_a_service_connects_through_libpqs_host_and_port_lists(database_url: str) -> None:
+    url = make_url(database_url)
+    socket_dir = quote(str(url.query["host"]), safe="")
+    password = f":{quote(url.password, safe='')}" if url.password else ""
+    lists = f"host=127.0.0.1,{socket_dir}&port={free_port()},{url.port or 5432}"
+    engine = create_async_engine(
+        load_url(f"postgresql://{url.username}{password}@/{url.database}?{lists}")
+    )
+    try:
+        async with engine.connect() as conn:
+            assert await conn.scalar(text("SELECT 1")) == 1
+    finally:
+        await engine.dispose()

@@ -3,13 +3,21 @@ their owner only, and a rerun after an interrupted one leaves no empty secret be
 
 from __future__ import annotations
 
+import os
 import stat
+import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
+import yaml
 
 from qshare.kube_secrets import main
-from qshare.natsauth import ADMIN_TOKEN_FILE, CONFIG_FILE
+from qshare.natsauth import ADMIN_TOKEN_FILE, CONFIG_FILE, init_secrets
+
+COMPOSE = Path(__file__).parents[2] / "compose" / "docker-compose.yml"
+NOBODY = 65534
+"""`nobody` of the image's Debian base, which compose runs the control plane as."""
 
 
 def mode(path: Path) -> int:
@@ -58,3 +66,25 @@ def test_a_directory_it_cannot_write_is_one_line(
     err = capsys.readouterr().err
     assert err.startswith(f"python -m qshare.kube_secrets: cannot write {blocked / 'secrets'}: ")
     assert "Traceback" not in err and len(err.splitlines()) == 1
+
+
+def compose_owner() -> int:
+    """The `--owner` compose's `secrets` service gives `natsauth init`."""
+    entrypoint = yaml.safe_load(COMPOSE.read_text())["services"]["secrets"]["entrypoint"]
+    return int(entrypoint[entrypoint.index("--owner") + 1])
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="reading as another user needs root to switch")
+@pytest.mark.parametrize("rerun", [False, True], ids=["first start", "a node added later"])
+def test_the_compose_control_plane_running_as_nobody_reads_its_secrets(rerun: bool) -> None:
+    assert compose_owner() == NOBODY
+    with tempfile.TemporaryDirectory() as top:
+        os.chmod(top, 0o755)
+        directory = Path(top) / "secrets"
+        directory.mkdir()  # the volume's mount point, made by Docker as root
+        init_secrets(directory, ["sim-1"], owner=NOBODY)
+        if rerun:
+            init_secrets(directory, ["sim-1", "sim-2"], owner=NOBODY)
+        for name in ["allocator.password", "api.password", "preemptor.password", ADMIN_TOKEN_FILE]:
+            read = subprocess.run(["cat", str(directory / name)], user=NOBODY, capture_output=True)
+            assert read.returncode == 0 and read.stdout.strip(), (name, read.stderr)

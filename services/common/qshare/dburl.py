@@ -23,12 +23,13 @@ FORM = (
 def normalised(url: str) -> str:
     """`url` in the asyncpg form; ValueError naming what is wrong when it is not a Postgres
     URL. libpq's `sslmode` becomes asyncpg's `ssl` (same values), its several hosts
-    `h1:5432,h2:5433` the repeated `?host=h1:5432&host=h2:5433` SQLAlchemy's asyncpg dialect
-    takes (asyncpg tries them in turn)."""
+    `h1:5432,h2:5433` (or `?host=h1,h2&port=5432,5433`) the repeated
+    `?host=h1:5432&host=h2:5433` SQLAlchemy's asyncpg dialect takes (asyncpg tries them in
+    turn). Every port is checked here, not at the first connection."""
     parsed = _parsed(url)
     if parsed.drivername not in SCHEMES:
         raise ValueError(f"{parsed.drivername}:// is not a Postgres URL; the form is {FORM}")
-    query = _asyncpg_query(dict(parsed.query))
+    query = _host_lists(_asyncpg_query(dict(parsed.query)))
     _check_query_ports(query)
     return parsed.set(drivername=DRIVER, query=query).render_as_string(hide_password=False)
 
@@ -51,6 +52,26 @@ def _asyncpg_query(query: dict[str, str | tuple[str, ...]]) -> dict[str, str | t
             f"takes from a URL; it takes {', '.join(TAKEN)} and sslmode (as ssl)"
         )
     return query
+
+
+def _host_lists(query: dict[str, str | tuple[str, ...]]) -> dict[str, str | tuple[str, ...]]:
+    """libpq's `?host=h1,h2` with `?port=` (none: each on 5432; one: all on it; else one
+    for each) as the repeated `?host=h1:p1&host=h2:p2` (SQLAlchemy's asyncpg dialect would
+    fail every connection on the first two)."""
+    host = query.get("host")
+    if not isinstance(host, str) or "," not in host:
+        return query
+    hosts, ports = host.split(","), _values(query.pop("port", None))
+    if len(ports) < 2:
+        ports = ports * len(hosts) or [DEFAULT_PORT] * len(hosts)
+    if len(ports) != len(hosts):
+        raise ValueError(f"{len(hosts)} hosts and {len(ports)} ports in ?host= and ?port=: "
+                         "give one port for all, or one for each host")  # fmt: skip
+    if not all(hosts):
+        raise ValueError(f"an empty host in ?host=; the form is {SEVERAL}")
+    return query | {
+        "host": tuple(f"{h}:{p or DEFAULT_PORT}" for h, p in zip(hosts, ports, strict=True))
+    }
 
 
 def _check_query_ports(query: dict[str, str | tuple[str, ...]]) -> None:
@@ -99,10 +120,11 @@ def _parsed(url: str) -> URL:
 
 
 _NETLOC = re.compile(
-    r"(?P<head>[^:/?#]+://(?:[^:/@]*(?::[^@]*)?@)?)(?P<hosts>[^/?#@]*)(?P<tail>.*)", re.S
+    r"(?P<head>[^:/?#]+://(?:[^:/]*(?::[^@]*)?@)?)(?P<hosts>[^/?#@]*)(?P<tail>.*)", re.S
 )
-"""A URL: scheme and user info (its password, as SQLAlchemy reads it, all up to the '@'),
-its hosts (libpq: comma-separated), then path and query."""
+"""A URL: scheme and user info, read as SQLAlchemy reads it (the user name all up to the
+password's ':', an '@' in it too, as some hosting providers' `user@server` names; the
+password all up to the next '@'), its hosts (libpq: comma-separated), then path and query."""
 DEFAULT_PORT = "5432"
 """libpq's port for a host given without one (the asyncpg dialect wants every port)."""
 
