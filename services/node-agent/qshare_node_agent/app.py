@@ -310,45 +310,16 @@ class NodeAgent(Service):
 
     def _vgpu_families(self, node: Node, held: dict[int, DesiredVgpu]) -> Iterator[Metric]:
         """Per vGPU, labelled with its claim, card and priority (dashboards join on claim)."""
-        labels = ["node", "vgpu", "claim", "gpu", "priority"]
-        used = metrics.family("qshare_vgpu_memory_used_bytes", "memory reserved", labels)
-        limit = metrics.family("qshare_vgpu_memory_limit_bytes", "memory limit", labels)
-        share = metrics.family("qshare_vgpu_core_share_percent", "compute share", labels)
-        device = metrics.family("qshare_vgpu_device_seconds", "device time used", labels)
-        launches = metrics.counter("qshare_vgpu_launches", "kernel launches", labels)
-        processes = metrics.family("qshare_vgpu_processes", "processes attached", labels)
-        suspended = metrics.family("qshare_vgpu_suspended", "1 while suspended", labels)
-        for local_id, vgpu in list(held.items()):
-            stats = node.vgpu_stats(local_id)
-            values = [self.name, str(local_id), str(vgpu.claim_id), vgpu.gpu, vgpu.priority]
-            used.add_metric(values, stats.mem_used)
-            limit.add_metric(values, stats.mem_limit)
-            share.add_metric(values, stats.core_share)
-            device.add_metric(values, stats.device_ns / 1e9)
-            launches.add_metric(values, stats.launches)
-            processes.add_metric(values, stats.contexts)
-            suspended.add_metric(values, int(stats.suspended))
-        yield from (used, limit, share, device, launches, processes, suspended)
+        rows = [
+            ([self.name, str(i), str(v.claim_id), v.gpu, v.priority], node.vgpu_stats(i))
+            for i, v in list(held.items())
+        ]
+        return metrics.families(metrics.VGPU_FIGURES, metrics.VGPU_LABELS, rows)
 
     def _card_families(self, node: Node) -> Iterator[Metric]:
         """Per card: high priority's hold, the release delay and LP window in force, vGPUs."""
-        labels = ["node", "gpu"]
-        episodes = metrics.family("qshare_card_busy_episodes", "busy episodes", labels)
-        busy = metrics.family("qshare_card_busy", "1 while high priority holds the card", labels)
-        delay = metrics.family("qshare_card_release_delay_seconds", "release delay", labels)
-        window = metrics.family("qshare_card_lp_window_seconds", "LP in-flight window", labels)
-        vgpus = metrics.family("qshare_card_vgpus", "vGPUs on the card", labels)
-        memory = metrics.family("qshare_card_memory_bytes", "the card's memory", labels)
-        for card in self.cards:
-            stats = node.card_stats(card.index)
-            values = [self.name, card.uuid]
-            episodes.add_metric(values, stats.episodes)
-            busy.add_metric(values, int(stats.busy))
-            delay.add_metric(values, stats.release_delay_s)
-            window.add_metric(values, stats.lp_window_s)
-            vgpus.add_metric(values, stats.vgpus)
-            memory.add_metric(values, stats.total_mem)
-        yield from (episodes, busy, delay, window, vgpus, memory)
+        rows = [([self.name, c.uuid], node.card_stats(c.index)) for c in self.cards]
+        return metrics.families(metrics.CARD_FIGURES, metrics.CARD_LABELS, rows)
 
 
 def _decode(msg: Msg, model: type) -> object:

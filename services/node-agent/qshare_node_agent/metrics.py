@@ -3,7 +3,8 @@ when scraped; counters of events and commands are kept as they happen."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram, Metric
@@ -42,9 +43,44 @@ class DriverCollector(Collector):
         yield from self._agent.metric_families()
 
 
-def family(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
-    return GaugeMetricFamily(name, doc, labels=labels)
+@dataclass(frozen=True)
+class Figure:
+    """One figure read from the driver's stats at scrape time."""
+
+    name: str
+    doc: str
+    read: Callable[[Any], float]
+    counter: bool = False
 
 
-def counter(name: str, doc: str, labels: list[str]) -> CounterMetricFamily:
-    return CounterMetricFamily(name, doc, labels=labels)
+VGPU_LABELS = ["node", "vgpu", "claim", "gpu", "priority"]
+VGPU_FIGURES = [
+    Figure("qshare_vgpu_memory_used_bytes", "memory reserved", lambda s: s.mem_used),
+    Figure("qshare_vgpu_memory_limit_bytes", "memory limit", lambda s: s.mem_limit),
+    Figure("qshare_vgpu_core_share_percent", "compute share", lambda s: s.core_share),
+    Figure("qshare_vgpu_device_seconds", "device time used", lambda s: s.device_ns / 1e9),
+    Figure("qshare_vgpu_launches", "kernel launches", lambda s: s.launches, counter=True),
+    Figure("qshare_vgpu_processes", "processes attached", lambda s: s.contexts),
+    Figure("qshare_vgpu_suspended", "1 while suspended", lambda s: int(s.suspended)),
+]
+CARD_LABELS = ["node", "gpu"]
+CARD_FIGURES = [
+    Figure("qshare_card_busy_episodes", "busy episodes", lambda s: s.episodes),
+    Figure("qshare_card_busy", "1 while high priority holds the card", lambda s: int(s.busy)),
+    Figure("qshare_card_release_delay_seconds", "release delay", lambda s: s.release_delay_s),
+    Figure("qshare_card_lp_window_seconds", "LP in-flight window", lambda s: s.lp_window_s),
+    Figure("qshare_card_vgpus", "vGPUs on the card", lambda s: s.vgpus),
+    Figure("qshare_card_memory_bytes", "the card's memory", lambda s: s.total_mem),
+]
+
+
+def families(
+    figures: list[Figure], labels: list[str], rows: list[tuple[list[str], Any]]
+) -> Iterator[Metric]:
+    """One metric family per figure, a sample per (label values, stats) row."""
+    for figure in figures:
+        kind = CounterMetricFamily if figure.counter else GaugeMetricFamily
+        metric = kind(figure.name, figure.doc, labels=labels)
+        for values, stats in rows:
+            metric.add_metric(values, figure.read(stats))
+        yield metric
