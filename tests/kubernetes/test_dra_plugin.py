@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -11,9 +12,11 @@ from typing import Any
 import pytest
 
 from qshare_node_agent.kubernetes import wire
+from qshare_node_agent.kubernetes.apiserver import KubeApi
 from qshare_node_agent.kubernetes.config import KubernetesSettings
 from qshare_node_agent.kubernetes.dra import DraPlugin
 from qshare_node_agent.kubernetes.local_vgpus import FIRST_LOCAL_ID, LocalVgpus
+from qshare_node_agent.kubernetes.slice_watch import SliceWatch
 
 from .conftest import (
     CARDS,
@@ -151,6 +154,20 @@ def test_the_slice_is_published_again_after_the_kubelet_wipes_it(
     apiserver.delete_object(SLICE)
     wait_for(lambda: SLICE in apiserver.objects)
     assert apiserver.objects[SLICE]["spec"]["pool"]["generation"] > generation
+
+
+def test_a_slice_already_gone_when_the_watch_first_lists_is_published_again(
+    kube_api: KubeApi,
+) -> None:
+    """The plugin publishes before its watch first lists: a kubelet wiping the slice in
+    between leaves nothing for the watch to see but the slice's absence."""
+    gone = threading.Event()
+    watch = SliceWatch(kube_api, SLICE.rsplit("/", 1)[1], gone.set, watch_s=1)
+    watch.start()
+    try:
+        assert gone.wait(5)
+    finally:
+        watch.stop()
 
 
 def test_a_v1_answer_names_the_allocated_share_of_each_device(

@@ -16,21 +16,20 @@ RETRY_S = 1.0
 
 class SliceWatch(ListWatch):
     """`start()` / `stop()`; calls `on_gone()` (from its own thread) when the slice named
-    `name` is deleted, and when a list after the first finds it absent (the plugin publishes
-    on start anyway: the first list's answer says nothing new)."""
+    `name` is deleted, and whenever a list finds it absent, the first included: the plugin
+    publishes as the watch starts, so an absent slice at the first list may be one a kubelet
+    wiped in between, which no watch event will report (at worst, one publish too many)."""
 
     def __init__(
         self, api: KubeApi, name: str, on_gone: Callable[[], None], watch_s: int = WATCH_S
     ) -> None:
         super().__init__(f"ResourceSlice {name}", RETRY_S, RETRY_S)
         self._api, self._name, self._on_gone, self._watch_s = api, name, on_gone, watch_s
-        self._listed = False
 
     def _relist(self) -> str:
         present, version = self._api.resource_slice_names(self._name)
-        if self._listed and not present:
+        if not present:
             self._on_gone()
-        self._listed = True
         return version
 
     def _open(self, version: str) -> Watch:
