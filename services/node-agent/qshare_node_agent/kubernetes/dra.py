@@ -60,6 +60,7 @@ class DraPlugin:
         self._unwatch: Callable[[], None] | None = None
         name = resourceslice.slice_name(settings.node_name, settings.driver)
         self._slice_watch = SliceWatch(api, name, self._publish_wanted.set)
+        self._watching = False
         self._servers = [
             LoopSocketServer(
                 settings.dra_socket, self._dra_handlers(), settings.workers, settings.socket_check_s
@@ -83,17 +84,17 @@ class DraPlugin:
         self._publisher = threading.Thread(
             target=self._publish_loop, name="resourceslice", daemon=True
         )
-        self._publisher.start()
-        self._slice_watch.start()
+        self._publisher.start()  # it starts the slice watch once the slice is published
 
     def stop(self) -> None:
-        self._slice_watch.stop()
         if self._unwatch is not None:
             self._unwatch()
         self._stopping.set()
         self._publish_wanted.set()
         if self._publisher is not None:
             self._publisher.join()
+        self._slice_watch.stop()
+        self._watching = False
         for server in self._servers:
             server.stop()
         self.claims.stop()
@@ -128,6 +129,10 @@ class DraPlugin:
                 log.warning("publishing the ResourceSlice failed (%s); retrying", exc)
                 self._stopping.wait(RETRY_PUBLISH_S)
                 self._publish_wanted.set()
+                continue
+            if not self._watching:  # after the first publish: an absent slice is a wiped one
+                self._slice_watch.start()
+                self._watching = True
 
     # -- gRPC --------------------------------------------------------------------------
     def _dra_handlers(self) -> list[grpc.GenericRpcHandler]:

@@ -17,8 +17,8 @@ RETRY_S = 1.0
 class SliceWatch(ListWatch):
     """`start()` / `stop()`; calls `on_gone()` (from its own thread) when the slice named
     `name` is deleted, and whenever a list finds it absent, the first included: the plugin
-    publishes as the watch starts, so an absent slice at the first list may be one a kubelet
-    wiped in between, which no watch event will report (at worst, one publish too many)."""
+    starts the watch once it has published, so an absent slice at the first list is one a
+    kubelet wiped in between, which no watch event will report."""
 
     def __init__(
         self, api: KubeApi, name: str, on_gone: Callable[[], None], watch_s: int = WATCH_S
