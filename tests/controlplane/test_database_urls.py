@@ -161,6 +161,26 @@ def test_libpqs_several_hosts_become_asyncpgs_host_options(url: str, form: str) 
     assert normalised(url) == form
 
 
+def test_a_host_without_a_port_among_several_is_on_pgport_as_libpq_has_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("PGPORT", "6543")
+    assert normalised("postgres://u:p@h1,h2:5433/db") == (
+        "postgresql+asyncpg://u:p@/db?host=h1%3A6543&host=h2%3A5433"
+    )
+
+
+def test_a_pgport_that_is_not_a_port_is_refused_naming_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("PGPORT", "70000")
+    monkeypatch.setenv("QSHARE_API_DATABASE_URL", "postgres://u:pw1@h1,h2/db")
+    with pytest.raises(SettingsError) as refused:
+        load(ApiSettings)
+    (line,) = refused.value.problems
+    assert "PGPORT" in line and "pw1" not in line, line
+
+
 @pytest.mark.parametrize(
     ("url", "problem"),
     [

@@ -4,6 +4,7 @@ the SQLAlchemy asyncpg form the services connect with."""
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Annotated
 from urllib.parse import unquote
@@ -63,14 +64,14 @@ def _host_lists(query: dict[str, str | tuple[str, ...]]) -> dict[str, str | tupl
         return query
     hosts, ports = host.split(","), _values(query.pop("port", None))
     if len(ports) < 2:
-        ports = ports * len(hosts) or [DEFAULT_PORT] * len(hosts)
+        ports = ports * len(hosts) or [default_port()] * len(hosts)
     if len(ports) != len(hosts):
         raise ValueError(f"{len(hosts)} hosts and {len(ports)} ports in ?host= and ?port=: "
                          "give one port for all, or one for each host")  # fmt: skip
     if not all(hosts):
         raise ValueError(f"an empty host in ?host=; the form is {SEVERAL}")
     return query | {
-        "host": tuple(f"{h}:{p or DEFAULT_PORT}" for h, p in zip(hosts, ports, strict=True))
+        "host": tuple(f"{h}:{p or default_port()}" for h, p in zip(hosts, ports, strict=True))
     }
 
 
@@ -125,8 +126,15 @@ _NETLOC = re.compile(
 """A URL: scheme and user info, read as SQLAlchemy reads it (the user name all up to the
 password's ':', an '@' in it too, as some hosting providers' `user@server` names; the
 password all up to the next '@'), its hosts (libpq: comma-separated), then path and query."""
-DEFAULT_PORT = "5432"
-"""libpq's port for a host given without one (the asyncpg dialect wants every port)."""
+
+
+def default_port() -> str:
+    """libpq's port for a host given without one: `$PGPORT`, else 5432 (the asyncpg dialect
+    wants every port of several hosts written out)."""
+    port = os.environ.get("PGPORT") or "5432"
+    if not re.fullmatch("[0-9]+", port) or not 0 < int(port) < 65536:
+        raise ValueError(f"PGPORT={port!r} is not a port (1 to 65535)")
+    return port
 
 
 def _several_hosts(url: str) -> tuple[str, tuple[str, ...]]:
@@ -155,7 +163,7 @@ def _host_and_port(token: str) -> str:
     if not host:
         raise ValueError(f"an empty host in the hosts list; the form is {SEVERAL}")
     _check_port(unquote(host), port)
-    return f"{unquote(host)}:{port or DEFAULT_PORT}"
+    return f"{unquote(host)}:{port or default_port()}"
 
 
 def _check_port(host: str, port: str) -> None:
