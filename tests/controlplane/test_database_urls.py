@@ -28,6 +28,12 @@ SETTINGS = [
 ]
 
 
+@pytest.fixture(autouse=True)
+def no_pgport(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default port is libpq's 5432 here, whatever the shell running the tests sets."""
+    monkeypatch.delenv("PGPORT", raising=False)
+
+
 @pytest.mark.parametrize(("cls", "variable"), SETTINGS)
 @pytest.mark.parametrize("scheme", ["postgres", "postgresql", "postgresql+asyncpg"])
 def test_every_service_reads_a_postgres_url_in_the_asyncpg_form(
