@@ -93,39 +93,27 @@ async def change_quota(tenant: Tenant, body: QuotaSpec, caller: Admin, res: Res)
     PATCH of a missing claim is 404); a body that only removes limits (all `null`) is 404
     there too, so a PATCH never creates an empty quota."""
     limits = body.model_dump(exclude_unset=True)
-    if not limits:
-        return await _existing(res, tenant)
-    if all(limit is None for limit in limits.values()):
-        return await _removed(res, tenant, limits)
+    if all(limit is None for limit in limits.values()):  # `{}` too: nothing to add
+        return await _changed_only(res, tenant, limits)
     return await _upsert(res, tenant, limits)
 
 
-async def _existing(res: Resources, tenant: str) -> Quota:
-    """`tenant`'s quota as stored (read from the primary, as a write would be), or 404."""
-    async with res.engine.connect() as conn:
-        row = (await conn.execute(select(quotas).where(quotas.c.tenant == tenant))).one_or_none()
-    if row is None:
-        raise NotFound(f"tenant {tenant} has no quota: an empty PATCH has nothing to change")
-    return Quota.model_validate(row._mapping)
-
-
-async def _removed(res: Resources, tenant: str, limits: dict[str, int | None]) -> Quota:
-    """`tenant`'s quota without `limits` (all None), or 404 where it has none (nothing to
-    remove), in one statement: a quota cleared meanwhile is not made again."""
+async def _changed_only(res: Resources, tenant: str, limits: dict[str, int | None]) -> Quota:
+    """`tenant`'s quota without `limits` (all None, or none at all), or 404 where it has none,
+    in one statement: a quota cleared meanwhile is not made again."""
     values = {COLUMNS[k]: v for k, v in limits.items()} | {"updated_at": func.now()}
-    statement = (
-        update(quotas).where(quotas.c.tenant == tenant).values(values)
-        .returning(quotas.c.tenant, quotas.c.memory_mib, quotas.c.cards, quotas.c.pending)
-    )  # fmt: skip
+    statement = update(quotas).where(quotas.c.tenant == tenant).values(values).returning(*SHOWN)
     async with res.engine.begin() as conn:
         stored = (await conn.execute(statement)).one_or_none()
     if stored is None:
-        raise NotFound(f"tenant {tenant} has no quota: a PATCH removing limits has none to remove")
+        raise NotFound(f"tenant {tenant} has no quota: a PATCH that sets no limit changes none")
     return Quota.model_validate(stored._mapping)
 
 
 COLUMNS = {"memory": "memory_mib", "cards": "cards", "pending": "pending"}
 """A QuotaSpec field's column in `quotas`."""
+SHOWN = (quotas.c.tenant, quotas.c.memory_mib, quotas.c.cards, quotas.c.pending)
+"""The columns a Quota shows."""
 
 
 async def _upsert(res: Resources, tenant: str, limits: dict[str, int | None]) -> Quota:
@@ -135,7 +123,7 @@ async def _upsert(res: Resources, tenant: str, limits: dict[str, int | None]) ->
     statement = row.on_conflict_do_update(
         index_elements=[quotas.c.tenant],
         set_={k: row.excluded[k] for k in values} | {"updated_at": func.now()},
-    ).returning(quotas.c.tenant, quotas.c.memory_mib, quotas.c.cards, quotas.c.pending)
+    ).returning(*SHOWN)
     async with res.engine.begin() as conn:
         stored = (await conn.execute(statement)).one()
     return Quota.model_validate(stored._mapping)
