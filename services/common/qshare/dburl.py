@@ -132,7 +132,7 @@ def default_port() -> str:
     """libpq's port for a host given without one: `$PGPORT`, else 5432 (the asyncpg dialect
     wants every port of several hosts written out)."""
     port = os.environ.get("PGPORT") or "5432"
-    if not re.fullmatch("[0-9]+", port) or not 0 < int(port) < 65536:
+    if not _is_port(port):
         raise ValueError(f"PGPORT={port!r} is not a port (1 to 65535)")
     return port
 
@@ -169,12 +169,16 @@ def _host_and_port(token: str) -> str:
 def _check_port(host: str, port: str) -> None:
     """ValueError where `port` (empty: the default) is not one a connection can use: asyncpg
     raises OverflowError past 65535 and takes 0 for 5432."""
-    if not port:
+    if not port or _is_port(port):
         return
     if not re.fullmatch("[0-9]+", port):
         raise ValueError(f"{port!r} is not a port (of host {host}); the form is {SEVERAL}")
-    if not 0 < int(port) < 65536:
-        raise ValueError(f"port {port} of host {host} is out of range (1 to 65535)")
+    raise ValueError(f"port {port} of host {host} is out of range (1 to 65535)")
+
+
+def _is_port(port: str) -> bool:
+    """ASCII digits naming 1 to 65535."""
+    return re.fullmatch("[0-9]+", port) is not None and 0 < int(port) < 65536
 
 
 SEVERAL = "postgresql://USER:PASSWORD@HOST1:PORT1,HOST2:PORT2/DATABASE"
