@@ -60,7 +60,6 @@ class DraPlugin:
         self._unwatch: Callable[[], None] | None = None
         name = resourceslice.slice_name(settings.node_name, settings.driver)
         self._slice_watch = SliceWatch(api, name, self._publish_wanted.set)
-        self._watching = False
         self._servers = [
             LoopSocketServer(
                 settings.dra_socket, self._dra_handlers(), settings.workers, settings.socket_check_s
@@ -94,7 +93,6 @@ class DraPlugin:
         if self._publisher is not None:
             self._publisher.join()
         self._slice_watch.stop()
-        self._watching = False
         for server in self._servers:
             server.stop()
         self.claims.stop()
@@ -130,9 +128,7 @@ class DraPlugin:
                 self._stopping.wait(RETRY_PUBLISH_S)
                 self._publish_wanted.set()
                 continue
-            if not self._watching:  # after the first publish: an absent slice is a wiped one
-                self._slice_watch.start()
-                self._watching = True
+            self._slice_watch.start()  # once published, an absent slice is a wiped one
 
     # -- gRPC --------------------------------------------------------------------------
     def _dra_handlers(self) -> list[grpc.GenericRpcHandler]:

@@ -29,6 +29,9 @@ class ListWatch:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
+        """Start the thread; nothing when it runs already (until `stop()`)."""
+        if self._thread is not None:
+            return
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name=f"{self._what} watch", daemon=True)
         self._thread.start()
