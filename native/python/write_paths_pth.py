@@ -5,22 +5,21 @@ setuptools' editable finder only knows the packages that existed at install time
 """
 
 import sysconfig
+import tomllib
 from pathlib import Path
 
-ROOTS = (
-    "services/common",
-    "services/api",
-    "services/allocator",
-    "services/node-agent",
-    "services/preemptor",
-    "native/python",
-)
+
+def package_roots(top: Path) -> list[str]:
+    """The roots pyproject.toml's `packages.find` searches (one source for both)."""
+    project = tomllib.loads((top / "pyproject.toml").read_text())
+    roots: list[str] = project["tool"]["setuptools"]["packages"]["find"]["where"]
+    return roots
 
 
 def main() -> None:
     top = Path(__file__).resolve().parents[2]
     site = Path(sysconfig.get_paths()["purelib"])
-    lines = [str(top / root) for root in ROOTS]
+    lines = [str(top / root) for root in package_roots(top)]
     (site / "qshare-roots.pth").write_text("\n".join(lines) + "\n")
 
 

@@ -22,6 +22,7 @@ import pytest
 import yaml
 from sqlalchemy import make_url, text
 from sqlalchemy.ext.asyncio import create_async_engine
+from write_paths_pth import package_roots
 
 from qshare_allocator.migrate import head
 
@@ -31,8 +32,7 @@ ROOT = Path(__file__).parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
 COMPOSE = ROOT / "compose" / "docker-compose.yml"
 DOCKERIGNORE = ROOT / ".dockerignore"
-PACKAGE_ROOTS = ("services/common", "services/api", "services/allocator", "services/node-agent",
-                 "services/preemptor", "native/python")  # fmt: skip
+PACKAGE_ROOTS = package_roots(ROOT)
 """pyproject.toml's `packages.find` roots: each package under one lands in site-packages."""
 
 
