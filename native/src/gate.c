@@ -17,6 +17,7 @@
 #define AUTO_REQUEST_GAP_LOG2 21u  /* gaps of 2^21 ns (2.1 ms) or more separate HP requests */
 
 #define GATE_RECHECK_NS 50000000ull /* a client's gate sleep never lasts longer unchecked */
+#define BUSY_SLEEP_MIN_NS 100000ull /* at this delay or more, a waiter sleeps through HP's work */
 
 enum release_result { OPENED, NOT_QUIET, QUIET_UNTIL };
 
@@ -75,12 +76,27 @@ static int hp_quiet(struct qs_segment *seg, struct qs_card_state *cs)
     return 1;
 }
 
-static uint64_t release_deadline(struct qs_segment *seg, uint32_t card)
+static uint64_t release_delay(struct qs_segment *seg, uint32_t card)
 {
     const struct qs_cfg_card *cc = &seg->cfg->cards[card];
-    uint64_t delay = atomic_load(&cc->release_auto) ? atomic_load(&cc->auto_delay_ns)
-                                                     : atomic_load(&cc->release_delay_ns);
-    return atomic_load(&seg->state->cards[card].last_hp_ns) + delay;
+    return atomic_load(&cc->release_auto) ? atomic_load(&cc->auto_delay_ns)
+                                          : atomic_load(&cc->release_delay_ns);
+}
+
+static uint64_t release_deadline(struct qs_segment *seg, uint32_t card)
+{
+    return atomic_load(&seg->state->cards[card].last_hp_ns) + release_delay(seg, card);
+}
+
+/* While high priority is busy the gate cannot open before now + delay, so a waiter sleeps
+ * until then instead of asking every high-priority completion for a wake-up (a system call
+ * on high priority's path, and a thread woken on its cores, hundreds of times per request
+ * of a host-bound model). Returns 0 for a delay too short to sleep through: such a waiter is
+ * woken when high priority turns quiet. */
+static uint64_t busy_deadline(struct qs_segment *seg, uint32_t card)
+{
+    uint64_t delay = release_delay(seg, card);
+    return delay >= BUSY_SLEEP_MIN_NS ? qs_now_ns() + delay : 0;
 }
 
 static void open_gate(struct qs_segment *seg, uint32_t card, uint64_t now)
@@ -121,8 +137,8 @@ static enum release_result try_release(struct qs_segment *seg, uint32_t card, ui
 }
 
 /* One round of waiting on a closed gate: sleep until the release deadline when high
- * priority is quiet, or until high priority turns quiet, or until `cap` (0: none).
- * Returns 1 once open. */
+ * priority is quiet; while it is busy, until now + the delay (busy_deadline), or for a very
+ * short delay until it turns quiet; never past `cap` (0: none). Returns 1 once open. */
 static int wait_round(struct qs_segment *seg, uint32_t card, _Atomic uint32_t *stop, uint64_t cap,
                       _Atomic uint32_t *mine)
 {
@@ -133,14 +149,17 @@ static int wait_round(struct qs_segment *seg, uint32_t card, _Atomic uint32_t *s
     enum release_result r = atomic_load(&cs->gate) == QS_GATE_OPEN
                                 ? OPENED
                                 : try_release(seg, card, &deadline);
-    if (r == QUIET_UNTIL)
+    if (r == NOT_QUIET)
+        deadline = busy_deadline(seg, card);
+    int timed = r != OPENED && deadline;
+    if (timed)
         qs_count_out(mine, &cs->untimed_sleepers);
-    uint64_t until = r == QUIET_UNTIL ? deadline : 0;
+    uint64_t until = timed ? deadline : 0;
     if (cap && (!until || cap < until))
         until = cap;
     if (r != OPENED && !(stop && atomic_load(stop)))
         qs_futex_wait(&cs->wake_seq, seq, until);
-    if (r != QUIET_UNTIL)
+    if (!timed)
         qs_count_out(mine, &cs->untimed_sleepers);
     return r == OPENED;
 }

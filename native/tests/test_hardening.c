@@ -187,6 +187,8 @@ static int test_killed_gate_sleeper_leaves_no_sleeper_count(void)
     qs_node *node = make_node("gatewait");
     EXPECT(node && vgpu(node, 1, QS_PRIO_HIGH, 50, GiB) == QS_OK);
     EXPECT(vgpu(node, 2, QS_PRIO_LOW, 50, GiB) == QS_OK);
+    /* a delay too short to sleep through: waiters ask to be woken when HP turns quiet */
+    EXPECT(qs_card_set_release_delay(node, 0, 0) == QS_OK);
     qs_client *hp = NULL;
     EXPECT(qs_client_attach(test_segment("gatewait"), NULL, 1, &hp) == QS_OK);
     EXPECT(qs_launch_begin(hp) == QS_OK);

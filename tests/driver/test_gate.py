@@ -4,6 +4,7 @@ the release delay, and not before."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from multiprocessing.context import SpawnContext, SpawnProcess
@@ -114,6 +115,59 @@ def test_release_delay_of_zero_reopens_as_soon_as_high_priority_is_quiet(node: N
         assert lp.last_unblock_ns == 0 or lp.last_unblock_ns >= t_end
     kinds = [e.kind for e in node.events(0.2)]
     assert EventKind.BUSY in kinds and EventKind.IDLE in kinds
+
+
+def _sleepers_while_blocked(
+    node: Node, hp: Client, lp: Client, seconds: float
+) -> tuple[list[int], int]:
+    """The card's gate sleepers, sampled every 5 ms for `seconds` while `lp` waits on a launch
+    behind a busy `hp`; then HP's end time, once the waiter has got through."""
+    hp.launch_begin()
+    waiter = threading.Thread(target=lambda: (lp.launch_begin(), lp.launch_end()), daemon=True)
+    waiter.start()
+    try:
+        time.sleep(0.05)
+        assert waiter.is_alive(), "the low-priority launch did not wait on the closed gate"
+        samples = []
+        for _ in range(round(seconds / 0.005)):
+            samples.append(node.sleepers(0)["gate_sleepers"])
+            time.sleep(0.005)
+    finally:  # the waiter must be through before its client detaches
+        t_end = now_ns()
+        hp.launch_end()
+        waiter.join(5)
+    assert not waiter.is_alive()
+    return samples, t_end
+
+
+def test_a_waiter_sleeps_through_high_priority_work_without_asking_each_completion_to_wake_it(
+    node: Node,
+) -> None:
+    node.create_vgpu(1, 0, "high", 50, GiB)
+    node.create_vgpu(2, 0, "low", 50, GiB)
+    node.set_release_delay(0, DELAY_S)
+    with (
+        Client.attach(node.name, 1, node.directory) as hp,
+        Client.attach(node.name, 2, node.directory) as lp,
+    ):
+        sleepers, t_end = _sleepers_while_blocked(node, hp, lp, 0.15)
+        assert max(sleepers) == 0  # nobody for HP's end to wake
+        assert lp.last_unblock_ns >= t_end + DELAY_S * 1e9
+
+
+def test_with_a_delay_too_short_to_sleep_through_a_waiter_is_woken_when_high_priority_is_quiet(
+    node: Node,
+) -> None:
+    node.create_vgpu(1, 0, "high", 50, GiB)
+    node.create_vgpu(2, 0, "low", 50, GiB)
+    node.set_release_delay(0, 0)
+    with (
+        Client.attach(node.name, 1, node.directory) as hp,
+        Client.attach(node.name, 2, node.directory) as lp,
+    ):
+        sleepers, t_end = _sleepers_while_blocked(node, hp, lp, 0.05)
+        assert min(sleepers) == 1
+        assert lp.last_unblock_ns >= t_end
 
 
 def test_explicit_suspension_holds_low_priority_until_resumed(
