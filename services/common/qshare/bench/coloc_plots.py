@@ -59,6 +59,7 @@ def _limit(values: list[float]) -> float:
     return max(1.5, 1.3 * p75)
 
 
+SHAPE_ORDER = ("steady", "bursty", "eager")  # the graph HP's shapes, then the host-bound HP
 MODE_ORDER = ("time-slicing", "qshare-0ms", "qshare-1ms", "qshare-1ms-dg", "qshare-10ms",
               "qshare-100ms", "qshare-100ms-dg", "qshare-auto")  # fmt: skip
 
@@ -89,7 +90,9 @@ def plot_inflation(rows: list[dict[str, Any]], path: Path) -> Path:
     one row per LP workload and mode, side by side: what high priority pays and what low
     priority gets, read across one line."""
     points = [r for r in rows if r.get("hp_p99_inflation") is not None and r["harvest"] is not None]
-    shapes = sorted({r["shape"] for r in points}) or ["steady"]
+    found = {r["shape"] for r in points}
+    shapes = [s for s in SHAPE_ORDER if s in found] + sorted(found - set(SHAPE_ORDER))
+    shapes = shapes or ["steady"]
     cases = _cases(points)
     top = _limit([r["hp_p99_inflation"] for r in points])
     height = 1.6 + 0.26 * len(cases)
