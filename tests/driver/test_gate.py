@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from multiprocessing.context import SpawnContext, SpawnProcess
 from typing import Any
 
@@ -50,6 +51,19 @@ def _hp_burst(node: Node, hold_s: float) -> tuple[int, int]:
         hp.launch_end()
         time.sleep(DELAY_S + 0.1)
     return t_closed, t_end
+
+
+@contextmanager
+def _hp_and_lp(node: Node, delay_s: float) -> Iterator[tuple[Client, Client]]:
+    """A high-priority and a low-priority client on card 0, whose release delay is `delay_s`."""
+    node.create_vgpu(1, 0, "high", 50, GiB)
+    node.create_vgpu(2, 0, "low", 50, GiB)
+    node.set_release_delay(0, delay_s)
+    with (
+        Client.attach(node.name, 1, node.directory) as hp,
+        Client.attach(node.name, 2, node.directory) as lp,
+    ):
+        yield hp, lp
 
 
 def test_high_priority_launch_closes_the_card_at_once(node: Node) -> None:
@@ -100,13 +114,7 @@ def test_high_priority_contexts_never_block_each_other(node: Node) -> None:
 
 
 def test_release_delay_of_zero_reopens_as_soon_as_high_priority_is_quiet(node: Node) -> None:
-    node.create_vgpu(1, 0, "high", 50, GiB)
-    node.create_vgpu(2, 0, "low", 50, GiB)
-    node.set_release_delay(0, 0)
-    with (
-        Client.attach(node.name, 1, node.directory) as hp,
-        Client.attach(node.name, 2, node.directory) as lp,
-    ):
+    with _hp_and_lp(node, 0) as (hp, lp):
         hp.launch_begin()
         t_end = now_ns()
         hp.launch_end()
@@ -143,13 +151,7 @@ def _sleepers_while_blocked(
 def test_a_waiter_sleeps_through_high_priority_work_without_asking_each_completion_to_wake_it(
     node: Node,
 ) -> None:
-    node.create_vgpu(1, 0, "high", 50, GiB)
-    node.create_vgpu(2, 0, "low", 50, GiB)
-    node.set_release_delay(0, DELAY_S)
-    with (
-        Client.attach(node.name, 1, node.directory) as hp,
-        Client.attach(node.name, 2, node.directory) as lp,
-    ):
+    with _hp_and_lp(node, DELAY_S) as (hp, lp):
         sleepers, t_end = _sleepers_while_blocked(node, hp, lp, 0.15)
         assert max(sleepers) == 0  # nobody for HP's end to wake
         assert lp.last_unblock_ns >= t_end + DELAY_S * 1e9
@@ -158,13 +160,7 @@ def test_a_waiter_sleeps_through_high_priority_work_without_asking_each_completi
 def test_with_a_delay_too_short_to_sleep_through_a_waiter_is_woken_when_high_priority_is_quiet(
     node: Node,
 ) -> None:
-    node.create_vgpu(1, 0, "high", 50, GiB)
-    node.create_vgpu(2, 0, "low", 50, GiB)
-    node.set_release_delay(0, 0)
-    with (
-        Client.attach(node.name, 1, node.directory) as hp,
-        Client.attach(node.name, 2, node.directory) as lp,
-    ):
+    with _hp_and_lp(node, 0) as (hp, lp):
         sleepers, t_end = _sleepers_while_blocked(node, hp, lp, 0.05)
         assert min(sleepers) == 1
         assert lp.last_unblock_ns >= t_end
