@@ -507,6 +507,11 @@ SETS = {
         "eager_alone", "eager_alone_qshare", "eager_alone_qshare_fence200",
         "eager_alone_qshare_stats",
     ),
+    # what the gate's waiters no longer taking a wake-up per HP completion should move
+    "gatewake": (
+        "eager_alone", "eager+lp_qshare_100ms", "eager+lp_qshare_auto",
+        "graph_alone", "graph+lp_qshare_1ms",
+    ),
 }  # fmt: skip
 
 
