@@ -85,13 +85,6 @@ def test_fixed_share_gives_each_vgpu_its_share(shm_dir: str) -> None:
     assert all(near(w, [20, 50], WINDOW_TOL) for w in ws), ws
 
 
-LENT_PART = 0.5
-"""Of the device time a lone vGPU gets beyond its share when nothing holds it back (under
-best-effort, in the same run), the part burst-share must lend it."""
-ROOM = 15.0
-"""Percentage points the card must give a lone vGPU beyond its share for lending to show."""
-
-
 def test_burst_share_lends_idle_compute_to_the_only_vgpu_with_work(shm_dir: str) -> None:
     """A policy that did not lend would keep the vGPU at its 30 % share however much more
     the card gives it alone."""
