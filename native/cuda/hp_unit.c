@@ -131,8 +131,8 @@ static int try_close(void) {
 static void complete_round(void) {
     if (hp.fence_epoch == qsc_ctx_epoch(hp.ctx))
         QSC_REAL(qsc_event_fn, cuEventSynchronize)(hp.fence);
-    else
-        qsc_ctx_wait_destroys(hp.ctx); /* died with its context: the driver's destroy drains its work */
+    else /* died with its context: the driver's destroy drains its work */
+        qsc_ctx_wait_destroys(hp.ctx);
     pace();
     uint64_t n = atomic_load(&hp.launched);
     if (atomic_load(&hp.pending)) {

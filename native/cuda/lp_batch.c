@@ -314,8 +314,9 @@ static void *completion_main(void *arg) {
 
 /* 1 if `st` is bound to `stream` launched into with `ctx` current. */
 static int bound_to(lp_stream *st, CUstream stream, CUcontext ctx) {
-    return atomic_load_explicit(&st->stream, memory_order_acquire) == stream &&
-           (qsc_stream_created(stream) || atomic_load_explicit(&st->ctx, memory_order_relaxed) == ctx);
+    if (atomic_load_explicit(&st->stream, memory_order_acquire) != stream) return 0;
+    if (qsc_stream_created(stream)) return 1; /* one stream whichever context is current */
+    return atomic_load_explicit(&st->ctx, memory_order_relaxed) == ctx;
 }
 
 /* The slot bound to `stream` (`ctx` current), if any: the one this thread used last, else a
@@ -327,7 +328,6 @@ static lp_stream *find(CUstream stream, CUcontext ctx) {
         if (bound_to(&lp.streams[i], stream, ctx)) return &lp.streams[i];
     return NULL;
 }
-
 
 /* A free slot, its counters started afresh (bind_lock held); NULL when none is free. */
 static lp_stream *free_slot(void) {

@@ -59,7 +59,7 @@ static CUcontext current_context(void) {
 /* The context a launch into `stream` runs in: a created stream's own (one cuStreamGetCtx),
  * else (a default stream, or when the driver cannot say) the current one. */
 static CUcontext context_of(CUstream stream) {
-    CUcontext own = qsc_stream_created(stream) ? qsc_stream_context(stream, NULL) : NULL;
+    CUcontext own = qsc_stream_context(stream, NULL);
     return own != NULL ? own : current_context();
 }
 
@@ -273,8 +273,7 @@ static CUresult lp_begin(const qsc_session *s, CUstream stream, int *tracked) {
     }
     *tracked = batched ? QSC_UNIT_BATCHED : QSC_UNIT_EVENT;
     if (batched) qsc_lp_opening(s);
-    else if (prepare_events(&current, qsc_stream_created(stream) ? context_of(stream) : ctx, 1) ==
-             CUDA_SUCCESS)
+    else if (prepare_events(&current, qsc_stream_context(stream, ctx), 1) == CUDA_SUCCESS)
         QSC_REAL(qsc_event_record_fn, cuEventRecord)(current.start, stream);
     return CUDA_SUCCESS;
 }
