@@ -233,8 +233,13 @@ static CUstream new_stream(void) {
 static pthread_once_t default_once = PTHREAD_ONCE_INIT;
 static void make_default_stream(void) { default_stream = new_stream(); }
 
+/* One of the default streams (NULL, legacy, per-thread): one shared stream here. */
+static int is_default(CUstream stream) {
+    return stream == NULL || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD;
+}
+
 static CUstream resolve(CUstream st) {
-    if (st == NULL || st == CU_STREAM_LEGACY || st == CU_STREAM_PER_THREAD) {
+    if (is_default(st)) {
         pthread_once(&default_once, make_default_stream);
         return default_stream;
     }
@@ -627,7 +632,7 @@ EXPORT CUresult cuStreamCreate(CUstream *stream, unsigned int flags) {
  * exit: a test double's shortcut. */
 #define STREAM_DESTROYED UINT64_MAX
 EXPORT CUresult cuStreamDestroy_v2(CUstream stream) {
-    if (stream == NULL || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD)
+    if (is_default(stream))
         return CUDA_ERROR_INVALID_HANDLE;
     if (dead_handle(stream->ctx, stream->generation)) return CUDA_ERROR_INVALID_HANDLE;
     stream->generation = STREAM_DESTROYED;
@@ -638,7 +643,7 @@ EXPORT CUresult cuStreamDestroy_v2(CUstream stream) {
  * context's (the primary when none is). */
 EXPORT CUresult cuStreamGetCtx(CUstream stream, CUcontext *ctx) {
     if (ctx == NULL) return CUDA_ERROR_INVALID_VALUE;
-    if (stream == NULL || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD) {
+    if (is_default(stream)) {
         *ctx = owning_context();
         return CUDA_SUCCESS;
     }
@@ -700,7 +705,7 @@ EXPORT CUresult cuStreamIsCapturing_ptsz(CUstream stream, int *status) {
 EXPORT CUresult cuStreamBeginCapture_v2(CUstream stream, int mode) {
     if (mode < CU_STREAM_CAPTURE_MODE_GLOBAL || mode > CU_STREAM_CAPTURE_MODE_RELAXED)
         return CUDA_ERROR_INVALID_VALUE;
-    if (stream == NULL || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD)
+    if (is_default(stream))
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     pthread_mutex_lock(&streams_lock);
     int idle = atomic_load(&stream->capture) == CU_STREAM_CAPTURE_STATUS_NONE;
@@ -849,8 +854,7 @@ EXPORT unsigned long qshare_fake_cross_context_records(void) {
  * created stream's context is its own; the default streams (one shared stream here) are taken
  * as the current context's. */
 static int other_context(CUevent event, CUstream stream) {
-    int named = stream != NULL && stream != CU_STREAM_LEGACY && stream != CU_STREAM_PER_THREAD;
-    if (event->ctx == (named ? stream->ctx : owning_context())) return 0;
+    if (event->ctx == (is_default(stream) ? owning_context() : stream->ctx)) return 0;
     atomic_fetch_add(&cross_context_records, 1);
     return 1;
 }

@@ -374,16 +374,21 @@ static void *race_main(void *arg) {
  * of it; then a thread launches as many into the probe's stream while this one destroys the
  * second context. Answers the most kernel time the device had queued at once (the fake's
  * count), and the first failure. */
-static void cmd_ctxrace(probe *p, unsigned long us, unsigned long count) {
+/* A second context of the program's own, made current, and a stream of it. */
+static CUresult second_context(probe *p, CUcontext *ctx, CUstream *stream) {
     typedef CUresult (*create_fn)(CUcontext *, unsigned int, CUdevice);
-    typedef CUresult (*destroy_fn)(CUcontext);
     create_fn create = (create_fn)entry("cuCtxCreate_v2");
+    CUresult rc = create == NULL ? CUDA_ERROR_NOT_FOUND : create(ctx, 0, 0);
+    return rc == CUDA_SUCCESS ? p->d->cuStreamCreate(stream, 0) : rc;
+}
+
+static void cmd_ctxrace(probe *p, unsigned long us, unsigned long count) {
+    typedef CUresult (*destroy_fn)(CUcontext);
     destroy_fn destroy = (destroy_fn)entry("cuCtxDestroy_v2");
     racer r = {p, kernel_of(p, us), count, CUDA_SUCCESS};
     CUcontext ctx = NULL;
     CUstream stream = NULL;
-    CUresult rc = create == NULL || destroy == NULL ? CUDA_ERROR_NOT_FOUND : create(&ctx, 0, 0);
-    if (rc == CUDA_SUCCESS) rc = p->d->cuStreamCreate(&stream, 0);
+    CUresult rc = destroy == NULL ? CUDA_ERROR_NOT_FOUND : second_context(p, &ctx, &stream);
     for (unsigned long i = 0; i < count && rc == CUDA_SUCCESS; i++)
         rc = p->d->cuLaunchKernel(r.f, 1, 1, 1, 1, 1, 1, 0, stream, NULL, NULL);
     pthread_t thread;
@@ -400,13 +405,10 @@ static void cmd_ctxrace(probe *p, unsigned long us, unsigned long count) {
  * context is current, then waited for (the second context is left alive). Answers how many
  * event records the fake refused for naming a stream of another context than the event's. */
 static void cmd_otherctx(probe *p, unsigned long us, unsigned long count) {
-    typedef CUresult (*create_fn)(CUcontext *, unsigned int, CUdevice);
-    create_fn create = (create_fn)entry("cuCtxCreate_v2");
     CUfunction f = kernel_of(p, us);
     CUcontext ctx = NULL;
     CUstream stream = NULL;
-    CUresult rc = create == NULL ? CUDA_ERROR_NOT_FOUND : create(&ctx, 0, 0);
-    if (rc == CUDA_SUCCESS) rc = p->d->cuStreamCreate(&stream, 0);
+    CUresult rc = second_context(p, &ctx, &stream);
     if (rc == CUDA_SUCCESS) rc = p->d->cuCtxSetCurrent(p->ctx);
     for (unsigned long i = 0; i < count && rc == CUDA_SUCCESS; i++)
         rc = p->d->cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, stream, NULL, NULL);
