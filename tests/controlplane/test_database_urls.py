@@ -34,6 +34,15 @@ def no_pgport(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PGPORT", raising=False)
 
 
+def refusal(monkeypatch: pytest.MonkeyPatch, url: str) -> str:
+    """The one line the API's settings refuse `url` with, as QSHARE_API_DATABASE_URL."""
+    monkeypatch.setenv("QSHARE_API_DATABASE_URL", url)
+    with pytest.raises(SettingsError) as refused:
+        load(ApiSettings)
+    (line,) = refused.value.problems
+    return line
+
+
 @pytest.mark.parametrize(("cls", "variable"), SETTINGS)
 @pytest.mark.parametrize("scheme", ["postgres", "postgresql", "postgresql+asyncpg"])
 def test_every_service_reads_a_postgres_url_in_the_asyncpg_form(
@@ -83,10 +92,7 @@ def test_the_allocator_migrates_through_a_postgres_url(
 def test_a_libpq_option_asyncpg_cannot_take_is_refused_at_start_naming_it(
     monkeypatch: pytest.MonkeyPatch, option: str
 ) -> None:
-    monkeypatch.setenv("QSHARE_API_DATABASE_URL", f"postgres://u:hush@db/q?{option}")
-    with pytest.raises(SettingsError) as refused:
-        load(ApiSettings)
-    (line,) = refused.value.problems
+    line = refusal(monkeypatch, f"postgres://u:hush@db/q?{option}")
     assert line.startswith("QSHARE_API_DATABASE_URL=")
     assert f"?{option.partition('=')[0]}=" in line and "hush" not in line
 
@@ -138,10 +144,7 @@ def test_ipv6_hosts_quoted_passwords_and_socket_directories_are_kept(url: str, f
 def test_a_refused_url_never_shows_any_of_its_password(
     monkeypatch: pytest.MonkeyPatch, value: str
 ) -> None:
-    monkeypatch.setenv("QSHARE_API_DATABASE_URL", value)
-    with pytest.raises(SettingsError) as refused:
-        load(ApiSettings)
-    (line,) = refused.value.problems
+    line = refusal(monkeypatch, value)
     assert line.startswith("QSHARE_API_DATABASE_URL=")
     assert "pw" not in line, line
 
@@ -180,10 +183,7 @@ def test_a_pgport_that_is_not_a_port_is_refused_naming_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("PGPORT", "70000")
-    monkeypatch.setenv("QSHARE_API_DATABASE_URL", "postgres://u:pw1@h1,h2/db")
-    with pytest.raises(SettingsError) as refused:
-        load(ApiSettings)
-    (line,) = refused.value.problems
+    line = refusal(monkeypatch, "postgres://u:pw1@h1,h2/db")
     assert "PGPORT" in line and "pw1" not in line, line
 
 
@@ -200,21 +200,24 @@ def test_a_pgport_that_is_not_a_port_is_refused_naming_it(
 def test_several_hosts_asyncpg_cannot_take_are_refused_saying_why(
     monkeypatch: pytest.MonkeyPatch, url: str, problem: str
 ) -> None:
-    monkeypatch.setenv("QSHARE_API_DATABASE_URL", url)
-    with pytest.raises(SettingsError) as refused:
-        load(ApiSettings)
-    (line,) = refused.value.problems
+    line = refusal(monkeypatch, url)
     assert problem in line and "pw1" not in line, line
+
+
+def _server(database_url: str) -> tuple[str, str, int, str]:
+    """The test server's `user[:password]` and socket directory (percent-encoded), port and
+    database."""
+    url = make_url(database_url)
+    password = f":{quote(url.password, safe='')}" if url.password else ""
+    socket_dir = quote(str(url.query["host"]), safe="")
+    return f"{url.username}{password}", socket_dir, url.port or 5432, str(url.database)
 
 
 def _failover_url(database_url: str) -> str:
     """The test server's URL in libpq's several-hosts form: first a local port nothing
     listens on, then the server's socket directory."""
-    url = make_url(database_url)
-    socket_dir = quote(str(url.query["host"]), safe="")
-    hosts = f"127.0.0.1:{free_port()},{socket_dir}:{url.port or 5432}"
-    password = f":{quote(url.password, safe='')}" if url.password else ""
-    return f"postgresql://{url.username}{password}@{hosts}/{url.database}"
+    user, socket_dir, port, database = _server(database_url)
+    return f"postgresql://{user}@127.0.0.1:{free_port()},{socket_dir}:{port}/{database}"
 
 
 async def test_a_service_connects_to_the_host_that_answers_of_several(database_url: str) -> None:
@@ -277,10 +280,7 @@ def test_an_unencoded_at_or_a_port_out_of_range_is_refused_at_start_saying_why(
 ) -> None:
     """Not at the first connection: asyncpg raises OverflowError for a port past 65535 (a
     traceback, not a service's one-line error) and takes port 0 for 5432."""
-    monkeypatch.setenv("QSHARE_API_DATABASE_URL", url)
-    with pytest.raises(SettingsError) as refused:
-        load(ApiSettings)
-    (line,) = refused.value.problems
+    line = refusal(monkeypatch, url)
     assert problem in line and "pw1" not in line and "pw2" not in line, line
 
 
@@ -305,21 +305,14 @@ def test_libpqs_host_and_port_lists_become_asyncpgs_host_options(url: str, form:
 def test_host_and_port_lists_of_different_lengths_are_refused(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setenv("QSHARE_API_DATABASE_URL", "postgres://u:pw1@/db?host=a,b,c&port=1,2")
-    with pytest.raises(SettingsError) as refused:
-        load(ApiSettings)
-    (line,) = refused.value.problems
+    line = refusal(monkeypatch, "postgres://u:pw1@/db?host=a,b,c&port=1,2")
     assert "3 hosts and 2 ports" in line and "pw1" not in line, line
 
 
 async def test_a_service_connects_through_libpqs_host_and_port_lists(database_url: str) -> None:
-    url = make_url(database_url)
-    socket_dir = quote(str(url.query["host"]), safe="")
-    password = f":{quote(url.password, safe='')}" if url.password else ""
-    lists = f"host=127.0.0.1,{socket_dir}&port={free_port()},{url.port or 5432}"
-    engine = create_async_engine(
-        load_url(f"postgresql://{url.username}{password}@/{url.database}?{lists}")
-    )
+    user, socket_dir, port, database = _server(database_url)
+    lists = f"host=127.0.0.1,{socket_dir}&port={free_port()},{port}"
+    engine = create_async_engine(load_url(f"postgresql://{user}@/{database}?{lists}"))
     try:
         async with engine.connect() as conn:
             assert await conn.scalar(text("SELECT 1")) == 1
