@@ -43,6 +43,16 @@ def refusal(monkeypatch: pytest.MonkeyPatch, url: str) -> str:
     return line
 
 
+async def select_one(url: str) -> object:
+    """`SELECT 1` over a connection made with `url` (the services' asyncpg form)."""
+    engine = create_async_engine(url)
+    try:
+        async with engine.connect() as conn:
+            return await conn.scalar(text("SELECT 1"))
+    finally:
+        await engine.dispose()
+
+
 @pytest.mark.parametrize(("cls", "variable"), SETTINGS)
 @pytest.mark.parametrize("scheme", ["postgres", "postgresql", "postgresql+asyncpg"])
 def test_every_service_reads_a_postgres_url_in_the_asyncpg_form(
@@ -109,12 +119,7 @@ def test_both_sslmode_and_ssl_are_refused(monkeypatch: pytest.MonkeyPatch) -> No
 async def test_options_asyncpg_takes_connect(database_url: str, query: str) -> None:
     _, _, rest = database_url.partition("://")
     assert "?host=" in rest  # the test server listens on a unix socket: ?host=/its/dir
-    engine = create_async_engine(normalised(f"postgres://{rest}{query}"))
-    try:
-        async with engine.connect() as conn:
-            assert await conn.scalar(text("SELECT 1")) == 1
-    finally:
-        await engine.dispose()
+    assert await select_one(normalised(f"postgres://{rest}{query}")) == 1
 
 
 @pytest.mark.parametrize(
@@ -221,12 +226,7 @@ def _failover_url(database_url: str) -> str:
 
 
 async def test_a_service_connects_to_the_host_that_answers_of_several(database_url: str) -> None:
-    engine = create_async_engine(load_url(_failover_url(database_url)))
-    try:
-        async with engine.connect() as conn:
-            assert await conn.scalar(text("SELECT 1")) == 1
-    finally:
-        await engine.dispose()
+    assert await select_one(load_url(_failover_url(database_url))) == 1
 
 
 def test_the_allocator_migrates_through_several_hosts(
@@ -312,9 +312,4 @@ def test_host_and_port_lists_of_different_lengths_are_refused(
 async def test_a_service_connects_through_libpqs_host_and_port_lists(database_url: str) -> None:
     user, socket_dir, port, database = _server(database_url)
     lists = f"host=127.0.0.1,{socket_dir}&port={free_port()},{port}"
-    engine = create_async_engine(load_url(f"postgresql://{user}@/{database}?{lists}"))
-    try:
-        async with engine.connect() as conn:
-            assert await conn.scalar(text("SELECT 1")) == 1
-    finally:
-        await engine.dispose()
+    assert await select_one(load_url(f"postgresql://{user}@/{database}?{lists}")) == 1
