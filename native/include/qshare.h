@@ -114,6 +114,7 @@ typedef struct qs_card_stats {
     char uuid[QS_UUID_MAX];
     uint64_t lp_window_ns; /* low priority's in-flight window (qs_card_set_lp_window) */
     uint32_t lp_device_gate; /* 1: the device gate is on (qs_card_set_lp_device_gate) */
+    uint64_t policy_wakes;   /* times low priority's accounting woke the policy's sleepers */
 } qs_card_stats;
 
 /* ---- errors ---- */

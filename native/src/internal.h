@@ -86,11 +86,19 @@ struct qs_card_state {
     _Atomic uint64_t device_ns;
     _Alignas(QS_CACHELINE) _Atomic uint32_t policy_seq; /* futex: policy waiters sleep here */
     _Atomic uint32_t policy_waiters;
+    /* burst-share: the least scaled time a peer must reach to release a sleeper (0: none
+     * asleep); accounting that reaches it wakes the sleepers (policy.c) */
+    _Atomic uint64_t policy_wake_vtime;
+    _Atomic uint64_t policy_wakes; /* wake-ups made by accounting, for the stats */
     /* auto release mode: gaps between HP activity, counted by HP launches (gate.c) */
     _Alignas(QS_CACHELINE) _Atomic uint64_t gap_seen_ns; /* last_hp_ns whose gap is counted */
     _Atomic uint64_t gap_count[QS_GAP_BUCKETS];         /* bucket b: gaps in [2^b, 2^(b+1)) ns */
     _Atomic uint64_t gap_sum_ns[QS_GAP_BUCKETS];
 };
+/* The burst-share words went into the policy line's padding: the segment keeps its layout. */
+_Static_assert(offsetof(struct qs_card_state, gap_seen_ns) ==
+                   offsetof(struct qs_card_state, policy_seq) + QS_CACHELINE,
+               "the policy words fit one cache line");
 
 struct qs_vgpu_state {
     _Alignas(QS_CACHELINE) pthread_mutex_t mem_lock;

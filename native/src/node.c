@@ -333,6 +333,7 @@ int qs_card_stats_get(qs_node *node, uint32_t index, qs_card_stats *out)
     out->device_ns = atomic_load(&cs->device_ns);
     out->lp_window_ns = qs_card_lp_window(c);
     out->lp_device_gate = atomic_load(&c->lp_device_gate);
+    out->policy_wakes = atomic_load(&cs->policy_wakes);
     for (uint32_t s = 0; s < QS_MAX_VGPUS; s++)
         out->vgpus += atomic_load(&node->seg.cfg->vgpus[s].state) == QS_SLOT_ACTIVE &&
                       node->seg.cfg->vgpus[s].card == index;

@@ -77,12 +77,31 @@ static uint64_t hold_until(struct qs_segment *seg, uint32_t card, uint32_t slot,
     return p.expires;
 }
 
-/* Every sleep has a deadline: a peer's count leaked or corrupted costs a recheck, not a hang. */
-static void sleep_on_policy(struct qs_card_state *cs, struct qs_ctx *c, uint64_t deadline,
-                            uint64_t now)
+/* A burst-share sleeper is released once a peer's scaled time reaches its own less the slack:
+ * it publishes that, keeping the least of every sleeper's. */
+static void wake_me_at(struct qs_card_state *cs, uint64_t vtime)
 {
-    uint64_t cap = now + RECHECK_NS;
+    uint64_t cur = atomic_load(&cs->policy_wake_vtime);
+    while ((cur == 0 || vtime < cur) &&
+           !atomic_compare_exchange_weak(&cs->policy_wake_vtime, &cur, vtime)) {
+    }
+}
+
+/* Every sleep has a deadline: a peer's count leaked or corrupted costs a recheck, not a hang.
+ * A burst-share sleeper publishes when to wake it and then looks again, so that accounting
+ * which raced with it either reads what it published or is seen by the second look. */
+static void sleep_on_policy(struct qs_segment *seg, uint32_t card, uint32_t slot,
+                            struct qs_ctx *c, uint64_t deadline)
+{
+    struct qs_card_state *cs = &seg->state->cards[card];
+    uint64_t now = qs_now_ns(), cap = now + RECHECK_NS;
     uint32_t seq = atomic_load(&cs->policy_seq);
+    if (atomic_load(&seg->cfg->cards[card].policy) == QS_POLICY_BURST_SHARE) {
+        uint64_t mine = atomic_load(&pstate(seg, slot)->vtime_ns);
+        wake_me_at(cs, mine > BS_SLACK_NS ? mine - BS_SLACK_NS : 1);
+        if ((deadline = hold_until(seg, card, slot, now)) == 0)
+            return;
+    }
     qs_count_in(&c->policy_sleepers, &cs->policy_waiters);
     qs_futex_wait(&cs->policy_seq, seq, deadline < cap ? deadline : cap);
     qs_count_out(&c->policy_sleepers, &cs->policy_waiters);
@@ -100,7 +119,7 @@ int qs_policy_begin(struct qs_segment *seg, uint32_t ctx, uint32_t card, uint32_
     qs_count_in(&c->policy_waiting, &ps->waiting);
     uint64_t deadline;
     while ((deadline = hold_until(seg, card, slot, now)) != 0) {
-        sleep_on_policy(&seg->state->cards[card], c, deadline, now);
+        sleep_on_policy(seg, card, slot, c, deadline);
         now = qs_now_ns();
         if (atomic_load(&seg->cfg->vgpus[slot].state) != QS_SLOT_ACTIVE)
             break;
@@ -115,6 +134,18 @@ static uint64_t scaled(uint64_t ns, uint32_t share)
     return ns * 100u / (share ? share : 1u);
 }
 
+/* Every sleeper wakes and recomputes; those still held publish when to wake them again. */
+static void wake_policy_sleepers(struct qs_card_state *cs, int counted)
+{
+    atomic_store(&cs->policy_wake_vtime, 0);
+    atomic_fetch_add(&cs->policy_seq, 1);
+    qs_futex_wake(&cs->policy_seq, INT_MAX);
+    if (counted)
+        atomic_fetch_add_explicit(&cs->policy_wakes, 1, memory_order_relaxed);
+}
+
+/* Fixed-share sleepers wait for their own budget, which another vGPU's accounting never
+ * moves: only burst-share sleepers are woken, and only by a peer that may release one. */
 void qs_policy_account(struct qs_segment *seg, uint32_t vslot, uint64_t ns)
 {
     const struct qs_cfg_vgpu *vc = &seg->cfg->vgpus[vslot];
@@ -127,13 +158,12 @@ void qs_policy_account(struct qs_segment *seg, uint32_t vslot, uint64_t ns)
         uint64_t base = cur + FS_BUCKET_NS < now ? now - FS_BUCKET_NS : cur;
         next = base + add;
     } while (!atomic_compare_exchange_weak(&ps->budget_ns, &cur, next));
-    atomic_fetch_add(&ps->vtime_ns, add);
+    uint64_t vtime = atomic_fetch_add(&ps->vtime_ns, add) + add;
     atomic_store(&ps->last_active_ns, now);
     struct qs_card_state *cs = &seg->state->cards[vc->card];
-    if (atomic_load(&cs->policy_waiters)) {
-        atomic_fetch_add(&cs->policy_seq, 1);
-        qs_futex_wake(&cs->policy_seq, INT_MAX);
-    }
+    uint64_t wake_at = atomic_load(&cs->policy_wake_vtime);
+    if (wake_at != 0 && vtime >= wake_at)
+        wake_policy_sleepers(cs, 1);
 }
 
 /* A new epoch of sharing on the card (policy or membership changed): fairness starts level
@@ -156,8 +186,7 @@ void qs_policy_changed(struct qs_segment *seg, uint32_t card)
 {
     struct qs_card_state *cs = &seg->state->cards[card];
     policy_epoch(seg, card);
-    atomic_fetch_add(&cs->policy_seq, 1);
-    qs_futex_wake(&cs->policy_seq, INT_MAX);
+    wake_policy_sleepers(cs, 0);
 }
 
 void qs_policy_membership(struct qs_segment *seg, uint32_t vslot, int member)

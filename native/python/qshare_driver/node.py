@@ -93,6 +93,7 @@ class CardStats:
     device_ns: int
     lp_window_s: float  # low priority's in-flight window in device time (set_lp_window)
     lp_device_gate: bool  # LP's queued work waits on the gate on the GPU (set_lp_device_gate)
+    policy_wakes: int  # times LP's accounting woke the sharing policy's sleepers
 
 
 _NONE = 0xFFFFFFFF
@@ -227,6 +228,7 @@ class Node:
             device_ns=int(out.device_ns),
             lp_window_s=int(out.lp_window_ns) / 1e9,
             lp_device_gate=bool(out.lp_device_gate),
+            policy_wakes=int(out.policy_wakes),
         )
 
     def sleepers(self, card: int) -> dict[str, int]:

@@ -35,6 +35,13 @@ class Mix:
     t0: int
     samples: list[tuple[int, list[int]]]  # (ns, device ns of each tenant)
     switched_at: int = 0
+    policy_wakes: int = 0  # times LP accounting woke the policy's sleepers (the card's count)
+    cpu_s: float = 0.0  # CPU time of every LP process over the run
+
+
+def host_cost(mix: Mix, seconds: float) -> dict[str, float]:
+    """What the policy costs the host: policy wake-ups and LP processes' CPU, per second."""
+    return {"policy_wakes_per_s": mix.policy_wakes / seconds, "lp_cpu_per_s": mix.cpu_s / seconds}
 
 
 def run_mix(
@@ -68,7 +75,8 @@ def run_mix(
                 mix.switched_at = now_ns()
             mix.samples.append((now, [node.vgpu_stats(t.vgpu_id).device_ns for t in tenants]))
             time.sleep(SAMPLE_S)
-        collect(workers)
+        mix.cpu_s = sum(r.cpu_s for r in collect(workers))
+        mix.policy_wakes = node.card_stats(0).policy_wakes
     return mix
 
 
@@ -137,11 +145,13 @@ def run_policies(directory: str, seconds: float) -> dict[str, Any]:
     )
     out["best-effort"] = {
         "shares": [30, 30, 30],
+        "host": host_cost(be, seconds),
         "phases": [_phase(be, settle, seconds, w, [100 / 3] * 3)],
     }
     fs = run_mix(directory, "fixed-share", [Tenant(11, 20), Tenant(12, 50, start_s=half)], seconds)
     out["fixed-share"] = {
         "shares": [20, 50],
+        "host": host_cost(fs, seconds),
         "phases": [
             _phase(fs, settle, half, w, [20, None]),
             _phase(fs, half + settle, seconds, w, [20, 50]),
@@ -151,6 +161,7 @@ def run_policies(directory: str, seconds: float) -> dict[str, Any]:
     fallback = _first_time(bs, bs.t0 + round(half * 1e9), 0, 32)
     out["burst-share"] = {
         "shares": [30, 70],
+        "host": host_cost(bs, seconds),
         "phases": [
             _phase(bs, settle, half, w, [100, None]),
             _phase(bs, half + settle, seconds, w, [30, 70]),
@@ -170,6 +181,7 @@ def run_policies(directory: str, seconds: float) -> dict[str, Any]:
         "from": "best-effort",
         "to": "fixed-share",
         "shares": [20, 50],
+        "host": host_cost(ch, seconds),
         "effect_s": effect,
         "effect_met": effect <= REACT_S,
         "phases": [_phase(ch, half + settle, seconds, w, [20, 50])],
@@ -187,6 +199,13 @@ def table_policies(result: dict[str, Any]) -> str:
                     f"{v['target']:6.1f} {v['measured_mean']:8.1f} {v['error_mean']:9.2f} "
                     f"{v['error_worst']:10.2f} {ph['utilization_mean']:5.0%}"
                 )
+    for name in ("best-effort", "fixed-share", "burst-share", "change"):
+        host = result[name].get("host")  # runs before the count was kept have none
+        if host:
+            lines.append(
+                f"{name:12} host: {host['policy_wakes_per_s']:.0f} policy wake-ups/s, "
+                f"LP processes' CPU {host['lp_cpu_per_s']:.2f} cores"
+            )
     lines.append(
         f"burst-share fallback to share after the other vGPU returns: "
         f"{result['burst-share']['fallback_s'] * 1e3:.0f} ms; best-effort -> "

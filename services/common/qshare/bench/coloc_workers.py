@@ -48,6 +48,7 @@ class LpResult:
     unblocks: list[int] = field(default_factory=list)
     # (launch ns, unblock ns or 0, end ns) of kernels launched inside the log window
     intervals: list[tuple[int, int, int]] = field(default_factory=list)
+    cpu_s: float = 0.0  # the process's CPU time (user + system) from the start time to the end
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,7 @@ def lp_main(spec: LpSpec, inbox: Queue[Any], out: Queue[Any]) -> None:
         end_ns = start_ns + round(spec.duration_s * 1e9)
         log_from, log_to = (start_ns + round(t * 1e9) for t in (spec.log_from_s, spec.log_to_s))
         result = LpResult(spec.vgpu_id, 0)
+        cpu0 = time.process_time()
         _sleep_until(start_ns + round(spec.delay_s * 1e9))
         last = 0
         while (t0 := now_ns()) < end_ns:
@@ -122,6 +124,7 @@ def lp_main(spec: LpSpec, inbox: Queue[Any], out: Queue[Any]) -> None:
                 result.intervals.append((t0, unblock if unblock >= t0 else 0, now_ns()))
             result.kernels += kernels
             result.steps += steps
+        result.cpu_s = time.process_time() - cpu0
     out.put(result)
 
 
