@@ -55,6 +55,14 @@ async def test_a_cards_hold_and_release_delay_in_force_are_served(
                for s in samples["qshare_card_release_delay_seconds"])  # fmt: skip
 
 
+async def test_a_cards_policy_wake_ups_are_served_as_a_counter(start_agent: StartAgent) -> None:
+    agent = await start_agent(cards=1, metrics_port=free_port())
+    samples = await scrape(agent)
+    [wakes] = samples["qshare_card_policy_wakes_total"]
+    assert wakes.labels["gpu"] == agent.cards[0].uuid
+    assert wakes.value == 0
+
+
 async def test_two_agents_in_one_process_each_serve_their_own_cards(
     start_agent: StartAgent,
 ) -> None:

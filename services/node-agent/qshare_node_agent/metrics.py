@@ -71,6 +71,12 @@ CARD_FIGURES = [
     Figure("qshare_card_lp_window_seconds", "LP in-flight window", lambda s: s.lp_window_s),
     Figure("qshare_card_vgpus", "vGPUs on the card", lambda s: s.vgpus),
     Figure("qshare_card_memory_bytes", "the card's memory", lambda s: s.total_mem),
+    Figure(
+        "qshare_card_policy_wakes",
+        "times low priority's completions woke the sharing policy's sleepers",
+        lambda s: s.policy_wakes,
+        counter=True,
+    ),
 ]
 
 
