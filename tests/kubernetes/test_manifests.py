@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from .conftest import validate_kubernetes
+from .schemas import OPERATOR_API, validate_operator_object
 
 DEPLOY = Path(__file__).parents[2] / "deploy" / "kubernetes"
 SECRETS = DEPLOY / "secrets"
@@ -35,8 +36,13 @@ def all_objects() -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: str(p.relative_to(DEPLOY)))
 def test_every_manifest_is_valid_for_kubernetes(path: Path) -> None:
+    """The Prometheus operator's objects (deploy/kubernetes/monitoring) by the strict schemas
+    of tests/kubernetes/schemas: kubernetes_validate knows no CRDs."""
     for doc in documents(path):
-        validate_kubernetes(doc)
+        if doc["apiVersion"] == OPERATOR_API:
+            validate_operator_object(doc)
+        else:
+            validate_kubernetes(doc)
 
 
 @pytest.mark.parametrize("path", KUSTOMIZATIONS, ids=lambda p: str(p.relative_to(DEPLOY)))
