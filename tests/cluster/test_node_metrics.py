@@ -63,6 +63,20 @@ async def test_a_cards_policy_wake_ups_are_served_as_a_counter(start_agent: Star
     assert wakes.value == 0
 
 
+async def test_figures_that_only_grow_are_served_as_counters(
+    start_agent: StartAgent, api: httpx.AsyncClient
+) -> None:
+    agent = await start_agent(cards=1, metrics_port=free_port())
+    await ready_claim(api, priority="low", vcore=30, vmemory="1Gi")
+    url = f"http://127.0.0.1:{agent.settings.metrics_port}/metrics"
+    async with httpx.AsyncClient() as client:
+        text = (await client.get(url)).text
+    types = {f.name: f.type for f in text_string_to_metric_families(text)}
+    grow = ["qshare_vgpu_device_seconds", "qshare_vgpu_launches", "qshare_card_busy_episodes",
+            "qshare_card_policy_wakes", "qshare_node_ring_dropped"]  # fmt: skip
+    assert {name: types.get(name) for name in grow} == dict.fromkeys(grow, "counter")
+
+
 async def test_two_agents_in_one_process_each_serve_their_own_cards(
     start_agent: StartAgent,
 ) -> None:

@@ -119,11 +119,7 @@ class _DriverStats:
 def node_agent_figures() -> Iterator[Metric]:
     """The families the node agent reads from its driver at each scrape, built as it builds
     them (`NodeAgent.metric_families`)."""
-    tables = [
-        (node_metrics.VGPU_FIGURES, node_metrics.VGPU_LABELS),
-        (node_metrics.CARD_FIGURES, node_metrics.CARD_LABELS),
-    ]
-    for figures, labels in tables:
+    for figures, labels in node_metrics.SCRAPED:
         row = (["probe"] * len(labels), _DriverStats())
         yield from node_metrics.families(figures, labels, [row])
 

@@ -307,6 +307,8 @@ class NodeAgent(Service):
             return
         yield from self._vgpu_families(self._node, self._commands.converger.held)
         yield from self._card_families(self._node)
+        yield from metrics.families(metrics.NODE_FIGURES, metrics.NODE_LABELS,
+                                    [([self.name], self._node)])  # fmt: skip
 
     def _vgpu_families(self, node: Node, held: dict[int, DesiredVgpu]) -> Iterator[Metric]:
         """Per vGPU, labelled with its claim, card and priority (dashboards join on claim)."""

@@ -128,7 +128,6 @@ class EventPump:
         gpu = self._uuids.get(card, "node")
         kind = event.kind.name.lower()
         dropped = self._node.dropped_events
-        metrics.RING_DROPPED.labels(self._name).set(dropped)
         metrics.EVENTS.labels(self._name, kind).inc()
         body = GpuEvent(
             node=self._name, gpu=gpu, card=card, kind=kind, vgpu=event.vgpu, pid=event.pid,

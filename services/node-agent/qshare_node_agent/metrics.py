@@ -7,12 +7,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import Counter, Gauge, Histogram, Metric
+from prometheus_client import Counter, Histogram, Metric
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 EVENTS = Counter("qshare_node_events_total", "driver events published", ["node", "kind"])
-RING_DROPPED = Gauge("qshare_node_ring_dropped", "driver ring entries lost so far", ["node"])
 PUMP_FAILURES = Counter(
     "qshare_node_event_pump_failures_total",
     "event pump failures survived, by stage: read (the driver ring), listener, publish",
@@ -58,14 +57,16 @@ VGPU_FIGURES = [
     Figure("qshare_vgpu_memory_used_bytes", "memory reserved", lambda s: s.mem_used),
     Figure("qshare_vgpu_memory_limit_bytes", "memory limit", lambda s: s.mem_limit),
     Figure("qshare_vgpu_core_share_percent", "compute share", lambda s: s.core_share),
-    Figure("qshare_vgpu_device_seconds", "device time used", lambda s: s.device_ns / 1e9),
+    Figure(
+        "qshare_vgpu_device_seconds", "device time used", lambda s: s.device_ns / 1e9, counter=True
+    ),
     Figure("qshare_vgpu_launches", "kernel launches", lambda s: s.launches, counter=True),
     Figure("qshare_vgpu_processes", "processes attached", lambda s: s.contexts),
     Figure("qshare_vgpu_suspended", "1 while suspended", lambda s: int(s.suspended)),
 ]
 CARD_LABELS = ["node", "gpu"]
 CARD_FIGURES = [
-    Figure("qshare_card_busy_episodes", "busy episodes", lambda s: s.episodes),
+    Figure("qshare_card_busy_episodes", "busy episodes", lambda s: s.episodes, counter=True),
     Figure("qshare_card_busy", "1 while high priority holds the card", lambda s: int(s.busy)),
     Figure("qshare_card_release_delay_seconds", "release delay", lambda s: s.release_delay_s),
     Figure("qshare_card_lp_window_seconds", "LP in-flight window", lambda s: s.lp_window_s),
@@ -78,6 +79,18 @@ CARD_FIGURES = [
         counter=True,
     ),
 ]
+NODE_LABELS = ["node"]
+NODE_FIGURES = [
+    Figure(
+        "qshare_node_ring_dropped",
+        "driver ring entries lost so far",
+        lambda n: n.dropped_events,
+        counter=True,
+    ),
+]
+
+# Every table read from the driver at scrape time, with its labels (one row per vGPU, card, node).
+SCRAPED = [(VGPU_FIGURES, VGPU_LABELS), (CARD_FIGURES, CARD_LABELS), (NODE_FIGURES, NODE_LABELS)]
 
 
 def families(
