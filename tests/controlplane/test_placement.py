@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from nats.aio.client import Client
+from prometheus_client import REGISTRY
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -174,6 +175,20 @@ async def test_a_pending_claim_is_placed_when_a_node_registers(
     assert waiting.status == "pending"
     await register("n1")
     await eventually(lambda: _is(engine, waiting, "placed"))
+
+
+def _placed_later() -> float:
+    return REGISTRY.get_sample_value("qshare_allocator_pending_placed_total") or 0.0
+
+
+async def test_a_pending_claim_placed_later_is_counted_once(
+    register: Register, claim: Claim, engine: AsyncEngine
+) -> None:
+    before = _placed_later()
+    waiting = await claim()
+    await register("n1")
+    await eventually(lambda: _is(engine, waiting, "placed"))
+    assert _placed_later() == before + 1
 
 
 async def test_deleting_a_claim_releases_its_capacity(

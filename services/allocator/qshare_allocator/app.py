@@ -42,7 +42,7 @@ from qshare.metrics_http import MetricsServer
 from qshare.service import Service, cancelled
 from qshare_allocator import metrics
 from qshare_allocator.claims.resize import Resizer
-from qshare_allocator.claims.service import ClaimService, PendingCursor
+from qshare_allocator.claims.service import ClaimService, PendingCursor, PendingTry
 from qshare_allocator.db import in_transaction, make_engine
 from qshare_allocator.inventory.service import InventoryService
 from qshare_allocator.messaging import Route, Router
@@ -300,15 +300,18 @@ class Allocator(Service):
             cursor: PendingCursor | None = None
             while True:
                 place = functools.partial(self._place_after, cursor, priority)
-                cursor = await in_transaction(self.engine, place)
-                if cursor is None:
+                tried = await in_transaction(self.engine, place)
+                if tried is None:
                     break
+                cursor = tried.cursor
+                if tried.placed:  # counted once committed
+                    metrics.PENDING_PLACED.inc()
         self._after_write(None)
         await self.dispatcher.dispatch_lagging()  # the claims it placed; the scanner does the rest
 
     async def _place_after(
         self, after: PendingCursor | None, priority: Priority, conn: AsyncConnection
-    ) -> PendingCursor | None:
+    ) -> PendingTry | None:
         return await self.claims.place_pending(conn, after, priority)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import uuid
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import Insert, Row, bindparam, func, insert, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -42,6 +42,15 @@ from qshare_allocator.placement.diagnosis import why_not
 from qshare_allocator.placement.finder import Choice, find_and_lock
 
 PendingCursor = tuple[datetime, uuid.UUID]
+
+
+class PendingTry(NamedTuple):
+    """One pending claim tried: where the next try starts, and whether it was placed."""
+
+    cursor: PendingCursor
+    placed: bool
+
+
 PLACE_ATTEMPTS = 3  # a stale eviction plan starts placement over, at most this often
 
 
@@ -71,7 +80,7 @@ class ClaimService:
 
     async def place_pending(
         self, conn: AsyncConnection, after: PendingCursor | None, priority: Priority
-    ) -> PendingCursor | None:
+    ) -> PendingTry | None:
         """Try the oldest pending claim of `priority` after `after` that no replica holds;
         None: none left."""
         query = select(claims).where(
@@ -84,9 +93,10 @@ class ClaimService:
         if row is None:
             return None
         demand = await self._demand(conn, spec_of(row))
-        if not await self._place_row(conn, row, demand) and eviction_plan.may_evict(demand):
+        placed = await self._place_row(conn, row, demand)
+        if not placed and eviction_plan.may_evict(demand):
             await self._evict_for_pending(conn, row.id, demand)
-        return (row.created_at, row.id)
+        return PendingTry((row.created_at, row.id), placed)
 
     async def finish_evictions(self, conn: AsyncConnection) -> int:
         """End the evictions whose grace period is over, and place the claims they made room

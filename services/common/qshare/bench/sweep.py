@@ -133,9 +133,10 @@ async def _measure(engine: AsyncEngine, priority: Priority, rounds: int) -> dict
         while True:
             start = time.perf_counter()
             place = functools.partial(service.place_pending, after=cursor, priority=priority)
-            cursor = await in_transaction(engine, place)
-            if cursor is None:
+            tried = await in_transaction(engine, place)
+            if tried is None:
                 break
+            cursor = tried.cursor
             samples.append((time.perf_counter() - start) * 1000)
         sweeps.append(time.perf_counter() - began)
     return {"claims": len(samples) // rounds, "per_claim_ms": percentiles(samples, (50, 99)),
