@@ -40,6 +40,18 @@ async def test_a_malformed_command_gets_an_error_reply_and_is_counted(
     assert _rejected() == before + 1
 
 
+async def test_a_well_formed_request_refused_for_its_content_is_not_counted_as_malformed(
+    nc: Client, replicas: list[Allocator]
+) -> None:
+    before = _rejected()
+    data = {"tenant": "t", "spec": {"priority": "low", "vcore": 10, "vmemory": "1Gi",
+                                    "class_name": "no-such-class"}}  # fmt: skip
+    body = json.dumps({"source": "t", "type": "x", "data": data}).encode()
+    reply = await nc.request(subjects.CLAIMS_CREATE, body, timeout=5)
+    assert json.loads(reply.data)["code"] == "invalid"
+    assert _rejected() == before
+
+
 async def test_the_allocator_keeps_serving_after_malformed_messages(
     nc: Client, register: Register, claim: Claim
 ) -> None:

@@ -89,10 +89,13 @@ class Router:
     async def _outcome(self, route: Route, msg: Msg) -> str:
         try:
             payload = _decode(msg, route.payload)
+        except InvalidInput as error:  # counted apart from requests refused for their content
+            metrics.REJECTED.labels(route.subject).inc()
+            await rpc.reply_error(self._nc, msg, error)
+            return error.code.value
+        try:
             result = await in_transaction(self._engine, lambda conn: route.work(conn, payload, msg))
         except QshareError as error:
-            if error.code is ErrorCode.INVALID:
-                metrics.REJECTED.labels(route.subject).inc()
             await rpc.reply_error(self._nc, msg, error)
             return error.code.value
         except Exception as exc:

@@ -7,7 +7,8 @@ from prometheus_client import Counter, Histogram
 HANDLED = Counter("qshare_allocator_messages_total", "Messages handled", ["subject", "outcome"])
 REJECTED = Counter(
     "qshare_allocator_rejected_messages_total",
-    "Malformed or invalid messages answered with an error",
+    "Malformed messages (not an envelope, or a payload that fails validation) answered with an "
+    "error; requests refused for their content count in messages_total as outcome invalid",
     ["subject"],
 )
 LATENCY = Histogram(
