@@ -25,6 +25,7 @@ from qshare_api.claims.repository import ClaimFilter, get_claim, list_claims
 from qshare_api.params import CursorParam, NodeFilter, TenantFilter
 from qshare_api.problems import PROBLEMS
 from qshare_api.resources import Resources, resources
+from qshare_api.snapshot import snapshot
 
 router = APIRouter(prefix="/v1/claims", tags=["claims"], responses=PROBLEMS)
 Res = Annotated[Resources, Depends(resources)]
@@ -77,14 +78,14 @@ async def list_all(
     if tenant is not None and not caller.is_admin:
         raise InvalidInput.on("tenant", "only admins may filter by tenant")
     where = ClaimFilter(tenant or caller.tenant_filter(), status_, priority, node)
-    async with res.reader.connect() as conn:
+    async with snapshot(res.reader) as conn:  # the claims and their vGPUs of one commit
         items, following = await list_claims(conn, where, limit, cursor)
     return ClaimPage(items=items, next_cursor=following)
 
 
 @router.get("/{claim_id}", response_model=ClaimView, summary="Get one claim")
 async def get_one(claim_id: uuid.UUID, caller: Caller, res: Res) -> ClaimView:
-    async with res.reader.connect() as conn:
+    async with snapshot(res.reader) as conn:  # the claim and its vGPUs of one commit
         found = await get_claim(conn, claim_id, caller.tenant_filter())
     if found is None:
         raise NotFound(f"claim {claim_id} not found")
