@@ -22,7 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from qshare.settings import ClusterSettings
 from qshare.testing.inventory import empty_tables
-from qshare.testing.servers import EmbeddedNats, EmbeddedPostgres, nats_url, postgres_url
+from qshare.testing.servers import EmbeddedNats, EmbeddedPostgres, free_port, nats_url, postgres_url
 from qshare_allocator.app import Allocator
 from qshare_allocator.migrate import alembic_config, upgrade
 from qshare_allocator.settings import AllocatorSettings
@@ -79,7 +79,7 @@ async def allocator(database_url: str, bus_url: str) -> AsyncIterator[Allocator]
 async def preemptor(database_url: str, bus_url: str) -> AsyncIterator[Preemptor]:
     settings = PreemptorSettings(
         database_url=database_url, nats_url=bus_url, instance="test",
-        starvation_window_s=STARVATION_WINDOW_S,
+        starvation_window_s=STARVATION_WINDOW_S, metrics_port=free_port(),
     )  # fmt: skip
     async with Preemptor(settings) as running:
         yield running

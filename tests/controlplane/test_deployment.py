@@ -3,13 +3,17 @@ secrets directory, compose without a guessable token, metrics on loopback by def
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import httpx
 import psutil
+import pytest
 import yaml
+from pydantic import ValidationError
 
 from qshare.bus import close, connect
+from qshare.health import ListenError
 from qshare.natsauth import (
     ADMIN_TOKEN_FILE,
     CONFIG_FILE,
@@ -100,3 +104,20 @@ async def test_a_stopped_allocator_no_longer_serves_its_metrics(
         served = await client.get(f"http://127.0.0.1:{settings.metrics_port}/metrics")
     assert "qshare_allocator_messages_total" in served.text
     assert listening_on(settings.metrics_port) == set()
+
+
+async def test_an_allocator_whose_metrics_port_is_taken_stops_its_start_naming_the_setting(
+    database_url: str, bus_url: str, nats_auth: NatsAuth
+) -> None:
+    settings = metrics_settings(database_url, bus_url, nats_auth)
+    allocator = Allocator(settings)
+    with socket.create_server(("127.0.0.1", settings.metrics_port)):
+        named = f"QSHARE_ALLOCATOR_METRICS_PORT={settings.metrics_port}"
+        with pytest.raises(ListenError, match=named):
+            await allocator.start()
+        await allocator.stop()
+
+
+def test_a_metrics_port_past_65535_is_refused() -> None:
+    with pytest.raises(ValidationError, match="metrics_port"):
+        AllocatorSettings(metrics_port=70000)

@@ -321,7 +321,11 @@ def test_every_service_serves_its_probes_where_the_kubelet_looks(
 
 @pytest.mark.parametrize(
     ("workload", "container"),
-    [("qshare-allocator", "allocator"), ("qshare-node-agent", "agent")],
+    [
+        ("qshare-allocator", "allocator"),
+        ("qshare-node-agent", "agent"),
+        ("qshare-preemptor", "preemptor"),
+    ],
 )
 def test_every_service_with_metrics_serves_them_on_its_declared_metrics_port(
     monkeypatch: pytest.MonkeyPatch, workload: str, container: str

@@ -23,6 +23,7 @@ from prometheus_client.metrics import MetricWrapperBase
 
 from qshare_api.health import router as api_health_router
 from qshare_node_agent import metrics as node_metrics
+from qshare_preemptor.metrics import StateCollector
 
 from . import test_manifest_secrets
 from .conftest import validate_kubernetes
@@ -30,14 +31,24 @@ from .schemas import validate_operator_object
 from .test_manifests import DEPLOY, documents
 
 MONITORING = DEPLOY / "monitoring"
-SERVICE_APPS = ("qshare_allocator.app", "qshare_api.app", "qshare_node_agent.app")
+SERVICE_APPS = (
+    "qshare_allocator.app",
+    "qshare_api.app",
+    "qshare_node_agent.app",
+    "qshare_preemptor.app",
+)
 PACKAGES = {"qshare", "qshare_allocator", "qshare_api", "qshare_node_agent", "qshare_preemptor"}
 TARGET_LABELS = frozenset({"job", "instance", "namespace", "pod", "container", "endpoint"})
 """The labels Prometheus and the operator give every series of a PodMonitor's targets."""
-SCRAPED = {"qshare-allocator": "metrics", "qshare-node-agent": "metrics", "qshare-api": "http"}
-"""The workloads serving /metrics (the allocator and node agent on their `metrics_port`, the
-API on its own port) and their port; the extender, behind the scheduler-only NetworkPolicy,
-and the preemptor (no metrics) are not scraped."""
+SCRAPED = {
+    "qshare-allocator": "metrics",
+    "qshare-node-agent": "metrics",
+    "qshare-preemptor": "metrics",
+    "qshare-api": "http",
+}
+"""The workloads serving /metrics (the allocator, node agent and preemptor on their
+`metrics_port`, the API on its own port) and their port; the extender, behind the
+scheduler-only NetworkPolicy, is not scraped."""
 SEVERITIES = {"critical", "warning", "info"}
 Objects = list[dict[str, Any]]
 
@@ -130,6 +141,8 @@ def exported() -> dict[str, frozenset[str]]:
     added), and Prometheus's own `up`."""
     series = [s for m in module_metrics() for s in samples_of(m)]
     series += [(s.name, frozenset(s.labels)) for f in node_agent_figures() for s in f.samples]
+    state = StateCollector(lambda: 0, lambda: 0).collect()  # the preemptor's, read when scraped
+    series += [(s.name, frozenset(s.labels)) for f in state for s in f.samples]
     found = {name: labels | TARGET_LABELS for name, labels in series}
     return found | {"up": TARGET_LABELS}
 

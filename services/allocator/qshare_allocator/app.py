@@ -38,7 +38,7 @@ from qshare.contracts.placement import PreviewPlacement
 from qshare.contracts.streams import ensure_events_stream
 from qshare.contracts.tracing import flush_tracing, setup_tracing
 from qshare.contracts.usage import MoveClaim, MoveReply
-from qshare.metrics_http import MetricsServer
+from qshare.metrics_http import MetricsServer, serve_metrics
 from qshare.service import Service, cancelled
 from qshare_allocator import metrics
 from qshare_allocator.claims.resize import Resizer
@@ -132,8 +132,7 @@ class Allocator(Service):
             asyncio.create_task(self._sweeper(), name="pending sweeper"),
             asyncio.create_task(self._dispatch_scanner(), name="dispatch scanner"),
         ]
-        if self.settings.metrics_port:
-            self._metrics = MetricsServer(self.settings.metrics_port, self.settings.metrics_host)
+        self._metrics = serve_metrics(self.settings)
         self.probes.serving()
         log.info("allocator %s serving", self.settings.instance)
 

@@ -10,11 +10,12 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from qshare.bus import BusIdentity, BusOptions
 from qshare.dburl import DatabaseUrl
 from qshare.health import HealthSettings
+from qshare.metrics_http import MetricsSettings
 from qshare.natsauth import ServiceRole
 from qshare.settings import ClusterSettings
 
 
-class AllocatorSettings(BaseSettings, BusIdentity, HealthSettings):
+class AllocatorSettings(BaseSettings, BusIdentity, HealthSettings, MetricsSettings):
     model_config = SettingsConfigDict(env_prefix="QSHARE_ALLOCATOR_", extra="ignore")
 
     database_url: DatabaseUrl = "postgresql+asyncpg://qshare:qshare@localhost:5432/qshare"
@@ -35,10 +36,6 @@ class AllocatorSettings(BaseSettings, BusIdentity, HealthSettings):
         2.0, gt=0, description="ask a node whose heartbeat names no known node to register "
         "again (cmd.register) at most this often",
     )  # fmt: skip
-    metrics_port: int = Field(0, ge=0, description="serve Prometheus metrics here; 0 = off")
-    metrics_host: str = Field(
-        "127.0.0.1", description="address the metrics server binds (0.0.0.0 in containers)"
-    )
     migrate_on_start: bool = False
     trace_console: bool = False
     cluster: ClusterSettings = Field(default_factory=ClusterSettings)

@@ -22,7 +22,7 @@ from qshare.contracts.domain import NODE_LABEL, POLICY_LABEL
 from qshare.contracts.errors import InvalidInput, QshareError
 from qshare.contracts.nodes import GpuSpec, Heartbeat, NodeRegistration, NodeView
 from qshare.contracts.tracing import flush_tracing, handling, setup_tracing
-from qshare.metrics_http import MetricsServer
+from qshare.metrics_http import MetricsServer, serve_metrics
 from qshare.natsauth import ServiceRole
 from qshare.service import Service, cancelled
 from qshare_driver import Event, EventKind, Node
@@ -114,9 +114,7 @@ class NodeAgent(Service):
             interval = self.settings.usage_interval_s
             usage = report(reader, self._nc, self.source, interval, self.registered)
             self._tasks.append(asyncio.create_task(usage, name="usage reports"))
-        if self.settings.metrics_port:
-            port, host = self.settings.metrics_port, self.settings.metrics_host
-            self._metrics = MetricsServer(port, host, metrics.DriverCollector(self))
+        self._metrics = serve_metrics(self.settings, metrics.DriverCollector(self))
         self.probes.serving()
         log.info("node agent %s: %d cards, segment %s", self.name, len(self.cards),
                  self.settings.segment_name)  # fmt: skip

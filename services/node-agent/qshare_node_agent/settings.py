@@ -16,6 +16,7 @@ from qshare.contracts.domain import CardPolicy
 from qshare.contracts.nodes import NODE_NAME_MAX, NODE_NAME_PATTERN, default_node_name
 from qshare.contracts.quantities import parse_mib
 from qshare.health import HealthSettings
+from qshare.metrics_http import MetricsSettings
 from qshare_driver import layout
 
 log = logging.getLogger(__name__)
@@ -27,7 +28,7 @@ SIMULATE_FORMAT = re.compile(r"^(?P<cards>[0-9]{1,2})(:(?P<memory>[0-9]+(Ki|Mi|G
 DEFAULT_SIM_MEMORY = "16Gi"
 
 
-class NodeAgentSettings(BaseSettings, BusIdentity, HealthSettings):
+class NodeAgentSettings(BaseSettings, BusIdentity, HealthSettings, MetricsSettings):
     model_config = SettingsConfigDict(env_prefix="QSHARE_NODE_", extra="ignore")
 
     name: str = Field(
@@ -60,8 +61,6 @@ class NodeAgentSettings(BaseSettings, BusIdentity, HealthSettings):
     usage_interval_s: float = Field(
         5.0, ge=0, le=300, description="publish device-time usage this often; 0 = never"
     )
-    metrics_port: int = Field(0, ge=0, le=65535, description="Prometheus /metrics; 0 = off")
-    metrics_host: str = "127.0.0.1"
     kubernetes: bool = Field(
         False, description="also serve the kubelet's DRA and device-plugin sockets (QSHARE_K8S_*)"
     )

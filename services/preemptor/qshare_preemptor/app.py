@@ -22,8 +22,10 @@ from qshare.contracts.agent import AnnounceRequest
 from qshare.contracts.errors import InvalidInput, QshareError
 from qshare.contracts.preemption import ClaimAction
 from qshare.contracts.tracing import flush_tracing, handling, setup_tracing
+from qshare.metrics_http import MetricsServer, serve_metrics
 from qshare.natsauth import ServiceRole
 from qshare.service import Service, cancelled
+from qshare_preemptor import metrics
 from qshare_preemptor.service import PreemptionService
 from qshare_preemptor.settings import PreemptorSettings
 from qshare_preemptor.starvation import StarvationWatch
@@ -53,6 +55,7 @@ class Preemptor(Service):
         self.announce_requests = 0
         """Times this preemptor asked the nodes to announce their cards' state."""
         self._health: health.HealthServer | None = None
+        self._metrics: MetricsServer | None = None
         self.probes = health.Probes()
         self.probes.live["nats"] = health.nats_not_closed(lambda: self._nc)
         self.probes.live["tasks"] = health.tasks_running(
@@ -64,6 +67,7 @@ class Preemptor(Service):
     async def start(self) -> None:
         s = self.settings
         self._health = await health.serve(self.probes, s)
+        self._metrics = serve_metrics(s, metrics.StateCollector(self._held, self._owed))
         setup_tracing("qshare-preemptor")
         self._engine = create_async_engine(s.database_url, pool_size=s.pool_size)
         options = s.bus_as(self.source, ServiceRole.PREEMPTOR)
@@ -88,6 +92,8 @@ class Preemptor(Service):
         self.probes.stopping()
         if self._health is not None:
             await self._health.stop()
+        if self._metrics is not None:
+            await asyncio.to_thread(self._metrics.stop)
         if self._retrier is not None:
             await cancelled(self._retrier)
         if self._nc is not None:
@@ -97,6 +103,12 @@ class Preemptor(Service):
         if self._engine is not None:
             await self._engine.dispose()
         await asyncio.to_thread(flush_tracing)
+
+    def _held(self) -> int:
+        return self.service.claims_held if self.service is not None else 0
+
+    def _owed(self) -> int:
+        return self.service.resumes_owed if self.service is not None else 0
 
     async def _schema_migrated(self) -> None:
         """Wait for the allocator to create the schema (a first apply starts every pod at

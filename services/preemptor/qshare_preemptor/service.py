@@ -22,6 +22,7 @@ from qshare.contracts.agent import SuspendCommand, SuspendReply
 from qshare.contracts.errors import NotFound, QshareError
 from qshare.contracts.preemption import ClaimAction, ClaimActionReply, ClaimRef
 from qshare.db import in_transaction, read_once
+from qshare_preemptor import metrics
 from qshare_preemptor.gangs import (
     Member,
     card_owner,
@@ -62,6 +63,16 @@ class PreemptionService:
         self.card_events = 0
         """Busy and idle events handled so far (whatever they led to)."""
 
+    @property
+    def claims_held(self) -> int:
+        """Claims suspended for their gang while a card of it is busy."""
+        return sum(1 for cards in self._held_by.values() if cards)
+
+    @property
+    def resumes_owed(self) -> int:
+        """vGPUs whose resume did not reach their node yet."""
+        return sum(len(ids) for ids in self._unresumed.values())
+
     async def reconcile(self) -> None:
         """At start: take up the gangs a previous preemptor left suspended. Each stays held
         by the busy cards its record names, as if their busy events had just been handled;
@@ -99,9 +110,13 @@ class PreemptionService:
 
     async def card_event(self, node: str, gpu: str, busy: bool) -> None:
         """A busy or idle event published under `node`'s name about `gpu`."""
+        kind = "busy" if busy else "idle"
         try:
-            if await self._card_of(node, gpu):
-                await (self.card_busy(gpu) if busy else self.card_idle(gpu))
+            if not await self._card_of(node, gpu):
+                metrics.CARD_EVENTS.labels(kind, "refused").inc()
+                return
+            await (self.card_busy(gpu) if busy else self.card_idle(gpu))
+            metrics.CARD_EVENTS.labels(kind, "handled").inc()
         finally:
             self.card_events += 1
 
@@ -208,13 +223,16 @@ class PreemptionService:
         command = SuspendCommand(local_ids=ids, reason=reason[:253])
         self._unresumed[node].difference_update(ids)  # this command decides now
         try:
-            return await rpc.call(self._nc, subjects.node_command(node, verb), self._source,
-                                  command, SuspendReply, timeout=self._timeout_s)  # fmt: skip
+            reply = await rpc.call(self._nc, subjects.node_command(node, verb), self._source,
+                                   command, SuspendReply, timeout=self._timeout_s)  # fmt: skip
         except QshareError as error:
             log.warning("node %s did not %s %s: %s", node, verb, ids, error.detail)
+            metrics.COMMANDS.labels(verb, "failed").inc()
             if not suspend:
                 self._unresumed[node].update(ids)
             return SuspendReply(done=[], missing=ids)
+        metrics.COMMANDS.labels(verb, "ok").inc()
+        return reply
 
     async def _suspend(self, members: list[Member], reason: str) -> tuple[int, int]:
         """Suspend `members` for an operator while the record is written; announce it as soon

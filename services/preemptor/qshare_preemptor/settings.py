@@ -10,9 +10,10 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from qshare.bus import BusIdentity
 from qshare.dburl import DatabaseUrl
 from qshare.health import HealthSettings
+from qshare.metrics_http import MetricsSettings
 
 
-class PreemptorSettings(BaseSettings, BusIdentity, HealthSettings):
+class PreemptorSettings(BaseSettings, BusIdentity, HealthSettings, MetricsSettings):
     model_config = SettingsConfigDict(env_prefix="QSHARE_PREEMPTOR_", extra="ignore")
 
     database_url: DatabaseUrl = "postgresql+asyncpg://qshare:qshare@localhost:5432/qshare"

@@ -26,7 +26,7 @@ from qshare.contracts import envelope, rpc, subjects
 from qshare.contracts.errors import QshareError
 from qshare.contracts.usage import MoveClaim, MoveReply, NodeUsage, Starved
 from qshare.db import in_transaction
-from qshare_preemptor import starved
+from qshare_preemptor import metrics, starved
 from qshare_preemptor.starved import Key, Watched
 from qshare_preemptor.windows import CardWindow
 
@@ -147,6 +147,7 @@ class StarvationWatch:
         subject = subjects.claim_event(str(claim.claim_id), "starved")
         await self._nc.publish(subject, envelope.encode(wrapped))
         self.reported += 1
+        metrics.STARVED.inc()
         log.info(
             "claim %s starved on %s: share %.3f, harvestable %.3f",
             claim.claim_id,

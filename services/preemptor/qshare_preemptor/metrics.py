@@ -1,0 +1,43 @@
+"""Prometheus metrics of the preemptor: card events and node commands counted as they happen;
+the claims it holds suspended and the resumes it still owes read from its state when scraped."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import Counter, Metric
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+CARD_EVENTS = Counter(
+    "qshare_preemptor_card_events_total",
+    "busy and idle events handled, by outcome: handled, or refused (about another node's card)",
+    ["kind", "outcome"],
+)
+COMMANDS = Counter(
+    "qshare_preemptor_commands_total",
+    "suspend and resume commands sent to node agents, by outcome: ok, or failed (no answer "
+    "or an error; a failed resume is sent again)",
+    ["verb", "outcome"],
+)
+STARVED = Counter("qshare_preemptor_starved_total", "low-priority claims found starved")
+
+
+class StateCollector(Collector):
+    """What the preemptor holds now, read at scrape time (0 before it has started)."""
+
+    def __init__(self, held: Callable[[], int], owed: Callable[[], int]) -> None:
+        self._held, self._owed = held, owed
+
+    def collect(self) -> Iterator[Metric]:
+        held = GaugeMetricFamily(
+            "qshare_preemptor_claims_held",
+            "low-priority claims suspended for their gang while a card of it is busy",
+        )
+        held.add_metric([], self._held())
+        owed = GaugeMetricFamily(
+            "qshare_preemptor_resumes_owed",
+            "vGPUs whose resume has not reached their node yet (sent again every second)",
+        )
+        owed.add_metric([], self._owed())
+        yield from (held, owed)

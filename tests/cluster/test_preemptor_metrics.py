@@ -1,0 +1,90 @@
+"""The preemptor's Prometheus `/metrics`: card events by outcome, suspend and resume commands
+by outcome, and, read when scraped, the gangs it holds and the resumes it still owes (a resume
+that cannot reach its node is owed until the node is back)."""
+
+from __future__ import annotations
+
+import httpx
+from nats.aio.client import Client as Nats
+from prometheus_client.parser import text_string_to_metric_families
+
+from qshare_node_agent.app import NodeAgent
+from qshare_preemptor.app import Preemptor
+
+from .conftest import StartAgent, eventually, ready_claim
+from .test_preemptor_events import events_so_far, handled, publish, suspended
+
+
+async def scraped(preemptor: Preemptor, name: str, **labels: str) -> float:
+    """The value of one series on the preemptor's /metrics (0 when it is not there)."""
+    url = f"http://127.0.0.1:{preemptor.settings.metrics_port}/metrics"
+    async with httpx.AsyncClient() as client:
+        text = (await client.get(url)).text
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                return float(s.value)
+    return 0.0
+
+
+async def _gang_held(api: httpx.AsyncClient, nc: Nats, agent: NodeAgent) -> tuple[str, int]:
+    """A two-card gang on `agent` with one card busy: the busy card and the other's local id."""
+    gang = await ready_claim(api, count=2)
+    busy, other = gang["vgpus"]
+    await publish(nc, agent.name, busy["gpu"], "busy")
+    await eventually(lambda: _async(suspended(agent, other["local_id"])))
+    return busy["gpu"], other["local_id"]
+
+
+async def _async(value: bool) -> bool:
+    return value
+
+
+async def test_a_gang_held_by_a_busy_card_is_served_until_the_card_is_idle(
+    api: httpx.AsyncClient, nc: Nats, preemptor: Preemptor, start_agent: StartAgent
+) -> None:
+    agent = await start_agent(cards=2)
+    suspends = await scraped(
+        preemptor, "qshare_preemptor_commands_total", verb="suspend", outcome="ok"
+    )
+    gpu, _ = await _gang_held(api, nc, agent)
+    assert await scraped(preemptor, "qshare_preemptor_claims_held") == 1
+    assert await scraped(preemptor, "qshare_preemptor_commands_total", verb="suspend",
+                         outcome="ok") == suspends + 1  # fmt: skip
+    await publish(nc, agent.name, gpu, "idle")
+    await eventually(lambda: _zero(preemptor, "qshare_preemptor_claims_held"))
+
+
+async def _zero(preemptor: Preemptor, name: str) -> bool:
+    return await scraped(preemptor, name) == 0
+
+
+async def test_a_card_event_about_another_nodes_card_is_counted_as_refused(
+    api: httpx.AsyncClient, nc: Nats, preemptor: Preemptor, start_agent: StartAgent
+) -> None:
+    await start_agent(cards=2)
+    gang = await ready_claim(api, count=2)
+    refused = await scraped(preemptor, "qshare_preemptor_card_events_total", kind="busy",
+                            outcome="refused")  # fmt: skip
+    before = events_so_far(preemptor)
+    await publish(nc, "some-other-node", gang["vgpus"][0]["gpu"], "busy")
+    await handled(preemptor, before + 1)
+    assert await scraped(preemptor, "qshare_preemptor_card_events_total", kind="busy",
+                         outcome="refused") == refused + 1  # fmt: skip
+
+
+async def test_a_resume_that_cannot_reach_its_node_is_owed_until_the_node_is_back(
+    api: httpx.AsyncClient, nc: Nats, preemptor: Preemptor, start_agent: StartAgent
+) -> None:
+    agent = await start_agent(cards=2, keep_segment_on_stop=True)
+    gpu, other = await _gang_held(api, nc, agent)
+    await agent.stop()
+    await publish(nc, agent.name, gpu, "idle")
+    await eventually(lambda: _owed(preemptor, 1))
+    back = await start_agent(cards=2, name=agent.name)  # adopts the segment and its vGPUs
+    await eventually(lambda: _owed(preemptor, 0))
+    assert not suspended(back, other)
+
+
+async def _owed(preemptor: Preemptor, count: int) -> bool:
+    return await scraped(preemptor, "qshare_preemptor_resumes_owed") == count
