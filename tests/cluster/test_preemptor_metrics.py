@@ -55,6 +55,18 @@ async def test_a_gang_held_by_a_busy_card_is_served_until_the_card_is_idle(
     await eventually(lambda: _zero(preemptor, "qshare_preemptor_claims_held"))
 
 
+async def test_each_commands_round_trip_to_its_node_is_timed(
+    api: httpx.AsyncClient, nc: Nats, preemptor: Preemptor, start_agent: StartAgent
+) -> None:
+    agent = await start_agent(cards=2)
+    timed = await scraped(preemptor, "qshare_preemptor_command_seconds_count", verb="suspend")
+    gpu, _ = await _gang_held(api, nc, agent)
+    assert await scraped(preemptor, "qshare_preemptor_command_seconds_count",
+                         verb="suspend") == timed + 1  # fmt: skip
+    await publish(nc, agent.name, gpu, "idle")
+    await eventually(lambda: _zero(preemptor, "qshare_preemptor_claims_held"))
+
+
 async def _zero(preemptor: Preemptor, name: str) -> bool:
     return await scraped(preemptor, name) == 0
 

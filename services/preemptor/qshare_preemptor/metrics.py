@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from prometheus_client import Counter, Metric
+from prometheus_client import Counter, Histogram, Metric
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -19,6 +19,12 @@ COMMANDS = Counter(
     "suspend and resume commands sent to node agents, by outcome: ok, or failed (no answer "
     "or an error; a failed resume is sent again)",
     ["verb", "outcome"],
+)
+COMMAND_SECONDS = Histogram(
+    "qshare_preemptor_command_seconds",
+    "a suspend or resume command's round trip to its node agent, answered or not",
+    ["verb"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
 )
 STARVED = Counter("qshare_preemptor_starved_total", "low-priority claims found starved")
 

@@ -223,8 +223,9 @@ class PreemptionService:
         command = SuspendCommand(local_ids=ids, reason=reason[:253])
         self._unresumed[node].difference_update(ids)  # this command decides now
         try:
-            reply = await rpc.call(self._nc, subjects.node_command(node, verb), self._source,
-                                   command, SuspendReply, timeout=self._timeout_s)  # fmt: skip
+            with metrics.COMMAND_SECONDS.labels(verb).time():
+                reply = await rpc.call(self._nc, subjects.node_command(node, verb), self._source,
+                                       command, SuspendReply, timeout=self._timeout_s)  # fmt: skip
         except QshareError as error:
             log.warning("node %s did not %s %s: %s", node, verb, ids, error.detail)
             metrics.COMMANDS.labels(verb, "failed").inc()
