@@ -63,15 +63,17 @@ class PreemptionService:
         self.card_events = 0
         """Busy and idle events handled so far (whatever they led to)."""
 
+    # Read by the metrics server's thread while the event loop changes the maps: each is
+    # copied in one step (list() of a dict view holds the GIL throughout), then counted.
     @property
     def claims_held(self) -> int:
         """Claims suspended for their gang while a card of it is busy."""
-        return sum(1 for cards in self._held_by.values() if cards)
+        return sum(1 for cards in list(self._held_by.values()) if cards)
 
     @property
     def resumes_owed(self) -> int:
         """vGPUs whose resume did not reach their node yet."""
-        return sum(len(ids) for ids in self._unresumed.values())
+        return sum(len(ids) for ids in list(self._unresumed.values()))
 
     async def reconcile(self) -> None:
         """At start: take up the gangs a previous preemptor left suspended. Each stays held
