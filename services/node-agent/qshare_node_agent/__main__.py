@@ -26,6 +26,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--shm-dir", type=Path, help="segment directory (default /dev/shm)")
     p.add_argument("--policy", help="card policy: best-effort, fixed-share, burst-share")
     p.add_argument("--release-delay-s", type=float, help="release delay (default 0.1)")
+    p.add_argument(
+        "--release-auto-bound-s", type=float,
+        help="auto release: high priority's p99 grows by at most this (delay up to the release "
+        "delay)",
+    )  # fmt: skip
     p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics here")
     return p
 

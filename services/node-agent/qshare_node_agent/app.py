@@ -319,7 +319,9 @@ class NodeAgent(Service):
     def _card_families(self, node: Node) -> Iterator[Metric]:
         """Per card: high priority's hold, the release delay and LP window in force, vGPUs."""
         rows = [([self.name, c.uuid], node.card_stats(c.index)) for c in self.cards]
-        return metrics.families(metrics.CARD_FIGURES, metrics.CARD_LABELS, rows)
+        yield from metrics.families(metrics.CARD_FIGURES, metrics.CARD_LABELS, rows)
+        modes = [([self.name, c.uuid], node.release_auto(c.index)) for c in self.cards]
+        yield from metrics.families(metrics.RELEASE_FIGURES, metrics.CARD_LABELS, modes)
 
 
 def _decode(msg: Msg, model: type) -> object:

@@ -4,9 +4,10 @@ payload at the edge, acts on the driver, and answers with a typed reply or error
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from qshare.contracts.agent import (
     ApplyDesired,
@@ -23,21 +24,34 @@ from qshare_node_agent.converge import Converger
 
 
 class PolicyCommand(BaseModel):
-    """`cmd.policy`: a card's sharing policy, release delay and low-priority device gate,
-    changed at run time (the device gate for processes that start launching afterwards)."""
+    """`cmd.policy`: a card's sharing policy, release delay (fixed, or `auto` with a bound on
+    what it may add to high priority's p99, choosing up to the release delay) and low-priority
+    device gate, changed at run time (the device gate for processes that start launching
+    afterwards). What is left out stays as it is."""
 
     model_config = ConfigDict(extra="forbid")
 
     gpu: str = Field(min_length=1, max_length=128)
     policy: CardPolicy | None = None
     release_delay_s: float | None = Field(None, ge=0, le=60)
+    release_mode: Literal["fixed", "auto"] | None = None
+    release_auto_bound_s: float | None = Field(None, gt=0, le=1)
     lp_device_gate: bool | None = None
+
+    @model_validator(mode="after")
+    def _bound_goes_with_auto(self) -> PolicyCommand:
+        if self.release_auto_bound_s is not None and self.release_mode != "auto":
+            raise ValueError("release_auto_bound_s goes with release_mode auto")
+        return self
 
 
 class PolicyReply(BaseModel):
     gpu: str
     policy: str
     release_delay_s: float
+    release_mode: Literal["fixed", "auto"] = "fixed"
+    release_auto_bound_s: float | None = None
+    release_delay_in_force_s: float = 0.0  # auto's choice in auto mode, else release_delay_s
     lp_device_gate: bool = False
 
 
@@ -90,20 +104,51 @@ class Commands:
         card = self.converger.cards.get(command.gpu)
         if card is None:
             raise InvalidInput.on("gpu", f"no card {command.gpu} on node {self._name}")
+        release = self._release(card.index, command)  # refused before anything changes
         try:
             if command.policy is not None:
                 self._node.set_policy(card.index, command.policy.value)
             if command.release_delay_s is not None:
                 self._node.set_release_delay(card.index, command.release_delay_s)
+            release()
             if command.lp_device_gate is not None:
                 self._node.set_lp_device_gate(card.index, command.lp_device_gate)
         except DriverError as error:
             raise InvalidInput.on("policy", str(error)) from error
-        stats = self._node.card_stats(card.index)
+        return self._policy_reply(command.gpu, card.index)
+
+    def _release(self, index: int, command: PolicyCommand) -> Callable[[], None]:
+        """What the command does to the card's release mode, checked against its state."""
+        auto = self._node.release_auto(index)
+        mode = command.release_mode or ("auto" if auto.enabled else "fixed")
+        if mode == "fixed":
+            return (lambda: self._node.set_release_fixed(index)) if auto.enabled else _nothing
+        if command.release_mode is None and command.release_delay_s is None:
+            return _nothing  # auto goes on as it is
+        bound = command.release_auto_bound_s or (auto.p99_bound_s if auto.enabled else None)
+        if bound is None:
+            raise InvalidInput.on("release_auto_bound_s", "needed to turn auto release on")
+        delay = command.release_delay_s
+        delay = self._node.card_stats(index).release_delay_s if delay is None else delay
+        if delay == 0:
+            raise InvalidInput.on(
+                "release_delay_s", "auto release needs a release delay above 0 (its longest)"
+            )
+        return lambda: self._node.set_release_auto(index, bound, delay)
+
+    def _policy_reply(self, gpu: str, index: int) -> PolicyReply:
+        stats, auto = self._node.card_stats(index), self._node.release_auto(index)
         policy = CardPolicy.parse(stats.policy.name.lower().replace("_", "-"))
         return PolicyReply(
-            gpu=command.gpu,
+            gpu=gpu,
             policy=policy.value,
             release_delay_s=stats.release_delay_s,
+            release_mode="auto" if auto.enabled else "fixed",
+            release_auto_bound_s=auto.p99_bound_s if auto.enabled else None,
+            release_delay_in_force_s=auto.delay_s,
             lp_device_gate=stats.lp_device_gate,
         )
+
+
+def _nothing() -> None:
+    return None

@@ -68,7 +68,6 @@ CARD_LABELS = ["node", "gpu"]
 CARD_FIGURES = [
     Figure("qshare_card_busy_episodes", "busy episodes", lambda s: s.episodes, counter=True),
     Figure("qshare_card_busy", "1 while high priority holds the card", lambda s: int(s.busy)),
-    Figure("qshare_card_release_delay_seconds", "release delay", lambda s: s.release_delay_s),
     Figure("qshare_card_lp_window_seconds", "LP in-flight window", lambda s: s.lp_window_s),
     Figure("qshare_card_vgpus", "vGPUs on the card", lambda s: s.vgpus),
     Figure("qshare_card_memory_bytes", "the card's memory", lambda s: s.total_mem),
@@ -77,6 +76,19 @@ CARD_FIGURES = [
         "times low priority's completions woke the sharing policy's sleepers",
         lambda s: s.policy_wakes,
         counter=True,
+    ),
+]
+# Read from the card's release mode (Node.release_auto), beside its stats.
+RELEASE_FIGURES = [
+    Figure(
+        "qshare_card_release_delay_seconds",
+        "release delay in force: the one auto release chose, else the fixed one",
+        lambda a: a.delay_s,
+    ),
+    Figure(
+        "qshare_card_release_auto",
+        "1 while the driver chooses the release delay",
+        lambda a: int(a.enabled),
     ),
 ]
 NODE_LABELS = ["node"]
@@ -90,7 +102,12 @@ NODE_FIGURES = [
 ]
 
 # Every table read from the driver at scrape time, with its labels (one row per vGPU, card, node).
-SCRAPED = [(VGPU_FIGURES, VGPU_LABELS), (CARD_FIGURES, CARD_LABELS), (NODE_FIGURES, NODE_LABELS)]
+SCRAPED = [
+    (VGPU_FIGURES, VGPU_LABELS),
+    (CARD_FIGURES, CARD_LABELS),
+    (RELEASE_FIGURES, CARD_LABELS),
+    (NODE_FIGURES, NODE_LABELS),
+]
 
 
 def families(

@@ -1,5 +1,6 @@
 """Opening the node's driver segment: adopt the one a previous agent left (its workloads keep
-running and limited), or create it with the discovered cards, policy and release delay."""
+running and limited), or create it with the discovered cards; either way each card then takes
+this agent's policy, release delay (fixed or auto) and device gate."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import uuid
 
 from qshare.contracts.agent import LOCAL_ID_LIMIT, DesiredVgpu
 from qshare.contracts.domain import Priority
-from qshare_driver import Node, NotFoundError
+from qshare_driver import Node, NotFoundError, Policy
 from qshare_node_agent.discovery import Card
 from qshare_node_agent.settings import NodeAgentSettings
 
@@ -24,6 +25,12 @@ def open_segment(settings: NodeAgentSettings, cards: list[Card]) -> tuple[Node, 
         node = Node.adopt(settings.segment_name, settings.shm_dir)
     except NotFoundError:
         return _create(settings, cards), False
+    try:  # settings changed for this start (a new ConfigMap) apply to the adopted cards too
+        for index in node.list_cards():
+            configure_card(node, index, settings)
+    except Exception:
+        node.leave()
+        raise
     log.info("segment %s adopted with vGPUs %s", settings.segment_name, node.list_vgpus())
     return node, True
 
@@ -42,9 +49,31 @@ def _create(settings: NodeAgentSettings, cards: list[Card]) -> Node:
 
 
 def configure_card(node: Node, index: int, settings: NodeAgentSettings) -> None:
-    node.set_policy(index, settings.policy.value)
-    node.set_release_delay(index, settings.release_delay_s)
-    node.set_lp_device_gate(index, settings.lp_device_gate)
+    """Give card `index` the settings' policy, release and device gate, changing only what
+    differs: an adopted card's workloads keep their sharing epoch and auto's learned gaps."""
+    stats = node.card_stats(index)
+    if stats.policy != Policy.parse(settings.policy.value):
+        node.set_policy(index, settings.policy.value)
+    if _ns(stats.release_delay_s) != _ns(settings.release_delay_s):
+        node.set_release_delay(index, settings.release_delay_s)
+    _configure_release(node, index, settings)
+    if stats.lp_device_gate != settings.lp_device_gate:
+        node.set_lp_device_gate(index, settings.lp_device_gate)
+
+
+def _configure_release(node: Node, index: int, settings: NodeAgentSettings) -> None:
+    auto, bound = node.release_auto(index), settings.release_auto_bound_s
+    if bound is None:
+        if auto.enabled:
+            node.set_release_fixed(index)
+        return
+    wanted = (True, _ns(bound), _ns(settings.release_delay_s))
+    if (auto.enabled, _ns(auto.p99_bound_s), _ns(auto.max_delay_s)) != wanted:
+        node.set_release_auto(index, bound, settings.release_delay_s)
+
+
+def _ns(seconds: float) -> int:
+    return round(seconds * 1e9)
 
 
 def existing_vgpus(node: Node, cards: list[Card]) -> dict[int, DesiredVgpu]:

@@ -46,7 +46,15 @@ class NodeAgentSettings(BaseSettings, BusIdentity, HealthSettings, MetricsSettin
     shm_dir: Path | None = Field(None, description="segment directory (default /dev/shm)")
     labels: dict[str, str] = Field(default_factory=dict)
     policy: CardPolicy = CardPolicy.BEST_EFFORT
-    release_delay_s: float = Field(0.1, ge=0, le=60)
+    release_delay_s: float = Field(
+        0.1, ge=0, le=60, description="release delay; with auto release, the longest it chooses"
+    )
+    release_auto_bound_s: float | None = Field(
+        None, gt=0, le=1,
+        description="auto release: the driver chooses each card's release delay, up to "
+        "release_delay_s, so that high priority's p99 grows by at most this many seconds "
+        "(docs/colocation.md); unset: the fixed release_delay_s",
+    )  # fmt: skip
     lp_device_gate: bool = Field(
         False,
         description="low priority's queued work waits on the card's gate on the GPU (the CUDA "
@@ -89,6 +97,15 @@ class NodeAgentSettings(BaseSettings, BusIdentity, HealthSettings, MetricsSettin
     @property
     def segment_name(self) -> str:
         return self.segment or f"qshare-{self.name}"[:47]
+
+    @model_validator(mode="after")
+    def _auto_has_room(self) -> NodeAgentSettings:
+        if self.release_auto_bound_s is not None and self.release_delay_s == 0:
+            raise ValueError(
+                "release_auto_bound_s needs release_delay_s above 0: auto release chooses a "
+                "delay up to release_delay_s"
+            )
+        return self
 
     @model_validator(mode="after")
     def _vgpu_sockets_fit(self) -> NodeAgentSettings:
