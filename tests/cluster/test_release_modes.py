@@ -1,10 +1,12 @@
-"""The release delay as a platform team sets it through the node agent: fixed, or `auto` (the
-driver chooses each card's delay, up to the fixed one, within a bound on what it may add to
-high priority's p99) from the agent's settings, at run time through `cmd.policy`, served in
-the metrics; and settings changed for a restart reach the cards of the segment it adopts."""
+"""The release delay and LP window as a platform team sets them through the node agent: the
+delay fixed, or `auto` (the driver chooses each card's delay, up to the fixed one, within a
+bound on what it may add to high priority's p99), from the agent's settings or at run time
+through `cmd.policy`, served in the metrics and, with each heartbeat, by the API; settings
+changed for a restart reach the cards of the segment it adopts."""
 
 from __future__ import annotations
 
+import httpx
 import pytest
 from nats.aio.client import Client as Nats
 
@@ -15,7 +17,7 @@ from qshare_driver import Policy
 from qshare_node_agent.commands import PolicyCommand
 from qshare_node_agent.settings import NodeAgentSettings
 
-from .conftest import StartAgent
+from .conftest import StartAgent, eventually
 from .test_node_commands import set_policy
 from .test_node_metrics import scrape
 
@@ -96,3 +98,24 @@ async def test_a_card_in_auto_release_is_served_as_such_with_its_delay_in_force(
     delays = {s.value for s in samples["qshare_card_release_delay_seconds"]}
     modes = {agent.node.release_auto(c.index).delay_s for c in agent.cards}
     assert delays == modes
+
+
+async def test_a_cards_sharing_reaches_the_api_with_the_agents_heartbeats(
+    api: httpx.AsyncClient, start_agent: StartAgent
+) -> None:
+    agent = await start_agent(release_auto_bound_s=BOUND_S, lp_window_s=0.0002)
+
+    async def reported() -> bool:
+        cards = (await api.get("/v1/gpus", params={"node": agent.name})).json()
+        shown = [(c["sharing"] or {}).get("release_mode") for c in cards]
+        return shown == ["auto"] * len(agent.cards) and cards[0]["sharing"]["lp_window_s"] == 0.0002
+
+    await eventually(reported)
+
+
+async def test_a_policy_command_sets_a_cards_lp_window(nc: Nats, start_agent: StartAgent) -> None:
+    agent = await start_agent()
+    gpu = agent.cards[0].uuid
+    reply = await set_policy(nc, agent.name, PolicyCommand(gpu=gpu, lp_window_s=0.0001))
+    assert reply.lp_window_s == 0.0001
+    assert agent.node.card_stats(agent.cards[0].index).lp_window_s == 0.0001

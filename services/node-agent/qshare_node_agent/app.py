@@ -20,7 +20,7 @@ from qshare.contracts import envelope, rpc, subjects
 from qshare.contracts.agent import AnnounceRequest, DesiredVgpu
 from qshare.contracts.domain import NODE_LABEL, POLICY_LABEL
 from qshare.contracts.errors import InvalidInput, QshareError
-from qshare.contracts.nodes import GpuSpec, Heartbeat, NodeRegistration, NodeView
+from qshare.contracts.nodes import CardSharing, GpuSpec, Heartbeat, NodeRegistration, NodeView
 from qshare.contracts.tracing import flush_tracing, handling, setup_tracing
 from qshare.metrics_http import MetricsServer, serve_metrics
 from qshare.natsauth import ServiceRole
@@ -34,6 +34,7 @@ from qshare_node_agent.discovery import Card, discover, unhealthy
 from qshare_node_agent.events import EventPump
 from qshare_node_agent.segment import existing_vgpus, open_segment
 from qshare_node_agent.settings import NodeAgentSettings
+from qshare_node_agent.sharing import card_sharing
 from qshare_node_agent.usage import UsageReader, report
 
 log = logging.getLogger(__name__)
@@ -248,12 +249,22 @@ class NodeAgent(Service):
 
     async def _beat(self) -> None:
         assert self._nc is not None
-        bad = await self._unhealthy()
-        body = envelope.wrap(self.source, "io.qshare.node.heartbeat", Heartbeat(unhealthy=bad))
+        beat = Heartbeat(unhealthy=await self._unhealthy(), sharing=self._sharing())
+        body = envelope.wrap(self.source, "io.qshare.node.heartbeat", beat)
         try:
             await self._nc.publish(subjects.heartbeat(self.name), envelope.encode(body))
         except Exception as error:
             log.warning("node agent %s: heartbeat not sent (%s)", self.name, error)
+
+    def _sharing(self) -> list[CardSharing]:
+        """How each card is shared; none when the driver cannot say (the beat still goes)."""
+        if self._node is None:
+            return []
+        try:
+            return [card_sharing(self._node, c.index, c.uuid) for c in self.cards]
+        except Exception as error:
+            log.warning("node agent %s: card sharing not read (%r)", self.name, error)
+            return []
 
     async def _unhealthy(self) -> list[str]:
         """The unhealthy cards; every card when their health cannot be read (as NVML counts a

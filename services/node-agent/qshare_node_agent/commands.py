@@ -25,9 +25,9 @@ from qshare_node_agent.converge import Converger
 
 class PolicyCommand(BaseModel):
     """`cmd.policy`: a card's sharing policy, release delay (fixed, or `auto` with a bound on
-    what it may add to high priority's p99, choosing up to the release delay) and low-priority
-    device gate, changed at run time (the device gate for processes that start launching
-    afterwards). What is left out stays as it is."""
+    what it may add to high priority's p99, choosing up to the release delay), low priority's
+    window of work in flight and device gate, changed at run time (the device gate for
+    processes that start launching afterwards). What is left out stays as it is."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -36,6 +36,7 @@ class PolicyCommand(BaseModel):
     release_delay_s: float | None = Field(None, ge=0, le=60)
     release_mode: Literal["fixed", "auto"] | None = None
     release_auto_bound_s: float | None = Field(None, gt=0, le=1)
+    lp_window_s: float | None = Field(None, ge=1e-6, le=1.0)
     lp_device_gate: bool | None = None
 
     @model_validator(mode="after")
@@ -52,6 +53,7 @@ class PolicyReply(BaseModel):
     release_mode: Literal["fixed", "auto"] = "fixed"
     release_auto_bound_s: float | None = None
     release_delay_in_force_s: float = 0.0  # auto's choice in auto mode, else release_delay_s
+    lp_window_s: float = 0.0
     lp_device_gate: bool = False
 
 
@@ -111,6 +113,8 @@ class Commands:
             if command.release_delay_s is not None:
                 self._node.set_release_delay(card.index, command.release_delay_s)
             release()
+            if command.lp_window_s is not None:
+                self._node.set_lp_window(card.index, command.lp_window_s)
             if command.lp_device_gate is not None:
                 self._node.set_lp_device_gate(card.index, command.lp_device_gate)
         except DriverError as error:
@@ -146,6 +150,7 @@ class Commands:
             release_mode="auto" if auto.enabled else "fixed",
             release_auto_bound_s=auto.p99_bound_s if auto.enabled else None,
             release_delay_in_force_s=auto.delay_s,
+            lp_window_s=stats.lp_window_s,
             lp_device_gate=stats.lp_device_gate,
         )
 

@@ -49,14 +49,17 @@ def _create(settings: NodeAgentSettings, cards: list[Card]) -> Node:
 
 
 def configure_card(node: Node, index: int, settings: NodeAgentSettings) -> None:
-    """Give card `index` the settings' policy, release and device gate, changing only what
-    differs: an adopted card's workloads keep their sharing epoch and auto's learned gaps."""
+    """Give card `index` the settings' policy, release, LP window and device gate, changing
+    only what differs: an adopted card's workloads keep their sharing epoch and auto's
+    learned gaps."""
     stats = node.card_stats(index)
     if stats.policy != Policy.parse(settings.policy.value):
         node.set_policy(index, settings.policy.value)
     if _ns(stats.release_delay_s) != _ns(settings.release_delay_s):
         node.set_release_delay(index, settings.release_delay_s)
     _configure_release(node, index, settings)
+    if _ns(stats.lp_window_s) != _ns(settings.lp_window_s):
+        node.set_lp_window(index, settings.lp_window_s)
     if stats.lp_device_gate != settings.lp_device_gate:
         node.set_lp_device_gate(index, settings.lp_device_gate)
 

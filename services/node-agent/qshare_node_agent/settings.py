@@ -55,6 +55,11 @@ class NodeAgentSettings(BaseSettings, BusIdentity, HealthSettings, MetricsSettin
         "release_delay_s, so that high priority's p99 grows by at most this many seconds "
         "(docs/colocation.md); unset: the fixed release_delay_s",
     )  # fmt: skip
+    lp_window_s: float = Field(
+        0.0005, ge=1e-6, le=1.0,
+        description="low priority's work in flight per process while high priority is "
+        "attached, in estimated device time: what high priority may wait behind",
+    )  # fmt: skip
     lp_device_gate: bool = Field(
         False,
         description="low priority's queued work waits on the card's gate on the GPU (the CUDA "

@@ -80,6 +80,7 @@ gpus = Table(
     Column("core_high", Integer, nullable=False, server_default=text("0")),
     Column("core_low", Integer, nullable=False, server_default=text("0")),
     Column("vgpu_count", Integer, nullable=False, server_default=text("0")),
+    Column("sharing", JSONB, nullable=True),  # CardSharing less `gpu`, from heartbeats
     UniqueConstraint("node_name", "idx", name="gpus_node_index"),
     CheckConstraint(
         "allocated_mib BETWEEN 0 AND memory_mib", name="gpus_memory_not_oversubscribed"

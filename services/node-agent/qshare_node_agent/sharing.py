@@ -1,0 +1,21 @@
+"""How each of the node's cards is shared now, read from the driver for the heartbeats (the
+API serves it with the card: policy, release mode and delay in force, LP window, gate)."""
+
+from __future__ import annotations
+
+from qshare.contracts.domain import CardPolicy
+from qshare.contracts.nodes import CardSharing
+from qshare_driver import Node
+
+
+def card_sharing(node: Node, index: int, gpu: str) -> CardSharing:
+    stats, auto = node.card_stats(index), node.release_auto(index)
+    return CardSharing(
+        gpu=gpu,
+        policy=CardPolicy.parse(stats.policy.name.lower().replace("_", "-")),
+        release_mode="auto" if auto.enabled else "fixed",
+        release_delay_s=auto.delay_s,
+        release_auto_bound_s=auto.p99_bound_s if auto.enabled else None,
+        lp_window_s=stats.lp_window_s,
+        lp_device_gate=stats.lp_device_gate,
+    )
