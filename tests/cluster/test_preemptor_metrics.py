@@ -44,31 +44,33 @@ async def test_a_gang_held_by_a_busy_card_is_served_until_the_card_is_idle(
     api: httpx.AsyncClient, nc: Nats, preemptor: Preemptor, start_agent: StartAgent
 ) -> None:
     agent = await start_agent(cards=2)
+    held = await scraped(preemptor, "qshare_preemptor_claims_held")  # earlier tests' gangs
     suspends = await scraped(
         preemptor, "qshare_preemptor_commands_total", verb="suspend", outcome="ok"
     )
     gpu, _ = await _gang_held(api, nc, agent)
-    assert await scraped(preemptor, "qshare_preemptor_claims_held") == 1
+    assert await scraped(preemptor, "qshare_preemptor_claims_held") == held + 1
     assert await scraped(preemptor, "qshare_preemptor_commands_total", verb="suspend",
                          outcome="ok") == suspends + 1  # fmt: skip
     await publish(nc, agent.name, gpu, "idle")
-    await eventually(lambda: _zero(preemptor, "qshare_preemptor_claims_held"))
+    await eventually(lambda: _is(preemptor, "qshare_preemptor_claims_held", held))
 
 
 async def test_each_commands_round_trip_to_its_node_is_timed(
     api: httpx.AsyncClient, nc: Nats, preemptor: Preemptor, start_agent: StartAgent
 ) -> None:
     agent = await start_agent(cards=2)
+    held = await scraped(preemptor, "qshare_preemptor_claims_held")
     timed = await scraped(preemptor, "qshare_preemptor_command_seconds_count", verb="suspend")
     gpu, _ = await _gang_held(api, nc, agent)
     assert await scraped(preemptor, "qshare_preemptor_command_seconds_count",
                          verb="suspend") == timed + 1  # fmt: skip
     await publish(nc, agent.name, gpu, "idle")
-    await eventually(lambda: _zero(preemptor, "qshare_preemptor_claims_held"))
+    await eventually(lambda: _is(preemptor, "qshare_preemptor_claims_held", held))
 
 
-async def _zero(preemptor: Preemptor, name: str) -> bool:
-    return await scraped(preemptor, name) == 0
+async def _is(preemptor: Preemptor, name: str, value: float) -> bool:
+    return await scraped(preemptor, name) == value
 
 
 async def test_a_card_event_about_another_nodes_card_is_counted_as_refused(
@@ -92,11 +94,11 @@ async def test_a_resume_that_cannot_reach_its_node_is_owed_until_the_node_is_bac
     gpu, other = await _gang_held(api, nc, agent)
     await agent.stop()
     await publish(nc, agent.name, gpu, "idle")
-    await eventually(lambda: _owed(preemptor, 1))
+    await eventually(lambda: _owed(preemptor, agent.name, 1))
     back = await start_agent(cards=2, name=agent.name)  # adopts the segment and its vGPUs
-    await eventually(lambda: _owed(preemptor, 0))
+    await eventually(lambda: _owed(preemptor, agent.name, 0))
     assert not suspended(back, other)
 
 
-async def _owed(preemptor: Preemptor, count: int) -> bool:
-    return await scraped(preemptor, "qshare_preemptor_resumes_owed") == count
+async def _owed(preemptor: Preemptor, node: str, count: int) -> bool:
+    return await scraped(preemptor, "qshare_preemptor_resumes_owed", node=node) == count

@@ -141,7 +141,9 @@ def exported() -> dict[str, frozenset[str]]:
     added), and Prometheus's own `up`."""
     series = [s for m in module_metrics() for s in samples_of(m)]
     series += [(s.name, frozenset(s.labels)) for f in node_agent_figures() for s in f.samples]
-    state = StateCollector(lambda: 0, lambda: 0).collect()  # the preemptor's, read when scraped
+    state = StateCollector(
+        lambda: 0, lambda: {"probe": 0}
+    ).collect()  # the preemptor's, read when scraped
     series += [(s.name, frozenset(s.labels)) for f in state for s in f.samples]
     found = {name: labels | TARGET_LABELS for name, labels in series}
     return found | {"up": TARGET_LABELS}

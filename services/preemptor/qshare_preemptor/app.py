@@ -107,8 +107,8 @@ class Preemptor(Service):
     def _held(self) -> int:
         return self.service.claims_held if self.service is not None else 0
 
-    def _owed(self) -> int:
-        return self.service.resumes_owed if self.service is not None else 0
+    def _owed(self) -> dict[str, int]:
+        return self.service.resumes_owed if self.service is not None else {}
 
     async def _schema_migrated(self) -> None:
         """Wait for the allocator to create the schema (a first apply starts every pod at

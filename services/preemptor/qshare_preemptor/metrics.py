@@ -32,7 +32,7 @@ STARVED = Counter("qshare_preemptor_starved_total", "low-priority claims found s
 class StateCollector(Collector):
     """What the preemptor holds now, read at scrape time (0 before it has started)."""
 
-    def __init__(self, held: Callable[[], int], owed: Callable[[], int]) -> None:
+    def __init__(self, held: Callable[[], int], owed: Callable[[], dict[str, int]]) -> None:
         self._held, self._owed = held, owed
 
     def collect(self) -> Iterator[Metric]:
@@ -44,6 +44,8 @@ class StateCollector(Collector):
         owed = GaugeMetricFamily(
             "qshare_preemptor_resumes_owed",
             "vGPUs whose resume has not reached their node yet (sent again every second)",
+            labels=["node"],
         )
-        owed.add_metric([], self._owed())
+        for node, count in self._owed().items():
+            owed.add_metric([node], count)
         yield from (held, owed)

@@ -71,9 +71,9 @@ class PreemptionService:
         return sum(1 for cards in list(self._held_by.values()) if cards)
 
     @property
-    def resumes_owed(self) -> int:
-        """vGPUs whose resume did not reach their node yet."""
-        return sum(len(ids) for ids in list(self._unresumed.values()))
+    def resumes_owed(self) -> dict[str, int]:
+        """vGPUs whose resume did not reach their node yet, by node."""
+        return {node: len(ids) for node, ids in list(self._unresumed.items()) if ids}
 
     async def reconcile(self) -> None:
         """At start: take up the gangs a previous preemptor left suspended. Each stays held
