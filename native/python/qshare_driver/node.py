@@ -43,6 +43,11 @@ class Policy(enum.IntEnum):
                 f"unknown policy {name!r}: use best-effort, fixed-share or burst-share"
             ) from None
 
+    @property
+    def label(self) -> str:
+        """The name as users write it (`burst-share`): what `parse` reads."""
+        return self.name.lower().replace("_", "-")
+
 
 class EventKind(enum.IntEnum):
     BUSY = 1

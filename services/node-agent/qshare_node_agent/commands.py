@@ -21,6 +21,7 @@ from qshare.contracts.errors import InvalidInput, NotFound
 from qshare_driver import DriverError, Node, NotFoundError
 from qshare_node_agent import metrics
 from qshare_node_agent.converge import Converger
+from qshare_node_agent.sharing import card_sharing
 
 
 class PolicyCommand(BaseModel):
@@ -141,17 +142,12 @@ class Commands:
         return lambda: self._node.set_release_auto(index, bound, delay)
 
     def _policy_reply(self, gpu: str, index: int) -> PolicyReply:
-        stats, auto = self._node.card_stats(index), self._node.release_auto(index)
-        policy = CardPolicy.parse(stats.policy.name.lower().replace("_", "-"))
+        """The card as the heartbeats report it, and its fixed delay beside the one in force."""
+        now = card_sharing(self._node, index, gpu)
         return PolicyReply(
-            gpu=gpu,
-            policy=policy.value,
-            release_delay_s=stats.release_delay_s,
-            release_mode="auto" if auto.enabled else "fixed",
-            release_auto_bound_s=auto.p99_bound_s if auto.enabled else None,
-            release_delay_in_force_s=auto.delay_s,
-            lp_window_s=stats.lp_window_s,
-            lp_device_gate=stats.lp_device_gate,
+            **now.model_dump(mode="json", exclude={"release_delay_s"}),
+            release_delay_s=self._node.card_stats(index).release_delay_s,
+            release_delay_in_force_s=now.release_delay_s,
         )
 
 

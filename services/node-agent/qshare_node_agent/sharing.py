@@ -12,7 +12,7 @@ def card_sharing(node: Node, index: int, gpu: str) -> CardSharing:
     stats, auto = node.card_stats(index), node.release_auto(index)
     return CardSharing(
         gpu=gpu,
-        policy=CardPolicy.parse(stats.policy.name.lower().replace("_", "-")),
+        policy=CardPolicy(stats.policy.label),
         release_mode="auto" if auto.enabled else "fixed",
         release_delay_s=auto.delay_s,
         release_auto_bound_s=auto.p99_bound_s if auto.enabled else None,

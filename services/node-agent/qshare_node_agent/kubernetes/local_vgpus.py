@@ -81,7 +81,7 @@ class LocalVgpus:
         return [self._card_info(c) for c in sorted(self._cards.values(), key=lambda c: c.index)]
 
     def _card_info(self, card: Card) -> CardInfo:
-        policy = _policy_name(self._node.card_stats(card.index).policy)
+        policy = self._node.card_stats(card.index).policy.label
         healthy = self._health[card.index]
         return CardInfo(
             card.index, card.uuid, card.model, card.memory_mib, healthy, card.numa_node, policy
@@ -174,8 +174,8 @@ class LocalVgpus:
             return False
         if stats.vgpus:
             raise BackendError(
-                f"card {card.index} runs {_policy_name(stats.policy)} with {stats.vgpus} "
-                f"other vGPU(s); policy {_policy_name(wanted)} can only be set on a card "
+                f"card {card.index} runs {stats.policy.label} with {stats.vgpus} "
+                f"other vGPU(s); policy {wanted.label} can only be set on a card "
                 f"with no vGPUs"
             )
         self._node.set_policy(card.index, wanted)
@@ -399,10 +399,6 @@ class LocalVgpus:
         attach = str(layout.vgpu_dir(self._node.name, vgpu_id, self.segment_dir))
         mounts = (Mount(attach, attach, read_only=False),)
         return mounts if self._library_mount is None else (self._library_mount, *mounts)
-
-
-def _policy_name(policy: Policy) -> str:
-    return policy.name.lower().replace("_", "-")
 
 
 def _entry(v: LocalVgpu) -> str:
