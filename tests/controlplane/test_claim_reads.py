@@ -9,7 +9,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from qshare.contracts.rows import claim_views
 from qshare.contracts.schema import claims, vgpus
-from qshare_api.snapshot import snapshot
+from qshare.db import snapshot
 from tests.controlplane.conftest import Claim, Register
 
 

@@ -1,10 +1,12 @@
 """Running work in one Postgres transaction that commits at the edge, with retries of the
-failures that running it again resolves; shared by the services that write Postgres."""
+failures that running it again resolves; shared by the services that write Postgres. Reads:
+one statement on its own (`read_once`), or several in one snapshot (`snapshot`)."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import TypeVar
 
 from sqlalchemy.exc import DBAPIError
@@ -41,6 +43,17 @@ async def read_once(engine: AsyncEngine, work: Callable[[AsyncConnection], Await
     async with engine.connect() as conn:
         autocommit = await conn.execution_options(isolation_level="AUTOCOMMIT")
         return await work(autocommit)
+
+
+@asynccontextmanager
+async def snapshot(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
+    """A connection whose statements share one snapshot (a REPEATABLE READ transaction, which
+    a read alone never sees fail with a serialization error): a claim and its vGPUs as one
+    commit left them, never a claim `ready` beside the vGPUs a move has already taken away."""
+    async with engine.connect() as conn:
+        repeatable = await conn.execution_options(isolation_level="REPEATABLE READ")
+        async with repeatable.begin():
+            yield repeatable
 
 
 def sqlstate(exc: DBAPIError) -> str | None:

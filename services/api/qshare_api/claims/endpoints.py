@@ -20,12 +20,12 @@ from qshare.contracts.claims import (
 )
 from qshare.contracts.domain import ClaimStatus, Priority
 from qshare.contracts.errors import InvalidInput, NotFound
+from qshare.db import snapshot
 from qshare_api.auth import Caller
 from qshare_api.claims.repository import ClaimFilter, get_claim, list_claims
 from qshare_api.params import CursorParam, NodeFilter, TenantFilter
 from qshare_api.problems import PROBLEMS
 from qshare_api.resources import Resources, resources
-from qshare_api.snapshot import snapshot
 
 router = APIRouter(prefix="/v1/claims", tags=["claims"], responses=PROBLEMS)
 Res = Annotated[Resources, Depends(resources)]
