@@ -9,7 +9,7 @@ import uuid
 
 from qshare.contracts.agent import LOCAL_ID_LIMIT, DesiredVgpu
 from qshare.contracts.domain import Priority
-from qshare_driver import Node, NotFoundError, Policy
+from qshare_driver import Node, NotFoundError
 from qshare_node_agent.discovery import Card
 from qshare_node_agent.settings import NodeAgentSettings
 
@@ -53,7 +53,7 @@ def configure_card(node: Node, index: int, settings: NodeAgentSettings) -> None:
     only what differs: an adopted card's workloads keep their sharing epoch and auto's
     learned gaps."""
     stats = node.card_stats(index)
-    if stats.policy != Policy.parse(settings.policy.value):
+    if stats.policy.label != settings.policy.value:
         node.set_policy(index, settings.policy.value)
     if _ns(stats.release_delay_s) != _ns(settings.release_delay_s):
         node.set_release_delay(index, settings.release_delay_s)
