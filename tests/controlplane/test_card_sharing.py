@@ -9,7 +9,8 @@ import httpx
 from nats.aio.client import Client
 
 from qshare.contracts import envelope, subjects
-from qshare.contracts.nodes import CardSharing, Heartbeat
+from qshare.contracts.nodes import Heartbeat
+from qshare.contracts.sharing import CardSharing
 from tests.controlplane.conftest import ADMIN_TOKEN, Register, auth
 
 ADMIN = auth(ADMIN_TOKEN)

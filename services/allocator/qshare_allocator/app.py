@@ -28,6 +28,7 @@ from qshare.contracts.domain import Priority
 from qshare.contracts.errors import InvalidInput, NotFound
 from qshare.contracts.nodes import (
     ChangeNode,
+    GpuView,
     Heartbeat,
     NodeRegistration,
     NodeView,
@@ -35,6 +36,7 @@ from qshare.contracts.nodes import (
     RemoveNode,
 )
 from qshare.contracts.placement import PreviewPlacement
+from qshare.contracts.sharing import ChangeSharing
 from qshare.contracts.streams import ensure_events_stream
 from qshare.contracts.tracing import flush_tracing, setup_tracing
 from qshare.contracts.usage import MoveClaim, MoveReply
@@ -45,6 +47,7 @@ from qshare_allocator.claims.resize import Resizer
 from qshare_allocator.claims.service import ClaimService, PendingCursor, PendingTry
 from qshare_allocator.db import in_transaction, make_engine
 from qshare_allocator.inventory.service import InventoryService
+from qshare_allocator.inventory.sharing import ask_sharing
 from qshare_allocator.messaging import Route, Router
 from qshare_allocator.migrate import head, upgrade
 from qshare_allocator.nodes.dispatch import Dispatcher
@@ -172,6 +175,7 @@ class Allocator(Service):
             Route(subjects.NODES_DELETE, RemoveNode, self._remove_node, self._after_release),
             Route(subjects.NODES_UPDATE, ChangeNode, self._change_node, self._after_release),
             Route(subjects.GPUS_DELETE, RemoveCard, self._remove_card, self._after_release),
+            Route(subjects.GPUS_SHARING, ChangeSharing, self._ask_sharing, self._after_sharing),
             Route(subjects.PLACEMENT_PREVIEW, PreviewPlacement, self._preview),
             Route(subjects.CLAIMS_MOVE, MoveClaim, self._move, self._after_move),
         ]
@@ -216,6 +220,15 @@ class Allocator(Service):
 
     async def _remove_card(self, conn: AsyncConnection, command: RemoveCard, msg: Msg) -> BaseModel:
         return await self.inventory.remove_card(conn, command.node, command.uuid)
+
+    async def _ask_sharing(
+        self, conn: AsyncConnection, command: ChangeSharing, msg: Msg
+    ) -> BaseModel:
+        return await ask_sharing(conn, command)
+
+    def _after_sharing(self, result: Any) -> None:
+        if isinstance(result, GpuView):
+            self.dispatcher.wanted(result.node)
 
     async def _register_own(
         self, conn: AsyncConnection, registration: NodeRegistration, msg: Msg

@@ -114,6 +114,9 @@ def register(subparsers: Sub) -> None:
     gpu_list = gpus.add_parser("list", help="list cards")
     gpu_list.add_argument("--node", help="only this node's cards")
     gpu_list.set_defaults(handler=command(_list_gpus))
+    from qshare_api.cli_sharing import add_sharing_verbs  # it builds on this module
+
+    add_sharing_verbs(gpus)
 
 
 def group(subparsers: Sub, name: str, help_: str) -> Verbs:

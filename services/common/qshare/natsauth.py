@@ -136,6 +136,7 @@ def _api(_: str) -> tuple[list[str], list[str], bool]:
         subjects.NODES_DELETE,
         subjects.NODES_UPDATE,
         subjects.GPUS_DELETE,
+        subjects.GPUS_SHARING,
         subjects.PLACEMENT_PREVIEW,
         "qshare.preemptor.>",
         *_READ_EVENTS_PUBLISH,

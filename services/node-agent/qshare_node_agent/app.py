@@ -20,7 +20,8 @@ from qshare.contracts import envelope, rpc, subjects
 from qshare.contracts.agent import AnnounceRequest, DesiredVgpu
 from qshare.contracts.domain import NODE_LABEL, POLICY_LABEL
 from qshare.contracts.errors import InvalidInput, QshareError
-from qshare.contracts.nodes import CardSharing, GpuSpec, Heartbeat, NodeRegistration, NodeView
+from qshare.contracts.nodes import GpuSpec, Heartbeat, NodeRegistration, NodeView
+from qshare.contracts.sharing import CardSharing
 from qshare.contracts.tracing import flush_tracing, handling, setup_tracing
 from qshare.metrics_http import MetricsServer, serve_metrics
 from qshare.natsauth import ServiceRole
@@ -28,6 +29,7 @@ from qshare.service import Service, cancelled
 from qshare_driver import Event, EventKind, Node
 from qshare_node_agent import metrics
 from qshare_node_agent.announce import Announcer
+from qshare_node_agent.asked_sharing import SharingKeeper
 from qshare_node_agent.commands import Commands
 from qshare_node_agent.converge import Converger
 from qshare_node_agent.discovery import Card, discover, unhealthy
@@ -87,7 +89,10 @@ class NodeAgent(Service):
         setup_tracing("qshare-node-agent")
         self.cards = discover(self.settings)
         self._node, adopted = open_segment(self.settings, self.cards)
-        converger = Converger(self._node, {c.uuid: c for c in self.cards})
+        by_uuid = {c.uuid: c for c in self.cards}
+        converger = Converger(
+            self._node, by_uuid, sharing=SharingKeeper(self._node, self.settings, by_uuid)
+        )
         if adopted:
             converger.adopt(existing_vgpus(self._node, self.cards))
         self._commands = Commands(self.name, self._node, converger)

@@ -1,4 +1,5 @@
-"""Level-triggered convergence of the driver segment to the allocator's desired vGPU set.
+"""Level-triggered convergence of the driver segment to the allocator's desired vGPU set
+(and of its cards to the sharing asked of them: asked_sharing).
 
 The agent remembers what it applied; an apply compares the whole desired set with that and
 creates, resizes and destroys vGPUs until they match. A vGPU it cannot create is refused
@@ -21,6 +22,7 @@ from typing import TypeVar
 from qshare.contracts.agent import LOCAL_ID_LIMIT, ApplyDesired, ApplyReply, DesiredVgpu, Refusal
 from qshare.contracts.quantities import format_mib
 from qshare_driver import DriverError, Node, NotFoundError
+from qshare_node_agent.asked_sharing import SharingKeeper
 from qshare_node_agent.discovery import Card
 
 log = logging.getLogger(__name__)
@@ -36,6 +38,8 @@ class Converger:
     cards: dict[str, Card]
     held: dict[int, DesiredVgpu] = field(default_factory=dict)
     generation: int = -1
+    sharing: SharingKeeper | None = None
+    """Gives the cards the sharing each apply asks (none: applies carry vGPUs only)."""
     _changed: threading.Condition = field(
         default_factory=threading.Condition, init=False, repr=False, compare=False
     )
@@ -72,7 +76,11 @@ class Converger:
             self._lower_first(vgpu)
         refused = [r for v in wanted.values() if (r := self._converge_one(v)) is not None]
         self.generation = desired.generation
-        return self._reply(desired.node, refused=refused)
+        reply = self._reply(desired.node, refused=refused)
+        if self.sharing is not None:
+            reply.sharing_refused = self.sharing.apply(desired.sharing)
+            reply.sharing = self.sharing.report()
+        return reply
 
     def new_numbering(self) -> None:
         """The node was deleted from the inventory and registers again: its new row counts

@@ -4,7 +4,7 @@ API serves it with the card: policy, release mode and delay in force, LP window,
 from __future__ import annotations
 
 from qshare.contracts.domain import CardPolicy
-from qshare.contracts.nodes import CardSharing
+from qshare.contracts.sharing import CardSharing
 from qshare_driver import Node
 
 

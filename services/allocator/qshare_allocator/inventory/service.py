@@ -11,14 +11,13 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import bindparam, case, delete, func, select, update
-from sqlalchemy.dialects.postgresql import JSONB, insert
+from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from qshare.contracts.domain import Provisioner
 from qshare.contracts.errors import Conflict, NotFound
 from qshare.contracts.nodes import (
-    CardSharing,
     ChangeNode,
     GpuSpec,
     Heartbeat,
@@ -34,6 +33,7 @@ from qshare_allocator.inventory.removal import (
     release_waiting_on,
     remove_cards,
 )
+from qshare_allocator.inventory.sharing import record_sharing
 
 
 class InventoryService:
@@ -84,7 +84,7 @@ class InventoryService:
             .values(healthy=gpus.c.uuid.not_in(beat.unhealthy))
             .returning(gpus.c.healthy)
         )
-        await _record_sharing(conn, node, beat.sharing)
+        await record_sharing(conn, node, beat.sharing)
         return not row.ready or any(healed.scalars().all())
 
     async def remove_node(self, conn: AsyncConnection, name: str) -> RemovalReply:
@@ -244,24 +244,3 @@ def _whole_slices_follow_their_card() -> Any:
         )
         .values(vmemory_mib=gpus.c.memory_mib)
     )
-
-
-async def _record_sharing(conn: AsyncConnection, node: str, sharing: list[CardSharing]) -> None:
-    """How the node's own cards are shared, written where it changed (a card of another node
-    named here is left alone)."""
-    if not sharing:
-        return
-    reported = bindparam("reported", type_=JSONB)
-    changed = (
-        update(gpus)
-        .where(
-            gpus.c.node_name == node,
-            gpus.c.uuid == bindparam("card"),
-            gpus.c.sharing.is_distinct_from(reported),
-        )
-        .values(sharing=reported)
-    )
-    rows = [
-        {"card": s.gpu, "reported": s.model_dump(mode="json", exclude={"gpu"})} for s in sharing
-    ]
-    await conn.execute(changed, rows)

@@ -1,6 +1,7 @@
 """What a node's answer to `cmd.apply` decides: its confirmed generation, claims whose every
 vGPU it holds become `ready`, claims with a refused vGPU `failed` (capacity given back),
-`releasing` claims whose vGPUs the confirmed generation dropped `released`."""
+`releasing` claims whose vGPUs the confirmed generation dropped `released`, and how its
+cards are shared."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from qshare.contracts.domain import ClaimStatus
 from qshare.contracts.rows import claim_views
 from qshare.contracts.schema import claims, nodes, vgpus
 from qshare_allocator.claims.transitions import ready_all, release, transition
+from qshare_allocator.inventory.sharing import record_apply
 
 
 class Confirmations:
@@ -36,6 +38,7 @@ class Confirmations:
             .where(nodes.c.name == reply.node)
             .values(applied_generation=func.greatest(nodes.c.applied_generation, reply.generation))
         )
+        await record_apply(conn, reply)  # its cards after the node, as placement locks them
         return changed
 
     async def fail(self, conn: AsyncConnection, claim_id: uuid.UUID, reason: str) -> ClaimView:

@@ -1,14 +1,19 @@
-"""A node's desired state as stored: every vGPU of a claim that holds capacity on it."""
+"""A node's desired state as stored: every vGPU of a claim that holds capacity on it, and
+the sharing admins asked of its cards."""
 
 from __future__ import annotations
 
-from sqlalchemy import and_, select
+from typing import Any
+
+from sqlalchemy import ScalarSelect, and_, func, select
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from qshare.contracts.agent import ApplyDesired, DesiredVgpu
 from qshare.contracts.domain import HOLDING_STATUSES, Priority
 from qshare.contracts.errors import NotFound
-from qshare.contracts.schema import claims, nodes, vgpus
+from qshare.contracts.schema import claims, gpus, nodes, vgpus
+from qshare.contracts.sharing import SharingSettings, WantedSharing
 
 
 async def desired_state(conn: AsyncConnection, node: str) -> ApplyDesired | None:
@@ -19,7 +24,7 @@ async def desired_state(conn: AsyncConnection, node: str) -> ApplyDesired | None
         claims, and_(claims.c.id == vgpus.c.claim_id, claims.c.status.in_(HOLDING_STATUSES))
     )
     query = (
-        select(nodes.c.desired_generation, nodes.c.segment, vgpus)
+        select(nodes.c.desired_generation, nodes.c.segment, _asked().label("asked"), vgpus)
         .select_from(nodes.outerjoin(held, vgpus.c.node_name == nodes.c.name))
         .where(nodes.c.name == node)
         .order_by(vgpus.c.local_id)
@@ -42,4 +47,23 @@ async def desired_state(conn: AsyncConnection, node: str) -> ApplyDesired | None
         for r in rows
         if r.local_id is not None
     ]
-    return ApplyDesired(node=node, generation=int(rows[0].desired_generation), vgpus=wanted)
+    sharing = [
+        WantedSharing(gpu=gpu, settings=SharingSettings.model_validate(settings))
+        for gpu, settings in sorted((rows[0].asked or {}).items())
+    ]
+    generation = int(rows[0].desired_generation)
+    return ApplyDesired(node=node, generation=generation, vgpus=wanted, sharing=sharing)
+
+
+def _asked() -> ScalarSelect[Any]:
+    """{card: sharing asked} of the node's cards in service, read in the same statement as
+    the generation (so an apply never confirms a generation without what it asked)."""
+    return (
+        select(func.jsonb_object_agg(gpus.c.uuid, gpus.c.sharing_requested, type_=JSONB))
+        .where(
+            gpus.c.node_name == nodes.c.name,
+            gpus.c.sharing_requested.is_not(None),
+            gpus.c.retired.is_(False),
+        )
+        .scalar_subquery()
+    )

@@ -1,4 +1,5 @@
-"""`/v1/nodes` and `/v1/gpus`: the inventory with readiness and capacity; admins register nodes."""
+"""`/v1/nodes` and `/v1/gpus`: the inventory with readiness and capacity; admins register nodes
+and ask how a card is shared."""
 
 from __future__ import annotations
 
@@ -19,8 +20,9 @@ from qshare.contracts.nodes import (
     RemoveNode,
 )
 from qshare.contracts.rows import node_views
+from qshare.contracts.sharing import ChangeSharing, SharingSettings
 from qshare_api.auth import Admin, Caller
-from qshare_api.inventory.repository import list_gpus
+from qshare_api.inventory.repository import get_gpu, list_gpus
 from qshare_api.params import CardUuid, NodeFilter, NodeName
 from qshare_api.problems import PROBLEMS
 from qshare_api.resources import Resources, resources
@@ -103,3 +105,44 @@ async def remove_card(name: NodeName, uuid: CardUuid, caller: Admin, res: Res) -
 async def get_gpus(caller: Caller, res: Res, node: NodeFilter = None) -> list[GpuView]:
     async with res.reader.connect() as conn:
         return await list_gpus(conn, node)
+
+
+@router.get("/gpus/{uuid}", response_model=GpuView, summary="Get one card")
+async def get_one_gpu(uuid: CardUuid, caller: Caller, res: Res) -> GpuView:
+    async with res.reader.connect() as conn:
+        found = await get_gpu(conn, uuid)
+    if found is None:
+        raise NotFound(f"card {uuid} not found")
+    return found
+
+
+@router.patch(
+    "/gpus/{uuid}/sharing",
+    response_model=GpuView,
+    summary="Ask how a card is shared (admins)",
+    description="Policy, release delay (fixed, or `auto` with a bound on what it may add to "
+    "high priority's p99), LP window and device gate; each field left out keeps what was asked "
+    "before, or else the node agent's setting. Kept by the control plane and sent to the node "
+    "agent at once and after every restart of it. The answer shows the request at once "
+    "(`sharing_requested`); `sharing` follows when the node has applied it (`sharing_pending` "
+    "until then, `sharing_refused` when it could not).",
+)
+async def ask_sharing(uuid: CardUuid, change: SharingSettings, caller: Admin, res: Res) -> GpuView:
+    return await rpc.call(
+        res.nc, subjects.GPUS_SHARING, res.source, ChangeSharing(uuid=uuid, change=change),
+        GpuView, timeout=res.settings.allocator_timeout_s,
+    )  # fmt: skip
+
+
+@router.delete(
+    "/gpus/{uuid}/sharing",
+    response_model=GpuView,
+    summary="Share a card as its node agent's settings say again (admins)",
+    description="Withdraws what was asked with PATCH; the node agent gives the card its own "
+    "settings back.",
+)
+async def withdraw_sharing(uuid: CardUuid, caller: Admin, res: Res) -> GpuView:
+    return await rpc.call(
+        res.nc, subjects.GPUS_SHARING, res.source, ChangeSharing(uuid=uuid, change=None),
+        GpuView, timeout=res.settings.allocator_timeout_s,
+    )  # fmt: skip

@@ -9,13 +9,21 @@ what it refused, each refusal with its reason.
 from __future__ import annotations
 
 import uuid
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    StrictInt,
+    model_serializer,
+)
 
 from qshare.contracts.claims import MAX_MIB, Text
 from qshare.contracts.domain import Priority
-from qshare.contracts.nodes import NodeName
+from qshare.contracts.nodes import MAX_CARDS, NodeName
+from qshare.contracts.sharing import CardSharing, SharingRefusal, WantedSharing
 
 LOCAL_ID_LIMIT = 0x80000000
 """Driver vGPU ids below this belong to the allocator; the agent keeps the upper half for
@@ -48,6 +56,18 @@ class ApplyDesired(BaseModel):
     node: NodeName
     generation: Annotated[StrictInt, Field(ge=0)]
     vgpus: Annotated[list[DesiredVgpu], Field(max_length=4096)]
+    sharing: Annotated[list[WantedSharing], Field(max_length=MAX_CARDS)] = []
+    """Cards an admin asked to share otherwise than the agent's settings; the others take
+    the agent's settings again."""
+
+    @model_serializer(mode="wrap")
+    def _without_empty_sharing(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """No `sharing` key when nothing is asked, so an agent of an earlier version (which
+        refuses fields it does not know) goes on taking applies."""
+        body: dict[str, Any] = handler(self)
+        if not self.sharing:
+            body.pop("sharing", None)
+        return body
 
 
 class Refusal(BaseModel):
@@ -64,6 +84,9 @@ class ApplyReply(BaseModel):
     applied: list[int]
     refused: list[Refusal] = []
     stale: bool = False
+    sharing: list[CardSharing] = []
+    """How each card is shared after the apply (an agent of an earlier version sends none)."""
+    sharing_refused: list[SharingRefusal] = []
 
 
 class SuspendCommand(BaseModel):

@@ -6,12 +6,13 @@ import re
 import socket
 import uuid
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 from qshare.contracts.claims import WHOLE, Labels, MemoryMiB, Text
-from qshare.contracts.domain import CardPolicy, NodeStatus
+from qshare.contracts.domain import NodeStatus
+from qshare.contracts.sharing import CardSharing, SharingSettings
 
 MAX_CARDS = 64
 """Cards one node may report; a heartbeat lists at most this many unhealthy ones."""
@@ -75,30 +76,6 @@ class NodeRegistration(BaseModel):
         if len({g.index for g in self.gpus}) != len(self.gpus):
             raise ValueError("gpus: card indexes must be distinct")
         return self
-
-
-class CardSharing(BaseModel):
-    """How a card is shared now, as its node agent reports it with each heartbeat."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    gpu: Text
-    policy: CardPolicy = Field(description="sharing among the card's low-priority vGPUs")
-    release_mode: Literal["fixed", "auto"] = Field(
-        description="fixed: the release delay set; auto: the driver chooses it (docs/colocation.md)"
-    )
-    release_delay_s: float = Field(
-        ge=0, le=60, description="the release delay in force (in auto mode, the one chosen now)"
-    )
-    release_auto_bound_s: float | None = Field(
-        None, gt=0, le=1, description="auto mode: what it may add to high priority's p99"
-    )
-    lp_window_s: float = Field(
-        ge=0, le=1, description="low priority's work in flight per process beside high priority"
-    )
-    lp_device_gate: StrictBool = Field(
-        False, description="low priority's queued work waits on the card's gate on the GPU"
-    )
 
 
 class Heartbeat(BaseModel):
@@ -166,6 +143,15 @@ class GpuView(BaseModel):
     core_low_free: int
     sharing: CardSharing | None = Field(
         None, description="how the card is shared, as its node last reported; null until then"
+    )
+    sharing_requested: SharingSettings | None = Field(
+        None, description="what an admin asked for (PATCH …/sharing); null: the node's settings"
+    )
+    sharing_pending: bool = Field(
+        False, description="the node has not yet applied what was asked (or its withdrawal)"
+    )
+    sharing_refused: str | None = Field(
+        None, description="why the node could not share the card as asked, when it could not"
     )
 
 

@@ -81,6 +81,9 @@ gpus = Table(
     Column("core_low", Integer, nullable=False, server_default=text("0")),
     Column("vgpu_count", Integer, nullable=False, server_default=text("0")),
     Column("sharing", JSONB, nullable=True),  # CardSharing less `gpu`, from heartbeats
+    Column("sharing_requested", JSONB, nullable=True),  # SharingSettings an admin asked for
+    Column("sharing_refused", Text, nullable=True),  # why the node could not, when it could not
+    Column("sharing_generation", BigInteger, nullable=True),  # the node's generation that asked
     UniqueConstraint("node_name", "idx", name="gpus_node_index"),
     CheckConstraint(
         "allocated_mib BETWEEN 0 AND memory_mib", name="gpus_memory_not_oversubscribed"

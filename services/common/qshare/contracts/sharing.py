@@ -1,0 +1,118 @@
+"""How a card is shared: as its node agent reports it (`CardSharing`, with each heartbeat and
+apply), and as an admin asks for it over REST (`SharingSettings`), which the allocator keeps
+and sends the node with its desired state, so that it outlives agent restarts."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
+
+from qshare.contracts.claims import Text
+from qshare.contracts.domain import CardPolicy
+from qshare.contracts.errors import InvalidInput
+
+CardUuid = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_-]+$")]
+
+
+class CardSharing(BaseModel):
+    """How a card is shared now, as its node agent reports it with each heartbeat."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    gpu: Text
+    policy: CardPolicy = Field(description="sharing among the card's low-priority vGPUs")
+    release_mode: Literal["fixed", "auto"] = Field(
+        description="fixed: the release delay set; auto: the driver chooses it (docs/colocation.md)"
+    )
+    release_delay_s: float = Field(
+        ge=0, le=60, description="the release delay in force (in auto mode, the one chosen now)"
+    )
+    release_auto_bound_s: float | None = Field(
+        None, gt=0, le=1, description="auto mode: what it may add to high priority's p99"
+    )
+    lp_window_s: float = Field(
+        ge=0, le=1, description="low priority's work in flight per process beside high priority"
+    )
+    lp_device_gate: StrictBool = Field(
+        False, description="low priority's queued work waits on the card's gate on the GPU"
+    )
+
+
+class SharingSettings(BaseModel):
+    """How a card is to be shared (`PATCH /v1/gpus/{uuid}/sharing`, admins). Each field left
+    out keeps what was asked before, or else the node agent's own setting."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    policy: CardPolicy | None = Field(None, description="among the card's low-priority vGPUs")
+    release_mode: Literal["fixed", "auto"] | None = Field(
+        None, description="fixed: release_delay_s; auto: chosen up to it (needs the bound)"
+    )
+    release_delay_s: float | None = Field(
+        None, ge=0, le=60, description="release delay; in auto mode, the longest it chooses"
+    )
+    release_auto_bound_s: float | None = Field(
+        None, gt=0, le=1, description="auto mode: what it may add to high priority's p99"
+    )
+    lp_window_s: float | None = Field(
+        None, ge=1e-6, le=1.0, description="low priority's work in flight beside high priority"
+    )
+    lp_device_gate: StrictBool | None = Field(
+        None, description="low priority's queued work waits on the card's gate on the GPU"
+    )
+
+    @model_validator(mode="after")
+    def _names_something(self) -> SharingSettings:
+        if not self.model_fields_set or all(
+            getattr(self, name) is None for name in self.model_fields_set
+        ):
+            raise ValueError("name at least one of " + ", ".join(SharingSettings.model_fields))
+        return self
+
+    def over(self, before: SharingSettings | None) -> SharingSettings:
+        """This change on top of what was asked before: what it names wins, `fixed` drops
+        the bound; the result is checked whole (InvalidInput naming the field)."""
+        merged: dict[str, Any] = {} if before is None else before.model_dump(exclude_none=True)
+        if self.release_mode == "fixed":
+            merged.pop("release_auto_bound_s", None)
+        merged |= self.model_dump(exclude_none=True)
+        result = SharingSettings.model_validate(merged)
+        result.check_release()
+        return result
+
+    def check_release(self) -> None:
+        if self.release_auto_bound_s is not None and self.release_mode != "auto":
+            raise InvalidInput.on(
+                "release_auto_bound_s", "goes with release_mode auto (asked now or before)"
+            )
+        if self.release_mode == "auto" and self.release_auto_bound_s is None:
+            raise InvalidInput.on("release_auto_bound_s", "needed to turn auto release on")
+        if self.release_mode == "auto" and self.release_delay_s == 0:
+            raise InvalidInput.on(
+                "release_delay_s", "auto release needs a release delay above 0 (its longest)"
+            )
+
+
+class WantedSharing(BaseModel):
+    """One card's asked sharing in a node's desired state (`cmd.apply`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    gpu: CardUuid
+    settings: SharingSettings
+
+
+class SharingRefusal(BaseModel):
+    """A card whose asked sharing the node agent could not give it, and why."""
+
+    gpu: str
+    reason: str
+
+
+class ChangeSharing(BaseModel):
+    """Request on `qshare.allocator.gpus.sharing`: ask for a card's sharing (`change` on top
+    of what was asked before), or with `change` null go back to its node agent's settings."""
+
+    uuid: CardUuid
+    change: SharingSettings | None

@@ -1,0 +1,77 @@
+"""Gives each card the sharing the allocator's desired state asks of it (an admin's request
+over REST), or this agent's settings where it asks none. A card is changed only when what is
+asked of it changes, so a `cmd.policy` given in between stays until then."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from qshare.contracts.errors import InvalidInput
+from qshare.contracts.sharing import CardSharing, SharingRefusal, SharingSettings, WantedSharing
+from qshare_driver import DriverError, Node
+from qshare_node_agent.discovery import Card
+from qshare_node_agent.segment import configure_card
+from qshare_node_agent.settings import NodeAgentSettings
+from qshare_node_agent.sharing import card_sharing
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SharingKeeper:
+    node: Node
+    settings: NodeAgentSettings
+    cards: dict[str, Card]
+    asked: dict[str, SharingSettings] = field(default_factory=dict)
+    """What each card was last given; a card not here has the agent's settings."""
+
+    def apply(self, wanted: list[WantedSharing]) -> list[SharingRefusal]:
+        """Give every card what `wanted` asks (the agent's settings where it asks nothing);
+        the cards it could not, each with the reason (asked again at the next apply)."""
+        by_card = {w.gpu: w.settings for w in wanted}
+        refused = [
+            SharingRefusal(gpu=gpu, reason=f"no card {gpu} on this node")
+            for gpu in by_card
+            if gpu not in self.cards
+        ]
+        for gpu, card in self.cards.items():
+            problem = self._give(gpu, card.index, by_card.get(gpu))
+            if problem is not None:
+                refused.append(SharingRefusal(gpu=gpu, reason=problem))
+        return refused
+
+    def report(self) -> list[CardSharing]:
+        return [card_sharing(self.node, c.index, gpu) for gpu, c in self.cards.items()]
+
+    def _give(self, gpu: str, index: int, asked: SharingSettings | None) -> str | None:
+        if asked == self.asked.get(gpu):
+            return None
+        try:
+            configure_card(self.node, index, with_asked(self.settings, asked))
+        except (DriverError, InvalidInput) as error:
+            log.warning("card %s: the sharing asked was refused: %s", gpu, error)
+            return str(error)
+        if asked is None:
+            self.asked.pop(gpu, None)
+        else:
+            self.asked[gpu] = asked
+        log.info("card %s now shared as %s", gpu, "asked" if asked else "the agent's settings")
+        return None
+
+
+def with_asked(settings: NodeAgentSettings, asked: SharingSettings | None) -> NodeAgentSettings:
+    """The agent's settings with what is asked of one card in their place (checked whole
+    before anything on the card changes)."""
+    if asked is None:
+        return settings
+    update = asked.model_dump(exclude_none=True, exclude={"release_mode"})
+    if asked.release_mode == "fixed":
+        update["release_auto_bound_s"] = None
+    result = settings.model_copy(update=update)
+    if result.release_auto_bound_s is not None and result.release_delay_s == 0:
+        raise InvalidInput.on(
+            "release_delay_s",
+            "auto release needs a release delay above 0 (its longest); this node's is 0",
+        )
+    return result
