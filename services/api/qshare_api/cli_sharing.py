@@ -24,14 +24,20 @@ POLL_S = 0.25
 
 def add_sharing_verbs(gpus: Verbs) -> None:
     get = gpus.add_parser("get", help="one card: capacity and sharing, as reported and as asked")
-    get.add_argument("uuid")
+    get.add_argument("uuid", help="the card, as `qshare gpus list` shows it")
     get.set_defaults(handler=command(_get))
     share = gpus.add_parser(
         "share", help="ask how a card is shared; what is left out keeps what was asked (admins)"
     )
-    share.add_argument("uuid")
-    share.add_argument("--policy", choices=[p.value for p in CardPolicy])
-    share.add_argument("--release-mode", choices=["fixed", "auto"])
+    share.add_argument("uuid", help="the card, as `qshare gpus list` shows it")
+    share.add_argument(
+        "--policy", choices=[p.value for p in CardPolicy],
+        help="how the card's low-priority vGPUs share it",
+    )  # fmt: skip
+    share.add_argument(
+        "--release-mode", choices=["fixed", "auto"],
+        help="fixed: --release-delay; auto: chosen up to it within --release-auto-bound",
+    )  # fmt: skip
     share.add_argument(
         "--release-delay", dest="release_delay_s", type=duration, metavar="DURATION",
         help="e.g. 100ms; in auto mode, the longest it chooses",
@@ -40,14 +46,20 @@ def add_sharing_verbs(gpus: Verbs) -> None:
         "--release-auto-bound", dest="release_auto_bound_s", type=duration, metavar="DURATION",
         help="auto mode: what it may add to high priority's p99, e.g. 2ms",
     )  # fmt: skip
-    share.add_argument("--lp-window", dest="lp_window_s", type=duration, metavar="DURATION")
-    share.add_argument("--lp-device-gate", choices=["on", "off"])
+    share.add_argument(
+        "--lp-window", dest="lp_window_s", type=duration, metavar="DURATION",
+        help="low priority's work in flight beside high priority, e.g. 500us",
+    )  # fmt: skip
+    share.add_argument(
+        "--lp-device-gate", choices=["on", "off"],
+        help="low priority's queued work waits on the card's gate on the GPU",
+    )  # fmt: skip
     _wait_option(share)
     share.set_defaults(handler=command(_share))
     reset = gpus.add_parser(
         "reset-sharing", help="withdraw what was asked: the node agent's settings again (admins)"
     )
-    reset.add_argument("uuid")
+    reset.add_argument("uuid", help="the card, as `qshare gpus list` shows it")
     _wait_option(reset)
     reset.set_defaults(handler=command(_reset))
 
