@@ -1,7 +1,8 @@
 """The cluster-loop part of `qshare demo`: the whole stack on embedded servers and two
 simulated nodes; claims over REST reach `ready`, programs run in them with
 `qshare run --claim` (against the fake CUDA driver: a test double), high priority preempts a
-low-priority gang across cards, and a NATS subscriber prints the events it saw.
+low-priority gang across cards, an admin changes how one card is shared, and a NATS
+subscriber prints the events it saw.
 
 Run alone with `python -m qshare.demo_cluster`.
 """
@@ -45,6 +46,7 @@ async def run_cluster_demo(out: Out = print) -> None:
                                      priority="high", vcore=40, vmemory="4Gi")  # fmt: skip
             await _run_in_claims(stack, training, inference, out)
             await _preempt(stack, training, inference, out)
+            await _share(api, out, training["vgpus"][0]["gpu"])
             for label, claim in (("inference", inference), ("training", training)):
                 await _delete(api, out, label, claim)
             await asyncio.sleep(1.0)
@@ -131,6 +133,19 @@ async def _preempt(stack: Stack, training: dict[str, Any], inference: dict[str, 
     await asyncio.sleep(0.5)
     state = agent.node.vgpu_stats(other["local_id"]).suspended
     out(f"high priority idle for the release delay: training resumed: {not state}")
+
+
+async def _share(api: httpx.AsyncClient, out: Out, gpu: str) -> None:
+    """Ask a card's sharing over REST and wait until its node agent has applied it."""
+    asked = {"policy": "fixed-share", "lp_window_s": 0.0003}
+    await api.patch(f"/v1/gpus/{gpu}/sharing", json=asked)
+    out(f"an admin asks {gpu} for {asked} (PATCH /v1/gpus/{{uuid}}/sharing)")
+    async with asyncio.timeout(30):
+        while (card := (await api.get(f"/v1/gpus/{gpu}")).json())["sharing_pending"]:
+            await asyncio.sleep(0.05)
+    now = card["sharing"]
+    out(f"  applied by its node agent: policy {now['policy']}, LP window "
+        f"{now['lp_window_s'] * 1e6:g} µs, release {now['release_mode']}")  # fmt: skip
 
 
 if __name__ == "__main__":
