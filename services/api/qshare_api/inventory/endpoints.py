@@ -128,10 +128,7 @@ async def get_one_gpu(uuid: CardUuid, caller: Caller, res: Res) -> GpuView:
     "until then, `sharing_refused` when it could not).",
 )
 async def ask_sharing(uuid: CardUuid, change: SharingSettings, caller: Admin, res: Res) -> GpuView:
-    return await rpc.call(
-        res.nc, subjects.GPUS_SHARING, res.source, ChangeSharing(uuid=uuid, change=change),
-        GpuView, timeout=res.settings.allocator_timeout_s,
-    )  # fmt: skip
+    return await _change_sharing(res, ChangeSharing(uuid=uuid, change=change))
 
 
 @router.delete(
@@ -142,7 +139,11 @@ async def ask_sharing(uuid: CardUuid, change: SharingSettings, caller: Admin, re
     "settings back.",
 )
 async def withdraw_sharing(uuid: CardUuid, caller: Admin, res: Res) -> GpuView:
+    return await _change_sharing(res, ChangeSharing(uuid=uuid, change=None))
+
+
+async def _change_sharing(res: Resources, command: ChangeSharing) -> GpuView:
     return await rpc.call(
-        res.nc, subjects.GPUS_SHARING, res.source, ChangeSharing(uuid=uuid, change=None),
-        GpuView, timeout=res.settings.allocator_timeout_s,
+        res.nc, subjects.GPUS_SHARING, res.source, command, GpuView,
+        timeout=res.settings.allocator_timeout_s,
     )  # fmt: skip
