@@ -50,10 +50,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def add_gpu_options(parser: argparse.ArgumentParser) -> None:
     """`qshare bench gpu` runs longer than one lease of a GPU machine allows: these split it."""
-    parser.add_argument("--rounds", type=int, help="gpu: interleaved rounds (default 3)")
-    parser.add_argument("--seconds", type=float, help="gpu: seconds per scenario (default 20)")
     parser.add_argument(
-        "--only", help="gpu: comma-separated scenario names to run, or @SET (@devgate, @diagnose)"
+        "--rounds", type=int,
+        help="gpu: interleaved rounds (default 3); colocation: of each scenario (default 1)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--seconds", type=float,
+        help="gpu: seconds per scenario (default 20); colocation: for every shape",
+    )  # fmt: skip
+    parser.add_argument(
+        "--only",
+        help="gpu: comma-separated scenario names to run, or @SET (@devgate, @diagnose); "
+        "colocation: shapes and/or modes (e.g. bursty,hp-alone,qshare-1ms)",
     )
     parser.add_argument(
         "--merge",

@@ -9,7 +9,8 @@ Synthetic training loops (kernels of one size) are kept as extra rows; a host-bo
 ResNet-50) runs beside training at 100 ms and auto, three times interleaved. Every workload is a
 real process (see coloc_workers); kernels sleep on the simulated device. Figures come from
 the driver's device-time counters and events and from the workloads' own CLOCK_MONOTONIC
-timestamps.
+timestamps. `--only`, `--rounds` and `--seconds` run some scenarios, interleaved, with medians
+(coloc_select), which settles a bound of a few per cent where one run moves by more.
 """
 
 from __future__ import annotations
@@ -21,13 +22,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from qshare.bench import traces
 from qshare.bench.coloc_plots import plot_inflation, plot_timeline
 from qshare.bench.coloc_policies import run_policies, table_policies
+from qshare.bench.coloc_select import Selection, SelectionError
 from qshare.bench.coloc_stats import ms, percentile, release_latencies
 from qshare.bench.coloc_workers import (
     HpResult,
@@ -311,15 +313,25 @@ def _median_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return row
 
 
-def run_eager(directory: str, plan: Plan) -> list[dict[str, Any]]:
+def run_interleaved(
+    directory: str, shape: Shape, modes: list[Mode], seconds: float, rounds: int
+) -> list[dict[str, Any]]:
+    """The modes of one shape beside ResNet-50 training, interleaved `rounds` times: one row
+    per mode (with more than one round, the median row and its runs' spread)."""
+    runs: dict[str, list[dict[str, Any]]] = {m.name: [] for m in modes}
+    for _ in range(rounds):
+        for mode in modes:
+            runs[mode.name].append(run_scenario(directory, mode, shape, MAIN_LP, seconds))
+    return [_median_row(r) if rounds > 1 else r[0] for r in runs.values()]
+
+
+def run_eager(directory: str, plan: Plan, modes: list[Mode] | None = None) -> list[dict[str, Any]]:
     """The host-bound HP (eager ResNet-50) beside ResNet-50 training: HP alone, LP on a card
     of its own (what LP's host threads cost HP), qshare at 100 ms and auto; the modes
     interleaved, `plan.eager_rounds` times, one median row each."""
-    runs: dict[str, list[dict[str, Any]]] = {m.name: [] for m in EAGER_MODES}
-    for _ in range(plan.eager_rounds):
-        for mode in EAGER_MODES:
-            runs[mode.name].append(run_scenario(directory, mode, EAGER, MAIN_LP, plan.eager_s))
-    return [_median_row(r) for r in runs.values()]
+    chosen = list(EAGER_MODES) if modes is None else modes
+    rows = run_interleaved(directory, EAGER, chosen, plan.eager_s, plan.eager_rounds)
+    return rows if plan.eager_rounds > 1 else [_median_row([r]) for r in rows]
 
 
 def _add_inflation(rows: list[dict[str, Any]]) -> None:
@@ -335,24 +347,29 @@ def _add_inflation(rows: list[dict[str, Any]]) -> None:
 
 
 def _targets(rows: list[dict[str, Any]], lp: Lp) -> dict[str, Any]:
-    def row(mode: str, shape: str) -> dict[str, Any]:
+    def row(mode: str, shape: str) -> dict[str, Any] | None:
         return next(
-            r
-            for r in rows
-            if r["mode"] == mode and r["shape"] == shape and r["lp"] in (lp.name, None)
+            (
+                r
+                for r in rows
+                if r["mode"] == mode and r["shape"] == shape and r["lp"] in (lp.name, None)
+            ),
+            None,
         )
 
     out: dict[str, Any] = {}
     for shape in ("steady", "bursty"):
         alone, q100 = row("hp-alone", shape), row("qshare-100ms", shape)
+        if alone is None or q100 is None:  # a run of some scenarios (--only)
+            continue
         limit = alone["hp_p99_ms"] * 1.05 + lp.kernel_p99_ms
         out[f"{shape}_100ms_hp_p99_ms"] = q100["hp_p99_ms"]
         out[f"{shape}_100ms_hp_p99_limit_ms"] = limit
         out[f"{shape}_100ms_hp_p99_met"] = q100["hp_p99_ms"] <= limit
     for mode in ("qshare-100ms", "qshare-auto"):
-        h = row(mode, "bursty")["harvest"]
-        out[f"bursty_{mode}_harvest"] = h
-        out[f"bursty_{mode}_harvest_met"] = h >= 0.9
+        if (bursty := row(mode, "bursty")) is not None:
+            out[f"bursty_{mode}_harvest"] = bursty["harvest"]
+            out[f"bursty_{mode}_harvest_met"] = bursty["harvest"] >= 0.9
     return out | _eager_targets(rows)
 
 
@@ -391,35 +408,33 @@ def replot(saved: Path, out_dir: Path) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     if getattr(args, "replot", None) is not None:
         return replot(args.replot, args.out_dir)
-    plan = QUICK if args.quick else FULL
+    plan, selection, rounds = _plan(args)
     out_dir: Path = args.out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="qshare-coloc-") as d:
         for shape in (STEADY, BURSTY):
-            for mode in MODES:
-                rows.append(run_scenario(d, mode, shape, MAIN_LP, plan.seconds[shape.name]))
-        if plan.variant_s:
-            for lp in VARIANT_LPS:
-                for shape in (STEADY, BURSTY):
-                    for mode in (m for m in MODES if m.name in VARIANT_MODES):
-                        at = plan.timeline_at_s if shape is BURSTY and lp.processes > 1 else -1.0
-                        rows.append(run_scenario(d, mode, shape, lp, plan.variant_s, at))
-        else:
-            several = next(v for v in VARIANT_LPS if v.processes > 1)
-            for mode in (m for m in MODES if m.name in ("qshare-100ms", "qshare-auto")):
-                rows.append(run_scenario(d, mode, BURSTY, several, 1.2, plan.timeline_at_s))
-        rows += run_eager(d, plan)
-        policies = run_policies(d, plan.policy_s)
+            if selection.shape(shape.name):
+                modes = [m for m in MODES if selection.mode(m.name)]
+                rows += run_interleaved(d, shape, modes, plan.seconds[shape.name], rounds)
+        if selection.shape(EAGER.name):
+            rows += run_eager(d, plan, [m for m in EAGER_MODES if selection.mode(m.name)])
+        if selection.everything:
+            rows += _variants(d, plan)
+        policies = run_policies(d, plan.policy_s) if selection.everything else {}
     _add_inflation(rows)
     timelines = {r["mode"]: r.pop("timeline") for r in rows if "timeline" in r}
     figures = {
-        "timeline_png": str(plot_timeline(timelines, out_dir / "colocation-timeline.png")),
+        "timeline_png": str(plot_timeline(timelines, out_dir / "colocation-timeline.png"))
+        if timelines
+        else None,
         "inflation_png": str(plot_inflation(rows, out_dir / "colocation-inflation.png")),
     }
     return {
         "benchmark": "colocation",
         "quick": bool(args.quick),
+        "only": args.only,
+        "rounds": rounds,
         "hp": {
             "trace": HP_TRACE,
             "request_device_ms": sum(d for _, d in traces.request_timeline(HP_TRACE)) / 1e6,
@@ -437,6 +452,50 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "policies": policies,
         "figures": figures,
     }
+
+
+def _plan(args: argparse.Namespace) -> tuple[Plan, Selection, int]:
+    """The plan (full or quick) with `--seconds` and `--rounds` in its place, and what
+    `--only` selects; SystemExit naming the option for a value it cannot take."""
+    plan = QUICK if args.quick else FULL
+    names = [m.name for m in (*MODES, LP_OTHER_CARD)]
+    try:
+        selection = Selection.parse(args.only, (STEADY.name, BURSTY.name, EAGER.name), names)
+    except SelectionError as exc:
+        raise SystemExit(f"qshare bench colocation {exc}") from None
+    if args.rounds is not None and args.rounds < 1:
+        raise SystemExit(f"qshare bench colocation --rounds {args.rounds}: 1 or more")
+    if args.seconds is not None and not 0 < args.seconds <= 3600:
+        raise SystemExit(f"qshare bench colocation --seconds {args.seconds}: above 0, to 3600")
+    if args.seconds is not None:
+        plan = replace(plan, seconds=dict.fromkeys(plan.seconds, args.seconds),
+                       eager_s=args.seconds)  # fmt: skip
+    if args.rounds is not None:
+        plan = replace(plan, eager_rounds=args.rounds)
+    return plan, selection, args.rounds or 1
+
+
+def _variants(d: str, plan: Plan) -> list[dict[str, Any]]:
+    """The other LP workloads (GPT-2, synthetic loops) in the variant modes; a quick run has
+    only the three-process loop at 100 ms and auto, for its timeline."""
+    rows: list[dict[str, Any]] = []
+    if not plan.variant_s:
+        several = next(v for v in VARIANT_LPS if v.processes > 1)
+        for mode in (m for m in MODES if m.name in ("qshare-100ms", "qshare-auto")):
+            rows.append(run_scenario(d, mode, BURSTY, several, 1.2, plan.timeline_at_s))
+        return rows
+    for lp in VARIANT_LPS:
+        for shape in (STEADY, BURSTY):
+            for mode in (m for m in MODES if m.name in VARIANT_MODES):
+                at = plan.timeline_at_s if shape is BURSTY and lp.processes > 1 else -1.0
+                rows.append(run_scenario(d, mode, shape, lp, plan.variant_s, at))
+    return rows
+
+
+def _spread(row: dict[str, Any]) -> str:
+    """A median row's runs: how far its HP p99 moved from run to run."""
+    runs = row.get("hp_p99_ms_runs")
+    return f"  p99 of {len(runs)} runs {min(runs):.2f}..{max(runs):.2f}" if runs else ""
 
 
 def _fmt(v: Any, spec: str = ".2f") -> str:
@@ -463,6 +522,7 @@ def table(result: dict[str, Any]) -> str:
             f"{_fmt(r['utilization_released'], '.0%'):>5} {_fmt(r['release_p50_ms']):>6} "
             f"{_fmt(r['release_p99_ms']):>6}"
             + (f"  auto delay {r['auto_delay_ms']:.2f} ms" if "auto_delay_ms" in r else "")
+            + _spread(r)
         )
     lines.append(
         "targets: "
@@ -471,8 +531,9 @@ def table(result: dict[str, Any]) -> str:
             for k, v in result["targets"].items()
         )
     )
-    lines.append(table_policies(result["policies"]))
-    lines.append(f"timeline: {result['figures']['timeline_png']}")
+    if result["policies"]:
+        lines.append(table_policies(result["policies"]))
+    lines.append(f"timeline: {result['figures']['timeline_png'] or 'none (no scenario keeps one)'}")
     lines.append(f"inflation vs harvest: {result['figures']['inflation_png']}")
     return "\n".join(lines)
 
