@@ -20,7 +20,7 @@ from pydantic import (
     model_serializer,
 )
 
-from qshare.contracts.claims import MAX_MIB, Text
+from qshare.contracts.claims import MAX_MIB, GpuUuid, Text
 from qshare.contracts.domain import Priority
 from qshare.contracts.nodes import MAX_CARDS, NodeName
 from qshare.contracts.sharing import CardSharing, SharingRefusal, WantedSharing
@@ -30,7 +30,6 @@ LOCAL_ID_LIMIT = 0x80000000
 vGPUs prepared on the node itself (Kubernetes DRA, device plugin)."""
 
 LocalId = Annotated[StrictInt, Field(ge=1, lt=LOCAL_ID_LIMIT)]
-GpuUuid = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_-]+$")]
 
 
 class DesiredVgpu(BaseModel):

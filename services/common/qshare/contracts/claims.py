@@ -59,6 +59,8 @@ MemoryMiB = Annotated[
 
 Text = Annotated[StrictStr, Field(max_length=253, pattern=r"^[^\x00]*$")]
 """A short string Postgres can store (no NUL characters)."""
+GpuUuid = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_-]+$")]
+"""A card's UUID as NVML gives it (`GPU-…`), or a simulated card's."""
 MAX_LABELS = 32
 LabelKey = Annotated[StrictStr, Field(min_length=1, max_length=253, pattern=r"^[^\x00]*$")]
 LabelValue = Annotated[StrictStr, Field(max_length=63, pattern=r"^[^\x00]*$")]

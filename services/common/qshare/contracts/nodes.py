@@ -10,7 +10,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
-from qshare.contracts.claims import WHOLE, Labels, MemoryMiB, Text
+from qshare.contracts.claims import WHOLE, GpuUuid, Labels, MemoryMiB, Text
 from qshare.contracts.domain import NodeStatus
 from qshare.contracts.sharing import CardSharing, SharingSettings
 
@@ -38,7 +38,7 @@ class GpuSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    uuid: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_-]+$")]
+    uuid: GpuUuid
     index: Annotated[int, Field(ge=0, le=255), WHOLE]
     model: Annotated[Text, Field(min_length=1, max_length=128)]
     memory: MemoryMiB = Field(description="card memory: integer MiB or e.g. '80Gi'")
@@ -112,7 +112,7 @@ class RemoveCard(BaseModel):
     """Request on `qshare.allocator.gpus.delete`: forget one card of a node."""
 
     node: NodeName
-    uuid: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_-]+$")]
+    uuid: GpuUuid
 
 
 class RemovalReply(BaseModel):

@@ -4,15 +4,13 @@ and sends the node with its desired state, so that it outlives agent restarts.""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
-from qshare.contracts.claims import Text
+from qshare.contracts.claims import GpuUuid, Text
 from qshare.contracts.domain import CardPolicy
 from qshare.contracts.errors import InvalidInput
-
-CardUuid = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_-]+$")]
 
 
 class CardSharing(BaseModel):
@@ -99,7 +97,7 @@ class WantedSharing(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    gpu: CardUuid
+    gpu: GpuUuid
     settings: SharingSettings
 
 
@@ -114,5 +112,5 @@ class ChangeSharing(BaseModel):
     """Request on `qshare.allocator.gpus.sharing`: ask for a card's sharing (`change` on top
     of what was asked before), or with `change` null go back to its node agent's settings."""
 
-    uuid: CardUuid
+    uuid: GpuUuid
     change: SharingSettings | None

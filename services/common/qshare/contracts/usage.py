@@ -13,7 +13,8 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
-from qshare.contracts.agent import GpuUuid, LocalId
+from qshare.contracts.agent import LocalId
+from qshare.contracts.claims import GpuUuid
 from qshare.contracts.nodes import NodeName
 
 MAX_INTERVAL_NS = 3600 * 10**9
