@@ -62,9 +62,7 @@ class SharingSettings(BaseModel):
 
     @model_validator(mode="after")
     def _names_something(self) -> SharingSettings:
-        if not self.model_fields_set or all(
-            getattr(self, name) is None for name in self.model_fields_set
-        ):
+        if all(getattr(self, name) is None for name in SharingSettings.model_fields):
             raise ValueError("name at least one of " + ", ".join(SharingSettings.model_fields))
         return self
 
@@ -76,10 +74,10 @@ class SharingSettings(BaseModel):
             merged.pop("release_auto_bound_s", None)
         merged |= self.model_dump(exclude_none=True)
         result = SharingSettings.model_validate(merged)
-        result.check_release()
+        result._check_release()
         return result
 
-    def check_release(self) -> None:
+    def _check_release(self) -> None:
         if self.release_auto_bound_s is not None and self.release_mode != "auto":
             raise InvalidInput.on(
                 "release_auto_bound_s", "goes with release_mode auto (asked now or before)"
