@@ -68,10 +68,8 @@ def with_asked(settings: NodeAgentSettings, asked: SharingSettings | None) -> No
     update = asked.model_dump(exclude_none=True, exclude={"release_mode"})
     if asked.release_mode == "fixed":
         update["release_auto_bound_s"] = None
-    result = settings.model_copy(update=update)
-    if result.release_auto_bound_s is not None and result.release_delay_s == 0:
-        raise InvalidInput.on(
-            "release_delay_s",
-            "auto release needs a release delay above 0 (its longest); this node's is 0",
-        )
+    result = settings.model_copy(update=update)  # not validated: checked here
+    problem = result.auto_release_problem()
+    if problem is not None:
+        raise InvalidInput.on("release_delay_s", problem)
     return result

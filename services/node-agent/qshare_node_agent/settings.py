@@ -105,12 +105,19 @@ class NodeAgentSettings(BaseSettings, BusIdentity, HealthSettings, MetricsSettin
 
     @model_validator(mode="after")
     def _auto_has_room(self) -> NodeAgentSettings:
+        problem = self.auto_release_problem()
+        if problem is not None:
+            raise ValueError(problem)
+        return self
+
+    def auto_release_problem(self) -> str | None:
+        """Why auto release cannot run as set (no delay to choose up to), or None."""
         if self.release_auto_bound_s is not None and self.release_delay_s == 0:
-            raise ValueError(
+            return (
                 "release_auto_bound_s needs release_delay_s above 0: auto release chooses a "
                 "delay up to release_delay_s"
             )
-        return self
+        return None
 
     @model_validator(mode="after")
     def _vgpu_sockets_fit(self) -> NodeAgentSettings:
