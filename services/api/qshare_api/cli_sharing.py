@@ -10,6 +10,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from qshare.contracts.domain import CardPolicy
+from qshare.contracts.sharing import SharingSettings
 from qshare_api.cli import Shown, UsageError, WaitFailed, command, table
 from qshare_api.client import Client
 
@@ -126,7 +127,7 @@ def sharing_table(card: dict[str, Any]) -> str:
     now, asked = card.get("sharing") or {}, card.get("sharing_requested") or {}
     rows = [
         (name, _value(now.get(name)), _value(asked.get(name), unset="(node's setting)"))
-        for name in (*_OPTIONS, "lp_device_gate")
+        for name in SharingSettings.model_fields
     ]
     state = "refused: " + card["sharing_refused"] if card.get("sharing_refused") else (
         "pending" if card.get("sharing_pending") else "applied" if asked else "node's settings"
