@@ -317,12 +317,12 @@ def run_interleaved(
     directory: str, shape: Shape, modes: list[Mode], seconds: float, rounds: int
 ) -> list[dict[str, Any]]:
     """The modes of one shape beside ResNet-50 training, interleaved `rounds` times: one row
-    per mode (with more than one round, the median row and its runs' spread)."""
+    of medians per mode, with its runs' spread."""
     runs: dict[str, list[dict[str, Any]]] = {m.name: [] for m in modes}
     for _ in range(rounds):
         for mode in modes:
             runs[mode.name].append(run_scenario(directory, mode, shape, MAIN_LP, seconds))
-    return [_median_row(r) if rounds > 1 else r[0] for r in runs.values()]
+    return [_median_row(r) for r in runs.values()]
 
 
 def run_eager(directory: str, plan: Plan, modes: list[Mode] | None = None) -> list[dict[str, Any]]:
@@ -330,8 +330,7 @@ def run_eager(directory: str, plan: Plan, modes: list[Mode] | None = None) -> li
     of its own (what LP's host threads cost HP), qshare at 100 ms and auto; the modes
     interleaved, `plan.eager_rounds` times, one median row each."""
     chosen = list(EAGER_MODES) if modes is None else modes
-    rows = run_interleaved(directory, EAGER, chosen, plan.eager_s, plan.eager_rounds)
-    return rows if plan.eager_rounds > 1 else [_median_row([r]) for r in rows]
+    return run_interleaved(directory, EAGER, chosen, plan.eager_s, plan.eager_rounds)
 
 
 def _add_inflation(rows: list[dict[str, Any]]) -> None:
@@ -494,8 +493,8 @@ def _variants(d: str, plan: Plan) -> list[dict[str, Any]]:
 
 def _spread(row: dict[str, Any]) -> str:
     """A median row's runs: how far its HP p99 moved from run to run."""
-    runs = row.get("hp_p99_ms_runs")
-    return f"  p99 of {len(runs)} runs {min(runs):.2f}..{max(runs):.2f}" if runs else ""
+    runs = row.get("hp_p99_ms_runs") or []
+    return f"  p99 of {len(runs)} runs {min(runs):.2f}..{max(runs):.2f}" if len(runs) > 1 else ""
 
 
 def _fmt(v: Any, spec: str = ".2f") -> str:
