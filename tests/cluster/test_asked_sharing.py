@@ -63,7 +63,7 @@ async def test_only_the_card_asked_changes(api: httpx.AsyncClient, start_agent: 
     assert policy_of(agent, 1) == Policy.BEST_EFFORT
 
 
-async def test_the_answer_shows_the_request_pending_until_the_node_applies_it(
+async def test_the_answer_shows_the_request_at_once_and_the_card_once_its_node_applied_it(
     api: httpx.AsyncClient, start_agent: StartAgent
 ) -> None:
     agent = await start_agent()
