@@ -75,6 +75,17 @@ class NodeOwner:
     def stats(self, vgpu: int) -> dict[str, int]:
         return {k: int(v) for k, v in self.command(f"stats {vgpu}").items() if k != "cmd"}
 
+    def device_ns_once(self, vgpu: int, at_least: int, timeout: float = 10.0) -> int:
+        """The vGPU's device time once it has reached `at_least` (or at `timeout`): a process's
+        last units are ended, and their time charged, by its completion thread a little after
+        the work completes, so a test reads it while the process still lives."""
+        deadline = time.monotonic() + timeout
+        device_ns = self.stats(vgpu)["device_ns"]
+        while device_ns < at_least and time.monotonic() < deadline:
+            time.sleep(0.02)
+            device_ns = self.stats(vgpu)["device_ns"]
+        return device_ns
+
     def events(self, kind: int) -> list[dict[str, str]]:
         """Events of `kind` (qs_event_kind) printed so far."""
         self.stats(HP_VGPU)  # a round trip: events printed before it have been read

@@ -41,21 +41,19 @@ def test_deep_window_keeps_over_64_launches_in_flight_without_failing(
     assert node.stats(LP_VGPU)["launches"] == 300
 
 
-def test_deep_window_beside_the_tracked_stream_counts_every_launch_past_the_unit_ring(
-    node: NodeOwner,
-) -> None:
-    """The default stream takes the batched tracking; the probe's own stream then goes one
-    unit per launch: 3,000 kernels of 100 us under a 1 s window is more units than the
-    tracker's ring of 1,024 slots holds, and every call succeeds, every launch is counted and
-    its device time accounted."""
+def test_deep_window_past_the_unit_ring_counts_and_times_every_launch(node: NodeOwner) -> None:
+    """The per-thread default stream goes one unit per launch (the batched tracking takes
+    only streams it can fence): 3,000 kernels of 100 us under a 1 s window are more units
+    than the tracker's ring of 1,024 slots holds, and every call succeeds, every launch is
+    counted, and each unit's device time is measured by its own events: 300 ms in all."""
     assert node.command("window 0 1000000")["rc"] == "0"
-    commands = ["init", "launch default 1 50", "launch kernel 100 3000", "sync"]
-    run = run_probe(node, LP_VGPU, commands)
-    assert run.returncode == 0, run.stderr
-    assert run.rc("launch", 0) == 0 and run.rc("launch", 1) == 0 and run.rc("sync") == 0
-    stats = node.stats(LP_VGPU)
-    assert stats["launches"] == 3050
-    assert 250 * MS <= stats["device_ns"] <= 600 * MS
+    probe = Probe(node, LP_VGPU, style="runtime-per-thread")
+    replies = [probe.ask(c) for c in ("init", "launch default 100 3000", "sync")]
+    assert [int(r["rc"]) for r in replies] == [0, 0, 0]
+    device_ns = node.device_ns_once(LP_VGPU, 300 * MS)
+    assert 300 * MS <= device_ns <= 600 * MS
+    assert node.stats(LP_VGPU)["launches"] == 3000
+    probe.close()
 
 
 def test_narrow_window_keeps_submission_close_to_the_device(
@@ -80,7 +78,8 @@ def test_window_widens_while_no_high_priority_process_is_attached(node: NodeOwne
 
 
 def test_batched_device_time_is_accounted_from_batch_events(node: NodeOwner) -> None:
-    run = run_probe(node, LP_VGPU, ["init", "launch kernel 2000 100", "sync"])
-    assert run.rc("sync") == 0
-    device_ns = node.stats(LP_VGPU)["device_ns"]
+    probe = Probe(node, LP_VGPU)
+    assert [int(probe.ask(c)["rc"]) for c in ("init", "launch kernel 2000 100", "sync")] == [0] * 3
+    device_ns = node.device_ns_once(LP_VGPU, 180 * MS)
     assert 180 * MS <= device_ns <= 400 * MS  # 100 kernels of 2 ms, measured by batch
+    probe.close()

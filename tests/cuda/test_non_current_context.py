@@ -4,7 +4,7 @@ context): low priority's batch fences are made in the stream's own context."""
 
 from __future__ import annotations
 
-from .conftest import HP_VGPU, LP_VGPU, NodeOwner, run_probe
+from .conftest import HP_VGPU, LP_VGPU, NodeOwner, Probe, run_probe
 
 MS = 1_000_000
 
@@ -16,13 +16,13 @@ def test_low_priority_fences_a_stream_of_a_non_current_context_in_that_context(
     every fence is recorded (none refused for another context's event), so every launch is
     counted and its device time measured. Before, the stream's slot was bound to A and its
     fences made in A: each recording was refused, and the launches ended as they were."""
-    run = run_probe(node, LP_VGPU, ["init", "otherctx 1000 50"])
-    assert run.returncode == 0, run.stderr
-    assert run.rc("otherctx") == 0
-    assert int(run.reply("otherctx")["cross"]) == 0
-    stats = node.stats(LP_VGPU)
-    assert stats["launches"] == 50
-    assert 40 * MS <= stats["device_ns"] <= 150 * MS
+    probe = Probe(node, LP_VGPU)
+    assert probe.ask("init")["rc"] == "0"
+    reply = probe.ask("otherctx 1000 50")
+    assert reply["rc"] == "0" and int(reply["cross"]) == 0
+    assert 40 * MS <= node.device_ns_once(LP_VGPU, 40 * MS) <= 150 * MS
+    assert node.stats(LP_VGPU)["launches"] == 50
+    probe.close()
 
 
 def test_high_priority_fences_a_stream_of_a_non_current_context_in_that_context(
@@ -60,10 +60,11 @@ def test_low_priority_launches_past_the_batched_streams_are_timed_in_their_strea
     into a stream of a second, non-current context, one unit each: their timing events are made
     in that stream's context, recorded, and their device time measured. Before, they were made
     in the current context, every recording was refused, and the launches ended untimed."""
-    run = run_probe(node, LP_VGPU, ["init", "spread 100 16 16", "otherctx 1000 20"])
-    assert run.returncode == 0, run.stderr
-    assert run.rc("otherctx") == 0
-    assert int(run.reply("otherctx")["cross"]) == 0
-    stats = node.stats(LP_VGPU)
-    assert stats["launches"] == 36
-    assert stats["device_ns"] >= 15 * MS
+    probe = Probe(node, LP_VGPU)
+    assert probe.ask("init")["rc"] == "0"
+    assert probe.ask("spread 100 16 16")["rc"] == "0"
+    reply = probe.ask("otherctx 1000 20")
+    assert reply["rc"] == "0" and int(reply["cross"]) == 0
+    assert node.device_ns_once(LP_VGPU, 15 * MS) >= 15 * MS
+    assert node.stats(LP_VGPU)["launches"] == 36
+    probe.close()
