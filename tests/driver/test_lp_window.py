@@ -41,7 +41,7 @@ def test_window_on_an_unknown_card_is_refused_by_name(node: Node) -> None:
 
 def test_driver_refuses_a_window_below_one_microsecond(node: Node) -> None:
     with pytest.raises(InvalidArgumentError, match="LP window"):
-        check(lib.qs_card_set_lp_window(node._h, 0, 999))
+        check(node._call(lib.qs_card_set_lp_window, 0, 999))
 
 
 def test_launcher_applies_the_card_window_only_while_high_priority_is_attached(
@@ -74,7 +74,7 @@ def test_device_gate_on_an_unknown_card_is_refused_by_name(node: Node) -> None:
 
 def test_driver_refuses_a_device_gate_other_than_0_or_1(node: Node) -> None:
     with pytest.raises(InvalidArgumentError, match="device gate"):
-        check(lib.qs_card_set_lp_device_gate(node._h, 0, 2))
+        check(node._call(lib.qs_card_set_lp_device_gate, 0, 2))
 
 
 def test_a_client_reads_its_cards_device_gate(node: Node, shm_dir: str) -> None:

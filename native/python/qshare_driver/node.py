@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -13,6 +15,7 @@ from qshare_driver._lib import check, ffi, lib, text
 from qshare_driver.errors import DriverError, DriverTimeoutError
 
 DEFAULT_RELEASE_DELAY_S = 0.1
+EVENT_SLICE_S = 0.2  # longest single wait for an event (see Node.next_event)
 
 
 class Priority(enum.IntEnum):
@@ -127,6 +130,8 @@ class Node:
         self._handle = handle
         self.name = name
         self.directory = directory
+        self._idle = threading.Condition()  # guards _handle and _uses
+        self._uses = 0  # driver calls in progress: closing waits for them
 
     @classmethod
     def create(cls, name: str, directory: str | Path | None = None, replace: bool = False) -> Node:
@@ -142,23 +147,41 @@ class Node:
         check(lib.qs_node_adopt(name.encode(), _opt_dir(directory), out))
         return cls(out[0], name, directory)
 
-    @property
-    def _h(self) -> Any:
-        if self._handle is None:
-            raise DriverError(f"node segment {self.name!r} is closed")
-        return self._handle
+    def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """`fn(handle, *args)`, counted as in progress so that closing (from any thread) waits
+        for it instead of unmapping the segment under it; refused once the node is closed."""
+        with self._idle:
+            if self._handle is None:
+                raise DriverError(f"node segment {self.name!r} is closed")
+            handle = self._handle
+            self._uses += 1
+        try:
+            return fn(handle, *args)
+        finally:
+            with self._idle:
+                self._uses -= 1
+                if self._uses == 0:
+                    self._idle.notify_all()
+
+    def _retire(self) -> Any:
+        """Refuse new calls, wait for those in progress, and hand back the handle (None if it
+        was already closed)."""
+        with self._idle:
+            handle, self._handle = self._handle, None
+            self._idle.wait_for(lambda: self._uses == 0)
+        return handle
 
     def close(self) -> None:
-        if self._handle is not None:
-            lib.qs_node_close(self._handle)
-            self._handle = None
+        handle = self._retire()
+        if handle is not None:
+            lib.qs_node_close(handle)
 
     def leave(self) -> None:
         """Let go of the segment without removing it: vGPUs and attached processes stay until
         another owner adopts it (`Node.adopt`)."""
-        if self._handle is not None:
-            lib.qs_node_leave(self._handle)
-            self._handle = None
+        handle = self._retire()
+        if handle is not None:
+            lib.qs_node_leave(handle)
 
     def __enter__(self) -> Self:
         return self
@@ -181,46 +204,46 @@ class Node:
 
     def _list(self, fn: Any) -> list[int]:
         count = ffi.new("uint32_t *")
-        check(fn(self._h, ffi.NULL, 0, count))
+        check(self._call(fn, ffi.NULL, 0, count))
         cap = int(count[0])
         out = ffi.new("uint32_t[]", max(cap, 1))
-        check(fn(self._h, out, cap, count))
+        check(self._call(fn, out, cap, count))
         return [int(out[i]) for i in range(min(cap, int(count[0])))]
 
     def attach_dir(self, vgpu_id: int) -> Path:
         """The directory holding vGPU `vgpu_id`'s attach socket: mount it, at the same path,
         into that vGPU's container and nowhere else."""
         buf = ffi.new("char[]", 512)
-        check(lib.qs_vgpu_attach_dir(self._h, vgpu_id, buf, 512))
+        check(self._call(lib.qs_vgpu_attach_dir, vgpu_id, buf, 512))
         return Path(text(buf))
 
     def add_card(self, index: int, uuid: str, total_mem: int) -> None:
-        check(lib.qs_card_add(self._h, index, uuid.encode(), total_mem))
+        check(self._call(lib.qs_card_add, index, uuid.encode(), total_mem))
 
     def set_release_delay(self, card: int, seconds: float) -> None:
         if seconds < 0:
             raise ValueError(f"release delay must be >= 0 s, got {seconds}")
-        check(lib.qs_card_set_release_delay(self._h, card, round(seconds * 1e9)))
+        check(self._call(lib.qs_card_set_release_delay, card, round(seconds * 1e9)))
 
     def set_lp_window(self, card: int, seconds: float) -> None:
         """Bound low priority's work in flight on `card` to `seconds` of estimated device time
         per process (what high priority may wait behind when the gate closes); 1 µs .. 1 s."""
         if not 1e-6 <= seconds <= 1.0:
             raise ValueError(f"LP window must be within 1 us .. 1 s, got {seconds} s")
-        check(lib.qs_card_set_lp_window(self._h, card, round(seconds * 1e9)))
+        check(self._call(lib.qs_card_set_lp_window, card, round(seconds * 1e9)))
 
     def set_lp_device_gate(self, card: int, enabled: bool) -> None:
         """Turn the device gate on `card` on or off for processes that start launching from
         now on (the CUDA interposer reads it when it binds; QSHARE_LP_DEVICE_GATE overrides)."""
-        check(lib.qs_card_set_lp_device_gate(self._h, card, 1 if enabled else 0))
+        check(self._call(lib.qs_card_set_lp_device_gate, card, 1 if enabled else 0))
 
     def set_policy(self, card: int, policy: Policy | str) -> None:
         value = Policy.parse(policy) if isinstance(policy, str) else policy
-        check(lib.qs_card_set_policy(self._h, card, int(value)))
+        check(self._call(lib.qs_card_set_policy, card, int(value)))
 
     def card_stats(self, card: int) -> CardStats:
         out = ffi.new("qs_card_stats *")
-        check(lib.qs_card_stats_get(self._h, card, out))
+        check(self._call(lib.qs_card_stats_get, card, out))
         return CardStats(
             index=int(out.index),
             uuid=text(out.uuid),
@@ -239,7 +262,7 @@ class Node:
     def sleepers(self, card: int) -> dict[str, int]:
         """The card's sleeper counts without the owner's own thread: all 0 when nobody waits."""
         out = ffi.new("qs_card_sleepers *")
-        check(lib.qs_card_sleepers_get(self._h, card, out))
+        check(self._call(lib.qs_card_sleepers_get, card, out))
         return {
             "gate_sleepers": int(out.gate_sleepers),
             "policy_waiters": int(out.policy_waiters),
@@ -251,23 +274,23 @@ class Node:
     ) -> None:
         prio = Priority.parse(priority) if isinstance(priority, str) else priority
         spec = ffi.new("qs_vgpu_spec *", [vgpu_id, card, int(prio), core_share, mem_limit])
-        check(lib.qs_vgpu_create(self._h, spec))
+        check(self._call(lib.qs_vgpu_create, spec))
 
     def update_vgpu(self, vgpu_id: int, core_share: int, mem_limit: int) -> None:
-        check(lib.qs_vgpu_update(self._h, vgpu_id, core_share, mem_limit))
+        check(self._call(lib.qs_vgpu_update, vgpu_id, core_share, mem_limit))
 
     def destroy_vgpu(self, vgpu_id: int) -> None:
-        check(lib.qs_vgpu_destroy(self._h, vgpu_id))
+        check(self._call(lib.qs_vgpu_destroy, vgpu_id))
 
     def suspend(self, vgpu_id: int) -> None:
-        check(lib.qs_vgpu_suspend(self._h, vgpu_id))
+        check(self._call(lib.qs_vgpu_suspend, vgpu_id))
 
     def resume(self, vgpu_id: int) -> None:
-        check(lib.qs_vgpu_resume(self._h, vgpu_id))
+        check(self._call(lib.qs_vgpu_resume, vgpu_id))
 
     def vgpu_stats(self, vgpu_id: int) -> VgpuStats:
         out = ffi.new("qs_vgpu_stats *")
-        check(lib.qs_vgpu_stats_get(self._h, vgpu_id, out))
+        check(self._call(lib.qs_vgpu_stats_get, vgpu_id, out))
         return VgpuStats(
             id=int(out.id),
             card=int(out.card),
@@ -282,14 +305,20 @@ class Node:
         )
 
     def next_event(self, timeout: float | None = None) -> Event | None:
-        """The next event, waiting up to `timeout` seconds (None: forever); None on timeout."""
+        """The next event, waiting up to `timeout` seconds (None: forever); None on timeout.
+        The wait goes in slices of at most EVENT_SLICE_S, so that closing the node from another
+        thread waits for one slice at most; a wait under way when it closes raises DriverError."""
         out = ffi.new("qs_event *")
-        timeout_ms = -1 if timeout is None else max(0, round(timeout * 1000))
-        try:
-            check(lib.qs_node_next_event(self._h, out, timeout_ms))
-        except DriverTimeoutError:
-            return None
-        return _event(out)
+        deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
+        while True:
+            left = EVENT_SLICE_S if deadline is None else deadline - time.monotonic()
+            slice_ms = max(0, round(min(left, EVENT_SLICE_S) * 1000))
+            try:
+                check(self._call(lib.qs_node_next_event, out, slice_ms))
+                return _event(out)
+            except DriverTimeoutError:
+                if deadline is not None and time.monotonic() >= deadline:
+                    return None
 
     def events(self, timeout: float = 0.0) -> Iterator[Event]:
         """Events until none arrives within `timeout` seconds."""
@@ -298,7 +327,7 @@ class Node:
 
     @property
     def dropped_events(self) -> int:
-        return int(lib.qs_node_dropped_events(self._h))
+        return int(self._call(lib.qs_node_dropped_events))
 
     def set_release_auto(
         self, card: int, p99_bound_s: float, max_delay_s: float = DEFAULT_RELEASE_DELAY_S
@@ -311,19 +340,16 @@ class Node:
                 f"auto release needs a bound >= 0 s and a maximum delay > 0 s, "
                 f"got {p99_bound_s} and {max_delay_s}"
             )
-        check(
-            lib.qs_card_set_release_auto(
-                self._h, card, 1, round(p99_bound_s * 1e9), round(max_delay_s * 1e9)
-            )
-        )
+        bound_ns, max_ns = round(p99_bound_s * 1e9), round(max_delay_s * 1e9)
+        check(self._call(lib.qs_card_set_release_auto, card, 1, bound_ns, max_ns))
 
     def set_release_fixed(self, card: int) -> None:
         """Leave auto mode: the card's fixed release delay applies again."""
-        check(lib.qs_card_set_release_auto(self._h, card, 0, 0, 0))
+        check(self._call(lib.qs_card_set_release_auto, card, 0, 0, 0))
 
     def release_auto(self, card: int) -> ReleaseAuto:
         out = ffi.new("qs_release_auto_stats *")
-        check(lib.qs_card_release_auto_get(self._h, card, out))
+        check(self._call(lib.qs_card_release_auto_get, card, out))
         return ReleaseAuto(
             enabled=bool(out.enabled),
             delay_s=int(out.delay_ns) / 1e9,

@@ -131,7 +131,7 @@ class ResourcePlugin:
         seen = -1
         while context.is_active() and not self._stopping.is_set():
             version = self._next_version(seen)
-            if version == seen:
+            if version == seen or self._stopping.is_set():  # stopping bumps the version too
                 continue
             seen = version
             devices = self._devices(self._backend.cards())
