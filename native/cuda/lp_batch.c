@@ -6,7 +6,7 @@
  * time reached a quarter of the window) or, at the end of a burst, by the stream's completion
  * thread, which waits on the stream's fences in order, ends their launches (qs_launch_end),
  * accounts the device time between consecutive fences and keeps the estimate of device time
- * per launch. Every stream shares one window: a launch waits while the process's launches in
+ * per launch (the process's, for the window; each stream's own, for its untimed batches). Every stream shares one window: a launch waits while the process's launches in
  * flight, summed over its streams, are estimated at the card's window or more
  * (qs_client_lp_window_ns, re-read at every batch), so the device stays fed while high
  * priority, when the gate closes, waits at most for the window; with the device gate
@@ -64,6 +64,8 @@ typedef struct lp_stream {
     int ref_valid; /* completion thread only: q[head - 1] has completed (a launch into an idle
                     * pipeline records a marker, so the reference never spans an idle card) */
     uint64_t quiet_since; /* completion thread only: when it saw the stream's launches pause */
+    uint64_t est_ns; /* completion thread only: this stream's device ns per launch, 0 until
+                      * measured (an untimed batch is charged at it: streams differ) */
 } lp_stream;
 
 static struct {
@@ -152,9 +154,16 @@ static void end_launches(const qsc_session *s, lp_stream *st, uint64_t covered,
     if (atomic_load(&lp.done_waiters)) qs_futex_wake(&lp.done_seq, INT_MAX);
 }
 
+/* Fold `per` (device ns per launch, just measured) into the estimate at `est`. */
+static uint64_t folded(uint64_t est, uint64_t per) {
+    return est ? (3 * est + per) / 4 + 1 : per + 1;
+}
+
 /* The device time of the launches behind `f`: from the previous fence when it completed in
  * this burst (the device had them queued) and, with the device gate on, high priority did not
- * close the gate in between (the card then held them); else from the estimate. */
+ * close the gate in between (the card then held them); else from the stream's own estimate
+ * (the process's until the stream has one: another stream's kernels may be far longer or
+ * shorter). */
 static uint64_t batch_device_ns(const qsc_session *s, lp_stream *st, const fence *f,
                                 uint64_t launches) {
     float ms = 0.0f;
@@ -165,11 +174,11 @@ static uint64_t batch_device_ns(const qsc_session *s, lp_stream *st, const fence
         QSC_REAL(qsc_event_elapsed_fn, cuEventElapsedTime)(&ms, ref->ev, f->ev) == CUDA_SUCCESS &&
         ms >= 0.0f) {
         uint64_t ns = (uint64_t)((double)ms * 1e6), per = ns / launches;
-        uint64_t e = atomic_load(&lp.est_ns);
-        atomic_store(&lp.est_ns, e ? (3 * e + per) / 4 + 1 : per + 1);
+        atomic_store(&lp.est_ns, folded(atomic_load(&lp.est_ns), per));
+        st->est_ns = folded(st->est_ns, per);
         return ns;
     }
-    return launches * atomic_load(&lp.est_ns);
+    return launches * (st->est_ns ? st->est_ns : atomic_load(&lp.est_ns));
 }
 
 /* Wait for the oldest fence; one that died with its context stands for work the driver's
@@ -275,6 +284,7 @@ static void release_slot(lp_stream *st) {
     pthread_mutex_lock(&lp.bind_lock);
     st->ref_valid = 0;
     st->quiet_since = 0;
+    st->est_ns = 0;
     atomic_store(&st->claimed, 0);
     atomic_fetch_sub(&lp.claimed, 1);
     pthread_mutex_unlock(&lp.bind_lock);

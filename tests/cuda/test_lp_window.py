@@ -83,3 +83,20 @@ def test_batched_device_time_is_accounted_from_batch_events(node: NodeOwner) -> 
     device_ns = node.device_ns_once(LP_VGPU, 180 * MS)
     assert 180 * MS <= device_ns <= 400 * MS  # 100 kernels of 2 ms, measured by batch
     probe.close()
+
+
+def test_an_untimed_batch_is_charged_at_its_own_streams_estimate(node: NodeOwner) -> None:
+    """The probe's stream measures 100 us per launch. The default stream then runs 5,000
+    kernels of 1 us (the process's estimate falls to about 1 us per launch) and one of 40 ms;
+    while that one is in flight, the probe's stream, idle, takes 500 more launches of 100 us.
+    Their first batch cannot be timed (the card is busy with the other stream), so it is
+    charged at the probe stream's own estimate, not at the process's. Exact total: 145 ms."""
+    assert node.command("window 0 1000000")["rc"] == "0"
+    probe = Probe(node, LP_VGPU)
+    assert [int(probe.ask(c)["rc"]) for c in ("init", "launch kernel 100 500", "sync")] == [0] * 3
+    assert node.device_ns_once(LP_VGPU, 50 * MS) >= 50 * MS
+    steps = ("launch default 1 5000", "launch default 40000 1", "launch kernel 100 500", "sync")
+    assert [int(probe.ask(c)["rc"]) for c in steps] == [0] * 4
+    device_ns = node.device_ns_once(LP_VGPU, 145 * MS)
+    assert 135 * MS <= device_ns <= 165 * MS
+    probe.close()
