@@ -13,6 +13,7 @@ import httpx
 import pytest
 from nats.aio.client import Client as Nats
 
+from qshare.contracts.domain import AGENT_FEATURES_LABEL, APPLY_SHARING_FEATURE, agent_features
 from qshare_api.cli_sharing import duration
 from qshare_driver import Policy
 from qshare_node_agent.app import NodeAgent
@@ -227,3 +228,11 @@ def test_the_cli_reads_durations_with_their_unit(text: str, seconds: float) -> N
 def test_the_cli_refuses_a_duration_it_cannot_read() -> None:
     with pytest.raises(argparse.ArgumentTypeError, match="is not a duration"):
         duration("fast")
+
+
+async def test_an_agent_announces_that_it_takes_sharing_requests(start_agent: StartAgent) -> None:
+    """In its registration's labels, which its own labels setting cannot take away."""
+    agent = await start_agent(labels={AGENT_FEATURES_LABEL: "", "zone": "a"})
+    labels = agent.registration().labels
+    assert APPLY_SHARING_FEATURE in agent_features(labels)
+    assert labels["zone"] == "a"

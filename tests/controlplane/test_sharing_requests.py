@@ -14,19 +14,24 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from qshare.contracts import rpc, subjects
 from qshare.contracts.agent import ApplyDesired
+from qshare.contracts.domain import AGENT_FEATURES_LABEL
 from qshare.contracts.nodes import NodeRegistration, NodeView
 from qshare.contracts.schema import nodes
 from qshare.contracts.sharing import SharingSettings, WantedSharing
+from qshare_allocator.nodes.desired import desired_state
 from tests.controlplane.conftest import ADMIN_TOKEN, Register, auth, card
 
 ADMIN = auth(ADMIN_TOKEN)
 
 
-async def register_with_agent(nc: Client, name: str) -> str:
-    """A node as its agent registers it (with a driver segment); returns its first card."""
+async def register_with_agent(nc: Client, name: str, features: str | None = "apply-sharing") -> str:
+    """A node as its agent registers it (with a driver segment and the features it announces;
+    None: an agent of an earlier version, which announces none); returns its first card."""
+    labels = {} if features is None else {AGENT_FEATURES_LABEL: features}
     registration = NodeRegistration.model_validate(
-        {"name": name, "gpus": [card(f"{name}-g0", 0)], "segment": f"qshare-{name}"}
-    )
+        {"name": name, "gpus": [card(f"{name}-g0", 0)], "segment": f"qshare-{name}",
+         "labels": labels}
+    )  # fmt: skip
     await rpc.call(nc, subjects.NODES_REGISTER, "test", registration, NodeView)
     return f"{name}-g0"
 
@@ -174,6 +179,57 @@ async def test_withdrawing_a_request_clears_it(api: httpx.AsyncClient, nc: Clien
     await patch(api, gpu, policy="fixed-share")
     withdrawn = await api.delete(f"/v1/gpus/{gpu}/sharing", headers=ADMIN)
     assert (withdrawn.status_code, withdrawn.json()["sharing_requested"]) == (200, None)
+
+
+async def test_asking_of_a_card_whose_agent_is_of_an_earlier_version_is_a_conflict(
+    api: httpx.AsyncClient, nc: Client, engine: AsyncEngine
+) -> None:
+    """Its agent would refuse every apply that carried the request, claims included: the
+    request is refused instead, saying to upgrade the agent, and nothing is kept."""
+    gpu = await register_with_agent(nc, "s15", features=None)
+    before = await desired_generation(engine, "s15")
+    response = await patch(api, gpu, policy="fixed-share")
+    assert response.status_code == 409
+    assert "upgrade its node agent" in response.text
+    shown = (await api.get(f"/v1/gpus/{gpu}", headers=ADMIN)).json()
+    assert shown["sharing_requested"] is None
+    assert await desired_generation(engine, "s15") == before
+
+
+async def test_an_agent_announcing_other_features_only_cannot_take_a_request(
+    api: httpx.AsyncClient, nc: Client
+) -> None:
+    gpu = await register_with_agent(nc, "s16", features="something-else, other")
+    assert (await patch(api, gpu, policy="fixed-share")).status_code == 409
+
+
+async def test_withdrawing_from_a_card_of_an_earlier_agent_is_allowed(
+    api: httpx.AsyncClient, nc: Client
+) -> None:
+    gpu = await register_with_agent(nc, "s17")
+    await patch(api, gpu, policy="fixed-share")
+    await register_with_agent(nc, "s17", features=None)  # the agent was downgraded
+    withdrawn = await api.delete(f"/v1/gpus/{gpu}/sharing", headers=ADMIN)
+    assert (withdrawn.status_code, withdrawn.json()["sharing_requested"]) == (200, None)
+
+
+async def test_a_downgraded_agent_gets_applies_without_the_sharing_asked(
+    api: httpx.AsyncClient, nc: Client, engine: AsyncEngine
+) -> None:
+    """So it goes on taking claims; the request stays kept, and pending, until the agent
+    that can apply it is back."""
+    gpu = await register_with_agent(nc, "s18")
+    await patch(api, gpu, policy="fixed-share")
+    async with engine.connect() as conn:
+        upgraded = await desired_state(conn, "s18")
+    await register_with_agent(nc, "s18", features=None)
+    async with engine.connect() as conn:
+        downgraded = await desired_state(conn, "s18")
+    assert upgraded is not None and [w.gpu for w in upgraded.sharing] == [gpu]
+    assert downgraded is not None and downgraded.sharing == []
+    assert "sharing" not in downgraded.model_dump(mode="json")
+    shown = (await api.get(f"/v1/gpus/{gpu}", headers=ADMIN)).json()
+    assert shown["sharing_requested"]["policy"] == "fixed-share"
 
 
 async def test_getting_an_unknown_card_is_404(api: httpx.AsyncClient) -> None:

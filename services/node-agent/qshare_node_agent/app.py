@@ -18,7 +18,12 @@ from pydantic import BaseModel, ValidationError
 from qshare import bus, health
 from qshare.contracts import envelope, rpc, subjects
 from qshare.contracts.agent import AnnounceRequest, DesiredVgpu
-from qshare.contracts.domain import NODE_LABEL, POLICY_LABEL
+from qshare.contracts.domain import (
+    AGENT_FEATURES_LABEL,
+    APPLY_SHARING_FEATURE,
+    NODE_LABEL,
+    POLICY_LABEL,
+)
 from qshare.contracts.errors import InvalidInput, QshareError
 from qshare.contracts.nodes import GpuSpec, Heartbeat, NodeRegistration, NodeView
 from qshare.contracts.sharing import CardSharing
@@ -205,7 +210,7 @@ class NodeAgent(Service):
         own = {POLICY_LABEL: self.settings.policy.value, NODE_LABEL: self.name}
         if self.settings.kubernetes:
             own[HOSTNAME_LABEL] = self.name  # the scheduler extender places by it
-        return own | self.settings.labels
+        return own | self.settings.labels | {AGENT_FEATURES_LABEL: APPLY_SHARING_FEATURE}
 
     async def _register_then_beat(self) -> None:
         await self._register()

@@ -10,6 +10,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from qshare.contracts.agent import ApplyReply
 from qshare.contracts.card_rows import gpu_views
+from qshare.contracts.domain import APPLY_SHARING_FEATURE, agent_features
 from qshare.contracts.errors import Conflict, NotFound
 from qshare.contracts.nodes import GpuView
 from qshare.contracts.schema import gpus, nodes
@@ -19,7 +20,7 @@ from qshare.contracts.sharing import CardSharing, ChangeSharing, SharingSettings
 async def ask_sharing(conn: AsyncConnection, command: ChangeSharing) -> GpuView:
     """Record what is asked of the card (its node's row locked first, as placement does) and
     give the node a new desired generation; the caller commits, then dispatches the node."""
-    node = await _lock_node_of(conn, command.uuid)
+    node = await _lock_node_of(conn, command.uuid, asking=command.change is not None)
     before = (
         await conn.execute(
             select(gpus.c.sharing_requested).where(gpus.c.uuid == command.uuid).with_for_update()
@@ -48,10 +49,11 @@ async def ask_sharing(conn: AsyncConnection, command: ChangeSharing) -> GpuView:
     return (await gpu_views(conn, uuid=command.uuid))[0]
 
 
-async def _lock_node_of(conn: AsyncConnection, uuid: str) -> str:
-    """The card's node, its row locked; Conflict for a node no agent registered."""
+async def _lock_node_of(conn: AsyncConnection, uuid: str, asking: bool) -> str:
+    """The card's node, its row locked; Conflict for a node no agent registered and, when
+    `asking` (not withdrawing), for a node whose agent cannot take the request."""
     query = (
-        select(nodes.c.name, nodes.c.segment)
+        select(nodes.c.name, nodes.c.segment, nodes.c.labels)
         .join(gpus, gpus.c.node_name == nodes.c.name)
         .where(gpus.c.uuid == uuid)
         .with_for_update(of=nodes)
@@ -63,6 +65,11 @@ async def _lock_node_of(conn: AsyncConnection, uuid: str) -> str:
         raise Conflict(
             f"card {uuid}: node {row.name} has no node agent to share it (its inventory was "
             "made over REST)"
+        )
+    if asking and APPLY_SHARING_FEATURE not in agent_features(row.labels):
+        raise Conflict(
+            f"card {uuid}: node {row.name}'s agent is of an earlier version, which cannot "
+            "take sharing requests; upgrade its node agent first"
         )
     return str(row.name)
 

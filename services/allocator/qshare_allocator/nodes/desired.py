@@ -10,7 +10,12 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from qshare.contracts.agent import ApplyDesired, DesiredVgpu
-from qshare.contracts.domain import HOLDING_STATUSES, Priority
+from qshare.contracts.domain import (
+    APPLY_SHARING_FEATURE,
+    HOLDING_STATUSES,
+    Priority,
+    agent_features,
+)
 from qshare.contracts.errors import NotFound
 from qshare.contracts.schema import claims, gpus, nodes, vgpus
 from qshare.contracts.sharing import SharingSettings, WantedSharing
@@ -24,7 +29,13 @@ async def desired_state(conn: AsyncConnection, node: str) -> ApplyDesired | None
         claims, and_(claims.c.id == vgpus.c.claim_id, claims.c.status.in_(HOLDING_STATUSES))
     )
     query = (
-        select(nodes.c.desired_generation, nodes.c.segment, _asked().label("asked"), vgpus)
+        select(
+            nodes.c.desired_generation,
+            nodes.c.segment,
+            nodes.c.labels,
+            _asked().label("asked"),
+            vgpus,
+        )
         .select_from(nodes.outerjoin(held, vgpus.c.node_name == nodes.c.name))
         .where(nodes.c.name == node)
         .order_by(vgpus.c.local_id)
@@ -47,12 +58,21 @@ async def desired_state(conn: AsyncConnection, node: str) -> ApplyDesired | None
         for r in rows
         if r.local_id is not None
     ]
-    sharing = [
-        WantedSharing(gpu=gpu, settings=SharingSettings.model_validate(settings))
-        for gpu, settings in sorted((rows[0].asked or {}).items())
-    ]
+    sharing = _wanted_sharing(rows[0].asked or {}, agent_features(rows[0].labels))
     generation = int(rows[0].desired_generation)
     return ApplyDesired(node=node, generation=generation, vgpus=wanted, sharing=sharing)
+
+
+def _wanted_sharing(asked: dict[str, Any], features: frozenset[str]) -> list[WantedSharing]:
+    """What is asked of the node's cards, if its agent can take it: an agent of an earlier
+    version (one downgraded after the request) refuses any apply that carries it, so it gets
+    none, and the request stays pending until the agent is upgraded."""
+    if APPLY_SHARING_FEATURE not in features:
+        return []
+    return [
+        WantedSharing(gpu=gpu, settings=SharingSettings.model_validate(settings))
+        for gpu, settings in sorted(asked.items())
+    ]
 
 
 def _asked() -> ScalarSelect[Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import StrEnum
 
 
@@ -84,6 +85,19 @@ MAX_CORE_SHARE = 100
 POLICY_LABEL = "qshare.io/policy"
 NODE_LABEL = "qshare.io/node"
 """Every node agent labels its node with its name, so a claim can select one node."""
+AGENT_FEATURES_LABEL = "qshare.io/agent-features"
+"""What the node's agent can do beyond the first release's contract, comma-separated: a label,
+so that a control plane of an earlier version stores it like any other."""
+APPLY_SHARING_FEATURE = "apply-sharing"
+"""The agent takes the sharing admins ask of its cards inside `cmd.apply` (an earlier agent
+refuses an apply that carries it)."""
 PRIORITY_ANNOTATION = "qshare.io/priority"
 VCORE_RESOURCE = "qshare.io/vcore"
 VMEMORY_RESOURCE = "qshare.io/vmemory"
+
+
+def agent_features(labels: Mapping[str, str]) -> frozenset[str]:
+    """The features a node's agent announced in its labels (none for an earlier agent)."""
+    return frozenset(
+        f.strip() for f in labels.get(AGENT_FEATURES_LABEL, "").split(",") if f.strip()
+    )
