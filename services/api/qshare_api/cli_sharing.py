@@ -19,7 +19,6 @@ if TYPE_CHECKING:
 
 _UNITS = {"us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "": 1.0}
 _DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(us|µs|ms|s)?\s*$")
-_OPTIONS = ("policy", "release_mode", "release_delay_s", "release_auto_bound_s", "lp_window_s")
 POLL_S = 0.25
 
 
@@ -86,9 +85,10 @@ def _get(client: Client, args: argparse.Namespace) -> Shown:
 
 
 def _share(client: Client, args: argparse.Namespace) -> Shown:
-    body: dict[str, Any] = {k: getattr(args, k) for k in _OPTIONS if getattr(args, k) is not None}
-    if args.lp_device_gate is not None:
-        body["lp_device_gate"] = args.lp_device_gate == "on"
+    given = {k: getattr(args, k) for k in SharingSettings.model_fields}
+    body: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
+    if "lp_device_gate" in body:  # on|off on the command line
+        body["lp_device_gate"] = body["lp_device_gate"] == "on"
     if not body:
         raise UsageError("name at least one of --policy, --release-mode, --release-delay, "
                          "--release-auto-bound, --lp-window, --lp-device-gate")  # fmt: skip
