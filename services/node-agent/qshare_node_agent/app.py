@@ -41,7 +41,7 @@ from qshare_node_agent.discovery import Card, discover, unhealthy
 from qshare_node_agent.events import EventPump
 from qshare_node_agent.segment import existing_vgpus, open_segment
 from qshare_node_agent.settings import NodeAgentSettings
-from qshare_node_agent.sharing import card_sharing
+from qshare_node_agent.sharing import cards_sharing
 from qshare_node_agent.usage import UsageReader, report
 
 log = logging.getLogger(__name__)
@@ -271,7 +271,7 @@ class NodeAgent(Service):
         if self._node is None:
             return []
         try:
-            return [card_sharing(self._node, c.index, c.uuid) for c in self.cards]
+            return cards_sharing(self._node, self.cards)
         except Exception as error:
             log.warning("node agent %s: card sharing not read (%r)", self.name, error)
             return []

@@ -13,7 +13,7 @@ from qshare_driver import DriverError, Node
 from qshare_node_agent.discovery import Card
 from qshare_node_agent.segment import configure_card
 from qshare_node_agent.settings import NodeAgentSettings
-from qshare_node_agent.sharing import card_sharing
+from qshare_node_agent.sharing import cards_sharing
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ class SharingKeeper:
         return refused
 
     def report(self) -> list[CardSharing]:
-        return [card_sharing(self.node, c.index, gpu) for gpu, c in self.cards.items()]
+        return cards_sharing(self.node, self.cards.values())
 
     def _give(self, gpu: str, index: int, asked: SharingSettings | None) -> str | None:
         if asked == self.asked.get(gpu):

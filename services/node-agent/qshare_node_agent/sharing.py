@@ -3,9 +3,12 @@ API serves it with the card: policy, release mode and delay in force, LP window,
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from qshare.contracts.domain import CardPolicy
 from qshare.contracts.sharing import CardSharing
 from qshare_driver import Node
+from qshare_node_agent.discovery import Card
 
 
 def card_sharing(node: Node, index: int, gpu: str) -> CardSharing:
@@ -19,3 +22,8 @@ def card_sharing(node: Node, index: int, gpu: str) -> CardSharing:
         lp_window_s=stats.lp_window_s,
         lp_device_gate=stats.lp_device_gate,
     )
+
+
+def cards_sharing(node: Node, cards: Iterable[Card]) -> list[CardSharing]:
+    """`card_sharing` of each card (heartbeats, and the answer to an apply)."""
+    return [card_sharing(node, c.index, c.uuid) for c in cards]
