@@ -138,7 +138,7 @@ async def _preempt(stack: Stack, training: dict[str, Any], inference: dict[str, 
 async def _share(api: httpx.AsyncClient, out: Out, gpu: str) -> None:
     """Ask a card's sharing over REST and wait until its node agent has applied it."""
     asked = {"policy": "fixed-share", "lp_window_s": 0.0003}
-    await api.patch(f"/v1/gpus/{gpu}/sharing", json=asked)
+    (await api.patch(f"/v1/gpus/{gpu}/sharing", json=asked)).raise_for_status()
     out(f"an admin asks {gpu} for {asked} (PATCH /v1/gpus/{{uuid}}/sharing)")
     async with asyncio.timeout(30):
         while (card := (await api.get(f"/v1/gpus/{gpu}")).json())["sharing_pending"]:
