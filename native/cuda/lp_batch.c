@@ -6,8 +6,9 @@
  * time reached a quarter of the window) or, at the end of a burst, by the stream's completion
  * thread, which waits on the stream's fences in order, ends their launches (qs_launch_end),
  * accounts the device time between consecutive fences and keeps the estimate of device time
- * per launch (the process's, for the window; each stream's own, for its untimed batches). Every stream shares one window: a launch waits while the process's launches in
- * flight, summed over its streams, are estimated at the card's window or more
+ * per launch (the process's, for the window; each stream's own, for its untimed batches).
+ * Every stream shares one window: a launch waits while the process's launches in flight,
+ * summed over its streams, are estimated at the card's window or more
  * (qs_client_lp_window_ns, re-read at every batch), so the device stays fed while high
  * priority, when the gate closes, waits at most for the window; with the device gate
  * (lp_device_gate.c), every tracked stream waits on the device after each slice of its own
