@@ -189,6 +189,15 @@ async def test_the_cli_asks_a_cards_sharing_and_waits_until_the_node_applied_it(
     assert ": applied" in capsys.readouterr().out
 
 
+async def test_the_cli_turns_the_device_gate_on_with_on(
+    api_url: str, start_agent: StartAgent
+) -> None:
+    agent = await start_agent()
+    args = ("gpus", "share", agent.cards[0].uuid, "--lp-device-gate", "on", "--wait", "20s")
+    assert await qshare(api_url, *args) == 0
+    assert agent.node.card_stats(agent.cards[0].index).lp_device_gate is True
+
+
 async def test_the_cli_wait_ends_with_the_nodes_reason_when_it_refuses(
     api_url: str, start_agent: StartAgent, capsys: pytest.CaptureFixture[str]
 ) -> None:
