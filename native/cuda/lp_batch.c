@@ -5,16 +5,18 @@
  * own stream), recorded by the launch that closes the batch (its launches' estimated device
  * time reached a quarter of the window) or, at the end of a burst, by the stream's completion
  * thread, which waits on the stream's fences in order, ends their launches (qs_launch_end),
- * accounts the device time between consecutive fences and keeps the estimate of device time
- * per launch (the process's, for the window; each stream's own, for its untimed batches).
+ * accounts the device time between consecutive fences and keeps the estimates of device time
+ * per launch: the process's and each stream's own (what untimed batches are charged at), and
+ * each stream's hold (what high priority would wait behind per launch into it).
  * Every stream shares one window: a launch waits while the process's launches in flight,
- * summed over its streams, are estimated at the card's window or more
- * (qs_client_lp_window_ns, re-read at every batch), so the device stays fed while high
- * priority, when the gate closes, waits at most for the window; with the device gate
- * (lp_device_gate.c), every tracked stream waits on the device after each slice of its own
- * launches, so high priority waits for a slice instead and the window is the deep one.
- * A launch that neither blocks nor closes a batch makes no system call and takes no lock (the
- * first launch into a new stream binds it under a lock). Streams beyond LP_STREAMS use
+ * each counted at its stream's hold as of its launch and summed over the streams, come to the
+ * card's window or more (qs_client_lp_window_ns, re-read at every batch), so the device stays
+ * fed while high priority, when the gate closes, waits at most for the window; a stream of
+ * long kernels beside streams of short ones is held by its own kernels' length. With the
+ * device gate (lp_device_gate.c), every tracked stream waits on the device after each slice
+ * of its own launches, so high priority waits for a slice instead and the window is the deep
+ * one. A launch that neither blocks nor closes a batch makes no system call and takes no lock
+ * (the first launch into a new stream binds it under a lock). Streams beyond LP_STREAMS use
  * tracker.c's per-launch units, which count in the same window (qsc_lp_wait_window). */
 #include <limits.h>
 #include <pthread.h>
@@ -36,10 +38,12 @@
 
 typedef struct fence {
     CUevent ev;
-    uint64_t epoch;    /* qsc_ctx_epoch of the stream's context when `ev` was made */
-    uint64_t covered;  /* the stream's `launched` when recorded: every launch it completes */
-    uint64_t episodes; /* the card's HP episodes when recorded (qs_client_hp_episodes) */
-    int untimed; /* its batch began in an idle stream with no marker: not measured */
+    uint64_t epoch;      /* qsc_ctx_epoch of the stream's context when `ev` was made */
+    uint64_t covered;    /* the stream's `launched` when recorded: every launch it completes */
+    uint64_t covered_ns; /* the stream's `launched_ns` read after `covered`: what they held */
+    uint64_t episodes;   /* the card's HP episodes when recorded (qs_client_hp_episodes) */
+    int overlapped; /* its batch began in an idle stream while others had work in flight: its
+                     * time may include theirs, so it teaches the stream's hold only */
 } fence;
 
 /* One tracked stream. Free while `claimed` is 0; bound while `stream` names it; STREAM_GONE
@@ -57,7 +61,11 @@ typedef struct lp_stream {
     _Atomic uint32_t sleeping;              /* the completion thread waits for work */
     _Atomic uint32_t watching;              /* ... or for the end of a burst */
     _Atomic uint32_t work_seq;              /* futex: ... here */
-    _Atomic uint32_t unmarked; /* a launch into the idle stream recorded no marker */
+    _Atomic uint32_t overlapped; /* the open batch began while other streams had work */
+    _Atomic uint64_t hold_ns; /* device ns per launch that high priority would wait behind,
+                               * from every timed batch of this stream; 0 until measured */
+    _Atomic uint64_t launched_ns; /* the window's estimate of each launch counted, summed */
+    _Atomic uint64_t covered_ns;  /* `launched_ns` as of the newest fence */
     _Alignas(64) _Atomic uint64_t completed; /* launches ended */
     _Alignas(64) pthread_mutex_t lock; /* the fence queue: taken once per batch */
     fence q[FENCES];
@@ -66,7 +74,8 @@ typedef struct lp_stream {
                     * pipeline records a marker, so the reference never spans an idle card) */
     uint64_t quiet_since; /* completion thread only: when it saw the stream's launches pause */
     uint64_t est_ns; /* completion thread only: this stream's device ns per launch, 0 until
-                      * measured (an untimed batch is charged at it: streams differ) */
+                      * measured (an overlapped batch is charged at it: streams differ) */
+    uint64_t completed_ns; /* completion thread only: `launched_ns` of the launches ended */
 } lp_stream;
 
 static struct {
@@ -75,8 +84,10 @@ static struct {
     _Atomic uint32_t claimed;        /* slots claimed: at LP_STREAMS, new streams go per launch */
     _Atomic uint32_t no_thread; /* a completion thread could not start: new streams go per launch */
     qs_client *client; /* the process's, as of binding: used only within a launch's qsc_enter */
-    _Alignas(64) _Atomic uint64_t launched; /* every stream's, summed: the window's count */
+    _Alignas(64) _Atomic uint64_t launched; /* every stream's, summed */
+    _Atomic uint64_t launched_ns; /* every stream's estimates of its launches: the window's */
     _Alignas(64) _Atomic uint64_t completed;
+    _Atomic uint64_t completed_ns;
     _Atomic uint64_t est_ns;    /* device ns per launch, 0 until measured (every stream's) */
     _Atomic uint64_t window_ns; /* the window in force, re-read every batch */
     _Atomic uint32_t done_seq;  /* futex: launches waiting for the window */
@@ -104,6 +115,13 @@ static uint64_t estimate(uint64_t window) {
     return e ? e : window / EST_INITIAL_DIV + 1;
 }
 
+/* What a launch into `st` holds of the window: the stream's own hold once measured (streams of
+ * long kernels beside streams of short ones are held to their own), else the process's. */
+static uint64_t cost_in(lp_stream *st, uint64_t window) {
+    uint64_t hold = atomic_load_explicit(&st->hold_ns, memory_order_relaxed);
+    return hold ? hold : estimate(window);
+}
+
 static void wake_completion(lp_stream *st) {
     atomic_fetch_add(&st->work_seq, 1);
     qs_futex_wake(&st->work_seq, 1);
@@ -116,6 +134,7 @@ static void wake_completion(lp_stream *st) {
 static int push_fence_locked(lp_stream *st, int marker, qs_client *client,
                              int (*capturing)(CUstream)) {
     uint64_t n = atomic_load(&st->launched); /* read before recording: all of them precede it */
+    uint64_t n_ns = atomic_load(&st->launched_ns); /* after: each launch adds it before counting */
     CUstream stream = atomic_load(&st->stream);
     if ((n == atomic_load(&st->covered) && !marker) || st->tail - st->head + 1 >= FENCES ||
         stream == STREAM_GONE)
@@ -134,20 +153,31 @@ static int push_fence_locked(lp_stream *st, int marker, qs_client *client,
     qsc_record_end();
     if (unrecorded) return 0;
     f->covered = n;
+    f->covered_ns = n_ns;
     f->episodes = qs_client_hp_episodes(client);
-    f->untimed = (int)atomic_exchange(&st->unmarked, 0);
+    f->overlapped = (int)atomic_exchange(&st->overlapped, 0);
     atomic_store(&st->covered, n);
+    atomic_store(&st->covered_ns, n_ns);
     st->tail++;
     return 1;
 }
 
-/* End `st`'s launches up to `covered`, charging `device_ns` for them (`s` from qsc_enter: once
- * the process detached, there is nothing to end or charge), and wake window waiters. */
+/* Take the window's estimates of `st`'s launches up to `covered_ns` off the window. */
+static void end_window_ns(lp_stream *st, uint64_t covered_ns) {
+    if (covered_ns <= st->completed_ns) return;
+    atomic_fetch_add(&lp.completed_ns, covered_ns - st->completed_ns);
+    st->completed_ns = covered_ns;
+}
+
+/* End `st`'s launches up to `covered` (their estimates up to `covered_ns`), charging
+ * `device_ns` for them (`s` from qsc_enter: once the process detached, there is nothing to end
+ * or charge), and wake window waiters. */
 static void end_launches(const qsc_session *s, lp_stream *st, uint64_t covered,
-                         uint64_t device_ns) {
+                         uint64_t covered_ns, uint64_t device_ns) {
     uint64_t from = atomic_load(&st->completed);
     if (device_ns && s->client != NULL) qs_account_device_time(s->client, device_ns);
     for (uint64_t i = from; i < covered && s->client != NULL; i++) qs_launch_end(s->client);
+    end_window_ns(st, covered_ns);
     atomic_store(&st->completed, covered);
     atomic_fetch_add(&lp.completed, covered - from);
     qsc_stats_count(QSC_STAT_LP_BATCH_DONE, 1);
@@ -160,21 +190,31 @@ static uint64_t folded(uint64_t est, uint64_t per) {
     return est ? (3 * est + per) / 4 + 1 : per + 1;
 }
 
-/* The device time of the launches behind `f`: from the previous fence when it completed in
- * this burst (the device had them queued) and, with the device gate on, high priority did not
- * close the gate in between (the card then held them); else from the stream's own estimate
- * (the process's until the stream has one: another stream's kernels may be far longer or
- * shorter). */
-static uint64_t batch_device_ns(const qsc_session *s, lp_stream *st, const fence *f,
-                                uint64_t launches) {
+/* The device ns between the previous fence and `f` when it completed in this burst (the device
+ * had them queued) and, with the device gate on, high priority did not close the gate in
+ * between (the card then held them); 0 when they cannot be timed. */
+static uint64_t batch_elapsed_ns(const qsc_session *s, lp_stream *st, const fence *f) {
     float ms = 0.0f;
     const fence *ref = &st->q[(st->head - 1) % FENCES];
     int held = qsc_dgate_on() && qs_client_hp_episodes(s->client) != ref->episodes;
     int live = ref->epoch == f->epoch && f->epoch == qsc_ctx_epoch(atomic_load(&st->ctx));
-    if (st->ref_valid && !f->untimed && launches && !held && live &&
-        QSC_REAL(qsc_event_elapsed_fn, cuEventElapsedTime)(&ms, ref->ev, f->ev) == CUDA_SUCCESS &&
-        ms >= 0.0f) {
-        uint64_t ns = (uint64_t)((double)ms * 1e6), per = ns / launches;
+    if (!st->ref_valid || held || !live ||
+        QSC_REAL(qsc_event_elapsed_fn, cuEventElapsedTime)(&ms, ref->ev, f->ev) != CUDA_SUCCESS ||
+        ms < 0.0f)
+        return 0;
+    return (uint64_t)((double)ms * 1e6);
+}
+
+/* The device time of the launches behind `f`, timed (batch_elapsed_ns), which teaches the
+ * estimates; an overlapped batch's time, which may include other streams' work, teaches only
+ * the stream's hold (what high priority would wait behind) and is charged at the stream's own
+ * estimate (the process's until the stream has one: another stream's kernels may be far
+ * longer or shorter), as is an untimed one. */
+static uint64_t batch_device_ns(const qsc_session *s, lp_stream *st, const fence *f,
+                                uint64_t launches) {
+    uint64_t ns = launches ? batch_elapsed_ns(s, st, f) : 0, per = ns / (launches ? launches : 1);
+    if (ns) atomic_store(&st->hold_ns, folded(atomic_load(&st->hold_ns), per));
+    if (ns && !f->overlapped) {
         atomic_store(&lp.est_ns, folded(atomic_load(&lp.est_ns), per));
         st->est_ns = folded(st->est_ns, per);
         return ns;
@@ -193,7 +233,7 @@ static void complete_oldest(lp_stream *st, fence f) {
     if (s->client != NULL)
         atomic_store_explicit(&lp.window_ns, window_of(s), memory_order_relaxed);
     uint64_t device_ns = batch_device_ns(s, st, &f, f.covered - atomic_load(&st->completed));
-    end_launches(s, st, f.covered, device_ns);
+    end_launches(s, st, f.covered, f.covered_ns, device_ns);
     qsc_leave(s);
     pthread_mutex_lock(&st->lock);
     st->head++;
@@ -268,7 +308,7 @@ static void fence_tail(lp_stream *st, uint64_t n) {
     pthread_mutex_unlock(&st->lock);
     if (!pushed) { /* cannot fence them (a capture began, the stream died): end them as they are */
         atomic_store(&st->covered, n);
-        end_launches(s, st, n, 0);
+        end_launches(s, st, n, atomic_load(&st->launched_ns), 0);
     }
     qsc_leave(s);
 }
@@ -282,10 +322,12 @@ static void release_slot(lp_stream *st) {
         if (f->ev != NULL && f->epoch == epoch) QSC_REAL(qsc_event_fn, cuEventDestroy_v2)(f->ev);
         f->ev = NULL;
     }
+    end_window_ns(st, atomic_load(&st->launched_ns)); /* what the fences' reads left behind */
     pthread_mutex_lock(&lp.bind_lock);
     st->ref_valid = 0;
     st->quiet_since = 0;
     st->est_ns = 0;
+    atomic_store(&st->hold_ns, 0);
     atomic_store(&st->claimed, 0);
     atomic_fetch_sub(&lp.claimed, 1);
     pthread_mutex_unlock(&lp.bind_lock);
@@ -349,8 +391,11 @@ static lp_stream *free_slot(void) {
         atomic_store(&st->launched, 0);
         atomic_store(&st->covered, 0);
         atomic_store(&st->completed, 0);
-        atomic_store(&st->unmarked, 0);
+        atomic_store(&st->overlapped, 0);
         atomic_store(&st->gate_since, 0);
+        atomic_store(&st->launched_ns, 0);
+        atomic_store(&st->covered_ns, 0);
+        st->completed_ns = 0;
         st->head = st->tail = 1;
         pthread_mutex_unlock(&st->lock);
         return st;
@@ -439,7 +484,9 @@ int qsc_lp_wait_window(uint64_t window_ns, uint64_t units) {
      * the total read after `done` is then never behind it. Kept safe anyway: never below 0. */
     uint64_t done = atomic_load(&lp.completed), launched = atomic_load(&lp.launched);
     uint64_t inflight = launched > done ? launched - done : 0;
-    if (qs_lp_window_admits((inflight + units) * estimate(window_ns), window_ns)) return 1;
+    uint64_t done_ns = atomic_load(&lp.completed_ns), all_ns = atomic_load(&lp.launched_ns);
+    uint64_t queued = (all_ns > done_ns ? all_ns - done_ns : 0) + units * estimate(window_ns);
+    if (qs_lp_window_admits(queued, window_ns)) return 1;
     if (inflight == 0) return 0;
     atomic_fetch_add(&lp.done_waiters, 1);
     end_bursts();
@@ -450,17 +497,21 @@ int qsc_lp_wait_window(uint64_t window_ns, uint64_t units) {
 
 void qsc_lp_counted(CUstream stream, uint64_t window_ns) {
     lp_stream *st = launching;
+    uint64_t cost = cost_in(st, window_ns);
+    atomic_fetch_add(&lp.launched_ns, cost); /* estimates before counts: see push_fence_locked */
+    uint64_t open_ns = atomic_fetch_add(&st->launched_ns, cost) + cost;
     atomic_fetch_add(&lp.launched, 1); /* before the stream's: see qsc_lp_wait_window */
     uint64_t n = atomic_fetch_add(&st->launched, 1) + 1;
     if (qsc_dgate_on()) /* every tracked stream waits on the device, counted by its own; into
                          * the launch's stream (the slot's may be marked gone meanwhile) */
-        qsc_dgate_after(stream, &st->gate_since, n, estimate(window_ns));
+        qsc_dgate_after(stream, &st->gate_since, n, cost);
     if (atomic_load(&st->sleeping)) {
         wake_completion(st);
         return;
     }
     uint64_t open = n - atomic_load_explicit(&st->covered, memory_order_relaxed);
-    if (open < BATCH_MAX && open * estimate(window_ns) < window_ns / BATCH_DIV) return;
+    open_ns -= atomic_load_explicit(&st->covered_ns, memory_order_relaxed);
+    if (open < BATCH_MAX && open_ns < window_ns / BATCH_DIV) return;
     if (pthread_mutex_trylock(&st->lock) != 0) return; /* another launch is closing one */
     int pushed = push_fence_locked(st, 0, lp.client, qsc_stream_capturing); /* in its qsc_enter */
     pthread_mutex_unlock(&st->lock);
@@ -470,20 +521,18 @@ void qsc_lp_counted(CUstream stream, uint64_t window_ns) {
 }
 
 /* A launch into an idle stream marks where its batch starts, so that the batch is timed from
- * there; while other streams have work in flight, it only marks the batch untimed (the
- * process's estimate comes from batches queued behind one another). */
+ * there. While other streams have work in flight, the batch is marked overlapped: its time
+ * teaches only the stream's hold (the estimates come from batches queued behind one another),
+ * so that a stream of long kernels beside busy streams of short ones is still held to its own. */
 void qsc_lp_opening(const qsc_session *s) {
     lp_stream *st = launching;
     uint64_t done = atomic_load(&st->completed);
     if (atomic_load(&st->launched) != done) return;
-    if (atomic_load(&lp.launched) != atomic_load(&lp.completed)) {
-        if (!atomic_load_explicit(&st->unmarked, memory_order_relaxed))
-            atomic_store(&st->unmarked, 1);
-        return;
-    }
-    atomic_store_explicit(&lp.window_ns, window_of(s), memory_order_relaxed);
+    int others = atomic_load(&lp.launched) != atomic_load(&lp.completed);
+    if (!others) atomic_store_explicit(&lp.window_ns, window_of(s), memory_order_relaxed);
     pthread_mutex_lock(&st->lock);
     int pushed = st->head == st->tail && push_fence_locked(st, 1, s->client, qsc_stream_capturing);
+    if (others) atomic_store(&st->overlapped, 1); /* after the marker: the batch's fence takes it */
     pthread_mutex_unlock(&st->lock);
     if (pushed) qsc_stats_count(QSC_STAT_LP_FENCE_MARKER, 1);
 }

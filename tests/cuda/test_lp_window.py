@@ -100,3 +100,23 @@ def test_an_untimed_batch_is_charged_at_its_own_streams_estimate(node: NodeOwner
     device_ns = node.device_ns_once(LP_VGPU, 145 * MS)
     assert 135 * MS <= device_ns <= 165 * MS
     probe.close()
+
+
+def test_a_stream_of_long_kernels_is_held_to_the_window_beside_a_stream_of_short_ones(
+    node: NodeOwner, hp_probe: Probe
+) -> None:
+    """A process whose one stream runs bursts of 500 kernels of 10 us and whose other runs 20
+    of 5 ms between them, with a 2 ms window and high priority attached. The short stream's
+    batches teach a per-launch estimate of about 10 us; the long stream must still be held to
+    about one kernel in flight (what high priority would wait behind), not 20 at 10 us each.
+    After a first round, where the long stream is not yet measured, the most kernel time
+    queued at once stays under the window plus two long kernels."""
+    assert node.command("window 0 2000")["rc"] == "0"
+    probe = Probe(node, LP_VGPU)
+    first_round = ("init", "phases 10 500 5000 20 1", "sync")
+    assert [int(probe.ask(c)["rc"]) for c in first_round] == [0, 0, 0]
+    probe.ask("queued")
+    assert int(probe.ask("phases 10 500 5000 20 3")["rc"]) == 0
+    assert int(probe.ask("sync")["rc"]) == 0
+    assert int(probe.ask("queued")["max_ns"]) <= 12 * MS
+    probe.close()

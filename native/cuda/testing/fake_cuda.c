@@ -155,6 +155,13 @@ EXPORT unsigned long qshare_fake_queued_max_ns(void) {
     return (unsigned long)atomic_load(&queued_max_ns);
 }
 
+/* Test hook: the most kernel time queued at once since the last call (or the start); what is
+ * queued now starts the next count. */
+EXPORT unsigned long qshare_fake_queued_max_take(void) {
+    uint64_t max = atomic_exchange(&queued_max_ns, atomic_load(&queued_ns));
+    return (unsigned long)max;
+}
+
 /* A stream memory wait: the device polls the word, as a real card's front end does, every
  * WAIT_POLL_NS. The stream reached it at its clock (run_op set it); only a wait that found
  * the word otherwise moves the clock, to when it saw the value (a device thread that woke

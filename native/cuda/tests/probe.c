@@ -220,6 +220,25 @@ static void cmd_alternate(probe *p, const char *line) {
            (unsigned long long)now_ns());
 }
 
+/* `cycles` rounds of `na` kernels of `us_a` µs into the probe's stream, then `nb` of `us_b`
+ * µs into a second stream: a process whose streams run kernels of very different lengths. */
+static void cmd_phases(probe *p, const char *line) {
+    unsigned long us_a = 0, na = 0, us_b = 0, nb = 0, cycles = 0;
+    CUresult rc = sscanf(line, "%*s %lu %lu %lu %lu %lu", &us_a, &na, &us_b, &nb, &cycles) == 5
+                      ? CUDA_SUCCESS
+                      : CUDA_ERROR_INVALID_VALUE;
+    CUfunction fa = kernel_of(p, us_a), fb = kernel_of(p, us_b);
+    uint64_t first = now_ns();
+    for (unsigned long c = 0; c < cycles && rc == CUDA_SUCCESS; c++) {
+        for (unsigned long i = 0; i < na && rc == CUDA_SUCCESS; i++)
+            rc = launch_one(p, "kernel", fa);
+        for (unsigned long i = 0; i < nb && rc == CUDA_SUCCESS; i++)
+            rc = launch_one(p, "second", fb);
+    }
+    printf("phases rc=%d start=%llu t=%llu\n", rc, (unsigned long long)first,
+           (unsigned long long)now_ns());
+}
+
 /* Wait for the probe's stream and every extra one. */
 static void cmd_sync(probe *p) {
     CUresult rc = p->d->cuStreamSynchronize(p->stream);
@@ -309,6 +328,11 @@ static long fake_count(const char *hook) {
     typedef unsigned long (*count_fn)(void);
     count_fn count = (count_fn)dlsym(RTLD_DEFAULT, hook);
     return count == NULL ? -1L : (long)count();
+}
+
+/* The most kernel time the fake driver had queued at once since the last `queued`. */
+static void cmd_queued(void) {
+    printf("queued max_ns=%ld\n", fake_count("qshare_fake_queued_max_take"));
 }
 
 /* How many events the fake driver has recorded. */
@@ -584,6 +608,8 @@ static void run(probe *p, char *line) {
     else if (strcmp(cmd, "sync") == 0) cmd_sync(p);
     else if (strcmp(cmd, "spread") == 0) cmd_spread(p, strtoul(arg1, NULL, 10), n1, n2);
     else if (strcmp(cmd, "alternate") == 0) cmd_alternate(p, line);
+    else if (strcmp(cmd, "phases") == 0) cmd_phases(p, line);
+    else if (strcmp(cmd, "queued") == 0) cmd_queued();
     else if (strcmp(cmd, "now") == 0) printf("now t=%llu\n", (unsigned long long)now_ns());
     else if (strcmp(cmd, "bench") == 0) cmd_bench(p, strtoul(arg1, NULL, 10));
     else if (strcmp(cmd, "spin") == 0) cmd_spin(p, strtoul(arg1, NULL, 10), word3);
