@@ -6,13 +6,13 @@
  * time reached a quarter of the window) or, at the end of a burst, by the stream's completion
  * thread, which waits on the stream's fences in order, ends their launches (qs_launch_end),
  * accounts the device time between consecutive fences and keeps the estimates of device time
- * per launch: the process's and each stream's own (what untimed batches are charged at), and
- * each stream's hold (what high priority would wait behind per launch into it).
- * Every stream shares one window: a launch waits while the process's launches in flight,
- * each counted at its stream's hold as of its launch and summed over the streams, come to the
- * card's window or more (qs_client_lp_window_ns, re-read at every batch), so the device stays
- * fed while high priority, when the gate closes, waits at most for the window; a stream of
- * long kernels beside streams of short ones is held by its own kernels' length. With the
+ * per launch: the process's and each stream's own (what its batches are charged at when they
+ * cannot be timed alone), and each stream's hold (what high priority waits behind per launch).
+ * Every stream shares one window: a launch waits while the process's launches in flight, each
+ * stream's counted at its hold and summed, come to the card's window or more
+ * (qs_client_lp_window_ns, re-read at every batch), so the device stays fed while high
+ * priority, when the gate closes, waits at most for the window; a stream of long kernels
+ * beside streams of short ones is held by its own kernels' length. With the
  * device gate (lp_device_gate.c), every tracked stream waits on the device after each slice
  * of its own launches, so high priority waits for a slice instead and the window is the deep
  * one. A launch that neither blocks nor closes a batch makes no system call and takes no lock
@@ -40,7 +40,6 @@ typedef struct fence {
     CUevent ev;
     uint64_t epoch;      /* qsc_ctx_epoch of the stream's context when `ev` was made */
     uint64_t covered;    /* the stream's `launched` when recorded: every launch it completes */
-    uint64_t covered_ns; /* the stream's `launched_ns` read after `covered`: what they held */
     uint64_t episodes;   /* the card's HP episodes when recorded (qs_client_hp_episodes) */
     int overlapped; /* its batch began in an idle stream while others had work in flight: its
                      * time may include theirs, so it teaches the stream's hold only */
@@ -64,8 +63,7 @@ typedef struct lp_stream {
     _Atomic uint32_t overlapped; /* the open batch began while other streams had work */
     _Atomic uint64_t hold_ns; /* device ns per launch that high priority would wait behind,
                                * from every timed batch of this stream; 0 until measured */
-    _Atomic uint64_t launched_ns; /* the window's estimate of each launch counted, summed */
-    _Atomic uint64_t covered_ns;  /* `launched_ns` as of the newest fence */
+
     _Alignas(64) _Atomic uint64_t completed; /* launches ended */
     _Alignas(64) pthread_mutex_t lock; /* the fence queue: taken once per batch */
     fence q[FENCES];
@@ -75,7 +73,6 @@ typedef struct lp_stream {
     uint64_t quiet_since; /* completion thread only: when it saw the stream's launches pause */
     uint64_t est_ns; /* completion thread only: this stream's device ns per launch, 0 until
                       * measured (an overlapped batch is charged at it: streams differ) */
-    uint64_t completed_ns; /* completion thread only: `launched_ns` of the launches ended */
 } lp_stream;
 
 static struct {
@@ -84,10 +81,9 @@ static struct {
     _Atomic uint32_t claimed;        /* slots claimed: at LP_STREAMS, new streams go per launch */
     _Atomic uint32_t no_thread; /* a completion thread could not start: new streams go per launch */
     qs_client *client; /* the process's, as of binding: used only within a launch's qsc_enter */
+    _Atomic uint32_t bound;          /* bit i: streams[i] is claimed (under bind_lock) */
     _Alignas(64) _Atomic uint64_t launched; /* every stream's, summed */
-    _Atomic uint64_t launched_ns; /* every stream's estimates of its launches: the window's */
     _Alignas(64) _Atomic uint64_t completed;
-    _Atomic uint64_t completed_ns;
     _Atomic uint64_t est_ns;    /* device ns per launch, 0 until measured (every stream's) */
     _Atomic uint64_t window_ns; /* the window in force, re-read every batch */
     _Atomic uint32_t done_seq;  /* futex: launches waiting for the window */
@@ -134,7 +130,6 @@ static void wake_completion(lp_stream *st) {
 static int push_fence_locked(lp_stream *st, int marker, qs_client *client,
                              int (*capturing)(CUstream)) {
     uint64_t n = atomic_load(&st->launched); /* read before recording: all of them precede it */
-    uint64_t n_ns = atomic_load(&st->launched_ns); /* after: each launch adds it before counting */
     CUstream stream = atomic_load(&st->stream);
     if ((n == atomic_load(&st->covered) && !marker) || st->tail - st->head + 1 >= FENCES ||
         stream == STREAM_GONE)
@@ -153,31 +148,20 @@ static int push_fence_locked(lp_stream *st, int marker, qs_client *client,
     qsc_record_end();
     if (unrecorded) return 0;
     f->covered = n;
-    f->covered_ns = n_ns;
     f->episodes = qs_client_hp_episodes(client);
     f->overlapped = (int)atomic_exchange(&st->overlapped, 0);
     atomic_store(&st->covered, n);
-    atomic_store(&st->covered_ns, n_ns);
     st->tail++;
     return 1;
 }
 
-/* Take the window's estimates of `st`'s launches up to `covered_ns` off the window. */
-static void end_window_ns(lp_stream *st, uint64_t covered_ns) {
-    if (covered_ns <= st->completed_ns) return;
-    atomic_fetch_add(&lp.completed_ns, covered_ns - st->completed_ns);
-    st->completed_ns = covered_ns;
-}
-
-/* End `st`'s launches up to `covered` (their estimates up to `covered_ns`), charging
- * `device_ns` for them (`s` from qsc_enter: once the process detached, there is nothing to end
- * or charge), and wake window waiters. */
+/* End `st`'s launches up to `covered`, charging `device_ns` for them (`s` from qsc_enter: once
+ * the process detached, there is nothing to end or charge), and wake window waiters. */
 static void end_launches(const qsc_session *s, lp_stream *st, uint64_t covered,
-                         uint64_t covered_ns, uint64_t device_ns) {
+                         uint64_t device_ns) {
     uint64_t from = atomic_load(&st->completed);
     if (device_ns && s->client != NULL) qs_account_device_time(s->client, device_ns);
     for (uint64_t i = from; i < covered && s->client != NULL; i++) qs_launch_end(s->client);
-    end_window_ns(st, covered_ns);
     atomic_store(&st->completed, covered);
     atomic_fetch_add(&lp.completed, covered - from);
     qsc_stats_count(QSC_STAT_LP_BATCH_DONE, 1);
@@ -233,7 +217,7 @@ static void complete_oldest(lp_stream *st, fence f) {
     if (s->client != NULL)
         atomic_store_explicit(&lp.window_ns, window_of(s), memory_order_relaxed);
     uint64_t device_ns = batch_device_ns(s, st, &f, f.covered - atomic_load(&st->completed));
-    end_launches(s, st, f.covered, f.covered_ns, device_ns);
+    end_launches(s, st, f.covered, device_ns);
     qsc_leave(s);
     pthread_mutex_lock(&st->lock);
     st->head++;
@@ -308,7 +292,7 @@ static void fence_tail(lp_stream *st, uint64_t n) {
     pthread_mutex_unlock(&st->lock);
     if (!pushed) { /* cannot fence them (a capture began, the stream died): end them as they are */
         atomic_store(&st->covered, n);
-        end_launches(s, st, n, atomic_load(&st->launched_ns), 0);
+        end_launches(s, st, n, 0);
     }
     qsc_leave(s);
 }
@@ -322,13 +306,13 @@ static void release_slot(lp_stream *st) {
         if (f->ev != NULL && f->epoch == epoch) QSC_REAL(qsc_event_fn, cuEventDestroy_v2)(f->ev);
         f->ev = NULL;
     }
-    end_window_ns(st, atomic_load(&st->launched_ns)); /* what the fences' reads left behind */
     pthread_mutex_lock(&lp.bind_lock);
     st->ref_valid = 0;
     st->quiet_since = 0;
     st->est_ns = 0;
     atomic_store(&st->hold_ns, 0);
     atomic_store(&st->claimed, 0);
+    atomic_fetch_and(&lp.bound, ~(1u << (st - lp.streams)));
     atomic_fetch_sub(&lp.claimed, 1);
     pthread_mutex_unlock(&lp.bind_lock);
 }
@@ -393,9 +377,6 @@ static lp_stream *free_slot(void) {
         atomic_store(&st->completed, 0);
         atomic_store(&st->overlapped, 0);
         atomic_store(&st->gate_since, 0);
-        atomic_store(&st->launched_ns, 0);
-        atomic_store(&st->covered_ns, 0);
-        st->completed_ns = 0;
         st->head = st->tail = 1;
         pthread_mutex_unlock(&st->lock);
         return st;
@@ -420,6 +401,7 @@ static lp_stream *claim(const qsc_session *s, CUstream stream, CUcontext ctx) {
         atomic_store(&st->thread_started, 1);
     }
     atomic_store(&st->claimed, 1);
+    atomic_fetch_or(&lp.bound, 1u << (st - lp.streams));
     atomic_fetch_add(&lp.claimed, 1);
     if (lp.client == NULL) { /* the first stream bound: before any launch can find it */
         lp.client = s->client;
@@ -478,14 +460,26 @@ static void end_bursts(void) {
         if (atomic_load(&lp.streams[i].watching)) wake_completion(&lp.streams[i]);
 }
 
+/* The batched launches in flight, each stream's at its hold as of now (a hold just learned
+ * reprices what is already queued). `completed` is read first: a stream's `launched` is then
+ * never behind it, but for a slot being reset for a new stream. */
+static uint64_t batched_in_flight_ns(uint64_t window_ns) {
+    uint64_t ns = 0;
+    for (uint32_t bound = atomic_load(&lp.bound); bound != 0; bound &= bound - 1) {
+        lp_stream *st = &lp.streams[__builtin_ctz(bound)];
+        uint64_t done = atomic_load(&st->completed), launched = atomic_load(&st->launched);
+        if (launched > done) ns += (launched - done) * cost_in(st, window_ns);
+    }
+    return ns;
+}
+
 int qsc_lp_wait_window(uint64_t window_ns, uint64_t units) {
     uint32_t seq = atomic_load(&lp.done_seq);
     /* A launch's thread counts it in the total first, then in its stream, whose fences end it;
      * the total read after `done` is then never behind it. Kept safe anyway: never below 0. */
     uint64_t done = atomic_load(&lp.completed), launched = atomic_load(&lp.launched);
     uint64_t inflight = launched > done ? launched - done : 0;
-    uint64_t done_ns = atomic_load(&lp.completed_ns), all_ns = atomic_load(&lp.launched_ns);
-    uint64_t queued = (all_ns > done_ns ? all_ns - done_ns : 0) + units * estimate(window_ns);
+    uint64_t queued = batched_in_flight_ns(window_ns) + units * estimate(window_ns);
     if (qs_lp_window_admits(queued, window_ns)) return 1;
     if (inflight == 0) return 0;
     atomic_fetch_add(&lp.done_waiters, 1);
@@ -498,8 +492,6 @@ int qsc_lp_wait_window(uint64_t window_ns, uint64_t units) {
 void qsc_lp_counted(CUstream stream, uint64_t window_ns) {
     lp_stream *st = launching;
     uint64_t cost = cost_in(st, window_ns);
-    atomic_fetch_add(&lp.launched_ns, cost); /* estimates before counts: see push_fence_locked */
-    uint64_t open_ns = atomic_fetch_add(&st->launched_ns, cost) + cost;
     atomic_fetch_add(&lp.launched, 1); /* before the stream's: see qsc_lp_wait_window */
     uint64_t n = atomic_fetch_add(&st->launched, 1) + 1;
     if (qsc_dgate_on()) /* every tracked stream waits on the device, counted by its own; into
@@ -510,8 +502,7 @@ void qsc_lp_counted(CUstream stream, uint64_t window_ns) {
         return;
     }
     uint64_t open = n - atomic_load_explicit(&st->covered, memory_order_relaxed);
-    open_ns -= atomic_load_explicit(&st->covered_ns, memory_order_relaxed);
-    if (open < BATCH_MAX && open_ns < window_ns / BATCH_DIV) return;
+    if (open < BATCH_MAX && open * cost < window_ns / BATCH_DIV) return;
     if (pthread_mutex_trylock(&st->lock) != 0) return; /* another launch is closing one */
     int pushed = push_fence_locked(st, 0, lp.client, qsc_stream_capturing); /* in its qsc_enter */
     pthread_mutex_unlock(&st->lock);

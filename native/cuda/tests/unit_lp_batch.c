@@ -92,18 +92,15 @@ static int test_the_window_bounds_the_launches_in_flight_summed_over_streams(voi
     qsc_lp_forked(); /* a fresh state */
     static const uint64_t window = 1000;
     atomic_store(&lp.est_ns, 100);
-    for (unsigned i = 0; i < 2; i++) {
-        atomic_store(&lp.streams[i].launched, 6);
-        atomic_store(&lp.streams[i].launched_ns, 600);
-    }
+    for (unsigned i = 0; i < 2; i++) atomic_store(&lp.streams[i].launched, 6);
+    atomic_store(&lp.bound, 3u);
     atomic_store(&lp.launched, 12);
-    atomic_store(&lp.launched_ns, 1200);
     pthread_t waiter;
     EXPECT(pthread_create(&waiter, NULL, run_wait_window, (void *)&window) == 0);
     struct timespec pause = {0, 100000000L};
     nanosleep(&pause, NULL);
     EXPECT(pthread_tryjoin_np(waiter, NULL) == EBUSY);
-    end_launches(&no_session, &lp.streams[1], 6, 600, 0);
+    end_launches(&no_session, &lp.streams[1], 6, 0);
     EXPECT(pthread_join(waiter, NULL) == 0);
     return 0;
 }
@@ -118,10 +115,9 @@ static int test_a_launch_ended_before_the_total_counts_it_does_not_hold_the_wind
     static const uint64_t window = 1000;
     atomic_store(&lp.est_ns, 100);
     atomic_store(&lp.streams[0].launched, 5);
-    atomic_store(&lp.streams[0].launched_ns, 500);
+    atomic_store(&lp.bound, 1u);
     atomic_store(&lp.launched, 4);
-    atomic_store(&lp.launched_ns, 400);
-    end_launches(&no_session, &lp.streams[0], 5, 500, 0);
+    end_launches(&no_session, &lp.streams[0], 5, 0);
     pthread_t waiter;
     EXPECT(pthread_create(&waiter, NULL, run_wait_window, (void *)&window) == 0);
     struct timespec deadline;
@@ -133,7 +129,7 @@ static int test_a_launch_ended_before_the_total_counts_it_does_not_hold_the_wind
 
 /* A stream whose launches were measured at 2,000 ns each, in a process whose estimate is
  * 100 ns (its other streams run short kernels), under a 1,000 ns window: one launch counted
- * into it holds the window at its own stream's hold, so the next launch waits until it ends.
+ * into it holds the window at its stream's hold, so the next launch waits until it ends.
  * Before, it was counted at the process's estimate, and 10 such launches went in at once. */
 static int test_a_launch_holds_the_window_at_its_own_streams_hold(void) {
     qsc_lp_forked();
@@ -141,6 +137,7 @@ static int test_a_launch_holds_the_window_at_its_own_streams_hold(void) {
     atomic_store(&lp.est_ns, 100);
     lp_stream *st = &lp.streams[1];
     atomic_store(&st->hold_ns, 2000);
+    atomic_store(&lp.bound, 2u); /* claimed */
     atomic_store(&st->sleeping, 1); /* its completion thread takes the batch from here */
     launching = st;
     qsc_lp_counted((CUstream)(uintptr_t)0x3000, window);
@@ -149,7 +146,7 @@ static int test_a_launch_holds_the_window_at_its_own_streams_hold(void) {
     struct timespec pause = {0, 100000000L};
     nanosleep(&pause, NULL);
     EXPECT(pthread_tryjoin_np(waiter, NULL) == EBUSY);
-    end_launches(&no_session, st, 1, 2000, 0);
+    end_launches(&no_session, st, 1, 0);
     EXPECT(pthread_join(waiter, NULL) == 0);
     return 0;
 }
