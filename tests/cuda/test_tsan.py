@@ -1,10 +1,10 @@
 """The interposer under ThreadSanitizer: the direct-call probe linked to a build of it with
 -fsanitize=thread (`make -C native/cuda tsan`), run through the paths where its threads meet:
-launches into many streams (batched and one unit per launch), from threads that exit, streams and
-contexts destroyed under their completion threads, a context destroyed while another thread
-launches into a second context (completion threads of both contexts and the destroy's wait
-for its drain racing), a capture begun beside them, high and low priority. A data race
-reported is a failure."""
+launches into many streams (batched and one unit per launch; a stream of short kernels beside
+one of long ones), from threads that exit, streams and contexts destroyed under their
+completion threads, a context destroyed while another thread launches into a second context
+(completion threads of both contexts and the destroy's wait for its drain racing), a capture
+begun beside them, high and low priority. A data race reported is a failure."""
 
 from __future__ import annotations
 
@@ -20,7 +20,13 @@ from .conftest import HP_VGPU, LP_VGPU, NodeOwner, Probe, parse_reply
 TSAN_PROBE = ASAN_TOOLS.parent / "cuda-tests-tsan" / "probe-direct"
 TSAN_EXIT = 66
 
-STREAMS = ["init", "spread 100 200 18", "alternate 100 200 0 17", "threads 4 kernel"]
+STREAMS = [
+    "init",
+    "spread 100 200 18",
+    "alternate 100 200 0 17",
+    "threads 4 kernel",
+    "phases 10 200 2000 5 3",
+]
 DESTROYS = ["destroystream extra", "spread 100 100 4", "ctx2 100 20", "destroystream probe"]
 CONTEXT_RACE = ["ctxrace 200 30", "otherctx 100 20", "ctxrace 100 40"]
 CAPTURE = ["launch kernel 1000 5", "capture begin", "sleep 5", "capture end"]
