@@ -35,8 +35,8 @@ from qshare_node_agent.metrics import CHECKPOINTS_SET_ASIDE
 
 log = logging.getLogger(__name__)
 
-FIRST_LOCAL_ID = 0x80000000
-LAST_LOCAL_ID = 0xFFFFFFFE
+FIRST_LOCAL_ID = checkpoint.FIRST_LOCAL_ID
+LAST_LOCAL_ID = checkpoint.LAST_LOCAL_ID
 CONTAINER_LIBRARY = "/usr/lib/qshare/libqshare-cuda.so"
 CONTROL_DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 
