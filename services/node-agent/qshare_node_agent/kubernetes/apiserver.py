@@ -78,7 +78,11 @@ class KubeApi:
             conn.close()
             self._local.conn = None
 
-    def request(self, method: str, path: str, body: Any = None, patch: bool = False) -> Any:
+    def request(
+        self, method: str, path: str, body: Any = None, patch: bool = False
+    ) -> dict[str, Any]:
+        """The answer's JSON object; an error status, a failed exchange, or a body that is
+        no JSON object (every path called here answers one) raises `ApiError`."""
         data = None if body is None else json.dumps(body).encode()
         headers = dict(self._headers)
         if data is not None:
@@ -96,7 +100,7 @@ class KubeApi:
                     raise ApiError(0, f"{method} {path} failed: {exc}") from None
         if resp.status >= 400:
             raise ApiError(resp.status, _message(raw))
-        return json.loads(raw) if raw else None
+        return _object(method, path, raw)
 
     def resource_claim(self, namespace: str, name: str) -> dict[str, Any]:
         result: dict[str, Any] = self.request(
@@ -220,6 +224,16 @@ def _checked(event: Any) -> dict[str, Any]:
         status = event["object"]
         raise ApiError(int(status.get("code") or 0), str(status.get("message", "watch error")))
     return event
+
+
+def _object(method: str, path: str, raw: bytes) -> dict[str, Any]:
+    try:
+        answer = json.loads(raw)
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict):
+        raise ApiError(0, f"{method} {path} answered {raw[:100]!r}, which is not a JSON object")
+    return answer
 
 
 def _message(raw: bytes) -> str:
