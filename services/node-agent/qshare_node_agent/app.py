@@ -31,7 +31,7 @@ from qshare.contracts.tracing import flush_tracing, handling, setup_tracing
 from qshare.metrics_http import MetricsServer, serve_metrics
 from qshare.natsauth import ServiceRole
 from qshare.service import Service, cancelled
-from qshare_driver import Event, EventKind, Node
+from qshare_driver import Event, EventKind, Node, NotFoundError
 from qshare_node_agent import metrics
 from qshare_node_agent.announce import Announcer
 from qshare_node_agent.asked_sharing import SharingKeeper
@@ -330,11 +330,15 @@ class NodeAgent(Service):
                                     [([self.name], self._node)])  # fmt: skip
 
     def _vgpu_families(self, node: Node, held: dict[int, DesiredVgpu]) -> Iterator[Metric]:
-        """Per vGPU, labelled with its claim, card and priority (dashboards join on claim)."""
-        rows = [
-            ([self.name, str(i), str(v.claim_id), v.gpu, v.priority], node.vgpu_stats(i))
-            for i, v in list(held.items())
-        ]
+        """Per vGPU, labelled with its claim, card and priority (dashboards join on claim);
+        one an apply destroyed since `held` was read is left out of this scrape."""
+        rows = []
+        for i, v in list(held.items()):
+            try:
+                stats = node.vgpu_stats(i)
+            except NotFoundError:
+                continue
+            rows.append(([self.name, str(i), str(v.claim_id), v.gpu, v.priority], stats))
         return metrics.families(metrics.VGPU_FIGURES, metrics.VGPU_LABELS, rows)
 
     def _card_families(self, node: Node) -> Iterator[Metric]:
