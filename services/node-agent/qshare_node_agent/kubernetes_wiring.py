@@ -18,6 +18,7 @@ from qshare_node_agent.kubernetes.backend import BackendError, CardInfo, CardWat
 from qshare_node_agent.kubernetes.config import KubernetesSettings
 from qshare_node_agent.kubernetes.local_vgpus import LocalVgpus
 from qshare_node_agent.kubernetes.plugins import KubernetesPlugins
+from qshare_node_agent.segment import UNKNOWN
 
 log = logging.getLogger(__name__)
 ALLOCATOR_KEY = "allocator/"
@@ -71,9 +72,10 @@ class AgentBackend:
         return found
 
     def _applied(self, key: str, wanted: str) -> LocalVgpu | None:
-        """The allocator's vGPU `wanted` as the agent applied it, if it has."""
+        """The allocator's vGPU `wanted` as the agent applied it, if it has; an adopted one
+        that no apply has named yet (its id the nil UUID) is nobody's."""
         for local_id, vgpu in list(self._converger.held.items()):
-            if str(vgpu.id) == wanted:
+            if str(vgpu.id) == wanted and vgpu.id != UNKNOWN:
                 index = self._converger.cards[vgpu.gpu].index
                 return self._local.describe(key, local_id, index, vgpu.priority, vgpu.vcore,
                                             vgpu.vmemory_mib)  # fmt: skip
