@@ -144,3 +144,15 @@ def test_a_checkpoint_naming_one_vgpu_for_two_keys_is_moved_aside(backend: Local
     assert backend.restore() == []
     assert len(asides(backend.checkpoint)) == 1
     assert backend.prepared() == {}
+
+
+def test_a_rebuild_skips_a_vgpu_no_prepare_could_have_made(backend: LocalVgpus) -> None:
+    """A local vGPU of under 1 MiB (made by something other than a prepare) that a spec
+    names is dropped by the rebuild, which goes on for the others."""
+    backend._node.create_vgpu(FIRST_LOCAL_ID, 0, "low", 10, 4096)
+    backend._node.create_vgpu(FIRST_LOCAL_ID + 1, 0, "low", 10, 2048 << 20)
+    backend.checkpoint.write_bytes(b"not json")
+    recorded = {FIRST_LOCAL_ID: "dra/u1/recovered/a", FIRST_LOCAL_ID + 1: "dra/u2/recovered/b"}
+    assert backend.restore(lambda: recorded) == []
+    assert list(backend.prepared()) == ["dra/u2/recovered/b"]
+    assert backend._node.list_vgpus() == [FIRST_LOCAL_ID + 1]

@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from qshare.contracts.domain import MAX_CORE_SHARE, Priority
 from qshare.launcher import find_library
 from qshare_driver import layout
@@ -250,25 +252,29 @@ class LocalVgpus:
 
     def _rebuilt(self, recorded: dict[int, str]) -> list[checkpoint.Entry]:
         """Entries for the local vGPUs the segment holds and a CDI spec names."""
-        entries = []
-        for vgpu_id, key in recorded.items():
-            if not FIRST_LOCAL_ID <= vgpu_id <= LAST_LOCAL_ID:
-                continue
-            try:
-                stats = self._node.vgpu_stats(vgpu_id)
-            except NotFoundError:
-                continue
-            entries.append(
-                checkpoint.Entry(
-                    key=key,
-                    vgpu_id=vgpu_id,
-                    card_index=stats.card,
-                    priority=Priority(stats.priority.name.lower()),
-                    core_share=stats.core_share,
-                    memory_mib=stats.mem_limit // MIB,
-                )
+        entries = (self._rebuilt_entry(vgpu_id, key) for vgpu_id, key in recorded.items())
+        return [e for e in entries if e is not None]
+
+    def _rebuilt_entry(self, vgpu_id: int, key: str) -> checkpoint.Entry | None:
+        """None when the segment has no such local vGPU, or one no prepare could make."""
+        if not FIRST_LOCAL_ID <= vgpu_id <= LAST_LOCAL_ID:
+            return None
+        try:
+            stats = self._node.vgpu_stats(vgpu_id)
+            return checkpoint.Entry(
+                key=key,
+                vgpu_id=vgpu_id,
+                card_index=stats.card,
+                priority=Priority(stats.priority.name.lower()),
+                core_share=stats.core_share,
+                memory_mib=stats.mem_limit // MIB,
             )
-        return entries
+        except NotFoundError:
+            return None
+        except ValidationError as exc:
+            log.warning("vGPU %d (%s) is not one a prepare makes; dropped: %s", vgpu_id, key,
+                        exc.errors()[0]["msg"])  # fmt: skip
+            return None
 
     def _drop_unsaved(self) -> None:
         kept = {v.vgpu_id for v in self._vgpus.values()}
