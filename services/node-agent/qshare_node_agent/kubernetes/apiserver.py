@@ -47,7 +47,7 @@ class KubeApi:
         if token_file is not None and token_file.is_file():
             self._headers["Authorization"] = f"Bearer {token_file.read_text().strip()}"
         self._local = threading.local()
-        self._all: list[http.client.HTTPConnection] = []
+        self._all: set[http.client.HTTPConnection] = set()
         self._lock = threading.Lock()
 
     def close(self) -> None:
@@ -69,14 +69,17 @@ class KubeApi:
             conn = self._connect(self._timeout)
             self._local.conn = conn
             with self._lock:
-                self._all.append(conn)
+                self._all.add(conn)
         return conn
 
     def _drop(self) -> None:
+        """Close this thread's connection and forget it (the next request opens another)."""
         conn = getattr(self._local, "conn", None)
         if conn is not None:
             conn.close()
             self._local.conn = None
+            with self._lock:
+                self._all.discard(conn)  # gone already if `close()` came first
 
     def request(
         self, method: str, path: str, body: Any = None, patch: bool = False
