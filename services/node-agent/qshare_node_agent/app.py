@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -44,6 +44,9 @@ from qshare_node_agent.settings import NodeAgentSettings
 from qshare_node_agent.sharing import cards_sharing
 from qshare_node_agent.usage import UsageReader, report
 
+if TYPE_CHECKING:
+    from qshare_node_agent.kubernetes_wiring import AgentPlugins
+
 log = logging.getLogger(__name__)
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 BACKOFF_MAX_S = 10.0
@@ -65,7 +68,7 @@ class NodeAgent(Service):
         self.announcer: Announcer | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._registering: asyncio.Task[None] | None = None
-        self._plugins: Any = None
+        self._plugins: AgentPlugins | None = None
         self.registered = asyncio.Event()
         self.reregistrations = 0
         """Registrations made again because the allocator asked (`cmd.register`)."""
@@ -259,12 +262,24 @@ class NodeAgent(Service):
 
     async def _beat(self) -> None:
         assert self._nc is not None
-        beat = Heartbeat(unhealthy=await self._unhealthy(), sharing=self._sharing())
+        unhealthy = await self._unhealthy()
+        self._publish_cards(unhealthy)
+        beat = Heartbeat(unhealthy=unhealthy, sharing=self._sharing())
         body = envelope.wrap(self.source, "io.qshare.node.heartbeat", beat)
         try:
             await self._nc.publish(subjects.heartbeat(self.name), envelope.encode(body))
         except Exception as error:
             log.warning("node agent %s: heartbeat not sent (%s)", self.name, error)
+
+    def _publish_cards(self, unhealthy: list[str]) -> None:
+        """Tell the kubelet plugins the cards' health and policy as of this heartbeat."""
+        if self._plugins is None:
+            return
+        try:
+            self._plugins.cards_seen(unhealthy)
+        except Exception as error:  # the heartbeat goes on
+            log.warning("node agent %s: cards not published to Kubernetes (%r)", self.name,
+                        error)  # fmt: skip
 
     def _sharing(self) -> list[CardSharing]:
         """How each card is shared; none when the driver cannot say (the beat still goes)."""

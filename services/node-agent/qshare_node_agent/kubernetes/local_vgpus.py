@@ -12,7 +12,7 @@ import itertools
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import replace
 from pathlib import Path
 
@@ -75,6 +75,7 @@ class LocalVgpus:
         self._vgpus: dict[str, LocalVgpu] = {}
         self._entries: dict[str, str] = {}  # the checkpoint's, serialised once each
         self._watchers: list[CardWatcher] = []
+        self._told: list[CardInfo] | None = None  # what the watchers were last told
         self.segment_dir = layout.segment_dir(Path(node.directory) if node.directory else None)
         self.checkpoint = checkpoint.checkpoint_path(self.segment_dir, node.name)
 
@@ -96,6 +97,16 @@ class LocalVgpus:
             self._health[index] = healthy
             self._notify()
 
+    def observe(self, unhealthy: Collection[str]) -> None:
+        """Take the cards' health as the agent reads it (`unhealthy`: card UUIDs) and tell
+        the watchers when a card's health or policy (which commands and applies change in
+        the driver directly) differs from what they were last told."""
+        for index, card in self._cards.items():
+            self._health[index] = card.uuid not in unhealthy
+        cards = self.cards()
+        if cards != self._told:
+            self._tell(cards)
+
     def set_policy(self, index: int, policy: Policy | str) -> None:
         self._known(index)
         self._node.set_policy(index, policy)
@@ -106,7 +117,10 @@ class LocalVgpus:
         return lambda: self._watchers.remove(watcher)
 
     def _notify(self) -> None:
-        cards = self.cards()
+        self._tell(self.cards())
+
+    def _tell(self, cards: list[CardInfo]) -> None:
+        self._told = cards
         for watcher in list(self._watchers):
             watcher(cards)
 
