@@ -1,8 +1,7 @@
 """The thread behind a LIST + WATCH of API-server objects (the informer pattern): list, then
 follow watches from the version listed; list again when the server says the version is too
 old (410 Gone) or a request fails (or brings what cannot be read), waiting longer after each
-failure in a row. `stop()`
-closes the watch under way, so the thread ends at once."""
+failure in a row. `stop()` closes the watch under way, so the thread ends at once."""
 
 from __future__ import annotations
 
