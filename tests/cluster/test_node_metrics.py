@@ -98,3 +98,19 @@ async def test_an_agent_stopped_no_longer_serves_its_metrics(start_agent: StartA
         except httpx.ConnectError:
             served = False
     assert not served
+
+
+async def test_a_vgpu_destroyed_while_a_scrape_reads_it_is_left_out_of_that_scrape(
+    start_agent: StartAgent, api: httpx.AsyncClient
+) -> None:
+    """The scrape's thread reads the held vGPUs, then each one's figures from the driver; an
+    apply on the agent's loop may destroy one in between (the driver releases the
+    interpreter's lock on every call). Destroying it in the segment stands for that apply:
+    the scrape answers with every other figure instead of failing whole."""
+    agent = await start_agent(cards=1, metrics_port=free_port())
+    await ready_claim(api, priority="low", vcore=30, vmemory="2Gi")
+    [local_id] = agent.applied
+    agent.node.destroy_vgpu(local_id)
+    samples = await scrape(agent)
+    assert "qshare_vgpu_memory_limit_bytes" not in samples
+    assert {s.labels["gpu"] for s in samples["qshare_card_busy"]} == {agent.cards[0].uuid}

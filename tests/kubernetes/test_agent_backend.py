@@ -17,6 +17,7 @@ from qshare_node_agent.kubernetes import checkpoint
 from qshare_node_agent.kubernetes.backend import BackendError
 from qshare_node_agent.kubernetes.local_vgpus import LocalVgpus
 from qshare_node_agent.kubernetes_wiring import AgentBackend
+from qshare_node_agent.segment import UNKNOWN, existing_vgpus
 
 from .conftest import CARDS, wait_for
 
@@ -120,3 +121,15 @@ def test_a_dra_vgpu_prepared_unsaved_reaches_the_checkpoint_on_save(node: Node) 
     assert checkpoint.load(local.checkpoint, node.name) == []
     backend.save()
     assert [e.key for e in checkpoint.load(local.checkpoint, node.name)] == ["dra/uid/gpu/gpu-0/s"]
+
+
+def test_an_adopted_vgpu_no_apply_has_named_yet_is_no_pods(node: Node) -> None:
+    """A restarted agent holds its segment's vGPUs under the nil UUID until the allocator's
+    first apply names them: a pod whose annotation names the nil UUID (a guess anyone can
+    write) must not get another claim's vGPU."""
+    node.create_vgpu(7, 1, "low", 20, 2048 << 20)
+    conv = converger(node)
+    conv.adopt(existing_vgpus(node, CARDS))
+    backend = AgentBackend(LocalVgpus(node, CARDS), conv, apply_wait_s=0.1)
+    with pytest.raises(BackendError, match="not applied on this node yet"):
+        backend.prepare(f"allocator/{UNKNOWN}", 1, Priority.LOW, 20, 2048)

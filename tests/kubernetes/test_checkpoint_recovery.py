@@ -4,6 +4,7 @@ what it held is rebuilt from the claims' CDI specs and the segment, so prepared 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from qshare.contracts.domain import Priority
 from qshare_node_agent.kubernetes import cdi, checkpoint
 from qshare_node_agent.kubernetes.config import KubernetesSettings
 from qshare_node_agent.kubernetes.dra import DraPlugin
-from qshare_node_agent.kubernetes.local_vgpus import LocalVgpus
+from qshare_node_agent.kubernetes.local_vgpus import FIRST_LOCAL_ID, LocalVgpus
 
 from .conftest import CARDS, resource_claim, store_claim, wait_for
 from .doubles import ApiServerDouble, KubeletDouble
@@ -90,3 +91,68 @@ def test_a_local_vgpu_no_spec_names_is_dropped_after_a_corrupt_checkpoint(
     restarted = LocalVgpus(backend._node, CARDS)
     assert restarted.restore(lambda: cdi.recorded_vgpus(settings.cdi_dir)) == []
     assert backend._node.list_vgpus() == []
+
+
+def saved_body(backend: LocalVgpus, *entries: dict[str, object]) -> bytes:
+    """A checkpoint of `backend`'s segment holding `entries` (each a valid entry but for the
+    fields it names)."""
+    base = {"key": "dra/u1/gpu/gpu-0/whole", "vgpu_id": FIRST_LOCAL_ID, "card_index": 0,
+            "priority": "low", "core_share": 10, "memory_mib": 2048}  # fmt: skip
+    body = {"version": 1, "segment": backend._node.name, "entries": [base | e for e in entries]}
+    return json.dumps(body).encode()
+
+
+OUT_OF_RANGE = {
+    "negative vGPU id": {"vgpu_id": -1},
+    "vGPU id past 32 bits": {"vgpu_id": 1 << 32},
+    "memory past 64 bits of bytes": {"memory_mib": 1 << 50},
+    "core share over 100": {"core_share": 500},
+    "negative card": {"card_index": -1},
+}
+
+
+@pytest.mark.parametrize("entry", OUT_OF_RANGE.values(), ids=OUT_OF_RANGE.keys())
+def test_a_checkpoint_naming_what_no_prepare_makes_is_moved_aside(
+    backend: LocalVgpus, entry: dict[str, object]
+) -> None:
+    """JSON of the right shape whose numbers no prepare writes (a foreign or damaged file)
+    is unusable like a corrupt one, instead of stopping the agent's start."""
+    backend.checkpoint.write_bytes(saved_body(backend, entry))
+    assert backend.restore() == []
+    assert len(asides(backend.checkpoint)) == 1
+    assert backend.prepared() == {}
+    assert backend._node.list_vgpus() == []
+
+
+def test_a_checkpoint_naming_an_allocator_vgpu_never_gives_it_to_a_claim(
+    backend: LocalVgpus,
+) -> None:
+    """Ids below 2^31 are the allocator's: a claim restored onto one would take it over, and
+    its unprepare would destroy the allocator's vGPU under its workload."""
+    backend._node.create_vgpu(5, 0, "low", 10, 2048 << 20)
+    backend.checkpoint.write_bytes(saved_body(backend, {"vgpu_id": 5}))
+    assert backend.restore() == []
+    assert len(asides(backend.checkpoint)) == 1
+    assert backend.prepared() == {}
+    assert backend._node.list_vgpus() == [5]
+
+
+def test_a_checkpoint_naming_one_vgpu_for_two_keys_is_moved_aside(backend: LocalVgpus) -> None:
+    """Two claims sharing one vGPU: the first unprepare would destroy the other's."""
+    second = {"key": "dra/u2/gpu/gpu-0/whole"}
+    backend.checkpoint.write_bytes(saved_body(backend, {}, second))
+    assert backend.restore() == []
+    assert len(asides(backend.checkpoint)) == 1
+    assert backend.prepared() == {}
+
+
+def test_a_rebuild_skips_a_vgpu_no_prepare_could_have_made(backend: LocalVgpus) -> None:
+    """A local vGPU of under 1 MiB (made by something other than a prepare) that a spec
+    names is dropped by the rebuild, which goes on for the others."""
+    backend._node.create_vgpu(FIRST_LOCAL_ID, 0, "low", 10, 4096)
+    backend._node.create_vgpu(FIRST_LOCAL_ID + 1, 0, "low", 10, 2048 << 20)
+    backend.checkpoint.write_bytes(b"not json")
+    recorded = {FIRST_LOCAL_ID: "dra/u1/recovered/a", FIRST_LOCAL_ID + 1: "dra/u2/recovered/b"}
+    assert backend.restore(lambda: recorded) == []
+    assert list(backend.prepared()) == ["dra/u2/recovered/b"]
+    assert backend._node.list_vgpus() == [FIRST_LOCAL_ID + 1]

@@ -3,6 +3,7 @@ speaks the real list and watch protocol (resourceVersion, newline-delimited JSON
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Iterator
 
@@ -151,3 +152,35 @@ def test_an_unprepared_claim_is_read_afresh_when_prepared_again(
     dra.claims.stop()  # the watch brings nothing new: the next prepare must GET
     assert kubelet.prepare(settings.dra_socket, [claim]).claims[claim[2]].error == ""
     assert claim_gets(apiserver) == [f"{CLAIMS}/again"]
+
+
+def test_a_late_event_of_an_unprepared_claims_old_allocation_is_not_trusted(
+    dra: DraPlugin,
+    kubelet: KubeletDouble,
+    settings: KubernetesSettings,
+    apiserver: ApiServerDouble,
+) -> None:
+    """A lagging watch can bring, after the unprepare, an event from before it: the claim
+    still allocated to its old device and reserved for its old pod. Held as current, it
+    would send the next prepare (the claim allocated again, to another device, for another
+    pod) to the old device; the claim is read from the API server until the watch shows
+    it released."""
+    old = resource_claim("moved", device="gpu-0")
+    claim = store_claim(apiserver, copy.deepcopy(old))
+    wait_for(lambda: dra.claims.holds(*claim))
+    assert kubelet.prepare(settings.dra_socket, [claim]).claims[claim[2]].error == ""
+    assert kubelet.unprepare(settings.dra_socket, [claim]).claims[claim[2]].error == ""
+
+    apiserver.put_object(f"{CLAIMS}/moved", copy.deepcopy(old))  # the late event
+    marker = store_claim(apiserver, resource_claim("marker"))  # events arrive in order
+    wait_for(lambda: dra.claims.holds(*marker))
+    dra.claims.stop()  # the watch lags: the claim's later changes have not arrived
+    again = copy.deepcopy(old)
+    [result] = again["status"]["allocation"]["devices"]["results"]
+    result["device"] = "gpu-1"
+    again["status"]["reservedFor"] = [{"resource": "pods", "name": "next", "uid": "p2"}]
+    apiserver.put_object(f"{CLAIMS}/moved", again)
+
+    answer = kubelet.prepare(settings.dra_socket, [claim]).claims[claim[2]]
+    assert answer.error == ""
+    assert [d.device_name for d in answer.devices] == ["gpu-1"]

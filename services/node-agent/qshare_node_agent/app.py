@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -31,7 +31,7 @@ from qshare.contracts.tracing import flush_tracing, handling, setup_tracing
 from qshare.metrics_http import MetricsServer, serve_metrics
 from qshare.natsauth import ServiceRole
 from qshare.service import Service, cancelled
-from qshare_driver import Event, EventKind, Node
+from qshare_driver import Event, EventKind, Node, NotFoundError
 from qshare_node_agent import metrics
 from qshare_node_agent.announce import Announcer
 from qshare_node_agent.asked_sharing import SharingKeeper
@@ -43,6 +43,9 @@ from qshare_node_agent.segment import existing_vgpus, open_segment
 from qshare_node_agent.settings import NodeAgentSettings
 from qshare_node_agent.sharing import cards_sharing
 from qshare_node_agent.usage import UsageReader, report
+
+if TYPE_CHECKING:
+    from qshare_node_agent.kubernetes_wiring import AgentPlugins
 
 log = logging.getLogger(__name__)
 HOSTNAME_LABEL = "kubernetes.io/hostname"
@@ -65,7 +68,7 @@ class NodeAgent(Service):
         self.announcer: Announcer | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._registering: asyncio.Task[None] | None = None
-        self._plugins: Any = None
+        self._plugins: AgentPlugins | None = None
         self.registered = asyncio.Event()
         self.reregistrations = 0
         """Registrations made again because the allocator asked (`cmd.register`)."""
@@ -259,12 +262,24 @@ class NodeAgent(Service):
 
     async def _beat(self) -> None:
         assert self._nc is not None
-        beat = Heartbeat(unhealthy=await self._unhealthy(), sharing=self._sharing())
+        unhealthy = await self._unhealthy()
+        self._publish_cards(unhealthy)
+        beat = Heartbeat(unhealthy=unhealthy, sharing=self._sharing())
         body = envelope.wrap(self.source, "io.qshare.node.heartbeat", beat)
         try:
             await self._nc.publish(subjects.heartbeat(self.name), envelope.encode(body))
         except Exception as error:
             log.warning("node agent %s: heartbeat not sent (%s)", self.name, error)
+
+    def _publish_cards(self, unhealthy: list[str]) -> None:
+        """Tell the kubelet plugins the cards' health and policy as of this heartbeat."""
+        if self._plugins is None:
+            return
+        try:
+            self._plugins.cards_seen(unhealthy)
+        except Exception as error:  # the heartbeat goes on
+            log.warning("node agent %s: cards not published to Kubernetes (%r)", self.name,
+                        error)  # fmt: skip
 
     def _sharing(self) -> list[CardSharing]:
         """How each card is shared; none when the driver cannot say (the beat still goes)."""
@@ -330,11 +345,15 @@ class NodeAgent(Service):
                                     [([self.name], self._node)])  # fmt: skip
 
     def _vgpu_families(self, node: Node, held: dict[int, DesiredVgpu]) -> Iterator[Metric]:
-        """Per vGPU, labelled with its claim, card and priority (dashboards join on claim)."""
-        rows = [
-            ([self.name, str(i), str(v.claim_id), v.gpu, v.priority], node.vgpu_stats(i))
-            for i, v in list(held.items())
-        ]
+        """Per vGPU, labelled with its claim, card and priority (dashboards join on claim);
+        one an apply destroyed since `held` was read is left out of this scrape."""
+        rows = []
+        for i, v in list(held.items()):
+            try:
+                stats = node.vgpu_stats(i)
+            except NotFoundError:
+                continue
+            rows.append(([self.name, str(i), str(v.claim_id), v.gpu, v.priority], stats))
         return metrics.families(metrics.VGPU_FIGURES, metrics.VGPU_LABELS, rows)
 
     def _card_families(self, node: Node) -> Iterator[Metric]:

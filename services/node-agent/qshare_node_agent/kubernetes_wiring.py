@@ -7,7 +7,8 @@ applied by this agent); a DRA claim gets a vGPU prepared on the node (ids at or 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
 
 from qshare.contracts.domain import Priority
 from qshare.envsettings import load
@@ -18,6 +19,7 @@ from qshare_node_agent.kubernetes.backend import BackendError, CardInfo, CardWat
 from qshare_node_agent.kubernetes.config import KubernetesSettings
 from qshare_node_agent.kubernetes.local_vgpus import LocalVgpus
 from qshare_node_agent.kubernetes.plugins import KubernetesPlugins
+from qshare_node_agent.segment import UNKNOWN
 
 log = logging.getLogger(__name__)
 ALLOCATOR_KEY = "allocator/"
@@ -71,9 +73,10 @@ class AgentBackend:
         return found
 
     def _applied(self, key: str, wanted: str) -> LocalVgpu | None:
-        """The allocator's vGPU `wanted` as the agent applied it, if it has."""
+        """The allocator's vGPU `wanted` as the agent applied it, if it has; an adopted one
+        that no apply has named yet (its id the nil UUID) is nobody's."""
         for local_id, vgpu in list(self._converger.held.items()):
-            if str(vgpu.id) == wanted:
+            if str(vgpu.id) == wanted and vgpu.id != UNKNOWN:
                 index = self._converger.cards[vgpu.gpu].index
                 return self._local.describe(key, local_id, index, vgpu.priority, vgpu.vcore,
                                             vgpu.vmemory_mib)  # fmt: skip
@@ -88,7 +91,23 @@ class AgentBackend:
             self._local.release(key)
 
 
-def start_plugins(converger: Converger, cards: list[Card], min_vgpu_mib: int) -> KubernetesPlugins:
+@dataclass(frozen=True)
+class AgentPlugins:
+    """The plugins as the agent runs them, over the backend whose cards they publish."""
+
+    plugins: KubernetesPlugins
+    local: LocalVgpus
+
+    def cards_seen(self, unhealthy: Collection[str]) -> None:
+        """Each heartbeat's reading of the cards: a card whose health or policy changed is
+        published again (the ResourceSlice, the device plugin's device lists)."""
+        self.local.observe(unhealthy)
+
+    def stop(self) -> None:
+        self.plugins.stop()
+
+
+def start_plugins(converger: Converger, cards: list[Card], min_vgpu_mib: int) -> AgentPlugins:
     """Restore the prepared claims, start the DRA and device plugins (settings QSHARE_K8S_*)."""
     settings = load(KubernetesSettings)
     local = LocalVgpus(converger.node, cards, min_vgpu_mib=min_vgpu_mib)
@@ -97,4 +116,4 @@ def start_plugins(converger: Converger, cards: list[Card], min_vgpu_mib: int) ->
     plugins.start()
     log.info("kubernetes plugins serving for node %s (%d prepared claims kept)",
              settings.node_name, len(kept))  # fmt: skip
-    return plugins
+    return AgentPlugins(plugins, local)

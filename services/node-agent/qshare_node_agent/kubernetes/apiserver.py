@@ -47,7 +47,7 @@ class KubeApi:
         if token_file is not None and token_file.is_file():
             self._headers["Authorization"] = f"Bearer {token_file.read_text().strip()}"
         self._local = threading.local()
-        self._all: list[http.client.HTTPConnection] = []
+        self._all: set[http.client.HTTPConnection] = set()
         self._lock = threading.Lock()
 
     def close(self) -> None:
@@ -69,16 +69,23 @@ class KubeApi:
             conn = self._connect(self._timeout)
             self._local.conn = conn
             with self._lock:
-                self._all.append(conn)
+                self._all.add(conn)
         return conn
 
     def _drop(self) -> None:
+        """Close this thread's connection and forget it (the next request opens another)."""
         conn = getattr(self._local, "conn", None)
         if conn is not None:
             conn.close()
             self._local.conn = None
+            with self._lock:
+                self._all.discard(conn)  # gone already if `close()` came first
 
-    def request(self, method: str, path: str, body: Any = None, patch: bool = False) -> Any:
+    def request(
+        self, method: str, path: str, body: Any = None, patch: bool = False
+    ) -> dict[str, Any]:
+        """The answer's JSON object; an error status, a failed exchange, or a body that is
+        no JSON object (every path called here answers one) raises `ApiError`."""
         data = None if body is None else json.dumps(body).encode()
         headers = dict(self._headers)
         if data is not None:
@@ -96,7 +103,7 @@ class KubeApi:
                     raise ApiError(0, f"{method} {path} failed: {exc}") from None
         if resp.status >= 400:
             raise ApiError(resp.status, _message(raw))
-        return json.loads(raw) if raw else None
+        return _object(method, path, raw)
 
     def resource_claim(self, namespace: str, name: str) -> dict[str, Any]:
         result: dict[str, Any] = self.request(
@@ -220,6 +227,16 @@ def _checked(event: Any) -> dict[str, Any]:
         status = event["object"]
         raise ApiError(int(status.get("code") or 0), str(status.get("message", "watch error")))
     return event
+
+
+def _object(method: str, path: str, raw: bytes) -> dict[str, Any]:
+    try:
+        answer = json.loads(raw)
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict):
+        raise ApiError(0, f"{method} {path} answered {raw[:100]!r}, which is not a JSON object")
+    return answer
 
 
 def _message(raw: bytes) -> str:

@@ -2,8 +2,9 @@
 
 The file names the segment it belongs to; a checkpoint of another segment is refused.
 It is replaced atomically (write, fsync, rename): a crash leaves the old or the new one.
-One that cannot be used (unreadable, not JSON, wrong shape, another segment) is moved
-aside by `set_aside`, never deleted, so it can still be looked at.
+One that cannot be used (unreadable, not JSON, wrong shape, another segment, or values no
+prepare writes: an id outside the node's own range, one vGPU under two keys) is moved aside
+by `set_aside`, never deleted, so it can still be looked at.
 Each entry is serialised once, when its vGPU is made; a save joins the stored texts.
 """
 
@@ -14,13 +15,20 @@ import os
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, StrictInt, ValidationError, model_validator
 
 from qshare import atomic_file
-from qshare.contracts.domain import Priority
+from qshare.contracts.agent import LOCAL_ID_LIMIT
+from qshare.contracts.claims import MAX_MIB
+from qshare.contracts.domain import MAX_CORE_SHARE, Priority
+from qshare.contracts.nodes import MAX_CARDS
 
 VERSION = 1
+FIRST_LOCAL_ID = LOCAL_ID_LIMIT
+LAST_LOCAL_ID = 0xFFFFFFFE
+"""The ids of vGPUs prepared on the node; those below are the allocator's."""
 
 
 class CheckpointError(Exception):
@@ -28,18 +36,30 @@ class CheckpointError(Exception):
 
 
 class Entry(BaseModel):
-    key: str
-    vgpu_id: int
-    card_index: int
+    """One prepared vGPU, bounded as a prepare makes it: a restore never hands a claim an
+    allocator's vGPU, nor passes the driver a number it cannot take."""
+
+    key: Annotated[str, Field(min_length=1)]
+    vgpu_id: Annotated[StrictInt, Field(ge=FIRST_LOCAL_ID, le=LAST_LOCAL_ID)]
+    card_index: Annotated[StrictInt, Field(ge=0, lt=MAX_CARDS)]
     priority: Priority
-    core_share: int
-    memory_mib: int
+    core_share: Annotated[StrictInt, Field(ge=1, le=MAX_CORE_SHARE)]
+    memory_mib: Annotated[StrictInt, Field(ge=1, le=MAX_MIB)]
 
 
 class Checkpoint(BaseModel):
     version: int = VERSION
     segment: str
     entries: list[Entry] = []
+
+    @model_validator(mode="after")
+    def _each_once(self) -> Checkpoint:
+        """Each key and each vGPU once: two claims on one vGPU would release it twice."""
+        for what in ("key", "vgpu_id"):
+            values = [getattr(e, what) for e in self.entries]
+            if len(set(values)) != len(values):
+                raise ValueError(f"entries name a {what} more than once")
+        return self
 
 
 def checkpoint_path(segment_dir: Path, segment: str) -> Path:

@@ -8,7 +8,9 @@ it: a lagging watch costs a GET, not a wrong answer. A held allocation with a re
 is current: a claim is deallocated only once no pod is reserved for it, and the kubelet
 prepares a claim for a pod reserved for it. `forget` drops a claim when it is unprepared,
 so a claim allocated again later (to another device, for another pod) is read afresh
-rather than from a copy of its earlier allocation.
+rather than from a copy of its earlier allocation; and since a lagging watch can still
+bring an event from before the unprepare (the old allocation, still reserved), a copy of
+that claim is a miss until one shows it released (no pod reserved) or it is deleted.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ class ClaimCache(ListWatch):
         self._api = api
         self._watch_s = watch_s
         self._claims: dict[tuple[str, str], dict[str, Any]] = {}
+        self._unprepared: set[str] = set()  # uids whose held copies may predate the unprepare
         self._lock = threading.Lock()
         self.synced = threading.Event()  # set once the first LIST is held
         self.hits = 0
@@ -40,32 +43,40 @@ class ClaimCache(ListWatch):
     def holds(self, namespace: str, name: str, uid: str) -> bool:
         """Whether `get` would answer the claim now (counting nothing)."""
         with self._lock:
-            claim = self._claims.get((namespace, name))
-            return claim is not None and _uid(claim) == uid and _reserved(claim)
+            return self._usable(namespace, name, uid) is not None
 
     def get(self, namespace: str, name: str, uid: str) -> dict[str, Any] | None:
         """The held claim if it is claim `uid`, allocated and reserved; None (a miss)
         otherwise."""
         with self._lock:
-            claim = self._claims.get((namespace, name))
-            usable = claim is not None and _uid(claim) == uid and _reserved(claim)
-            if usable:
+            claim = self._usable(namespace, name, uid)
+            if claim is not None:
                 self.hits += 1
             else:
                 self.misses += 1
-        return claim if usable else None
+        return claim
+
+    def _usable(self, namespace: str, name: str, uid: str) -> dict[str, Any] | None:
+        """The caller holds `_lock`."""
+        claim = self._claims.get((namespace, name))
+        if claim is None or _uid(claim) != uid or uid in self._unprepared:
+            return None
+        return claim if _reserved(claim) else None
 
     def forget(self, uid: str) -> None:
-        """Drop claim `uid` (it was unprepared); the watch brings its next change."""
+        """Drop claim `uid` (it was unprepared); held again once a change shows it released."""
         with self._lock:
             for key in [k for k, c in self._claims.items() if _uid(c) == uid]:
                 del self._claims[key]
+            self._unprepared.add(uid)
 
     def _relist(self) -> str:
         items, version = self._api.resource_claims()
         held = {_key(c): c for c in items}
+        reserved = {_uid(c) for c in items if _reserved(c)}
         with self._lock:
             self._claims = held
+            self._unprepared &= reserved  # released or gone: what is held now is current
         self.synced.set()
         return version
 
@@ -82,6 +93,8 @@ class ClaimCache(ListWatch):
                 self._claims.pop(_key(claim), None)
             else:
                 self._claims[_key(claim)] = claim
+            if event.get("type") == "DELETED" or not _reserved(claim):
+                self._unprepared.discard(_uid(claim))
         return version
 
 

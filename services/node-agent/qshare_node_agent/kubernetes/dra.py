@@ -123,8 +123,8 @@ class DraPlugin:
             self._publish_wanted.clear()
             try:
                 self.publish()
-            except ApiError as exc:
-                log.warning("publishing the ResourceSlice failed (%s); retrying", exc)
+            except Exception as exc:  # the API's refusal, or an answer it cannot read
+                log.warning("publishing the ResourceSlice failed (%r); retrying", exc)
                 self._stopping.wait(RETRY_PUBLISH_S)
                 self._publish_wanted.set()
                 continue

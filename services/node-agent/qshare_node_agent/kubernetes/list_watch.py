@@ -1,7 +1,7 @@
 """The thread behind a LIST + WATCH of API-server objects (the informer pattern): list, then
 follow watches from the version listed; list again when the server says the version is too
-old (410 Gone) or a request fails, waiting longer after each failure in a row. `stop()`
-closes the watch under way, so the thread ends at once."""
+old (410 Gone) or a request fails (or brings what cannot be read), waiting longer after each
+failure in a row. `stop()` closes the watch under way, so the thread ends at once."""
 
 from __future__ import annotations
 
@@ -63,10 +63,13 @@ class ListWatch:
                 while not self._stop.is_set():
                     version = self._follow(version)
             except ApiError as exc:
-                if exc.status != GONE and not self._stop.is_set():
-                    log.warning("watching %s failed (%s); listing again", self._what, exc)
-                    self._stop.wait(delay)
-                    delay = min(delay * 2, self._max_retry_s)
+                if exc.status == GONE or self._stop.is_set():
+                    continue
+                log.warning("watching %s failed (%s); listing again", self._what, exc)
+            except Exception:  # an object of a shape it cannot read: never the thread's end
+                log.exception("watching %s failed; listing again", self._what)
+            self._stop.wait(delay)
+            delay = min(delay * 2, self._max_retry_s)
 
     def _follow(self, version: str) -> str:
         """One watch from `version` until the server ends it; returns the last version seen."""

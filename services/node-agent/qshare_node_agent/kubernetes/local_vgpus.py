@@ -12,9 +12,11 @@ import itertools
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import replace
 from pathlib import Path
+
+from pydantic import ValidationError
 
 from qshare.contracts.domain import MAX_CORE_SHARE, Priority
 from qshare.launcher import find_library
@@ -35,8 +37,8 @@ from qshare_node_agent.metrics import CHECKPOINTS_SET_ASIDE
 
 log = logging.getLogger(__name__)
 
-FIRST_LOCAL_ID = 0x80000000
-LAST_LOCAL_ID = 0xFFFFFFFE
+FIRST_LOCAL_ID = checkpoint.FIRST_LOCAL_ID
+LAST_LOCAL_ID = checkpoint.LAST_LOCAL_ID
 CONTAINER_LIBRARY = "/usr/lib/qshare/libqshare-cuda.so"
 CONTROL_DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 
@@ -73,6 +75,7 @@ class LocalVgpus:
         self._vgpus: dict[str, LocalVgpu] = {}
         self._entries: dict[str, str] = {}  # the checkpoint's, serialised once each
         self._watchers: list[CardWatcher] = []
+        self._told: list[CardInfo] | None = None  # what the watchers were last told
         self.segment_dir = layout.segment_dir(Path(node.directory) if node.directory else None)
         self.checkpoint = checkpoint.checkpoint_path(self.segment_dir, node.name)
 
@@ -94,6 +97,16 @@ class LocalVgpus:
             self._health[index] = healthy
             self._notify()
 
+    def observe(self, unhealthy: Collection[str]) -> None:
+        """Take the cards' health as the agent reads it (`unhealthy`: card UUIDs) and tell
+        the watchers when a card's health or policy (which commands and applies change in
+        the driver directly) differs from what they were last told."""
+        for index, card in self._cards.items():
+            self._health[index] = card.uuid not in unhealthy
+        cards = self.cards()
+        if cards != self._told:
+            self._tell(cards)
+
     def set_policy(self, index: int, policy: Policy | str) -> None:
         self._known(index)
         self._node.set_policy(index, policy)
@@ -104,7 +117,10 @@ class LocalVgpus:
         return lambda: self._watchers.remove(watcher)
 
     def _notify(self) -> None:
-        cards = self.cards()
+        self._tell(self.cards())
+
+    def _tell(self, cards: list[CardInfo]) -> None:
+        self._told = cards
         for watcher in list(self._watchers):
             watcher(cards)
 
@@ -250,25 +266,29 @@ class LocalVgpus:
 
     def _rebuilt(self, recorded: dict[int, str]) -> list[checkpoint.Entry]:
         """Entries for the local vGPUs the segment holds and a CDI spec names."""
-        entries = []
-        for vgpu_id, key in recorded.items():
-            if not FIRST_LOCAL_ID <= vgpu_id <= LAST_LOCAL_ID:
-                continue
-            try:
-                stats = self._node.vgpu_stats(vgpu_id)
-            except NotFoundError:
-                continue
-            entries.append(
-                checkpoint.Entry(
-                    key=key,
-                    vgpu_id=vgpu_id,
-                    card_index=stats.card,
-                    priority=Priority(stats.priority.name.lower()),
-                    core_share=stats.core_share,
-                    memory_mib=stats.mem_limit // MIB,
-                )
+        entries = (self._rebuilt_entry(vgpu_id, key) for vgpu_id, key in recorded.items())
+        return [e for e in entries if e is not None]
+
+    def _rebuilt_entry(self, vgpu_id: int, key: str) -> checkpoint.Entry | None:
+        """None when the segment has no such local vGPU, or one no prepare could make."""
+        if not FIRST_LOCAL_ID <= vgpu_id <= LAST_LOCAL_ID:
+            return None
+        try:
+            stats = self._node.vgpu_stats(vgpu_id)
+            return checkpoint.Entry(
+                key=key,
+                vgpu_id=vgpu_id,
+                card_index=stats.card,
+                priority=Priority(stats.priority.name.lower()),
+                core_share=stats.core_share,
+                memory_mib=stats.mem_limit // MIB,
             )
-        return entries
+        except NotFoundError:
+            return None
+        except ValidationError as exc:
+            log.warning("vGPU %d (%s) is not one a prepare makes; dropped: %s", vgpu_id, key,
+                        exc.errors()[0]["msg"])  # fmt: skip
+            return None
 
     def _drop_unsaved(self) -> None:
         kept = {v.vgpu_id for v in self._vgpus.values()}

@@ -7,7 +7,7 @@ import logging
 import threading
 
 from qshare_driver.node import Policy
-from qshare_node_agent.kubernetes.apiserver import ApiError, KubeApi
+from qshare_node_agent.kubernetes.apiserver import KubeApi
 from qshare_node_agent.kubernetes.backend import VgpuBackend
 from qshare_node_agent.kubernetes.config import KubernetesSettings
 from qshare_node_agent.kubernetes.device_plugin import DevicePlugin
@@ -67,8 +67,8 @@ class KubernetesPlugins:
         while not self._stop.wait(self._sweep_s):
             try:
                 released = self.device_plugin.sweep()
-            except ApiError as exc:
-                log.warning("sweeping finished pods failed: %s", exc)
+            except Exception as exc:  # the API's refusal, or pods it cannot read: next round
+                log.warning("sweeping finished pods failed: %r", exc)
                 continue
             if released:
                 log.info("released the vGPUs of finished pods: %s", released)
