@@ -13,8 +13,9 @@ import grpc
 import pytest
 
 from qshare_node_agent.kubernetes.apiserver import KubeApi
+from qshare_node_agent.kubernetes.backend import CardInfo
 from qshare_node_agent.kubernetes.config import KubernetesSettings
-from qshare_node_agent.kubernetes.device_plugin import DevicePlugin
+from qshare_node_agent.kubernetes.device_plugin import KUBELET_MAX_MESSAGE, DevicePlugin, wire
 from qshare_node_agent.kubernetes.local_vgpus import LocalVgpus
 
 from .conftest import CARDS, NODE, wait_for
@@ -304,3 +305,29 @@ def test_a_pod_whose_vgpus_are_another_nodes_is_not_taken(
         allocate(kubelet, settings, 10)
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert backend.prepared() == {}
+
+
+H100_MIB = 81_559  # what NVML reports for an 80 GB H100
+
+
+def test_the_default_vmemory_unit_lists_a_node_of_eight_80_gib_cards_within_the_kubelets_limit(
+    settings: KubernetesSettings, backend: LocalVgpus, kube_api: KubeApi
+) -> None:
+    """At 1 MiB a unit, one such card alone listed 81,559 devices (5.2 MB), which the
+    kubelet's 4 MiB gRPC limit refuses: the device plugin path failed on a single H100."""
+    default_unit = KubernetesSettings.model_fields["vmemory_unit_mib"].default
+    plugin = DevicePlugin(settings.model_copy(update={"vmemory_unit_mib": default_unit}),
+                          backend, kube_api)  # fmt: skip
+    cards = [CardInfo(i, f"GPU-{i}", "H100", H100_MIB, True, 0, "best-effort") for i in range(8)]
+    devices = plugin._memory_devices(cards)
+    response = wire.api(wire.DEVICE_PLUGIN).message("ListAndWatchResponse", devices=devices)
+    assert response.ByteSize() <= KUBELET_MAX_MESSAGE
+
+
+def test_a_device_list_over_the_kubelets_limit_is_logged_with_the_unit_to_set(
+    plugin: DevicePlugin, caplog: pytest.LogCaptureFixture
+) -> None:
+    plugin.vmemory._check_size(3 * KUBELET_MAX_MESSAGE)
+    [record] = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert "QSHARE_K8S_VMEMORY_UNIT_MIB" in record.getMessage()
+    assert "at least 768" in record.getMessage()  # three times the 256 MiB unit in force

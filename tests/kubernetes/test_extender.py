@@ -53,8 +53,9 @@ async def extender_app(
     nats_auth: NatsAuth,
 ) -> AsyncIterator[FastAPI]:
     ext = ExtenderSettings(
-        enabled=True, api_server=apiserver.url, token_file=None, ca_file=None, reap_s=3600
-    )
+        enabled=True, api_server=apiserver.url, token_file=None, ca_file=None, reap_s=3600,
+        vmemory_unit_mib=1,  # the pods below ask MiB
+    )  # fmt: skip
     settings = ApiSettings(
         database_url=database_url, nats_url=bus_url, cluster=RULES, extender=ext,
         **as_identity(nats_auth, ServiceRole.API),

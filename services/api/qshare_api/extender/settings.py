@@ -18,7 +18,10 @@ class ExtenderSettings(BaseSettings):
     token_file: Path | None = SERVICE_ACCOUNT / "token"
     ca_file: Path | None = SERVICE_ACCOUNT / "ca.crt"
     timeout_s: float = Field(5.0, gt=0)
-    vmemory_unit_mib: int = Field(1, ge=1, description="MiB per unit of qshare.io/vmemory")
+    vmemory_unit_mib: int = Field(
+        256, ge=1, description="MiB per unit of qshare.io/vmemory (the node agents' "
+        "QSHARE_K8S_VMEMORY_UNIT_MIB must be the same)",
+    )  # fmt: skip
     reap_s: float = Field(30.0, gt=0, description="release claims of finished pods this often")
     settle_after_s: float = Field(
         300.0,

@@ -29,8 +29,10 @@ class KubernetesSettings(BaseSettings):
     min_vgpu_mib: int = Field(1024, ge=1, description="smallest memory a claim may consume")
     socket_check_s: float = Field(1.0, gt=0, description="how often a vanished socket is noticed")
     vmemory_unit_mib: int = Field(
-        1, ge=1, description="MiB per qshare.io/vmemory device the device plugin advertises"
-    )
+        256, ge=1, description="MiB per qshare.io/vmemory device the device plugin advertises "
+        "(the scheduler extender's QSHARE_EXTENDER_VMEMORY_UNIT_MIB must be the same); at 1 MiB "
+        "one 80 GiB card's list is over the kubelet's 4 MiB message limit",
+    )  # fmt: skip
     workers: int = Field(
         16, ge=1, description="gRPC worker threads per threaded plugin socket (the device "
         "plugin's and registration's; the DRA socket is served on an event loop)",

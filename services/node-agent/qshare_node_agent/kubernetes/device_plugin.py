@@ -28,6 +28,7 @@ KUBELET_SOCKET = "kubelet.sock"
 RETRY_REGISTER_S = 1.0
 VCORE = "qshare.io/vcore"
 VMEMORY = "qshare.io/vmemory"
+KUBELET_MAX_MESSAGE = 4 * 1024 * 1024  # the kubelet's gRPC receive limit (grpc's default)
 
 
 def allocator_key(vgpu_id: object) -> str:
@@ -135,7 +136,21 @@ class ResourcePlugin:
                 continue
             seen = version
             devices = self._devices(self._backend.cards())
-            yield api.message("ListAndWatchResponse", devices=devices)
+            response = api.message("ListAndWatchResponse", devices=devices)
+            self._check_size(response.ByteSize())
+            yield response
+
+    def _check_size(self, size: int) -> None:
+        """A list over the kubelet's message limit is refused by it: say what to change."""
+        if size <= KUBELET_MAX_MESSAGE:
+            return
+        log.error(
+            "the %s device list is %d bytes, over the kubelet's %d-byte message limit, so the "
+            "kubelet cannot take it; raise QSHARE_K8S_VMEMORY_UNIT_MIB (and the extender's "
+            "QSHARE_EXTENDER_VMEMORY_UNIT_MIB, to the same value) to at least %d",
+            self.resource, size, KUBELET_MAX_MESSAGE,
+            -(-self.settings.vmemory_unit_mib * size // KUBELET_MAX_MESSAGE),
+        )  # fmt: skip
 
     def _next_version(self, seen: int) -> int:
         """The device list's version once it differs from `seen` (or after a second)."""
