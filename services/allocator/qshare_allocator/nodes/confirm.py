@@ -5,6 +5,7 @@ cards are shared."""
 
 from __future__ import annotations
 
+import logging
 import uuid
 
 from sqlalchemy import func, select, update
@@ -18,6 +19,8 @@ from qshare.contracts.schema import claims, nodes, vgpus
 from qshare_allocator.claims.transitions import ready_all, release, transition
 from qshare_allocator.inventory.sharing import record_apply
 
+log = logging.getLogger(__name__)
+
 
 class Confirmations:
     """Applies node answers inside the caller's transaction."""
@@ -28,7 +31,10 @@ class Confirmations:
     async def confirm(self, conn: AsyncConnection, reply: ApplyReply) -> list[ClaimView]:
         """Record the node's answer; returns the claims whose status changed. The claims'
         rows are locked first and the node's last, as a delete does, and so that the node's
-        row (which every placement there also updates) is held only until the commit."""
+        row (which every placement there also updates) is held only until the commit. An
+        answer naming a generation never asked of the node is not believed: nothing changes."""
+        if not await _asked(conn, reply):
+            return []
         refused = {r.local_id: r.reason for r in reply.refused}
         changed = await self._fail_refused(conn, reply.node, refused)
         changed += await self._ready(conn, reply.node, set(reply.applied))
@@ -83,3 +89,15 @@ class Confirmations:
         views = await claim_views(conn, list(placed))
         ready = [v for v in views if v.vgpus and all(g.local_id in applied for g in v.vgpus)]
         return await ready_all(conn, self._source, ready)
+
+
+async def _asked(conn: AsyncConnection, reply: ApplyReply) -> bool:
+    """Whether the node was ever asked for the generation it answers (an agent answers an
+    older apply with the newer generation it holds, never with one not asked yet)."""
+    query = select(nodes.c.desired_generation).where(nodes.c.name == reply.node)
+    desired = (await conn.execute(query)).scalar_one_or_none()
+    if desired is not None and reply.generation <= desired:
+        return True
+    log.warning("node %s answered apply generation %d, later than any asked (%s); ignored",
+                reply.node, reply.generation, desired)  # fmt: skip
+    return False
