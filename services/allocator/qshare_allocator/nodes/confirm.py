@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from qshare.contracts.agent import ApplyReply
 from qshare.contracts.claims import ClaimView
-from qshare.contracts.domain import ClaimStatus
+from qshare.contracts.domain import HOLDING_STATUSES, ClaimStatus
 from qshare.contracts.rows import claim_views
 from qshare.contracts.schema import claims, nodes, vgpus
 from qshare_allocator.claims.transitions import ready_all, release, transition
@@ -47,11 +47,19 @@ class Confirmations:
         await record_apply(conn, reply)  # its cards after the node, as placement locks them
         return changed
 
-    async def fail(self, conn: AsyncConnection, claim_id: uuid.UUID, reason: str) -> ClaimView:
-        """Fail one holding claim (lock taken here) and give its capacity back."""
-        row = (
-            await conn.execute(select(claims).where(claims.c.id == claim_id).with_for_update())
-        ).one()
+    async def fail(
+        self, conn: AsyncConnection, claim_id: uuid.UUID, node: str, reason: str
+    ) -> ClaimView | None:
+        """Fail one claim (lock taken here) and give its capacity back, if once locked it
+        still holds capacity on `node`; None when it left meanwhile (deleted, moved, failed)."""
+        query = select(claims).where(
+            claims.c.id == claim_id,
+            claims.c.node_name == node,
+            claims.c.status.in_(HOLDING_STATUSES),
+        )
+        row = (await conn.execute(query.with_for_update())).one_or_none()
+        if row is None:
+            return None
         return await transition(conn, self._source, row, ClaimStatus.FAILED, reason, release=True)
 
     async def _released(self, conn: AsyncConnection, node: str, generation: int) -> list[ClaimView]:
@@ -74,7 +82,8 @@ class Confirmations:
         failed: dict[uuid.UUID, str] = {}
         for row in (await conn.execute(query)).all():
             failed.setdefault(row.claim_id, f"node {node} refused: {refused[row.local_id]}")
-        return [await self.fail(conn, claim_id, reason) for claim_id, reason in failed.items()]
+        views = [await self.fail(conn, claim, node, reason) for claim, reason in failed.items()]
+        return [view for view in views if view is not None]
 
     async def _ready(self, conn: AsyncConnection, node: str, applied: set[int]) -> list[ClaimView]:
         placed = (
