@@ -15,7 +15,9 @@ from qshare import bus
 from qshare.contracts import envelope, rpc, subjects
 from qshare.contracts.agent import SuspendCommand, SuspendReply
 from qshare.contracts.nodes import NodeRegistration, NodeView, RemovalReply, RemoveCard
+from qshare.contracts.usage import CardUsage, NodeUsage
 from qshare_preemptor.service import PreemptionService
+from qshare_preemptor.starvation import StarvationWatch
 from tests.controlplane.conftest import Claim, Register, card
 
 MOVED = "moved-card"
@@ -62,3 +64,22 @@ async def test_a_node_the_card_was_taken_from_cannot_suspend_gangs_through_it(
     finally:
         await sub.unsubscribe()
     assert suspended == []
+
+
+def _usage(node: str) -> bytes:
+    report = NodeUsage(node=node, interval_ns=10**9, cards=[CardUsage(gpu=MOVED, hp_ns=0)])
+    return envelope.encode(envelope.wrap(f"qshare-node-agent/{node}", "io.qshare.usage", report))
+
+
+async def test_a_node_the_card_was_taken_from_cannot_report_its_usage(
+    nc: Client, engine: AsyncEngine
+) -> None:
+    watch = StarvationWatch(nc, engine, "test-preemptor", window_s=60.0, timeout_s=2.0)
+    await _register(nc, "old-home", "old")
+    await watch.usage(subjects.usage("old-home"), _usage("old-home"))
+    assert (watch.taken, watch.refused) == (1, 0)  # believed: the card was its own
+    await _remove(nc, "old-home")
+    await _register(nc, "new-home", "new")
+    await asyncio.sleep(AGED_S)
+    await watch.usage(subjects.usage("old-home"), _usage("old-home"))
+    assert (watch.taken, watch.refused) == (1, 1)
