@@ -32,7 +32,8 @@ class Confirmations:
         """Record the node's answer; returns the claims whose status changed. The claims'
         rows are locked first and the node's last, as a delete does, and so that the node's
         row (which every placement there also updates) is held only until the commit. An
-        answer naming a generation never asked of the node is not believed: nothing changes."""
+        answer naming a generation never asked of the node, or one older than a generation
+        it already confirmed, changes nothing."""
         if not await _asked(conn, reply):
             return []
         refused = {r.local_id: r.reason for r in reply.refused}
@@ -101,12 +102,13 @@ class Confirmations:
 
 
 async def _asked(conn: AsyncConnection, reply: ApplyReply) -> bool:
-    """Whether the node was ever asked for the generation it answers (an agent answers an
-    older apply with the newer generation it holds, never with one not asked yet)."""
-    query = select(nodes.c.desired_generation).where(nodes.c.name == reply.node)
-    desired = (await conn.execute(query)).scalar_one_or_none()
-    if desired is not None and reply.generation <= desired:
+    """Whether the answer is news: a generation the node was asked for (an agent answers an
+    older apply with the newer generation it holds, never with one not asked yet), and not
+    older than one already confirmed (its refusals would fail claims the newer one applied)."""
+    query = select(nodes.c.applied_generation, nodes.c.desired_generation)
+    found = (await conn.execute(query.where(nodes.c.name == reply.node))).one_or_none()
+    if found is not None and found[0] <= reply.generation <= found[1]:
         return True
-    log.warning("node %s answered apply generation %d, later than any asked (%s); ignored",
-                reply.node, reply.generation, desired)  # fmt: skip
+    log.warning("node %s answered apply generation %d (confirmed and desired: %s); ignored",
+                reply.node, reply.generation, found)  # fmt: skip
     return False
