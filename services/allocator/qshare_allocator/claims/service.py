@@ -31,7 +31,7 @@ from qshare.contracts.schema import claims, nodes
 from qshare.settings import ClusterSettings
 from qshare_allocator.claims.classes import ClassCatalog
 from qshare_allocator.claims.idempotency import ensure_same_request
-from qshare_allocator.claims.quotas import check_quota
+from qshare_allocator.claims.quotas import check_pending, check_quota
 from qshare_allocator.claims.transitions import claim_event_params, locked_claim
 from qshare_allocator.claims.views import demand_of, spec_of
 from qshare_allocator.db import together
@@ -72,6 +72,8 @@ class ClaimService:
         await check_quota(conn, command.tenant, demand)
         claim_id = uuid.uuid4()
         choice, reason = await self._place(conn, claim_id, demand)
+        if choice is None:  # it waits: its evictions, if any, roll back with a refusal
+            await check_pending(conn, command.tenant)
         held = holding(claim_id, demand, choice) if choice else None
         view = _new_view(claim_id, command, held.vgpus if held else [], reason)
         writes = held.statements if held else ()
