@@ -205,6 +205,7 @@ class PreemptionService:
             done, missing = await self._suspend(members, action.reason)
         else:
             done, missing = await self._act(members, False, action.reason)
+            self._stopped.difference_update(members)  # running again: a busy card stops them
             await in_transaction(
                 self._engine, lambda c: close_records(c, [action.claim_id], "operator")
             )
