@@ -163,3 +163,24 @@ async def test_a_reused_idempotency_key_with_another_request_is_409_naming_the_d
     assert again.status_code == 409
     assert [e["field"] for e in again.json()["errors"]] == ["priority"]
     assert (await api.post("/v1/claims", json=body, headers=team_a)).status_code == 200
+
+
+async def test_a_reused_idempotency_key_with_another_gang_is_409_naming_the_gang(
+    api: httpx.AsyncClient, register: Register, team_a: dict[str, str]
+) -> None:
+    await register("n1")
+    body = GOOD | {"priority": "low", "idempotency_key": "job-8", "gang": "train"}
+    assert (await api.post("/v1/claims", json=body, headers=team_a)).status_code == 201
+    again = await api.post("/v1/claims", json=body | {"gang": "eval"}, headers=team_a)
+    assert again.status_code == 409, again.text
+    assert [e["field"] for e in again.json()["errors"]] == ["gang"]
+
+
+async def test_a_claim_placed_at_once_is_not_held_to_the_pending_limit(
+    api: httpx.AsyncClient, register: Register, team_a: dict[str, str]
+) -> None:
+    await register("n1")
+    await _quota(api, pending=0)
+    response = await api.post("/v1/claims", json=GOOD, headers=team_a)
+    assert response.status_code == 201, response.text
+    assert response.json()["status"] == "placed"

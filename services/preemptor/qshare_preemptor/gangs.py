@@ -1,12 +1,13 @@
 """Reading, from the allocator's inventory, which low-priority vGPUs must stop together: every
-vGPU of a multi-card claim, and every vGPU of the claims sharing a gang name."""
+vGPU of a multi-card claim, and every vGPU of one tenant's claims sharing a gang name (a gang
+is its tenant's: another tenant naming it joins nothing)."""
 
 from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
 
-from sqlalchemy import ColumnElement, or_, select
+from sqlalchemy import ColumnElement, or_, select, tuple_
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from qshare.contracts.domain import HOLDING_STATUSES, Priority
@@ -24,9 +25,10 @@ class Member:
 
 async def gang_of_card(conn: AsyncConnection, gpu: str) -> list[Member]:
     """Every vGPU that must stop with the low-priority gangs holding a vGPU on `gpu` (one
-    statement: it runs on the path from a busy card to its gangs being suspended)."""
+    statement: it runs on the path from a busy card to its gangs being suspended). A gang
+    is named within its tenant: the same name of another tenant is another gang."""
     on_card = (
-        select(claims.c.id, claims.c.gang)
+        select(claims.c.id, claims.c.tenant, claims.c.gang)
         .join(vgpus, vgpus.c.claim_id == claims.c.id)
         .where(
             vgpus.c.gpu_uuid == gpu,
@@ -38,7 +40,9 @@ async def gang_of_card(conn: AsyncConnection, gpu: str) -> list[Member]:
     )
     chosen = or_(
         claims.c.id.in_(select(on_card.c.id)),
-        claims.c.gang.in_(select(on_card.c.gang).where(on_card.c.gang.is_not(None))),
+        tuple_(claims.c.tenant, claims.c.gang).in_(
+            select(on_card.c.tenant, on_card.c.gang).where(on_card.c.gang.is_not(None))
+        ),
     )
     return await _members(conn, chosen)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections import defaultdict
 
@@ -40,6 +41,9 @@ from qshare_preemptor.records import (
 )
 
 log = logging.getLogger(__name__)
+OWNER_TRUSTED_S = 2.0
+"""How long a card's node, once read, is trusted without reading it again: a card removed
+from a node and registered on another is the other's, for its events, this soon."""
 
 
 class PreemptionService:
@@ -57,7 +61,8 @@ class PreemptionService:
         that are not among them yet (one on the card that went busy first is suspended when a
         second card of its gang goes busy: the first may go idle before the second)."""
         self._lock = asyncio.Lock()
-        self._owners: dict[str, str] = {}
+        self._owners: dict[str, tuple[str, float]] = {}
+        """Each card's node as last read, and when (monotonic)."""
         self._unresumed: dict[str, set[int]] = defaultdict(set)
         """vGPUs by node whose resume did not reach the node (sent again until it does)."""
         self.card_events = 0
@@ -125,11 +130,14 @@ class PreemptionService:
     async def _card_of(self, node: str, gpu: str) -> bool:
         """Whether `gpu` is `node`'s card: a node may publish events under its own name only,
         so one about another node's card is refused (it would suspend or resume gangs there)."""
-        if self._owners.get(gpu) != node:
-            owner = await read_once(self._engine, lambda c: card_owner(c, gpu))
-            if owner is not None:
-                self._owners[gpu] = owner
-        if self._owners.get(gpu) == node:
+        known, read_at = self._owners.get(gpu, (None, -OWNER_TRUSTED_S))
+        if known != node or time.monotonic() - read_at > OWNER_TRUSTED_S:
+            known = await read_once(self._engine, lambda c: card_owner(c, gpu))
+            if known is not None:
+                self._owners[gpu] = (known, time.monotonic())
+            else:
+                self._owners.pop(gpu, None)
+        if known == node:
             return True
         log.warning("event of node %s about card %s, not a card of that node: ignored", node, gpu)
         return False
@@ -197,6 +205,7 @@ class PreemptionService:
             done, missing = await self._suspend(members, action.reason)
         else:
             done, missing = await self._act(members, False, action.reason)
+            self._stopped.difference_update(members)  # running again: a busy card stops them
             await in_transaction(
                 self._engine, lambda c: close_records(c, [action.claim_id], "operator")
             )

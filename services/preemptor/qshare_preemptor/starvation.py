@@ -34,6 +34,9 @@ log = logging.getLogger(__name__)
 MAX_TARGETS = 64
 CLASSES_REFRESH_S = 10.0
 """A class added with a `starvation_share` is watched from at most this long after."""
+CARDS_TRUSTED_S = 2.0
+"""How long a node's cards, once read, are trusted without reading them again: a card
+removed from a node and registered on another is the other's, for usage reports, this soon."""
 
 
 class Refused(Exception):
@@ -50,7 +53,8 @@ class StarvationWatch:
         self.window_s = window_s
         self._timeout_s = timeout_s
         self.cards: dict[str, CardWindow] = {}
-        self._node_cards: dict[str, set[str]] = {}
+        self._node_cards: dict[str, tuple[set[str], float]] = {}
+        """Each node's cards as last read, and when (monotonic)."""
         self._tried: dict[uuid.UUID, float] = {}
         self._lock = asyncio.Lock()
         self._watching = False
@@ -92,12 +96,14 @@ class StarvationWatch:
         return self._watching
 
     async def _check_cards(self, report: NodeUsage) -> None:
-        """Every card named must be the node's (inventory read again on an unknown card)."""
+        """Every card named must be the node's (inventory read again on an unknown card, and
+        once what was read is older than CARDS_TRUSTED_S)."""
         named = {c.gpu for c in report.cards}
-        if not named <= self._node_cards.get(report.node, set()):
+        own, read_at = self._node_cards.get(report.node, (set(), -CARDS_TRUSTED_S))
+        if not named <= own or time.monotonic() - read_at > CARDS_TRUSTED_S:
             own = await in_transaction(self._engine, lambda c: starved.node_cards(c, report.node))
-            self._node_cards[report.node] = own
-        foreign = sorted(named - self._node_cards[report.node])
+            self._node_cards[report.node] = (own, time.monotonic())
+        foreign = sorted(named - own)
         if foreign:
             raise Refused(f"cards {foreign[:3]} are not cards of node {report.node}")
 

@@ -17,6 +17,7 @@ def ensure_same_request(known: ClaimView, spec: ClaimSpec) -> None:
         "class_name": spec.class_name,
         "node_selector": spec.node_selector,
         "placement": spec.placement,
+        "gang": spec.gang,
     }
     stored = {
         "priority": known.priority,
@@ -26,6 +27,7 @@ def ensure_same_request(known: ClaimView, spec: ClaimSpec) -> None:
         "class_name": known.class_name,
         "node_selector": known.node_selector,
         "placement": known.placement,
+        "gang": known.gang,
     }
     errors = [
         FieldError(field=f, message=f"{asked[f]!r} differs from {stored[f]!r} of claim {known.id}")

@@ -1,7 +1,8 @@
 """Per-tenant quotas, checked in the transaction that creates the claim: memory and cards
 count every claim not yet released or failed (pending ones included, so placing them later
-never exceeds the quota), and pending claims are limited too. The tenant's quota row is
-locked, so concurrent creates of one tenant are checked one after another."""
+never exceeds the quota), and a new claim that must wait is held to the pending limit. The
+tenant's quota row is locked, so concurrent creates of one tenant are checked one after
+another."""
 
 from __future__ import annotations
 
@@ -16,8 +17,15 @@ from qshare_allocator.placement.demand import Demand
 
 
 async def check_quota(conn: AsyncConnection, tenant: str, demand: Demand) -> None:
-    """Raise Conflict naming each limit the new claim would pass; no quota row: no limit."""
-    await _check(conn, tenant, demand.vmemory_mib * demand.count, demand.count, 1)
+    """Raise Conflict naming each memory or card limit the new claim would pass; no quota
+    row: no limit. Its pending limit is checked once it is known to wait (`check_pending`)."""
+    await _check(conn, tenant, demand.vmemory_mib * demand.count, demand.count, 0)
+
+
+async def check_pending(conn: AsyncConnection, tenant: str) -> None:
+    """Raise Conflict when one more pending claim (a new one that must wait) passes the
+    pending limit; a claim placed at once never counts against it."""
+    await _check(conn, tenant, 0, 0, 1)
 
 
 async def check_growth(conn: AsyncConnection, tenant: str, memory_mib: int) -> None:

@@ -25,12 +25,13 @@ from qshare.contracts.claims import (
     VgpuView,
 )
 from qshare.contracts.domain import HOLDING_STATUSES, ClaimStatus, Priority
+from qshare.contracts.errors import InvalidInput
 from qshare.contracts.rows import claim_view, node_is_ready, vgpus_of
 from qshare.contracts.schema import claims, nodes
 from qshare.settings import ClusterSettings
 from qshare_allocator.claims.classes import ClassCatalog
 from qshare_allocator.claims.idempotency import ensure_same_request
-from qshare_allocator.claims.quotas import check_quota
+from qshare_allocator.claims.quotas import check_pending, check_quota
 from qshare_allocator.claims.transitions import claim_event_params, locked_claim
 from qshare_allocator.claims.views import demand_of, spec_of
 from qshare_allocator.db import together
@@ -71,6 +72,8 @@ class ClaimService:
         await check_quota(conn, command.tenant, demand)
         claim_id = uuid.uuid4()
         choice, reason = await self._place(conn, claim_id, demand)
+        if choice is None:  # it waits: its evictions, if any, roll back with a refusal
+            await check_pending(conn, command.tenant)
         held = holding(claim_id, demand, choice) if choice else None
         view = _new_view(claim_id, command, held.vgpus if held else [], reason)
         writes = held.statements if held else ()
@@ -92,11 +95,26 @@ class ClaimService:
         row = (await conn.execute(query.with_for_update(skip_locked=True))).one_or_none()
         if row is None:
             return None
-        demand = await self._demand(conn, spec_of(row))
-        placed = await self._place_row(conn, row, demand)
-        if not placed and eviction_plan.may_evict(demand):
+        demand = await self._stored_demand(conn, row)
+        placed = demand is not None and await self._place_row(conn, row, demand)
+        if demand is not None and not placed and eviction_plan.may_evict(demand):
             await self._evict_for_pending(conn, row.id, demand)
         return PendingTry((row.created_at, row.id), placed)
+
+    async def _stored_demand(self, conn: AsyncConnection, row: Any) -> Demand | None:
+        """A stored pending claim's demand; None, with a reason on the claim, when the rules
+        of now refuse what was accepted under earlier ones (a larger minimum slice): it
+        waits, and the sweep goes on to the claims after it."""
+        try:
+            return await self._demand(conn, spec_of(row))
+        except InvalidInput as refused:
+            reason = f"cannot be placed under the cluster's rules now: {refused.detail}"[:253]
+            await conn.execute(
+                update(claims)
+                .where(claims.c.id == row.id, claims.c.reason.is_distinct_from(reason))
+                .values(reason=reason, updated_at=func.now())
+            )
+            return None
 
     async def finish_evictions(self, conn: AsyncConnection) -> int:
         """End the evictions whose grace period is over, and place the claims they made room
@@ -108,7 +126,8 @@ class ClaimService:
             return released
         query = select(claims).where(claims.c.id.in_(waiting))
         for row in (await conn.execute(query.order_by(claims.c.created_at, claims.c.id))).all():
-            await self._place_row(conn, row, await self._demand(conn, spec_of(row)))
+            if (demand := await self._stored_demand(conn, row)) is not None:
+                await self._place_row(conn, row, demand)
         return released
 
     async def _place_row(self, conn: AsyncConnection, row: Any, demand: Demand) -> bool:

@@ -4,6 +4,8 @@ and again after every agent restart; the agent's answers record how the card is 
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import bindparam, case, null, select, update
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -21,11 +23,7 @@ async def ask_sharing(conn: AsyncConnection, command: ChangeSharing) -> GpuView:
     """Record what is asked of the card (its node's row locked first, as placement does) and
     give the node a new desired generation; the caller commits, then dispatches the node."""
     node = await _lock_node_of(conn, command.uuid, asking=command.change is not None)
-    before = (
-        await conn.execute(
-            select(gpus.c.sharing_requested).where(gpus.c.uuid == command.uuid).with_for_update()
-        )
-    ).scalar_one()
+    before = await _locked_request(conn, command.uuid, node)
     asked = None if command.change is None else command.change.over(_read(before))
     stored = None if asked is None else asked.model_dump(mode="json", exclude_none=True)
     if stored != before:
@@ -72,6 +70,18 @@ async def _lock_node_of(conn: AsyncConnection, uuid: str, asking: bool) -> str:
             "take sharing requests; upgrade its node agent first"
         )
     return str(row.name)
+
+
+async def _locked_request(conn: AsyncConnection, uuid: str, node: str) -> Any:
+    """What is asked of the card now, its row locked; NotFound when, once its node's lock
+    was had, the card is no longer that node's (removed, or registered elsewhere)."""
+    query = select(gpus.c.uuid, gpus.c.sharing_requested).where(
+        gpus.c.uuid == uuid, gpus.c.node_name == node
+    )
+    row = (await conn.execute(query.with_for_update())).one_or_none()
+    if row is None:
+        raise NotFound(f"card {uuid} not found")
+    return row.sharing_requested
 
 
 def _read(stored: object) -> SharingSettings | None:

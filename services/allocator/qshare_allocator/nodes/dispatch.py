@@ -213,5 +213,5 @@ class Dispatcher:
             reason = (
                 f"node {row.node_name} did not confirm the vGPUs within {self._apply_timeout_s:g} s"
             )
-            await self.confirmations.fail(conn, row.id, reason)
+            await self.confirmations.fail(conn, row.id, row.node_name, reason)
         return len(rows)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import timedelta
+from typing import Any
 
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -84,7 +85,8 @@ async def start(
 async def finish_due(conn: AsyncConnection, source: str) -> tuple[int, list[uuid.UUID]]:
     """Release the victims whose grace period is over and make them pending again; returns
     how many, and the pending claims they were evicted for, locked, for the caller to place
-    in this transaction (else the room could go to a low-priority claim first)."""
+    in this transaction (else the room could go to a low-priority claim first). A victim
+    whose claim waits no more (deleted, placed elsewhere, failed) is kept where it is."""
     due = (
         await conn.execute(
             select(claims)
@@ -96,6 +98,10 @@ async def finish_due(conn: AsyncConnection, source: str) -> tuple[int, list[uuid
     if not due:
         return 0, []
     waiting = await _lock_evicted_for(conn, [row.id for row in due])
+    made_room_for = await _evicted_for(conn, [row.id for row in due])
+    kept = [row.id for row in due if made_room_for.get(row.id) not in waiting]
+    await _keep(conn, kept)
+    due = [row for row in due if row.id not in kept]
     reason = "evicted for a high-priority claim; waiting to be placed again"
     for row in due:
         await transition(conn, source, row, ClaimStatus.PENDING, reason, release=True,
@@ -107,6 +113,29 @@ async def finish_due(conn: AsyncConnection, source: str) -> tuple[int, list[uuid
             .values(ended_at=func.now())
         )  # fmt: skip
     return len(due), waiting
+
+
+async def _evicted_for(conn: AsyncConnection, victims: list[uuid.UUID]) -> dict[uuid.UUID, Any]:
+    """The claim each of `victims` is being evicted for, by its open eviction record."""
+    query = select(preemptions.c.claim_id, preemptions.c.for_claim).where(
+        preemptions.c.claim_id.in_(victims), preemptions.c.kind == "eviction",
+        preemptions.c.ended_at.is_(None),
+    )  # fmt: skip
+    return {row.claim_id: row.for_claim for row in (await conn.execute(query)).all()}
+
+
+async def _keep(conn: AsyncConnection, victims: list[uuid.UUID]) -> None:
+    """Call off the eviction of `victims` (locked): they keep their vGPUs, and their records
+    end."""
+    if not victims:
+        return
+    await conn.execute(update(claims).where(claims.c.id.in_(victims)).values(evict_at=None))
+    await conn.execute(
+        update(preemptions)
+        .where(preemptions.c.claim_id.in_(victims), preemptions.c.kind == "eviction",
+               preemptions.c.ended_at.is_(None))
+        .values(ended_at=func.now())
+    )  # fmt: skip
 
 
 async def _end_records_of_departed(conn: AsyncConnection) -> None:

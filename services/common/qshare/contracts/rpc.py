@@ -2,7 +2,8 @@
 
 A reply is an envelope; an error reply adds the headers `Nats-Service-Error` and
 `Nats-Service-Error-Code` and carries an `ErrorBody`, which the caller raises again as
-the matching `QshareError`.
+the matching `QshareError`. A reply that is neither (a bug, a version skew, a replier in
+hostile hands) is raised as a `QshareError` too, so every caller handles it as a failed call.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from qshare.contracts import envelope
 from qshare.contracts.errors import (
@@ -46,9 +47,20 @@ async def call(
     body = envelope.encode(envelope.wrap(source, f"io.qshare.{subject}", data))
     with trace.get_tracer(__name__).start_as_current_span(subject, kind=SpanKind.CLIENT):
         msg = await _request(nc, subject, body, timeout)
-    if msg.headers and ERROR_CODE_HEADER in msg.headers:
-        raise QshareError.from_body(ErrorBody.model_validate_json(msg.data))
-    return envelope.decode(msg.data).payload(reply)
+    try:
+        if msg.headers and ERROR_CODE_HEADER in msg.headers:
+            error = QshareError.from_body(ErrorBody.model_validate_json(msg.data))
+        else:
+            return envelope.decode(msg.data).payload(reply)
+    except ValidationError as exc:
+        raise QshareError(f"malformed reply on {subject}: {_first(exc)}") from exc
+    raise error
+
+
+def _first(exc: ValidationError) -> str:
+    """The first problem of a malformed reply, short enough for a log line or a header."""
+    first = exc.errors()[0]
+    return f"{'.'.join(str(p) for p in first['loc']) or 'body'}: {first['msg']}"[:200]
 
 
 async def _request(nc: Client, subject: str, body: bytes, timeout: float) -> Msg:

@@ -1,0 +1,132 @@
+"""The allocator records a node's answer to `cmd.apply` only for a generation it has asked
+of that node: an answer naming a later one (a bug, an agent still counting in the numbering
+of a node row since deleted, a node identity in hostile hands) confirms nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from qshare import bus
+from qshare.contracts import envelope, rpc, subjects
+from qshare.contracts.agent import ApplyDesired, ApplyReply, Refusal
+from qshare.contracts.nodes import GpuSpec, NodeRegistration, NodeView
+from qshare.contracts.schema import nodes
+from qshare_allocator.app import Allocator
+from tests.controlplane.conftest import Claim, claim_status, eventually
+
+NODE = "far-ahead"
+
+
+class Agent:
+    """Answers the first apply with a generation far ahead of any asked, the others truly."""
+
+    def __init__(self, nc: Client) -> None:
+        self.nc = nc
+        self.answers = 0
+
+    async def apply(self, msg: Msg) -> None:
+        desired = envelope.decode(msg.data).payload(ApplyDesired)
+        self.answers += 1
+        generation = 10**9 if self.answers == 1 else desired.generation
+        applied = [] if self.answers == 1 else [v.local_id for v in desired.vgpus]
+        answer = ApplyReply(node=NODE, generation=generation, applied=applied)
+        await rpc.reply_ok(self.nc, msg, f"qshare-node-agent/{NODE}", answer)
+
+
+async def _register(nc: Client) -> None:
+    card = GpuSpec(uuid=f"{NODE}-g0", index=0, model="sim", memory="16Gi")
+    registration = NodeRegistration(name=NODE, gpus=[card], segment=f"seg-{NODE}")
+    await rpc.call(nc, subjects.node_register(NODE), "test", registration, NodeView)
+
+
+async def _generations(engine: AsyncEngine) -> tuple[int, int]:
+    query = select(nodes.c.applied_generation, nodes.c.desired_generation)
+    async with engine.connect() as conn:
+        applied, desired = (await conn.execute(query.where(nodes.c.name == NODE))).one()
+    return int(applied), int(desired)
+
+
+async def _ready(engine: AsyncEngine, claim_id: uuid.UUID) -> bool:
+    return await claim_status(engine, claim_id) == "ready"
+
+
+async def test_an_apply_answer_naming_a_generation_never_asked_is_not_recorded(
+    nc: Client, engine: AsyncEngine, claim: Claim
+) -> None:
+    agent = Agent(nc)
+    sub = await nc.subscribe(subjects.node_command(NODE, "apply"), cb=agent.apply)
+    await bus.settled(nc)
+    try:
+        await _register(nc)
+        placed = await claim("team-a", priority="low")
+        await eventually(lambda: _ready(engine, placed.id))
+    finally:
+        await sub.unsubscribe()
+    applied, desired = await _generations(engine)
+    assert applied <= desired
+
+
+class LateAgent:
+    """Holds its answer to the first apply about vGPUs (refusing them) until `release` is
+    set, and answers every later apply truly at once."""
+
+    def __init__(self, nc: Client) -> None:
+        self.nc = nc
+        self.release = asyncio.Event()
+        self.held = False
+        self.answering: set[asyncio.Task[None]] = set()
+
+    async def apply(self, msg: Msg) -> None:
+        """Each apply answered by a task of its own: a held one holds back no other."""
+        task = asyncio.create_task(self._answer(msg))
+        self.answering.add(task)
+        task.add_done_callback(self.answering.discard)
+
+    async def _answer(self, msg: Msg) -> None:
+        desired = envelope.decode(msg.data).payload(ApplyDesired)
+        ids = [v.local_id for v in desired.vgpus]
+        if ids and not self.held:
+            self.held = True
+            await self.release.wait()
+            no = [Refusal(local_id=i, reason="no room yet") for i in ids]
+            answer = ApplyReply(node=NODE, generation=desired.generation, applied=[], refused=no)
+        else:
+            answer = ApplyReply(node=NODE, generation=desired.generation, applied=ids)
+        await rpc.reply_ok(self.nc, msg, f"qshare-node-agent/{NODE}", answer)
+
+
+async def test_an_answer_older_than_one_confirmed_fails_no_claim_it_since_applied(
+    nc: Client, engine: AsyncEngine, claim: Claim, replicas: list[Allocator]
+) -> None:
+    agent = LateAgent(nc)
+    sub = await nc.subscribe(subjects.node_command(NODE, "apply"), cb=agent.apply)
+    await bus.settled(nc)
+    try:
+        await _register(nc)
+        first = await claim("team-a", priority="low")
+        await eventually(lambda: _holds(agent.held))
+        second = await claim("team-a", priority="low")  # a newer apply, answered at once
+        await eventually(lambda: _ready(engine, first.id))
+        await eventually(lambda: _ready(engine, second.id))
+        agent.release.set()  # the older answer arrives last
+        await eventually(lambda: _no_apply_on_its_way(replicas))
+    finally:
+        await sub.unsubscribe()
+    assert await claim_status(engine, first.id) == "ready"
+
+
+async def _holds(value: bool) -> bool:
+    await asyncio.sleep(0)
+    return value
+
+
+async def _no_apply_on_its_way(replicas: list[Allocator]) -> bool:
+    """Every apply to the node sent and its answer handled (read from the dispatchers'
+    bookkeeping: no other signal tells an answer that changed nothing was handled)."""
+    return all(NODE not in r.dispatcher._in_flight for r in replicas)
