@@ -14,11 +14,11 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from qshare import bus
 from qshare.contracts import envelope, rpc, subjects
-from qshare.contracts.agent import ApplyDesired, ApplyReply, Refusal
-from qshare.contracts.nodes import GpuSpec, NodeRegistration, NodeView
+from qshare.contracts.agent import ApplyDesired, ApplyReply
 from qshare.contracts.schema import nodes
 from qshare_allocator.app import Allocator
 from tests.controlplane.conftest import Claim, claim_status, eventually
+from tests.controlplane.refusing_agent import HeldRefuser, register_one_card
 
 NODE = "far-ahead"
 
@@ -39,12 +39,6 @@ class Agent:
         await rpc.reply_ok(self.nc, msg, f"qshare-node-agent/{NODE}", answer)
 
 
-async def _register(nc: Client) -> None:
-    card = GpuSpec(uuid=f"{NODE}-g0", index=0, model="sim", memory="16Gi")
-    registration = NodeRegistration(name=NODE, gpus=[card], segment=f"seg-{NODE}")
-    await rpc.call(nc, subjects.node_register(NODE), "test", registration, NodeView)
-
-
 async def _generations(engine: AsyncEngine) -> tuple[int, int]:
     query = select(nodes.c.applied_generation, nodes.c.desired_generation)
     async with engine.connect() as conn:
@@ -63,7 +57,7 @@ async def test_an_apply_answer_naming_a_generation_never_asked_is_not_recorded(
     sub = await nc.subscribe(subjects.node_command(NODE, "apply"), cb=agent.apply)
     await bus.settled(nc)
     try:
-        await _register(nc)
+        await register_one_card(nc, NODE)
         placed = await claim("team-a", priority="low")
         await eventually(lambda: _ready(engine, placed.id))
     finally:
@@ -72,43 +66,14 @@ async def test_an_apply_answer_naming_a_generation_never_asked_is_not_recorded(
     assert applied <= desired
 
 
-class LateAgent:
-    """Holds its answer to the first apply about vGPUs (refusing them) until `release` is
-    set, and answers every later apply truly at once."""
-
-    def __init__(self, nc: Client) -> None:
-        self.nc = nc
-        self.release = asyncio.Event()
-        self.held = False
-        self.answering: set[asyncio.Task[None]] = set()
-
-    async def apply(self, msg: Msg) -> None:
-        """Each apply answered by a task of its own: a held one holds back no other."""
-        task = asyncio.create_task(self._answer(msg))
-        self.answering.add(task)
-        task.add_done_callback(self.answering.discard)
-
-    async def _answer(self, msg: Msg) -> None:
-        desired = envelope.decode(msg.data).payload(ApplyDesired)
-        ids = [v.local_id for v in desired.vgpus]
-        if ids and not self.held:
-            self.held = True
-            await self.release.wait()
-            no = [Refusal(local_id=i, reason="no room yet") for i in ids]
-            answer = ApplyReply(node=NODE, generation=desired.generation, applied=[], refused=no)
-        else:
-            answer = ApplyReply(node=NODE, generation=desired.generation, applied=ids)
-        await rpc.reply_ok(self.nc, msg, f"qshare-node-agent/{NODE}", answer)
-
-
 async def test_an_answer_older_than_one_confirmed_fails_no_claim_it_since_applied(
     nc: Client, engine: AsyncEngine, claim: Claim, replicas: list[Allocator]
 ) -> None:
-    agent = LateAgent(nc)
+    agent = HeldRefuser(nc, NODE)
     sub = await nc.subscribe(subjects.node_command(NODE, "apply"), cb=agent.apply)
     await bus.settled(nc)
     try:
-        await _register(nc)
+        await register_one_card(nc, NODE)
         first = await claim("team-a", priority="low")
         await eventually(lambda: _holds(agent.held))
         second = await claim("team-a", priority="low")  # a newer apply, answered at once

@@ -9,51 +9,22 @@ import uuid
 
 import pytest
 from nats.aio.client import Client
-from nats.aio.msg import Msg
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from qshare import bus
-from qshare.contracts import envelope, rpc, subjects
-from qshare.contracts.agent import ApplyDesired, ApplyReply, Refusal
+from qshare.contracts import rpc, subjects
 from qshare.contracts.claims import DeleteClaim
 from qshare.contracts.domain import CardPolicy
 from qshare.contracts.errors import NotFound
-from qshare.contracts.nodes import GpuSpec, GpuView, NodeRegistration, NodeView
+from qshare.contracts.nodes import GpuView
 from qshare.contracts.sharing import ChangeSharing, SharingSettings
 from qshare_allocator.claims.service import ClaimService
 from tests.controlplane.conftest import RULES, Claim, claim_status, eventually
+from tests.controlplane.refusing_agent import HeldRefuser, register_one_card
 from tests.controlplane.test_sharing_requests import register_with_agent
 
 NODE = "refuser"
-
-
-class Agent:
-    """Answers truly, but holds its first answer about vGPUs until `release` is set, and then
-    refuses them all."""
-
-    def __init__(self, nc: Client) -> None:
-        self.nc = nc
-        self.release = asyncio.Event()
-        self.refused = False
-
-    async def apply(self, msg: Msg) -> None:
-        desired = envelope.decode(msg.data).payload(ApplyDesired)
-        ids = [v.local_id for v in desired.vgpus]
-        if ids and not self.refused:
-            self.refused = True
-            await self.release.wait()
-            no = [Refusal(local_id=i, reason="no room in the driver") for i in ids]
-            answer = ApplyReply(node=NODE, generation=desired.generation, applied=[], refused=no)
-        else:
-            answer = ApplyReply(node=NODE, generation=desired.generation, applied=ids)
-        await rpc.reply_ok(self.nc, msg, f"qshare-node-agent/{NODE}", answer)
-
-
-async def _register(nc: Client) -> None:
-    card = GpuSpec(uuid=f"{NODE}-g0", index=0, model="sim", memory="16Gi")
-    registration = NodeRegistration(name=NODE, gpus=[card], segment=f"seg-{NODE}")
-    await rpc.call(nc, subjects.node_register(NODE), "test", registration, NodeView)
 
 
 async def _someone_waits_for_a_lock(engine: AsyncEngine) -> bool:
@@ -69,11 +40,11 @@ async def _settled(engine: AsyncEngine, claim_id: uuid.UUID) -> bool:
 async def test_a_refusal_answered_while_the_claim_is_deleted_leaves_it_released(
     nc: Client, engine: AsyncEngine, claim: Claim
 ) -> None:
-    agent = Agent(nc)
+    agent = HeldRefuser(nc, NODE)
     sub = await nc.subscribe(subjects.node_command(NODE, "apply"), cb=agent.apply)
     await bus.settled(nc)
     try:
-        await _register(nc)
+        await register_one_card(nc, NODE)
         placed = await claim("team-a", priority="low")
         async with engine.begin() as conn:  # a delete, committed once the refusal waits on it
             await ClaimService(RULES, "test").delete(conn, DeleteClaim(claim_id=placed.id))
