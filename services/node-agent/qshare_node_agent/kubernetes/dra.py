@@ -86,8 +86,10 @@ class DraPlugin:
         self._publisher.start()  # it starts the slice watch once the slice is published
 
     def stop(self) -> None:
-        if self._unwatch is not None:
-            self._unwatch()
+        """Idempotent: a second call finds nothing left to stop."""
+        unwatch, self._unwatch = self._unwatch, None
+        if unwatch is not None:
+            unwatch()
         self._stopping.set()
         self._publish_wanted.set()
         if self._publisher is not None:
