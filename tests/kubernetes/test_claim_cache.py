@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -120,6 +121,29 @@ def test_prepare_of_a_claim_not_held_yet_gets_it(
     answer = kubelet.prepare(settings.dra_socket, [claim]).claims[claim[2]]
     assert answer.error == ""
     assert claim_gets(apiserver) == [f"{CLAIMS}/uncached"]
+
+
+def test_a_claim_dropped_from_the_cache_during_a_prepare_is_not_read_again(
+    dra: DraPlugin,
+    kubelet: KubeletDouble,
+    settings: KubernetesSettings,
+    apiserver: ApiServerDouble,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The claims are taken once, up front: a drop between two claims of one request (as a
+    watch event can make) brings no GET, which would block the plugin's event loop."""
+    first, second = (store_claim(apiserver, resource_claim(n)) for n in ("one", "two"))
+    wait_for(lambda: dra.claims.holds(*first) and dra.claims.holds(*second))
+    prepare = dra.backend.prepare
+
+    def dropping_the_second(*args: Any, **kwargs: Any) -> Any:
+        dra.claims.forget(second[2])
+        return prepare(*args, **kwargs)
+
+    monkeypatch.setattr(dra.backend, "prepare", dropping_the_second)
+    answers = kubelet.prepare(settings.dra_socket, [first, second]).claims
+    assert [answers[c[2]].error for c in (first, second)] == ["", ""]
+    assert claim_gets(apiserver) == []
 
 
 def test_a_cache_that_cannot_list_holds_nothing_and_stops_cleanly(

@@ -95,6 +95,14 @@ def test_both_resources_register_with_the_kubelet(
     }
 
 
+def test_stopping_the_plugin_twice_is_harmless(
+    plugin: DevicePlugin, settings: KubernetesSettings
+) -> None:
+    plugin.stop()
+    plugin.stop()
+    assert not (settings.device_plugin_dir / "qshare-vcore.sock").exists()
+
+
 def test_the_plugin_registers_again_when_a_restarted_kubelet_empties_its_directory(
     plugin: DevicePlugin, kubelet: KubeletDouble, settings: KubernetesSettings
 ) -> None:

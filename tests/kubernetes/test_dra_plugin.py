@@ -49,6 +49,14 @@ def test_kubelet_registers_the_plugin_as_a_dra_driver(
     assert dra.registration.registered.is_set()
 
 
+def test_stopping_the_plugin_twice_is_harmless(
+    dra: DraPlugin, settings: KubernetesSettings
+) -> None:
+    dra.stop()
+    dra.stop()
+    assert not settings.dra_socket.exists()
+
+
 def test_a_refused_registration_is_recorded_with_the_kubelets_reason(
     dra: DraPlugin, kubelet: KubeletDouble, settings: KubernetesSettings
 ) -> None:

@@ -42,6 +42,18 @@ def test_the_agent_starts_and_stops_both_plugins_together(
     assert not (settings.device_plugin_dir / "qshare-vcore.sock").exists()
 
 
+def test_stopping_both_plugins_twice_is_harmless(
+    settings: KubernetesSettings, backend: LocalVgpus, kubelet: KubeletDouble
+) -> None:
+    settings.device_plugin_dir.mkdir(parents=True)
+    kubelet.serve_device_registration(settings.device_plugin_dir / "kubelet.sock")
+    plugins = KubernetesPlugins(settings, backend, sweep_s=0.05)
+    plugins.start()
+    plugins.stop()
+    plugins.stop()
+    assert not settings.dra_socket.exists()
+
+
 def test_the_node_label_names_the_card_policy(
     settings: KubernetesSettings, backend: LocalVgpus, apiserver: ApiServerDouble
 ) -> None:

@@ -24,7 +24,7 @@ from qshare.contracts.domain import (
     NODE_LABEL,
     POLICY_LABEL,
 )
-from qshare.contracts.errors import InvalidInput, QshareError
+from qshare.contracts.errors import InvalidInput, QshareError, Unavailable
 from qshare.contracts.nodes import GpuSpec, Heartbeat, NodeRegistration, NodeView
 from qshare.contracts.sharing import CardSharing
 from qshare.contracts.tracing import flush_tracing, handling, setup_tracing
@@ -70,6 +70,8 @@ class NodeAgent(Service):
         self._registering: asyncio.Task[None] | None = None
         self._plugins: AgentPlugins | None = None
         self.registered = asyncio.Event()
+        self._stopping = False
+        """Set first thing in `stop()`: commands and announce requests then start no work."""
         self.reregistrations = 0
         """Registrations made again because the allocator asked (`cmd.register`)."""
         self._health: health.HealthServer | None = None
@@ -134,6 +136,7 @@ class NodeAgent(Service):
                  self.settings.segment_name)  # fmt: skip
 
     async def stop(self) -> None:
+        self._stopping = True
         self.probes.stopping()
         if self._health is not None:
             await self._health.stop()
@@ -184,7 +187,11 @@ class NodeAgent(Service):
 
     async def _reconnected(self) -> None:
         """Card events published while NATS was away may have reached no preemptor."""
-        if self.announcer is not None:
+        self._request_announcement()
+
+    def _request_announcement(self) -> None:
+        """Announce the cards' state (rate-limited); nothing once the agent is stopping."""
+        if self.announcer is not None and not self._stopping:
             self.announcer.request()
 
     async def _on_announce(self, msg: Msg) -> None:
@@ -195,8 +202,7 @@ class NodeAgent(Service):
             log.warning("node agent %s: malformed announce request ignored: %s", self.name,
                         exc.errors()[:3])  # fmt: skip
             return
-        if self.announcer is not None:
-            self.announcer.request()
+        self._request_announcement()
 
     def registration(self) -> NodeRegistration:
         gpus = [
@@ -257,8 +263,7 @@ class NodeAgent(Service):
         self._commands.converger.new_numbering()
         await self._register()
         self.reregistrations += 1
-        if self.announcer is not None:
-            self.announcer.request()
+        self._request_announcement()
 
     async def _beat(self) -> None:
         assert self._nc is not None
@@ -309,6 +314,8 @@ class NodeAgent(Service):
         assert self._nc is not None and self._commands is not None
         verb = msg.subject.rsplit(".", 1)[-1]
         try:
+            if self._stopping:  # its tasks may be cancelled and its plugins stopped already
+                raise Unavailable(f"node agent {self.name} is stopping; {verb} not done")
             model = self._commands.payload_type(verb)
             payload = _decode(msg, model)
             result = self._command(verb, payload)

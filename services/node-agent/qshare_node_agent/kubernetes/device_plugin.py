@@ -186,8 +186,10 @@ class DevicePlugin:
         self._unwatch = self.backend.watch_cards(lambda _cards: self._changed())
 
     def stop(self) -> None:
-        if self._unwatch is not None:
-            self._unwatch()
+        """Idempotent: a second call finds nothing left to stop."""
+        unwatch, self._unwatch = self._unwatch, None
+        if unwatch is not None:
+            unwatch()
         for plugin in (self.vcore, self.vmemory):
             plugin.stop()
 

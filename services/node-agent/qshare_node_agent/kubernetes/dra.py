@@ -86,8 +86,10 @@ class DraPlugin:
         self._publisher.start()  # it starts the slice watch once the slice is published
 
     def stop(self) -> None:
-        if self._unwatch is not None:
-            self._unwatch()
+        """Idempotent: a second call finds nothing left to stop."""
+        unwatch, self._unwatch = self._unwatch, None
+        if unwatch is not None:
+            unwatch()
         self._stopping.set()
         self._publish_wanted.set()
         if self._publisher is not None:
@@ -144,10 +146,12 @@ class DraPlugin:
     async def _prepare_async(self, request: Any, context: Any) -> Any:
         """On the server's loop when every claim is held (no I/O but the node's own, well
         under a millisecond), answered once a group commit saved it; in a thread, saved
-        there, when a claim must be read from the API server."""
-        if not all(self.claims.holds(c.namespace, c.name, c.uid) for c in request.claims):
-            return await asyncio.to_thread(self._prepare_rpc, request, context)
-        response, staged = self._prepare_all(request, durable=False)
+        there, when a claim must be read from the API server. The held claims are taken
+        once, here: one the watch drops meanwhile is not read again on the loop."""
+        held = self._held_claims(request)
+        if None in held.values():
+            return await asyncio.to_thread(self._prepare_rpc, request, held)
+        response, staged = self._prepare_all(request, held, durable=False)
         if not staged:  # nothing made: nothing to wait for
             return response
         try:
@@ -163,11 +167,22 @@ class DraPlugin:
         await self.commits.settled()
         return self._unprepare_rpc(request, context)
 
-    def _prepare_rpc(self, request: Any, context: Any) -> Any:
-        return self._prepare_all(request, durable=True)[0]
+    def _held_claims(self, request: Any) -> dict[str, dict[str, Any] | None]:
+        """Each claim of the request as the cache holds it now, by uid (None: a miss)."""
+        held: dict[str, dict[str, Any] | None] = {}
+        for c in request.claims:
+            if c.uid not in held:
+                held[c.uid] = self.claims.get(c.namespace, c.name, c.uid)
+        return held
 
-    def _prepare_all(self, request: Any, durable: bool) -> tuple[Any, dict[str, _Staged]]:
-        """The answer to every claim of the request, and what was made for each claim."""
+    def _prepare_rpc(self, request: Any, held: dict[str, dict[str, Any] | None]) -> Any:
+        return self._prepare_all(request, held, durable=True)[0]
+
+    def _prepare_all(
+        self, request: Any, held: dict[str, dict[str, Any] | None], durable: bool
+    ) -> tuple[Any, dict[str, _Staged]]:
+        """The answer to every claim of the request, and what was made for each claim;
+        a claim not `held` is read from the API server (blocking: not on the loop)."""
         response = _api_of(request).message("NodePrepareResourcesResponse")
         staged: dict[str, _Staged] = {}
         for claim in request.claims:
@@ -175,9 +190,8 @@ class DraPlugin:
                 continue
             answer = response.claims[claim.uid]
             try:
-                made = staged[claim.uid] = self._prepare(
-                    claim.namespace, claim.name, claim.uid, durable
-                )
+                body = held.get(claim.uid) or self._read_claim(claim.namespace, claim.name)
+                made = staged[claim.uid] = self._prepare(body, claim.uid, durable)
             except Exception as exc:
                 _refuse(answer, claim, exc)
                 continue
@@ -208,10 +222,9 @@ class DraPlugin:
         return response
 
     # -- claims ------------------------------------------------------------------------
-    def _prepare(self, namespace: str, name: str, uid: str, durable: bool) -> _Staged:
+    def _prepare(self, claim: dict[str, Any], uid: str, durable: bool) -> _Staged:
         """All or nothing; unless `durable`, the caller must `backend.save()` (and give
         back what was made if that fails) before answering."""
-        claim = self.claims.get(namespace, name, uid) or self._read_claim(namespace, name)
         wanted = shares(
             claim,
             uid,
