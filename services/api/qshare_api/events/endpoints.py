@@ -14,8 +14,10 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query
 from fastapi.responses import StreamingResponse
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from pydantic import AfterValidator
 from sqlalchemy import select
+from starlette.types import Receive, Scope, Send
 
 from qshare import bus
 from qshare.contracts.schema import claims
@@ -69,28 +71,49 @@ async def stream(
             queue.put_nowait(msg)
 
     sub = await res.nc.subscribe(subject, cb=enqueue)
-    await bus.settled(res.nc, within_s=2)  # once the stream opens, later events reach it
-    tenant = caller.tenant_filter()
-    return StreamingResponse(_messages(queue, sub, tenant, res), media_type="text/event-stream")
+    try:
+        await bus.settled(res.nc, within_s=2)  # once the stream opens, later events reach it
+    except BaseException:
+        await _unsubscribe(sub)
+        raise
+    return EventStream(sub, _messages(queue, caller.tenant_filter(), res))
+
+
+class EventStream(StreamingResponse):
+    """The stream owns its subscription: it ends with the response, however that ends, also
+    when the client leaves before the first byte (the body then never starts)."""
+
+    def __init__(self, sub: Subscription, body: AsyncIterator[str]) -> None:
+        super().__init__(body, media_type="text/event-stream")
+        self.sub = sub
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await _unsubscribe(self.sub)
+
+
+async def _unsubscribe(sub: Subscription) -> None:
+    """nats-py forgets the subscription before it tells the server, so even a cancelled call
+    leaves no callback behind."""
+    with contextlib.suppress(Exception):  # the connection may be closing already
+        await sub.unsubscribe()
 
 
 async def _messages(
-    queue: asyncio.Queue[Msg], sub: object, tenant: str | None, res: Resources
+    queue: asyncio.Queue[Msg], tenant: str | None, res: Resources
 ) -> AsyncIterator[str]:
-    try:
-        yield ": qshare events\n\n"
-        while True:
-            try:
-                msg = await asyncio.wait_for(queue.get(), KEEPALIVE_S)
-            except TimeoutError:
-                yield ": keep-alive\n\n"
-                continue
-            visible = tenant is None or await _visible(msg.subject, tenant, res)
-            if visible and (data := _one_line(msg)) is not None:
-                yield f"event: {msg.subject}\ndata: {data}\n\n"
-    finally:
-        with contextlib.suppress(Exception):  # the connection may be closing already
-            await sub.unsubscribe()  # type: ignore[attr-defined]
+    yield ": qshare events\n\n"
+    while True:
+        try:
+            msg = await asyncio.wait_for(queue.get(), KEEPALIVE_S)
+        except TimeoutError:
+            yield ": keep-alive\n\n"
+            continue
+        visible = tenant is None or await _visible(msg.subject, tenant, res)
+        if visible and (data := _one_line(msg)) is not None:
+            yield f"event: {msg.subject}\ndata: {data}\n\n"
 
 
 def _one_line(msg: Msg) -> str | None:
