@@ -8,6 +8,7 @@ import contextlib
 import json
 import logging
 import re
+import uuid
 from collections.abc import AsyncIterator
 from typing import Annotated
 
@@ -30,6 +31,7 @@ router = APIRouter(prefix="/v1/events", tags=["events"], responses=PROBLEMS)
 Res = Annotated[Resources, Depends(resources)]
 KEEPALIVE_S = 15.0
 QUEUE_LIMIT = 1000
+OWNERS_LIMIT = 10_000
 
 
 SUBJECT = re.compile(r"qshare\.evt(\.([A-Za-z0-9_-]+|\*))*(\.>)?")
@@ -76,7 +78,8 @@ async def stream(
     except BaseException:
         await _unsubscribe(sub)
         raise
-    return EventStream(sub, _messages(queue, caller.tenant_filter(), res))
+    owners = None if caller.is_admin else Owners(caller.tenant, res)
+    return EventStream(sub, _messages(queue, owners))
 
 
 class EventStream(StreamingResponse):
@@ -101,9 +104,7 @@ async def _unsubscribe(sub: Subscription) -> None:
         await sub.unsubscribe()
 
 
-async def _messages(
-    queue: asyncio.Queue[Msg], tenant: str | None, res: Resources
-) -> AsyncIterator[str]:
+async def _messages(queue: asyncio.Queue[Msg], owners: Owners | None) -> AsyncIterator[str]:
     yield ": qshare events\n\n"
     while True:
         try:
@@ -111,7 +112,7 @@ async def _messages(
         except TimeoutError:
             yield ": keep-alive\n\n"
             continue
-        visible = tenant is None or await _visible(msg.subject, tenant, res)
+        visible = owners is None or await owners.sees(msg.subject)
         if visible and (data := _one_line(msg)) is not None:
             yield f"event: {msg.subject}\ndata: {data}\n\n"
 
@@ -126,14 +127,48 @@ def _one_line(msg: Msg) -> str | None:
         return None
 
 
-async def _visible(subject: str, tenant: str, res: Resources) -> bool:
-    """A tenant sees the events of its own claims only."""
+class Owners:
+    """What one tenant's stream may show: the events of its own claims only. A claim's tenant
+    never changes, so each claim costs one query per stream, not one per event."""
+
+    def __init__(self, tenant: str, res: Resources) -> None:
+        self.tenant = tenant
+        self.res = res
+        self.known: dict[uuid.UUID, str] = {}
+
+    async def sees(self, subject: str) -> bool:
+        claim_id = _claim_id(subject)
+        return claim_id is not None and await self.owner(claim_id) == self.tenant
+
+    async def owner(self, claim_id: uuid.UUID) -> str | None:
+        """The claim's tenant; None, not remembered, when it is not found or not read."""
+        if claim_id in self.known:
+            return self.known[claim_id]
+        found = await _read_owner(claim_id, self.res)
+        if found is not None:
+            if len(self.known) >= OWNERS_LIMIT:  # a stream open for months stays bounded
+                del self.known[next(iter(self.known))]
+            self.known[claim_id] = found
+        return found
+
+
+def _claim_id(subject: str) -> uuid.UUID | None:
+    """The claim of `qshare.evt.claim.<id>.…`; None for any other subject."""
     parts = subject.split(".")
     if len(parts) < 4 or parts[2] != "claim":
-        return False
-    query = select(claims.c.tenant).where(claims.c.id == parts[3])
+        return None
+    try:
+        return uuid.UUID(parts[3])
+    except ValueError:
+        return None
+
+
+async def _read_owner(claim_id: uuid.UUID, res: Resources) -> str | None:
+    query = select(claims.c.tenant).where(claims.c.id == claim_id)
     try:
         async with res.reader.connect() as conn:
-            return (await conn.execute(query)).scalar_one_or_none() == tenant
+            owner: str | None = (await conn.execute(query)).scalar_one_or_none()
     except Exception:
-        return False
+        log.warning("could not read the owner of claim %s; its event is not streamed", claim_id)
+        return None
+    return owner
