@@ -176,6 +176,19 @@ async def test_the_idempotency_key_header_works_like_the_field(
     assert again["id"] == first["id"]
 
 
+async def test_an_idempotency_key_header_differing_from_the_field_is_refused(
+    api: httpx.AsyncClient, register: Register, team_a: dict[str, str]
+) -> None:
+    await register("n1")
+    headers = team_a | {"Idempotency-Key": "job-3"}
+    body = GOOD | {"idempotency_key": "job-4"}
+    response = await api.post("/v1/claims", json=body, headers=headers)
+    assert response.status_code == 422, response.text
+    fields = [e["field"] for e in response.json()["errors"]]
+    assert fields == ["Idempotency-Key", "idempotency_key"]
+    assert (await api.get("/v1/claims", headers=team_a)).json()["items"] == []
+
+
 async def test_listing_filters_and_pages(
     api: httpx.AsyncClient, register: Register, team_a: dict[str, str]
 ) -> None:

@@ -41,6 +41,30 @@ async def test_a_nul_byte_in_a_parameter_is_a_422_naming_it(
     assert field in _fields(await api.get(path, headers=auth(ADMIN_TOKEN)))
 
 
+@pytest.mark.parametrize("tenant", ["%20", "%20%20", "%20team-a", "team-a%20", "team%09a", "a%7F"])
+async def test_a_blank_or_padded_tenant_in_a_quota_path_is_a_422_naming_it(
+    api: httpx.AsyncClient, tenant: str
+) -> None:
+    response = await api.put(f"/v1/quotas/{tenant}", json={}, headers=auth(ADMIN_TOKEN))
+    assert _fields(response) == ["tenant"]
+
+
+@pytest.mark.parametrize("tenant", [" ", " team-a", "team-a\n", "team\u0085a"])
+async def test_a_blank_or_padded_tenant_in_a_token_is_a_422_naming_it(
+    api: httpx.AsyncClient, tenant: str
+) -> None:
+    body = {"name": "padded", "tenant": tenant, "role": "tenant"}
+    response = await api.post("/v1/tokens", json=body, headers=auth(ADMIN_TOKEN))
+    assert _fields(response) == ["tenant"]
+
+
+@pytest.mark.parametrize("path", ["/v1/claims?tenant=%20", "/v1/me/quota?tenant=a%20"])
+async def test_a_blank_or_padded_tenant_filter_is_a_422_naming_it(
+    api: httpx.AsyncClient, path: str
+) -> None:
+    assert _fields(await api.get(path, headers=auth(ADMIN_TOKEN))) == ["tenant"]
+
+
 @pytest.mark.parametrize(
     "created", ["0001-01-01T00:00:00+14:00", "9999-12-31T23:59:59-14:00", "2025-01-01T00:00:00"]
 )

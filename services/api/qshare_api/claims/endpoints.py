@@ -19,7 +19,7 @@ from qshare.contracts.claims import (
     ResizeClaim,
 )
 from qshare.contracts.domain import ClaimStatus, Priority
-from qshare.contracts.errors import InvalidInput, NotFound
+from qshare.contracts.errors import FieldError, InvalidInput, NotFound
 from qshare.db import snapshot
 from qshare_api.auth import Caller
 from qshare_api.claims.repository import ClaimFilter, get_claim, list_claims
@@ -52,8 +52,7 @@ async def create_claim(
     response: Response,
     idempotency_key: Annotated[str | None, Header(max_length=128)] = None,
 ) -> ClaimView:
-    if idempotency_key and not spec.idempotency_key:
-        spec = spec.model_copy(update={"idempotency_key": idempotency_key})
+    spec = _with_idempotency_key(spec, idempotency_key)
     command = CreateClaim(tenant=caller.tenant, spec=spec)
     reply = await rpc.call(
         res.nc, subjects.CLAIMS_CREATE, res.source, command, CreateClaimReply,
@@ -62,6 +61,24 @@ async def create_claim(
     if not reply.created:
         response.status_code = status.HTTP_200_OK
     return reply.claim
+
+
+def _with_idempotency_key(spec: ClaimSpec, header: str | None) -> ClaimSpec:
+    """The key from the header or the body; both given must agree, else nothing is created."""
+    if not header:
+        return spec
+    if spec.idempotency_key is None:
+        return spec.model_copy(update={"idempotency_key": header})
+    if spec.idempotency_key != header:
+        message = "the Idempotency-Key header and the body's idempotency_key differ"
+        raise InvalidInput(
+            message,
+            [FieldError(field=field, message=message) for field in _KEY_FIELDS],
+        )
+    return spec
+
+
+_KEY_FIELDS = ("Idempotency-Key", "idempotency_key")
 
 
 @router.get("", response_model=ClaimPage, summary="List claims, oldest first")

@@ -8,14 +8,17 @@ import contextlib
 import json
 import logging
 import re
+import uuid
 from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query
 from fastapi.responses import StreamingResponse
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from pydantic import AfterValidator
 from sqlalchemy import select
+from starlette.types import Receive, Scope, Send
 
 from qshare import bus
 from qshare.contracts.schema import claims
@@ -28,6 +31,7 @@ router = APIRouter(prefix="/v1/events", tags=["events"], responses=PROBLEMS)
 Res = Annotated[Resources, Depends(resources)]
 KEEPALIVE_S = 15.0
 QUEUE_LIMIT = 1000
+OWNERS_LIMIT = 10_000
 
 
 SUBJECT = re.compile(r"qshare\.evt(\.([A-Za-z0-9_-]+|\*))*(\.>)?")
@@ -69,28 +73,48 @@ async def stream(
             queue.put_nowait(msg)
 
     sub = await res.nc.subscribe(subject, cb=enqueue)
-    await bus.settled(res.nc, within_s=2)  # once the stream opens, later events reach it
-    tenant = caller.tenant_filter()
-    return StreamingResponse(_messages(queue, sub, tenant, res), media_type="text/event-stream")
-
-
-async def _messages(
-    queue: asyncio.Queue[Msg], sub: object, tenant: str | None, res: Resources
-) -> AsyncIterator[str]:
     try:
-        yield ": qshare events\n\n"
-        while True:
-            try:
-                msg = await asyncio.wait_for(queue.get(), KEEPALIVE_S)
-            except TimeoutError:
-                yield ": keep-alive\n\n"
-                continue
-            visible = tenant is None or await _visible(msg.subject, tenant, res)
-            if visible and (data := _one_line(msg)) is not None:
-                yield f"event: {msg.subject}\ndata: {data}\n\n"
-    finally:
-        with contextlib.suppress(Exception):  # the connection may be closing already
-            await sub.unsubscribe()  # type: ignore[attr-defined]
+        await bus.settled(res.nc, within_s=2)  # once the stream opens, later events reach it
+    except BaseException:
+        await _unsubscribe(sub)
+        raise
+    owners = None if caller.is_admin else Owners(caller.tenant, res)
+    return EventStream(sub, _messages(queue, owners))
+
+
+class EventStream(StreamingResponse):
+    """The stream owns its subscription: it ends with the response, however that ends, also
+    when the client leaves before the first byte (the body then never starts)."""
+
+    def __init__(self, sub: Subscription, body: AsyncIterator[str]) -> None:
+        super().__init__(body, media_type="text/event-stream")
+        self.sub = sub
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await _unsubscribe(self.sub)
+
+
+async def _unsubscribe(sub: Subscription) -> None:
+    """nats-py forgets the subscription before it tells the server, so even a cancelled call
+    leaves no callback behind."""
+    with contextlib.suppress(Exception):  # the connection may be closing already
+        await sub.unsubscribe()
+
+
+async def _messages(queue: asyncio.Queue[Msg], owners: Owners | None) -> AsyncIterator[str]:
+    yield ": qshare events\n\n"
+    while True:
+        try:
+            msg = await asyncio.wait_for(queue.get(), KEEPALIVE_S)
+        except TimeoutError:
+            yield ": keep-alive\n\n"
+            continue
+        visible = owners is None or await owners.sees(msg.subject)
+        if visible and (data := _one_line(msg)) is not None:
+            yield f"event: {msg.subject}\ndata: {data}\n\n"
 
 
 def _one_line(msg: Msg) -> str | None:
@@ -103,14 +127,48 @@ def _one_line(msg: Msg) -> str | None:
         return None
 
 
-async def _visible(subject: str, tenant: str, res: Resources) -> bool:
-    """A tenant sees the events of its own claims only."""
+class Owners:
+    """What one tenant's stream may show: the events of its own claims only. A claim's tenant
+    never changes, so each claim costs one query per stream, not one per event."""
+
+    def __init__(self, tenant: str, res: Resources) -> None:
+        self.tenant = tenant
+        self.res = res
+        self.known: dict[uuid.UUID, str] = {}
+
+    async def sees(self, subject: str) -> bool:
+        claim_id = _claim_id(subject)
+        return claim_id is not None and await self.owner(claim_id) == self.tenant
+
+    async def owner(self, claim_id: uuid.UUID) -> str | None:
+        """The claim's tenant; None, not remembered, when it is not found or not read."""
+        if claim_id in self.known:
+            return self.known[claim_id]
+        found = await _read_owner(claim_id, self.res)
+        if found is not None:
+            if len(self.known) >= OWNERS_LIMIT:  # a stream open for months stays bounded
+                del self.known[next(iter(self.known))]
+            self.known[claim_id] = found
+        return found
+
+
+def _claim_id(subject: str) -> uuid.UUID | None:
+    """The claim of `qshare.evt.claim.<id>.…`; None for any other subject."""
     parts = subject.split(".")
     if len(parts) < 4 or parts[2] != "claim":
-        return False
-    query = select(claims.c.tenant).where(claims.c.id == parts[3])
+        return None
+    try:
+        return uuid.UUID(parts[3])
+    except ValueError:
+        return None
+
+
+async def _read_owner(claim_id: uuid.UUID, res: Resources) -> str | None:
+    query = select(claims.c.tenant).where(claims.c.id == claim_id)
     try:
         async with res.reader.connect() as conn:
-            return (await conn.execute(query)).scalar_one_or_none() == tenant
+            owner: str | None = (await conn.execute(query)).scalar_one_or_none()
     except Exception:
-        return False
+        log.warning("could not read the owner of claim %s; its event is not streamed", claim_id)
+        return None
+    return owner

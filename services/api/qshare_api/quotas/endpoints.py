@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path, Query, status
+from fastapi import APIRouter, Depends, status
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.dialects.postgresql import insert
@@ -16,18 +16,14 @@ from qshare.contracts.errors import Forbidden, NotFound
 from qshare.contracts.rows import quota_usage
 from qshare.contracts.schema import quotas
 from qshare_api.auth import Admin, Caller
-from qshare_api.params import NO_NUL
+from qshare_api.params import TenantFilter, TenantPath
 from qshare_api.problems import PROBLEMS
 from qshare_api.resources import Resources, resources
 
 router = APIRouter(prefix="/v1/quotas", tags=["quotas"], responses=PROBLEMS)
 own = APIRouter(prefix="/v1/me", tags=["quotas"], responses=PROBLEMS)
 Res = Annotated[Resources, Depends(resources)]
-Tenant = Annotated[str, Path(min_length=1, max_length=128, pattern=NO_NUL)]
 Limit = Annotated[int | None, Field(ge=0, le=1_000_000), WHOLE]
-TenantQuery = Annotated[
-    str | None, Query(min_length=1, max_length=128, pattern=NO_NUL, description="admins only")
-]
 
 
 class QuotaSpec(BaseModel):
@@ -64,7 +60,7 @@ class QuotaAndUsage(Quota):
 
 
 @own.get("/quota", response_model=QuotaAndUsage, summary="The caller's quota and usage")
-async def my_quota(caller: Caller, res: Res, tenant: TenantQuery = None) -> QuotaAndUsage:
+async def my_quota(caller: Caller, res: Res, tenant: TenantFilter = None) -> QuotaAndUsage:
     """A tenant reads only its own; an admin reads its own or, with `tenant`, anyone's."""
     if tenant is not None and tenant != caller.tenant and not caller.is_admin:
         raise Forbidden("only admins may read another tenant's quota")
@@ -80,13 +76,13 @@ async def my_quota(caller: Caller, res: Res, tenant: TenantQuery = None) -> Quot
 
 
 @router.put("/{tenant}", response_model=Quota, summary="Set a tenant's whole quota (admins)")
-async def set_quota(tenant: Tenant, body: QuotaSpec, caller: Admin, res: Res) -> Quota:
+async def set_quota(tenant: TenantPath, body: QuotaSpec, caller: Admin, res: Res) -> Quota:
     """Replaces the quota: a limit the body leaves out is no limit (PATCH changes some)."""
     return await _upsert(res, tenant, body.model_dump())
 
 
 @router.patch("/{tenant}", response_model=Quota, summary="Change some of a tenant's limits")
-async def change_quota(tenant: Tenant, body: QuotaSpec, caller: Admin, res: Res) -> Quota:
+async def change_quota(tenant: TenantPath, body: QuotaSpec, caller: Admin, res: Res) -> Quota:
     """Admins. Only the limits the body names change (`null`: no limit), the others are
     kept; a tenant without a quota gets one with just these limits. An empty body `{}`
     changes nothing: it returns the quota as it is, or 404 where the tenant has none (as a
@@ -139,7 +135,7 @@ async def list_quotas(caller: Admin, res: Res) -> list[Quota]:
 @router.delete(
     "/{tenant}", status_code=status.HTTP_204_NO_CONTENT, summary="Clear a quota (admins)"
 )
-async def clear_quota(tenant: Tenant, caller: Admin, res: Res) -> None:
+async def clear_quota(tenant: TenantPath, caller: Admin, res: Res) -> None:
     async with res.engine.begin() as conn:
         gone = await conn.execute(
             delete(quotas).where(quotas.c.tenant == tenant).returning(quotas.c.tenant)

@@ -13,6 +13,7 @@ from qshare.contracts.claims import Text
 from qshare.contracts.domain import Role, TokenScope
 from qshare.contracts.errors import NotFound
 from qshare_api.auth import Admin, new_secret
+from qshare_api.params import TenantName
 from qshare_api.problems import PROBLEMS
 from qshare_api.resources import Resources, resources
 from qshare_api.tokens.repository import list_tokens, revoke_token, store_token
@@ -30,7 +31,7 @@ class TokenRequest(BaseModel):
     )
 
     name: Annotated[Text, Field(min_length=1, max_length=128)]
-    tenant: Annotated[Text, Field(min_length=1, max_length=128)]
+    tenant: TenantName
     role: Role = Role.TENANT
     scope: TokenScope = Field(TokenScope.WRITE, description="`read`: GET requests only")
     expires_in_s: Annotated[
