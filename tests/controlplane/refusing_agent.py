@@ -5,10 +5,13 @@ other apply truly at once."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from qshare import bus
 from qshare.contracts import envelope, rpc, subjects
 from qshare.contracts.agent import ApplyDesired, ApplyReply, Refusal
 from qshare.contracts.nodes import GpuSpec, NodeRegistration, NodeView
@@ -48,3 +51,16 @@ class HeldRefuser:
         else:
             answer = ApplyReply(node=self.node, generation=generation, applied=ids)
         await rpc.reply_ok(self.nc, msg, f"qshare-node-agent/{self.node}", answer)
+
+
+@asynccontextmanager
+async def held_refuser(nc: Client, node: str) -> AsyncIterator[HeldRefuser]:
+    """A HeldRefuser answering `node`'s applies, the node registered with one card."""
+    agent = HeldRefuser(nc, node)
+    sub = await nc.subscribe(subjects.node_command(node, "apply"), cb=agent.apply)
+    await bus.settled(nc)
+    try:
+        await register_one_card(nc, node)
+        yield agent
+    finally:
+        await sub.unsubscribe()

@@ -18,7 +18,7 @@ from qshare.contracts.agent import ApplyDesired, ApplyReply
 from qshare.contracts.schema import nodes
 from qshare_allocator.app import Allocator
 from tests.controlplane.conftest import Claim, claim_status, eventually
-from tests.controlplane.refusing_agent import HeldRefuser, register_one_card
+from tests.controlplane.refusing_agent import held_refuser, register_one_card
 
 NODE = "far-ahead"
 
@@ -69,11 +69,7 @@ async def test_an_apply_answer_naming_a_generation_never_asked_is_not_recorded(
 async def test_an_answer_older_than_one_confirmed_fails_no_claim_it_since_applied(
     nc: Client, engine: AsyncEngine, claim: Claim, replicas: list[Allocator]
 ) -> None:
-    agent = HeldRefuser(nc, NODE)
-    sub = await nc.subscribe(subjects.node_command(NODE, "apply"), cb=agent.apply)
-    await bus.settled(nc)
-    try:
-        await register_one_card(nc, NODE)
+    async with held_refuser(nc, NODE) as agent:
         first = await claim("team-a", priority="low")
         await eventually(lambda: _holds(agent.held))
         second = await claim("team-a", priority="low")  # a newer apply, answered at once
@@ -81,8 +77,6 @@ async def test_an_answer_older_than_one_confirmed_fails_no_claim_it_since_applie
         await eventually(lambda: _ready(engine, second.id))
         agent.release.set()  # the older answer arrives last
         await eventually(lambda: _no_apply_on_its_way(replicas))
-    finally:
-        await sub.unsubscribe()
     assert await claim_status(engine, first.id) == "ready"
 
 

@@ -12,7 +12,6 @@ from nats.aio.client import Client
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from qshare import bus
 from qshare.contracts import rpc, subjects
 from qshare.contracts.claims import DeleteClaim
 from qshare.contracts.domain import CardPolicy
@@ -21,7 +20,7 @@ from qshare.contracts.nodes import GpuView
 from qshare.contracts.sharing import ChangeSharing, SharingSettings
 from qshare_allocator.claims.service import ClaimService
 from tests.controlplane.conftest import RULES, Claim, claim_status, eventually
-from tests.controlplane.refusing_agent import HeldRefuser, register_one_card
+from tests.controlplane.refusing_agent import held_refuser
 from tests.controlplane.test_sharing_requests import register_with_agent
 
 NODE = "refuser"
@@ -40,19 +39,13 @@ async def _settled(engine: AsyncEngine, claim_id: uuid.UUID) -> bool:
 async def test_a_refusal_answered_while_the_claim_is_deleted_leaves_it_released(
     nc: Client, engine: AsyncEngine, claim: Claim
 ) -> None:
-    agent = HeldRefuser(nc, NODE)
-    sub = await nc.subscribe(subjects.node_command(NODE, "apply"), cb=agent.apply)
-    await bus.settled(nc)
-    try:
-        await register_one_card(nc, NODE)
+    async with held_refuser(nc, NODE) as agent:
         placed = await claim("team-a", priority="low")
         async with engine.begin() as conn:  # a delete, committed once the refusal waits on it
             await ClaimService(RULES, "test").delete(conn, DeleteClaim(claim_id=placed.id))
             agent.release.set()
             await eventually(lambda: _someone_waits_for_a_lock(engine))
         await eventually(lambda: _settled(engine, placed.id))
-    finally:
-        await sub.unsubscribe()
     assert await claim_status(engine, placed.id) == "released"
 
 
