@@ -63,7 +63,6 @@ typedef struct lp_stream {
     _Atomic uint32_t overlapped; /* the open batch began while other streams had work */
     _Atomic uint64_t hold_ns; /* device ns per launch that high priority would wait behind,
                                * from every timed batch of this stream; 0 until measured */
-
     _Alignas(64) _Atomic uint64_t completed; /* launches ended */
     _Alignas(64) pthread_mutex_t lock; /* the fence queue: taken once per batch */
     fence q[FENCES];
@@ -174,10 +173,10 @@ static uint64_t folded(uint64_t est, uint64_t per) {
     return est ? (3 * est + per) / 4 + 1 : per + 1;
 }
 
-/* The device ns between the previous fence and `f` when it completed in this burst (the device
- * had them queued) and, with the device gate on, high priority did not close the gate in
- * between (the card then held them); 0 when they cannot be timed. */
-static uint64_t batch_elapsed_ns(const qsc_session *s, lp_stream *st, const fence *f) {
+/* 1, with the device ns between the previous fence and `f` in `ns`, when it completed in this
+ * burst (the device had them queued) and, with the device gate on, high priority did not
+ * close the gate in between (the card then held them); 0 when they cannot be timed. */
+static int batch_elapsed(const qsc_session *s, lp_stream *st, const fence *f, uint64_t *ns) {
     float ms = 0.0f;
     const fence *ref = &st->q[(st->head - 1) % FENCES];
     int held = qsc_dgate_on() && qs_client_hp_episodes(s->client) != ref->episodes;
@@ -186,19 +185,22 @@ static uint64_t batch_elapsed_ns(const qsc_session *s, lp_stream *st, const fenc
         QSC_REAL(qsc_event_elapsed_fn, cuEventElapsedTime)(&ms, ref->ev, f->ev) != CUDA_SUCCESS ||
         ms < 0.0f)
         return 0;
-    return (uint64_t)((double)ms * 1e6);
+    *ns = (uint64_t)((double)ms * 1e6);
+    return 1;
 }
 
-/* The device time of the launches behind `f`, timed (batch_elapsed_ns), which teaches the
+/* The device time of the launches behind `f`, timed (batch_elapsed), which teaches the
  * estimates; an overlapped batch's time, which may include other streams' work, teaches only
  * the stream's hold (what high priority would wait behind) and is charged at the stream's own
  * estimate (the process's until the stream has one: another stream's kernels may be far
  * longer or shorter), as is an untimed one. */
 static uint64_t batch_device_ns(const qsc_session *s, lp_stream *st, const fence *f,
                                 uint64_t launches) {
-    uint64_t ns = launches ? batch_elapsed_ns(s, st, f) : 0, per = ns / (launches ? launches : 1);
-    if (ns) atomic_store(&st->hold_ns, folded(atomic_load(&st->hold_ns), per));
-    if (ns && !f->overlapped) {
+    uint64_t ns = 0;
+    int timed = launches && batch_elapsed(s, st, f, &ns);
+    uint64_t per = timed ? ns / launches : 0;
+    if (timed) atomic_store(&st->hold_ns, folded(atomic_load(&st->hold_ns), per));
+    if (timed && !f->overlapped) {
         atomic_store(&lp.est_ns, folded(atomic_load(&lp.est_ns), per));
         st->est_ns = folded(st->est_ns, per);
         return ns;

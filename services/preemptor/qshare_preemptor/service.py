@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 import uuid
 from collections import defaultdict
 
@@ -39,6 +38,7 @@ from qshare_preemptor.records import (
     open_gangs,
     open_records,
 )
+from qshare_preemptor.trusted import Trusted
 
 log = logging.getLogger(__name__)
 OWNER_TRUSTED_S = 2.0
@@ -61,8 +61,8 @@ class PreemptionService:
         that are not among them yet (one on the card that went busy first is suspended when a
         second card of its gang goes busy: the first may go idle before the second)."""
         self._lock = asyncio.Lock()
-        self._owners: dict[str, tuple[str, float]] = {}
-        """Each card's node as last read, and when (monotonic)."""
+        self._owners: Trusted[str, str] = Trusted(OWNER_TRUSTED_S)
+        """Each card's node as last read."""
         self._unresumed: dict[str, set[int]] = defaultdict(set)
         """vGPUs by node whose resume did not reach the node (sent again until it does)."""
         self.card_events = 0
@@ -130,13 +130,10 @@ class PreemptionService:
     async def _card_of(self, node: str, gpu: str) -> bool:
         """Whether `gpu` is `node`'s card: a node may publish events under its own name only,
         so one about another node's card is refused (it would suspend or resume gangs there)."""
-        known, read_at = self._owners.get(gpu, (None, -OWNER_TRUSTED_S))
-        if known != node or time.monotonic() - read_at > OWNER_TRUSTED_S:
+        known = self._owners.get(gpu)
+        if known != node:
             known = await read_once(self._engine, lambda c: card_owner(c, gpu))
-            if known is not None:
-                self._owners[gpu] = (known, time.monotonic())
-            else:
-                self._owners.pop(gpu, None)
+            self._owners.keep(gpu, known)
         if known == node:
             return True
         log.warning("event of node %s about card %s, not a card of that node: ignored", node, gpu)

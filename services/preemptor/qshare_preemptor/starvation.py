@@ -28,6 +28,7 @@ from qshare.contracts.usage import MoveClaim, MoveReply, NodeUsage, Starved
 from qshare.db import in_transaction
 from qshare_preemptor import metrics, starved
 from qshare_preemptor.starved import Key, Watched
+from qshare_preemptor.trusted import Trusted
 from qshare_preemptor.windows import CardWindow
 
 log = logging.getLogger(__name__)
@@ -53,8 +54,8 @@ class StarvationWatch:
         self.window_s = window_s
         self._timeout_s = timeout_s
         self.cards: dict[str, CardWindow] = {}
-        self._node_cards: dict[str, tuple[set[str], float]] = {}
-        """Each node's cards as last read, and when (monotonic)."""
+        self._node_cards: Trusted[str, set[str]] = Trusted(CARDS_TRUSTED_S)
+        """Each node's cards as last read."""
         self._tried: dict[uuid.UUID, float] = {}
         self._lock = asyncio.Lock()
         self._watching = False
@@ -99,10 +100,10 @@ class StarvationWatch:
         """Every card named must be the node's (inventory read again on an unknown card, and
         once what was read is older than CARDS_TRUSTED_S)."""
         named = {c.gpu for c in report.cards}
-        own, read_at = self._node_cards.get(report.node, (set(), -CARDS_TRUSTED_S))
-        if not named <= own or time.monotonic() - read_at > CARDS_TRUSTED_S:
+        own = self._node_cards.get(report.node)
+        if own is None or not named <= own:
             own = await in_transaction(self._engine, lambda c: starved.node_cards(c, report.node))
-            self._node_cards[report.node] = (own, time.monotonic())
+            self._node_cards.keep(report.node, own)
         foreign = sorted(named - own)
         if foreign:
             raise Refused(f"cards {foreign[:3]} are not cards of node {report.node}")

@@ -9,7 +9,7 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import and_, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from qshare.contracts.domain import HOLDING_STATUSES, ClaimStatus, Priority
@@ -97,45 +97,35 @@ async def finish_due(conn: AsyncConnection, source: str) -> tuple[int, list[uuid
     await _end_records_of_departed(conn)
     if not due:
         return 0, []
-    waiting = await _lock_evicted_for(conn, [row.id for row in due])
-    made_room_for = await _evicted_for(conn, [row.id for row in due])
-    kept = [row.id for row in due if made_room_for.get(row.id) not in waiting]
-    await _keep(conn, kept)
+    victims = [row.id for row in due]
+    made_room_for = await _evicted_for(conn, victims)
+    waiting = await _lock_waiting(conn, set(made_room_for.values()))
+    kept = [victim for victim in victims if made_room_for.get(victim) not in waiting]
+    if kept:  # their claim waits no more: the eviction is called off, they keep their vGPUs
+        await conn.execute(update(claims).where(claims.c.id.in_(kept)).values(evict_at=None))
     due = [row for row in due if row.id not in kept]
     reason = "evicted for a high-priority claim; waiting to be placed again"
     for row in due:
         await transition(conn, source, row, ClaimStatus.PENDING, reason, release=True,
                          node_name=None, evict_at=None)  # fmt: skip
-        await conn.execute(
-            update(preemptions)
-            .where(preemptions.c.claim_id == row.id, preemptions.c.kind == "eviction",
-                   preemptions.c.ended_at.is_(None))
-            .values(ended_at=func.now())
-        )  # fmt: skip
+    await conn.execute(
+        update(preemptions).where(_open_eviction_of(victims)).values(ended_at=func.now())
+    )
     return len(due), waiting
+
+
+def _open_eviction_of(victims: Any) -> Any:
+    """The open eviction records of `victims` (a list of claim ids, or a select of them)."""
+    return and_(preemptions.c.claim_id.in_(victims), preemptions.c.kind == "eviction",
+                preemptions.c.ended_at.is_(None))  # fmt: skip
 
 
 async def _evicted_for(conn: AsyncConnection, victims: list[uuid.UUID]) -> dict[uuid.UUID, Any]:
     """The claim each of `victims` is being evicted for, by its open eviction record."""
     query = select(preemptions.c.claim_id, preemptions.c.for_claim).where(
-        preemptions.c.claim_id.in_(victims), preemptions.c.kind == "eviction",
-        preemptions.c.ended_at.is_(None),
-    )  # fmt: skip
+        _open_eviction_of(victims)
+    )
     return {row.claim_id: row.for_claim for row in (await conn.execute(query)).all()}
-
-
-async def _keep(conn: AsyncConnection, victims: list[uuid.UUID]) -> None:
-    """Call off the eviction of `victims` (locked): they keep their vGPUs, and their records
-    end."""
-    if not victims:
-        return
-    await conn.execute(update(claims).where(claims.c.id.in_(victims)).values(evict_at=None))
-    await conn.execute(
-        update(preemptions)
-        .where(preemptions.c.claim_id.in_(victims), preemptions.c.kind == "eviction",
-               preemptions.c.ended_at.is_(None))
-        .values(ended_at=func.now())
-    )  # fmt: skip
 
 
 async def _end_records_of_departed(conn: AsyncConnection) -> None:
@@ -143,25 +133,19 @@ async def _end_records_of_departed(conn: AsyncConnection) -> None:
     (deleted, failed): nothing else would, and the listing would show them open for good."""
     departed = select(claims.c.id).where(claims.c.status.not_in(HOLDING_STATUSES))
     await conn.execute(
-        update(preemptions)
-        .where(preemptions.c.kind == "eviction", preemptions.c.ended_at.is_(None),
-               preemptions.c.claim_id.in_(departed))
-        .values(ended_at=func.now())
-    )  # fmt: skip
+        update(preemptions).where(_open_eviction_of(departed)).values(ended_at=func.now())
+    )
 
 
-async def _lock_evicted_for(conn: AsyncConnection, victims: list[uuid.UUID]) -> list[uuid.UUID]:
-    """The pending high-priority claims `victims` were evicted for, locked in id order before
-    any node is: a sweep holding one finishes first (it finds the victims still there and
-    evicts no more), as a resize or delete of it does (they take the claim, then the node)."""
-    records = select(preemptions.c.for_claim).where(
-        preemptions.c.claim_id.in_(victims), preemptions.c.kind == "eviction",
-        preemptions.c.ended_at.is_(None),
-    )  # fmt: skip
+async def _lock_waiting(conn: AsyncConnection, claim_ids: set[Any]) -> list[uuid.UUID]:
+    """Those of `claim_ids` (what victims were evicted for) that still wait, pending at high
+    priority, locked in id order before any node is: a sweep holding one finishes first (it
+    finds the victims still there and evicts no more), as a resize or delete of it does (they
+    take the claim, then the node)."""
     query = (
         select(claims.c.id)
         .where(
-            claims.c.id.in_(records),
+            claims.c.id.in_(claim_ids),
             claims.c.status == ClaimStatus.PENDING.value,
             claims.c.priority == Priority.HIGH.value,
         )

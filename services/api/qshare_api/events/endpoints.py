@@ -78,7 +78,8 @@ async def stream(
     except BaseException:
         await _unsubscribe(sub)
         raise
-    owners = None if caller.is_admin else Owners(caller.tenant, res)
+    tenant = caller.tenant_filter()
+    owners = None if tenant is None else Owners(tenant, res)
     return EventStream(sub, _messages(queue, owners))
 
 
