@@ -196,6 +196,16 @@ async def test_a_node_cannot_create_claims_or_forge_claim_events(
     assert await _delivered(nc, subjects.gpu_event("n2", "g0", "busy"), node, b"{}") == 0
 
 
+async def test_a_node_may_publish_to_no_allocator_request_subject(
+    connect_as: Connect, node_n1: NatsCredentials, nc: Client
+) -> None:
+    """Its registration goes on its own node's subject; the allocator's requests
+    (`qshare.allocator.…`) are the API's and the preemptor's to make."""
+    node, errors = await connect_as(node_n1)
+    assert await _delivered(nc, "qshare.allocator.nodes.sync", node, b"{}") == 0
+    await _refused(errors, "publish")
+
+
 async def test_a_node_may_publish_its_own_gpu_events(
     connect_as: Connect, node_n1: NatsCredentials, nc: Client
 ) -> None:

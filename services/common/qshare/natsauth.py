@@ -166,7 +166,6 @@ def _integration(_: str) -> tuple[list[str], list[str], bool]:
 def _node(node: str) -> tuple[list[str], list[str], bool]:
     publish = [
         subjects.node_register(node),
-        "qshare.allocator.nodes.sync",
         subjects.heartbeat(node),
         subjects.usage(node),
         subjects.gpu_event(node, "*", "*"),
