@@ -25,8 +25,9 @@ from qshare.natsauth import (
 from qshare.testing.servers import EmbeddedNats, free_port
 from qshare_allocator.app import Allocator
 from qshare_allocator.settings import AllocatorSettings
+from qshare_api.app import create_app
 from qshare_api.settings import ApiSettings
-from tests.controlplane.conftest import RULES
+from tests.controlplane.conftest import RULES, as_identity
 
 COMPOSE = Path(__file__).parents[2] / "compose" / "docker-compose.yml"
 
@@ -121,3 +122,34 @@ async def test_an_allocator_whose_metrics_port_is_taken_stops_its_start_naming_t
 def test_a_metrics_port_past_65535_is_refused() -> None:
     with pytest.raises(ValidationError, match="metrics_port"):
         AllocatorSettings(metrics_port=70000)
+
+
+def api_metrics_settings(database_url: str, bus_url: str, nats_auth: NatsAuth) -> ApiSettings:
+    return ApiSettings(
+        database_url=database_url, nats_url=bus_url, metrics_port=free_port(), cluster=RULES,
+        **as_identity(nats_auth, ServiceRole.API),
+    )  # fmt: skip
+
+
+async def test_the_api_serves_metrics_on_its_metrics_port_until_it_stops(
+    database_url: str, bus_url: str, nats_auth: NatsAuth
+) -> None:
+    """The scheduler extender's pods let Prometheus reach that port and not their HTTP one."""
+    settings = api_metrics_settings(database_url, bus_url, nats_auth)
+    app = create_app(settings)
+    async with app.router.lifespan_context(app), httpx.AsyncClient() as client:
+        served = await client.get(f"http://127.0.0.1:{settings.metrics_port}/metrics")
+    assert "process_cpu_seconds_total" in served.text
+    assert listening_on(settings.metrics_port) == set()
+
+
+async def test_an_api_whose_metrics_port_is_taken_stops_its_start_naming_the_setting(
+    database_url: str, bus_url: str, nats_auth: NatsAuth
+) -> None:
+    settings = api_metrics_settings(database_url, bus_url, nats_auth)
+    app = create_app(settings)
+    with socket.create_server(("127.0.0.1", settings.metrics_port)):
+        named = f"QSHARE_API_METRICS_PORT={settings.metrics_port}"
+        with pytest.raises(ListenError, match=named):
+            async with app.router.lifespan_context(app):
+                pass

@@ -243,6 +243,20 @@ def test_every_replicated_deployment_has_a_disruption_budget_leaving_one_replica
             assert budgets[label]["maxUnavailable"] < obj["spec"]["replicas"], label
 
 
+def test_the_extender_admits_the_scheduler_to_its_verbs_and_others_only_to_its_metrics() -> None:
+    """Its verbs carry no token; its metrics port is Prometheus's way in."""
+    objects = documents(DEPLOY / "base" / "extender.yaml")
+    [pod] = [o["spec"]["template"]["spec"] for o in objects if o["kind"] == "Deployment"]
+    ports = {p["name"]: p["containerPort"] for c in pod["containers"] for p in c["ports"]}
+    [policy] = [o for o in objects if o["kind"] == "NetworkPolicy"]
+    admitted = {
+        tuple(p["port"] for p in rule["ports"]): rule["from"] for rule in policy["spec"]["ingress"]
+    }
+    assert set(admitted) == {(ports["http"],), (ports["metrics"],)}
+    [scheduler] = admitted[(ports["http"],)]
+    assert scheduler["podSelector"]["matchLabels"] == {"component": "kube-scheduler"}
+
+
 def test_the_extender_keeps_every_replica_serving_during_a_rollout() -> None:
     """The scheduler's extender is not ignorable: pods asking for qshare wait while none
     answers."""
@@ -325,6 +339,7 @@ def test_every_service_serves_its_probes_where_the_kubelet_looks(
         ("qshare-allocator", "allocator"),
         ("qshare-node-agent", "agent"),
         ("qshare-preemptor", "preemptor"),
+        ("qshare-extender", "extender"),
     ],
 )
 def test_every_service_with_metrics_serves_them_on_its_declared_metrics_port(

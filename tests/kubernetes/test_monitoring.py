@@ -45,10 +45,10 @@ SCRAPED = {
     "qshare-node-agent": "metrics",
     "qshare-preemptor": "metrics",
     "qshare-api": "http",
+    "qshare-extender": "metrics",
 }
-"""The workloads serving /metrics (the allocator, node agent and preemptor on their
-`metrics_port`, the API on its own port) and their port; the extender, behind the
-scheduler-only NetworkPolicy, is not scraped."""
+"""The workloads serving /metrics (the allocator, node agent, preemptor and extender on their
+`metrics_port`, the API on its own port) and their port."""
 SEVERITIES = {"critical", "warning", "info"}
 Objects = list[dict[str, Any]]
 

@@ -13,6 +13,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from qshare import bus
 from qshare.contracts.tracing import flush_tracing, setup_tracing
 from qshare.health import Shared
+from qshare.metrics_http import serve_metrics
 from qshare.service import settle_heap
 from qshare_api import health, problems
 from qshare_api.bootstrap import bootstrap_admin
@@ -70,35 +71,46 @@ def _lifespan(
 ) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        setup_tracing("qshare-api", settings.trace_console)
-        engine = create_async_engine(
-            settings.database_url, pool_size=settings.pool_size, max_overflow=4
-        )
-        nc = await bus.connect(settings.bus(f"qshare-api/{settings.instance}"))
-        reader = engine.execution_options(isolation_level="AUTOCOMMIT")
-        limiter = RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst)
-        app.state.resources = Resources(settings, engine, reader, nc, limiter)
+        metrics = serve_metrics(settings)  # a taken port stops the start before anything opens
         try:
-            app.state.bootstrap = await bootstrap_admin(engine, settings.bootstrap_secret())
-        except BaseException:  # a failed start releases what it had opened
-            await bus.close(nc)
-            await engine.dispose()
-            raise
-        app.state.readiness = Shared()  # the run of /readyz's checks probes share
-        reaper = _start_reaper(app.state.resources) if settings.extender.enabled else None
-        if own_process:
-            settle_heap()
-        try:
-            yield
+            async with _serving(app, settings, own_process):
+                yield
         finally:
-            for task in (reaper, app.state.bootstrap):
-                if task is not None:
-                    task.cancel()
-            await bus.close(nc)
-            await engine.dispose()
-            await asyncio.to_thread(flush_tracing)
+            if metrics is not None:
+                metrics.stop()
 
     return lifespan
+
+
+@asynccontextmanager
+async def _serving(app: FastAPI, settings: ApiSettings, own_process: bool) -> AsyncIterator[None]:
+    setup_tracing("qshare-api", settings.trace_console)
+    engine = create_async_engine(
+        settings.database_url, pool_size=settings.pool_size, max_overflow=4
+    )
+    nc = await bus.connect(settings.bus(f"qshare-api/{settings.instance}"))
+    reader = engine.execution_options(isolation_level="AUTOCOMMIT")
+    limiter = RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst)
+    app.state.resources = Resources(settings, engine, reader, nc, limiter)
+    try:
+        app.state.bootstrap = await bootstrap_admin(engine, settings.bootstrap_secret())
+    except BaseException:  # a failed start releases what it had opened
+        await bus.close(nc)
+        await engine.dispose()
+        raise
+    app.state.readiness = Shared()  # the run of /readyz's checks probes share
+    reaper = _start_reaper(app.state.resources) if settings.extender.enabled else None
+    if own_process:
+        settle_heap()
+    try:
+        yield
+    finally:
+        for task in (reaper, app.state.bootstrap):
+            if task is not None:
+                task.cancel()
+        await bus.close(nc)
+        await engine.dispose()
+        await asyncio.to_thread(flush_tracing)
 
 
 def _start_reaper(res: Resources) -> asyncio.Task[None]:

@@ -11,12 +11,16 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from qshare.bus import BusIdentity, BusOptions
 from qshare.dburl import DatabaseUrl
 from qshare.envsettings import env_names
+from qshare.metrics_http import MetricsSettings
 from qshare.natsauth import ServiceRole
 from qshare.settings import ClusterSettings
 from qshare_api.extender.settings import ExtenderSettings
 
 
-class ApiSettings(BaseSettings, BusIdentity):
+class ApiSettings(BaseSettings, BusIdentity, MetricsSettings):
+    """`metrics_port` (off by default) serves /metrics on a port of its own, for a pod whose
+    HTTP port Prometheus may not reach (the scheduler extender's)."""
+
     model_config = SettingsConfigDict(env_prefix="QSHARE_API_", extra="ignore")
 
     database_url: DatabaseUrl = "postgresql+asyncpg://qshare:qshare@localhost:5432/qshare"
