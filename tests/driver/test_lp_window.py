@@ -81,7 +81,7 @@ def test_a_client_reads_its_cards_device_gate(node: Node, shm_dir: str) -> None:
     node.create_vgpu(2, 0, "low", 50, GiB)
     node.set_lp_device_gate(0, True)
     with Client.attach(node.name, 2, shm_dir) as lp:
-        assert lib.qs_client_lp_device_gate(lp._h) == 1
+        assert lp._call(lib.qs_client_lp_device_gate) == 1
 
 
 @pytest.mark.parametrize(

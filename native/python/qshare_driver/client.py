@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,7 +10,7 @@ from types import TracebackType
 from typing import Any, Self
 
 from qshare_driver._lib import check, ffi, lib, text
-from qshare_driver.errors import DriverError
+from qshare_driver.guarded import Guarded
 from qshare_driver.lp_window import lp_window_in_force_ns
 from qshare_driver.node import Priority
 
@@ -32,7 +32,7 @@ class Client:
     """One process attached to one vGPU. Detaching returns its memory reservations."""
 
     def __init__(self, handle: Any, vgpu_id: int) -> None:
-        self._handle = handle
+        self._guard = Guarded(handle, f"client of vGPU {vgpu_id} is detached")
         self.vgpu_id = vgpu_id
 
     @classmethod
@@ -42,15 +42,16 @@ class Client:
         check(lib.qs_client_attach(segment.encode(), d, vgpu_id, out))
         return cls(out[0], vgpu_id)
 
-    @property
-    def _h(self) -> Any:
-        if self._handle is None:
-            raise DriverError(f"client of vGPU {self.vgpu_id} is detached")
-        return self._handle
+    def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """`fn(handle, *args)`, counted as in progress so that a detach from another thread
+        waits for it instead of freeing the handle under it; refused once detached."""
+        return self._guard.call(fn, *args)
 
     def detach(self) -> None:
-        if self._handle is not None:
-            handle, self._handle = self._handle, None
+        """Detach once calls in progress on other threads have returned (a launch held at the
+        gate is waited for); later calls are refused."""
+        handle = self._guard.retire()
+        if handle is not None:
             check(lib.qs_client_detach(handle))
 
     def __enter__(self) -> Self:
@@ -65,10 +66,10 @@ class Client:
         self.detach()
 
     def launch_begin(self) -> None:
-        check(lib.qs_launch_begin(self._h))
+        check(self._call(lib.qs_launch_begin))
 
     def launch_end(self) -> None:
-        check(lib.qs_launch_end(self._h))
+        check(self._call(lib.qs_launch_end))
 
     @contextmanager
     def launch(self) -> Iterator[None]:
@@ -82,22 +83,22 @@ class Client:
     def reserve(self, nbytes: int) -> None:
         if nbytes < 0:
             raise ValueError(f"cannot reserve a negative number of bytes ({nbytes})")
-        check(lib.qs_mem_reserve(self._h, nbytes))
+        check(self._call(lib.qs_mem_reserve, nbytes))
 
     def release(self, nbytes: int) -> None:
         if nbytes < 0:
             raise ValueError(f"cannot release a negative number of bytes ({nbytes})")
-        check(lib.qs_mem_release(self._h, nbytes))
+        check(self._call(lib.qs_mem_release, nbytes))
 
     def run_kernel(self, seconds: float) -> None:
         """One kernel of `seconds` on the simulated device (gate, FIFO card, accounting)."""
-        check(lib.qs_sim_kernel(self._h, round(seconds * 1e9)))
+        check(self._call(lib.qs_sim_kernel, round(seconds * 1e9)))
 
     def run_kernels(self, count: int, seconds: float) -> None:
         """`count` kernels of `seconds` back to back, each gated as its own launch, in C."""
         if count < 1:
             raise ValueError(f"count must be at least 1, got {count}")
-        check(lib.qs_sim_kernels(self._h, count, round(seconds * 1e9)))
+        check(self._call(lib.qs_sim_kernels, count, round(seconds * 1e9)))
 
     def replay(
         self,
@@ -121,23 +122,22 @@ class Client:
         first, last = ffi.new("uint64_t *"), ffi.new("uint64_t *")
         window = round(window_s * 1e9) if window_s is not None else 0
         sliced = round(slice_s * 1e9) if slice_s is not None else 0
-        check(
-            lib.qs_sim_replay_gated(self._h, gaps, durs, len(timeline), window, sliced, first, last)
-        )
+        replay = lib.qs_sim_replay_gated
+        check(self._call(replay, gaps, durs, len(timeline), window, sliced, first, last))
         return int(first[0]), int(last[0])
 
     def replay_gated(self, timeline: Sequence[tuple[int, int]]) -> tuple[int, int]:
         """`replay` as the CUDA interposer's device gate queues: the window it keeps alone
         (at least QS_LP_WINDOW_ALONE_NS), a slice of QS_LP_DEVICE_GATE_SLICE_NS at a time."""
-        window = lp_window_in_force_ns(int(lib.qs_client_lp_window_ns(self._h)), True) / 1e9
+        window = lp_window_in_force_ns(int(self._call(lib.qs_client_lp_window_ns)), True) / 1e9
         return self.replay(timeline, window, int(lib.QS_LP_DEVICE_GATE_SLICE_NS) / 1e9)
 
     def account_device_time(self, seconds: float) -> None:
-        check(lib.qs_account_device_time(self._h, round(seconds * 1e9)))
+        check(self._call(lib.qs_account_device_time, round(seconds * 1e9)))
 
     def info(self) -> ClientInfo:
         out = ffi.new("qs_client_info *")
-        check(lib.qs_client_info_get(self._h, out))
+        check(self._call(lib.qs_client_info_get, out))
         return ClientInfo(
             vgpu=int(out.vgpu),
             card=int(out.card),
@@ -153,24 +153,24 @@ class Client:
     @property
     def last_unblock_ns(self) -> int:
         """CLOCK_MONOTONIC ns when the last launch_begin stopped blocking (0: never blocked)."""
-        return int(lib.qs_client_last_unblock_ns(self._h))
+        return int(self._call(lib.qs_client_last_unblock_ns))
 
     @property
     def lp_window_s(self) -> float:
         """Low priority's in-flight window as a launcher applies it now: the card's while a
         high-priority process is attached to the card, else at least 20 ms."""
-        return int(lib.qs_client_lp_window_ns(self._h)) / 1e9
+        return int(self._call(lib.qs_client_lp_window_ns)) / 1e9
 
     def timed_launch_begin(self) -> tuple[int, int]:
         """launch_begin with the driver's clock read just before and after it, in C."""
         begin, done = ffi.new("uint64_t *"), ffi.new("uint64_t *")
-        check(lib.qs_bench_timed_begin(self._h, begin, done))
+        check(self._call(lib.qs_bench_timed_begin, begin, done))
         return int(begin[0]), int(done[0])
 
     def launch_overhead_ns(self, iterations: int = 1_000_000) -> float:
         """C tight-loop cost of launch_begin + launch_end, ns per pair."""
         out = ffi.new("double *")
-        check(lib.qs_bench_launch_overhead(self._h, iterations, out))
+        check(self._call(lib.qs_bench_launch_overhead, iterations, out))
         return float(out[0])
 
 

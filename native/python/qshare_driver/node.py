@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import enum
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -12,7 +11,8 @@ from types import TracebackType
 from typing import Any, Self
 
 from qshare_driver._lib import check, ffi, lib, text
-from qshare_driver.errors import DriverError, DriverTimeoutError
+from qshare_driver.errors import DriverTimeoutError
+from qshare_driver.guarded import Guarded
 
 DEFAULT_RELEASE_DELAY_S = 0.1
 EVENT_SLICE_S = 0.2  # longest single wait for an event (see Node.next_event)
@@ -127,11 +127,9 @@ class Node:
     """Owner of one node segment. Closing it removes the segment."""
 
     def __init__(self, handle: Any, name: str, directory: str | Path | None) -> None:
-        self._handle = handle
+        self._guard = Guarded(handle, f"node segment {name!r} is closed")
         self.name = name
         self.directory = directory
-        self._idle = threading.Condition()  # guards _handle and _uses
-        self._uses = 0  # driver calls in progress: closing waits for them
 
     @classmethod
     def create(cls, name: str, directory: str | Path | None = None, replace: bool = False) -> Node:
@@ -150,36 +148,17 @@ class Node:
     def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """`fn(handle, *args)`, counted as in progress so that closing (from any thread) waits
         for it instead of unmapping the segment under it; refused once the node is closed."""
-        with self._idle:
-            if self._handle is None:
-                raise DriverError(f"node segment {self.name!r} is closed")
-            handle = self._handle
-            self._uses += 1
-        try:
-            return fn(handle, *args)
-        finally:
-            with self._idle:
-                self._uses -= 1
-                if self._uses == 0:
-                    self._idle.notify_all()
-
-    def _retire(self) -> Any:
-        """Refuse new calls, wait for those in progress, and hand back the handle (None if it
-        was already closed)."""
-        with self._idle:
-            handle, self._handle = self._handle, None
-            self._idle.wait_for(lambda: self._uses == 0)
-        return handle
+        return self._guard.call(fn, *args)
 
     def close(self) -> None:
-        handle = self._retire()
+        handle = self._guard.retire()
         if handle is not None:
             lib.qs_node_close(handle)
 
     def leave(self) -> None:
         """Let go of the segment without removing it: vGPUs and attached processes stay until
         another owner adopts it (`Node.adopt`)."""
-        handle = self._retire()
+        handle = self._guard.retire()
         if handle is not None:
             lib.qs_node_leave(handle)
 
