@@ -48,6 +48,16 @@ def test_ratios_are_taken_against_the_same_workloads_alone() -> None:
     assert row["harvest"] == pytest.approx(0.6 / 0.8)
 
 
+def test_two_stream_training_is_compared_with_itself_alone_not_with_one_stream() -> None:
+    scenarios = {
+        "lp_alone": {"lp_items_per_s": 3000.0},
+        "resnet50_2s_alone": {"lp_items_per_s": 1000.0},
+        "lp2s_alone_qshare": {"lp_items_per_s": 900.0},
+    }
+    gpu.add_derived(scenarios)
+    assert scenarios["lp2s_alone_qshare"]["lp_ratio"] == pytest.approx(0.9)
+
+
 def test_a_summary_keeps_the_interposer_statistics_of_the_first_run_that_has_them() -> None:
     runs = [
         {"lp_items_per_s": 1.0},

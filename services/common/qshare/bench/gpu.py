@@ -37,7 +37,7 @@ from qshare.native_build import INTERPOSER, build_cuda
 HP_RATE_PER_S = 30.0
 AUTO_BOUND_US = 2000  # auto release: HP p99 may grow by at most this much
 ROUNDS = 3
-LP_BATCH = {"resnet50": 64, "gpt2": 8}
+LP_BATCH = {"resnet50": 64, "gpt2": 8, "resnet50_2s": 64}
 
 
 # ---- workers: run as `python -m qshare.bench.gpu ROLE KIND SECONDS OUT` in their own process ----
@@ -165,10 +165,37 @@ def _gpt2_step() -> Any:
     return step
 
 
+def _with_side_stream(step: Any) -> Any:
+    """`step` with one long GEMM a step on a stream of its own beside it (as a communication
+    or prefetch stream runs beside a model's): two streams whose kernels differ in length by
+    ~200x, what the interposer's per-stream hold is for."""
+    import torch  # type: ignore[import-not-found, unused-ignore]
+
+    side = torch.cuda.Stream()
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)  # ~1.5 ms on an H100
+
+    def both() -> None:
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            torch.mm(a, a)
+        step()
+        torch.cuda.current_stream().wait_stream(side)
+
+    return both
+
+
+def _lp_step(kind: str) -> Any:
+    if kind == "gpt2":
+        return _gpt2_step()
+    if kind == "resnet50_2s":
+        return _with_side_stream(_resnet50_step())
+    return _resnet50_step()
+
+
 def _lp_worker(kind: str, seconds: float, out: Path) -> None:
     import torch  # type: ignore[import-not-found, unused-ignore]
 
-    step = _gpt2_step() if kind == "gpt2" else _resnet50_step()
+    step = _lp_step(kind)
     for _ in range(5):
         step()
     torch.cuda.synchronize()
@@ -210,7 +237,7 @@ WORKERS = {"hp": _hp_worker, "lp": _lp_worker, "launch": _launch_worker}
 class Scenario:
     name: str
     hp: str | None  # graph | eager | bert
-    lp: str | None  # resnet50 | gpt2
+    lp: str | None  # resnet50 | gpt2 | resnet50_2s (with a side stream of long GEMMs)
     mode: str  # plain | qshare-100ms | qshare-1ms | qshare-auto
     mps: bool = False  # under MPS, LP at client priority 1
     window_us: int | None = None  # the card's LP window (None: the driver's default)
@@ -248,6 +275,10 @@ EXTRA_SCENARIOS = (
         "graph+lp_qshare_mps_1ms_w2000", "graph", "resnet50", "qshare-1ms", mps=True, window_us=2000
     ),
     Scenario("graph+gpt2_qshare_1ms_w100", "graph", "gpt2", "qshare-1ms", window_us=100),
+    Scenario("resnet50_2s_alone", None, "resnet50_2s", "plain"),
+    Scenario("lp2s_alone_qshare", None, "resnet50_2s", "qshare-100ms"),
+    Scenario("graph+lp2s_plain", "graph", "resnet50_2s", "plain"),
+    Scenario("graph+lp2s_qshare_1ms", "graph", "resnet50_2s", "qshare-1ms"),
     Scenario("graph+gpt2_qshare_mps_1ms", "graph", "gpt2", "qshare-1ms", mps=True),
     Scenario("lp_alone_qshare_mps", None, "resnet50", "qshare-100ms", mps=True),
     Scenario("eager_alone_qshare", "eager", None, "qshare-100ms"),
@@ -506,6 +537,11 @@ SETS = {
         "bert_alone", "bert+lp_qshare_1ms_devgate", "gpt2_alone", "graph+gpt2_qshare_1ms_devgate",
         "eager_alone", "eager_alone_qshare", "eager_alone_qshare_fence200",
         "eager_alone_qshare_stats",
+    ),
+    # LP in two streams of kernels ~200x apart in length: each stream held at its own hold
+    "streams": (
+        "resnet50_2s_alone", "lp2s_alone_qshare", "graph_alone", "graph+lp2s_plain",
+        "graph+lp2s_qshare_1ms",
     ),
     # what the gate's waiters no longer taking a wake-up per HP completion should move
     "gatewake": (
