@@ -71,6 +71,28 @@ async def test_a_program_sees_only_its_claims_card(
     assert done.stdout.strip() == gpu
 
 
+async def test_a_claim_is_found_by_the_first_digits_of_its_id_as_listings_show_it(
+    api: httpx.AsyncClient, api_url: str, start_agent: StartAgent, cuda_build: None
+) -> None:
+    agent = await start_agent()
+    claim = await ready_claim(api)
+    gpu = claim["vgpus"][0]["gpu"]  # type: ignore[index]
+    shown = f"{str(claim['id'])[:8]}…"  # as `qshare claims list` and the demo print it
+    done = await qshare_run(run_env(api_url, agent.name, gpu), "--claim", shown,
+                            "--", "sh", "-c", "echo $QSHARE_VGPU")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(claim["vgpus"][0]["local_id"])  # type: ignore[index]
+
+
+async def test_a_claim_id_that_is_no_id_is_refused_by_name(
+    api: httpx.AsyncClient, api_url: str, start_agent: StartAgent, cuda_build: None
+) -> None:
+    agent = await start_agent()
+    done = await qshare_run(run_env(api_url, agent.name, "GPU-x"), "--claim", "xyz", "--", "true")
+    assert done.returncode == 2
+    assert "'xyz' is not a claim id" in done.stderr
+
+
 async def test_running_a_claim_on_another_node_is_refused(
     api: httpx.AsyncClient, api_url: str, start_agent: StartAgent, cuda_build: None
 ) -> None:

@@ -28,7 +28,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Run CMD with the qshare CUDA interposer attached to vGPU ID.",
     )
     target = parser.add_mutually_exclusive_group(required=True)
-    target.add_argument("--claim", help="run in this claim (it must be ready, on this node)")
+    target.add_argument(
+        "--claim", help="run in this claim, by its id or its first 8 hex digits or more (it "
+        "must be ready, on this node)",
+    )  # fmt: skip
     target.add_argument(
         "--vgpu", type=int, help="node-local: a vGPU id in the node's segment (no API needed)"
     )
@@ -96,9 +99,12 @@ def child_environment(
 def _from_claim(args: argparse.Namespace) -> None:
     """Fill --vgpu, --segment and --shm-dir from the claim (the API client is loaded here)."""
     from qshare_api.claim_attach import resolve, this_node
+    from qshare_api.cli import claim_id, resolve_claim
     from qshare_api.client import Client
 
-    found = resolve(Client(args.url, args.token), args.claim, this_node(), args.card)
+    client = Client(args.url, args.token)
+    claim = resolve_claim(client, claim_id(args.claim), "--claim")
+    found = resolve(client, claim, this_node(), args.card)
     args.vgpu, args.segment, args.gpu_uuid = found.vgpu, found.segment, found.gpu_uuid
     args.shm_dir = found.shm_dir if found.shm_dir is not None else args.shm_dir
 
