@@ -64,6 +64,8 @@ class PreemptionService:
         that are not among them yet (one on the card that went busy first is suspended when a
         second card of its gang goes busy: the first may go idle before the second)."""
         self._lock = asyncio.Lock()
+        """Held while deciding (the maps above, the records), never across a node's answer:
+        commands are queued in `_nodes` under it and awaited after it."""
         self._owners: Trusted[str, str] = Trusted(OWNER_TRUSTED_S)
         """Each card's node as last read."""
         self._unresumed: dict[str, set[int]] = defaultdict(set)
