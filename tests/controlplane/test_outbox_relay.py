@@ -83,7 +83,6 @@ async def test_a_blocked_publish_holds_no_transaction_open(
     held = HeldPublishes(nc)
     draining = asyncio.create_task(OutboxRelay(own_outbox, held, scan_s=60).drain())
     await asyncio.wait_for(held.entered.wait(), timeout=10)
-    await asyncio.sleep(0.2)  # pg_stat_activity's state lags a statement's end a little
     open_while_blocked = await _in_transaction_while_publishing(engine)
     held.let_through.set()
     assert await asyncio.wait_for(draining, timeout=10) == 1
