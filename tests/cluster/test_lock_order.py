@@ -4,7 +4,8 @@ a removal of the node or card, or with a high-priority claim that evicts the sam
 
 Each test holds the claim's lock as the first step of a resize does, lets the other
 transaction run until it waits, then finishes the resize: in the wrong order the two wait
-on each other and Postgres aborts one of them (deadlock detected)."""
+on each other and Postgres aborts one of them (deadlock detected). Two moves, which each
+hold several nodes, take them in name order."""
 
 from __future__ import annotations
 
@@ -25,10 +26,12 @@ from qshare.contracts.claims import (
     ResizeClaim,
 )
 from qshare.contracts.domain import Priority
-from qshare.contracts.schema import claims
+from qshare.contracts.schema import claims, gpus
+from qshare.contracts.usage import MoveClaim, MoveReply
 from qshare_allocator.claims.resize import Resizer
 from qshare_allocator.claims.service import ClaimService
 from qshare_allocator.inventory.service import InventoryService
+from qshare_allocator.placement.moving import Mover
 
 from .conftest import RULES, StartAgent, claim_until, eventually, ready_claim
 
@@ -175,3 +178,65 @@ async def test_a_growth_that_leaves_no_room_has_the_waiting_claim_evict_the_vict
     await eventually(evicting, 10)
     waiting = (await api.get(f"/v1/claims/{reply.claim.id}")).json()
     assert "evicted" in waiting["reason"]
+
+
+async def _movable_class(api: httpx.AsyncClient) -> str:
+    name = f"movable-{uuid.uuid4().hex[:8]}"
+    body = {"name": name, "provisioner": "qshare", "move_on_starvation": True}
+    response = await api.post("/v1/classes", json=body)
+    assert response.status_code == 201, response.text
+    return name
+
+
+async def _cards(engine: AsyncEngine, node: str) -> list[str]:
+    async with engine.connect() as conn:
+        query = select(gpus.c.uuid).where(gpus.c.node_name == node).order_by(gpus.c.idx)
+        return list((await conn.execute(query)).scalars().all())
+
+
+async def _move(conn: AsyncConnection, command: MoveClaim) -> MoveReply:
+    async with conn.begin():
+        return await Mover(RULES, SOURCE).move(conn, command)
+
+
+async def _two_moves(
+    engine: AsyncEngine, full_card: str, first: MoveClaim, second: MoveClaim
+) -> list[MoveReply | BaseException]:
+    """Fill `full_card` in a transaction left open until both moves wait, so the first move
+    (which tries that card first) waits for it, then tries its next target; the second
+    move starts meanwhile. Returns each move's reply, or what it raised."""
+    fill = text("UPDATE gpus SET allocated_mib = memory_mib WHERE uuid = :uuid")
+    async with engine.connect() as filler, engine.connect() as one, engine.connect() as two:
+        pids = [await _pid(one), await _pid(two)]
+        await one.commit()
+        await two.commit()
+        async with filler.begin():
+            await filler.execute(fill, {"uuid": full_card})
+            moving = [asyncio.create_task(_move(one, first))]
+            await _waiting(engine, pids[0])
+            moving.append(asyncio.create_task(_move(two, second)))
+            await _waiting(engine, pids[1])
+        return list(await asyncio.gather(*moving, return_exceptions=True))
+
+
+async def test_two_moves_through_each_others_nodes_do_not_deadlock(
+    api: httpx.AsyncClient, start_agent: StartAgent, engine: AsyncEngine
+) -> None:
+    """The first claim (on node a) tries node c's card, then node b's; the second (on node b)
+    tries node c's. Locked in preference order, the first held c and waited for b while the
+    second held b and waited for c."""
+    prefix, movable = f"lock-{uuid.uuid4().hex[:6]}", await _movable_class(api)
+    await start_agent(cards=1, name=f"{prefix}-a")
+    first = await ready_claim(api, vmemory="10Gi", class_name=movable)
+    b = await start_agent(cards=2, name=f"{prefix}-b")
+    second = await ready_claim(api, vmemory="8Gi", class_name=movable)
+    c = await start_agent(cards=1, name=f"{prefix}-c")
+    first_gpu, second_gpu = first["vgpus"][0]["gpu"], second["vgpus"][0]["gpu"]
+    [free_on_b] = [g for g in await _cards(engine, b.name) if g != second_gpu]
+    [on_c] = await _cards(engine, c.name)
+    replies = await _two_moves(
+        engine, on_c,
+        MoveClaim(claim_id=first["id"], from_gpu=first_gpu, to_gpus=[on_c, free_on_b]),
+        MoveClaim(claim_id=second["id"], from_gpu=second_gpu, to_gpus=[on_c]),
+    )  # fmt: skip
+    assert [getattr(r, "moved_to", r) for r in replies] == [free_on_b, None]

@@ -9,7 +9,7 @@ from nats.aio.client import Client
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from qshare.contracts import rpc, subjects
+from qshare.contracts import envelope, rpc, subjects
 from qshare.contracts.claims import ClaimView, DeleteClaim
 from tests.controlplane.conftest import Claim, Register, claim_status, eventually
 
@@ -46,3 +46,23 @@ async def test_a_victim_of_a_claim_deleted_during_its_grace_keeps_its_card(
     await rpc.call(nc, subjects.CLAIMS_DELETE, "test", DeleteClaim(claim_id=waiting.id), ClaimView)
     await eventually(lambda: _eviction_ended(engine, victim.id))
     assert await claim_status(engine, victim.id) == "placed"
+
+
+async def test_a_called_off_eviction_tells_the_victims_watchers(
+    nc: Client, engine: AsyncEngine, register: Register, claim: Claim
+) -> None:
+    await _quick_class(engine)
+    await register("evict-1", cards=1, memory="16Gi")
+    victim = await claim("team-a", priority="low", vmemory="12Gi", class_name=CLASS)
+    js = nc.jetstream()
+    sub = await js.subscribe(subjects.claim_event(str(victim.id), "*"), ordered_consumer=True)
+    waiting = await claim("team-b", priority="high", vmemory="8Gi")
+    await rpc.call(nc, subjects.CLAIMS_DELETE, "test", DeleteClaim(claim_id=waiting.id), ClaimView)
+    kinds = []
+    while "evicting" not in kinds:
+        kinds.append((await sub.next_msg(timeout=10)).subject.rsplit(".", 1)[1])
+    after = envelope.decode((await sub.next_msg(timeout=10)).data).data
+    await sub.unsubscribe()
+    assert isinstance(after, dict)
+    assert after["status"] == "placed" and after["evict_at"] is None
+    assert "eviction called off" in after["reason"], after

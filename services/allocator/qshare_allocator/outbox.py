@@ -14,7 +14,7 @@ from nats.errors import BadSubjectError, MaxPayloadError
 from nats.js import JetStreamContext
 from nats.js.errors import BadRequestError
 from pydantic import BaseModel
-from sqlalchemy import Insert, bindparam, delete, insert, select
+from sqlalchemy import Insert, TextClause, bindparam, delete, insert, select, text
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -28,6 +28,9 @@ log = logging.getLogger(__name__)
 BATCH = 256
 LINGER_S = 0.005
 """How long the relay waits after a wake-up so that a burst of commits shares one batch."""
+LOCK_CLASS = 0x0B0C
+"""First key of the relay's advisory locks (two-key form: apart from the migration's lock);
+the second is the row's id modulo 2^31 - 1."""
 
 
 def event_params(source: str, subject: str, type_: str, data: BaseModel) -> dict[str, Any]:
@@ -48,7 +51,7 @@ def event_insert() -> Insert:
 
 
 class OutboxRelay:
-    """Publishes committed outbox rows; several replicas share the table via SKIP LOCKED."""
+    """Publishes committed outbox rows; several replicas share the table via advisory locks."""
 
     def __init__(self, engine: AsyncEngine, js: JetStreamContext, scan_s: float) -> None:
         self._engine = engine
@@ -74,27 +77,31 @@ class OutboxRelay:
     async def drain(self) -> int:
         """Publish until the outbox is empty; returns how many events left."""
         total = 0
-        while sent := await in_transaction(self._engine, self._publish_batch):
+        while sent := await self._relay_batch():
             total += sent
         return total
 
-    async def _publish_batch(self, conn: AsyncConnection) -> int:
-        """Publish one batch; returns how many rows left the outbox (published or set aside).
+    async def _relay_batch(self) -> int:
+        """Take a batch, publish it outside any transaction, then settle it in a short one;
+        returns how many rows left the outbox (published or set aside).
 
-        Each row stands alone: a row that can never be published (too large, refused) is
+        The batch is this relay's by session advisory locks on its rows' ids, held on a
+        connection that is in no transaction while the publishes wait (no row locks, no
+        `idle in transaction`); another replica's relay skips those rows. A crash loses
+        the locks with the connection, and the rows are published again (at least once;
+        `Nats-Msg-Id` lets JetStream drop the repeat)."""
+        async with self._engine.connect() as conn:
+            session = await conn.execution_options(isolation_level="AUTOCOMMIT")
+            try:
+                rows = await _take_batch(session)
+                return await self._publish_and_settle(rows) if rows else 0
+            finally:
+                await _let_go(session)
+
+    async def _publish_and_settle(self, rows: list[Any]) -> int:
+        """Each row stands alone: a row that can never be published (too large, refused) is
         moved to `outbox_dead` and logged; one that failed for now (NATS down) stays for the
-        next scan. Neither holds back the rows after it.
-        """
-        query = (
-            select(outbox.c.id, outbox.c.subject, outbox.c.body, outbox.c.headers,
-                   outbox.c.created_at)
-            .order_by(outbox.c.id)
-            .limit(BATCH)
-            .with_for_update(skip_locked=True)
-        )  # fmt: skip
-        rows = (await conn.execute(query)).all()
-        if not rows:
-            return 0
+        next scan. Neither holds back the rows after it."""
         outcomes = await asyncio.gather(
             *(self._publish(r.subject, r.body, r.headers) for r in rows), return_exceptions=True
         )
@@ -102,12 +109,16 @@ class OutboxRelay:
         gone = [r.id for r, o in zip(rows, outcomes, strict=True) if o is None] + [
             r.id for r, _ in dead
         ]
-        await self._set_aside(conn, dead)
         if gone:
-            await conn.execute(delete(outbox).where(outbox.c.id.in_(gone)))
+            await in_transaction(self._engine, functools.partial(self._settle, dead, gone))
         if len(gone) < len(rows):
             log.warning("outbox: %d events not published yet; will retry", len(rows) - len(gone))
         return len(gone)
+
+    async def _settle(self, dead: list[tuple[Any, Any]], gone: list[int],
+                      conn: AsyncConnection) -> None:  # fmt: skip
+        await self._set_aside(conn, dead)
+        await conn.execute(delete(outbox).where(outbox.c.id.in_(gone)))
 
     async def _set_aside(self, conn: AsyncConnection, dead: list[tuple[Any, Any]]) -> None:
         for row, error in dead:
@@ -133,3 +144,41 @@ class OutboxRelay:
 def _permanent(outcome: object) -> bool:
     """A publish error that retrying cannot cure."""
     return isinstance(outcome, MaxPayloadError | BadSubjectError | BadRequestError)
+
+
+async def _take_batch(session: AsyncConnection) -> list[Any]:
+    """The oldest rows whose advisory lock this session got (another relay holds the rest),
+    read after the locks: a row another relay published and deleted meanwhile is gone."""
+    candidates = select(outbox.c.id).order_by(outbox.c.id).limit(BATCH)
+    ids = list((await session.execute(candidates)).scalars().all())
+    if not ids:
+        return []
+    tried = await session.execute(_try_locks(), {"ids": ids})
+    mine = [row.id for row in tried.all() if row.got]
+    query = (
+        select(outbox.c.id, outbox.c.subject, outbox.c.body, outbox.c.headers,
+               outbox.c.created_at)
+        .where(outbox.c.id.in_(mine))
+        .order_by(outbox.c.id)
+    )  # fmt: skip
+    return list((await session.execute(query)).all()) if mine else []
+
+
+@functools.cache
+def _try_locks() -> TextClause:
+    """One `pg_try_advisory_lock` per id, each tried exactly once and reported (a lock
+    taken in a filter could be taken for a row the query then drops, and never let go)."""
+    return text(
+        f"SELECT id, pg_try_advisory_lock({LOCK_CLASS}, (id % 2147483647)::int) AS got "
+        "FROM unnest(CAST(:ids AS bigint[])) AS id"
+    )
+
+
+async def _let_go(session: AsyncConnection) -> None:
+    """Release the batch's locks; a connection that cannot is closed, which releases them
+    (back in the pool it would keep those rows from every relay)."""
+    try:
+        await session.execute(text("SELECT pg_advisory_unlock_all()"))
+    except Exception:
+        await session.invalidate()
+        raise

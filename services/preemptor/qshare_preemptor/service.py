@@ -10,9 +10,11 @@ on its other cards, and resumes them all once no card of the gang is busy any mo
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import uuid
 from collections import defaultdict
+from typing import Any
 
 from nats.aio.client import Client
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -30,6 +32,7 @@ from qshare_preemptor.gangs import (
     gang_of_card,
     vgpus_of_claim,
 )
+from qshare_preemptor.lanes import Lanes
 from qshare_preemptor.records import (
     close_records,
     hold_records,
@@ -61,10 +64,17 @@ class PreemptionService:
         that are not among them yet (one on the card that went busy first is suspended when a
         second card of its gang goes busy: the first may go idle before the second)."""
         self._lock = asyncio.Lock()
+        """Held while deciding (the maps above, the records), never across a node's answer:
+        commands are queued in `_nodes` under it and awaited after it."""
         self._owners: Trusted[str, str] = Trusted(OWNER_TRUSTED_S)
         """Each card's node as last read."""
         self._unresumed: dict[str, set[int]] = defaultdict(set)
         """vGPUs by node whose resume did not reach the node (sent again until it does)."""
+        self._nodes = Lanes()
+        """Commands by node: decided under the lock, sent after it in that order (a node
+        that does not answer holds back its own commands only, not the lock)."""
+        self._claims = Lanes()
+        """Claims' `suspended`/`resumed` events, published in the order they were decided."""
         self.card_events = 0
         """Busy and idle events handled so far (whatever they led to)."""
 
@@ -97,11 +107,9 @@ class PreemptionService:
                 self._held_by[claim_id].update(cards)
                 self._members.setdefault(claim_id, set()).update(members)
                 self._stopped.update(stopped)
-            if free:
-                members = [m for c in free for m in left[c][1]]
-                await self._act(members, suspend=False, reason="preemptor restarted")
-                await in_transaction(self._engine, lambda c: close_records(c, free, "gang"))
-                await self._publish_claims(free, "resumed")
+            members = [m for c in free for m in left[c][1]]
+            sending = await self._free(free, members, "preemptor restarted") if free else []
+        await asyncio.gather(*sending)
 
     async def resume_again(self) -> None:
         """Send again the resumes that did not reach their node (an agent restarting, NATS
@@ -112,8 +120,8 @@ class PreemptionService:
             if not pending:
                 return
             known = await read_once(self._engine, lambda c: existing_nodes(c, list(pending)))
-            again = [self._command(n, pending[n], False, "resume sent again") for n in known]
-            await asyncio.gather(*again)  # under the lock: a busy card's suspension waits
+            again = [self._send(n, pending[n], False, "resume sent again") for n in known]
+        await asyncio.gather(*again)  # queued under the lock: a later suspension comes after
 
     async def card_event(self, node: str, gpu: str, busy: bool) -> None:
         """A busy or idle event published under `node`'s name about `gpu`."""
@@ -151,23 +159,25 @@ class PreemptionService:
                 self._held_by[member.claim_id].add(gpu)
                 self._members.setdefault(member.claim_id, set()).add(member)
             self._stopped.update(stop)
-            if joined or stop:
-                await self._hold(gpu, stop, list(joined.values()), fresh)
+            if not (joined or stop):
+                return
+            sending = await self._hold(gpu, stop, list(joined.values()), fresh)
+        await asyncio.gather(*sending)
 
     async def _hold(
         self, gpu: str, stop: list[Member], joined: list[Member], fresh: list[uuid.UUID]
-    ) -> None:
-        """Suspend `stop` while the records of the claims of `joined` name `gpu`; announce
-        the `fresh` claims' suspension as soon as the nodes confirmed, then finish the
-        records."""
+    ) -> list[asyncio.Task[Any]]:
+        """Queue the suspension of `stop` and, once the nodes confirmed, the `fresh` claims'
+        event; write meanwhile the records of the claims of `joined` naming `gpu` (awaited
+        here, under the lock, so that a later idle ends them after). Returns what was
+        queued, for the caller to await once it lets the lock go."""
         reason = f"high priority busy on {gpu}"[:253]
         record = asyncio.create_task(
             in_transaction(self._engine, lambda c: hold_records(c, joined, reason, gpu))
         )
         try:
-            if stop:
-                await self._act(stop, suspend=True, reason=reason)
-            await self._publish_claims(fresh, "suspended")
+            sent = self._queue_act(stop, suspend=True, reason=reason)
+            return [*sent, *self._announce(fresh, "suspended", after=sent)]
         finally:
             await record
 
@@ -182,19 +192,26 @@ class PreemptionService:
             kept = [c for c in released if self._held_by[c]]
             if kept:
                 await in_transaction(self._engine, lambda c: leave_records(c, kept, gpu))
-            if done:
-                await self._release(done, f"{gpu} idle")
+            sending = await self._release(done, f"{gpu} idle") if done else []
+        await asyncio.gather(*sending)
 
-    async def _release(self, done: list[uuid.UUID], reason: str) -> None:
+    async def _release(self, done: list[uuid.UUID], reason: str) -> list[asyncio.Task[Any]]:
         held = await in_transaction(self._engine, lambda c: open_claims(c, done, "operator"))
         resume = [m for c in done if c not in held for m in self._members.get(c, set())]
         for claim_id in done:
             self._held_by.pop(claim_id, None)
             self._stopped.difference_update(self._members.pop(claim_id, set()))
-        if resume:
-            await self._act(resume, suspend=False, reason=reason)
+        return await self._free(done, resume, reason)
+
+    async def _free(
+        self, done: list[uuid.UUID], resume: list[Member], reason: str
+    ) -> list[asyncio.Task[Any]]:
+        """Queue the resumes of `resume`, end the gang records of `done` (under the lock,
+        in the order decided) and queue the claims' `resumed` events after the resumes;
+        returns what was queued."""
+        sent = self._queue_act(resume, suspend=False, reason=reason)
         await in_transaction(self._engine, lambda c: close_records(c, done, "gang"))
-        await self._publish_claims(done, "resumed")
+        return [*sent, *self._announce(done, "resumed", after=sent)]
 
     async def operator(self, action: ClaimAction, suspend: bool) -> ClaimActionReply:
         members = await in_transaction(self._engine, lambda c: self._owned(c, action))
@@ -206,7 +223,7 @@ class PreemptionService:
             await in_transaction(
                 self._engine, lambda c: close_records(c, [action.claim_id], "operator")
             )
-            await self._publish_claims([action.claim_id], "resumed")
+            await asyncio.gather(*self._announce([action.claim_id], "resumed", after=[]))
         return ClaimActionReply(
             claim_id=action.claim_id, suspended=suspend, vgpus=done, missing=missing
         )
@@ -218,13 +235,24 @@ class PreemptionService:
         return members
 
     async def _act(self, members: list[Member], suspend: bool, reason: str) -> tuple[int, int]:
+        replies = await asyncio.gather(*self._queue_act(members, suspend, reason))
+        return sum(len(r.done) for r in replies), sum(len(r.missing) for r in replies)
+
+    def _queue_act(
+        self, members: list[Member], suspend: bool, reason: str
+    ) -> list[asyncio.Task[SuspendReply]]:
+        """Queue one command per node for `members`; never waits (callers hold the lock)."""
         by_node: dict[str, list[int]] = defaultdict(list)
         for member in members:
             by_node[member.node].append(member.local_id)
-        replies = await asyncio.gather(
-            *(self._command(node, ids, suspend, reason) for node, ids in by_node.items())
-        )
-        return sum(len(r.done) for r in replies), sum(len(r.missing) for r in replies)
+        return [self._send(node, ids, suspend, reason) for node, ids in by_node.items()]
+
+    def _send(
+        self, node: str, ids: list[int], suspend: bool, reason: str
+    ) -> asyncio.Task[SuspendReply]:
+        """`_command` once the commands decided before for `node` have been answered (or
+        timed out): a node gets its suspends and resumes in the order they were decided."""
+        return self._nodes.queue(node, functools.partial(self._command, node, ids, suspend, reason))
 
     async def _command(self, node: str, ids: list[int], suspend: bool, reason: str) -> SuspendReply:
         verb = "suspend" if suspend else "resume"
@@ -252,11 +280,26 @@ class PreemptionService:
             )
         )
         try:
-            acted = await self._act(members, suspend=True, reason=reason)
-            await self._publish_claims(sorted({m.claim_id for m in members}), "suspended")
+            sent = self._queue_act(members, suspend=True, reason=reason)
+            announced = self._announce(sorted({m.claim_id for m in members}), "suspended", sent)
+            replies = await asyncio.gather(*sent)
+            await asyncio.gather(*announced)
         finally:
             await record
-        return acted
+        return sum(len(r.done) for r in replies), sum(len(r.missing) for r in replies)
+
+    def _announce(
+        self, claim_ids: list[uuid.UUID], kind: str, after: list[asyncio.Task[SuspendReply]]
+    ) -> list[asyncio.Task[None]]:
+        """Queue each claim's event of `kind`, published once the commands `after` ended,
+        after the events decided before for that claim."""
+
+        async def publish(claim_id: uuid.UUID) -> None:
+            if after:
+                await asyncio.wait(after)
+            await self._publish_claims([claim_id], kind)
+
+        return [self._claims.queue(c, functools.partial(publish, c)) for c in claim_ids]
 
     async def _publish_claims(self, claim_ids: list[uuid.UUID], kind: str) -> None:
         for claim_id in claim_ids:

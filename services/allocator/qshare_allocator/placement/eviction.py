@@ -22,6 +22,11 @@ EVICTED_FOR = "evicted for high-priority claim "
 the record's `for_claim` holds)."""
 
 
+CALLED_OFF = "eviction called off: high-priority claim "
+"""The reason a victim kept its vGPUs carries, followed by the id of the claim it was evicted
+for (deleted, or placed elsewhere, before the grace ended)."""
+
+
 async def under_way_for(conn: AsyncConnection, claim_id: uuid.UUID) -> bool:
     """Whether claims are being evicted for `claim_id` now (a record whose victim left
     some other way, deleted or failed during its grace, does not count)."""
@@ -100,10 +105,9 @@ async def finish_due(conn: AsyncConnection, source: str) -> tuple[int, list[uuid
     victims = [row.id for row in due]
     made_room_for = await _evicted_for(conn, victims)
     waiting = await _lock_waiting(conn, set(made_room_for.values()))
-    kept = [victim for victim in victims if made_room_for.get(victim) not in waiting]
-    if kept:  # their claim waits no more: the eviction is called off, they keep their vGPUs
-        await conn.execute(update(claims).where(claims.c.id.in_(kept)).values(evict_at=None))
-    due = [row for row in due if row.id not in kept]
+    kept = [row for row in due if made_room_for.get(row.id) not in waiting]
+    await _call_off(conn, source, kept, made_room_for)
+    due = [row for row in due if row.id not in {k.id for k in kept}]
     reason = "evicted for a high-priority claim; waiting to be placed again"
     for row in due:
         await transition(conn, source, row, ClaimStatus.PENDING, reason, release=True,
@@ -112,6 +116,16 @@ async def finish_due(conn: AsyncConnection, source: str) -> tuple[int, list[uuid
         update(preemptions).where(_open_eviction_of(victims)).values(ended_at=func.now())
     )
     return len(due), waiting
+
+
+async def _call_off(
+    conn: AsyncConnection, source: str, kept: list[Any], made_room_for: dict[uuid.UUID, Any]
+) -> None:
+    """The claim `kept` were evicted for waits no more: they keep their vGPUs, and their
+    watchers, who saw `evicting`, get their status's event again saying so (`evict_at` null)."""
+    for row in kept:
+        reason = f"{CALLED_OFF}{made_room_for.get(row.id)} no longer waits"
+        await transition(conn, source, row, ClaimStatus(row.status), reason, evict_at=None)
 
 
 def _open_eviction_of(victims: Any) -> Any:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import and_, bindparam, select
+from sqlalchemy import and_, bindparam, or_, select
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -43,25 +43,19 @@ class Mover:
         demand = demand_of(spec_of(row), provisioner, self._rules)
         if demand.whole:
             return MoveReply(claim_id=row.id, reason="whole-card claims are not moved")
-        for gpu in dict.fromkeys(g for g in command.to_gpus if g != command.from_gpu):
-            if card := await self._target(conn, row.node_name, gpu, demand):
+        targets = [g for g in dict.fromkeys(command.to_gpus) if g != command.from_gpu]
+        locked = await _lock_nodes(conn, row.node_name, targets)
+        for gpu in targets:
+            if card := await self._target(conn, locked, gpu, demand):
                 return await self._move(conn, row, demand, card, command)
         return MoveReply(claim_id=row.id, reason="no better card has room for it")
 
-    async def _target(self, conn: AsyncConnection, old_node: str, gpu: str, demand: Demand) -> Any:
-        """The card `gpu` if the claim fits there, with both nodes locked (in name order)."""
-        node = (await conn.execute(select(gpus.c.node_name).where(gpus.c.uuid == gpu))).scalar()
-        if node is None:
-            return None
-        names = sorted({old_node, node})
-        await conn.execute(
-            select(nodes.c.name)
-            .where(nodes.c.name.in_(names))
-            .order_by(nodes.c.name)
-            .with_for_update()
-        )
+    async def _target(
+        self, conn: AsyncConnection, locked: list[str], gpu: str, demand: Demand
+    ) -> Any:
+        """The card `gpu` if the claim fits there (its node among the `locked`)."""
         params = {"node_timeout_s": self._rules.node_timeout_s, "selector": demand.selector}
-        return (await conn.execute(_fitting(gpu, demand), params)).one_or_none()
+        return (await conn.execute(_fitting(gpu, locked, demand), params)).one_or_none()
 
     async def _move(
         self, conn: AsyncConnection, row: Any, demand: Demand, card: Any, command: MoveClaim
@@ -105,6 +99,21 @@ async def _locked_claim(conn: AsyncConnection, command: MoveClaim) -> Any:
     return row
 
 
+async def _lock_nodes(conn: AsyncConnection, old_node: str, targets: list[str]) -> list[str]:
+    """Lock the claim's node and every target card's node at once, in name order, so two
+    moves never each hold a node the other waits for; returns their names. (Locked target by
+    target, in preference order, one could hold c and wait for b while another held b and
+    waited for c.)"""
+    of_targets = select(gpus.c.node_name).where(gpus.c.uuid.in_(targets))
+    query = (
+        select(nodes.c.name)
+        .where(or_(nodes.c.name == old_node, nodes.c.name.in_(of_targets)))
+        .order_by(nodes.c.name)
+        .with_for_update(of=nodes)
+    )
+    return list((await conn.execute(query)).scalars().all())
+
+
 def _refusal(row: Any, held: list[Any], command: MoveClaim) -> str | None:
     if not row.move_on_starvation:
         return f"class {row.class_name} does not allow moving (move_on_starvation is false)"
@@ -119,9 +128,10 @@ def _refusal(row: Any, held: list[Any], command: MoveClaim) -> str | None:
     return None
 
 
-def _fitting(gpu: str, demand: Demand) -> Any:
+def _fitting(gpu: str, locked: list[str], demand: Demand) -> Any:
     card_ok = and_(
         gpus.c.uuid == gpu,
+        gpus.c.node_name.in_(locked),
         gpus.c.healthy,
         gpus.c.retired.is_(False),
         gpus.c.memory_mib - gpus.c.allocated_mib >= demand.vmemory_mib,
