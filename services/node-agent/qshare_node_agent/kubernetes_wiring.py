@@ -15,7 +15,13 @@ from qshare.envsettings import load
 from qshare_node_agent.converge import Converger
 from qshare_node_agent.discovery import Card
 from qshare_node_agent.kubernetes import cdi
-from qshare_node_agent.kubernetes.backend import BackendError, CardInfo, CardWatcher, LocalVgpu
+from qshare_node_agent.kubernetes.backend import (
+    BackendError,
+    CardInfo,
+    CardWatcher,
+    LocalVgpu,
+    VgpuWanted,
+)
 from qshare_node_agent.kubernetes.config import KubernetesSettings
 from qshare_node_agent.kubernetes.local_vgpus import LocalVgpus
 from qshare_node_agent.kubernetes.plugins import KubernetesPlugins
@@ -71,6 +77,13 @@ class AgentBackend:
                 f"(waited {self._apply_wait_s:g} s for the allocator's apply)"
             )
         return found
+
+    def prepare_all(self, wanted: list[VgpuWanted], *, durable: bool = True) -> list[LocalVgpu]:
+        """Local vGPUs only (a DRA claim's): an allocator's vGPU is applied, not prepared."""
+        allocators = [w.key for w in wanted if w.key.startswith(ALLOCATOR_KEY)]
+        if allocators:
+            raise BackendError(f"allocator vGPUs {allocators} are not prepared together")
+        return self._local.prepare_all(wanted, durable=durable)
 
     def _applied(self, key: str, wanted: str) -> LocalVgpu | None:
         """The allocator's vGPU `wanted` as the agent applied it, if it has; an adopted one

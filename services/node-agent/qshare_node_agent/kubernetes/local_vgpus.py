@@ -32,6 +32,7 @@ from qshare_node_agent.kubernetes.backend import (
     CardWatcher,
     LocalVgpu,
     Mount,
+    VgpuWanted,
 )
 from qshare_node_agent.metrics import CHECKPOINTS_SET_ASIDE
 
@@ -147,40 +148,60 @@ class LocalVgpus:
         durable: bool = True,
     ) -> LocalVgpu:
         """A key prepared already is answered as it is (once on disk, when `durable`)."""
+        wanted = VgpuWanted(key, card_index, priority, core_share, memory_mib, policy)
+        return self.prepare_all([wanted], durable=durable)[0]
+
+    def prepare_all(self, wanted: list[VgpuWanted], *, durable: bool = True) -> list[LocalVgpu]:
+        """All or none: the missing vGPUs are created in the driver first, then kept
+        together, so the checkpoint (written by this call when `durable`, or by any save)
+        names all of them or none; a restart destroys those it does not name."""
         with self._lock:
-            existing, switched = self._vgpus.get(key), False
-            if existing is not None:
-                vgpu = self._same(existing, card_index, priority, core_share, memory_mib)
-            else:
-                vgpu, switched = self._make(
-                    key, card_index, priority, core_share, memory_mib, policy
-                )
+            vgpus, switched = self._make_all(wanted)
             generation = self._generation
         if durable:
             self._persist(generation)
         if switched:
             self._notify()
-        return vgpu
+        return vgpus
 
-    def _make(
-        self,
-        key: str,
-        card_index: int,
-        priority: Priority,
-        core_share: int,
-        memory_mib: int,
-        policy: str | None,
-    ) -> tuple[LocalVgpu, bool]:
-        """Create the vGPU in the segment and keep it (the caller holds `_lock`); True when
-        the card's policy was switched for it."""
-        card = self._check(card_index, core_share, memory_mib)
-        switched = policy is not None and self._apply_policy(card, Policy.parse(policy))
-        prio = Priority(priority)
-        vgpu = self._describe(key, self._free_id(), card, prio, core_share, memory_mib)
+    def _make_all(self, wanted: list[VgpuWanted]) -> tuple[list[LocalVgpu], bool]:
+        """(The caller holds `_lock`.) The vGPUs of `wanted`, and True when a card's policy
+        was switched for them; one the driver refuses destroys those this call created."""
+        for w in wanted:
+            if w.key in self._vgpus:
+                self._same(self._vgpus[w.key], w.card_index, w.priority, w.core_share,
+                           w.memory_mib)  # fmt: skip
+        made: dict[str, LocalVgpu] = {}
+        switched = False
+        try:
+            for w in wanted:
+                if w.key not in self._vgpus and w.key not in made:
+                    made[w.key], changed = self._make(w, {v.vgpu_id for v in made.values()})
+                    switched = switched or changed
+        except Exception:
+            self._destroy(made.values())
+            raise
+        for vgpu in made.values():
+            self._keep(vgpu)
+        if made:
+            self._changed()
+        return [self._vgpus[w.key] for w in wanted], switched
+
+    def _make(self, w: VgpuWanted, taken: set[int]) -> tuple[LocalVgpu, bool]:
+        """Create the vGPU in the segment (an id not in `taken` either); True when the
+        card's policy was switched for it."""
+        card = self._check(w.card_index, w.core_share, w.memory_mib)
+        switched = w.policy is not None and self._apply_policy(card, Policy.parse(w.policy))
+        vgpu_id = self._free_id(taken)
+        vgpu = self._describe(w.key, vgpu_id, card, Priority(w.priority), w.core_share,
+                              w.memory_mib)  # fmt: skip
         self._create(vgpu)
-        self._keep(vgpu)
-        self._changed()
         return vgpu, switched
+
+    def _destroy(self, vgpus: Iterable[LocalVgpu]) -> None:
+        for vgpu in vgpus:
+            with contextlib.suppress(DriverError):
+                self._node.destroy_vgpu(vgpu.vgpu_id)
 
     def _apply_policy(self, card: Card, wanted: Policy) -> bool:
         """Give an empty card the policy a claim asks for (True when it changed); a card
@@ -324,8 +345,8 @@ class LocalVgpus:
             )
         return card
 
-    def _free_id(self) -> int:
-        used = {v.vgpu_id for v in self._vgpus.values()}
+    def _free_id(self, taken: set[int]) -> int:
+        used = taken | {v.vgpu_id for v in self._vgpus.values()}
         start = FIRST_LOCAL_ID + len(used)
         ids = itertools.chain(range(start, LAST_LOCAL_ID + 1), range(FIRST_LOCAL_ID, start))
         for candidate in ids:
