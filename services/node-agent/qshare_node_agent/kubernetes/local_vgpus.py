@@ -78,7 +78,7 @@ class LocalVgpus:
         self._watchers: list[CardWatcher] = []
         self._told: list[CardInfo] | None = None  # what the watchers were last told
         self.segment_dir = layout.segment_dir(Path(node.directory) if node.directory else None)
-        self.checkpoint = checkpoint.checkpoint_path(self.segment_dir, node.name)
+        self.checkpoint = node_checkpoint(node)
 
     # -- cards -------------------------------------------------------------------------
     def cards(self) -> list[CardInfo]:
@@ -172,6 +172,7 @@ class LocalVgpus:
                 self._same(self._vgpus[w.key], w.card_index, w.priority, w.core_share,
                            w.memory_mib)  # fmt: skip
         made: dict[str, LocalVgpu] = {}
+        asked = {w.key: Policy.parse(w.policy).label for w in wanted if w.policy is not None}
         switched = False
         try:
             for w in wanted:
@@ -182,7 +183,7 @@ class LocalVgpus:
             self._destroy(made.values())
             raise
         for vgpu in made.values():
-            self._keep(vgpu)
+            self._keep(vgpu, asked.get(vgpu.key))
         if made:
             self._changed()
         return [self._vgpus[w.key] for w in wanted], switched
@@ -265,7 +266,7 @@ class LocalVgpus:
                     )
                     if not self._matches_segment(vgpu):
                         self._create(vgpu)
-                    self._keep(vgpu)
+                    self._keep(vgpu, entry.policy)
                 except BackendError:
                     lost.append(entry.key)
             self._drop_unsaved()
@@ -318,9 +319,9 @@ class LocalVgpus:
                 with contextlib.suppress(NotFoundError):
                     self._node.destroy_vgpu(vgpu_id)
 
-    def _keep(self, vgpu: LocalVgpu) -> None:
+    def _keep(self, vgpu: LocalVgpu, policy: str | None = None) -> None:
         self._vgpus[vgpu.key] = vgpu
-        self._entries[vgpu.key] = _entry(vgpu)
+        self._entries[vgpu.key] = _entry(vgpu, policy)
 
     def _same(
         self, vgpu: LocalVgpu, card_index: int, priority: Priority, core: int, memory_mib: int
@@ -442,7 +443,7 @@ class LocalVgpus:
         return mounts if self._library_mount is None else (self._library_mount, *mounts)
 
 
-def _entry(v: LocalVgpu) -> str:
+def _entry(v: LocalVgpu, policy: str | None) -> str:
     return checkpoint.entry_json(
         checkpoint.Entry(
             key=v.key,
@@ -451,5 +452,23 @@ def _entry(v: LocalVgpu) -> str:
             priority=v.priority,
             core_share=v.core_share,
             memory_mib=v.memory_mib,
+            policy=policy,  # a label Policy.parse made
         )
     )
+
+
+def node_checkpoint(node: Node) -> Path:
+    """Where the prepared vGPUs of `node`'s segment are checkpointed."""
+    directory = layout.segment_dir(Path(node.directory) if node.directory else None)
+    return checkpoint.checkpoint_path(directory, node.name)
+
+
+def asked_policies(node: Node) -> dict[int, str]:
+    """The card policy the prepared claims asked of each card, as the checkpoint records it
+    (the latest prepared wins); none from a checkpoint that cannot be used (the restore sets
+    it aside, and a rebuilt one records no policy)."""
+    try:
+        entries = checkpoint.load(node_checkpoint(node), node.name)
+    except checkpoint.CheckpointError:
+        return {}
+    return {e.card_index: e.policy for e in entries if e.policy is not None}
