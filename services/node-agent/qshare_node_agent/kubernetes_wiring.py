@@ -112,8 +112,9 @@ class AgentPlugins:
     local: LocalVgpus
 
     def cards_seen(self, unhealthy: Collection[str]) -> None:
-        """Each heartbeat's reading of the cards: a card whose health or policy changed is
-        published again (the ResourceSlice, the device plugin's device lists)."""
+        """The agent's periodic reading of the cards (its own loop, not the heartbeats, which
+        wait for the allocator): a card whose health or policy changed is published again
+        (the ResourceSlice, the device plugin's device lists)."""
         self.local.observe(unhealthy)
 
     def stop(self) -> None:
