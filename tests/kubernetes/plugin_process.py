@@ -1,15 +1,19 @@
 """The DRA plugin in a process of its own, on a segment of its own, so a test can kill it
-with SIGKILL (a crash: no shutdown, no final save) and look at what it left on disk."""
+with SIGKILL (a crash: no shutdown, no final save) and look at what it left on disk; or
+have it kill itself as it asks the driver for its n-th vGPU (a crash between two steps)."""
 
 from __future__ import annotations
 
 import multiprocessing
+import os
+import signal
 import threading
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
+from qshare_driver.node import Node
 from qshare_node_agent.kubernetes.apiserver import KubeApi
 from qshare_node_agent.kubernetes.config import KubernetesSettings
 from qshare_node_agent.kubernetes.dra import DraPlugin
@@ -18,12 +22,16 @@ from qshare_node_agent.kubernetes.local_vgpus import LocalVgpus
 from .conftest import CARDS, make_node
 
 
-def start(settings: KubernetesSettings, shm: Path, segment: str) -> BaseProcess:
-    """Start the plugin process; returns once its claim watch holds every stored claim."""
+def start(
+    settings: KubernetesSettings, shm: Path, segment: str, die_at_create: int = 0
+) -> BaseProcess:
+    """Start the plugin process; returns once its claim watch holds every stored claim.
+    With `die_at_create` n, the process SIGKILLs itself as it asks for its n-th vGPU."""
     ctx = multiprocessing.get_context("spawn")
     mine, theirs = ctx.Pipe()
     process = ctx.Process(
-        target=_serve, args=(settings.model_dump(mode="json"), str(shm), segment, theirs)
+        target=_serve,
+        args=(settings.model_dump(mode="json"), str(shm), segment, theirs, die_at_create),
     )
     process.start()
     if not mine.poll(30):
@@ -33,11 +41,29 @@ def start(settings: KubernetesSettings, shm: Path, segment: str) -> BaseProcess:
     return process
 
 
-def _serve(settings: dict[str, Any], shm: str, segment: str, ready: Connection) -> None:
+def _serve(
+    settings: dict[str, Any], shm: str, segment: str, ready: Connection, die_at_create: int
+) -> None:
     config = KubernetesSettings.model_validate(settings)
-    backend = LocalVgpus(make_node(Path(shm), segment), CARDS)
+    node = make_node(Path(shm), segment)
+    if die_at_create:
+        _die_at_create(node, die_at_create)
+    backend = LocalVgpus(node, CARDS)
     plugin = DraPlugin(config, backend, KubeApi(config.api_server, None, None, timeout_s=5))
     plugin.start()
     plugin.claims.synced.wait(10)
     ready.send(True)
     threading.Event().wait()
+
+
+def _die_at_create(node: Node, n: int) -> None:
+    """Make the n-th `create_vgpu` on `node` kill the process before it reaches the driver."""
+    create, calls = node.create_vgpu, [0]
+
+    def dying(*args: Any) -> None:
+        calls[0] += 1
+        if calls[0] == n:
+            os.kill(os.getpid(), signal.SIGKILL)
+        create(*args)
+
+    node.create_vgpu = dying  # type: ignore[method-assign]

@@ -106,6 +106,8 @@ class NodeAgent(Service):
         if adopted:
             converger.adopt(existing_vgpus(self._node, self.cards))
         self._commands = Commands(self.name, self._node, converger)
+        if self.settings.kubernetes:  # before NATS: the kubelet's plugins need no control plane
+            self._start_plugins(converger)
         self._nc = await self._connect()
         await self._nc.subscribe(subjects.node_commands(self.name), cb=self._on_command)
         await self._nc.subscribe(subjects.NODES_ANNOUNCE, cb=self._on_announce)
@@ -120,11 +122,7 @@ class NodeAgent(Service):
         pump.listeners.append(self._observe)
         pump.start()
         self._pump = pump
-        if self.settings.kubernetes:
-            from qshare_node_agent.kubernetes_wiring import start_plugins
-
-            self._plugins = start_plugins(converger, self.cards, self.settings.min_vgpu_mib)
-        self._tasks = [asyncio.create_task(self._register_then_beat(), name="heartbeats")]
+        self._tasks.append(asyncio.create_task(self._register_then_beat(), name="heartbeats"))
         if self.settings.usage_interval_s:
             reader = UsageReader(self._node, self.name, {c.index: c.uuid for c in self.cards})
             interval = self.settings.usage_interval_s
@@ -134,6 +132,12 @@ class NodeAgent(Service):
         self.probes.serving()
         log.info("node agent %s: %d cards, segment %s", self.name, len(self.cards),
                  self.settings.segment_name)  # fmt: skip
+
+    def _start_plugins(self, converger: Converger) -> None:
+        from qshare_node_agent.kubernetes_wiring import start_plugins
+
+        self._plugins = start_plugins(converger, self.cards, self.settings.min_vgpu_mib)
+        self._tasks.append(asyncio.create_task(self._watch_cards(), name="kubernetes cards"))
 
     async def stop(self) -> None:
         self._stopping = True
@@ -163,7 +167,8 @@ class NodeAgent(Service):
         await asyncio.to_thread(flush_tracing)
 
     def _running(self) -> list[asyncio.Task[None]]:
-        """The tasks that must run as long as the agent: heartbeats, usage, the event pump."""
+        """The tasks that must run as long as the agent: heartbeats, usage, the event pump,
+        the cards' health for Kubernetes."""
         pump = [self._pump.task] if self._pump is not None and self._pump.task else []
         return [*self._tasks, *pump]
 
@@ -267,22 +272,28 @@ class NodeAgent(Service):
 
     async def _beat(self) -> None:
         assert self._nc is not None
-        unhealthy = await self._unhealthy()
-        self._publish_cards(unhealthy)
-        beat = Heartbeat(unhealthy=unhealthy, sharing=self._sharing())
+        beat = Heartbeat(unhealthy=await self._unhealthy(), sharing=self._sharing())
         body = envelope.wrap(self.source, "io.qshare.node.heartbeat", beat)
         try:
             await self._nc.publish(subjects.heartbeat(self.name), envelope.encode(body))
         except Exception as error:
             log.warning("node agent %s: heartbeat not sent (%s)", self.name, error)
 
+    async def _watch_cards(self) -> None:
+        """Read the cards' health here every heartbeat period and tell the kubelet plugins,
+        with no allocator or NATS needed: a card that turns unhealthy while the control
+        plane is away is withdrawn from Kubernetes all the same."""
+        while True:
+            self._publish_cards(await self._unhealthy())
+            await asyncio.sleep(self.settings.heartbeat_s)
+
     def _publish_cards(self, unhealthy: list[str]) -> None:
-        """Tell the kubelet plugins the cards' health and policy as of this heartbeat."""
+        """Tell the kubelet plugins the cards' health and policy as read now."""
         if self._plugins is None:
             return
         try:
             self._plugins.cards_seen(unhealthy)
-        except Exception as error:  # the heartbeat goes on
+        except Exception as error:  # the loop goes on
             log.warning("node agent %s: cards not published to Kubernetes (%r)", self.name,
                         error)  # fmt: skip
 

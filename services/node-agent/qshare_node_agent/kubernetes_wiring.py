@@ -15,7 +15,13 @@ from qshare.envsettings import load
 from qshare_node_agent.converge import Converger
 from qshare_node_agent.discovery import Card
 from qshare_node_agent.kubernetes import cdi
-from qshare_node_agent.kubernetes.backend import BackendError, CardInfo, CardWatcher, LocalVgpu
+from qshare_node_agent.kubernetes.backend import (
+    BackendError,
+    CardInfo,
+    CardWatcher,
+    LocalVgpu,
+    VgpuWanted,
+)
 from qshare_node_agent.kubernetes.config import KubernetesSettings
 from qshare_node_agent.kubernetes.local_vgpus import LocalVgpus
 from qshare_node_agent.kubernetes.plugins import KubernetesPlugins
@@ -72,6 +78,13 @@ class AgentBackend:
             )
         return found
 
+    def prepare_all(self, wanted: list[VgpuWanted], *, durable: bool = True) -> list[LocalVgpu]:
+        """Local vGPUs only (a DRA claim's): an allocator's vGPU is applied, not prepared."""
+        allocators = [w.key for w in wanted if w.key.startswith(ALLOCATOR_KEY)]
+        if allocators:
+            raise BackendError(f"allocator vGPUs {allocators} are not prepared together")
+        return self._local.prepare_all(wanted, durable=durable)
+
     def _applied(self, key: str, wanted: str) -> LocalVgpu | None:
         """The allocator's vGPU `wanted` as the agent applied it, if it has; an adopted one
         that no apply has named yet (its id the nil UUID) is nobody's."""
@@ -99,8 +112,9 @@ class AgentPlugins:
     local: LocalVgpus
 
     def cards_seen(self, unhealthy: Collection[str]) -> None:
-        """Each heartbeat's reading of the cards: a card whose health or policy changed is
-        published again (the ResourceSlice, the device plugin's device lists)."""
+        """The agent's periodic reading of the cards (its own loop, not the heartbeats, which
+        wait for the allocator): a card whose health or policy changed is published again
+        (the ResourceSlice, the device plugin's device lists)."""
         self.local.observe(unhealthy)
 
     def stop(self) -> None:

@@ -1,6 +1,7 @@
 """Opening the node's driver segment: adopt the one a previous agent left (its workloads keep
 running and limited), or create it with the discovered cards; either way each card then takes
-this agent's policy, release delay (fixed or auto) and device gate."""
+this agent's policy, release delay (fixed or auto) and device gate; an adopted card that a
+prepared DRA claim asked a policy of keeps that policy while the claim holds it."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import logging
 import uuid
 
 from qshare.contracts.agent import LOCAL_ID_LIMIT, DesiredVgpu
-from qshare.contracts.domain import Priority
+from qshare.contracts.domain import CardPolicy, Priority
 from qshare_driver import Node, NotFoundError
 from qshare_node_agent.discovery import Card
 from qshare_node_agent.settings import NodeAgentSettings
@@ -26,13 +27,27 @@ def open_segment(settings: NodeAgentSettings, cards: list[Card]) -> tuple[Node, 
     except NotFoundError:
         return _create(settings, cards), False
     try:  # settings changed for this start (a new ConfigMap) apply to the adopted cards too
+        asked = _claims_policies(node) if settings.kubernetes else {}
         for index in node.list_cards():
-            configure_card(node, index, settings)
+            configure_card(node, index, _with_policy(settings, asked.get(index)))
     except Exception:
         node.leave()
         raise
     log.info("segment %s adopted with vGPUs %s", settings.segment_name, node.list_vgpus())
     return node, True
+
+
+def _claims_policies(node: Node) -> dict[int, str]:
+    from qshare_node_agent.kubernetes.local_vgpus import asked_policies
+
+    return asked_policies(node)
+
+
+def _with_policy(settings: NodeAgentSettings, policy: str | None) -> NodeAgentSettings:
+    """The settings with the card policy a live DRA claim asked in place of the agent's."""
+    if policy is None:
+        return settings
+    return settings.model_copy(update={"policy": CardPolicy(policy)})
 
 
 def _create(settings: NodeAgentSettings, cards: list[Card]) -> Node:

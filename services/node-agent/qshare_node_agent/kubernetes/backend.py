@@ -56,6 +56,18 @@ class LocalVgpu:
         )
 
 
+@dataclass(frozen=True)
+class VgpuWanted:
+    """One vGPU a consumer asks for; `policy` (a claim's hint) as `VgpuBackend.prepare`."""
+
+    key: str
+    card_index: int
+    priority: Priority
+    core_share: int
+    memory_mib: int
+    policy: str | None = None
+
+
 class BackendError(Exception):
     """The backend refused a request; the message names what is wrong."""
 
@@ -83,6 +95,12 @@ class VgpuBackend(Protocol):
     ) -> LocalVgpu:
         """`policy` (a claim's hint) is set on the card if it has no vGPUs yet; a card
         running vGPUs under another policy refuses it with `BackendError`."""
+        ...
+
+    def prepare_all(self, wanted: list[VgpuWanted], *, durable: bool = True) -> list[LocalVgpu]:
+        """`prepare` of one consumer's vGPUs, all or none: a save (this call's or any other)
+        names every one of them or none, and one the driver refuses gives back the others
+        this call made."""
         ...
 
     def save(self) -> None:

@@ -15,7 +15,7 @@ import os
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, StrictInt, ValidationError, model_validator
 
@@ -45,6 +45,8 @@ class Entry(BaseModel):
     priority: Priority
     core_share: Annotated[StrictInt, Field(ge=1, le=MAX_CORE_SHARE)]
     memory_mib: Annotated[StrictInt, Field(ge=1, le=MAX_MIB)]
+    policy: Literal["best-effort", "fixed-share", "burst-share"] | None = None
+    """The card policy the vGPU's claim asked (a restart gives it back to the card)."""
 
 
 class Checkpoint(BaseModel):

@@ -5,10 +5,12 @@ slice is deleted (a starting kubelet wipes its node's slices; `SliceWatch`).
 
 Prepare reads the claim's allocation from the claims held by LIST + WATCH (`ClaimCache`;
 a GET to the API server when the claim is not held yet), asks the backend for one vGPU per
-allocated share (idempotent by claim, request, device and share), writes the claim's CDI
-spec and answers with its CDI device ids once the vGPUs are saved; prepares served together
-share one save of the checkpoint (`GroupCommit`). Each claim gets its own answer or error;
-a claim that fails gives back whatever this call made for it.
+allocated share (idempotent by claim, request, device and share), all in one step, writes
+the claim's CDI spec and answers with its CDI device ids once the vGPUs are saved; prepares
+served together share one save of the checkpoint (`GroupCommit`). The order (vGPUs, CDI
+spec, one checkpoint write naming every vGPU of the claim) means a crash leaves the claim
+in the checkpoint whole or not at all; a restart destroys local vGPUs it does not name.
+Each claim gets its own answer or error; a claim that fails gives back what this call made.
 """
 
 from __future__ import annotations
@@ -26,7 +28,13 @@ import grpc
 from qshare_node_agent.kubernetes import cdi, resourceslice, wire
 from qshare_node_agent.kubernetes.allocation import UNSHARED, ClaimError, DeviceShare, shares
 from qshare_node_agent.kubernetes.apiserver import ApiError, KubeApi
-from qshare_node_agent.kubernetes.backend import BackendError, CardInfo, LocalVgpu, VgpuBackend
+from qshare_node_agent.kubernetes.backend import (
+    BackendError,
+    CardInfo,
+    LocalVgpu,
+    VgpuBackend,
+    VgpuWanted,
+)
 from qshare_node_agent.kubernetes.claim_cache import ClaimCache
 from qshare_node_agent.kubernetes.config import KubernetesSettings
 from qshare_node_agent.kubernetes.group_commit import GroupCommit
@@ -234,18 +242,13 @@ class DraPlugin:
             self.settings.min_vgpu_mib,
         )
         before = self.backend.prepared()
-        made = _Staged(uid, [], [])
+        vgpus = self.backend.prepare_all([_wanted(uid, s) for s in wanted], durable=False)
+        new = [v.key for v in vgpus if v.key not in before]
+        made = _Staged(uid, list(zip(wanted, vgpus, strict=True)), new)
         try:
-            for share in wanted:
-                key, config = share.key(uid), share.config
-                vgpu = self.backend.prepare(
-                    key, share.card_index, config.priority, share.cores, share.memory_mib,
-                    config.policy, durable=durable,
-                )  # fmt: skip
-                made.vgpus.append((share, vgpu))
-                if key not in before:
-                    made.new.append(key)
-            self.cdi.write(_owner(uid), [v for _, v in made.vgpus])
+            self.cdi.write(_owner(uid), vgpus)
+            if durable:
+                self.backend.save()
         except Exception:
             self._give_back(made)
             raise
@@ -298,6 +301,12 @@ class _Staged:
     uid: str
     vgpus: list[tuple[DeviceShare, LocalVgpu]]
     new: list[str]
+
+
+def _wanted(uid: str, share: DeviceShare) -> VgpuWanted:
+    config = share.config
+    return VgpuWanted(share.key(uid), share.card_index, config.priority, share.cores,
+                      share.memory_mib, config.policy)  # fmt: skip
 
 
 def _answer_device(answer: Any, share: DeviceShare, pool: str, vgpu: LocalVgpu) -> None:

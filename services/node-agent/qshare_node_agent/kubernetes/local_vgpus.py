@@ -32,6 +32,7 @@ from qshare_node_agent.kubernetes.backend import (
     CardWatcher,
     LocalVgpu,
     Mount,
+    VgpuWanted,
 )
 from qshare_node_agent.metrics import CHECKPOINTS_SET_ASIDE
 
@@ -77,7 +78,7 @@ class LocalVgpus:
         self._watchers: list[CardWatcher] = []
         self._told: list[CardInfo] | None = None  # what the watchers were last told
         self.segment_dir = layout.segment_dir(Path(node.directory) if node.directory else None)
-        self.checkpoint = checkpoint.checkpoint_path(self.segment_dir, node.name)
+        self.checkpoint = node_checkpoint(node)
 
     # -- cards -------------------------------------------------------------------------
     def cards(self) -> list[CardInfo]:
@@ -147,40 +148,61 @@ class LocalVgpus:
         durable: bool = True,
     ) -> LocalVgpu:
         """A key prepared already is answered as it is (once on disk, when `durable`)."""
+        wanted = VgpuWanted(key, card_index, priority, core_share, memory_mib, policy)
+        return self.prepare_all([wanted], durable=durable)[0]
+
+    def prepare_all(self, wanted: list[VgpuWanted], *, durable: bool = True) -> list[LocalVgpu]:
+        """All or none: the missing vGPUs are created in the driver first, then kept
+        together, so the checkpoint (written by this call when `durable`, or by any save)
+        names all of them or none; a restart destroys those it does not name."""
         with self._lock:
-            existing, switched = self._vgpus.get(key), False
-            if existing is not None:
-                vgpu = self._same(existing, card_index, priority, core_share, memory_mib)
-            else:
-                vgpu, switched = self._make(
-                    key, card_index, priority, core_share, memory_mib, policy
-                )
+            vgpus, switched = self._make_all(wanted)
             generation = self._generation
         if durable:
             self._persist(generation)
         if switched:
             self._notify()
-        return vgpu
+        return vgpus
 
-    def _make(
-        self,
-        key: str,
-        card_index: int,
-        priority: Priority,
-        core_share: int,
-        memory_mib: int,
-        policy: str | None,
-    ) -> tuple[LocalVgpu, bool]:
-        """Create the vGPU in the segment and keep it (the caller holds `_lock`); True when
-        the card's policy was switched for it."""
-        card = self._check(card_index, core_share, memory_mib)
-        switched = policy is not None and self._apply_policy(card, Policy.parse(policy))
-        prio = Priority(priority)
-        vgpu = self._describe(key, self._free_id(), card, prio, core_share, memory_mib)
+    def _make_all(self, wanted: list[VgpuWanted]) -> tuple[list[LocalVgpu], bool]:
+        """(The caller holds `_lock`.) The vGPUs of `wanted`, and True when a card's policy
+        was switched for them; one the driver refuses destroys those this call created."""
+        for w in wanted:
+            if w.key in self._vgpus:
+                self._same(self._vgpus[w.key], w.card_index, w.priority, w.core_share,
+                           w.memory_mib)  # fmt: skip
+        made: dict[str, LocalVgpu] = {}
+        asked = {w.key: Policy.parse(w.policy).label for w in wanted if w.policy is not None}
+        switched = False
+        try:
+            for w in wanted:
+                if w.key not in self._vgpus and w.key not in made:
+                    made[w.key], changed = self._make(w, {v.vgpu_id for v in made.values()})
+                    switched = switched or changed
+        except Exception:
+            self._destroy(made.values())
+            raise
+        for vgpu in made.values():
+            self._keep(vgpu, asked.get(vgpu.key))
+        if made:
+            self._changed()
+        return [self._vgpus[w.key] for w in wanted], switched
+
+    def _make(self, w: VgpuWanted, taken: set[int]) -> tuple[LocalVgpu, bool]:
+        """Create the vGPU in the segment (an id not in `taken` either); True when the
+        card's policy was switched for it."""
+        card = self._check(w.card_index, w.core_share, w.memory_mib)
+        switched = w.policy is not None and self._apply_policy(card, Policy.parse(w.policy))
+        vgpu_id = self._free_id(taken)
+        vgpu = self._describe(w.key, vgpu_id, card, Priority(w.priority), w.core_share,
+                              w.memory_mib)  # fmt: skip
         self._create(vgpu)
-        self._keep(vgpu)
-        self._changed()
         return vgpu, switched
+
+    def _destroy(self, vgpus: Iterable[LocalVgpu]) -> None:
+        for vgpu in vgpus:
+            with contextlib.suppress(DriverError):
+                self._node.destroy_vgpu(vgpu.vgpu_id)
 
     def _apply_policy(self, card: Card, wanted: Policy) -> bool:
         """Give an empty card the policy a claim asks for (True when it changed); a card
@@ -244,7 +266,7 @@ class LocalVgpus:
                     )
                     if not self._matches_segment(vgpu):
                         self._create(vgpu)
-                    self._keep(vgpu)
+                    self._keep(vgpu, entry.policy)
                 except BackendError:
                     lost.append(entry.key)
             self._drop_unsaved()
@@ -297,9 +319,9 @@ class LocalVgpus:
                 with contextlib.suppress(NotFoundError):
                     self._node.destroy_vgpu(vgpu_id)
 
-    def _keep(self, vgpu: LocalVgpu) -> None:
+    def _keep(self, vgpu: LocalVgpu, policy: str | None = None) -> None:
         self._vgpus[vgpu.key] = vgpu
-        self._entries[vgpu.key] = _entry(vgpu)
+        self._entries[vgpu.key] = _entry(vgpu, policy)
 
     def _same(
         self, vgpu: LocalVgpu, card_index: int, priority: Priority, core: int, memory_mib: int
@@ -324,8 +346,8 @@ class LocalVgpus:
             )
         return card
 
-    def _free_id(self) -> int:
-        used = {v.vgpu_id for v in self._vgpus.values()}
+    def _free_id(self, taken: set[int]) -> int:
+        used = taken | {v.vgpu_id for v in self._vgpus.values()}
         start = FIRST_LOCAL_ID + len(used)
         ids = itertools.chain(range(start, LAST_LOCAL_ID + 1), range(FIRST_LOCAL_ID, start))
         for candidate in ids:
@@ -421,7 +443,7 @@ class LocalVgpus:
         return mounts if self._library_mount is None else (self._library_mount, *mounts)
 
 
-def _entry(v: LocalVgpu) -> str:
+def _entry(v: LocalVgpu, policy: str | None) -> str:
     return checkpoint.entry_json(
         checkpoint.Entry(
             key=v.key,
@@ -430,5 +452,23 @@ def _entry(v: LocalVgpu) -> str:
             priority=v.priority,
             core_share=v.core_share,
             memory_mib=v.memory_mib,
+            policy=policy,  # a label Policy.parse made
         )
     )
+
+
+def node_checkpoint(node: Node) -> Path:
+    """Where the prepared vGPUs of `node`'s segment are checkpointed."""
+    directory = layout.segment_dir(Path(node.directory) if node.directory else None)
+    return checkpoint.checkpoint_path(directory, node.name)
+
+
+def asked_policies(node: Node) -> dict[int, str]:
+    """The card policy the prepared claims asked of each card, as the checkpoint records it
+    (the latest prepared wins); none from a checkpoint that cannot be used (the restore sets
+    it aside, and a rebuilt one records no policy)."""
+    try:
+        entries = checkpoint.load(node_checkpoint(node), node.name)
+    except checkpoint.CheckpointError:
+        return {}
+    return {e.card_index: e.policy for e in entries if e.policy is not None}

@@ -1,0 +1,68 @@
+"""A DRA claim of several devices is in the checkpoint whole or not at all: the plugin
+killed between two of the claim's vGPUs leaves no device of it recorded, and the agent
+restarted on the segment destroys the vGPUs made before the crash (nobody was answered)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from qshare_driver.node import Node
+from qshare_node_agent.kubernetes import checkpoint
+from qshare_node_agent.kubernetes.config import KubernetesSettings
+from qshare_node_agent.kubernetes.local_vgpus import LocalVgpus
+
+from . import plugin_process
+from .conftest import CARDS, resource_claim, store_claim
+from .doubles import ApiServerDouble, KubeletDouble
+
+SEGMENT = "half-claim"
+
+
+@pytest.fixture
+def shm(short_dir: Path) -> Path:
+    path = short_dir / "shm"
+    path.mkdir()
+    return path
+
+
+def two_card_claim(name: str) -> dict[str, Any]:
+    """A claim of a share of each card; not yet reserved for its pod when the plugin's watch
+    sees it, so the prepare reads it from the API server and saves it itself."""
+    claim = resource_claim(name, {"memory": "2Gi", "cores": "10"}, device="gpu-0")
+    results = claim["status"]["allocation"]["devices"]["results"]
+    second = copy.deepcopy(results[0])
+    second["device"], second["shareID"] = "gpu-1", second["shareID"][:-1] + "f"
+    results.append(second)
+    claim["status"]["reservedFor"] = []
+    return claim
+
+
+def crash_at_second_vgpu(
+    settings: KubernetesSettings, shm: Path, kubelet: KubeletDouble, claim: tuple[str, str, str]
+) -> None:
+    process = plugin_process.start(settings, shm, SEGMENT, die_at_create=2)
+    with pytest.raises(grpc.RpcError):
+        kubelet.prepare(settings.dra_socket, [claim])
+    process.join(10)
+    assert process.exitcode == -9
+
+
+def test_a_crash_between_a_claims_vgpus_leaves_none_of_them(
+    settings: KubernetesSettings,
+    shm: Path,
+    kubelet: KubeletDouble,
+    apiserver: ApiServerDouble,
+) -> None:
+    claim = store_claim(apiserver, two_card_claim("pair"))
+    crash_at_second_vgpu(settings, shm, kubelet, claim)
+    with Node.adopt(SEGMENT, shm) as node:
+        assert checkpoint.load(checkpoint.checkpoint_path(shm, SEGMENT), SEGMENT) == []
+        restarted = LocalVgpus(node, CARDS)
+        assert restarted.restore() == []
+        assert restarted.prepared() == {}
+        assert node.list_vgpus() == []
