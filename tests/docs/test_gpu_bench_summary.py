@@ -3,6 +3,9 @@ scenarios, merging runs from several leases, and the ratios against each workloa
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -99,3 +102,34 @@ def test_a_named_set_picks_known_scenarios(name: str) -> None:
 def test_an_unknown_set_is_refused_by_name() -> None:
     with pytest.raises(SystemExit, match="@nope"):
         gpu.chosen_scenarios("@nope")
+
+
+def _one_run_result(p99_ms: float, alone_ms: float) -> dict[str, object]:
+    row = {"runs": 1, "hp_p99_ms": p99_ms, "hp_p99_ms_spread": [p99_ms, p99_ms]}
+    row["hp_p99_ratio"] = p99_ms / alone_ms
+    return {"gpu": "H100", "rounds": 1, "scenarios": {"graph+lp_qshare_1ms": row}}
+
+
+def test_plot_draws_a_single_run_whose_ratio_rounds_below_its_spread(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    # 38.425 * ((38.425 / 13.4984) / 38.425) is one ulp above 38.425 / 13.4984
+    result = gpu.plotted(_one_run_result(38.425, 13.4984), tmp_path)
+    assert "plot_error" not in result
+    assert result["plot"] == str(tmp_path / "gpu.png")
+
+
+def test_a_plot_that_fails_keeps_the_figures_and_names_the_fault(tmp_path: Path) -> None:
+    result = _one_run_result(2.0, 1.0)
+    del result["gpu"]  # the plot's title needs it
+    out = gpu.plotted(result, tmp_path)
+    assert out["plot"] is None
+    assert "KeyError" in out["plot_error"]
+    assert out["scenarios"]["graph+lp_qshare_1ms"]["hp_p99_ms"] == 2.0
+
+
+def test_bench_gpu_needs_no_driver_binding_on_the_gpu_machine() -> None:
+    # the GPU machine has PyTorch and the native build, not cffi or qshare_driver
+    code = "import sys; sys.modules['qshare_driver'] = None; import qshare.bench.gpu"
+    env = {**os.environ, "PYTHONPATH": str(Path(gpu.__file__).parents[2])}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

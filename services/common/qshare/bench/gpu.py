@@ -669,7 +669,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with _scratch() as t:
         overhead, stats = _launch_overhead(Path(t), 3.0, uuid, total)
         result["launch_overhead_ns"], result["launch_interposer"] = overhead, stats
-    result["plot"] = gpu_plot.plot(result, args.out_dir)
+    return plotted(result, args.out_dir)
+
+
+def plotted(result: dict[str, Any], out_dir: Path) -> dict[str, Any]:
+    """The result with its plot's path; a plot that fails is named in `plot_error`, never
+    allowed to lose figures that took a GPU lease to measure."""
+    try:
+        result["plot"] = gpu_plot.plot(result, out_dir)
+    except Exception as exc:  # any plotting fault: the figures still count
+        result["plot"], result["plot_error"] = None, f"{type(exc).__name__}: {exc}"
     return result
 
 
@@ -686,8 +695,7 @@ def _merged(args: argparse.Namespace) -> dict[str, Any]:
     result["launch_interposer"] = next(
         (p["launch_interposer"] for p in reversed(parts) if p.get("launch_interposer")), {}
     )
-    result["plot"] = gpu_plot.plot(result, args.out_dir)
-    return result
+    return plotted(result, args.out_dir)
 
 
 def _described(

@@ -35,7 +35,7 @@ def plot(result: dict[str, Any], out_dir: Path) -> str | None:
     left.legend(fontsize=8, loc="lower right")
     left.set_yticks(ys, names, fontsize=8)
     fig.suptitle(
-        f"qshare on {result['gpu']}: median of {result['rounds']} runs (bars: min..max); "
+        f"qshare on {result['gpu']}: median of {_runs(rows)} runs (bars: min..max); "
         "labels: absolute medians"
     )
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -44,6 +44,12 @@ def plot(result: dict[str, Any], out_dir: Path) -> str | None:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return str(path)
+
+
+def _runs(rows: list[dict[str, Any]]) -> str:
+    """How many runs each bar's median is of: one number, or the range where rows differ."""
+    counts = sorted({int(r.get("runs", 1)) for r in rows}) or [1]
+    return str(counts[0]) if len(counts) == 1 else f"{counts[0]} to {counts[-1]}"
 
 
 def axis_limit(values: list[float]) -> float:
@@ -77,7 +83,7 @@ def _panel(
         if spread is not None and value <= limit:
             lo, hi = spread
             end = min(max(hi, value), limit)
-            err = [[value - lo], [end - value]]
+            err = [[max(value - lo, 0.0)], [max(end - value, 0.0)]]  # rounding: never < 0
             ax.errorbar(value, y, xerr=err, fmt="none", ecolor="black", capsize=2, lw=0.8)
         label = fmt.format(float(r[absolute])) + (f"  (x{value:.2f})" if value > limit else "")
         ax.text(end + 0.01 * limit, y, label, va="center", fontsize=7)

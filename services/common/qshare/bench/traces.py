@@ -16,8 +16,6 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from qshare_driver import lp_window_admits
-
 TRACE_FILE = Path(__file__).parent / "traces" / "h100-pytorch-2.11.json"
 HOST_SCALE = 0.5
 LP_TRAINING = "lp_resnet50_train_bs64"
@@ -90,6 +88,8 @@ def replay_model_ns(rows: list[tuple[int, int]], window_ns: int | None) -> int:
     """Wall time of a timeline on an ideal launcher and card: the host spends each gap, the
     card runs kernels in order, and a launch waits while the unfinished device work queued
     is `window_ns` or more (None: never). What a window costs by itself, with no overhead."""
+    from qshare_driver import lp_window_admits  # here: `bench gpu` reads traces without cffi
+
     host = device_end = 0
     for gap, dur in rows:
         host += gap
