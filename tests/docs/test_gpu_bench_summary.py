@@ -3,6 +3,7 @@ scenarios, merging runs from several leases, and the ratios against each workloa
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -133,3 +134,19 @@ def test_bench_gpu_needs_no_driver_binding_on_the_gpu_machine() -> None:
     env = {**os.environ, "PYTHONPATH": str(Path(gpu.__file__).parents[2])}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_every_named_set_names_known_scenarios() -> None:
+    for name in gpu.SETS:
+        assert gpu.chosen_scenarios(f"@{name}")
+
+
+def test_runs_written_part_way_merge_like_a_finished_result(tmp_path: Path) -> None:
+    runs: dict[str, list[dict[str, object]]] = {
+        "graph_alone": [{"hp_p99_ms": 2.0}],
+        "graph+lp_qshare_1ms": [],
+    }
+    gpu.write_partial(tmp_path / "gpu-partial.json", "H100", 10.0, runs)
+    partial = json.loads((tmp_path / "gpu-partial.json").read_text())
+    merged = gpu.merge_raw([partial, {"gpu": "H100", "raw": {"graph_alone": [{"hp_p99_ms": 4.0}]}}])
+    assert merged == {"graph_alone": [{"hp_p99_ms": 2.0}, {"hp_p99_ms": 4.0}]}

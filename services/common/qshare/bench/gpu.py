@@ -506,23 +506,47 @@ def _scratch() -> tempfile.TemporaryDirectory[str]:
     return tempfile.TemporaryDirectory(prefix="qshare-gpu-", dir=shm if usable else None)
 
 
+@dataclass(frozen=True)
+class Card:
+    """The GPU the scenarios run on, as nvidia-smi names it."""
+
+    name: str
+    uuid: str
+    total: int
+
+
 def _rounds(
-    seconds: float, uuid: str, total: int, rounds: int, chosen: tuple[Scenario, ...]
+    seconds: float, card: Card, rounds: int, chosen: tuple[Scenario, ...], partial: Path
 ) -> dict[str, list[dict[str, Any]]]:
-    """Every chosen scenario `rounds` times, one round after the other (interleaved)."""
+    """Every chosen scenario `rounds` times, one round after the other (interleaved); the
+    runs so far are in `partial` after each one, so a lease that ends early keeps them."""
     runs: dict[str, list[dict[str, Any]]] = {sc.name: [] for sc in chosen}
     for _ in range(rounds):
         for sc in chosen:
-            with _scratch() as t:
-                if sc.mps:
-                    with _mps(Path(t)) as ok:
-                        run = _run_once(Path(t), sc, seconds, uuid, total) if ok else {}
-                        if not ok:
-                            run["error"] = "nvidia-cuda-mps-control not available or failed"
-                else:
-                    run = _run_once(Path(t), sc, seconds, uuid, total)
-            runs[sc.name].append(run)
+            runs[sc.name].append(_scenario_run(sc, seconds, card))
+            write_partial(partial, card.name, seconds, runs)
     return runs
+
+
+def _scenario_run(sc: Scenario, seconds: float, card: Card) -> dict[str, Any]:
+    with _scratch() as t:
+        if not sc.mps:
+            return _run_once(Path(t), sc, seconds, card.uuid, card.total)
+        with _mps(Path(t)) as ok:
+            if not ok:
+                return {"error": "nvidia-cuda-mps-control not available or failed"}
+            return _run_once(Path(t), sc, seconds, card.uuid, card.total)
+
+
+def write_partial(
+    path: Path, gpu: str, seconds: float, runs: dict[str, list[dict[str, Any]]]
+) -> None:
+    """The runs so far, in the shape `--merge` reads (written whole, then renamed)."""
+    done = {name: r for name, r in runs.items() if r}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"gpu": gpu, "seconds_per_scenario": seconds, "raw": done}))
+    tmp.replace(path)
 
 
 # Named sets for `--only @NAME`, a lease each: what the device gate and the statistics need
@@ -543,6 +567,15 @@ SETS = {
         "resnet50_2s_alone", "lp2s_alone_qshare", "graph_alone", "graph+lp2s_plain",
         "graph+lp2s_qshare_1ms",
     ),
+    # what issue 9's targets read (`targets()`), nothing else
+    "targets": (
+        "lp_alone", "lp_alone_qshare", "graph_alone", "graph+lp_qshare_100ms",
+        "graph+lp_qshare_1ms", "gpt2_alone", "graph+gpt2_qshare_1ms", "eager_alone",
+        "eager+lp_qshare_100ms", "eager+lp_qshare_auto",
+    ),
+    # eager HP alone under the interposer, by how often its completion is fenced (2026-11-24:
+    # one run each, p99 17.3 ms plain, 31.4 under qshare, 20.1 fencing at most every 200 µs)
+    "eagerhp": ("eager_alone", "eager_alone_qshare", "eager_alone_qshare_fence200"),
     # what the gate's waiters no longer taking a wake-up per HP completion should move
     "gatewake": (
         "eager_alone", "eager+lp_qshare_100ms", "eager+lp_qshare_auto",
@@ -663,11 +696,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     build_cuda()
     seconds = args.seconds or (8.0 if args.quick else 20.0)
     rounds = args.rounds or (1 if args.quick else ROUNDS)
-    name, uuid, total = _gpu_identity()
-    raw = _rounds(seconds, uuid, total, rounds, chosen_scenarios(args.only))
-    result = _described(name, seconds, rounds, raw)
+    card = Card(*_gpu_identity())
+    partial = args.out_dir / "gpu-partial.json"
+    raw = _rounds(seconds, card, rounds, chosen_scenarios(args.only), partial)
+    result = _described(card.name, seconds, rounds, raw)
     with _scratch() as t:
-        overhead, stats = _launch_overhead(Path(t), 3.0, uuid, total)
+        overhead, stats = _launch_overhead(Path(t), 3.0, card.uuid, card.total)
         result["launch_overhead_ns"], result["launch_interposer"] = overhead, stats
     return plotted(result, args.out_dir)
 
