@@ -1,6 +1,6 @@
-"""QSHARE_HP_FENCE_INTERVAL_US: high priority's completion thread waits an interval after
-each fence before it re-records it or ends the unit (fewer driver calls beside the launching
-thread), and the unit still ends once its work has completed."""
+"""QSHARE_HP_FENCE_INTERVAL_US (200 µs unless set): high priority's completion thread waits
+an interval after each fence before it re-records it or ends the unit (fewer driver calls
+beside the launching thread), and the unit still ends once its work has completed."""
 
 from __future__ import annotations
 
@@ -30,6 +30,16 @@ def test_fences_are_recorded_at_most_once_per_interval(node: NodeOwner) -> None:
     fences, ms = fences_and_ms(node, paced("2000"))
     # per 2 ms at most a re-recorded fence, or an end and the next launch's opening fence
     assert 1 <= fences <= 2 * (ms / 2 + 2)
+
+
+def test_fences_are_recorded_at_most_once_per_200us_unless_set(node: NodeOwner) -> None:
+    fences, ms = fences_and_ms(node, {})
+    assert 1 <= fences <= 2 * (ms / 0.2 + 2)
+
+
+def test_an_interval_of_0_re_records_the_fence_at_every_completion(node: NodeOwner) -> None:
+    fences, ms = fences_and_ms(node, paced("0"))
+    assert fences > 2 * (ms / 0.2 + 2)
 
 
 def test_a_paced_unit_ends_once_its_work_completes(node: NodeOwner) -> None:

@@ -283,6 +283,8 @@ EXTRA_SCENARIOS = (
     Scenario("lp_alone_qshare_mps", None, "resnet50", "qshare-100ms", mps=True),
     Scenario("eager_alone_qshare", "eager", None, "qshare-100ms"),
     Scenario("eager_alone_qshare_fence200", "eager", None, "qshare-100ms", hp_fence_us=200),
+    # before 2026-11-24's default: HP's fence re-recorded at every completion
+    Scenario("eager_alone_qshare_fence0", "eager", None, "qshare-100ms", hp_fence_us=0),
     Scenario(
         "eager+lp_qshare_100ms_fence200", "eager", "resnet50", "qshare-100ms", hp_fence_us=200
     ),
@@ -466,15 +468,16 @@ def _gpu_identity() -> tuple[str, str, int]:
 def _launch_overhead(
     tmp: Path, seconds: float, uuid: str, total: int
 ) -> tuple[dict[str, float], dict[str, Any]]:
-    """ns per tiny PyTorch launch: without qshare, as a high-priority vGPU, as one whose
-    completion thread re-fences at most every 200 µs, and as a low-priority vGPU (alone);
+    """ns per tiny PyTorch launch: without qshare, as a high-priority vGPU (its completion
+    thread re-fences at most every 200 µs unless set), as one that re-fences at once, and as
+    a low-priority vGPU (alone);
     then, apart, both priorities again with the interposer's statistics (where the time goes)."""
     figures: dict[str, float] = {}
     stats: dict[str, Any] = {}
     runs: list[tuple[str, int | None, int | None]] = [
         ("without_qshare", None, None),
         ("with_qshare", HP_VGPU, None),
-        ("with_qshare_fence_200us", HP_VGPU, 200),
+        ("with_qshare_fence_0", HP_VGPU, 0),
         ("with_qshare_low", LP_VGPU, None),
         ("with_qshare_stats", HP_VGPU, None),
         ("with_qshare_low_stats", LP_VGPU, None),
@@ -559,7 +562,7 @@ SETS = {
     ),
     "diagnose": (
         "bert_alone", "bert+lp_qshare_1ms_devgate", "gpt2_alone", "graph+gpt2_qshare_1ms_devgate",
-        "eager_alone", "eager_alone_qshare", "eager_alone_qshare_fence200",
+        "eager_alone", "eager_alone_qshare", "eager_alone_qshare_fence0",
         "eager_alone_qshare_stats",
     ),
     # LP in two streams of kernels ~200x apart in length: each stream held at its own hold
@@ -573,9 +576,9 @@ SETS = {
         "graph+lp_qshare_1ms", "gpt2_alone", "graph+gpt2_qshare_1ms", "eager_alone",
         "eager+lp_qshare_100ms", "eager+lp_qshare_auto",
     ),
-    # eager HP alone under the interposer, by how often its completion is fenced (2026-11-24:
-    # one run each, p99 17.3 ms plain, 31.4 under qshare, 20.1 fencing at most every 200 µs)
-    "eagerhp": ("eager_alone", "eager_alone_qshare", "eager_alone_qshare_fence200"),
+    # eager HP alone under the interposer, by how often its completion is fenced (the default
+    # is 200 µs since 2026-11-24; fence0 is the default before)
+    "eagerhp": ("eager_alone", "eager_alone_qshare", "eager_alone_qshare_fence0"),
     # what the gate's waiters no longer taking a wake-up per HP completion should move
     "gatewake": (
         "eager_alone", "eager+lp_qshare_100ms", "eager+lp_qshare_auto",
