@@ -13,6 +13,7 @@ import httpx
 import pytest
 from nats.aio.client import Client as Nats
 
+from qshare.cli import main
 from qshare.contracts.domain import AGENT_FEATURES_LABEL, APPLY_SHARING_FEATURE, agent_features
 from qshare_api.cli_sharing import duration
 from qshare_driver import Policy
@@ -22,6 +23,9 @@ from qshare_node_agent.commands import PolicyCommand
 from .conftest import StartAgent, eventually
 from .test_cli_claims import qshare
 from .test_node_commands import set_policy
+
+SOME_CARD = "GPU-00000000-0000-0000-0000-000000000000"
+"""A card the CLI never asks about: it refuses the arguments first."""
 
 
 async def ask(api: httpx.AsyncClient, gpu: str, **change: Any) -> dict[str, Any]:
@@ -237,6 +241,37 @@ def test_the_cli_reads_durations_with_their_unit(text: str, seconds: float) -> N
 def test_the_cli_refuses_a_duration_it_cannot_read() -> None:
     with pytest.raises(argparse.ArgumentTypeError, match="is not a duration"):
         duration("fast")
+
+
+def test_the_cli_refuses_a_negative_duration() -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match="must be ≥ 0"):
+        duration("-1ms")
+
+
+@pytest.mark.parametrize("typed", [("--release-delay=-1ms",), ("--release-delay", "-1ms")])
+def test_a_negative_release_delay_is_refused_naming_the_option(
+    typed: tuple[str, ...], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        main(["gpus", "share", SOME_CARD, *typed])
+    assert "argument --release-delay: must be ≥ 0, not '-1ms'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("verb", "option"),
+    [
+        ("share", "--release-auto-bound"),
+        ("share", "--lp-window"),
+        ("share", "--wait"),
+        ("reset-sharing", "--wait"),
+    ],
+)
+def test_every_duration_option_refuses_a_negative_one_by_name(
+    verb: str, option: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        main(["gpus", verb, SOME_CARD, option, "-2s"])
+    assert f"argument {option}: must be ≥ 0, not '-2s'" in capsys.readouterr().err
 
 
 async def test_an_agent_announces_that_it_takes_sharing_requests(start_agent: StartAgent) -> None:

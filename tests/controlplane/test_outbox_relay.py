@@ -1,6 +1,8 @@
 """The outbox relay publishes outside any database transaction (a slow NATS holds no row
-locks open), and two relays never publish the same row at once. Each test's relays work on
-an outbox of their own (a schema of the session's database), apart from the replicas'."""
+locks open), two relays never publish the same row at once, and a relay takes the rows after
+those another relay holds, but never a claim's event while another relay holds an earlier one
+of that claim. Each test's relays work on an outbox of their own (a schema of the session's
+database), apart from the replicas'."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from qshare.contracts.schema import outbox, outbox_dead
+from qshare_allocator import outbox as outbox_module
 from qshare_allocator.app import Allocator
 from qshare_allocator.outbox import OutboxRelay
 
@@ -56,10 +59,39 @@ async def own_outbox(engine: AsyncEngine, database_url: str) -> AsyncIterator[As
         await conn.execute(text(f"DROP SCHEMA {schema} CASCADE"))
 
 
-async def _one_event(own: AsyncEngine) -> None:
+async def _one_event(own: AsyncEngine, subject: str | None = None) -> None:
     async with own.begin() as conn:
-        subject = f"qshare.evt.claim.{uuid.uuid4()}.probe"
+        subject = subject or f"qshare.evt.claim.{uuid.uuid4()}.probe"
         await conn.execute(outbox.insert().values(subject=subject, body=b"{}"))
+
+
+async def _subjects_left(own: AsyncEngine) -> list[str]:
+    async with own.connect() as conn:
+        return list((await conn.execute(text("SELECT subject FROM outbox"))).scalars())
+
+
+@pytest.fixture
+def small_batches(monkeypatch: pytest.MonkeyPatch) -> int:
+    """Batches of 4 rows, so that a test's backlog is a few batches long."""
+    monkeypatch.setattr(outbox_module, "BATCH", 4)
+    return 4
+
+
+@contextlib.asynccontextmanager
+async def _a_relay_holding_a_batch(
+    own: AsyncEngine, nc: Client
+) -> AsyncIterator[asyncio.Task[int]]:
+    """A relay that took the oldest batch and is held publishing it until the block ends (a
+    failed test's too: its advisory locks would hold the same ids in the next test's outbox);
+    its drain is then done."""
+    held = HeldPublishes(nc)
+    draining = asyncio.create_task(OutboxRelay(own, held, scan_s=60).drain())
+    try:
+        await asyncio.wait_for(held.entered.wait(), timeout=10)
+        yield draining
+    finally:
+        held.let_through.set()
+        await asyncio.wait_for(asyncio.wait({draining}), timeout=10)
 
 
 async def _in_transaction_while_publishing(engine: AsyncEngine) -> int:
@@ -103,3 +135,32 @@ async def test_a_row_another_relay_is_publishing_is_left_to_it(
     first.let_through.set()
     assert await asyncio.wait_for(draining, timeout=10) == 1
     assert not second.entered.is_set()
+
+
+async def test_a_relay_takes_the_rows_after_those_another_relay_holds(
+    nc: Client, replicas: list[Allocator], own_outbox: AsyncEngine, small_batches: int
+) -> None:
+    for _ in range(small_batches + 2):
+        await _one_event(own_outbox)
+    second = OutboxRelay(own_outbox, nc.jetstream(), scan_s=60)
+    async with _a_relay_holding_a_batch(own_outbox, nc) as first:
+        assert await asyncio.wait_for(second.drain(), timeout=10) == 2
+    assert first.result() == small_batches
+    assert await _left(own_outbox) == 0
+
+
+async def test_a_claims_later_event_waits_while_another_relay_holds_an_earlier_one(
+    nc: Client, replicas: list[Allocator], own_outbox: AsyncEngine, small_batches: int
+) -> None:
+    claim = f"qshare.evt.claim.{uuid.uuid4()}"
+    for _ in range(small_batches - 1):
+        await _one_event(own_outbox)
+    await _one_event(own_outbox, f"{claim}.placed")  # the last row of the held batch
+    await _one_event(own_outbox, f"{claim}.ready")
+    await _one_event(own_outbox)
+    second = OutboxRelay(own_outbox, nc.jetstream(), scan_s=60)
+    async with _a_relay_holding_a_batch(own_outbox, nc) as first:
+        assert await asyncio.wait_for(second.drain(), timeout=10) == 1
+        assert f"{claim}.ready" in await _subjects_left(own_outbox)
+    assert first.result() == small_batches + 1
+    assert await _left(own_outbox) == 0

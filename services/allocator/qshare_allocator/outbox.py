@@ -1,5 +1,14 @@
 """Transactional outbox: events are rows written with the change that caused them, and a relay
 publishes them to JetStream only after that transaction has committed (a rollback leaves none).
+
+Replicas share the table through a session advisory lock per row: a relay takes the oldest
+rows it can lock and skips those another relay holds, so two replicas share a backlog (before,
+a relay that found the oldest batch held took nothing and waited its scan interval). Order: a
+relay sends its batch in id order on one connection, and leaves a claim's events (its stream:
+the subject but for its last token) to the relay holding an earlier one of that claim, so a
+claim's events never go out from two relays out of order. A row whose publish fails for now
+(NATS down) holds back nothing after it, as before: delivery is at least once, and in order
+per claim except across such a retry.
 """
 
 from __future__ import annotations
@@ -75,7 +84,8 @@ class OutboxRelay:
                 log.exception("outbox relay failed; will retry")
 
     async def drain(self) -> int:
-        """Publish until the outbox is empty; returns how many events left."""
+        """Publish until the outbox holds nothing this relay can take (another relay's rows
+        are left to it); returns how many events left."""
         total = 0
         while sent := await self._relay_batch():
             total += sent
@@ -147,21 +157,65 @@ def _permanent(outcome: object) -> bool:
 
 
 async def _take_batch(session: AsyncConnection) -> list[Any]:
-    """The oldest rows whose advisory lock this session got (another relay holds the rest),
-    read after the locks: a row another relay published and deleted meanwhile is gone."""
-    candidates = select(outbox.c.id).order_by(outbox.c.id).limit(BATCH)
-    ids = list((await session.execute(candidates)).scalars().all())
-    if not ids:
-        return []
-    tried = await session.execute(_try_locks(), {"ids": ids})
-    mine = [row.id for row in tried.all() if row.got]
+    """Up to `BATCH` of the oldest rows whose advisory lock this session got, read after the
+    locks (a row another relay published and deleted meanwhile is gone). Rows another relay
+    holds are skipped, and the rows after them are taken instead, page by page, but for those
+    of a stream (see `_stream`) whose earlier row another relay holds."""
+    mine: list[int] = []
+    held: set[str] = set()
+    after = 0
+    while len(mine) < BATCH:
+        page = await _candidates(session, after, BATCH - len(mine))
+        if not page:
+            break
+        after = page[-1].id
+        mine += await _lock_in_order(session, page, held)
+    return await _read(session, mine) if mine else []
+
+
+async def _candidates(session: AsyncConnection, after: int, limit: int) -> list[Any]:
+    query = (
+        select(outbox.c.id, outbox.c.subject)
+        .where(outbox.c.id > after)
+        .order_by(outbox.c.id)
+        .limit(limit)
+    )
+    return list((await session.execute(query)).all())
+
+
+async def _lock_in_order(session: AsyncConnection, page: list[Any], held: set[str]) -> list[int]:
+    """The ids of `page` this session locked, but for rows of a stream with an earlier row
+    another relay holds (their locks are let go again). `held` gathers those streams, for
+    the next pages."""
+    tried = await session.execute(_try_locks(), {"ids": [row.id for row in page]})
+    got = {row.id for row in tried.all() if row.got}
+    kept: list[int] = []
+    behind: list[int] = []
+    for row in page:
+        stream = _stream(row.subject)
+        if row.id not in got:
+            held.add(stream)
+        else:
+            (behind if stream in held else kept).append(row.id)
+    if behind:
+        await session.execute(_unlocks(), {"ids": behind})
+    return kept
+
+
+def _stream(subject: str) -> str:
+    """The events whose order is kept: a subject but for its last token, so one claim's
+    (`qshare.evt.claim.<id>.<kind>`)."""
+    return subject.rpartition(".")[0]
+
+
+async def _read(session: AsyncConnection, ids: list[int]) -> list[Any]:
     query = (
         select(outbox.c.id, outbox.c.subject, outbox.c.body, outbox.c.headers,
                outbox.c.created_at)
-        .where(outbox.c.id.in_(mine))
+        .where(outbox.c.id.in_(ids))
         .order_by(outbox.c.id)
     )  # fmt: skip
-    return list((await session.execute(query)).all()) if mine else []
+    return list((await session.execute(query)).all())
 
 
 @functools.cache
@@ -170,6 +224,14 @@ def _try_locks() -> TextClause:
     taken in a filter could be taken for a row the query then drops, and never let go)."""
     return text(
         f"SELECT id, pg_try_advisory_lock({LOCK_CLASS}, (id % 2147483647)::int) AS got "
+        "FROM unnest(CAST(:ids AS bigint[])) AS id"
+    )
+
+
+@functools.cache
+def _unlocks() -> TextClause:
+    return text(
+        f"SELECT pg_advisory_unlock({LOCK_CLASS}, (id % 2147483647)::int) "
         "FROM unnest(CAST(:ids AS bigint[])) AS id"
     )
 

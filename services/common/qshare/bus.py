@@ -9,6 +9,7 @@ import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import nats
 from nats.aio.client import Client
@@ -17,6 +18,8 @@ from pydantic import BaseModel, Field, SecretStr
 from qshare.natsauth import NatsCredentials, ServiceRole, inbox_prefix, nats_credentials
 
 log = logging.getLogger(__name__)
+CLOSE_S = 5.0
+"""The longest a client given up while connecting takes to close."""
 
 
 @dataclass(frozen=True)
@@ -46,16 +49,33 @@ async def connect(options: BusOptions, reconnected: Hook | None = None) -> Clien
     about two minutes, and then closes for good while the process stays up). A server that
     is not up yet is waited for; one that refuses the identity fails the call at once.
     `reconnected` runs after each reconnection, once the server has the connection's
-    subscriptions again (what was published meanwhile did not reach them)."""
+    subscriptions again (what was published meanwhile did not reach them). Cancelled (a
+    service stopping before NATS came up), it ends its attempt and closes the client before
+    it returns: nothing goes on trying to reach the server."""
     refused = asyncio.Event()
     attempt = asyncio.ensure_future(_connect(options, refused, reconnected))
     waiter = asyncio.ensure_future(refused.wait())
-    done, _ = await asyncio.wait({attempt, waiter}, return_when=asyncio.FIRST_COMPLETED)
-    waiter.cancel()
+    try:
+        done, _ = await asyncio.wait({attempt, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        await _abandon(attempt, waiter)
+        raise
     if attempt in done:
+        waiter.cancel()
         return attempt.result()
-    attempt.cancel()
+    await _abandon(attempt, waiter)
     raise PermissionError(_refusal(options))
+
+
+async def _abandon(attempt: asyncio.Future[Client], waiter: asyncio.Future[Any]) -> None:
+    """Cancel both and wait until they have ended; a connection the attempt made all the
+    same (it ended as it was cancelled) is closed."""
+    both: list[asyncio.Future[Any]] = [attempt, waiter]
+    for task in both:
+        task.cancel()
+    await asyncio.wait(both)
+    if not attempt.cancelled() and attempt.exception() is None:
+        await _bounded(attempt.result().close(), CLOSE_S, "close")
 
 
 def _refusal(options: BusOptions) -> str:
@@ -69,21 +89,32 @@ def _refusal(options: BusOptions) -> str:
 
 
 async def _connect(options: BusOptions, refused: asyncio.Event, reconnected: Hook | None) -> Client:
+    nc = Client()
+    try:
+        await nc.connect(options.url, **_connect_options(options, refused, reconnected))
+    except asyncio.CancelledError:  # the client may hold a socket: close it before going
+        await _bounded(nc.close(), CLOSE_S, "close")
+        raise
+    return nc
+
+
+def _connect_options(
+    options: BusOptions, refused: asyncio.Event, reconnected: Hook | None
+) -> dict[str, Any]:
     password = options.password.get_secret_value() if options.password else None
-    return await nats.connect(
-        options.url,
-        name=options.name,
-        user=options.user,
-        password=password,
-        tls=_tls(options.tls_ca),
-        inbox_prefix=inbox_prefix(options.user) if options.user else "_INBOX",
-        allow_reconnect=True,
-        max_reconnect_attempts=-1,
-        reconnect_time_wait=options.reconnect_wait_s,
-        error_cb=_error(options.name, refused),
-        disconnected_cb=_note(options.name, "disconnected from NATS"),
-        reconnected_cb=_note(options.name, "reconnected to NATS", reconnected),
-    )
+    return {
+        "name": options.name,
+        "user": options.user,
+        "password": password,
+        "tls": _tls(options.tls_ca),
+        "inbox_prefix": inbox_prefix(options.user) if options.user else "_INBOX",
+        "allow_reconnect": True,
+        "max_reconnect_attempts": -1,
+        "reconnect_time_wait": options.reconnect_wait_s,
+        "error_cb": _error(options.name, refused),
+        "disconnected_cb": _note(options.name, "disconnected from NATS"),
+        "reconnected_cb": _note(options.name, "reconnected to NATS", reconnected),
+    }
 
 
 def _tls(ca: Path | None) -> ssl.SSLContext | None:
