@@ -23,13 +23,6 @@ from .doubles import ApiServerDouble, KubeletDouble
 SEGMENT = "half-claim"
 
 
-@pytest.fixture
-def shm(short_dir: Path) -> Path:
-    path = short_dir / "shm"
-    path.mkdir()
-    return path
-
-
 def two_card_claim(name: str) -> dict[str, Any]:
     """A claim of a share of each card; not yet reserved for its pod when the plugin's watch
     sees it, so the prepare reads it from the API server and saves it itself."""
