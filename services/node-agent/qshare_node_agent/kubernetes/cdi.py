@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import re
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -62,12 +63,19 @@ CLAIM_OWNER = "claim_"
 """A DRA claim's spec file is `qshare.io-claim_<uid>.json` (written by the DRA plugin)."""
 
 
+def claim_specs(directory: Path) -> dict[str, Path]:
+    """The claims' spec files in `directory` by claim uid (no other file: not another
+    vendor's, nor a qshare spec of anything but a claim)."""
+    prefix = f"{VENDOR}-{CLAIM_OWNER}"
+    paths = sorted(directory.glob(f"{prefix}*.json"))
+    return {p.name.removeprefix(prefix).removesuffix(".json"): p for p in paths}
+
+
 def recorded_vgpus(directory: Path) -> dict[int, str]:
     """vGPU id -> a key under its claim (`dra/<uid>/recovered/<device>`), read back from the
     claims' spec files: what a lost checkpoint named. Unreadable specs are skipped."""
     found: dict[int, str] = {}
-    for path in sorted(directory.glob(f"{VENDOR}-{CLAIM_OWNER}*.json")):
-        uid = path.name.removeprefix(f"{VENDOR}-{CLAIM_OWNER}").removesuffix(".json")
+    for uid, path in claim_specs(directory).items():
         try:
             devices = json.loads(path.read_bytes())["devices"]
             for device in devices:
@@ -114,3 +122,19 @@ class CdiWriter:
     def remove(self, owner: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self._file(owner))
+
+    def remove_claims_except(self, kept: Collection[str]) -> list[str]:
+        """Remove the spec of every claim not in `kept` (uids); returns the uids removed.
+        One that cannot be removed is logged and left."""
+        keep = {self.path(f"{CLAIM_OWNER}{uid}") for uid in kept}
+        removed: list[str] = []
+        for uid, path in claim_specs(self.directory).items():
+            if path in keep:
+                continue
+            try:
+                path.unlink(missing_ok=True)
+            except OSError as exc:
+                log.error("the stale CDI spec %s could not be removed: %s", path, exc.strerror)
+                continue
+            removed.append(uid)
+        return removed

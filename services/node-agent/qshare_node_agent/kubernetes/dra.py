@@ -9,7 +9,8 @@ allocated share (idempotent by claim, request, device and share), all in one ste
 the claim's CDI spec and answers with its CDI device ids once the vGPUs are saved; prepares
 served together share one save of the checkpoint (`GroupCommit`). The order (vGPUs, CDI
 spec, one checkpoint write naming every vGPU of the claim) means a crash leaves the claim
-in the checkpoint whole or not at all; a restart destroys local vGPUs it does not name.
+in the checkpoint whole or not at all; a restart destroys local vGPUs it does not name, and
+the plugin's start removes the CDI specs of claims it does not name.
 Each claim gets its own answer or error; a claim that fails gives back what this call made.
 """
 
@@ -82,7 +83,9 @@ class DraPlugin:
         ]
 
     def start(self) -> None:
+        """Call once the backend is restored: the specs of claims it does not hold go first."""
         self._stopping.clear()
+        self._remove_stale_specs()
         self.claims.start()
         for server in self._servers:
             server.start()
@@ -106,6 +109,13 @@ class DraPlugin:
         for server in self._servers:
             server.stop()
         self.claims.stop()
+
+    def _remove_stale_specs(self) -> None:
+        """A plugin that died after writing a claim's spec and before saving its vGPUs left
+        a spec naming vGPUs the restore destroyed (nobody was answered): it goes."""
+        removed = self.cdi.remove_claims_except(self.prepared_claims())
+        if removed:
+            log.warning("removed the CDI specs of claims no checkpoint names: %s", removed)
 
     def _cards_changed(self, cards: list[CardInfo]) -> None:
         self._card_mib = _card_mib(cards)
