@@ -26,6 +26,7 @@ from typing import Any
 
 import grpc
 
+from qshare_driver.node import Policy
 from qshare_node_agent.kubernetes import cdi, resourceslice, wire
 from qshare_node_agent.kubernetes.allocation import UNSHARED, ClaimError, DeviceShare, shares
 from qshare_node_agent.kubernetes.apiserver import ApiError, KubeApi
@@ -256,7 +257,7 @@ class DraPlugin:
         new = [v.key for v in vgpus if v.key not in before]
         made = _Staged(uid, list(zip(wanted, vgpus, strict=True)), new)
         try:
-            self.cdi.write(_owner(uid), vgpus)
+            self.cdi.write(_owner(uid), vgpus, _policies(uid, wanted))
             if durable:
                 self.backend.save()
         except Exception:
@@ -317,6 +318,15 @@ def _wanted(uid: str, share: DeviceShare) -> VgpuWanted:
     config = share.config
     return VgpuWanted(share.key(uid), share.card_index, config.priority, share.cores,
                       share.memory_mib, config.policy)  # fmt: skip
+
+
+def _policies(uid: str, wanted: list[DeviceShare]) -> dict[str, str]:
+    """The card policy each share's config asks (by vGPU key), as the checkpoint records it."""
+    return {
+        s.key(uid): Policy.parse(s.config.policy).label
+        for s in wanted
+        if s.config.policy is not None
+    }
 
 
 def _answer_device(answer: Any, share: DeviceShare, pool: str, vgpu: LocalVgpu) -> None:

@@ -12,7 +12,7 @@ import itertools
 import logging
 import os
 import threading
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
@@ -34,6 +34,7 @@ from qshare_node_agent.kubernetes.backend import (
     Mount,
     VgpuWanted,
 )
+from qshare_node_agent.kubernetes.cdi import Recorded
 from qshare_node_agent.metrics import CHECKPOINTS_SET_ASIDE
 
 log = logging.getLogger(__name__)
@@ -243,17 +244,20 @@ class LocalVgpus:
             generation = self._changed()
         self._persist(generation)
 
-    def restore(self, recorded: Callable[[], dict[int, str]] = dict) -> list[str]:
+    def restore(self, recorded: Callable[[], Mapping[int, Recorded]] = dict) -> list[str]:
         """Re-apply the checkpoint: keep vGPUs the segment still has, re-create the missing
         ones with their old ids, destroy the local vGPUs it does not name (made by a prepare
         that was never saved, so never answered). Returns the keys that could not be
         restored (and dropped).
 
         A checkpoint that cannot be used is set aside, and what it held is rebuilt from
-        `recorded` (vGPU id -> key, read from the claims' CDI specs) and the segment."""
+        `recorded` (vGPU id -> key and policy, read from the claims' CDI specs) and the
+        segment; the cards get back the policies the rebuilt claims asked (the segment's
+        adoption, reading no usable checkpoint, gave them the agent's)."""
         lost: list[str] = []
         with self._lock:
-            for entry in self._saved_entries(recorded):
+            entries, rebuilt = self._saved_entries(recorded)
+            for entry in entries:
                 try:
                     card = self._known(entry.card_index)
                     vgpu = self._describe(
@@ -270,13 +274,19 @@ class LocalVgpus:
                 except BackendError:
                     lost.append(entry.key)
             self._drop_unsaved()
+            switched = rebuilt and self._give_asked_policies(entries)
             generation = self._changed()
         self._persist(generation)
+        if switched:
+            self._notify()
         return lost
 
-    def _saved_entries(self, recorded: Callable[[], dict[int, str]]) -> list[checkpoint.Entry]:
+    def _saved_entries(
+        self, recorded: Callable[[], Mapping[int, Recorded]]
+    ) -> tuple[list[checkpoint.Entry], bool]:
+        """The checkpoint's entries, or those rebuilt from `recorded` (True)."""
         try:
-            return checkpoint.load(self.checkpoint, self._node.name)
+            return checkpoint.load(self.checkpoint, self._node.name), False
         except checkpoint.CheckpointError as exc:
             CHECKPOINTS_SET_ASIDE.labels(node=self._node.name).inc()
             try:
@@ -284,33 +294,48 @@ class LocalVgpus:
             except OSError as move:
                 where = f"could not be moved aside ({move.strerror}); it will be overwritten"
             log.error("%s; %s; rebuilding it from the segment and the CDI specs", exc, where)
-            return self._rebuilt(recorded())
+            return self._rebuilt(recorded()), True
 
-    def _rebuilt(self, recorded: dict[int, str]) -> list[checkpoint.Entry]:
+    def _rebuilt(self, recorded: Mapping[int, Recorded]) -> list[checkpoint.Entry]:
         """Entries for the local vGPUs the segment holds and a CDI spec names."""
-        entries = (self._rebuilt_entry(vgpu_id, key) for vgpu_id, key in recorded.items())
+        entries = (self._rebuilt_entry(vgpu_id, spec) for vgpu_id, spec in recorded.items())
         return [e for e in entries if e is not None]
 
-    def _rebuilt_entry(self, vgpu_id: int, key: str) -> checkpoint.Entry | None:
+    def _rebuilt_entry(self, vgpu_id: int, spec: Recorded) -> checkpoint.Entry | None:
         """None when the segment has no such local vGPU, or one no prepare could make."""
         if not FIRST_LOCAL_ID <= vgpu_id <= LAST_LOCAL_ID:
             return None
         try:
             stats = self._node.vgpu_stats(vgpu_id)
             return checkpoint.Entry(
-                key=key,
+                key=spec.key,
                 vgpu_id=vgpu_id,
                 card_index=stats.card,
                 priority=Priority(stats.priority.name.lower()),
                 core_share=stats.core_share,
                 memory_mib=stats.mem_limit // MIB,
+                policy=spec.policy,
             )
         except NotFoundError:
             return None
         except ValidationError as exc:
-            log.warning("vGPU %d (%s) is not one a prepare makes; dropped: %s", vgpu_id, key,
-                        exc.errors()[0]["msg"])  # fmt: skip
+            log.warning("vGPU %d (%s) is not one a prepare makes; dropped: %s", vgpu_id,
+                        spec.key, exc.errors()[0]["msg"])  # fmt: skip
             return None
+
+    def _give_asked_policies(self, entries: list[checkpoint.Entry]) -> bool:
+        """(The caller holds `_lock`.) Give each card the policy its kept claims asked (the
+        latest wins, as `asked_policies`); True when a card's policy changed."""
+        asked = {e.card_index: e.policy for e in entries if e.policy and e.key in self._vgpus}
+        switched = False
+        for index, policy in asked.items():
+            try:
+                if self._node.card_stats(index).policy.label != policy:
+                    self._node.set_policy(index, policy)
+                    switched = True
+            except DriverError as exc:
+                log.error("card %d could not be given back policy %s: %s", index, policy, exc)
+        return switched
 
     def _drop_unsaved(self) -> None:
         kept = {v.vgpu_id for v in self._vgpus.values()}
