@@ -61,8 +61,12 @@ class LocalVgpus:
         min_vgpu_mib: int = 1024,
         interposer: Path | None = None,
         device_nodes: Callable[[int], tuple[str, ...]] = card_device_nodes,
+        own_policy: Callable[[int], str] | None = None,
     ) -> None:
+        """`own_policy(card index)`: the policy a card takes back once no prepared claim
+        asks one of it (None: it keeps the last claim's)."""
         self._node = node
+        self._own_policy = own_policy
         self._cards = {c.index: c for c in cards}
         self._health = dict.fromkeys(self._cards, True)
         self._min_mib = min_vgpu_mib
@@ -76,6 +80,7 @@ class LocalVgpus:
         self._saved = 0  # the generation on disk
         self._vgpus: dict[str, LocalVgpu] = {}
         self._entries: dict[str, str] = {}  # the checkpoint's, serialised once each
+        self._asked: dict[str, str] = {}  # the policy each vGPU's claim asked, if any
         self._watchers: list[CardWatcher] = []
         self._told: list[CardInfo] | None = None  # what the watchers were last told
         self.segment_dir = layout.segment_dir(Path(node.directory) if node.directory else None)
@@ -234,6 +239,7 @@ class LocalVgpus:
         return self._describe(key, vgpu_id, self._known(card_index), priority, core, memory_mib)
 
     def release(self, key: str) -> None:
+        """Destroy the vGPU; a card no claim left asks a policy of takes its own back."""
         with self._lock:
             vgpu = self._vgpus.pop(key, None)
             if vgpu is None:
@@ -241,8 +247,27 @@ class LocalVgpus:
             del self._entries[key]
             with contextlib.suppress(NotFoundError):
                 self._node.destroy_vgpu(vgpu.vgpu_id)
+            switched = self._asked.pop(key, None) is not None and self._unasked(vgpu.card_index)
             generation = self._changed()
         self._persist(generation)
+        if switched:
+            self._notify()
+
+    def _unasked(self, index: int) -> bool:
+        """(The caller holds `_lock`.) Give card `index` its own policy back unless a kept
+        claim still asks one of it; True when its policy changed."""
+        if self._own_policy is None or any(self._vgpus[k].card_index == index for k in self._asked):
+            return False
+        try:
+            own = self._own_policy(index)
+            if self._node.card_stats(index).policy.label == own:
+                return False
+            self._node.set_policy(index, own)
+        except (DriverError, ValueError) as exc:
+            log.error("card %d could not take its own policy back: %s", index, exc)
+            return False
+        log.info("card %d takes its own policy %s back: no claim asks one of it", index, own)
+        return True
 
     def restore(self, recorded: Callable[[], Mapping[int, Recorded]] = dict) -> list[str]:
         """Re-apply the checkpoint: keep vGPUs the segment still has, re-create the missing
@@ -347,6 +372,8 @@ class LocalVgpus:
     def _keep(self, vgpu: LocalVgpu, policy: str | None = None) -> None:
         self._vgpus[vgpu.key] = vgpu
         self._entries[vgpu.key] = _entry(vgpu, policy)
+        if policy is not None:
+            self._asked[vgpu.key] = policy
 
     def _same(
         self, vgpu: LocalVgpu, card_index: int, priority: Priority, core: int, memory_mib: int
