@@ -203,3 +203,12 @@ def test_a_rebuild_gives_a_card_back_the_policy_its_claim_asked(
     restarted = LocalVgpus(backend._node, CARDS)
     assert restarted.restore(lambda: cdi.recorded_vgpus(settings.cdi_dir)) == []
     assert restarted.cards()[1].policy == "fixed-share"
+
+
+def test_a_spec_whose_environment_is_not_text_is_skipped_by_the_rebuild(
+    settings: KubernetesSettings,
+) -> None:
+    settings.cdi_dir.mkdir()
+    device = {"name": "a", "containerEdits": {"env": [2147483648]}}
+    (settings.cdi_dir / "qshare.io-claim_u1.json").write_text(json.dumps({"devices": [device]}))
+    assert cdi.recorded_vgpus(settings.cdi_dir) == {}
