@@ -18,6 +18,7 @@ from qshare.envsettings import load
 from qshare.testing.kube_apiserver import ApiServerDouble
 from qshare_node_agent.app import NodeAgent
 from qshare_node_agent.kubernetes.config import KubernetesSettings
+from qshare_node_agent.kubernetes.local_vgpus import node_checkpoint
 from qshare_node_agent.settings import NodeAgentSettings
 from tests.kubernetes.conftest import resource_claim, store_claim
 from tests.kubernetes.doubles import KubeletDouble
@@ -111,3 +112,27 @@ async def test_a_card_takes_back_the_sharing_asked_of_it_once_no_prepared_claim_
     finally:
         await agent.stop()
         kubelet.close()
+
+
+async def test_restarts_after_the_checkpoint_was_lost_keep_the_policy_a_live_claim_asked(
+    kube: ApiServerDouble, bus_url: str, tmp_path: Path
+) -> None:
+    """The first restart rebuilds the checkpoint from the claim's CDI spec, the second
+    reads the rebuilt one."""
+    kubelet = KubeletDouble()
+    first = NodeAgent(settings(bus_url, tmp_path, keep=True))
+    await first.start()
+    try:
+        await call(kubelet, "prepare", store_claim(kube, asking("held", "gpu-0", "fixed-share")))
+        saved = node_checkpoint(first.node)
+    finally:
+        await first.stop()
+        kubelet.close()
+    saved.write_bytes(b"{lost")
+    for keep in (True, False):
+        again = NodeAgent(settings(bus_url, tmp_path, keep=keep))
+        await again.start()
+        try:
+            assert policies(again) == ["fixed-share", "best-effort"]
+        finally:
+            await again.stop()
