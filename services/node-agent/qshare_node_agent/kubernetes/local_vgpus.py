@@ -518,7 +518,8 @@ def node_checkpoint(node: Node) -> Path:
 def asked_policies(node: Node) -> dict[int, str]:
     """The card policy the prepared claims asked of each card, as the checkpoint records it
     (the latest prepared wins); none from a checkpoint that cannot be used (the restore sets
-    it aside, and a rebuilt one records no policy)."""
+    it aside, rebuilds it with the policies the claims' CDI specs record and gives them back
+    to the cards)."""
     try:
         entries = checkpoint.load(node_checkpoint(node), node.name)
     except checkpoint.CheckpointError:
