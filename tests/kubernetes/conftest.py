@@ -86,9 +86,16 @@ def make_node(directory: Path, name: str | None = None, replace: bool = False) -
 
 
 @pytest.fixture
-def node(short_dir: Path) -> Iterator[Node]:
-    (short_dir / "shm").mkdir()
-    with make_node(short_dir / "shm") as n:
+def shm(short_dir: Path) -> Path:
+    """The directory of the test's driver segments."""
+    path = short_dir / "shm"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def node(shm: Path) -> Iterator[Node]:
+    with make_node(shm) as n:
         yield n
 
 

@@ -1,6 +1,7 @@
 """The DRA plugin in a process of its own, on a segment of its own, so a test can kill it
 with SIGKILL (a crash: no shutdown, no final save) and look at what it left on disk; or
-have it kill itself as it asks the driver for its n-th vGPU (a crash between two steps)."""
+have it kill itself as it asks the driver for its n-th vGPU, or as it saves its checkpoint
+(a crash between two steps)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import multiprocessing
 import os
 import signal
 import threading
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from pathlib import Path
@@ -23,15 +25,21 @@ from .conftest import CARDS, make_node
 
 
 def start(
-    settings: KubernetesSettings, shm: Path, segment: str, die_at_create: int = 0
+    settings: KubernetesSettings,
+    shm: Path,
+    segment: str,
+    die_at_create: int = 0,
+    die_at_save: int = 0,
 ) -> BaseProcess:
     """Start the plugin process; returns once its claim watch holds every stored claim.
-    With `die_at_create` n, the process SIGKILLs itself as it asks for its n-th vGPU."""
+    With `die_at_create` n, the process SIGKILLs itself as it asks for its n-th vGPU; with
+    `die_at_save` n, as it saves its checkpoint the n-th time (a prepare's vGPUs and CDI
+    spec made, not saved)."""
     ctx = multiprocessing.get_context("spawn")
     mine, theirs = ctx.Pipe()
+    config = settings.model_dump(mode="json")
     process = ctx.Process(
-        target=_serve,
-        args=(settings.model_dump(mode="json"), str(shm), segment, theirs, die_at_create),
+        target=_serve, args=(config, str(shm), segment, theirs, die_at_create, die_at_save)
     )
     process.start()
     if not mine.poll(30):
@@ -42,13 +50,20 @@ def start(
 
 
 def _serve(
-    settings: dict[str, Any], shm: str, segment: str, ready: Connection, die_at_create: int
+    settings: dict[str, Any],
+    shm: str,
+    segment: str,
+    ready: Connection,
+    die_at_create: int,
+    die_at_save: int,
 ) -> None:
     config = KubernetesSettings.model_validate(settings)
     node = make_node(Path(shm), segment)
     if die_at_create:
         _die_at_create(node, die_at_create)
     backend = LocalVgpus(node, CARDS)
+    if die_at_save:
+        backend.save = _dying(backend.save, die_at_save)  # type: ignore[method-assign]
     plugin = DraPlugin(config, backend, KubeApi(config.api_server, None, None, timeout_s=5))
     plugin.start()
     plugin.claims.synced.wait(10)
@@ -56,14 +71,19 @@ def _serve(
     threading.Event().wait()
 
 
-def _die_at_create(node: Node, n: int) -> None:
-    """Make the n-th `create_vgpu` on `node` kill the process before it reaches the driver."""
-    create, calls = node.create_vgpu, [0]
+def _dying(call: Callable[..., None], n: int) -> Callable[..., None]:
+    """`call`, but the n-th call kills the process (SIGKILL) before it runs."""
+    calls = [0]
 
     def dying(*args: Any) -> None:
         calls[0] += 1
         if calls[0] == n:
             os.kill(os.getpid(), signal.SIGKILL)
-        create(*args)
+        call(*args)
 
-    node.create_vgpu = dying  # type: ignore[method-assign]
+    return dying
+
+
+def _die_at_create(node: Node, n: int) -> None:
+    """Make the n-th `create_vgpu` on `node` kill the process before it reaches the driver."""
+    node.create_vgpu = _dying(node.create_vgpu, n)  # type: ignore[method-assign]

@@ -1,6 +1,8 @@
 """A DRA claim of several devices is in the checkpoint whole or not at all: the plugin
 killed between two of the claim's vGPUs leaves no device of it recorded, and the agent
-restarted on the segment destroys the vGPUs made before the crash (nobody was answered)."""
+restarted on the segment destroys the vGPUs made before the crash (nobody was answered).
+Killed after writing a claim's CDI spec and before saving it, the plugin leaves a spec that
+the restarted plugin removes."""
 
 from __future__ import annotations
 
@@ -13,7 +15,9 @@ import pytest
 
 from qshare_driver.node import Node
 from qshare_node_agent.kubernetes import checkpoint
+from qshare_node_agent.kubernetes.apiserver import KubeApi
 from qshare_node_agent.kubernetes.config import KubernetesSettings
+from qshare_node_agent.kubernetes.dra import DraPlugin
 from qshare_node_agent.kubernetes.local_vgpus import LocalVgpus
 
 from . import plugin_process
@@ -21,13 +25,6 @@ from .conftest import CARDS, resource_claim, store_claim
 from .doubles import ApiServerDouble, KubeletDouble
 
 SEGMENT = "half-claim"
-
-
-@pytest.fixture
-def shm(short_dir: Path) -> Path:
-    path = short_dir / "shm"
-    path.mkdir()
-    return path
 
 
 def two_card_claim(name: str) -> dict[str, Any]:
@@ -66,3 +63,36 @@ def test_a_crash_between_a_claims_vgpus_leaves_none_of_them(
         assert restarted.restore() == []
         assert restarted.prepared() == {}
         assert node.list_vgpus() == []
+
+
+def test_a_restart_removes_the_cdi_spec_of_a_claim_written_but_never_saved_and_no_other(
+    settings: KubernetesSettings,
+    shm: Path,
+    kubelet: KubeletDouble,
+    apiserver: ApiServerDouble,
+    kube_api: KubeApi,
+) -> None:
+    saved = store_claim(apiserver, resource_claim("saved"))
+    unsaved = store_claim(apiserver, resource_claim("unsaved"))
+    process = plugin_process.start(settings, shm, SEGMENT, die_at_save=2)
+    assert kubelet.prepare(settings.dra_socket, [saved]).claims[saved[2]].error == ""
+    with pytest.raises(grpc.RpcError):
+        kubelet.prepare(settings.dra_socket, [unsaved])
+    process.join(10)
+    assert process.exitcode == -9
+    specs = {
+        uid: settings.cdi_dir / f"qshare.io-claim_{uid}.json" for _, _, uid in (saved, unsaved)
+    }
+    assert all(p.is_file() for p in specs.values())  # the crash came after the spec's write
+    others = [settings.cdi_dir / n for n in ("nvidia.com-gpu.json", "qshare.io-other.json")]
+    for other in others:
+        other.write_text("{}")
+    with Node.adopt(SEGMENT, shm) as node:
+        restarted = LocalVgpus(node, CARDS)
+        assert restarted.restore() == []
+        plugin = DraPlugin(settings, restarted, kube_api)
+        plugin.start()
+        plugin.stop()
+    assert not specs[unsaved[2]].exists()
+    assert specs[saved[2]].is_file()
+    assert all(other.read_text() == "{}" for other in others)

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from qshare.contracts.domain import Priority
+from qshare_node_agent.kubernetes import cdi
 from qshare_node_agent.kubernetes.backend import LocalVgpu
 from qshare_node_agent.kubernetes.cdi import CdiWriter, device_name
 
@@ -62,3 +63,13 @@ def test_a_spec_states_the_oldest_cdi_version_that_holds_it(short_dir: Path) -> 
     path = CdiWriter(short_dir / "cdi").write("claim_a", [VGPU])
     spec = json.loads(path.read_text())
     assert spec["cdiVersion"] == _lowest_cdi_version(spec)
+
+
+def test_a_spec_recording_a_claims_policy_is_valid_and_states_the_oldest_cdi_version(
+    short_dir: Path,
+) -> None:
+    path = CdiWriter(short_dir / "cdi").write("claim_a", [VGPU], {VGPU.key: "fixed-share"})
+    spec = json.loads(path.read_text())
+    validate_cdi(spec)
+    assert spec["cdiVersion"] == _lowest_cdi_version(spec)
+    assert f"{cdi.POLICY_ENV}=fixed-share" in spec["devices"][0]["containerEdits"]["env"]

@@ -152,7 +152,63 @@ def test_a_rebuild_skips_a_vgpu_no_prepare_could_have_made(backend: LocalVgpus) 
     backend._node.create_vgpu(FIRST_LOCAL_ID, 0, "low", 10, 4096)
     backend._node.create_vgpu(FIRST_LOCAL_ID + 1, 0, "low", 10, 2048 << 20)
     backend.checkpoint.write_bytes(b"not json")
-    recorded = {FIRST_LOCAL_ID: "dra/u1/recovered/a", FIRST_LOCAL_ID + 1: "dra/u2/recovered/b"}
+    recorded = {
+        FIRST_LOCAL_ID: cdi.Recorded("dra/u1/recovered/a"),
+        FIRST_LOCAL_ID + 1: cdi.Recorded("dra/u2/recovered/b"),
+    }
     assert backend.restore(lambda: recorded) == []
     assert list(backend.prepared()) == ["dra/u2/recovered/b"]
     assert backend._node.list_vgpus() == [FIRST_LOCAL_ID + 1]
+
+
+def prepared_asking_fixed_share(
+    backend: LocalVgpus,
+    kubelet: KubeletDouble,
+    settings: KubernetesSettings,
+    apiserver: ApiServerDouble,
+) -> None:
+    """A claim on card 1 asking `fixed-share` prepared (the plugin serving `backend`), then
+    its checkpoint corrupted."""
+    asking = resource_claim("asking", device="gpu-1", parameters={"policy": "fs"})
+    claim = store_claim(apiserver, asking)
+    assert kubelet.prepare(settings.dra_socket, [claim]).claims[claim[2]].error == ""
+    backend.checkpoint.write_bytes(b"{garbage")
+
+
+def test_a_checkpoint_rebuilt_from_cdi_specs_records_the_policy_each_claim_asked(
+    dra: DraPlugin,
+    kubelet: KubeletDouble,
+    settings: KubernetesSettings,
+    apiserver: ApiServerDouble,
+    backend: LocalVgpus,
+) -> None:
+    prepared_asking_fixed_share(backend, kubelet, settings, apiserver)
+    restarted = LocalVgpus(backend._node, CARDS)
+    assert restarted.restore(lambda: cdi.recorded_vgpus(settings.cdi_dir)) == []
+    saved = checkpoint.load(restarted.checkpoint, backend._node.name)
+    assert [e.policy for e in saved] == ["fixed-share"]
+
+
+def test_a_rebuild_gives_a_card_back_the_policy_its_claim_asked(
+    dra: DraPlugin,
+    kubelet: KubeletDouble,
+    settings: KubernetesSettings,
+    apiserver: ApiServerDouble,
+    backend: LocalVgpus,
+) -> None:
+    """The restart's adoption of the segment read no usable checkpoint, so it gave the card
+    the agent's policy; the rebuild puts the claim's back."""
+    prepared_asking_fixed_share(backend, kubelet, settings, apiserver)
+    backend._node.set_policy(1, "best-effort")  # as the adoption does
+    restarted = LocalVgpus(backend._node, CARDS)
+    assert restarted.restore(lambda: cdi.recorded_vgpus(settings.cdi_dir)) == []
+    assert restarted.cards()[1].policy == "fixed-share"
+
+
+def test_a_spec_whose_environment_is_not_text_is_skipped_by_the_rebuild(
+    settings: KubernetesSettings,
+) -> None:
+    settings.cdi_dir.mkdir()
+    device = {"name": "a", "containerEdits": {"env": [2147483648]}}
+    (settings.cdi_dir / "qshare.io-claim_u1.json").write_text(json.dumps({"devices": [device]}))
+    assert cdi.recorded_vgpus(settings.cdi_dir) == {}

@@ -25,13 +25,6 @@ SEGMENT = "crash-test"
 
 
 @pytest.fixture
-def shm(short_dir: Path) -> Path:
-    path = short_dir / "shm"
-    path.mkdir()
-    return path
-
-
-@pytest.fixture
 def stored(apiserver: ApiServerDouble) -> list[tuple[str, str, str]]:
     """Eight claims of 10 % of a card each, stored before the plugin starts: its watch
     holds them all, so every prepare is served on the plugin's loop and saved by a group

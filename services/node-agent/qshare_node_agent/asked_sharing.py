@@ -41,6 +41,13 @@ class SharingKeeper:
                 refused.append(SharingRefusal(gpu=gpu, reason=problem))
         return refused
 
+    def own_policy(self, index: int) -> str:
+        """The policy card `index` has from this keeper: what was asked of it, or the agent's
+        (what a card takes back once no DRA claim asks one of it)."""
+        gpu = next((g for g, c in self.cards.items() if c.index == index), None)
+        asked = None if gpu is None else self.asked.get(gpu)
+        return with_asked(self.settings, asked).policy.value
+
     def report(self) -> list[CardSharing]:
         return cards_sharing(self.node, self.cards.values())
 

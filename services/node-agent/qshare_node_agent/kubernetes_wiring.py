@@ -124,7 +124,8 @@ class AgentPlugins:
 def start_plugins(converger: Converger, cards: list[Card], min_vgpu_mib: int) -> AgentPlugins:
     """Restore the prepared claims, start the DRA and device plugins (settings QSHARE_K8S_*)."""
     settings = load(KubernetesSettings)
-    local = LocalVgpus(converger.node, cards, min_vgpu_mib=min_vgpu_mib)
+    own = converger.sharing.own_policy if converger.sharing is not None else None
+    local = LocalVgpus(converger.node, cards, min_vgpu_mib=min_vgpu_mib, own_policy=own)
     kept = local.restore(lambda: cdi.recorded_vgpus(settings.cdi_dir))
     plugins = KubernetesPlugins(settings, AgentBackend(local, converger))
     plugins.start()

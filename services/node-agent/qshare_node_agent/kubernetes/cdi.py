@@ -8,10 +8,12 @@ import json
 import logging
 import os
 import re
+from collections.abc import Collection, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from qshare import atomic_file
+from qshare_driver.node import Policy
 from qshare_node_agent.kubernetes.backend import LocalVgpu
 
 # The oldest CDI version holding what we write (env, mounts without a type, device nodes by
@@ -35,16 +37,25 @@ def qualified(name: str) -> str:
     return f"{KIND}={name}"
 
 
-def spec(vgpus: list[LocalVgpu]) -> dict[str, Any]:
+def spec(vgpus: list[LocalVgpu], policies: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The spec of `vgpus`; `policies` (by vGPU key) the card policy each one's claim asked,
+    recorded for a rebuild of the checkpoint."""
+    asked = policies or {}
     return {
         "cdiVersion": CDI_VERSION,
         "kind": KIND,
-        "devices": [{"name": device_name(v.key), "containerEdits": edits(v)} for v in vgpus],
+        "devices": [
+            {"name": device_name(v.key), "containerEdits": edits(v, asked.get(v.key))}
+            for v in vgpus
+        ],
     }
 
 
-def edits(vgpu: LocalVgpu) -> dict[str, Any]:
-    out: dict[str, Any] = {"env": [f"{k}={v}" for k, v in vgpu.env.items()]}
+def edits(vgpu: LocalVgpu, policy: str | None = None) -> dict[str, Any]:
+    """The device's edits; a claim's policy is recorded in its environment (an annotation
+    would need CDI 0.6.0, which a runtime of an older CDI library refuses)."""
+    env = {**vgpu.env, POLICY_ENV: policy} if policy is not None else vgpu.env
+    out: dict[str, Any] = {"env": [f"{k}={v}" for k, v in env.items()]}
     out["mounts"] = [
         {
             "hostPath": m.host_path,
@@ -60,30 +71,56 @@ def edits(vgpu: LocalVgpu) -> dict[str, Any]:
 
 CLAIM_OWNER = "claim_"
 """A DRA claim's spec file is `qshare.io-claim_<uid>.json` (written by the DRA plugin)."""
+POLICY_ENV = "QSHARE_CLAIM_POLICY"
+"""The card policy a device's claim asked, in the device's environment (absent: none, or a
+spec written before it was recorded)."""
 
 
-def recorded_vgpus(directory: Path) -> dict[int, str]:
-    """vGPU id -> a key under its claim (`dra/<uid>/recovered/<device>`), read back from the
-    claims' spec files: what a lost checkpoint named. Unreadable specs are skipped."""
-    found: dict[int, str] = {}
-    for path in sorted(directory.glob(f"{VENDOR}-{CLAIM_OWNER}*.json")):
-        uid = path.name.removeprefix(f"{VENDOR}-{CLAIM_OWNER}").removesuffix(".json")
+class Recorded(NamedTuple):
+    """A local vGPU as a claim's spec names it: its key, and the policy its claim asked."""
+
+    key: str
+    policy: str | None = None
+
+
+def claim_specs(directory: Path) -> dict[str, Path]:
+    """The claims' spec files in `directory` by claim uid (no other file: not another
+    vendor's, nor a qshare spec of anything but a claim)."""
+    prefix = f"{VENDOR}-{CLAIM_OWNER}"
+    paths = sorted(directory.glob(f"{prefix}*.json"))
+    return {p.name.removeprefix(prefix).removesuffix(".json"): p for p in paths}
+
+
+def recorded_vgpus(directory: Path) -> dict[int, Recorded]:
+    """vGPU id -> a key under its claim (`dra/<uid>/recovered/<device>`) and its claim's
+    policy, read back from the claims' spec files: what a lost checkpoint named. Unreadable
+    specs are skipped; a policy that cannot be read is taken as unknown."""
+    found: dict[int, Recorded] = {}
+    for uid, path in claim_specs(directory).items():
         try:
             devices = json.loads(path.read_bytes())["devices"]
             for device in devices:
-                vgpu_id = _vgpu_of(device["containerEdits"]["env"])
-                found[vgpu_id] = f"dra/{uid}/recovered/{device['name']}"
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+                env = _env_of(device["containerEdits"]["env"])
+                key = f"dra/{uid}/recovered/{device['name']}"
+                found[int(env["QSHARE_VGPU"])] = Recorded(key, _policy(env, path))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             log.warning("CDI spec %s names no vGPU it can be rebuilt from: %r", path, exc)
     return found
 
 
-def _vgpu_of(env: list[str]) -> int:
-    for item in env:
-        name, _, value = item.partition("=")
-        if name == "QSHARE_VGPU":
-            return int(value)
-    raise KeyError("QSHARE_VGPU")
+def _env_of(env: list[str]) -> dict[str, str]:
+    return {name: value for name, _, value in (item.partition("=") for item in env)}
+
+
+def _policy(env: dict[str, str], path: Path) -> str | None:
+    value = env.get(POLICY_ENV)
+    if value is None:
+        return None
+    try:
+        return Policy.parse(value).label
+    except ValueError:
+        log.warning("CDI spec %s records an unknown policy %r; taken as none", path, value)
+        return None
 
 
 class CdiWriter:
@@ -100,10 +137,12 @@ class CdiWriter:
     def _file(self, owner: str) -> str:
         return f"{self._prefix}{device_name(owner)}.json"
 
-    def write(self, owner: str, vgpus: list[LocalVgpu]) -> Path:
+    def write(
+        self, owner: str, vgpus: list[LocalVgpu], policies: Mapping[str, str] | None = None
+    ) -> Path:
         """Replace the owner's spec atomically (a runtime reading it sees the old or new)."""
         path = self._file(owner)
-        body = json.dumps(spec(vgpus)).encode()
+        body = json.dumps(spec(vgpus, policies)).encode()
         try:
             atomic_file.replace(path, f"{path}.tmp", body, durable=False)
         except FileNotFoundError:
@@ -114,3 +153,19 @@ class CdiWriter:
     def remove(self, owner: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self._file(owner))
+
+    def remove_claims_except(self, kept: Collection[str]) -> list[str]:
+        """Remove the spec of every claim not in `kept` (uids); returns the uids removed.
+        One that cannot be removed is logged and left."""
+        keep = {self.path(f"{CLAIM_OWNER}{uid}") for uid in kept}
+        removed: list[str] = []
+        for uid, path in claim_specs(self.directory).items():
+            if path in keep:
+                continue
+            try:
+                path.unlink(missing_ok=True)
+            except OSError as exc:
+                log.error("the stale CDI spec %s could not be removed: %s", path, exc.strerror)
+                continue
+            removed.append(uid)
+        return removed

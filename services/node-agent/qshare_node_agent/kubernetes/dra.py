@@ -9,7 +9,8 @@ allocated share (idempotent by claim, request, device and share), all in one ste
 the claim's CDI spec and answers with its CDI device ids once the vGPUs are saved; prepares
 served together share one save of the checkpoint (`GroupCommit`). The order (vGPUs, CDI
 spec, one checkpoint write naming every vGPU of the claim) means a crash leaves the claim
-in the checkpoint whole or not at all; a restart destroys local vGPUs it does not name.
+in the checkpoint whole or not at all; a restart destroys local vGPUs it does not name, and
+the plugin's start removes the CDI specs of claims it does not name.
 Each claim gets its own answer or error; a claim that fails gives back what this call made.
 """
 
@@ -25,6 +26,7 @@ from typing import Any
 
 import grpc
 
+from qshare_driver.node import Policy
 from qshare_node_agent.kubernetes import cdi, resourceslice, wire
 from qshare_node_agent.kubernetes.allocation import UNSHARED, ClaimError, DeviceShare, shares
 from qshare_node_agent.kubernetes.apiserver import ApiError, KubeApi
@@ -82,7 +84,9 @@ class DraPlugin:
         ]
 
     def start(self) -> None:
+        """Call once the backend is restored: the specs of claims it does not hold go first."""
         self._stopping.clear()
+        self._remove_stale_specs()
         self.claims.start()
         for server in self._servers:
             server.start()
@@ -106,6 +110,13 @@ class DraPlugin:
         for server in self._servers:
             server.stop()
         self.claims.stop()
+
+    def _remove_stale_specs(self) -> None:
+        """A plugin that died after writing a claim's spec and before saving its vGPUs left
+        a spec naming vGPUs the restore destroyed (nobody was answered): it goes."""
+        removed = self.cdi.remove_claims_except(self.prepared_claims())
+        if removed:
+            log.warning("removed the CDI specs of claims no checkpoint names: %s", removed)
 
     def _cards_changed(self, cards: list[CardInfo]) -> None:
         self._card_mib = _card_mib(cards)
@@ -246,7 +257,7 @@ class DraPlugin:
         new = [v.key for v in vgpus if v.key not in before]
         made = _Staged(uid, list(zip(wanted, vgpus, strict=True)), new)
         try:
-            self.cdi.write(_owner(uid), vgpus)
+            self.cdi.write(_owner(uid), vgpus, _policies(uid, wanted))
             if durable:
                 self.backend.save()
         except Exception:
@@ -307,6 +318,15 @@ def _wanted(uid: str, share: DeviceShare) -> VgpuWanted:
     config = share.config
     return VgpuWanted(share.key(uid), share.card_index, config.priority, share.cores,
                       share.memory_mib, config.policy)  # fmt: skip
+
+
+def _policies(uid: str, wanted: list[DeviceShare]) -> dict[str, str]:
+    """The card policy each share's config asks (by vGPU key), as the checkpoint records it."""
+    return {
+        s.key(uid): Policy.parse(s.config.policy).label
+        for s in wanted
+        if s.config.policy is not None
+    }
 
 
 def _answer_device(answer: Any, share: DeviceShare, pool: str, vgpu: LocalVgpu) -> None:

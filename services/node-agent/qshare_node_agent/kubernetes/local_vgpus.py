@@ -12,7 +12,7 @@ import itertools
 import logging
 import os
 import threading
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
@@ -34,6 +34,7 @@ from qshare_node_agent.kubernetes.backend import (
     Mount,
     VgpuWanted,
 )
+from qshare_node_agent.kubernetes.cdi import Recorded
 from qshare_node_agent.metrics import CHECKPOINTS_SET_ASIDE
 
 log = logging.getLogger(__name__)
@@ -60,8 +61,12 @@ class LocalVgpus:
         min_vgpu_mib: int = 1024,
         interposer: Path | None = None,
         device_nodes: Callable[[int], tuple[str, ...]] = card_device_nodes,
+        own_policy: Callable[[int], str] | None = None,
     ) -> None:
+        """`own_policy(card index)`: the policy a card takes back once no prepared claim
+        asks one of it (None: it keeps the last claim's)."""
         self._node = node
+        self._own_policy = own_policy
         self._cards = {c.index: c for c in cards}
         self._health = dict.fromkeys(self._cards, True)
         self._min_mib = min_vgpu_mib
@@ -75,6 +80,7 @@ class LocalVgpus:
         self._saved = 0  # the generation on disk
         self._vgpus: dict[str, LocalVgpu] = {}
         self._entries: dict[str, str] = {}  # the checkpoint's, serialised once each
+        self._asked: dict[str, str] = {}  # the policy each vGPU's claim asked, if any
         self._watchers: list[CardWatcher] = []
         self._told: list[CardInfo] | None = None  # what the watchers were last told
         self.segment_dir = layout.segment_dir(Path(node.directory) if node.directory else None)
@@ -233,6 +239,7 @@ class LocalVgpus:
         return self._describe(key, vgpu_id, self._known(card_index), priority, core, memory_mib)
 
     def release(self, key: str) -> None:
+        """Destroy the vGPU; a card no claim left asks a policy of takes its own back."""
         with self._lock:
             vgpu = self._vgpus.pop(key, None)
             if vgpu is None:
@@ -240,20 +247,42 @@ class LocalVgpus:
             del self._entries[key]
             with contextlib.suppress(NotFoundError):
                 self._node.destroy_vgpu(vgpu.vgpu_id)
+            switched = self._asked.pop(key, None) is not None and self._unasked(vgpu.card_index)
             generation = self._changed()
         self._persist(generation)
+        if switched:
+            self._notify()
 
-    def restore(self, recorded: Callable[[], dict[int, str]] = dict) -> list[str]:
+    def _unasked(self, index: int) -> bool:
+        """(The caller holds `_lock`.) Give card `index` its own policy back unless a kept
+        claim still asks one of it; True when its policy changed."""
+        if self._own_policy is None or any(self._vgpus[k].card_index == index for k in self._asked):
+            return False
+        try:
+            own = self._own_policy(index)
+            if self._node.card_stats(index).policy.label == own:
+                return False
+            self._node.set_policy(index, own)
+        except (DriverError, ValueError) as exc:
+            log.error("card %d could not take its own policy back: %s", index, exc)
+            return False
+        log.info("card %d takes its own policy %s back: no claim asks one of it", index, own)
+        return True
+
+    def restore(self, recorded: Callable[[], Mapping[int, Recorded]] = dict) -> list[str]:
         """Re-apply the checkpoint: keep vGPUs the segment still has, re-create the missing
         ones with their old ids, destroy the local vGPUs it does not name (made by a prepare
         that was never saved, so never answered). Returns the keys that could not be
         restored (and dropped).
 
         A checkpoint that cannot be used is set aside, and what it held is rebuilt from
-        `recorded` (vGPU id -> key, read from the claims' CDI specs) and the segment."""
+        `recorded` (vGPU id -> key and policy, read from the claims' CDI specs) and the
+        segment; the cards get back the policies the rebuilt claims asked (the segment's
+        adoption, reading no usable checkpoint, gave them the agent's)."""
         lost: list[str] = []
         with self._lock:
-            for entry in self._saved_entries(recorded):
+            entries, rebuilt = self._saved_entries(recorded)
+            for entry in entries:
                 try:
                     card = self._known(entry.card_index)
                     vgpu = self._describe(
@@ -270,13 +299,19 @@ class LocalVgpus:
                 except BackendError:
                     lost.append(entry.key)
             self._drop_unsaved()
+            switched = rebuilt and self._give_asked_policies(entries)
             generation = self._changed()
         self._persist(generation)
+        if switched:
+            self._notify()
         return lost
 
-    def _saved_entries(self, recorded: Callable[[], dict[int, str]]) -> list[checkpoint.Entry]:
+    def _saved_entries(
+        self, recorded: Callable[[], Mapping[int, Recorded]]
+    ) -> tuple[list[checkpoint.Entry], bool]:
+        """The checkpoint's entries, or those rebuilt from `recorded` (True)."""
         try:
-            return checkpoint.load(self.checkpoint, self._node.name)
+            return checkpoint.load(self.checkpoint, self._node.name), False
         except checkpoint.CheckpointError as exc:
             CHECKPOINTS_SET_ASIDE.labels(node=self._node.name).inc()
             try:
@@ -284,33 +319,48 @@ class LocalVgpus:
             except OSError as move:
                 where = f"could not be moved aside ({move.strerror}); it will be overwritten"
             log.error("%s; %s; rebuilding it from the segment and the CDI specs", exc, where)
-            return self._rebuilt(recorded())
+            return self._rebuilt(recorded()), True
 
-    def _rebuilt(self, recorded: dict[int, str]) -> list[checkpoint.Entry]:
+    def _rebuilt(self, recorded: Mapping[int, Recorded]) -> list[checkpoint.Entry]:
         """Entries for the local vGPUs the segment holds and a CDI spec names."""
-        entries = (self._rebuilt_entry(vgpu_id, key) for vgpu_id, key in recorded.items())
+        entries = (self._rebuilt_entry(vgpu_id, spec) for vgpu_id, spec in recorded.items())
         return [e for e in entries if e is not None]
 
-    def _rebuilt_entry(self, vgpu_id: int, key: str) -> checkpoint.Entry | None:
+    def _rebuilt_entry(self, vgpu_id: int, spec: Recorded) -> checkpoint.Entry | None:
         """None when the segment has no such local vGPU, or one no prepare could make."""
         if not FIRST_LOCAL_ID <= vgpu_id <= LAST_LOCAL_ID:
             return None
         try:
             stats = self._node.vgpu_stats(vgpu_id)
             return checkpoint.Entry(
-                key=key,
+                key=spec.key,
                 vgpu_id=vgpu_id,
                 card_index=stats.card,
                 priority=Priority(stats.priority.name.lower()),
                 core_share=stats.core_share,
                 memory_mib=stats.mem_limit // MIB,
+                policy=spec.policy,
             )
         except NotFoundError:
             return None
         except ValidationError as exc:
-            log.warning("vGPU %d (%s) is not one a prepare makes; dropped: %s", vgpu_id, key,
-                        exc.errors()[0]["msg"])  # fmt: skip
+            log.warning("vGPU %d (%s) is not one a prepare makes; dropped: %s", vgpu_id,
+                        spec.key, exc.errors()[0]["msg"])  # fmt: skip
             return None
+
+    def _give_asked_policies(self, entries: list[checkpoint.Entry]) -> bool:
+        """(The caller holds `_lock`.) Give each card the policy its kept claims asked (the
+        latest wins, as `asked_policies`); True when a card's policy changed."""
+        asked = {e.card_index: e.policy for e in entries if e.policy and e.key in self._vgpus}
+        switched = False
+        for index, policy in asked.items():
+            try:
+                if self._node.card_stats(index).policy.label != policy:
+                    self._node.set_policy(index, policy)
+                    switched = True
+            except DriverError as exc:
+                log.error("card %d could not be given back policy %s: %s", index, policy, exc)
+        return switched
 
     def _drop_unsaved(self) -> None:
         kept = {v.vgpu_id for v in self._vgpus.values()}
@@ -322,6 +372,8 @@ class LocalVgpus:
     def _keep(self, vgpu: LocalVgpu, policy: str | None = None) -> None:
         self._vgpus[vgpu.key] = vgpu
         self._entries[vgpu.key] = _entry(vgpu, policy)
+        if policy is not None:
+            self._asked[vgpu.key] = policy
 
     def _same(
         self, vgpu: LocalVgpu, card_index: int, priority: Priority, core: int, memory_mib: int
@@ -466,7 +518,8 @@ def node_checkpoint(node: Node) -> Path:
 def asked_policies(node: Node) -> dict[int, str]:
     """The card policy the prepared claims asked of each card, as the checkpoint records it
     (the latest prepared wins); none from a checkpoint that cannot be used (the restore sets
-    it aside, and a rebuilt one records no policy)."""
+    it aside, rebuilds it with the policies the claims' CDI specs record and gives them back
+    to the cards)."""
     try:
         entries = checkpoint.load(node_checkpoint(node), node.name)
     except checkpoint.CheckpointError:
