@@ -266,6 +266,14 @@ class LocalVgpus:
         if switched:
             self._notify()
 
+    def own_policies_changed(self, indexes: Iterable[int]) -> None:
+        """The cards `indexes` have another own policy now (the node's label changed): each
+        takes it, unless a prepared claim asks one of it."""
+        with self._lock:
+            switched = [index for index in indexes if self._unasked(index)]
+        if switched:
+            self._notify()
+
     def _unasked(self, index: int) -> bool:
         """(The caller holds `_lock`.) Give card `index` its own policy back unless a kept
         claim still asks one of it; True when its policy changed."""
