@@ -1,14 +1,17 @@
 """A DRA claim's card policy lasts as long as the claim: a card a prepared claim asked a
 policy of keeps it when the restarted agent adopts the segment, while a card no claim holds
 takes the agent's settings again, as it does once the last claim asking one is unprepared
-(or the sharing the control plane asked of it, when it asked some)."""
+(or the sharing the control plane asked of it, when it asked some). The Node's label
+`qshare.io/policy` takes the place of the agent's setting, below both."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from nats.aio.client import Client as Nats
 
 from qshare.contracts.agent import ApplyDesired
@@ -23,7 +26,7 @@ from qshare_node_agent.settings import NodeAgentSettings
 from tests.kubernetes.conftest import resource_claim, store_claim
 from tests.kubernetes.doubles import KubeletDouble
 
-from .test_agent_kubernetes import NODE, kube
+from .test_agent_kubernetes import NODE, kube, published
 from .test_node_commands import apply
 
 __all__ = ["kube"]  # the API server double and the plugins' settings, as a fixture
@@ -136,3 +139,103 @@ async def test_restarts_after_the_checkpoint_was_lost_keep_the_policy_a_live_cla
             assert policies(again) == ["fixed-share", "best-effort"]
         finally:
             await again.stop()
+
+
+def label_node(kube: ApiServerDouble, policy: str | None) -> None:
+    """The agent's Node object, labelled `qshare.io/policy: policy` (no label: None)."""
+    labels = {} if policy is None else {"qshare.io/policy": policy}
+    node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "labels": labels}}
+    kube.put_object(f"/api/v1/nodes/{NODE}", node)
+
+
+async def test_the_node_label_gives_the_cards_their_policy_in_place_of_the_agents(
+    kube: ApiServerDouble, bus_url: str, tmp_path: Path
+) -> None:
+    label_node(kube, "burst-share")
+    agent = NodeAgent(settings(bus_url, tmp_path, keep=False))
+    await agent.start()
+    try:
+        assert policies(agent) == ["burst-share", "burst-share"]
+    finally:
+        await agent.stop()
+
+
+async def test_the_agent_registers_the_node_labels_policy(
+    kube: ApiServerDouble, bus_url: str, tmp_path: Path
+) -> None:
+    label_node(kube, "fs")
+    agent = NodeAgent(settings(bus_url, tmp_path, keep=False))
+    await agent.start()
+    try:
+        assert agent.registration().labels["qshare.io/policy"] == "fixed-share"
+    finally:
+        await agent.stop()
+
+
+async def test_a_changed_node_label_is_taken_and_published_within_a_heartbeat(
+    kube: ApiServerDouble, bus_url: str, tmp_path: Path
+) -> None:
+    agent = NodeAgent(settings(bus_url, tmp_path, keep=False))
+    await agent.start()
+    try:
+        label_node(kube, "bs")
+        both = {"gpu-0": "burst-share", "gpu-1": "burst-share"}
+        await until(lambda: published(kube, "policy") == both)
+        assert policies(agent) == ["burst-share", "burst-share"]
+    finally:
+        await agent.stop()
+
+
+async def test_a_live_claims_policy_wins_over_the_node_label_until_it_is_unprepared(
+    kube: ApiServerDouble, bus_url: str, tmp_path: Path
+) -> None:
+    kubelet = KubeletDouble()
+    agent = NodeAgent(settings(bus_url, tmp_path, keep=False))
+    await agent.start()
+    try:
+        claim = store_claim(kube, asking("asking", "gpu-0", "fixed-share"))
+        await call(kubelet, "prepare", claim)
+        label_node(kube, "burst-share")
+        await until(lambda: policies(agent) == ["fixed-share", "burst-share"])
+        await call(kubelet, "unprepare", claim)
+        assert policies(agent) == ["burst-share", "burst-share"]
+    finally:
+        await agent.stop()
+        kubelet.close()
+
+
+async def test_the_sharing_asked_over_rest_wins_over_the_node_label(
+    kube: ApiServerDouble, bus_url: str, nc: Nats, tmp_path: Path
+) -> None:
+    agent = NodeAgent(settings(bus_url, tmp_path, keep=False))
+    await agent.start()
+    try:
+        fixed = SharingSettings(policy=CardPolicy.FIXED_SHARE)
+        asked = [WantedSharing(gpu=agent.cards[0].uuid, settings=fixed)]
+        await apply(nc, NODE, ApplyDesired(node=NODE, generation=1, vgpus=[], sharing=asked))
+        label_node(kube, "burst-share")
+        await until(lambda: policies(agent) == ["fixed-share", "burst-share"])
+    finally:
+        await agent.stop()
+
+
+async def test_an_invalid_node_label_is_logged_once_and_ignored(
+    kube: ApiServerDouble, bus_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    label_node(kube, "fastest")
+    agent = NodeAgent(settings(bus_url, tmp_path, keep=False))
+    await agent.start()
+    try:
+        await asyncio.sleep(1.6)  # three heartbeat periods more
+        assert policies(agent) == ["best-effort", "best-effort"]
+        logged = [r.getMessage() for r in caplog.records if "'fastest'" in r.getMessage()]
+        assert len(logged) == 1 and "qshare.io/policy" in logged[0]
+    finally:
+        await agent.stop()
+
+
+async def until(check: Callable[[], bool], within_s: float = 5.0) -> None:
+    """Wait until `check()` holds (the bound only stops a broken test)."""
+    async with asyncio.timeout(within_s):
+        while not check():
+            await asyncio.sleep(0.05)

@@ -395,6 +395,23 @@ def test_a_policy_hint_for_a_card_running_vgpus_under_another_policy_is_refused(
     assert backend.cards()[0].policy == "best-effort"
 
 
+def test_a_claim_refused_on_a_later_device_gives_the_card_back_its_policy(
+    dra: DraPlugin,
+    kubelet: KubeletDouble,
+    settings: KubernetesSettings,
+    apiserver: ApiServerDouble,
+    backend: LocalVgpus,
+) -> None:
+    cores = {"memory": "4Gi", "cores": "60"}
+    body = resource_claim("two", consumed=cores, parameters={"policy": "fixed-share"})
+    first = body["status"]["allocation"]["devices"]["results"][0]
+    body["status"]["allocation"]["devices"]["results"].append(dict(first, shareID="s2"))
+    answer = prepare_one(kubelet, settings, store_claim(apiserver, body))
+    assert "low-priority core shares would sum to 120" in answer.error
+    assert backend.prepared() == {}
+    assert backend.cards()[0].policy == "best-effort"
+
+
 def test_a_policy_hint_matching_the_cards_policy_joins_its_vgpus(
     dra: DraPlugin,
     kubelet: KubeletDouble,

@@ -63,7 +63,28 @@ def test_the_node_label_names_the_card_policy(
     assert plugins.node_policy() is None
     node["metadata"]["labels"]["qshare.io/policy"] = "bs"
     assert plugins.node_policy() is Policy.BURST_SHARE
-    node["metadata"]["labels"]["qshare.io/policy"] = "fastest"
-    with pytest.raises(ValueError, match="unknown policy 'fastest'"):
-        plugins.node_policy()
+    plugins.api.close()
+
+
+def test_a_node_label_naming_no_policy_is_logged_once_and_read_as_none(
+    settings: KubernetesSettings,
+    backend: LocalVgpus,
+    apiserver: ApiServerDouble,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    labels = {"qshare.io/policy": "fastest"}
+    node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a", "labels": labels}}
+    apiserver.put_object("/api/v1/nodes/node-a", node)
+    plugins = KubernetesPlugins(settings, backend)
+    assert [plugins.node_policy(), plugins.node_policy()] == [None, None]
+    logged = [r.getMessage() for r in caplog.records if "'fastest'" in r.getMessage()]
+    assert len(logged) == 1 and "qshare.io/policy" in logged[0]
+    plugins.api.close()
+
+
+def test_a_node_the_api_server_does_not_know_has_no_policy_label(
+    settings: KubernetesSettings, backend: LocalVgpus, apiserver: ApiServerDouble
+) -> None:
+    plugins = KubernetesPlugins(settings, backend)
+    assert plugins.node_policy() is None
     plugins.api.close()

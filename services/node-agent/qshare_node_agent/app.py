@@ -23,6 +23,7 @@ from qshare.contracts.domain import (
     APPLY_SHARING_FEATURE,
     NODE_LABEL,
     POLICY_LABEL,
+    CardPolicy,
 )
 from qshare.contracts.errors import InvalidInput, QshareError, Unavailable
 from qshare.contracts.nodes import GpuSpec, Heartbeat, NodeRegistration, NodeView
@@ -108,6 +109,7 @@ class NodeAgent(Service):
         self._commands = Commands(self.name, self._node, converger)
         if self.settings.kubernetes:  # before NATS: the kubelet's plugins need no control plane
             self._start_plugins(converger)
+            await self._follow_node_label()  # registered with the label's policy
         self._nc = await self._connect()
         await self._nc.subscribe(subjects.node_commands(self.name), cb=self._on_command)
         await self._nc.subscribe(subjects.NODES_ANNOUNCE, cb=self._on_announce)
@@ -221,10 +223,15 @@ class NodeAgent(Service):
         )  # fmt: skip
 
     def _labels(self) -> dict[str, str]:
-        own = {POLICY_LABEL: self.settings.policy.value, NODE_LABEL: self.name}
+        own = {POLICY_LABEL: self._own_policy().value, NODE_LABEL: self.name}
         if self.settings.kubernetes:
             own[HOSTNAME_LABEL] = self.name  # the scheduler extender places by it
         return own | self.settings.labels | {AGENT_FEATURES_LABEL: APPLY_SHARING_FEATURE}
+
+    def _own_policy(self) -> CardPolicy:
+        """The cards' policy of their own: the node label's, else the agent's setting."""
+        sharing = self._commands.converger.sharing if self._commands is not None else None
+        return self.settings.policy if sharing is None else sharing.own_settings().policy
 
     async def _register_then_beat(self) -> None:
         await self._register()
@@ -280,12 +287,25 @@ class NodeAgent(Service):
             log.warning("node agent %s: heartbeat not sent (%s)", self.name, error)
 
     async def _watch_cards(self) -> None:
-        """Read the cards' health here every heartbeat period and tell the kubelet plugins,
-        with no allocator or NATS needed: a card that turns unhealthy while the control
-        plane is away is withdrawn from Kubernetes all the same."""
+        """Read the cards' health and the Node's policy label here every heartbeat period and
+        tell the kubelet plugins, with no allocator or NATS needed: a card that turns
+        unhealthy while the control plane is away is withdrawn from Kubernetes all the same."""
         while True:
+            await self._follow_node_label()
             self._publish_cards(await self._unhealthy())
             await asyncio.sleep(self.settings.heartbeat_s)
+
+    async def _follow_node_label(self) -> None:
+        """Give the cards the policy the Node's label `qshare.io/policy` names (read in a
+        thread); one that cannot be read leaves them as they are."""
+        if self._plugins is None:
+            return
+        try:
+            policy = await asyncio.to_thread(self._plugins.read_node_policy)
+            self._plugins.take_node_policy(policy)
+        except Exception as error:  # the API's refusal, or a card the driver refused: next round
+            log.warning("node agent %s: node label %s not followed (%r)", self.name,
+                        POLICY_LABEL, error)  # fmt: skip
 
     def _publish_cards(self, unhealthy: list[str]) -> None:
         """Tell the kubelet plugins the cards' health and policy as read now."""

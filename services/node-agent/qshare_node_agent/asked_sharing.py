@@ -1,12 +1,14 @@
 """Gives each card the sharing the allocator's desired state asks of it (an admin's request
-over REST), or this agent's settings where it asks none. A card is changed only when what is
-asked of it changes, so a `cmd.policy` given in between stays until then."""
+over REST), or this agent's settings where it asks none, with the policy the Node's label
+`qshare.io/policy` names in place of the agent's. A card is changed only when what is asked
+of it changes, so a `cmd.policy` given in between stays until then."""
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
 
+from qshare.contracts.domain import CardPolicy
 from qshare.contracts.errors import InvalidInput
 from qshare.contracts.sharing import CardSharing, SharingRefusal, SharingSettings, WantedSharing
 from qshare_driver import DriverError, Node
@@ -25,6 +27,8 @@ class SharingKeeper:
     cards: dict[str, Card]
     asked: dict[str, SharingSettings] = field(default_factory=dict)
     """What each card was last given; a card not here has the agent's settings."""
+    node_policy: CardPolicy | None = None
+    """The policy the Node's label `qshare.io/policy` names (None: the agent's setting)."""
 
     def apply(self, wanted: list[WantedSharing]) -> list[SharingRefusal]:
         """Give every card what `wanted` asks (the agent's settings where it asks nothing);
@@ -42,11 +46,24 @@ class SharingKeeper:
         return refused
 
     def own_policy(self, index: int) -> str:
-        """The policy card `index` has from this keeper: what was asked of it, or the agent's
-        (what a card takes back once no DRA claim asks one of it)."""
+        """The policy card `index` has from this keeper: what was asked of it, else the node
+        label's, else the agent's (what a card takes back once no DRA claim asks one)."""
         gpu = next((g for g, c in self.cards.items() if c.index == index), None)
         asked = None if gpu is None else self.asked.get(gpu)
-        return with_asked(self.settings, asked).policy.value
+        return with_asked(self.own_settings(), asked).policy.value
+
+    def own_settings(self) -> NodeAgentSettings:
+        """The agent's settings with the node label's policy in place of its own."""
+        if self.node_policy is None:
+            return self.settings
+        return self.settings.model_copy(update={"policy": self.node_policy})
+
+    def take_node_policy(self, policy: CardPolicy | None) -> list[int]:
+        """Take the node label's policy; the cards whose own policy it changed (by index)."""
+        indexes = [c.index for c in self.cards.values()]
+        before = [self.own_policy(i) for i in indexes]
+        self.node_policy = policy
+        return [i for i, old in zip(indexes, before, strict=True) if self.own_policy(i) != old]
 
     def report(self) -> list[CardSharing]:
         return cards_sharing(self.node, self.cards.values())
@@ -55,7 +72,7 @@ class SharingKeeper:
         if asked == self.asked.get(gpu):
             return None
         try:
-            configure_card(self.node, index, with_asked(self.settings, asked))
+            configure_card(self.node, index, with_asked(self.own_settings(), asked))
         except (DriverError, InvalidInput) as error:
             log.warning("card %s: the sharing asked was refused: %s", gpu, error)
             return str(error)

@@ -10,8 +10,10 @@ import logging
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
-from qshare.contracts.domain import Priority
+from qshare.contracts.domain import CardPolicy, Priority
 from qshare.envsettings import load
+from qshare_driver.node import Policy
+from qshare_node_agent.asked_sharing import SharingKeeper
 from qshare_node_agent.converge import Converger
 from qshare_node_agent.discovery import Card
 from qshare_node_agent.kubernetes import cdi
@@ -24,7 +26,7 @@ from qshare_node_agent.kubernetes.backend import (
 )
 from qshare_node_agent.kubernetes.config import KubernetesSettings
 from qshare_node_agent.kubernetes.local_vgpus import LocalVgpus
-from qshare_node_agent.kubernetes.plugins import KubernetesPlugins
+from qshare_node_agent.kubernetes.plugins import POLICY_LABEL, KubernetesPlugins
 from qshare_node_agent.segment import UNKNOWN
 
 log = logging.getLogger(__name__)
@@ -110,6 +112,24 @@ class AgentPlugins:
 
     plugins: KubernetesPlugins
     local: LocalVgpus
+    sharing: SharingKeeper | None = None
+
+    def read_node_policy(self) -> Policy | None:
+        """The policy the Node's label `qshare.io/policy` names (blocking: the API server)."""
+        return self.plugins.node_policy()
+
+    def take_node_policy(self, policy: Policy | None) -> None:
+        """Make `policy` (the node label's) the cards' own, in place of the agent's setting:
+        a card it changes takes it now unless a prepared claim asks one of it (the sharing
+        asked over REST still wins where it names a policy)."""
+        if self.sharing is None:
+            return
+        own = None if policy is None else CardPolicy(policy.label)
+        changed = self.sharing.take_node_policy(own)
+        if changed:
+            log.info("node label %s: cards %s now have policy %s of their own", POLICY_LABEL,
+                     changed, "the agent's" if policy is None else policy.label)  # fmt: skip
+            self.local.own_policies_changed(changed)
 
     def cards_seen(self, unhealthy: Collection[str]) -> None:
         """The agent's periodic reading of the cards (its own loop, not the heartbeats, which
@@ -131,4 +151,4 @@ def start_plugins(converger: Converger, cards: list[Card], min_vgpu_mib: int) ->
     plugins.start()
     log.info("kubernetes plugins serving for node %s (%d prepared claims kept)",
              settings.node_name, len(kept))  # fmt: skip
-    return AgentPlugins(plugins, local)
+    return AgentPlugins(plugins, local, converger.sharing)

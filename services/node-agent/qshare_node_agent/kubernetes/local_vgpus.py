@@ -179,43 +179,56 @@ class LocalVgpus:
                            w.memory_mib)  # fmt: skip
         made: dict[str, LocalVgpu] = {}
         asked = {w.key: Policy.parse(w.policy).label for w in wanted if w.policy is not None}
-        switched = False
+        switched: dict[int, Policy] = {}  # each card switched, with the policy it had before
         try:
             for w in wanted:
                 if w.key not in self._vgpus and w.key not in made:
-                    made[w.key], changed = self._make(w, {v.vgpu_id for v in made.values()})
-                    switched = switched or changed
+                    made[w.key], before = self._make(w, {v.vgpu_id for v in made.values()})
+                    if before is not None:
+                        switched.setdefault(w.card_index, before)
         except Exception:
             self._destroy(made.values())
+            self._switch_back(switched)
             raise
         for vgpu in made.values():
             self._keep(vgpu, asked.get(vgpu.key))
         if made:
             self._changed()
-        return [self._vgpus[w.key] for w in wanted], switched
+        return [self._vgpus[w.key] for w in wanted], bool(switched)
 
-    def _make(self, w: VgpuWanted, taken: set[int]) -> tuple[LocalVgpu, bool]:
-        """Create the vGPU in the segment (an id not in `taken` either); True when the
-        card's policy was switched for it."""
+    def _make(self, w: VgpuWanted, taken: set[int]) -> tuple[LocalVgpu, Policy | None]:
+        """Create the vGPU in the segment (an id not in `taken` either), with the policy
+        the card had when it was switched for it (None: not switched)."""
         card = self._check(w.card_index, w.core_share, w.memory_mib)
-        switched = w.policy is not None and self._apply_policy(card, Policy.parse(w.policy))
+        before = None if w.policy is None else self._apply_policy(card, Policy.parse(w.policy))
         vgpu_id = self._free_id(taken)
         vgpu = self._describe(w.key, vgpu_id, card, Priority(w.priority), w.core_share,
                               w.memory_mib)  # fmt: skip
         self._create(vgpu)
-        return vgpu, switched
+        return vgpu, before
 
     def _destroy(self, vgpus: Iterable[LocalVgpu]) -> None:
         for vgpu in vgpus:
             with contextlib.suppress(DriverError):
                 self._node.destroy_vgpu(vgpu.vgpu_id)
 
-    def _apply_policy(self, card: Card, wanted: Policy) -> bool:
-        """Give an empty card the policy a claim asks for (True when it changed); a card
-        already running vGPUs keeps its policy, and a claim asking another is refused."""
+    def _switch_back(self, before: Mapping[int, Policy]) -> None:
+        """(The caller holds `_lock`.) Give the cards a refused prepare switched the policy
+        each had before it (its vGPUs are destroyed)."""
+        for index, policy in before.items():
+            try:
+                self._node.set_policy(index, policy)
+            except DriverError as exc:
+                log.error("card %d could not be given back policy %s: %s", index, policy.label,
+                          exc)  # fmt: skip
+
+    def _apply_policy(self, card: Card, wanted: Policy) -> Policy | None:
+        """Give an empty card the policy a claim asks for, returning the one it had (None:
+        unchanged); a card already running vGPUs keeps its policy, and a claim asking
+        another is refused."""
         stats = self._node.card_stats(card.index)
         if stats.policy == wanted:
-            return False
+            return None
         if stats.vgpus:
             raise BackendError(
                 f"card {card.index} runs {stats.policy.label} with {stats.vgpus} "
@@ -223,7 +236,7 @@ class LocalVgpus:
                 f"with no vGPUs"
             )
         self._node.set_policy(card.index, wanted)
-        return True
+        return stats.policy
 
     def describe(
         self,
@@ -250,6 +263,14 @@ class LocalVgpus:
             switched = self._asked.pop(key, None) is not None and self._unasked(vgpu.card_index)
             generation = self._changed()
         self._persist(generation)
+        if switched:
+            self._notify()
+
+    def own_policies_changed(self, indexes: Iterable[int]) -> None:
+        """The cards `indexes` have another own policy now (the node's label changed): each
+        takes it, unless a prepared claim asks one of it."""
+        with self._lock:
+            switched = [index for index in indexes if self._unasked(index)]
         if switched:
             self._notify()
 

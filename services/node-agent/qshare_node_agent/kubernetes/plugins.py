@@ -7,7 +7,7 @@ import logging
 import threading
 
 from qshare_driver.node import Policy
-from qshare_node_agent.kubernetes.apiserver import KubeApi
+from qshare_node_agent.kubernetes.apiserver import ApiError, KubeApi
 from qshare_node_agent.kubernetes.backend import VgpuBackend
 from qshare_node_agent.kubernetes.config import KubernetesSettings
 from qshare_node_agent.kubernetes.device_plugin import DevicePlugin
@@ -38,6 +38,7 @@ class KubernetesPlugins:
         self._sweep_s = sweep_s
         self._stop = threading.Event()
         self._sweeper: threading.Thread | None = None
+        self._bad_label: str | None = None  # the invalid label value logged last
 
     def start(self) -> None:
         self._stop.clear()
@@ -57,10 +58,33 @@ class KubernetesPlugins:
         self.api.close()
 
     def node_policy(self) -> Policy | None:
-        """The card policy this node's label `qshare.io/policy` asks for (None: no label)."""
-        labels = self.api.node(self.node_name).get("metadata", {}).get("labels") or {}
-        value = labels.get(POLICY_LABEL)
-        return None if value is None else Policy.parse(str(value))
+        """The card policy this node's label `qshare.io/policy` asks for (None: no label, no
+        Node object, or a value that names no policy, logged once per value). Blocking: a
+        GET to the API server, whose other failures are raised."""
+        try:
+            node = self.api.node(self.node_name)
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        value = (node.get("metadata", {}).get("labels") or {}).get(POLICY_LABEL)
+        if value is None:
+            self._bad_label = None
+            return None
+        return self._parsed(str(value))
+
+    def _parsed(self, value: str) -> Policy | None:
+        """The policy `value` names; None for one naming none, logged once while it stays."""
+        try:
+            policy = Policy.parse(value)
+        except ValueError as exc:
+            if value != self._bad_label:
+                log.warning("node %s: label %s=%r ignored: %s", self.node_name, POLICY_LABEL,
+                            value, exc)  # fmt: skip
+            self._bad_label = value
+            return None
+        self._bad_label = None
+        return policy
 
     def _sweep(self) -> None:
         assert self.device_plugin is not None
