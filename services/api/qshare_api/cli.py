@@ -65,7 +65,7 @@ def register(subparsers: Sub) -> None:
         "--wait", type=_seconds, metavar="SECONDS",
         help="then wait up to SECONDS for it to be ready",
     )  # fmt: skip
-    create._negative_number_matcher = re.compile(r"^-\d")  # `--vmemory -4Gi` is a value
+    negative_values_allowed(create)  # `--vmemory -4Gi` reaches its check, which names it
     create.set_defaults(handler=command(_create_claim))
     listing = claims.add_parser("list", help="list claims")
     listing.add_argument(
@@ -175,6 +175,16 @@ class Shown:
 
     data: Any
     text: str
+
+
+_NEGATIVE_VALUE = re.compile(r"^-\.?[0-9]")
+
+
+def negative_values_allowed(parser: argparse.ArgumentParser) -> None:
+    """Let `--option -4Gi` or `--option -1ms` reach the option's own check, which names it and
+    says why the value is refused: argparse takes a dash and a digit followed by more than
+    digits for an unknown option, and says the option lacks its argument."""
+    parser._negative_number_matcher = _NEGATIVE_VALUE
 
 
 def command(

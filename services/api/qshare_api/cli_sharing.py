@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from qshare.contracts.domain import CardPolicy
 from qshare.contracts.sharing import SharingSettings
-from qshare_api.cli import Shown, UsageError, WaitFailed, command, table
+from qshare_api.cli import Shown, UsageError, WaitFailed, command, negative_values_allowed, table
 from qshare_api.client import Client
 
 if TYPE_CHECKING:
@@ -19,8 +19,6 @@ if TYPE_CHECKING:
 
 _UNITS = {"us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "": 1.0}
 _DURATION = re.compile(r"^\s*([-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(us|µs|ms|s)?\s*$")
-_NEGATIVE_VALUE = re.compile(r"^-\.?[0-9]")
-"""What argparse is to take for a (negative) value, not an option: `--wait -1s`."""
 POLL_S = 0.25
 
 
@@ -57,14 +55,14 @@ def add_sharing_verbs(gpus: Verbs) -> None:
         help="low priority's queued work waits on the card's gate on the GPU",
     )  # fmt: skip
     _wait_option(share)
-    _durations_may_be_negative(share)
+    negative_values_allowed(share)  # `--release-delay -1ms` reaches `duration`
     share.set_defaults(handler=command(_share))
     reset = gpus.add_parser(
         "reset-sharing", help="withdraw what was asked: the node agent's settings again (admins)"
     )
     reset.add_argument("uuid", help="the card, as `qshare gpus list` shows it")
     _wait_option(reset)
-    _durations_may_be_negative(reset)
+    negative_values_allowed(reset)
     reset.set_defaults(handler=command(_reset))
 
 
@@ -77,13 +75,6 @@ def duration(value: str) -> float:
     if seconds < 0:
         raise argparse.ArgumentTypeError(f"must be ≥ 0, not {value!r}")
     return seconds or 0.0  # -0 is 0
-
-
-def _durations_may_be_negative(parser: argparse.ArgumentParser) -> None:
-    """`--release-delay -1ms` reaches `duration`, which names the option and says why it is
-    refused; argparse would take `-1ms` for an unknown option (`-1` alone it takes for a
-    value) and say the option lacks its argument."""
-    parser._negative_number_matcher = _NEGATIVE_VALUE
 
 
 def _wait_option(parser: argparse.ArgumentParser) -> None:

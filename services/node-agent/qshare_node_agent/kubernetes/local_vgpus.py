@@ -188,7 +188,7 @@ class LocalVgpus:
                         switched.setdefault(w.card_index, before)
         except Exception:
             self._destroy(made.values())
-            self._switch_back(switched)
+            self._give_policies(switched)  # what each card had before
             raise
         for vgpu in made.values():
             self._keep(vgpu, asked.get(vgpu.key))
@@ -212,15 +212,19 @@ class LocalVgpus:
             with contextlib.suppress(DriverError):
                 self._node.destroy_vgpu(vgpu.vgpu_id)
 
-    def _switch_back(self, before: Mapping[int, Policy]) -> None:
-        """(The caller holds `_lock`.) Give the cards a refused prepare switched the policy
-        each had before it (its vGPUs are destroyed)."""
-        for index, policy in before.items():
+    def _give_policies(self, policies: Mapping[int, Policy]) -> bool:
+        """(The caller holds `_lock`.) Give each card its policy in `policies` (one the
+        driver refuses is logged); True when a card's policy changed."""
+        switched = False
+        for index, policy in policies.items():
             try:
-                self._node.set_policy(index, policy)
+                if self._node.card_stats(index).policy != policy:
+                    self._node.set_policy(index, policy)
+                    switched = True
             except DriverError as exc:
                 log.error("card %d could not be given back policy %s: %s", index, policy.label,
                           exc)  # fmt: skip
+        return switched
 
     def _apply_policy(self, card: Card, wanted: Policy) -> Policy | None:
         """Give an empty card the policy a claim asks for, returning the one it had (None:
@@ -320,7 +324,7 @@ class LocalVgpus:
                 except BackendError:
                     lost.append(entry.key)
             self._drop_unsaved()
-            switched = rebuilt and self._give_asked_policies(entries)
+            switched = rebuilt and self._give_policies(_asked_by_card(entries, self._vgpus))
             generation = self._changed()
         self._persist(generation)
         if switched:
@@ -368,20 +372,6 @@ class LocalVgpus:
             log.warning("vGPU %d (%s) is not one a prepare makes; dropped: %s", vgpu_id,
                         spec.key, exc.errors()[0]["msg"])  # fmt: skip
             return None
-
-    def _give_asked_policies(self, entries: list[checkpoint.Entry]) -> bool:
-        """(The caller holds `_lock`.) Give each card the policy its kept claims asked (the
-        latest wins, as `asked_policies`); True when a card's policy changed."""
-        asked = {e.card_index: e.policy for e in entries if e.policy and e.key in self._vgpus}
-        switched = False
-        for index, policy in asked.items():
-            try:
-                if self._node.card_stats(index).policy.label != policy:
-                    self._node.set_policy(index, policy)
-                    switched = True
-            except DriverError as exc:
-                log.error("card %d could not be given back policy %s: %s", index, policy, exc)
-        return switched
 
     def _drop_unsaved(self) -> None:
         kept = {v.vgpu_id for v in self._vgpus.values()}
@@ -528,6 +518,12 @@ def _entry(v: LocalVgpu, policy: str | None) -> str:
             policy=policy,  # a label Policy.parse made
         )
     )
+
+
+def _asked_by_card(entries: list[checkpoint.Entry], kept: Collection[str]) -> dict[int, Policy]:
+    """The policy the kept claims among `entries` asked of each card (the latest wins, as
+    `asked_policies`)."""
+    return {e.card_index: Policy.parse(e.policy) for e in entries if e.policy and e.key in kept}
 
 
 def node_checkpoint(node: Node) -> Path:
