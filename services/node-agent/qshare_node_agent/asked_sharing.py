@@ -13,7 +13,7 @@ from qshare.contracts.errors import InvalidInput
 from qshare.contracts.sharing import CardSharing, SharingRefusal, SharingSettings, WantedSharing
 from qshare_driver import DriverError, Node
 from qshare_node_agent.discovery import Card
-from qshare_node_agent.segment import configure_card
+from qshare_node_agent.segment import configure_card, with_policy
 from qshare_node_agent.settings import NodeAgentSettings
 from qshare_node_agent.sharing import cards_sharing
 
@@ -54,9 +54,7 @@ class SharingKeeper:
 
     def own_settings(self) -> NodeAgentSettings:
         """The agent's settings with the node label's policy in place of its own."""
-        if self.node_policy is None:
-            return self.settings
-        return self.settings.model_copy(update={"policy": self.node_policy})
+        return with_policy(self.settings, self.node_policy)
 
     def take_node_policy(self, policy: CardPolicy | None) -> list[int]:
         """Take the node label's policy; the cards whose own policy it changed (by index)."""

@@ -29,7 +29,7 @@ def open_segment(settings: NodeAgentSettings, cards: list[Card]) -> tuple[Node, 
     try:  # settings changed for this start (a new ConfigMap) apply to the adopted cards too
         asked = _claims_policies(node) if settings.kubernetes else {}
         for index in node.list_cards():
-            configure_card(node, index, _with_policy(settings, asked.get(index)))
+            configure_card(node, index, with_policy(settings, asked.get(index)))
     except Exception:
         node.leave()
         raise
@@ -43,8 +43,9 @@ def _claims_policies(node: Node) -> dict[int, str]:
     return asked_policies(node)
 
 
-def _with_policy(settings: NodeAgentSettings, policy: str | None) -> NodeAgentSettings:
-    """The settings with the card policy a live DRA claim asked in place of the agent's."""
+def with_policy(settings: NodeAgentSettings, policy: str | None) -> NodeAgentSettings:
+    """The settings with `policy` (a live DRA claim's, the node label's) in place of the
+    agent's own; the settings as they are for None."""
     if policy is None:
         return settings
     return settings.model_copy(update={"policy": CardPolicy(policy)})
