@@ -218,22 +218,21 @@ async def _read(session: AsyncConnection, ids: list[int]) -> list[Any]:
     return list((await session.execute(query)).all())
 
 
+_ROW_KEY = f"{LOCK_CLASS}, (id % 2147483647)::int"
+"""A row's advisory lock key: the one that taking its lock and letting it go must share."""
+_EACH_ID = "FROM unnest(CAST(:ids AS bigint[])) AS id"
+
+
 @functools.cache
 def _try_locks() -> TextClause:
     """One `pg_try_advisory_lock` per id, each tried exactly once and reported (a lock
     taken in a filter could be taken for a row the query then drops, and never let go)."""
-    return text(
-        f"SELECT id, pg_try_advisory_lock({LOCK_CLASS}, (id % 2147483647)::int) AS got "
-        "FROM unnest(CAST(:ids AS bigint[])) AS id"
-    )
+    return text(f"SELECT id, pg_try_advisory_lock({_ROW_KEY}) AS got {_EACH_ID}")
 
 
 @functools.cache
 def _unlocks() -> TextClause:
-    return text(
-        f"SELECT pg_advisory_unlock({LOCK_CLASS}, (id % 2147483647)::int) "
-        "FROM unnest(CAST(:ids AS bigint[])) AS id"
-    )
+    return text(f"SELECT pg_advisory_unlock({_ROW_KEY}) {_EACH_ID}")
 
 
 async def _let_go(session: AsyncConnection) -> None:
