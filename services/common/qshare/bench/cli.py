@@ -21,6 +21,7 @@ BENCHMARKS: dict[str, str] = {
     "chaos": "qshare.bench.chaos",
     "kubernetes": "qshare.bench.kubernetes",
     "sweep": "qshare.bench.sweep",
+    "model": "qshare.bench.model",
 }
 
 

@@ -1,0 +1,261 @@
+"""`qshare bench model`: the co-location scenarios of `qshare bench gpu`, replayed from the
+H100 kernel timelines (bench/traces/) on a model of the card with no host noise
+(card_model.py, model_hosts.py), set beside what the H100 measured. One parameter, the
+card's timeslice between contexts, is fitted to the plain co-location rows; every other row
+is a prediction, and the JSON says how far each landed from the card."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from qshare.bench import traces
+from qshare.bench.card_model import Card, CardTiming
+from qshare.bench.model_hosts import Gate, HighPriority, Loop, LowPriority, LpSettings
+from qshare.bench.stats import percentile
+
+HP_RATE_PER_S = 30.0  # as `bench gpu`
+HP_TRACES = {"graph": traces.HP_GRAPH, "eager": traces.HP_EAGER, "bert": traces.HP_BERT}
+LP_TRACES = {"resnet50": traces.LP_TRAINING, "gpt2": traces.LP_GPT2}
+RELEASE_NS = {"plain": 0, "qshare-1ms": 1_000_000, "qshare-100ms": 100_000_000}
+FIT_ROWS = ("graph+lp_plain", "graph+gpt2_plain")  # what the timeslice is fitted to
+FIT_TIMESLICES_US = (500, 1000, 1500, 2000, 2500, 3000, 4000)
+_DOCS = Path(__file__).resolve().parents[4] / "docs" / "bench"
+GPU_FILES = (  # the H100's medians (3 rounds), then the next day's rows the first lacks
+    _DOCS / "gpu-h100.json",
+    _DOCS / "gpu-h100-runs" / "2026-11-24" / "merged.json",
+)
+
+
+@dataclass(frozen=True)
+class ModelScenario:
+    name: str
+    hp: str | None  # graph | eager | bert
+    lp: str | None  # resnet50 | gpt2
+    mode: str  # plain | qshare-1ms | qshare-100ms
+    device_gate: bool = False
+    window_us: int | None = None  # the card's LP window (None: the driver's default)
+    timeslice_us: int | None = None  # what if the card's timeslice were set to this
+
+
+def _sc(name: str, **kw: Any) -> ModelScenario:
+    """A scenario whose parts are read from its name, `bench gpu`'s way."""
+    hp, _, rest = name.partition("+") if "+" in name else ("", "", name)
+    parts = rest.split("_")
+    lp = {"lp": "resnet50", "gpt2": "gpt2"}.get(parts[0])
+    hp_kind = hp or (parts[0] if parts[0] in HP_TRACES else None)
+    mode = "qshare-1ms" if "1ms" in parts else "qshare-100ms" if "100ms" in parts else "plain"
+    if parts[0] == "lp" and "qshare" in parts and mode == "plain":
+        mode = "qshare-100ms"
+    return ModelScenario(name, hp_kind, lp, mode, device_gate="devgate" in parts, **kw)
+
+
+MEASURED = (  # the scenarios of `bench gpu` the model can replay
+        "lp_alone", "lp_alone_qshare", "gpt2_alone", "graph_alone", "eager_alone", "bert_alone",
+        "graph+lp_plain", "graph+lp_qshare_100ms", "graph+lp_qshare_1ms",
+        "graph+lp_qshare_100ms_devgate", "graph+lp_qshare_1ms_devgate",
+        "graph+gpt2_plain", "graph+gpt2_qshare_1ms", "graph+gpt2_qshare_1ms_devgate",
+        "eager+lp_plain", "eager+lp_qshare_100ms", "bert+lp_qshare_1ms",
+        "bert+lp_qshare_1ms_devgate",
+)  # fmt: skip
+WHAT_IF = (  # what no H100 run has measured yet: other windows, a shorter timeslice
+    _sc("graph+lp_qshare_1ms_w100", window_us=100),
+    _sc("graph+gpt2_qshare_1ms_w100", window_us=100),
+    _sc("graph+gpt2_plain_ts500", timeslice_us=500),
+    _sc("graph+gpt2_qshare_1ms_ts500", timeslice_us=500),
+    _sc("graph+gpt2_qshare_1ms_devgate_ts500", timeslice_us=500),
+    _sc("graph+gpt2_qshare_1ms_devgate_ts250", timeslice_us=250),
+)
+SCENARIOS = (*(_sc(n) for n in MEASURED), *WHAT_IF)
+
+
+@dataclass(frozen=True)
+class HostCosts:
+    """What the model charges the hosts (measured on the H100, 2026-11-24)."""
+
+    lp_launch_ns: int = 600  # the interposer's own time per LP launch (its statistics)
+    wake_ns: int = 20_000  # a launcher asleep on the gate or the window wakes this late
+    hp_seen_ns: int = 100_000  # HP's completion is seen up to a fence interval late (200 µs)
+
+
+def _lp_settings(sc: ModelScenario, costs: HostCosts) -> LpSettings:
+    if sc.mode == "plain":
+        return LpSettings()
+    from qshare_driver._lib import lib
+
+    window = sc.window_us * 1000 if sc.window_us else int(lib.QS_DEFAULT_LP_WINDOW_NS)
+    if sc.hp is None or sc.device_gate:  # nobody to protect, or the device gate's deep window
+        window = max(window, int(lib.QS_LP_WINDOW_ALONE_NS))
+    slice_ns = int(lib.QS_LP_DEVICE_GATE_SLICE_NS) if sc.device_gate else 0
+    return LpSettings(window, launch_ns=costs.lp_launch_ns, wake_ns=costs.wake_ns, gated=True,
+                      device_gate_slice_ns=slice_ns)  # fmt: skip
+
+
+def simulate(
+    sc: ModelScenario, timing: CardTiming, seconds: float, seed: int, costs: HostCosts
+) -> dict[str, float]:
+    """One run of a scenario on the model: HP's latency percentiles, LP's launches a second."""
+    if sc.timeslice_us:
+        timing = CardTiming(sc.timeslice_us * 1000, timing.switch_ns)
+    loop = Loop(Card(timing))
+    until = int(seconds * 1e9)
+    gate = Gate(loop, RELEASE_NS[sc.mode], enabled=sc.mode != "plain" and sc.hp is not None,
+                seen_ns=costs.hp_seen_ns)  # fmt: skip
+    hp = lp = None
+    if sc.hp:
+        request = traces.request_timeline(HP_TRACES[sc.hp])
+        hp = HighPriority(loop, gate, request, HP_RATE_PER_S, seed, until)
+        hp.start()
+    if sc.lp:
+        name = LP_TRACES[sc.lp]
+        lp = LowPriority(loop, gate, traces.timeline(name, traces.host_scale(name)),
+                         _lp_settings(sc, costs))  # fmt: skip
+        lp.start()
+    loop.run(until)
+    out: dict[str, float] = {}
+    if hp is not None:
+        lat = [ns / 1e6 for ns in hp.latencies_ns]
+        out |= {"hp_p50_ms": percentile(lat, 50), "hp_p99_ms": percentile(lat, 99),
+                "hp_requests": len(lat),
+                "hp_busy_share": loop.card.context("hp").busy_ns / until}  # fmt: skip
+    if lp is not None:
+        out["lp_launches_per_s"] = lp.completed / seconds
+    return out
+
+
+def run_scenario(
+    sc: ModelScenario, timing: CardTiming, seconds: float, rounds: int, costs: HostCosts
+) -> dict[str, Any]:
+    """Median and spread over `rounds` runs (each its own HP arrivals), as `bench gpu`."""
+    runs = [simulate(sc, timing, seconds, seed, costs) for seed in range(7, 7 + rounds)]
+    out: dict[str, Any] = {"runs": rounds}
+    for key in runs[0]:
+        values = [r[key] for r in runs]
+        out[key] = statistics.median(values)
+        out[f"{key}_spread"] = [min(values), max(values)]
+    return out
+
+
+def add_derived(rows: dict[str, dict[str, Any]], by: dict[str, ModelScenario]) -> None:
+    """HP p99 added to HP alone's, LP ÷ LP alone, and the harvest, as `bench gpu` derives."""
+    for name, s in rows.items():
+        sc = by[name]
+        hp_alone = rows.get(f"{sc.hp}_alone", {})
+        lp_alone = rows.get("lp_alone" if sc.lp == "resnet50" else f"{sc.lp}_alone", {})
+        if sc.hp and sc.lp and "hp_p99_ms" in hp_alone:
+            s["hp_p50_added_ms"] = s["hp_p50_ms"] - hp_alone["hp_p50_ms"]
+            s["hp_p99_added_ms"] = s["hp_p99_ms"] - hp_alone["hp_p99_ms"]
+        if sc.lp and "lp_launches_per_s" in lp_alone and name != f"{sc.lp}_alone":
+            s["lp_ratio"] = s["lp_launches_per_s"] / lp_alone["lp_launches_per_s"]
+            if sc.hp:
+                s["harvest"] = s["lp_ratio"] / (1.0 - float(hp_alone.get("hp_busy_share", 0.0)))
+
+
+def measured(paths: tuple[Path, ...] = GPU_FILES) -> dict[str, dict[str, Any]]:
+    """The H100's rows by scenario: the first file's, then rows only a later file has; HP's
+    p50 added is against HP alone in the same file, as the file's own p99 added is."""
+    out: dict[str, dict[str, Any]] = {}
+    for path in paths:
+        if not path.is_file():
+            continue
+        scenarios: dict[str, dict[str, Any]] = json.loads(path.read_text())["scenarios"]
+        for name, row in scenarios.items():
+            alone = scenarios.get(_hp_alone(name), {})
+            if "hp_p50_ms" in row and "hp_p50_ms" in alone and name != _hp_alone(name):
+                row = dict(row, hp_p50_added_ms=row["hp_p50_ms"] - alone["hp_p50_ms"])
+            out.setdefault(name, dict(row, source=path.name))
+    return out
+
+
+COMPARED = ("hp_p50_added_ms", "hp_p99_added_ms", "lp_ratio")
+
+
+def compare(rows: dict[str, dict[str, Any]], gpu: dict[str, dict[str, Any]]) -> None:
+    """Each row's H100 figures (`gpu_*`) beside the model's, and the difference."""
+    for name, s in rows.items():
+        g = gpu.get(name)
+        if g is None:
+            continue
+        s["gpu_source"] = g["source"]
+        for key in COMPARED:
+            if key in s and key in g:
+                s[f"gpu_{key}"] = float(g[key])
+                s[f"error_{key}"] = s[key] - float(g[key])
+
+
+def _hp_alone(name: str) -> str:
+    return f"{name.split('+')[0]}_alone"
+
+
+def fit_timeslice(seconds: float, rounds: int, costs: HostCosts,
+                  gpu: dict[str, dict[str, Any]]) -> dict[str, Any]:  # fmt: skip
+    """The timeslice whose HP p99 added in FIT_ROWS is nearest the H100's (sum of squares)."""
+    by = {sc.name: sc for sc in SCENARIOS}
+    errors: dict[int, float] = {}
+    for ts in FIT_TIMESLICES_US:
+        timing = CardTiming(ts * 1000)
+        rows = {n: run_scenario(by[n], timing, seconds, rounds, costs)
+                for n in ("graph_alone", *FIT_ROWS)}  # fmt: skip
+        add_derived(rows, by)
+        errors[ts] = sum((rows[n]["hp_p99_added_ms"] - float(gpu[n]["hp_p99_added_ms"])) ** 2
+                         for n in FIT_ROWS)  # fmt: skip
+    best = min(errors, key=lambda ts: errors[ts])
+    return {"timeslice_us": best, "squared_error_ms2": {str(k): v for k, v in errors.items()}}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    seconds = args.seconds or (3.0 if args.quick else 10.0)
+    rounds = args.rounds or (1 if args.quick else 3)
+    costs, gpu = HostCosts(), measured()
+    started = time.monotonic()
+    chosen = _chosen(args.only)
+    fitting = not args.quick and all(n in gpu for n in FIT_ROWS)
+    fit = fit_timeslice(seconds, rounds, costs, gpu) if fitting else None
+    timing = CardTiming(fit["timeslice_us"] * 1000 if fit else CardTiming().timeslice_ns)
+    by = {sc.name: sc for sc in SCENARIOS}
+    rows = {sc.name: run_scenario(sc, timing, seconds, rounds, costs) for sc in chosen}
+    add_derived(rows, by)
+    compare(rows, gpu)
+    return {"benchmark": "model", "seconds_per_scenario": seconds, "rounds": rounds,
+            "timing": {"timeslice_us": timing.timeslice_ns // 1000,
+                       "switch_us": timing.switch_ns / 1000},
+            "fit": fit, "host_costs": vars(costs), "scenarios": rows,
+            "wall_s": round(time.monotonic() - started, 1)}  # fmt: skip
+
+
+def _chosen(only: str | None) -> tuple[ModelScenario, ...]:
+    if not only:
+        return SCENARIOS
+    names = [n.strip() for n in only.split(",") if n.strip()]
+    by = {sc.name: sc for sc in SCENARIOS}
+    unknown = [n for n in names if n not in by]
+    if unknown:
+        raise SystemExit(f"qshare bench model: unknown scenario(s) {', '.join(unknown)}; "
+                         f"known: {', '.join(by)}")  # fmt: skip
+    alone = {f"{by[n].hp}_alone" for n in names if by[n].hp} | {
+        "lp_alone" if by[n].lp == "resnet50" else f"{by[n].lp}_alone" for n in names if by[n].lp
+    }
+    return tuple(sc for sc in SCENARIOS if sc.name in set(names) | alone)
+
+
+def table(result: dict[str, Any]) -> str:
+    t = result["timing"]
+    lines = [f"card model: timeslice {t['timeslice_us']} µs (fitted: {result['fit'] is not None}), "
+             f"switch {t['switch_us']} µs; {result['rounds']} × {result['seconds_per_scenario']} s",
+             f"{'scenario':38} {'p50+ ms':>8} {'H100':>6} {'p99+ ms':>8} {'H100':>6} "
+             f"{'LP ÷':>6} {'H100':>6}"]  # fmt: skip
+    for name, s in result["scenarios"].items():
+        cells = [_fmt(s.get(k)) for k in ("hp_p50_added_ms", "gpu_hp_p50_added_ms",
+                 "hp_p99_added_ms", "gpu_hp_p99_added_ms", "lp_ratio", "gpu_lp_ratio")]  # fmt: skip
+        lines.append(f"{name:38} {cells[0]:>8} {cells[1]:>6} {cells[2]:>8} {cells[3]:>6} "
+                     f"{cells[4]:>6} {cells[5]:>6}")  # fmt: skip
+    return "\n".join(lines)
+
+
+def _fmt(v: Any) -> str:
+    return "–" if v is None else f"{v:.2f}"

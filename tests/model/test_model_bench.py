@@ -1,0 +1,85 @@
+"""`qshare bench model`: the scenarios of `bench gpu` on the card model, beside the H100's."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from qshare.bench import model
+from qshare.bench.card_model import CardTiming
+
+ROOT = Path(__file__).resolve().parents[2]
+COSTS = model.HostCosts()
+BY = {sc.name: sc for sc in model.SCENARIOS}
+
+
+def added_p99(name: str, timing: CardTiming, seconds: float = 2.0) -> float:
+    alone = model.simulate(BY[f"{BY[name].hp}_alone"], timing, seconds, 7, COSTS)
+    return model.simulate(BY[name], timing, seconds, 7, COSTS)["hp_p99_ms"] - alone["hp_p99_ms"]
+
+
+def test_scenario_names_are_read_as_bench_gpu_reads_them() -> None:
+    assert BY["graph+gpt2_qshare_1ms_devgate"] == model.ModelScenario(
+        "graph+gpt2_qshare_1ms_devgate", "graph", "gpt2", "qshare-1ms", device_gate=True
+    )
+    assert (BY["lp_alone_qshare"].hp, BY["lp_alone_qshare"].mode) == (None, "qshare-100ms")
+    assert (BY["eager_alone"].hp, BY["eager_alone"].lp, BY["eager_alone"].mode) == (
+        "eager", None, "plain")  # fmt: skip
+
+
+def test_without_qshare_hp_waits_longer_behind_a_longer_timeslice() -> None:
+    short = added_p99("graph+lp_plain", CardTiming(500_000))
+    long = added_p99("graph+lp_plain", CardTiming(3_000_000))
+    assert long > short + 1.0
+
+
+def test_under_qshare_hp_waits_for_the_window_not_for_a_timeslice() -> None:
+    timing = CardTiming(3_000_000)
+    assert added_p99("graph+lp_qshare_1ms", timing) < added_p99("graph+lp_plain", timing) / 2
+
+
+def test_the_device_gate_keeps_more_lp_beside_hp_than_the_window() -> None:
+    rows = {n: model.simulate(BY[n], CardTiming(), 2.0, 7, COSTS) for n in
+            ("lp_alone", "graph+lp_qshare_1ms", "graph+lp_qshare_1ms_devgate")}  # fmt: skip
+    lp = {n: r["lp_launches_per_s"] for n, r in rows.items()}
+    assert lp["graph+lp_qshare_1ms_devgate"] > lp["graph+lp_qshare_1ms"] * 1.05
+
+
+def test_each_row_the_h100_measured_is_set_beside_the_models() -> None:
+    rows = {n: model.run_scenario(BY[n], CardTiming(), 1.0, 1, COSTS)
+            for n in ("graph_alone", "lp_alone", "graph+lp_plain")}  # fmt: skip
+    model.add_derived(rows, BY)
+    model.compare(rows, model.measured())
+    row = rows["graph+lp_plain"]
+    assert row["gpu_source"] == "gpu-h100.json"
+    assert row["gpu_hp_p99_added_ms"] == pytest.approx(3.22, abs=0.01)
+    assert row["error_hp_p99_added_ms"] == row["hp_p99_added_ms"] - row["gpu_hp_p99_added_ms"]
+
+
+def test_the_h100_p50_added_is_against_hp_alone_in_the_same_file() -> None:
+    gpu = model.measured()
+    merged = json.loads(model.GPU_FILES[1].read_text())["scenarios"]
+    row = merged["graph+lp_qshare_1ms_devgate"]
+    expected = row["hp_p50_ms"] - merged["graph_alone"]["hp_p50_ms"]
+    assert gpu["graph+lp_qshare_1ms_devgate"]["hp_p50_added_ms"] == pytest.approx(expected)
+
+
+def test_an_unknown_scenario_is_refused_by_name() -> None:
+    args = argparse.Namespace(seconds=0.1, rounds=1, quick=True, only="graph+nothing")
+    with pytest.raises(SystemExit, match="graph\\+nothing"):
+        model.run(args)
+
+
+def test_a_quick_run_writes_each_scenario_with_its_alone_rows(tmp_path: Path) -> None:
+    out = tmp_path / "model.json"
+    cmd = [sys.executable, "-m", "qshare.bench", "model", "--quick", "--seconds", "0.5",
+           "--only", "graph+lp_qshare_1ms", "--json", str(out)]  # fmt: skip
+    subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True, timeout=120)
+    result = json.loads(out.read_text())
+    assert set(result["scenarios"]) == {"graph_alone", "lp_alone", "graph+lp_qshare_1ms"}
+    assert result["fit"] is None and "lp_ratio" in result["scenarios"]["graph+lp_qshare_1ms"]
