@@ -244,6 +244,7 @@ class Scenario:
     hp_fence_us: int | None = None  # QSHARE_HP_FENCE_INTERVAL_US for the HP process
     stats: bool = False  # workers write the interposer's statistics (QSHARE_STATS_FILE)
     device_gate: bool = False  # LP's queued work waits on the gate word on the device
+    timeslice: str | None = None  # the card's timeslice between contexts for the run (root)
 
 
 SCENARIOS = (
@@ -295,6 +296,17 @@ EXTRA_SCENARIOS = (
     Scenario("graph+lp_qshare_1ms_stats", "graph", "resnet50", "qshare-1ms", stats=True),
     # LP's device gate (QSHARE_LP_DEVICE_GATE=1): HP should wait for a 100 µs slice of LP's
     # queue, not its window, and LP keep the deep window beside HP.
+    # The card's timeslice set SHORT for the run (nvidia-smi compute-policy, root): what
+    # `qshare bench model` predicts bounds what HP waits behind a long LP kernel.
+    *(
+        Scenario(f"{name}_ts_short", "graph", lp, mode, timeslice="short")
+        for name, lp, mode in (
+            ("graph+lp_plain", "resnet50", "plain"),
+            ("graph+lp_qshare_1ms", "resnet50", "qshare-1ms"),
+            ("graph+gpt2_plain", "gpt2", "plain"),
+            ("graph+gpt2_qshare_1ms", "gpt2", "qshare-1ms"),
+        )
+    ),
     *(
         Scenario(f"{name}_devgate", hp, lp, mode, device_gate=True, stats=True)
         for name, hp, lp, mode in (
@@ -531,7 +543,53 @@ def _rounds(
     return runs
 
 
+TIMESLICE_LEVELS = {"default": 0, "short": 1, "medium": 2, "long": 3}  # nvidia-smi's
+
+
+def timeslice_argv(uuid: str, level: str) -> list[str]:
+    """The command that sets the card's timeslice between contexts (needs root)."""
+    if level not in TIMESLICE_LEVELS:
+        raise ValueError(f"timeslice must be one of {sorted(TIMESLICE_LEVELS)}, not {level!r}")
+    n = TIMESLICE_LEVELS[level]
+    return ["nvidia-smi", "compute-policy", "-i", uuid, "--set-timeslice", str(n)]
+
+
+def _set_timeslice(uuid: str, level: str) -> str | None:
+    """Set it; the reason it was not set, or None."""
+    try:
+        done = subprocess.run(timeslice_argv(uuid, level), capture_output=True, text=True,
+                              timeout=30, check=False)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"nvidia-smi compute-policy: {error}"
+    if done.returncode != 0:
+        said = (done.stderr or done.stdout).strip().splitlines()
+        return f"nvidia-smi compute-policy exit {done.returncode}: {said[-1] if said else ''}"
+    return None
+
+
+@contextmanager
+def _timeslice(card: Card, level: str | None) -> Iterator[str | None]:
+    """The card at the scenario's timeslice for the run, back at the default after it; yields
+    why it could not be set (the run is then skipped: its row would be mislabelled)."""
+    if level is None:
+        yield None
+        return
+    error = _set_timeslice(card.uuid, level)
+    try:
+        yield error
+    finally:
+        if error is None:
+            _set_timeslice(card.uuid, "default")
+
+
 def _scenario_run(sc: Scenario, seconds: float, card: Card) -> dict[str, Any]:
+    with _timeslice(card, sc.timeslice) as refused:
+        if refused is not None:
+            return {"error": f"timeslice {sc.timeslice} not set: {refused}"}
+        return _scenario_run_at(sc, seconds, card)
+
+
+def _scenario_run_at(sc: Scenario, seconds: float, card: Card) -> dict[str, Any]:
     with _scratch() as t:
         if not sc.mps:
             return _run_once(Path(t), sc, seconds, card.uuid, card.total)
@@ -575,6 +633,12 @@ SETS = {
         "lp_alone", "lp_alone_qshare", "graph_alone", "graph+lp_qshare_100ms",
         "graph+lp_qshare_1ms", "gpt2_alone", "graph+gpt2_qshare_1ms", "eager_alone",
         "eager+lp_qshare_100ms", "eager+lp_qshare_auto",
+    ),
+    # the card's timeslice SHORT against the driver's default, beside GPT-2's long kernels
+    "timeslice": (
+        "graph_alone", "lp_alone", "gpt2_alone", "graph+gpt2_plain", "graph+gpt2_plain_ts_short",
+        "graph+gpt2_qshare_1ms", "graph+gpt2_qshare_1ms_ts_short", "graph+lp_qshare_1ms",
+        "graph+lp_qshare_1ms_ts_short", "graph+lp_plain_ts_short",
     ),
     # eager HP alone under the interposer, by how often its completion is fenced (the default
     # is 200 µs since 2026-11-24; fence0 is the default before)

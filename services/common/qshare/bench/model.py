@@ -24,11 +24,12 @@ HP_TRACES = {"graph": traces.HP_GRAPH, "eager": traces.HP_EAGER, "bert": traces.
 LP_TRACES = {"resnet50": traces.LP_TRAINING, "gpt2": traces.LP_GPT2}
 RELEASE_NS = {"plain": 0, "qshare-1ms": 1_000_000, "qshare-100ms": 100_000_000}
 FIT_ROWS = ("graph+lp_plain", "graph+gpt2_plain")  # what the timeslice is fitted to
-FIT_TIMESLICES_US = (500, 1000, 1500, 2000, 2500, 3000, 4000)
+FIT_TIMESLICES_US = (500, 1000, 2000, 3000, 4000, 5000, 6000, 8000)
 _DOCS = Path(__file__).resolve().parents[4] / "docs" / "bench"
-GPU_FILES = (  # the H100's medians (3 rounds), then the next day's rows the first lacks
-    _DOCS / "gpu-h100.json",
+GPU_FILES = (  # the H100's medians (3 rounds), then rows the first lacks: the next day's
+    _DOCS / "gpu-h100.json",  # (one run each, in-call alone rows), then the window trials
     _DOCS / "gpu-h100-runs" / "2026-11-24" / "merged.json",
+    _DOCS / "gpu-h100-runs" / "exp.json",
 )
 
 
@@ -63,15 +64,16 @@ MEASURED = (  # the scenarios of `bench gpu` the model can replay
         "eager+lp_plain", "eager+lp_qshare_100ms", "bert+lp_qshare_1ms",
         "bert+lp_qshare_1ms_devgate",
 )  # fmt: skip
-WHAT_IF = (  # what no H100 run has measured yet: other windows, a shorter timeslice
+EXTRA = (  # other windows (measured once on the H100) and a shorter timeslice (never)
     _sc("graph+lp_qshare_1ms_w100", window_us=100),
+    _sc("graph+lp_qshare_1ms_w200", window_us=200),
     _sc("graph+gpt2_qshare_1ms_w100", window_us=100),
     _sc("graph+gpt2_plain_ts500", timeslice_us=500),
     _sc("graph+gpt2_qshare_1ms_ts500", timeslice_us=500),
     _sc("graph+gpt2_qshare_1ms_devgate_ts500", timeslice_us=500),
     _sc("graph+gpt2_qshare_1ms_devgate_ts250", timeslice_us=250),
 )
-SCENARIOS = (*(_sc(n) for n in MEASURED), *WHAT_IF)
+SCENARIOS = (*(_sc(n) for n in MEASURED), *EXTRA)
 
 
 @dataclass(frozen=True)
@@ -158,18 +160,25 @@ def add_derived(rows: dict[str, dict[str, Any]], by: dict[str, ModelScenario]) -
 
 def measured(paths: tuple[Path, ...] = GPU_FILES) -> dict[str, dict[str, Any]]:
     """The H100's rows by scenario: the first file's, then rows only a later file has; HP's
-    p50 added is against HP alone in the same file, as the file's own p99 added is."""
+    p50 added and LP's ratio are against the alone rows of the same file, as its p99 added."""
     out: dict[str, dict[str, Any]] = {}
     for path in paths:
         if not path.is_file():
             continue
         scenarios: dict[str, dict[str, Any]] = json.loads(path.read_text())["scenarios"]
         for name, row in scenarios.items():
-            alone = scenarios.get(_hp_alone(name), {})
-            if "hp_p50_ms" in row and "hp_p50_ms" in alone and name != _hp_alone(name):
-                row = dict(row, hp_p50_added_ms=row["hp_p50_ms"] - alone["hp_p50_ms"])
-            out.setdefault(name, dict(row, source=path.name))
+            out.setdefault(name, dict(_against_alone(name, row, scenarios), source=path.name))
     return out
+
+
+def _against_alone(name: str, row: dict[str, Any], rows: dict[str, Any]) -> dict[str, Any]:
+    hp_alone, lp_alone = rows.get(_hp_alone(name), {}), rows.get("lp_alone", {})
+    row = dict(row)
+    if "hp_p50_ms" in row and "hp_p50_ms" in hp_alone and name != _hp_alone(name):
+        row["hp_p50_added_ms"] = row["hp_p50_ms"] - hp_alone["hp_p50_ms"]
+    if "lp_ratio" not in row and "+lp_" in name and "lp_items_per_s" in lp_alone:
+        row["lp_ratio"] = row["lp_items_per_s"] / lp_alone["lp_items_per_s"]
+    return row
 
 
 COMPARED = ("hp_p50_added_ms", "hp_p99_added_ms", "lp_ratio")
@@ -186,6 +195,19 @@ def compare(rows: dict[str, dict[str, Any]], gpu: dict[str, dict[str, Any]]) -> 
             if key in s and key in g:
                 s[f"gpu_{key}"] = float(g[key])
                 s[f"error_{key}"] = s[key] - float(g[key])
+
+
+def agreement(rows: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Mean absolute error of each compared figure, for the graph HP (whose latency is the
+    card's) apart from the host-bound HPs (eager, BERT: the model has no HP host costs)."""
+    out: dict[str, dict[str, float]] = {}
+    for group, hps in (("graph_hp", ("graph",)), ("host_bound_hp", ("eager", "bert"))):
+        for key in COMPARED:
+            errors = [abs(s[f"error_{key}"]) for n, s in rows.items()
+                      if f"error_{key}" in s and n.split("+")[0] in hps]  # fmt: skip
+            if errors:
+                out.setdefault(group, {})[f"{key}_mae"] = statistics.fmean(errors)
+    return out
 
 
 def _hp_alone(name: str) -> str:
@@ -225,6 +247,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "timing": {"timeslice_us": timing.timeslice_ns // 1000,
                        "switch_us": timing.switch_ns / 1000},
             "fit": fit, "host_costs": vars(costs), "scenarios": rows,
+            "agreement": agreement(rows),
             "wall_s": round(time.monotonic() - started, 1)}  # fmt: skip
 
 
@@ -254,6 +277,11 @@ def table(result: dict[str, Any]) -> str:
                  "hp_p99_added_ms", "gpu_hp_p99_added_ms", "lp_ratio", "gpu_lp_ratio")]  # fmt: skip
         lines.append(f"{name:38} {cells[0]:>8} {cells[1]:>6} {cells[2]:>8} {cells[3]:>6} "
                      f"{cells[4]:>6} {cells[5]:>6}")  # fmt: skip
+    for group, maes in result.get("agreement", {}).items():
+        lines.append(
+            f"mean |model - H100|, {group}: "
+            + ", ".join(f"{k.removesuffix('_mae')} {v:.2f}" for k, v in maes.items())
+        )
     return "\n".join(lines)
 
 
