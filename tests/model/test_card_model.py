@@ -26,31 +26,26 @@ def test_a_lone_context_runs_its_kernels_back_to_back() -> None:
     assert ends == {"k0": 100 * US, "k1": 200 * US, "k2": 300 * US}
 
 
-def test_a_waiting_context_gets_the_card_when_the_running_ones_timeslice_ends() -> None:
+def hp_beside_a_long_lp_kernel(hp_at_ns: int) -> dict[str, int]:
+    """A 10 ms LP kernel from 0, a 1 ms HP kernel at `hp_at_ns`, 2 ms timeslices: when each ends."""
     c, ends = card(timeslice_ns=2 * MS), {}
     c.submit("lp", kernel(ends, "long", 10 * MS))
-    c.advance(MS // 2)
+    c.advance(hp_at_ns)
     c.submit("hp", kernel(ends, "hp", MS))
     c.advance(20 * MS)
-    assert ends["hp"] == 3 * MS
+    return ends
+
+
+def test_a_waiting_context_gets_the_card_when_the_running_ones_timeslice_ends() -> None:
+    assert hp_beside_a_long_lp_kernel(MS // 2)["hp"] == 3 * MS
 
 
 def test_a_preempted_kernel_resumes_with_its_remaining_time() -> None:
-    c, ends = card(timeslice_ns=2 * MS), {}
-    c.submit("lp", kernel(ends, "long", 10 * MS))
-    c.advance(MS // 2)
-    c.submit("hp", kernel(ends, "hp", MS))
-    c.advance(20 * MS)
-    assert ends["long"] == 11 * MS
+    assert hp_beside_a_long_lp_kernel(MS // 2)["long"] == 11 * MS
 
 
 def test_the_slice_another_context_meets_is_the_one_under_way() -> None:
-    c, ends = card(timeslice_ns=2 * MS), {}
-    c.submit("lp", kernel(ends, "long", 10 * MS))
-    c.advance(4 * MS + MS // 2)
-    c.submit("hp", kernel(ends, "hp", MS))
-    c.advance(20 * MS)
-    assert ends["hp"] == 7 * MS
+    assert hp_beside_a_long_lp_kernel(4 * MS + MS // 2)["hp"] == 7 * MS
 
 
 def test_a_context_that_runs_dry_hands_the_card_over_at_once() -> None:
