@@ -108,26 +108,44 @@ def simulate(
     until = int(seconds * 1e9)
     gate = Gate(loop, RELEASE_NS[sc.mode], enabled=sc.mode != "plain" and sc.hp is not None,
                 seen_ns=costs.hp_seen_ns)  # fmt: skip
-    hp = lp = None
-    if sc.hp:
-        request = traces.request_timeline(HP_TRACES[sc.hp])
-        hp = HighPriority(loop, gate, request, HP_RATE_PER_S, seed, until)
-        hp.start()
-    if sc.lp:
-        name = LP_TRACES[sc.lp]
-        lp = LowPriority(loop, gate, traces.timeline(name, traces.host_scale(name)),
-                         _lp_settings(sc, costs))  # fmt: skip
-        lp.start()
+    hp = _high_priority(sc, loop, gate, seed, until)
+    lp = _low_priority(sc, loop, gate, costs)
     loop.run(until)
     out: dict[str, float] = {}
     if hp is not None:
-        lat = [ns / 1e6 for ns in hp.latencies_ns]
-        out |= {"hp_p50_ms": percentile(lat, 50), "hp_p99_ms": percentile(lat, 99),
-                "hp_requests": len(lat),
-                "hp_busy_share": loop.card.context("hp").busy_ns / until}  # fmt: skip
+        out |= _hp_figures(hp.latencies_ns, loop.card.context("hp").busy_ns / until)
     if lp is not None:
         out["lp_launches_per_s"] = lp.completed / seconds
     return out
+
+
+def _high_priority(
+    sc: ModelScenario, loop: Loop, gate: Gate, seed: int, until: int
+) -> HighPriority | None:
+    if not sc.hp:
+        return None
+    request = traces.request_timeline(HP_TRACES[sc.hp])
+    hp = HighPriority(loop, gate, request, HP_RATE_PER_S, seed, until)
+    hp.start()
+    return hp
+
+
+def _low_priority(
+    sc: ModelScenario, loop: Loop, gate: Gate, costs: HostCosts
+) -> LowPriority | None:
+    if not sc.lp:
+        return None
+    name = LP_TRACES[sc.lp]
+    rows = traces.timeline(name, traces.host_scale(name))
+    lp = LowPriority(loop, gate, rows, _lp_settings(sc, costs))
+    lp.start()
+    return lp
+
+
+def _hp_figures(latencies_ns: list[int], busy_share: float) -> dict[str, float]:
+    lat = [ns / 1e6 for ns in latencies_ns]
+    return {"hp_p50_ms": percentile(lat, 50), "hp_p99_ms": percentile(lat, 99),
+            "hp_requests": len(lat), "hp_busy_share": busy_share}  # fmt: skip
 
 
 def run_scenario(
