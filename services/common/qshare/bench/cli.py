@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,11 +54,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def add_gpu_options(parser: argparse.ArgumentParser) -> None:
     """`qshare bench gpu` runs longer than one lease of a GPU machine allows: these split it."""
     parser.add_argument(
-        "--rounds", type=int,
+        "--rounds", type=_positive(int),
         help="gpu: interleaved rounds (default 3); colocation: of each scenario (default 1)",
     )  # fmt: skip
     parser.add_argument(
-        "--seconds", type=float,
+        "--seconds", type=_positive(float),
         help="gpu: seconds per scenario (default 20); colocation: for every shape",
     )  # fmt: skip
     parser.add_argument(
@@ -71,6 +73,23 @@ def add_gpu_options(parser: argparse.ArgumentParser) -> None:
         metavar="JSON",
         help="gpu: summarise the runs of earlier --json files (same GPU) instead of running",
     )
+
+
+def _positive(kind: type[int] | type[float]) -> Callable[[str], float]:
+    """An argparse type: a number of `kind` above 0, else an error naming the value."""
+
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            what = "a whole number" if kind is int else "a number"
+            raise argparse.ArgumentTypeError(f"must be {what} > 0, not {text!r}") from None
+        if not (value > 0 and math.isfinite(value)):
+            raise argparse.ArgumentTypeError(f"must be a finite number > 0, not {text!r}")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
 
 
 def run_benchmark(args: argparse.Namespace) -> int:

@@ -467,12 +467,18 @@ def _mps(tmp: Path) -> Iterator[bool]:
 
 def _gpu_identity() -> tuple[str, str, int]:
     query = "--query-gpu=name,uuid,memory.total"
-    line = subprocess.run(
-        ["nvidia-smi", query, "--format=csv,noheader,nounits"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.splitlines()[0]
+    try:
+        line = subprocess.run(
+            ["nvidia-smi", query, "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.splitlines()[0]
+    except (OSError, subprocess.CalledProcessError, IndexError) as error:
+        raise SystemExit(
+            f"qshare bench gpu needs an NVIDIA GPU and its nvidia-smi ({error}); "
+            "without one, `qshare bench model` predicts these scenarios"
+        ) from None
     name, uuid, mib = (part.strip() for part in line.split(","))
     return name, uuid, int(mib) << 20
 
@@ -760,12 +766,13 @@ def targets(scenarios: dict[str, dict[str, Any]]) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     if getattr(args, "merge", None):
         return _merged(args)
+    chosen = chosen_scenarios(args.only)
+    card = Card(*_gpu_identity())
     build_cuda()
     seconds = args.seconds or (8.0 if args.quick else 20.0)
     rounds = args.rounds or (1 if args.quick else ROUNDS)
-    card = Card(*_gpu_identity())
     partial = args.out_dir / "gpu-partial.json"
-    raw = _rounds(seconds, card, rounds, chosen_scenarios(args.only), partial)
+    raw = _rounds(seconds, card, rounds, chosen, partial)
     result = _described(card.name, seconds, rounds, raw)
     with _scratch() as t:
         overhead, stats = _launch_overhead(Path(t), 3.0, card.uuid, card.total)

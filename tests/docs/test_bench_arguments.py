@@ -1,0 +1,50 @@
+"""`qshare bench`'s shared options refuse what cannot be run, naming the option and value."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from qshare.bench import gpu
+from qshare.bench.cli import register
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="qshare")
+    register(parser.add_subparsers(dest="command", required=True))
+    return parser.parse_args(["bench", *argv])
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "two", "1.5"])
+def test_rounds_that_are_not_a_whole_number_above_zero_are_refused(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        parse("model", "--rounds", value)
+    err = capsys.readouterr().err
+    assert "argument --rounds:" in err and repr(value) in err
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "nan", "inf", "ten"])
+def test_seconds_that_are_not_a_finite_number_above_zero_are_refused(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        parse("gpu", "--seconds", value)
+    err = capsys.readouterr().err
+    assert "argument --seconds:" in err and repr(value) in err
+
+
+def test_rounds_and_seconds_in_range_are_taken() -> None:
+    args = parse("model", "--rounds", "2", "--seconds", "0.5")
+    assert (args.rounds, args.seconds) == (2, 0.5)
+
+
+def test_bench_gpu_without_nvidia_smi_says_it_needs_a_gpu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(SystemExit, match="needs an NVIDIA GPU and its nvidia-smi"):
+        gpu._gpu_identity()
