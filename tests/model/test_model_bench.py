@@ -83,3 +83,19 @@ def test_a_quick_run_writes_each_scenario_with_its_alone_rows(tmp_path: Path) ->
     result = json.loads(out.read_text())
     assert set(result["scenarios"]) == {"graph_alone", "lp_alone", "graph+lp_qshare_1ms"}
     assert result["fit"] is None and "lp_ratio" in result["scenarios"]["graph+lp_qshare_1ms"]
+
+
+def test_the_targets_are_judged_on_the_models_rows_against_the_h100s_hp_alone() -> None:
+    gpu = {"graph_alone": {"hp_p99_ms": 2.0}}  # the bound is 5 % of it: +0.10 ms
+    rows = {
+        "graph+lp_qshare_1ms": {"hp_p99_added_ms": 0.11, "harvest": 0.95},
+        "graph+lp_qshare_1ms_devgate": {"hp_p99_added_ms": 0.09, "harvest": 0.85},
+        "graph+gpt2_qshare_1ms_devgate": {"hp_p99_added_ms": 0.11},
+    }
+    met = model.predicted_targets(rows, gpu)
+    assert (met["graph_1ms_hp_p99_met_window"], met["graph_1ms_hp_p99_met_device_gate"]) == (
+        False, True)  # fmt: skip
+    assert (met["graph_1ms_harvest_met_window"], met["graph_1ms_harvest_met_device_gate"]) == (
+        True, False)  # fmt: skip
+    assert met["gpt2_hp_p99_met_device_gate"] is True  # the trace's p99 kernel: 0.12 ms
+    assert met["graph_100ms_hp_p99_met_window"] is None

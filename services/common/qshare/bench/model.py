@@ -265,8 +265,36 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "timing": {"timeslice_us": timing.timeslice_ns // 1000,
                        "switch_us": timing.switch_ns / 1000},
             "fit": fit, "host_costs": vars(costs), "scenarios": rows,
-            "agreement": agreement(rows),
+            "agreement": agreement(rows), "targets": predicted_targets(rows, gpu),
             "wall_s": round(time.monotonic() - started, 1)}  # fmt: skip
+
+
+def predicted_targets(
+    rows: dict[str, dict[str, Any]], gpu: dict[str, dict[str, Any]]
+) -> dict[str, bool | None]:
+    """Issue 9's targets for the card, judged on the model's rows with the window and with the
+    device gate: HP p99 added within 5 % of the H100's graph HP alone, the harvest 0.9, and
+    beside GPT-2 within the trace's p99 kernel (None where a row is missing)."""
+    alone = gpu.get("graph_alone", {}).get("hp_p99_ms")
+    bounds = {"p99": None if alone is None else 0.05 * float(alone),
+              "gpt2": float(traces.summary(traces.LP_GPT2)["kernel_us_p99"]) / 1e3}  # fmt: skip
+
+    def within(name: str, bound: float | None) -> bool | None:
+        added = rows.get(name, {}).get("hp_p99_added_ms")
+        return None if added is None or bound is None else bool(added <= bound)
+
+    out: dict[str, bool | None] = {}
+    for suffix, how in (("", "window"), ("_devgate", "device_gate")):
+        harvest = rows.get(f"graph+lp_qshare_1ms{suffix}", {}).get("harvest")
+        out |= {
+            f"graph_1ms_hp_p99_met_{how}": within(f"graph+lp_qshare_1ms{suffix}", bounds["p99"]),
+            f"graph_1ms_harvest_met_{how}": None if harvest is None else bool(harvest >= 0.9),
+            f"graph_100ms_hp_p99_met_{how}": within(
+                f"graph+lp_qshare_100ms{suffix}", bounds["p99"]
+            ),
+            f"gpt2_hp_p99_met_{how}": within(f"graph+gpt2_qshare_1ms{suffix}", bounds["gpt2"]),
+        }
+    return out
 
 
 def _chosen(only: str | None) -> tuple[ModelScenario, ...]:
