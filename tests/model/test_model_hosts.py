@@ -6,7 +6,14 @@ from __future__ import annotations
 import pytest
 
 from qshare.bench.card_model import Card, CardTiming, Item
-from qshare.bench.model_hosts import Gate, HighPriority, Loop, LowPriority, LpSettings
+from qshare.bench.model_hosts import (
+    BatchFences,
+    Gate,
+    HighPriority,
+    Loop,
+    LowPriority,
+    LpSettings,
+)
 
 MS = 1_000_000
 US = 1_000
@@ -143,3 +150,30 @@ def test_empty_timelines_and_a_rate_of_zero_are_refused_by_name() -> None:
         HighPriority(lp, Gate(lp, 0), [], 30.0, 1, MS)
     with pytest.raises(ValueError, match="rate"):
         HighPriority(lp, Gate(lp, 0), [(0, 1)], 0.0, 1, MS)
+
+
+def fenced(close_ns: int) -> tuple[Loop, BatchFences, list[tuple[int, int]]]:
+    """Fences closing at `close_ns`, 10 µs to see one; what was seen, and when."""
+    lp = loop()
+    seen: list[tuple[int, int]] = []
+    return lp, BatchFences(lp, close_ns, 10 * US, lambda ns: seen.append((lp.now, ns))), seen
+
+
+def test_lp_completions_are_seen_a_whole_batch_at_a_time() -> None:
+    lp, fences, seen = fenced(100 * US)
+    for _ in range(4):
+        batch = fences.add(25 * US)
+        lp.card.submit("lp", Item(25 * US, lambda _t, b=batch: fences.launch_ended(b)))
+    lp.run(MS)
+    assert seen == [(110 * US, 100 * US)]
+
+
+def test_a_launcher_that_stops_records_the_fence_of_its_open_batch() -> None:
+    lp, fences, seen = fenced(100 * US)
+    batch = fences.add(25 * US)
+    lp.card.submit("lp", Item(25 * US, lambda _t: fences.launch_ended(batch)))
+    lp.run(MS)
+    assert seen == []
+    fences.close()
+    lp.run(2 * MS)
+    assert seen == [(MS + 10 * US, 25 * US)]

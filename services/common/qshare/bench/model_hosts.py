@@ -104,10 +104,54 @@ class LpSettings:
     wake_ns: int = 20_000  # a thread asleep on the gate or the window wakes this late
     gated: bool = False  # waits at launch while the gate is closed (qshare)
     device_gate_slice_ns: int = 0  # > 0: a wait on the gate word after each slice of work
+    batch_fraction: int = 4  # a batch's fence is recorded at this fraction of the window
+
+
+@dataclass
+class Batch:
+    ns: int = 0  # the device time of its launches
+    left: int = 0  # its launches the card has not ended
+    closed: bool = False  # its fence is recorded
+
+
+class BatchFences:
+    """How the interposer sees LP's completions: one fence behind each batch of launches,
+    recorded when the batch's device time reaches `close_ns` or when the launcher stops, and
+    seen by its completion thread `wake_ns` after the card ends the batch's last launch."""
+
+    def __init__(self, loop: Loop, close_ns: int, wake_ns: int, seen: Callable[[int], None]):
+        self.loop, self.close_ns, self.wake_ns, self._seen = loop, close_ns, wake_ns, seen
+        self._open = Batch()
+
+    def add(self, dur: int) -> Batch:
+        batch = self._open
+        batch.ns += dur
+        batch.left += 1
+        if batch.ns >= self.close_ns:
+            self.close()
+        return batch
+
+    def close(self) -> None:
+        batch = self._open
+        if batch.left == 0 and batch.ns == 0:
+            return
+        batch.closed, self._open = True, Batch()
+        if batch.left == 0:
+            self._ended(batch)
+
+    def launch_ended(self, batch: Batch) -> None:
+        batch.left -= 1
+        if batch.left == 0 and batch.closed:
+            self._ended(batch)
+
+    def _ended(self, batch: Batch) -> None:
+        self.loop.at(self.loop.now + self.wake_ns, lambda: self._seen(batch.ns))
 
 
 class LowPriority:
-    """Replays a training timeline in a loop; counts the launches the card completed."""
+    """Replays a training timeline in a loop; counts the launches the card completed. Under a
+    window, its queued device time is what the interposer sees: batches whose fence it has
+    not yet seen complete (BatchFences)."""
 
     def __init__(self, loop: Loop, gate: Gate, rows: Rows, settings: LpSettings) -> None:
         if not rows:
@@ -119,6 +163,8 @@ class LowPriority:
         self._queued_ns = 0
         self._sliced_ns = 0
         self._stalled = False
+        close_ns = (settings.window_ns or 0) // settings.batch_fraction
+        self._fences = BatchFences(loop, close_ns, settings.wake_ns, self._seen)
         from qshare_driver import lp_window_admits  # the interposer's own rule
 
         self._admits = lp_window_admits
@@ -128,9 +174,11 @@ class LowPriority:
 
     def _launch(self) -> None:
         if self.s.gated and not self.gate.is_open:
+            self._fences.close()
             self.gate.when_open(self._woken)
             return
         if not self._admitted():
+            self._fences.close()
             self._stalled = True
             return
         dur = self.rows[self._next % len(self.rows)][1]
@@ -150,17 +198,24 @@ class LowPriority:
     def _submit(self, dur: int) -> None:
         self._inflight += 1
         self._queued_ns += dur
-        self.loop.card.submit("lp", Item(dur, lambda _t: self._done(dur)))
+        batch = None if self.s.window_ns is None else self._fences.add(dur)
+        self.loop.card.submit("lp", Item(dur, partial(self._done, dur, batch)))
         if self.s.device_gate_slice_ns:
             self._sliced_ns += dur
             if self._sliced_ns >= self.s.device_gate_slice_ns:
                 self._sliced_ns = 0
                 self.loop.card.submit("lp", Item(0, wait=lambda: self.gate.is_open))
 
-    def _done(self, dur: int) -> None:
+    def _done(self, dur: int, batch: Batch | None, _t: int) -> None:
         self._inflight -= 1
-        self._queued_ns -= dur
         self.completed += 1
+        if batch is None:  # no window: the driver's queue frees a slot at once
+            self._seen(dur)
+        else:
+            self._fences.launch_ended(batch)
+
+    def _seen(self, ns: int) -> None:
+        self._queued_ns -= ns
         if self._stalled and self._admitted():
             self._stalled = False
             self._woken()
