@@ -13,6 +13,8 @@ from qshare.envsettings import SettingsError, load
 from qshare_node_agent.settings import NodeAgentSettings
 from qshare_node_agent.timeslice import Outcome, apply, set_timeslice
 
+from .conftest import StartAgent
+
 CARDS = ["GPU-aaaa-0001", "GPU-bbbb-0002"]
 
 
@@ -107,3 +109,13 @@ def test_each_card_that_refused_is_logged_as_a_warning_naming_it_the_setting_and
         f"{settings.nvidia_smi} exited with status 4: Insufficient Permissions"
     ]
 
+
+async def test_an_agent_on_simulated_cards_says_so_and_runs_nothing(
+    start_agent: StartAgent, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    program = fake_smi(tmp_path)
+    with caplog.at_level(logging.INFO, logger="qshare_node_agent.timeslice"):
+        agent = await start_agent(timeslice="short", nvidia_smi=str(program))
+    said = [r.getMessage() for r in caplog.records if r.name == "qshare_node_agent.timeslice"]
+    assert said == [f"node agent {agent.name}: timeslice 'short' not applied to simulated cards"]
+    assert calls(tmp_path) == []
