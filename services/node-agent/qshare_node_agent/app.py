@@ -33,7 +33,7 @@ from qshare.metrics_http import MetricsServer, serve_metrics
 from qshare.natsauth import ServiceRole
 from qshare.service import Service, cancelled
 from qshare_driver import Event, EventKind, Node, NotFoundError
-from qshare_node_agent import metrics
+from qshare_node_agent import metrics, timeslice
 from qshare_node_agent.announce import Announcer
 from qshare_node_agent.asked_sharing import SharingKeeper
 from qshare_node_agent.commands import Commands
@@ -99,6 +99,7 @@ class NodeAgent(Service):
         self._health = await health.serve(self.probes, self.settings)
         setup_tracing("qshare-node-agent")
         self.cards = discover(self.settings)
+        await asyncio.to_thread(timeslice.apply, self.settings, [c.uuid for c in self.cards])
         self._node, adopted = open_segment(self.settings, self.cards)
         by_uuid = {c.uuid: c for c in self.cards}
         converger = Converger(

@@ -6,6 +6,7 @@ import logging
 import os
 import re
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -26,6 +27,8 @@ SOCKET_PATH_MAX = 107
 
 SIMULATE_FORMAT = re.compile(r"^(?P<cards>[0-9]{1,2})(:(?P<memory>[0-9]+(Ki|Mi|Gi|Ti)?))?$")
 DEFAULT_SIM_MEMORY = "16Gi"
+Timeslice = Literal["driver", "default", "short", "medium", "long"]
+"""The cards' compute timeslice: `driver` leaves it alone, the others are nvidia-smi's."""
 
 
 class NodeAgentSettings(BaseSettings, BusIdentity, HealthSettings, MetricsSettings):
@@ -82,6 +85,14 @@ class NodeAgentSettings(BaseSettings, BusIdentity, HealthSettings, MetricsSettin
         True,
         description="on stop, leave the segment for the next agent to adopt (workloads "
         "keep running); False removes it and every vGPU with it",
+    )
+    timeslice: Timeslice = Field(
+        "driver",
+        description="the cards' compute timeslice, set at start with `nvidia-smi compute-policy` "
+        "(needs root; real cards only); driver: leave it as it is",
+    )
+    nvidia_smi: str = Field(
+        "nvidia-smi", min_length=1, description="the program that sets the timeslice"
     )
     sim_unhealthy_file: Path | None = Field(
         None, description="simulated cards: a file listing UUIDs to report unhealthy (tests)"

@@ -1,0 +1,79 @@
+"""Setting the cards' compute timeslice (how long the GPU runs one process's work before
+switching to another's) with `nvidia-smi compute-policy`, as QSHARE_NODE_TIMESLICE asks."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from qshare_node_agent.settings import NodeAgentSettings, Timeslice
+
+log = logging.getLogger(__name__)
+
+LEVELS: dict[Timeslice, int] = {"default": 0, "short": 1, "medium": 2, "long": 3}
+"""nvidia-smi's `--set-timeslice` numbers; `driver` has none (nothing is set)."""
+TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One card's setting: `error` is None when it took effect, else why it did not."""
+
+    uuid: str
+    error: str | None = None
+
+
+def set_timeslice(
+    program: str, uuids: Sequence[str], level: Timeslice, timeout_s: float = TIMEOUT_S
+) -> list[Outcome]:
+    """Run `program compute-policy -i <uuid> --set-timeslice <N>` once per card; nothing
+    with `driver`. Never raises for the program's failures: each is in its card's outcome."""
+    if level == "driver":
+        return []
+    return [_set_one(program, uuid, LEVELS[level], timeout_s) for uuid in uuids]
+
+
+def _set_one(program: str, uuid: str, number: int, timeout_s: float) -> Outcome:
+    command = [program, "compute-policy", "-i", uuid, "--set-timeslice", str(number)]
+    try:
+        done = subprocess.run(
+            command, capture_output=True, text=True, errors="replace", timeout=timeout_s
+        )
+    except FileNotFoundError:
+        return Outcome(uuid, f"{program} not found")
+    except subprocess.TimeoutExpired:
+        return Outcome(uuid, f"{program} did not finish within {timeout_s:g} s")
+    except OSError as error:  # not executable, and the like
+        return Outcome(uuid, f"{program} could not run ({error.strerror or error})")
+    if done.returncode != 0:
+        said = _last_line(done.stderr) or _last_line(done.stdout) or "no message"
+        return Outcome(uuid, f"{program} exited with status {done.returncode}: {said}")
+    return Outcome(uuid)
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def apply(settings: NodeAgentSettings, uuids: Sequence[str]) -> list[Outcome]:
+    """The agent's start: set the setting's timeslice on its real cards (blocking; run it in
+    a thread), logging each card that refused it. Simulated cards are left alone."""
+    if settings.timeslice == "driver":
+        return []
+    if settings.simulate is not None:
+        log.info("node agent %s: timeslice %r not applied to simulated cards", settings.name,
+                 settings.timeslice)  # fmt: skip
+        return []
+    outcomes = set_timeslice(settings.nvidia_smi, uuids, settings.timeslice)
+    for outcome in outcomes:
+        if outcome.error is not None:
+            log.warning("node agent %s: card %s: timeslice %r (QSHARE_NODE_TIMESLICE) not set: "
+                        "%s", settings.name, outcome.uuid, settings.timeslice,
+                        outcome.error)  # fmt: skip
+        else:
+            log.info("node agent %s: card %s: timeslice set to %r", settings.name,
+                     outcome.uuid, settings.timeslice)  # fmt: skip
+    return outcomes
