@@ -17,24 +17,19 @@ def parse(*argv: str) -> argparse.Namespace:
     return parser.parse_args(["bench", *argv])
 
 
-@pytest.mark.parametrize("value", ["0", "-1", "two", "1.5"])
-def test_rounds_that_are_not_a_whole_number_above_zero_are_refused(
-    value: str, capsys: pytest.CaptureFixture[str]
-) -> None:
-    with pytest.raises(SystemExit):
-        parse("model", "--rounds", value)
-    err = capsys.readouterr().err
-    assert "argument --rounds:" in err and repr(value) in err
+REFUSED = [("--rounds", v) for v in ("0", "-1", "two", "1.5")] + [
+    ("--seconds", v) for v in ("0", "-2", "nan", "inf", "ten")
+]
 
 
-@pytest.mark.parametrize("value", ["0", "-2", "nan", "inf", "ten"])
-def test_seconds_that_are_not_a_finite_number_above_zero_are_refused(
-    value: str, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(("option", "value"), REFUSED)
+def test_rounds_and_seconds_that_are_not_a_finite_number_above_zero_are_refused(
+    option: str, value: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with pytest.raises(SystemExit):
-        parse("gpu", "--seconds", value)
+        parse("model", option, value)
     err = capsys.readouterr().err
-    assert "argument --seconds:" in err and repr(value) in err
+    assert f"argument {option}:" in err and repr(value) in err
 
 
 def test_rounds_and_seconds_in_range_are_taken() -> None:
