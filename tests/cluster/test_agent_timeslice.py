@@ -8,6 +8,7 @@ import logging
 from pathlib import Path
 
 import pytest
+from prometheus_client import REGISTRY
 
 from qshare.envsettings import SettingsError, load
 from qshare_node_agent.settings import NodeAgentSettings
@@ -108,6 +109,18 @@ def test_each_card_that_refused_is_logged_as_a_warning_naming_it_the_setting_and
         f"node agent n1: card {CARDS[1]}: timeslice 'short' (QSHARE_NODE_TIMESLICE) not set: "
         f"{settings.nvidia_smi} exited with status 4: Insufficient Permissions"
     ]
+
+
+def test_the_metrics_say_which_cards_took_the_timeslice_and_which_refused(
+    tmp_path: Path,
+) -> None:
+    settings = NodeAgentSettings(name="n-metrics", timeslice="medium",
+                                 nvidia_smi=str(fake_smi(tmp_path, fail_on=CARDS[1])))  # fmt: skip
+    apply(settings, CARDS)
+    read = [REGISTRY.get_sample_value("qshare_card_timeslice_set",
+                                      {"node": "n-metrics", "gpu": uuid, "level": "medium"})
+            for uuid in CARDS]  # fmt: skip
+    assert read == [1.0, 0.0]
 
 
 async def test_an_agent_on_simulated_cards_says_so_and_runs_nothing(

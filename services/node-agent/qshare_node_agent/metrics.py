@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import Counter, Histogram, Metric
+from prometheus_client import Counter, Gauge, Histogram, Metric
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -24,6 +24,12 @@ CHECKPOINTS_SET_ASIDE = Counter(
 )
 APPLIES = Counter("qshare_node_applies_total", "cmd.apply handled", ["node", "outcome"])
 APPLY_SECONDS = Histogram("qshare_node_apply_seconds", "time to converge one apply", ["node"])
+TIMESLICE_SET = Gauge(
+    "qshare_card_timeslice_set",
+    "the card's timeslice (QSHARE_NODE_TIMESLICE) as the agent left it at start: 1 set to "
+    "`level`, 0 refused (the agent's log says why); absent while the setting is `driver`",
+    ["node", "gpu", "level"],
+)
 BUSY_SECONDS = Histogram(
     "qshare_node_preemption_seconds",
     "high-priority busy episodes: from busy to released (includes the release delay)",

@@ -8,6 +8,7 @@ import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from qshare_node_agent import metrics
 from qshare_node_agent.settings import NodeAgentSettings, Timeslice
 
 log = logging.getLogger(__name__)
@@ -69,6 +70,9 @@ def apply(settings: NodeAgentSettings, uuids: Sequence[str]) -> list[Outcome]:
         return []
     outcomes = set_timeslice(settings.nvidia_smi, uuids, settings.timeslice)
     for outcome in outcomes:
+        metrics.TIMESLICE_SET.labels(settings.name, outcome.uuid, settings.timeslice).set(
+            0 if outcome.error else 1
+        )
         if outcome.error is not None:
             log.warning("node agent %s: card %s: timeslice %r (QSHARE_NODE_TIMESLICE) not set: "
                         "%s", settings.name, outcome.uuid, settings.timeslice,
