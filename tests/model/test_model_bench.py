@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from qshare.bench import model
+from qshare.bench import gpu, model
 from qshare.bench.card_model import CardTiming
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,13 +23,16 @@ def added_p99(name: str, timing: CardTiming, seconds: float = 2.0) -> float:
     return model.simulate(BY[name], timing, seconds, 7, COSTS)["hp_p99_ms"] - alone["hp_p99_ms"]
 
 
-def test_scenario_names_are_read_as_bench_gpu_reads_them() -> None:
-    assert BY["graph+gpt2_qshare_1ms_devgate"] == model.ModelScenario(
-        "graph+gpt2_qshare_1ms_devgate", "graph", "gpt2", "qshare-1ms", device_gate=True
-    )
-    assert (BY["lp_alone_qshare"].hp, BY["lp_alone_qshare"].mode) == (None, "qshare-100ms")
-    assert (BY["eager_alone"].hp, BY["eager_alone"].lp, BY["eager_alone"].mode) == (
-        "eager", None, "plain")  # fmt: skip
+def test_the_model_runs_bench_gpus_scenarios_as_bench_gpu_defines_them() -> None:
+    for name in model.MEASURED:
+        sc, card = BY[name], gpu.scenario(name)
+        assert (sc.hp, sc.lp, sc.mode, sc.device_gate, sc.window_us) == (
+            card.hp, card.lp, card.mode, card.device_gate, card.window_us)  # fmt: skip
+
+
+def test_a_shorter_timeslice_is_a_scenario_of_its_own_named_after_it() -> None:
+    sc = BY["graph+gpt2_qshare_1ms_devgate_ts250"]
+    assert (sc.timeslice_us, sc.device_gate, sc.lp) == (250, True, "gpt2")
 
 
 def test_without_qshare_hp_waits_longer_behind_a_longer_timeslice() -> None:

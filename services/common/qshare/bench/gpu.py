@@ -661,6 +661,11 @@ def _by_name() -> dict[str, Scenario]:
     return {sc.name: sc for sc in (*SCENARIOS, *EXTRA_SCENARIOS)}
 
 
+def scenario(name: str) -> Scenario:
+    """The scenario of that name (a KeyError naming it when there is none)."""
+    return _by_name()[name]
+
+
 def chosen_scenarios(only: str | None) -> tuple[Scenario, ...]:
     """The scenarios `--only` names (all when None), or a named set (`@devgate`); an unknown
     name or set is an error naming it."""

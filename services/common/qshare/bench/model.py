@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from qshare.bench import traces
+from qshare.bench import gpu, traces
 from qshare.bench.card_model import Card, CardTiming
 from qshare.bench.model_hosts import Gate, HighPriority, Loop, LowPriority, LpSettings
 from qshare.bench.stats import percentile
@@ -44,36 +44,32 @@ class ModelScenario:
     timeslice_us: int | None = None  # what if the card's timeslice were set to this
 
 
-def _sc(name: str, **kw: Any) -> ModelScenario:
-    """A scenario whose parts are read from its name, `bench gpu`'s way."""
-    hp, _, rest = name.partition("+") if "+" in name else ("", "", name)
-    parts = rest.split("_")
-    lp = {"lp": "resnet50", "gpt2": "gpt2"}.get(parts[0])
-    hp_kind = hp or (parts[0] if parts[0] in HP_TRACES else None)
-    mode = "qshare-1ms" if "1ms" in parts else "qshare-100ms" if "100ms" in parts else "plain"
-    if parts[0] == "lp" and "qshare" in parts and mode == "plain":
-        mode = "qshare-100ms"
-    return ModelScenario(name, hp_kind, lp, mode, device_gate="devgate" in parts, **kw)
+def _from_gpu(name: str, timeslice_us: int | None = None, suffix: str = "") -> ModelScenario:
+    """`bench gpu`'s scenario of that name as the model runs it (under `name + suffix` when a
+    timeslice is asked: a scenario the card has not run)."""
+    sc = gpu.scenario(name)
+    return ModelScenario(name + suffix, sc.hp, sc.lp, sc.mode, sc.device_gate, sc.window_us,
+                         timeslice_us)  # fmt: skip
 
 
-MEASURED = (  # the scenarios of `bench gpu` the model can replay
-        "lp_alone", "lp_alone_qshare", "gpt2_alone", "graph_alone", "eager_alone", "bert_alone",
-        "graph+lp_plain", "graph+lp_qshare_100ms", "graph+lp_qshare_1ms",
-        "graph+lp_qshare_100ms_devgate", "graph+lp_qshare_1ms_devgate",
-        "graph+gpt2_plain", "graph+gpt2_qshare_1ms", "graph+gpt2_qshare_1ms_devgate",
-        "eager+lp_plain", "eager+lp_qshare_100ms", "bert+lp_qshare_1ms",
-        "bert+lp_qshare_1ms_devgate",
+MEASURED = (  # the scenarios of `bench gpu` the model can replay (no MPS, no `auto`)
+    "lp_alone", "lp_alone_qshare", "gpt2_alone", "graph_alone", "eager_alone", "bert_alone",
+    "graph+lp_plain", "graph+lp_qshare_100ms", "graph+lp_qshare_1ms",
+    "graph+lp_qshare_100ms_devgate", "graph+lp_qshare_1ms_devgate",
+    "graph+gpt2_plain", "graph+gpt2_qshare_1ms", "graph+gpt2_qshare_1ms_devgate",
+    "eager+lp_plain", "eager+lp_qshare_100ms", "bert+lp_qshare_1ms",
+    "bert+lp_qshare_1ms_devgate",
+    # other windows, measured once on the H100
+    "graph+lp_qshare_1ms_w100", "graph+lp_qshare_1ms_w200", "graph+gpt2_qshare_1ms_w100",
 )  # fmt: skip
-EXTRA = (  # other windows (measured once on the H100) and a shorter timeslice (never)
-    _sc("graph+lp_qshare_1ms_w100", window_us=100),
-    _sc("graph+lp_qshare_1ms_w200", window_us=200),
-    _sc("graph+gpt2_qshare_1ms_w100", window_us=100),
-    _sc("graph+gpt2_plain_ts500", timeslice_us=500),
-    _sc("graph+gpt2_qshare_1ms_ts500", timeslice_us=500),
-    _sc("graph+gpt2_qshare_1ms_devgate_ts500", timeslice_us=500),
-    _sc("graph+gpt2_qshare_1ms_devgate_ts250", timeslice_us=250),
+SHORTER_TIMESLICES = (  # what the card has not run: (scenario, timeslice µs)
+    ("graph+gpt2_plain", 500), ("graph+gpt2_qshare_1ms", 500),
+    ("graph+gpt2_qshare_1ms_devgate", 500), ("graph+gpt2_qshare_1ms_devgate", 250),
+)  # fmt: skip
+SCENARIOS = (
+    *(_from_gpu(n) for n in MEASURED),
+    *(_from_gpu(n, us, f"_ts{us}") for n, us in SHORTER_TIMESLICES),
 )
-SCENARIOS = (*(_sc(n) for n in MEASURED), *EXTRA)
 
 
 @dataclass(frozen=True)
