@@ -13,7 +13,13 @@ ROOT = Path(__file__).resolve().parent
 
 HEADER = ROOT / "include" / "qshare.h"
 # Integer macros of the header that Python reads (lib.NAME, values from the compiled header).
-CONSTANTS = ("QS_DEFAULT_LP_WINDOW_NS", "QS_LP_WINDOW_ALONE_NS", "QS_LP_DEVICE_GATE_SLICE_NS")
+CONSTANTS = (
+    "QS_DEFAULT_LP_WINDOW_NS",
+    "QS_LP_WINDOW_ALONE_NS",
+    "QS_LP_DEVICE_GATE_SLICE_NS",
+    "QS_RELEASE_AUTO_BUCKETS",
+    "QS_RELEASE_AUTO_PERIOD_NS",
+)
 
 
 def cdef() -> str:

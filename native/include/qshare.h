@@ -263,6 +263,40 @@ int qs_card_set_release_auto(qs_node *node, uint32_t index, int enable, uint64_t
                              uint64_t max_delay_ns);
 int qs_card_release_auto_get(qs_node *node, uint32_t index, qs_release_auto_stats *out);
 
+/* The auto rule itself, pure functions of what the owner has seen, one for the owner's release
+ * thread and for models (`qshare bench model` replays it in simulated time). The owner folds
+ * what each period of QS_RELEASE_AUTO_PERIOD_NS added into a history that forgets with a time
+ * constant of 2 s, then asks for the penalty and the delay. */
+#define QS_RELEASE_AUTO_BUCKETS 40 /* log2 buckets of HP's gaps: b holds [2^b, 2^(b+1)) ns */
+#define QS_RELEASE_AUTO_PERIOD_NS 20000000ull
+typedef struct qs_release_auto_period { /* what one period added */
+    uint64_t gap_count[QS_RELEASE_AUTO_BUCKETS];  /* gaps between HP's activity, by bucket */
+    uint64_t gap_sum_ns[QS_RELEASE_AUTO_BUCKETS];
+    uint64_t lp_device_ns; /* device time of the LP launches completed */
+    uint64_t lp_launches;  /* their number */
+} qs_release_auto_period;
+typedef struct qs_release_auto_history { /* decayed sums of the periods folded in */
+    double gap_count[QS_RELEASE_AUTO_BUCKETS];
+    double gap_sum_ns[QS_RELEASE_AUTO_BUCKETS];
+    double lp_device_ns, lp_launches; /* their ratio: LP's mean kernel, weighted by launch */
+} qs_release_auto_history;
+/* The bucket of a gap (gaps of 2^40 ns or more go to the last one). */
+uint32_t qs_release_auto_bucket(uint64_t gap_ns);
+/* Decay `history` by one period and add `period`. QS_EINVAL for a NULL pointer. */
+int qs_release_auto_fold(qs_release_auto_history *history, const qs_release_auto_period *period);
+/* How long a high-priority launch on a released card waits behind LP's work in flight: the
+ * larger of LP's mean kernel and what each of `inflight` launchers may hold (`held_ns`: its
+ * window, or one device-gate slice). With no LP launch in the history, `bound_ns` (at least
+ * 1) if any LP launcher is attached, else 0. 0 for a NULL history. */
+uint64_t qs_release_auto_penalty(const qs_release_auto_history *history, uint64_t inflight,
+                                 uint64_t held_ns, uint64_t bound_ns);
+/* The release delay for the gaps in `history`: `max_delay_ns` until 50 gaps are seen or when
+ * one exposure costs more than `bound_ns`; otherwise the delay that maximises LP's harvest
+ * against HP's loss while a request's exposures stay within the bound (docs/colocation.md).
+ * `max_delay_ns` for a NULL history. */
+uint64_t qs_release_auto_choose(const qs_release_auto_history *history, uint64_t bound_ns,
+                                uint64_t max_delay_ns, uint64_t penalty_ns);
+
 /* ---- low priority's in-flight window ---- */
 /* The device time low priority may have submitted and not yet completed on card `index`,
  * per process (1 µs .. QS_MAX_LP_WINDOW_NS); takes effect at the next launch. Launchers that

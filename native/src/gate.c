@@ -9,13 +9,6 @@
 #include <limits.h>
 #include <string.h>
 
-#define AUTO_PERIOD_NS 20000000ull /* the release thread revises the auto delay this often */
-#define AUTO_DECAY 0.99            /* per period: the gap histogram forgets with tau = 2 s */
-#define AUTO_MIN_GAPS 50.0         /* below this many gaps, keep the maximum delay */
-#define AUTO_GAIN 4.0              /* expose a gap only if LP gains 4x what HP loses */
-#define AUTO_MARGIN 2u             /* twice the shortest gap worth exposing */
-#define AUTO_REQUEST_GAP_LOG2 21u  /* gaps of 2^21 ns (2.1 ms) or more separate HP requests */
-
 #define GATE_RECHECK_NS 50000000ull /* a client's gate sleep never lasts longer unchecked */
 #define BUSY_SLEEP_MIN_NS 100000ull /* at this delay or more, a waiter sleeps through HP's work */
 
@@ -37,8 +30,7 @@ static void observe_gap(struct qs_card_state *cs)
     if (now <= last)
         return;
     uint64_t gap = now - last;
-    uint32_t b = 63u - (uint32_t)__builtin_clzll(gap);
-    b = b < QS_GAP_BUCKETS ? b : QS_GAP_BUCKETS - 1;
+    uint32_t b = qs_release_auto_bucket(gap);
     atomic_fetch_add_explicit(&cs->gap_count[b], 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&cs->gap_sum_ns[b], gap, memory_order_relaxed);
 }
@@ -179,14 +171,13 @@ int qs_gate_wait(struct qs_segment *seg, uint32_t card, _Atomic uint32_t *stop,
     return blocked;
 }
 
-/* ---- auto release mode: the owner's model of high priority's gaps ---- */
+/* ---- auto release mode: the owner's view of high priority's gaps (rule: release_auto.c) */
 struct auto_model {
     int on;
     uint64_t next_ns;
     uint64_t raw_count[QS_GAP_BUCKETS], raw_sum[QS_GAP_BUCKETS]; /* counters last folded in */
-    double count[QS_GAP_BUCKETS], sum[QS_GAP_BUCKETS];           /* decayed histogram */
-    uint64_t lp_dev, lp_launches;   /* low priority's counters last folded in */
-    double lp_dev_w, lp_launches_w; /* decayed: their ratio is the mean kernel, by launch */
+    uint64_t lp_dev, lp_launches; /* low priority's counters last folded in */
+    qs_release_auto_history history;
 };
 
 /* Low priority's device time, launches and the kernels it may have in flight on `card`. */
@@ -206,86 +197,38 @@ static void lp_totals(struct qs_segment *seg, uint32_t card, uint64_t *dev, uint
     }
 }
 
-/* Fold the new gaps and low priority's kernels into the model; returns the penalty: how long a
- * high-priority launch on a released card waits for the low-priority work in flight. */
+/* Fold what the counters gained since the last period into the history; returns the penalty:
+ * how long a high-priority launch on a released card waits for the low-priority work in flight. */
 static uint64_t auto_observe(struct qs_segment *seg, uint32_t card, struct auto_model *m)
 {
     struct qs_card_state *cs = &seg->state->cards[card];
+    qs_release_auto_period period = {0};
     for (uint32_t b = 0; b < QS_GAP_BUCKETS; b++) {
         uint64_t c = atomic_load(&cs->gap_count[b]), s = atomic_load(&cs->gap_sum_ns[b]);
-        m->count[b] = m->count[b] * AUTO_DECAY + (double)(c - m->raw_count[b]);
-        m->sum[b] = m->sum[b] * AUTO_DECAY + (double)(s - m->raw_sum[b]);
+        period.gap_count[b] = c - m->raw_count[b];
+        period.gap_sum_ns[b] = s - m->raw_sum[b];
         m->raw_count[b] = c;
         m->raw_sum[b] = s;
     }
     uint64_t dev, launches, inflight;
     lp_totals(seg, card, &dev, &launches, &inflight);
-    /* Weighted by launches, so that a period in which low priority ran one long kernel (its
-     * process woke late, say) moves the mean by one kernel, not by a whole period. */
-    m->lp_dev_w *= AUTO_DECAY;
-    m->lp_launches_w *= AUTO_DECAY;
     if (launches > m->lp_launches && dev >= m->lp_dev) {
-        m->lp_dev_w += (double)(dev - m->lp_dev);
-        m->lp_launches_w += (double)(launches - m->lp_launches);
+        period.lp_device_ns = dev - m->lp_dev;
+        period.lp_launches = launches - m->lp_launches;
     }
     m->lp_dev = dev;
     m->lp_launches = launches;
-    if (m->lp_launches_w < 1.0) { /* LP has not run lately: assume it costs the bound */
-        uint64_t bound = atomic_load(&seg->cfg->cards[card].auto_bound_ns);
-        return inflight ? (bound ? bound : 1) : 0;
-    }
+    qs_release_auto_fold(&m->history, &period);
     /* A launcher that queues by device time (the interposer) may hold its whole window, or
      * with the card's device gate on, one slice of it. */
     const struct qs_cfg_card *cc = &seg->cfg->cards[card];
-    uint64_t per_kernel = (uint64_t)(m->lp_dev_w / m->lp_launches_w * (double)inflight);
     uint64_t held = atomic_load(&cc->lp_device_gate) ? QS_LP_DEVICE_GATE_SLICE_NS
                                                      : qs_card_lp_window(cc);
-    uint64_t windowed = inflight * held;
-    return per_kernel > windowed ? per_kernel : windowed;
+    return qs_release_auto_penalty(&m->history, inflight, held, atomic_load(&cc->auto_bound_ns));
 }
 
-/* The delay for the gaps seen. Each gap longer than the delay is "exposed": low priority gets
- * its remainder, and high priority's next launch waits `penalty` behind low priority's work.
- * Exposures are counted per request (gaps shorter than 2^AUTO_REQUEST_GAP_LOG2 ns are taken
- * as inside one request, as the device gaps of a host-bound model are): a delay is a
- * candidate only if a request's exposures cost at most the bound. Among the candidates, take
- * the bucket boundary that maximises what low priority harvests minus AUTO_GAIN times what
- * high priority loses, doubled for margin. When not even one exposure fits the bound, fall
- * back to `max_delay` (the fixed delay). */
-static uint64_t auto_choose(const struct auto_model *m, uint64_t bound, uint64_t max_delay,
-                            uint64_t penalty)
-{
-    double cnt_ge[QS_GAP_BUCKETS + 1] = {0}, sum_ge[QS_GAP_BUCKETS + 1] = {0};
-    for (int b = QS_GAP_BUCKETS - 1; b >= 0; b--) {
-        cnt_ge[b] = cnt_ge[b + 1] + m->count[b];
-        sum_ge[b] = sum_ge[b + 1] + m->sum[b];
-    }
-    if (cnt_ge[0] < AUTO_MIN_GAPS || penalty == 0)
-        return max_delay;
-    if (penalty > bound)
-        return max_delay;
-    double cost = AUTO_GAIN * (double)penalty, delay = (double)max_delay;
-    double requests = cnt_ge[AUTO_REQUEST_GAP_LOG2] > 1.0 ? cnt_ge[AUTO_REQUEST_GAP_LOG2] : 1.0;
-    uint32_t top = 63u - (uint32_t)__builtin_clzll(max_delay);
-    top = top + 1 < QS_GAP_BUCKETS ? top + 1 : QS_GAP_BUCKETS;
-    double best = sum_ge[top] - cnt_ge[top] * delay - cost * cnt_ge[top];
-    for (int b = (int)top - 1; b >= 0; b--) {
-        double d = b ? (double)(1ull << b) : 0.0;
-        double inside = (uint32_t)b < AUTO_REQUEST_GAP_LOG2 ? cnt_ge[b] - requests : 0.0;
-        if ((1.0 + (inside > 0.0 ? inside : 0.0) / requests) * (double)penalty > (double)bound)
-            continue; /* a request would wait behind LP more often than the bound allows */
-        double net = sum_ge[b] - cnt_ge[b] * d - cost * cnt_ge[b];
-        if (d < (double)max_delay && net > best) {
-            best = net;
-            delay = d;
-        }
-    }
-    uint64_t out = (uint64_t)delay * AUTO_MARGIN;
-    return out < max_delay ? out : max_delay;
-}
-
-/* Run by the release thread: revise the auto delay every AUTO_PERIOD_NS. Returns when to
- * come back (0 while auto mode is off). */
+/* Run by the release thread: revise the auto delay every QS_RELEASE_AUTO_PERIOD_NS. Returns
+ * when to come back (0 while auto mode is off). */
 static uint64_t auto_tick(struct qs_segment *seg, uint32_t card, struct auto_model *m)
 {
     struct qs_cfg_card *cc = &seg->cfg->cards[card];
@@ -298,28 +241,28 @@ static uint64_t auto_tick(struct qs_segment *seg, uint32_t card, struct auto_mod
         memset(m, 0, sizeof *m);
         m->on = 1;
         auto_observe(seg, card, m);
-        memset(m->count, 0, sizeof m->count);
-        memset(m->sum, 0, sizeof m->sum);
-        m->next_ns = now + AUTO_PERIOD_NS;
+        memset(m->history.gap_count, 0, sizeof m->history.gap_count); /* LP's mean stays */
+        memset(m->history.gap_sum_ns, 0, sizeof m->history.gap_sum_ns);
+        m->next_ns = now + QS_RELEASE_AUTO_PERIOD_NS;
     }
     if (now < m->next_ns)
         return m->next_ns;
     uint64_t penalty = auto_observe(seg, card, m);
-    uint64_t delay = auto_choose(m, atomic_load(&cc->auto_bound_ns),
-                                 atomic_load(&cc->auto_max_delay_ns), penalty);
+    uint64_t delay = qs_release_auto_choose(&m->history, atomic_load(&cc->auto_bound_ns),
+                                            atomic_load(&cc->auto_max_delay_ns), penalty);
     atomic_store(&cc->auto_penalty_ns, penalty);
     if (atomic_exchange(&cc->auto_delay_ns, delay) != delay) {
         struct qs_card_state *cs = &seg->state->cards[card];
         atomic_fetch_add(&cs->wake_seq, 1); /* sleepers recompute their deadline */
         qs_futex_wake(&cs->wake_seq, INT_MAX);
     }
-    m->next_ns = now + AUTO_PERIOD_NS;
+    m->next_ns = now + QS_RELEASE_AUTO_PERIOD_NS;
     return m->next_ns;
 }
 
 /* The owner's thread per card: it releases the card on time even when no low-priority
  * context is waiting, so that idle events are exact; it sleeps on the same futex, and in
- * auto mode wakes every AUTO_PERIOD_NS to revise the delay. */
+ * auto mode wakes every QS_RELEASE_AUTO_PERIOD_NS to revise the delay. */
 void qs_gate_release_loop(struct qs_segment *seg, uint32_t card, _Atomic uint32_t *stop)
 {
     struct qs_card_state *cs = &seg->state->cards[card];

@@ -15,6 +15,7 @@
 #define QS_CACHELINE 64
 #define QS_MASK_WORDS (QS_MAX_CONTEXTS / 64u)
 #define QS_GAP_BUCKETS 40u /* log2 buckets of HP gaps, up to 2^40 ns */
+_Static_assert(QS_GAP_BUCKETS == QS_RELEASE_AUTO_BUCKETS, "the auto rule's buckets");
 
 enum qs_slot_state { QS_SLOT_FREE = 0, QS_SLOT_ACTIVE = 1, QS_SLOT_DESTROYED = 2 };
 enum qs_gate_state { QS_GATE_OPEN = 0, QS_GATE_CLOSED = 1, QS_GATE_RELEASING = 2 };

@@ -363,6 +363,28 @@ static int test_null_handles_are_refused_with_a_clear_error(void)
     return 0;
 }
 
+/* The auto rule as a pure function, under the sanitizers: a history of steady requests gets
+ * a delay under the maximum; edge inputs (no gaps, a zero gap, a NULL history) stay defined. */
+static int test_auto_rule_chooses_a_short_delay_for_steady_requests(void)
+{
+    qs_release_auto_history history = {0};
+    qs_release_auto_period period = {0};
+    uint32_t b = qs_release_auto_bucket(30000000ull);
+    period.gap_count[b] = 100;
+    period.gap_sum_ns[b] = 100 * 30000000ull;
+    period.lp_device_ns = 50000ull * 1000;
+    period.lp_launches = 1000;
+    EXPECT(qs_release_auto_fold(&history, &period) == QS_OK);
+    uint64_t penalty = qs_release_auto_penalty(&history, 1, 500000ull, 2000000ull);
+    EXPECT(penalty == 500000ull);
+    EXPECT(qs_release_auto_choose(&history, 2000000ull, 100000000ull, penalty) < 1000000ull);
+    EXPECT(qs_release_auto_bucket(0) == 0);
+    EXPECT(qs_release_auto_choose(&history, 2000000ull, 0, penalty) == 0);
+    EXPECT(qs_release_auto_fold(NULL, &period) == QS_EINVAL);
+    EXPECT(qs_release_auto_penalty(NULL, 1, 1, 1) == 0);
+    return 0;
+}
+
 int main(void)
 {
     const struct test_case tests[] = {
@@ -388,6 +410,8 @@ int main(void)
         {"release beyond reservation is refused", test_release_beyond_reservation_is_refused},
         {"null handles are refused with a clear error",
          test_null_handles_are_refused_with_a_clear_error},
+        {"auto rule chooses a short delay for steady requests",
+         test_auto_rule_chooses_a_short_delay_for_steady_requests},
     };
     return run_tests(tests, sizeof tests / sizeof tests[0]);
 }

@@ -10,19 +10,22 @@ import argparse
 import json
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from qshare.bench import gpu, traces
 from qshare.bench.card_model import Card, CardTiming
+from qshare.bench.model_auto import AutoRelease, AutoSettings
 from qshare.bench.model_hosts import Gate, HighPriority, Loop, LowPriority, LpSettings
 from qshare.bench.stats import percentile
 
 HP_RATE_PER_S = 30.0  # as `bench gpu`
 HP_TRACES = {"graph": traces.HP_GRAPH, "eager": traces.HP_EAGER, "bert": traces.HP_BERT}
 LP_TRACES = {"resnet50": traces.LP_TRAINING, "gpt2": traces.LP_GPT2}
-RELEASE_NS = {"plain": 0, "qshare-1ms": 1_000_000, "qshare-100ms": 100_000_000}
+RELEASE_NS = {"plain": 0, "qshare-1ms": 1_000_000, "qshare-100ms": 100_000_000,
+              "qshare-auto": 100_000_000}  # auto: the most it chooses  # fmt: skip
 FIT_ROWS = ("graph+lp_plain", "graph+gpt2_plain")  # what the timeslice is fitted to
 FIT_TIMESLICES_US = (500, 1000, 2000, 3000, 4000, 5000, 6000, 8000)
 _DOCS = Path(__file__).resolve().parents[4] / "docs" / "bench"
@@ -38,7 +41,7 @@ class ModelScenario:
     name: str
     hp: str | None  # graph | eager | bert
     lp: str | None  # resnet50 | gpt2
-    mode: str  # plain | qshare-1ms | qshare-100ms
+    mode: str  # plain | qshare-1ms | qshare-100ms | qshare-auto
     device_gate: bool = False
     window_us: int | None = None  # the card's LP window (None: the driver's default)
     timeslice_us: int | None = None  # what if the card's timeslice were set to this
@@ -52,12 +55,12 @@ def _from_gpu(name: str, timeslice_us: int | None = None, suffix: str = "") -> M
                          timeslice_us)  # fmt: skip
 
 
-MEASURED = (  # the scenarios of `bench gpu` the model can replay (no MPS, no `auto`)
+MEASURED = (  # the scenarios of `bench gpu` the model can replay (no MPS)
     "lp_alone", "lp_alone_qshare", "gpt2_alone", "graph_alone", "eager_alone", "bert_alone",
     "graph+lp_plain", "graph+lp_qshare_100ms", "graph+lp_qshare_1ms",
     "graph+lp_qshare_100ms_devgate", "graph+lp_qshare_1ms_devgate",
     "graph+gpt2_plain", "graph+gpt2_qshare_1ms", "graph+gpt2_qshare_1ms_devgate",
-    "eager+lp_plain", "eager+lp_qshare_100ms", "bert+lp_qshare_1ms",
+    "eager+lp_plain", "eager+lp_qshare_100ms", "eager+lp_qshare_auto", "bert+lp_qshare_1ms",
     "bert+lp_qshare_1ms_devgate",
     # other windows, measured once on the H100
     "graph+lp_qshare_1ms_w100", "graph+lp_qshare_1ms_w200", "graph+gpt2_qshare_1ms_w100",
@@ -66,9 +69,13 @@ SHORTER_TIMESLICES = (  # what the card has not run: (scenario, timeslice µs)
     ("graph+gpt2_plain", 500), ("graph+gpt2_qshare_1ms", 500),
     ("graph+gpt2_qshare_1ms_devgate", 500), ("graph+gpt2_qshare_1ms_devgate", 250),
 )  # fmt: skip
+MODEL_ONLY = (  # what the card has not run: `auto` beside the graph HP
+    ModelScenario("graph+lp_qshare_auto", "graph", "resnet50", "qshare-auto"),
+)
 SCENARIOS = (
     *(_from_gpu(n) for n in MEASURED),
     *(_from_gpu(n, us, f"_ts{us}") for n, us in SHORTER_TIMESLICES),
+    *MODEL_ONLY,
 )
 
 
@@ -106,8 +113,11 @@ def simulate(
                 seen_ns=costs.hp_seen_ns)  # fmt: skip
     hp = _high_priority(sc, loop, gate, seed, until)
     lp = _low_priority(sc, loop, gate, costs)
+    auto = _auto(sc, loop, gate, lp, costs)
     loop.run(until)
     out: dict[str, float] = {}
+    if auto is not None and auto.delays_ns:
+        out["release_delay_ms"] = statistics.median(auto.delays_ns) / 1e6
     if hp is not None:
         out |= _hp_figures(hp.latencies_ns, loop.card.context("hp").busy_ns / until)
     if lp is not None:
@@ -136,6 +146,24 @@ def _low_priority(
     lp = LowPriority(loop, gate, rows, _lp_settings(sc, costs))
     lp.start()
     return lp
+
+
+def _auto(
+    sc: ModelScenario, loop: Loop, gate: Gate, lp: LowPriority | None, costs: HostCosts
+) -> AutoRelease | None:
+    """The driver's `auto` release for the scenario's card, with `bench gpu`'s bound."""
+    if sc.mode != "qshare-auto" or not gate.enabled:
+        return None
+    from qshare_driver._lib import lib
+
+    s = _lp_settings(sc, costs)
+    held = int(lib.QS_LP_DEVICE_GATE_SLICE_NS) if sc.device_gate else (s.window_ns or 0)
+    settings = AutoSettings(gpu.AUTO_BOUND_US * 1000, RELEASE_NS[sc.mode], held)
+    auto = AutoRelease(loop, settings, (lambda: (lp.completed_ns, lp.completed)) if lp
+                       else (lambda: (0, 0)))  # fmt: skip
+    gate.auto = auto
+    auto.start()
+    return auto
 
 
 def _hp_figures(latencies_ns: list[int], busy_share: float) -> dict[str, float]:
@@ -270,7 +298,8 @@ def predicted_targets(
 ) -> dict[str, bool | None]:
     """Issue 9's targets for the card, judged on the model's rows with the window and with the
     device gate: HP p99 added within 5 % of the H100's graph HP alone, the harvest 0.9, and
-    beside GPT-2 within the trace's p99 kernel (None where a row is missing)."""
+    beside GPT-2 within the trace's p99 kernel; and `auto` against the fixed delay on the
+    eager HP (None where a row is missing)."""
     alone = gpu.get("graph_alone", {}).get("hp_p99_ms")
     bounds = {"p99": None if alone is None else 0.05 * float(alone),
               "gpt2": float(traces.summary(traces.LP_GPT2)["kernel_us_p99"]) / 1e3}  # fmt: skip
@@ -290,7 +319,22 @@ def predicted_targets(
             ),
             f"gpt2_hp_p99_met_{how}": within(f"graph+gpt2_qshare_1ms{suffix}", bounds["gpt2"]),
         }
-    return out
+    return out | _auto_targets(rows)
+
+
+def _auto_targets(rows: dict[str, dict[str, Any]]) -> dict[str, bool | None]:
+    """`auto` on the eager HP: p99 not above the fixed 100 ms delay's, and LP above it."""
+    auto, fixed = rows.get("eager+lp_qshare_auto", {}), rows.get("eager+lp_qshare_100ms", {})
+
+    def compared(key: str, met: Callable[[float, float], bool]) -> bool | None:
+        if key not in auto or key not in fixed:
+            return None
+        return met(float(auto[key]), float(fixed[key]))
+
+    return {
+        "eager_auto_hp_p99_met": compared("hp_p99_ms", lambda a, f: a <= f),
+        "eager_auto_lp_above_met": compared("lp_launches_per_s", lambda a, f: a > f),
+    }
 
 
 def _chosen(only: str | None) -> tuple[ModelScenario, ...]:

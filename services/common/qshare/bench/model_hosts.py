@@ -11,6 +11,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Protocol
 
 from qshare.bench.card_model import Card, Item
 
@@ -47,16 +48,27 @@ class Loop:
                 heapq.heappop(heap)[2]()
 
 
+class ChosenDelay(Protocol):
+    """A release delay chosen as HP runs (model_auto.AutoRelease: the driver's `auto`)."""
+
+    delay_ns: int
+
+    def hp_launched(self) -> None: ...
+
+    def hp_seen(self, t: int) -> None: ...
+
+
 @dataclass
 class Gate:
-    """The card's gate word: closed by HP's launches, opened `delay_ns` after HP's work has
-    all completed and been seen (`seen_ns` later: the interposer's fence). `enabled` False:
-    no qshare, nothing closes it."""
+    """The card's gate word: closed by HP's launches, opened `delay_ns` (or the delay `auto`
+    has chosen) after HP's work has all completed and been seen (`seen_ns` later: the
+    interposer's fence). `enabled` False: no qshare, nothing closes it."""
 
     loop: Loop
     delay_ns: int
     enabled: bool = True
     seen_ns: int = 0
+    auto: ChosenDelay | None = None
     is_open: bool = True
     closed_ns: int = 0
     _hp_inflight: int = 0
@@ -65,6 +77,8 @@ class Gate:
     _waiters: list[Callable[[], None]] = field(default_factory=list)
 
     def hp_launched(self) -> None:
+        if self.auto is not None:
+            self.auto.hp_launched()
         self._hp_inflight += 1
         self._epoch += 1  # a release under way is called off
         if self.enabled and self.is_open:
@@ -72,9 +86,13 @@ class Gate:
 
     def hp_completed(self) -> None:
         self._hp_inflight -= 1
+        seen = self.loop.now + self.seen_ns
+        if self.auto is not None:
+            self.loop.at(seen, partial(self.auto.hp_seen, seen))
         if self._hp_inflight == 0 and not self.is_open:
             epoch = self._epoch
-            self.loop.at(self.loop.now + self.seen_ns + self.delay_ns, lambda: self._open(epoch))
+            delay = self.delay_ns if self.auto is None else self.auto.delay_ns
+            self.loop.at(seen + delay, lambda: self._open(epoch))
 
     def when_open(self, fn: Callable[[], None]) -> None:
         if self.is_open:
@@ -158,6 +176,7 @@ class LowPriority:
             raise ValueError("a low-priority timeline needs at least one launch")
         self.loop, self.gate, self.rows, self.s = loop, gate, rows, settings
         self.completed = 0
+        self.completed_ns = 0  # their device time
         self._next = 0
         self._inflight = 0
         self._queued_ns = 0
@@ -209,6 +228,7 @@ class LowPriority:
     def _done(self, dur: int, batch: Batch | None, _t: int) -> None:
         self._inflight -= 1
         self.completed += 1
+        self.completed_ns += dur
         if batch is None:  # no window: the driver's queue frees a slot at once
             self._seen(dur)
         else:
