@@ -117,8 +117,13 @@ async def test_a_node_agent_killed_and_restarted_keeps_running_workloads_limited
     args = {"QSHARE_NODE_NAME": name, "QSHARE_NODE_NATS_URL": bus_url,
             "QSHARE_NODE_SIMULATE": "1:8Gi", "QSHARE_NODE_SHM_DIR": str(tmp_path),
             "QSHARE_NODE_HEARTBEAT_S": "0.5"}  # fmt: skip
+    # a class that keeps its claims where they are: a restart slower than the node timeout
+    # (3 s here, on a loaded machine) degrades the claim instead of re-placing it
+    stays = {"name": f"stays-{uuid.uuid4().hex[:8]}", "provisioner": "qshare",
+             "replace_on_failure": False}  # fmt: skip
+    assert (await api.post("/v1/classes", json=stays)).status_code == 201
     async with service("qshare_node_agent", args, b"node agent") as first:
-        claim = await ready_claim(api, 30, vcore=10)
+        claim = await ready_claim(api, 30, vcore=10, class_name=stays["name"])
         vgpu = claim["vgpus"][0]
         client = Client.attach(f"qshare-{name}", vgpu["local_id"], tmp_path)
         client.reserve(1 << 30)
