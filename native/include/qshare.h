@@ -279,6 +279,7 @@ typedef struct qs_release_auto_history { /* decayed sums of the periods folded i
     double gap_count[QS_RELEASE_AUTO_BUCKETS];
     double gap_sum_ns[QS_RELEASE_AUTO_BUCKETS];
     double lp_device_ns, lp_launches; /* their ratio: LP's mean kernel, weighted by launch */
+    uint64_t gaps_seen;               /* every gap folded in, never decayed: the warm-up */
 } qs_release_auto_history;
 /* The bucket of a gap (gaps of 2^40 ns or more go to the last one). */
 uint32_t qs_release_auto_bucket(uint64_t gap_ns);
@@ -290,8 +291,9 @@ int qs_release_auto_fold(qs_release_auto_history *history, const qs_release_auto
  * 1) if any LP launcher is attached, else 0. 0 for a NULL history. */
 uint64_t qs_release_auto_penalty(const qs_release_auto_history *history, uint64_t inflight,
                                  uint64_t held_ns, uint64_t bound_ns);
-/* The release delay for the gaps in `history`: `max_delay_ns` until 50 gaps are seen or when
- * one exposure costs more than `bound_ns`; otherwise the delay that maximises LP's harvest
+/* The release delay for the gaps in `history`: `max_delay_ns` until 50 gaps have been seen
+ * (ever: at a steady rate the decayed count settles at rate x 2 s, under 50 below 25 gaps a
+ * second) or when one exposure costs more than `bound_ns`; otherwise the delay that maximises LP's harvest
  * against HP's loss while a request's exposures stay within the bound (docs/colocation.md).
  * `max_delay_ns` for a NULL history. */
 uint64_t qs_release_auto_choose(const qs_release_auto_history *history, uint64_t bound_ns,

@@ -4,7 +4,7 @@
 #include "node.h"
 
 #define AUTO_DECAY 0.99           /* per period: the history forgets with tau = 2 s */
-#define AUTO_MIN_GAPS 50.0        /* below this many gaps, keep the maximum delay */
+#define AUTO_MIN_GAPS 50.0        /* until this many gaps are seen, keep the maximum delay */
 #define AUTO_GAIN 4.0             /* expose a gap only if LP gains 4x what HP loses */
 #define AUTO_MARGIN 2u            /* twice the shortest gap worth exposing */
 #define AUTO_REQUEST_GAP_LOG2 21u /* gaps of 2^21 ns (2.1 ms) or more separate HP requests */
@@ -22,6 +22,7 @@ int qs_release_auto_fold(qs_release_auto_history *h, const qs_release_auto_perio
     if (!h || !p)
         return qs_fail(QS_EINVAL, "auto release: history and period must not be NULL");
     for (uint32_t b = 0; b < QS_RELEASE_AUTO_BUCKETS; b++) {
+        h->gaps_seen += p->gap_count[b];
         h->gap_count[b] = h->gap_count[b] * AUTO_DECAY + (double)p->gap_count[b];
         h->gap_sum_ns[b] = h->gap_sum_ns[b] * AUTO_DECAY + (double)p->gap_sum_ns[b];
     }
@@ -61,7 +62,11 @@ uint64_t qs_release_auto_choose(const qs_release_auto_history *h, uint64_t bound
         cnt_ge[b] = cnt_ge[b + 1] + h->gap_count[b];
         sum_ge[b] = sum_ge[b + 1] + h->gap_sum_ns[b];
     }
-    if (cnt_ge[0] < AUTO_MIN_GAPS || penalty == 0 || penalty > bound)
+    /* Warm-up counts every gap seen, not the decayed count: that one settles at the gap rate
+     * times the time constant, so a steady 30 requests/s would hover about 60 and fall back to
+     * the maximum whenever a quiet second took it under 50, and under 25/s never leave it. */
+    if ((double)h->gaps_seen < AUTO_MIN_GAPS || cnt_ge[0] <= 0.0 || penalty == 0 ||
+        penalty > bound)
         return max_delay;
     double cost = AUTO_GAIN * (double)penalty, delay = (double)max_delay;
     double requests = cnt_ge[AUTO_REQUEST_GAP_LOG2] > 1.0 ? cnt_ge[AUTO_REQUEST_GAP_LOG2] : 1.0;

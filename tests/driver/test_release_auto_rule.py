@@ -40,6 +40,18 @@ def test_the_maximum_delay_holds_until_50_gaps_are_seen() -> None:
     assert history([30 * MS] * 49).choose_ns(2 * MS, 100 * MS, 500 * US) == 100 * MS
 
 
+def test_a_steady_rate_whose_decayed_count_stays_under_50_still_leaves_the_maximum() -> None:
+    # 20 requests/s: two gaps every five 20 ms periods; the decayed count settles near 40
+    h = AutoHistory()
+    for i in range(500):
+        count, total = [0] * buckets(), [0] * buckets()
+        if i % 5 in (0, 2):
+            count[bucket(50 * MS)], total[bucket(50 * MS)] = 1, 50 * MS
+        h.fold(count, total, 50 * US * 100, 100)
+    assert h.gaps() < 50 and h.gaps_seen() == 200
+    assert h.choose_ns(2 * MS, 100 * MS, 500 * US) < MS
+
+
 def test_long_gaps_between_requests_get_a_short_delay() -> None:
     delay = history([30 * MS] * 100).choose_ns(2 * MS, 100 * MS, 500 * US)
     assert delay < MS

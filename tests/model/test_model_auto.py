@@ -92,6 +92,19 @@ def test_auto_on_the_eager_hp_harvests_what_the_fixed_delay_leaves_at_no_cost_to
     assert auto["release_delay_ms"] < 1.0
 
 
+def test_auto_beside_the_graph_hp_stays_off_the_maximum_once_warmed_up() -> None:
+    # 20 requests/s of one launch each (a CUDA graph): the decayed history settles near 40
+    # gaps, under the warm-up's 50, which must count the gaps seen instead
+    lp = loop()
+    gate = Gate(lp, delay_ns=0, seen_ns=100 * US)
+    gate.auto = auto = AutoRelease(lp, SETTINGS, lambda: (50 * US * 1000, 1000))
+    auto.start()
+    requests_every(lp, gate, 50 * MS, 10_000 * MS)
+    lp.run(10_000 * MS)
+    after_warm_up = auto.delays_ns[len(auto.delays_ns) // 2 :]
+    assert max(after_warm_up) < MS
+
+
 def test_auto_beside_the_graph_hp_is_a_row_the_model_alone_runs() -> None:
     sc = BY["graph+lp_qshare_auto"]
     assert (sc.hp, sc.lp, sc.mode) == ("graph", "resnet50", "qshare-auto")

@@ -80,3 +80,23 @@ def test_auto_release_expects_high_priority_to_wait_for_the_window(shm_dir: str)
 
 def test_auto_release_expects_a_slice_with_the_device_gate(shm_dir: str) -> None:
     assert 0.0001 <= auto_penalty(shm_dir, device_gate=True) < 0.0005
+
+
+def test_auto_release_leaves_the_maximum_under_a_rate_whose_decayed_count_stays_under_50(
+    shm_dir: str,
+) -> None:
+    """15 requests/s of one kernel: the history's decayed count settles near 30 gaps (rate x
+    the 2 s time constant), so the warm-up must count the gaps seen, not the decayed count."""
+    name = f"r{uuid.uuid4().hex[:8]}"
+    with Node.create(name, shm_dir) as node:
+        node.add_card(0, "GPU-sim-0", 16 << 30)
+        node.create_vgpu(1, 0, "high", 50, 1 << 30)
+        node.create_vgpu(2, 0, "low", 50, 1 << 30)
+        node.set_release_auto(0, 0.001)
+        hp = HpSpec(name, shm_dir, 1, 0.0005, 1, 15.0, 7.0, seed=3)
+        workers = [start(hp_main, hp), start(lp_main, LpSpec(name, shm_dir, 2, 0.0005, 7.0))]
+        t0 = go(workers)
+        time.sleep((t0 - now_ns()) / 1e9 + 6.0)
+        auto = node.release_auto(0)
+        collect(workers)
+    assert auto.gaps >= 50 and auto.delay_s < 0.01, auto

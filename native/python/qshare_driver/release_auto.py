@@ -59,6 +59,10 @@ class AutoHistory:
         """The decayed number of gaps the history holds."""
         return float(sum(self._history.gap_count))
 
+    def gaps_seen(self) -> int:
+        """Every gap folded in, never decayed (what the warm-up counts)."""
+        return int(self._history.gaps_seen)
+
     def penalty_ns(self, inflight: int, held_ns: int, bound_ns: int) -> int:
         """How long HP's launch on a released card waits behind LP's work in flight."""
         return int(lib.qs_release_auto_penalty(
