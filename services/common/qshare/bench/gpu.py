@@ -276,6 +276,9 @@ EXTRA_SCENARIOS = (
         "graph+lp_qshare_mps_1ms_w2000", "graph", "resnet50", "qshare-1ms", mps=True, window_us=2000
     ),
     Scenario("graph+gpt2_qshare_1ms_w100", "graph", "gpt2", "qshare-1ms", window_us=100),
+    # `auto` beside a CUDA-graph HP (one launch, one gap a request): what the card model
+    # predicts since auto's warm-up counts the gaps seen (docs/colocation.md)
+    Scenario("graph+lp_qshare_auto", "graph", "resnet50", "qshare-auto"),
     Scenario("resnet50_2s_alone", None, "resnet50_2s", "plain"),
     Scenario("lp2s_alone_qshare", None, "resnet50_2s", "qshare-100ms"),
     Scenario("graph+lp2s_plain", "graph", "resnet50_2s", "plain"),
@@ -645,6 +648,11 @@ SETS = {
         "graph_alone", "lp_alone", "gpt2_alone", "graph+gpt2_plain", "graph+gpt2_plain_ts_short",
         "graph+gpt2_qshare_1ms", "graph+gpt2_qshare_1ms_ts_short", "graph+lp_qshare_1ms",
         "graph+lp_qshare_1ms_ts_short", "graph+lp_plain_ts_short",
+    ),
+    # `auto` beside the graph HP and the eager HP, against the fixed delays
+    "auto": (
+        "lp_alone", "graph_alone", "graph+lp_qshare_1ms", "graph+lp_qshare_auto", "eager_alone",
+        "eager+lp_qshare_100ms", "eager+lp_qshare_auto",
     ),
     # eager HP alone under the interposer, by how often its completion is fenced (the default
     # is 200 µs since 2026-11-24; fence0 is the default before)
