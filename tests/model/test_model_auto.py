@@ -42,24 +42,23 @@ def test_a_gap_is_counted_once_from_hps_last_completion_seen_to_its_next_launch(
     assert auto.gaps_seen == 1.0
 
 
-def test_the_maximum_delay_holds_until_enough_gaps_are_seen() -> None:
+def auto_under_requests(every_ns: int, until_ns: int) -> AutoRelease:
+    """`auto` on a gate whose HP sends a 1 ms request every `every_ns`, LP's kernels 50 µs."""
     lp = loop()
     gate = Gate(lp, delay_ns=0, seen_ns=100 * US)
     gate.auto = auto = AutoRelease(lp, SETTINGS, lambda: (50 * US * 1000, 1000))
     auto.start()
-    requests_every(lp, gate, 30 * MS, 600 * MS)
-    lp.run(600 * MS)
-    assert auto.delay_ns == 100 * MS
+    requests_every(lp, gate, every_ns, until_ns)
+    lp.run(until_ns)
+    return auto
+
+
+def test_the_maximum_delay_holds_until_enough_gaps_are_seen() -> None:
+    assert auto_under_requests(30 * MS, 600 * MS).delay_ns == 100 * MS
 
 
 def test_steady_requests_get_a_short_delay_after_enough_gaps() -> None:
-    lp = loop()
-    gate = Gate(lp, delay_ns=0, seen_ns=100 * US)
-    gate.auto = auto = AutoRelease(lp, SETTINGS, lambda: (50 * US * 1000, 1000))
-    auto.start()
-    requests_every(lp, gate, 30 * MS, 3000 * MS)
-    lp.run(3000 * MS)
-    assert auto.delay_ns < MS
+    assert auto_under_requests(30 * MS, 3000 * MS).delay_ns < MS
 
 
 @dataclass
@@ -95,14 +94,8 @@ def test_auto_on_the_eager_hp_harvests_what_the_fixed_delay_leaves_at_no_cost_to
 def test_auto_beside_the_graph_hp_stays_off_the_maximum_once_warmed_up() -> None:
     # 20 requests/s of one launch each (a CUDA graph): the decayed history settles near 40
     # gaps, under the warm-up's 50, which must count the gaps seen instead
-    lp = loop()
-    gate = Gate(lp, delay_ns=0, seen_ns=100 * US)
-    gate.auto = auto = AutoRelease(lp, SETTINGS, lambda: (50 * US * 1000, 1000))
-    auto.start()
-    requests_every(lp, gate, 50 * MS, 10_000 * MS)
-    lp.run(10_000 * MS)
-    after_warm_up = auto.delays_ns[len(auto.delays_ns) // 2 :]
-    assert max(after_warm_up) < MS
+    delays = auto_under_requests(50 * MS, 10_000 * MS).delays_ns
+    assert max(delays[len(delays) // 2 :]) < MS
 
 
 def test_auto_beside_the_graph_hp_is_a_row_the_card_has_yet_to_run() -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from qshare.bench.coloc_workers import HpSpec, LpSpec, collect, go, hp_main, lp_main, start
 from qshare_driver import Node
@@ -55,15 +57,22 @@ def test_auto_release_harvests_steady_traffic_that_a_fixed_100ms_delay_starves(
     assert auto_delay < 0.01 and harvested > 0.3, (auto_delay, harvested)
 
 
-def auto_penalty(shm_dir: str, device_gate: bool) -> float:
-    """The wait auto mode expects a high-priority launch to have behind low priority's kernels
-    of 50 µs, each queued up to the card's window (500 µs), after 1.5 s of steady traffic."""
+@contextmanager
+def auto_card(shm_dir: str) -> Iterator[tuple[str, Node]]:
+    """A simulated card in auto mode (bound 1 ms), vGPU 1 high priority and 2 low."""
     name = f"r{uuid.uuid4().hex[:8]}"
     with Node.create(name, shm_dir) as node:
         node.add_card(0, "GPU-sim-0", 16 << 30)
         node.create_vgpu(1, 0, "high", 50, 1 << 30)
         node.create_vgpu(2, 0, "low", 50, 1 << 30)
         node.set_release_auto(0, 0.001)
+        yield name, node
+
+
+def auto_penalty(shm_dir: str, device_gate: bool) -> float:
+    """The wait auto mode expects a high-priority launch to have behind low priority's kernels
+    of 50 µs, each queued up to the card's window (500 µs), after 1.5 s of steady traffic."""
+    with auto_card(shm_dir) as (name, node):
         node.set_lp_device_gate(0, device_gate)
         hp = HpSpec(name, shm_dir, 1, 0.0005, 4, 150.0, 2.0, seed=3)
         workers = [start(hp_main, hp), start(lp_main, LpSpec(name, shm_dir, 2, 0.00005, 2.0))]
@@ -87,12 +96,7 @@ def test_auto_release_leaves_the_maximum_under_a_rate_whose_decayed_count_stays_
 ) -> None:
     """15 requests/s of one kernel: the history's decayed count settles near 30 gaps (rate x
     the 2 s time constant), so the warm-up must count the gaps seen, not the decayed count."""
-    name = f"r{uuid.uuid4().hex[:8]}"
-    with Node.create(name, shm_dir) as node:
-        node.add_card(0, "GPU-sim-0", 16 << 30)
-        node.create_vgpu(1, 0, "high", 50, 1 << 30)
-        node.create_vgpu(2, 0, "low", 50, 1 << 30)
-        node.set_release_auto(0, 0.001)
+    with auto_card(shm_dir) as (name, node):
         hp = HpSpec(name, shm_dir, 1, 0.0005, 1, 15.0, 7.0, seed=3)
         workers = [start(hp_main, hp), start(lp_main, LpSpec(name, shm_dir, 2, 0.0005, 7.0))]
         t0 = go(workers)
