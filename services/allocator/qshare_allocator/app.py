@@ -48,7 +48,7 @@ from qshare_allocator.claims.service import ClaimService, PendingCursor, Pending
 from qshare_allocator.db import in_transaction, make_engine
 from qshare_allocator.inventory.service import InventoryService
 from qshare_allocator.inventory.sharing import ask_sharing
-from qshare_allocator.messaging import Route, Router
+from qshare_allocator.messaging import Grouping, Route, Router
 from qshare_allocator.migrate import head, upgrade
 from qshare_allocator.nodes.dispatch import Dispatcher
 from qshare_allocator.nodes.reregister import Reregistration
@@ -126,6 +126,7 @@ class Allocator(Service):
             self.source,
             subjects.ALLOCATOR_QUEUE,
             self.settings.max_in_flight,
+            Grouping(self.settings.create_group, self.settings.create_groups_open),
         )
         for route in self._routes():
             await self._router.subscribe(route)
@@ -161,7 +162,9 @@ class Allocator(Service):
 
     def _routes(self) -> list[Route]:
         return [
-            Route(subjects.CLAIMS_CREATE, CreateClaim, self._create, self._after_write),
+            Route(
+                subjects.CLAIMS_CREATE, CreateClaim, self._create, self._after_write, grouped=True
+            ),
             Route(subjects.CLAIMS_DELETE, DeleteClaim, self._delete, self._after_release),
             Route(subjects.CLAIMS_RESIZE, ResizeClaim, self._resize, self._after_release),
             Route(subjects.NODES_REGISTER, NodeRegistration, self._register, self._after_register),
