@@ -53,6 +53,7 @@ from qshare_allocator.migrate import head, upgrade
 from qshare_allocator.nodes.dispatch import Dispatcher
 from qshare_allocator.nodes.reregister import Reregistration
 from qshare_allocator.outbox import OutboxRelay
+from qshare_allocator.placement.finder import Choice
 from qshare_allocator.placement.moving import Mover
 from qshare_allocator.placement.preview import PreviewService
 from qshare_allocator.settings import AllocatorSettings
@@ -68,7 +69,7 @@ class Allocator(Service):
     def __init__(self, settings: AllocatorSettings) -> None:
         self.settings = settings
         self.source = f"qshare-allocator/{settings.instance}"
-        self.claims = ClaimService(settings.cluster, self.source)
+        self.claims = ClaimService(settings.cluster, self.source, self._placed_on)
         self.resizer = Resizer(settings.cluster, self.source)
         self.inventory = InventoryService(settings.cluster, self.source)
         self.previews = PreviewService(settings.cluster)
@@ -254,6 +255,10 @@ class Allocator(Service):
             await self.reregistration.unknown_heartbeat(node)
             raise
         return _Freed(freed=freed)
+
+    def _placed_on(self, choice: Choice) -> None:
+        if self._dispatcher is not None:
+            self._dispatcher.placed_on(choice.node, choice.agent)
 
     @property
     def reregistration(self) -> Reregistration:
