@@ -26,7 +26,7 @@ class AllocatorSettings(BaseSettings, BusIdentity, HealthSettings, MetricsSettin
         16, ge=1, description="claim creations sharing one transaction at most (1: none share)"
     )
     create_groups_open: int = Field(
-        2, ge=1, description="shared claim-creation transactions open at once"
+        1, ge=1, description="shared claim-creation transactions open at once"
     )
     pending_sweep_s: float = Field(
         5.0, gt=0, description="retry pending claims at least this often"
