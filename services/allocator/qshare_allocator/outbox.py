@@ -97,11 +97,15 @@ class OutboxRelay:
 
     async def drain(self) -> int:
         """Publish until the outbox holds nothing this relay can take (another relay's rows
-        are left to it); returns how many events left."""
+        are left to it); returns how many events left. A batch short of `BATCH` took every
+        row it could (it pages through the outbox), so no empty batch is tried after it:
+        rows committed meanwhile have woken the relay again."""
         total = 0
-        while sent := await self._relay_batch():
+        while True:
+            sent = await self._relay_batch()
             total += sent
-        return total
+            if sent < BATCH:
+                return total
 
     async def _relay_batch(self) -> int:
         """Take a batch, publish it outside any transaction, then settle it in a short one;
@@ -116,6 +120,12 @@ class OutboxRelay:
             session = await conn.execution_options(isolation_level="AUTOCOMMIT")
             try:
                 rows = await _take_batch(session)
+            except BaseException:
+                await _let_go(session)
+                raise
+            if rows is None:  # no lock taken, none to let go
+                return 0
+            try:
                 return await self._publish_and_settle(session, rows) if rows else 0
             finally:
                 await _let_go(session)
@@ -171,11 +181,12 @@ def _permanent(outcome: object) -> bool:
     return isinstance(outcome, MaxPayloadError | BadSubjectError | BadRequestError)
 
 
-async def _take_batch(session: AsyncConnection) -> list[Any]:
+async def _take_batch(session: AsyncConnection) -> list[Any] | None:
     """Up to `BATCH` of the oldest rows whose advisory lock this session got, read after the
-    locks (a row another relay published and deleted meanwhile is gone). Rows another relay
-    holds are skipped, and the rows after them are taken instead, page by page, but for those
-    of a stream (see `_stream`) whose earlier row another relay holds."""
+    locks (a row another relay published and deleted meanwhile is gone); None when it holds
+    no lock. Rows another relay holds are skipped, and the rows after them are taken
+    instead, page by page, but for those of a stream (see `_stream`) whose earlier row
+    another relay holds."""
     mine: list[int] = []
     held: set[str] = set()
     after = 0
@@ -186,7 +197,7 @@ async def _take_batch(session: AsyncConnection) -> list[Any]:
             break
         after = page[-1].id
         mine += await _lock_in_order(session, page, held)
-    return await _read(session, mine) if mine else []
+    return await _read(session, mine) if mine else None
 
 
 async def _lock_in_order(session: AsyncConnection, page: list[Any], held: set[str]) -> list[int]:
