@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import pytest
+from nats.aio.client import Client
 from prometheus_client import REGISTRY
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -87,9 +87,8 @@ def _shared() -> float:
     return count - (alone or 0.0)
 
 
-@pytest.mark.usefixtures("replicas")
 async def test_two_replicas_sharing_transactions_never_oversubscribe_a_card(
-    register: Register, nc: Any, engine: AsyncEngine, replicas: list[Allocator]
+    register: Register, nc: Client, engine: AsyncEngine, replicas: list[Allocator]
 ) -> None:
     for i in range(4):
         await register(f"n{i}", cards=2, memory="16Gi")  # 8 cards × 3 claims of 30 % = 24 fit
