@@ -48,11 +48,12 @@ from qshare_allocator.claims.service import ClaimService, PendingCursor, Pending
 from qshare_allocator.db import in_transaction, make_engine
 from qshare_allocator.inventory.service import InventoryService
 from qshare_allocator.inventory.sharing import ask_sharing
-from qshare_allocator.messaging import Route, Router
+from qshare_allocator.messaging import Grouping, Route, Router
 from qshare_allocator.migrate import head, upgrade
 from qshare_allocator.nodes.dispatch import Dispatcher
 from qshare_allocator.nodes.reregister import Reregistration
 from qshare_allocator.outbox import OutboxRelay
+from qshare_allocator.placement.finder import Choice
 from qshare_allocator.placement.moving import Mover
 from qshare_allocator.placement.preview import PreviewService
 from qshare_allocator.settings import AllocatorSettings
@@ -68,7 +69,7 @@ class Allocator(Service):
     def __init__(self, settings: AllocatorSettings) -> None:
         self.settings = settings
         self.source = f"qshare-allocator/{settings.instance}"
-        self.claims = ClaimService(settings.cluster, self.source)
+        self.claims = ClaimService(settings.cluster, self.source, self._placed_on)
         self.resizer = Resizer(settings.cluster, self.source)
         self.inventory = InventoryService(settings.cluster, self.source)
         self.previews = PreviewService(settings.cluster)
@@ -126,6 +127,7 @@ class Allocator(Service):
             self.source,
             subjects.ALLOCATOR_QUEUE,
             self.settings.max_in_flight,
+            Grouping(self.settings.create_group, self.settings.create_groups_open),
         )
         for route in self._routes():
             await self._router.subscribe(route)
@@ -161,7 +163,9 @@ class Allocator(Service):
 
     def _routes(self) -> list[Route]:
         return [
-            Route(subjects.CLAIMS_CREATE, CreateClaim, self._create, self._after_write),
+            Route(
+                subjects.CLAIMS_CREATE, CreateClaim, self._create, self._after_write, grouped=True
+            ),
             Route(subjects.CLAIMS_DELETE, DeleteClaim, self._delete, self._after_release),
             Route(subjects.CLAIMS_RESIZE, ResizeClaim, self._resize, self._after_release),
             Route(subjects.NODES_REGISTER, NodeRegistration, self._register, self._after_register),
@@ -251,6 +255,10 @@ class Allocator(Service):
             await self.reregistration.unknown_heartbeat(node)
             raise
         return _Freed(freed=freed)
+
+    def _placed_on(self, choice: Choice) -> None:
+        if self._dispatcher is not None:
+            self._dispatcher.placed_on(choice.node, choice.agent)
 
     @property
     def reregistration(self) -> Reregistration:

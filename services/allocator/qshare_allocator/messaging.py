@@ -29,10 +29,20 @@ from qshare.contracts.tracing import handling
 from qshare.outages import is_outage
 from qshare_allocator import metrics
 from qshare_allocator.db import in_transaction
+from qshare_allocator.groupcommit import GroupCommit
 
 log = logging.getLogger(__name__)
 
 Work = Callable[[AsyncConnection, Any, Msg], Awaitable[BaseModel | None]]
+
+
+@dataclass(frozen=True)
+class Grouping:
+    """How grouped routes share transactions: at most `max_group` messages a transaction
+    (1: none shared), at most `max_open` such transactions at once."""
+
+    max_group: int = 1
+    max_open: int = 1
 
 
 @dataclass(frozen=True)
@@ -43,23 +53,39 @@ class Route:
     payload: type[BaseModel]
     work: Work
     after_commit: Callable[[BaseModel | None], None] | None = None
+    grouped: bool = False
+    """Concurrent messages share transactions (`GroupCommit`); each is answered after its
+    commit as before."""
 
 
 class Router:
     """Subscribes routes in a queue group and handles up to `max_in_flight` messages at once."""
 
     def __init__(
-        self, nc: Client, engine: AsyncEngine, source: str, queue: str, max_in_flight: int
+        self,
+        nc: Client,
+        engine: AsyncEngine,
+        source: str,
+        queue: str,
+        max_in_flight: int,
+        grouping: Grouping = Grouping(),
     ) -> None:
         self._nc = nc
         self._engine = engine
         self._source = source
         self._queue = queue
         self._slots = asyncio.Semaphore(max_in_flight)
+        self._grouping = grouping
+        self._groups: dict[str, GroupCommit] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self.handled = 0
 
     async def subscribe(self, route: Route) -> None:
+        if route.grouped and self._grouping.max_group > 1:
+            self._groups[route.subject] = GroupCommit(
+                self._engine, self._grouping.max_group, self._grouping.max_open, route.subject
+            )
+
         async def dispatch(msg: Msg) -> None:
             await self._slots.acquire()
             task = asyncio.create_task(self._handle(route, msg))
@@ -94,7 +120,7 @@ class Router:
             await rpc.reply_error(self._nc, msg, error)
             return error.code.value
         try:
-            result = await in_transaction(self._engine, lambda conn: route.work(conn, payload, msg))
+            result = await self._transaction(route, lambda conn: route.work(conn, payload, msg))
         except QshareError as error:
             await rpc.reply_error(self._nc, msg, error)
             return error.code.value
@@ -111,6 +137,15 @@ class Router:
             await rpc.reply_error(self._nc, msg, QshareError("reply too large; see allocator logs"))
             return ErrorCode.INTERNAL.value
         return "ok"
+
+    async def _transaction(
+        self, route: Route, work: Callable[[AsyncConnection], Awaitable[BaseModel | None]]
+    ) -> BaseModel | None:
+        group = self._groups.get(route.subject)
+        if group is None:
+            return await in_transaction(self._engine, work)
+        result: BaseModel | None = await group.run(work)
+        return result
 
 
 def _unexpected(msg: Msg, exc: Exception) -> QshareError:

@@ -25,3 +25,9 @@ OUTBOX_DEAD = Counter(
     "qshare_allocator_outbox_dead_total",
     "Events that could not be published and were set aside in outbox_dead",
 )
+GROUP_SIZE = Histogram(
+    "qshare_allocator_group_commit_size",
+    "Requests that shared one transaction (group commit), by handler",
+    ["handler"],
+    buckets=(1, 2, 4, 8, 16, 32),
+)

@@ -23,8 +23,20 @@ from nats.errors import BadSubjectError, MaxPayloadError
 from nats.js import JetStreamContext
 from nats.js.errors import BadRequestError
 from pydantic import BaseModel
-from sqlalchemy import Insert, TextClause, bindparam, delete, insert, select, text
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy import (
+    BigInteger,
+    Delete,
+    Insert,
+    Select,
+    TextClause,
+    any_,
+    bindparam,
+    delete,
+    insert,
+    select,
+    text,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from qshare.contracts import envelope
@@ -85,11 +97,15 @@ class OutboxRelay:
 
     async def drain(self) -> int:
         """Publish until the outbox holds nothing this relay can take (another relay's rows
-        are left to it); returns how many events left."""
+        are left to it); returns how many events left. A batch short of `BATCH` took every
+        row it could (it pages through the outbox), so no empty batch is tried after it:
+        rows committed meanwhile have woken the relay again."""
         total = 0
-        while sent := await self._relay_batch():
+        while True:
+            sent = await self._relay_batch()
             total += sent
-        return total
+            if sent < BATCH:
+                return total
 
     async def _relay_batch(self) -> int:
         """Take a batch, publish it outside any transaction, then settle it in a short one;
@@ -104,14 +120,21 @@ class OutboxRelay:
             session = await conn.execution_options(isolation_level="AUTOCOMMIT")
             try:
                 rows = await _take_batch(session)
-                return await self._publish_and_settle(rows) if rows else 0
+            except BaseException:
+                await _let_go(session)
+                raise
+            if rows is None:  # no lock taken, none to let go
+                return 0
+            try:
+                return await self._publish_and_settle(session, rows) if rows else 0
             finally:
                 await _let_go(session)
 
-    async def _publish_and_settle(self, rows: list[Any]) -> int:
+    async def _publish_and_settle(self, session: AsyncConnection, rows: list[Any]) -> int:
         """Each row stands alone: a row that can never be published (too large, refused) is
         moved to `outbox_dead` and logged; one that failed for now (NATS down) stays for the
-        next scan. Neither holds back the rows after it."""
+        next scan. Neither holds back the rows after it. Published rows alone are deleted by
+        one statement on the batch's own connection (no transaction of their own)."""
         outcomes = await asyncio.gather(
             *(self._publish(r.subject, r.body, r.headers) for r in rows), return_exceptions=True
         )
@@ -119,8 +142,10 @@ class OutboxRelay:
         gone = [r.id for r, o in zip(rows, outcomes, strict=True) if o is None] + [
             r.id for r, _ in dead
         ]
-        if gone:
+        if dead:
             await in_transaction(self._engine, functools.partial(self._settle, dead, gone))
+        elif gone:
+            await session.execute(_delete(), {"ids": gone})
         if len(gone) < len(rows):
             log.warning("outbox: %d events not published yet; will retry", len(rows) - len(gone))
         return len(gone)
@@ -128,7 +153,7 @@ class OutboxRelay:
     async def _settle(self, dead: list[tuple[Any, Any]], gone: list[int],
                       conn: AsyncConnection) -> None:  # fmt: skip
         await self._set_aside(conn, dead)
-        await conn.execute(delete(outbox).where(outbox.c.id.in_(gone)))
+        await conn.execute(_delete(), {"ids": gone})
 
     async def _set_aside(self, conn: AsyncConnection, dead: list[tuple[Any, Any]]) -> None:
         for row, error in dead:
@@ -156,44 +181,34 @@ def _permanent(outcome: object) -> bool:
     return isinstance(outcome, MaxPayloadError | BadSubjectError | BadRequestError)
 
 
-async def _take_batch(session: AsyncConnection) -> list[Any]:
+async def _take_batch(session: AsyncConnection) -> list[Any] | None:
     """Up to `BATCH` of the oldest rows whose advisory lock this session got, read after the
-    locks (a row another relay published and deleted meanwhile is gone). Rows another relay
-    holds are skipped, and the rows after them are taken instead, page by page, but for those
-    of a stream (see `_stream`) whose earlier row another relay holds."""
+    locks (a row another relay published and deleted meanwhile is gone); None when it holds
+    no lock. Rows another relay holds are skipped, and the rows after them are taken
+    instead, page by page, but for those of a stream (see `_stream`) whose earlier row
+    another relay holds."""
     mine: list[int] = []
     held: set[str] = set()
     after = 0
     while len(mine) < BATCH:
-        page = await _candidates(session, after, BATCH - len(mine))
+        limits = {"after": after, "limit": BATCH - len(mine)}
+        page = list((await session.execute(_lock_page(), limits)).all())
         if not page:
             break
         after = page[-1].id
         mine += await _lock_in_order(session, page, held)
-    return await _read(session, mine) if mine else []
-
-
-async def _candidates(session: AsyncConnection, after: int, limit: int) -> list[Any]:
-    query = (
-        select(outbox.c.id, outbox.c.subject)
-        .where(outbox.c.id > after)
-        .order_by(outbox.c.id)
-        .limit(limit)
-    )
-    return list((await session.execute(query)).all())
+    return await _read(session, mine) if mine else None
 
 
 async def _lock_in_order(session: AsyncConnection, page: list[Any], held: set[str]) -> list[int]:
-    """The ids of `page` this session locked, but for rows of a stream with an earlier row
-    another relay holds (their locks are let go again). `held` gathers those streams, for
-    the next pages."""
-    tried = await session.execute(_try_locks(), {"ids": [row.id for row in page]})
-    got = {row.id for row in tried.all() if row.got}
+    """The ids of `page` (`_lock_page` rows) this session locked, but for rows of a stream
+    with an earlier row another relay holds (their locks are let go again). `held` gathers
+    those streams, for the next pages."""
     kept: list[int] = []
     behind: list[int] = []
     for row in page:
         stream = _stream(row.subject)
-        if row.id not in got:
+        if not row.got:
             held.add(stream)
         else:
             (behind if stream in held else kept).append(row.id)
@@ -209,13 +224,23 @@ def _stream(subject: str) -> str:
 
 
 async def _read(session: AsyncConnection, ids: list[int]) -> list[Any]:
-    query = (
+    return list((await session.execute(_read_rows(), {"ids": ids})).all())
+
+
+@functools.cache
+def _read_rows() -> Select[Any]:
+    """The rows of `ids`, one statement text whatever their number (one prepared statement)."""
+    return (
         select(outbox.c.id, outbox.c.subject, outbox.c.body, outbox.c.headers,
                outbox.c.created_at)
-        .where(outbox.c.id.in_(ids))
+        .where(outbox.c.id == any_(bindparam("ids", type_=ARRAY(BigInteger))))
         .order_by(outbox.c.id)
     )  # fmt: skip
-    return list((await session.execute(query)).all())
+
+
+@functools.cache
+def _delete() -> Delete:
+    return delete(outbox).where(outbox.c.id == any_(bindparam("ids", type_=ARRAY(BigInteger))))
 
 
 _ROW_KEY = f"{LOCK_CLASS}, (id % 2147483647)::int"
@@ -224,10 +249,16 @@ _EACH_ID = "FROM unnest(CAST(:ids AS bigint[])) AS id"
 
 
 @functools.cache
-def _try_locks() -> TextClause:
-    """One `pg_try_advisory_lock` per id, each tried exactly once and reported (a lock
-    taken in a filter could be taken for a row the query then drops, and never let go)."""
-    return text(f"SELECT id, pg_try_advisory_lock({_ROW_KEY}) AS got {_EACH_ID}")
+def _lock_page() -> TextClause:
+    """The next `limit` rows after `after`, each row's lock tried in the same statement:
+    exactly once, and reported (the lock is taken in the select list over a page already
+    cut by its LIMIT, never in a filter, which could take one for a row the query then
+    drops, never to be let go)."""
+    return text(
+        f"SELECT id, subject, pg_try_advisory_lock({_ROW_KEY}) AS got FROM "
+        "(SELECT id, subject FROM outbox WHERE id > :after ORDER BY id LIMIT :limit) AS page "
+        "ORDER BY id"
+    )
 
 
 @functools.cache

@@ -22,6 +22,12 @@ class AllocatorSettings(BaseSettings, BusIdentity, HealthSettings, MetricsSettin
     instance: str = Field(default_factory=socket.gethostname, description="CloudEvents source")
     max_in_flight: int = Field(16, ge=1, description="requests handled at once per replica")
     pool_size: int = Field(20, ge=2, description="at least max_in_flight + 2 (relay, sweeper)")
+    create_group: int = Field(
+        16, ge=1, description="claim creations sharing one transaction at most (1: none share)"
+    )
+    create_groups_open: int = Field(
+        1, ge=1, description="shared claim-creation transactions open at once"
+    )
     pending_sweep_s: float = Field(
         5.0, gt=0, description="retry pending claims at least this often"
     )

@@ -6,7 +6,9 @@ another."""
 
 from __future__ import annotations
 
-from sqlalchemy import select
+import functools
+
+from sqlalchemy import Select, bindparam, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from qshare.contracts.errors import Conflict, FieldError
@@ -37,8 +39,7 @@ async def check_growth(conn: AsyncConnection, tenant: str, memory_mib: int) -> N
 async def _check(
     conn: AsyncConnection, tenant: str, memory_mib: int, cards: int, pending: int
 ) -> None:
-    query = select(quotas).where(quotas.c.tenant == tenant).with_for_update()
-    quota = (await conn.execute(query)).one_or_none()
+    quota = (await conn.execute(_locked_quota(), {"q_tenant": tenant})).one_or_none()
     if quota is None:
         return
     used = (await conn.execute(quota_usage(tenant))).one()
@@ -55,6 +56,12 @@ async def _check(
     ]  # fmt: skip
     if errors:
         raise Conflict(f"tenant {tenant}: " + "; ".join(e.message for e in errors), errors)
+
+
+@functools.cache
+def _locked_quota() -> Select[tuple[object, ...]]:
+    """The tenant's quota row, locked; built once (a claim creation runs it every time)."""
+    return select(quotas).where(quotas.c.tenant == bindparam("q_tenant")).with_for_update()
 
 
 def _cards(n: int) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
@@ -56,10 +57,18 @@ PLACE_ATTEMPTS = 3  # a stale eviction plan starts placement over, at most this 
 
 
 class ClaimService:
-    def __init__(self, rules: ClusterSettings, source: str) -> None:
+    def __init__(
+        self,
+        rules: ClusterSettings,
+        source: str,
+        placed_on: Callable[[Choice], None] = lambda choice: None,
+    ) -> None:
+        """`placed_on(choice)` hears of every node a claim is placed on, in the transaction
+        (whether the node has an agent, read under its lock)."""
         self._rules = rules
         self._source = source
         self._classes = ClassCatalog()
+        self._placed_on = placed_on
 
     async def create(self, conn: AsyncConnection, command: CreateClaim) -> CreateClaimReply:
         """Place the claim now if anything fits, else record it Pending with the reason."""
@@ -74,6 +83,8 @@ class ClaimService:
         choice, reason = await self._place(conn, claim_id, demand)
         if choice is None:  # it waits: its evictions, if any, roll back with a refusal
             await check_pending(conn, command.tenant)
+        if choice is not None:
+            self._placed_on(choice)
         held = holding(claim_id, demand, choice) if choice else None
         view = _new_view(claim_id, command, held.vgpus if held else [], reason)
         writes = held.statements if held else ()
@@ -135,6 +146,7 @@ class ClaimService:
         choice = await find_and_lock(conn, demand, self._rules.node_timeout_s)
         if choice is None:
             return False
+        self._placed_on(choice)
         held = holding(row.id, demand, choice)
         view = claim_view(row, held.vgpus).model_copy(
             update={"status": ClaimStatus.PLACED, "node": choice.node, "reason": None}

@@ -3,9 +3,10 @@ the sharing admins asked of its cards."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
-from sqlalchemy import ScalarSelect, and_, func, select
+from sqlalchemy import ScalarSelect, Select, and_, bindparam, func, select
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -25,22 +26,7 @@ async def desired_state(conn: AsyncConnection, node: str) -> ApplyDesired | None
     """The node's whole desired set at its current generation, in one statement (its own
     snapshot); None for a node no agent registered (an inventory entry made over REST:
     placement only)."""
-    held = vgpus.join(
-        claims, and_(claims.c.id == vgpus.c.claim_id, claims.c.status.in_(HOLDING_STATUSES))
-    )
-    query = (
-        select(
-            nodes.c.desired_generation,
-            nodes.c.segment,
-            nodes.c.labels,
-            _asked().label("asked"),
-            vgpus,
-        )
-        .select_from(nodes.outerjoin(held, vgpus.c.node_name == nodes.c.name))
-        .where(nodes.c.name == node)
-        .order_by(vgpus.c.local_id)
-    )
-    rows = (await conn.execute(query)).all()
+    rows = (await conn.execute(_desired(), {"d_node": node})).all()
     if not rows:
         raise NotFound(f"node {node} is not registered")
     if rows[0].segment is None:
@@ -61,6 +47,26 @@ async def desired_state(conn: AsyncConnection, node: str) -> ApplyDesired | None
     sharing = _wanted_sharing(rows[0].asked or {}, agent_features(rows[0].labels))
     generation = int(rows[0].desired_generation)
     return ApplyDesired(node=node, generation=generation, vgpus=wanted, sharing=sharing)
+
+
+@functools.cache
+def _desired() -> Select[Any]:
+    """The statement of `desired_state`, built once (it runs after every change of a node)."""
+    held = vgpus.join(
+        claims, and_(claims.c.id == vgpus.c.claim_id, claims.c.status.in_(HOLDING_STATUSES))
+    )
+    return (
+        select(
+            nodes.c.desired_generation,
+            nodes.c.segment,
+            nodes.c.labels,
+            _asked().label("asked"),
+            vgpus,
+        )
+        .select_from(nodes.outerjoin(held, vgpus.c.node_name == nodes.c.name))
+        .where(nodes.c.name == bindparam("d_node"))
+        .order_by(vgpus.c.local_id)
+    )
 
 
 def _wanted_sharing(asked: dict[str, Any], features: frozenset[str]) -> list[WantedSharing]:

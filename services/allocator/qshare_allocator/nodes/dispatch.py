@@ -82,6 +82,14 @@ class Dispatcher:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    def placed_on(self, node: str, agent: bool) -> None:
+        """A claim was placed on `node`, which has an agent or not (as its row, locked, read):
+        one without needs no read of its desired state to be known as such."""
+        if agent:
+            self._agentless.discard(node)
+        else:
+            self._agentless.add(node)
+
     async def stop(self) -> None:
         for task in list(self._tasks):
             await cancelled(task)

@@ -7,7 +7,19 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Boolean, Integer, bindparam, case, delete, insert, select, update
+from sqlalchemy import (
+    Boolean,
+    Integer,
+    Text,
+    any_,
+    bindparam,
+    case,
+    delete,
+    insert,
+    select,
+    update,
+)
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.dml import UpdateBase
 
@@ -53,7 +65,7 @@ def _statements(priority: Priority, whole: bool, count: int) -> tuple[UpdateBase
     core = bindparam("h_core", type_=Integer)
     cards = (
         update(gpus)
-        .where(gpus.c.uuid.in_(bindparam("h_uuids")))
+        .where(gpus.c.uuid == any_(bindparam("h_uuids", type_=ARRAY(Text))))  # no expanding
         .values(
             allocated_mib=gpus.c.memory_mib if whole else gpus.c.allocated_mib + bindparam("h_mib"),
             core_high=gpus.c.core_high + core if high else gpus.c.core_high,

@@ -55,6 +55,9 @@ class Card:
 class Choice:
     node: str
     cards: list[Card]
+    agent: bool = True
+    """Whether an agent registered the node (read under its lock): one without is only
+    placed on, never sent a desired state."""
 
 
 async def find_and_lock(conn: AsyncConnection, demand: Demand, timeout_s: float) -> Choice | None:
@@ -95,7 +98,9 @@ def _params(demand: Demand, timeout_s: float) -> dict[str, Any]:
 def _choice(rows: Sequence[Row[Any]], demand: Demand) -> Choice | None:
     """The node's fitting cards, if there are enough of them; rows are `_cards_of` rows."""
     cards = [Card(r.uuid, r.idx, r.memory_mib) for r in rows if r.uuid is not None]
-    return Choice(rows[0].node_name, cards) if rows and len(cards) >= demand.count else None
+    if not rows or len(cards) < demand.count:
+        return None
+    return Choice(rows[0].node_name, cards, rows[0].agent)
 
 
 @functools.cache
@@ -109,7 +114,7 @@ def _best_free_node(
     """Lock the best node nobody holds, and read its fitting cards. After a miss, only a node
     whose cards have room (as far as the snapshot shows) is locked: a node that cannot host
     the claim is rarely held, so transactions rarely wait on each other's misses."""
-    query = select(nodes.c.name).where(
+    query = select(nodes.c.name, _agent()).where(
         _node_fits(), nodes.c.name != all_(bindparam("tried", type_=ARRAY(Text)))
     )
     if with_room:
@@ -121,7 +126,7 @@ def _best_free_node(
 @functools.cache
 def _named_node(priority: Priority, whole: bool, card_policy: PlacementPolicy) -> Select[Any]:
     """Wait for one named node's lock (nothing if it no longer fits), read its fitting cards."""
-    query = select(nodes.c.name).where(nodes.c.name == bindparam("node"), _node_fits())
+    query = select(nodes.c.name, _agent()).where(nodes.c.name == bindparam("node"), _node_fits())
     return _cards_of(query.with_for_update().cte("node"), priority, whole, card_policy)
 
 
@@ -136,9 +141,12 @@ def _cards_of(node: CTE, priority: Priority, whole: bool, policy: PlacementPolic
         .with_for_update()
         .lateral("card")
     )
-    return (
-        select(node.c.name.label("node_name"), fitting).select_from(node).outerjoin(fitting, true())
-    )
+    columns = (node.c.name.label("node_name"), node.c.agent)
+    return select(*columns, fitting).select_from(node).outerjoin(fitting, true())
+
+
+def _agent() -> ColumnElement[bool]:
+    return nodes.c.segment.is_not(None).label("agent")
 
 
 @functools.cache
