@@ -6,15 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from qshare_driver._lib import ffi, lib
-
-_U64_MAX = (1 << 64) - 1
-
-
-def _ns(name: str, value: int) -> int:
-    if not 0 <= value <= _U64_MAX:
-        raise ValueError(f"{name} must be 0 to 2**64 - 1, got {value}")
-    return value
+from qshare_driver._lib import ffi, lib, u64
 
 
 def buckets() -> int:
@@ -29,7 +21,7 @@ def period_ns() -> int:
 
 def bucket(gap_ns: int) -> int:
     """The bucket of a gap between high priority's activity."""
-    return int(lib.qs_release_auto_bucket(_ns("gap_ns", gap_ns)))
+    return int(lib.qs_release_auto_bucket(u64("gap_ns", gap_ns)))
 
 
 class AutoHistory:
@@ -49,10 +41,10 @@ class AutoHistory:
                              f"got {len(gap_count)} and {len(gap_sum_ns)}")  # fmt: skip
         period = ffi.new("qs_release_auto_period *")
         for b in range(n):
-            period.gap_count[b] = _ns("gap_count", gap_count[b])
-            period.gap_sum_ns[b] = _ns("gap_sum_ns", gap_sum_ns[b])
-        period.lp_device_ns = _ns("lp_device_ns", lp_device_ns)
-        period.lp_launches = _ns("lp_launches", lp_launches)
+            period.gap_count[b] = u64("gap_count", gap_count[b])
+            period.gap_sum_ns[b] = u64("gap_sum_ns", gap_sum_ns[b])
+        period.lp_device_ns = u64("lp_device_ns", lp_device_ns)
+        period.lp_launches = u64("lp_launches", lp_launches)
         lib.qs_release_auto_fold(self._history, period)
 
     def gaps(self) -> float:
@@ -66,11 +58,11 @@ class AutoHistory:
     def penalty_ns(self, inflight: int, held_ns: int, bound_ns: int) -> int:
         """How long HP's launch on a released card waits behind LP's work in flight."""
         return int(lib.qs_release_auto_penalty(
-            self._history, _ns("inflight", inflight), _ns("held_ns", held_ns),
-            _ns("bound_ns", bound_ns)))  # fmt: skip
+            self._history, u64("inflight", inflight), u64("held_ns", held_ns),
+            u64("bound_ns", bound_ns)))  # fmt: skip
 
     def choose_ns(self, bound_ns: int, max_delay_ns: int, penalty_ns: int) -> int:
         """The release delay the owner would set now."""
         return int(lib.qs_release_auto_choose(
-            self._history, _ns("bound_ns", bound_ns), _ns("max_delay_ns", max_delay_ns),
-            _ns("penalty_ns", penalty_ns)))  # fmt: skip
+            self._history, u64("bound_ns", bound_ns), u64("max_delay_ns", max_delay_ns),
+            u64("penalty_ns", penalty_ns)))  # fmt: skip
