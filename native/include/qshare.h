@@ -293,9 +293,9 @@ uint64_t qs_release_auto_penalty(const qs_release_auto_history *history, uint64_
                                  uint64_t held_ns, uint64_t bound_ns);
 /* The release delay for the gaps in `history`: `max_delay_ns` until 50 gaps have been seen
  * (ever: at a steady rate the decayed count settles at rate x 2 s, under 50 below 25 gaps a
- * second) or when one exposure costs more than `bound_ns`; otherwise the delay that maximises LP's harvest
- * against HP's loss while a request's exposures stay within the bound (docs/colocation.md).
- * `max_delay_ns` for a NULL history. */
+ * second) or when one exposure costs more than `bound_ns`; otherwise the delay that maximises
+ * LP's harvest against HP's loss while a request's exposures stay within the bound
+ * (docs/colocation.md). `max_delay_ns` for a NULL history. */
 uint64_t qs_release_auto_choose(const qs_release_auto_history *history, uint64_t bound_ns,
                                 uint64_t max_delay_ns, uint64_t penalty_ns);
 

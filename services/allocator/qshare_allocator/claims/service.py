@@ -83,7 +83,7 @@ class ClaimService:
         choice, reason = await self._place(conn, claim_id, demand)
         if choice is None:  # it waits: its evictions, if any, roll back with a refusal
             await check_pending(conn, command.tenant)
-        if choice is not None:
+        else:
             self._placed_on(choice)
         held = holding(claim_id, demand, choice) if choice else None
         view = _new_view(claim_id, command, held.vgpus if held else [], reason)

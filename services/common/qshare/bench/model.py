@@ -111,7 +111,7 @@ def simulate(
                 seen_ns=costs.hp_seen_ns)  # fmt: skip
     hp = _high_priority(sc, loop, gate, seed, until)
     lp = _low_priority(sc, loop, gate, costs)
-    auto = _auto(sc, loop, gate, lp, costs)
+    auto = _auto(sc, loop, gate, lp)
     loop.run(until)
     out: dict[str, float] = {}
     if auto is not None and auto.delays_ns:
@@ -146,16 +146,12 @@ def _low_priority(
     return lp
 
 
-def _auto(
-    sc: ModelScenario, loop: Loop, gate: Gate, lp: LowPriority | None, costs: HostCosts
-) -> AutoRelease | None:
-    """The driver's `auto` release for the scenario's card, with `bench gpu`'s bound."""
+def _auto(sc: ModelScenario, loop: Loop, gate: Gate, lp: LowPriority | None) -> AutoRelease | None:
+    """The driver's `auto` release for the scenario's card, with `bench gpu`'s bound; LP holds
+    a device-gate slice or else its window, as its launcher's settings say."""
     if sc.mode != "qshare-auto" or not gate.enabled:
         return None
-    from qshare_driver._lib import lib
-
-    s = _lp_settings(sc, costs)
-    held = int(lib.QS_LP_DEVICE_GATE_SLICE_NS) if sc.device_gate else (s.window_ns or 0)
+    held = (lp.s.device_gate_slice_ns or lp.s.window_ns or 0) if lp else 0
     settings = AutoSettings(gpu.AUTO_BOUND_US * 1000, RELEASE_NS[sc.mode], held)
     auto = AutoRelease(loop, settings, (lambda: (lp.completed_ns, lp.completed)) if lp
                        else (lambda: (0, 0)))  # fmt: skip

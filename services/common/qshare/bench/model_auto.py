@@ -35,9 +35,9 @@ class AutoRelease:
         self._lp_before = (0, 0)
 
     @property
-    def gaps_seen(self) -> float:
-        """The gaps folded into the history so far (decayed, as the driver keeps them)."""
-        return self._history.gaps()
+    def gaps_seen(self) -> int:
+        """The gaps folded into the history so far (what the warm-up counts)."""
+        return self._history.gaps_seen()
 
     def start(self) -> None:
         self.loop.at(self.loop.now + self._period_ns, self._tick)
@@ -59,11 +59,9 @@ class AutoRelease:
         self._sum[b] += now - last
 
     def _tick(self) -> None:
-        dev, launches = self._lp_totals()
+        dev, launches = self._lp_totals()  # only grow here: no vGPU of the model goes away
         dev0, launches0 = self._lp_before
-        fresh = launches > launches0 and dev >= dev0
-        self._history.fold(self._count, self._sum, dev - dev0 if fresh else 0,
-                           launches - launches0 if fresh else 0)  # fmt: skip
+        self._history.fold(self._count, self._sum, dev - dev0, launches - launches0)
         self._lp_before = (dev, launches)
         self._count, self._sum = [0] * len(self._count), [0] * len(self._sum)
         penalty = self._history.penalty_ns(1, self.s.held_ns, self.s.bound_ns)
