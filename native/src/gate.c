@@ -241,9 +241,7 @@ static uint64_t auto_tick(struct qs_segment *seg, uint32_t card, struct auto_mod
         memset(m, 0, sizeof *m);
         m->on = 1;
         auto_observe(seg, card, m);
-        memset(m->history.gap_count, 0, sizeof m->history.gap_count); /* LP's mean stays */
-        memset(m->history.gap_sum_ns, 0, sizeof m->history.gap_sum_ns);
-        m->history.gaps_seen = 0; /* the warm-up starts again */
+        qs_release_auto_restart(&m->history);
         m->next_ns = now + QS_RELEASE_AUTO_PERIOD_NS;
     }
     if (now < m->next_ns)

@@ -45,5 +45,7 @@ int qs_service_adopt_contexts(qs_node *node);
 int qs_service_find_state(qs_node *node);
 /* /proc/<pid>/stat starttime, or 0. */
 uint64_t qs_proc_start_time(int pid);
+/* Auto mode turned on: forget the gaps and start the warm-up again; LP's mean kernel stays. */
+void qs_release_auto_restart(qs_release_auto_history *history);
 
 #endif

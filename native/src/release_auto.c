@@ -3,6 +3,8 @@
  * (`qshare bench model`, through the binding) decide with the same code. */
 #include "node.h"
 
+#include <string.h>
+
 #define AUTO_DECAY 0.99           /* per period: the history forgets with tau = 2 s */
 #define AUTO_MIN_GAPS 50.0        /* until this many gaps are seen, keep the maximum delay */
 #define AUTO_GAIN 4.0             /* expose a gap only if LP gains 4x what HP loses */
@@ -31,6 +33,13 @@ int qs_release_auto_fold(qs_release_auto_history *h, const qs_release_auto_perio
     h->lp_device_ns = h->lp_device_ns * AUTO_DECAY + (double)p->lp_device_ns;
     h->lp_launches = h->lp_launches * AUTO_DECAY + (double)p->lp_launches;
     return QS_OK;
+}
+
+void qs_release_auto_restart(qs_release_auto_history *h)
+{
+    memset(h->gap_count, 0, sizeof h->gap_count);
+    memset(h->gap_sum_ns, 0, sizeof h->gap_sum_ns);
+    h->gaps_seen = 0;
 }
 
 uint64_t qs_release_auto_penalty(const qs_release_auto_history *h, uint64_t inflight,
