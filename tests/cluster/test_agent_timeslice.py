@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 from prometheus_client import REGISTRY
 
 from qshare.envsettings import SettingsError, load
 from qshare_node_agent.settings import NodeAgentSettings
-from qshare_node_agent.timeslice import Outcome, apply, set_timeslice
+from qshare_node_agent.timeslice import CardTimeslice, Outcome, apply, set_timeslice
 
-from .conftest import StartAgent
+from .conftest import StartAgent, eventually
+from .test_cli_claims import qshare
 
 CARDS = ["GPU-aaaa-0001", "GPU-bbbb-0002"]
 
@@ -94,8 +97,26 @@ def test_an_unknown_timeslice_is_refused_naming_the_setting_and_the_levels(
 
 def test_the_agent_leaves_the_timeslice_alone_by_default(tmp_path: Path) -> None:
     settings = NodeAgentSettings(name="n1", nvidia_smi=str(fake_smi(tmp_path)))
-    assert apply(settings, CARDS) == []
+    assert apply(settings, CARDS) == {uuid: CardTimeslice("driver") for uuid in CARDS}
     assert calls(tmp_path) == []
+
+
+def test_each_card_is_left_with_the_level_it_took_or_the_level_it_refused_and_why(
+    tmp_path: Path,
+) -> None:
+    settings = real_cards(fake_smi(tmp_path, fail_on=CARDS[1]), "short")
+    why = f"{settings.nvidia_smi} exited with status 4: Insufficient Permissions"
+    assert apply(settings, CARDS) == {
+        CARDS[0]: CardTimeslice("short"),
+        CARDS[1]: CardTimeslice("driver", f"short: {why}"),
+    }
+
+
+def test_a_refusal_longer_than_a_heartbeat_takes_is_cut_to_fit(tmp_path: Path) -> None:
+    program = fake_smi(tmp_path, body='echo "$(printf "x%.0s" $(seq 1 1500))" >&2; exit 9')
+    refused = apply(real_cards(program, "long"), CARDS[:1])[CARDS[0]].refused
+    assert refused is not None and len(refused) == 1000
+    assert refused.startswith(f"long: {program} exited with status 9: xxx")
 
 
 def test_each_card_that_refused_is_logged_as_a_warning_naming_it_the_setting_and_why(
@@ -132,3 +153,36 @@ async def test_an_agent_on_simulated_cards_says_so_and_runs_nothing(
     said = [r.getMessage() for r in caplog.records if r.name == "qshare_node_agent.timeslice"]
     assert said == [f"node agent {agent.name}: timeslice 'short' not applied to simulated cards"]
     assert calls(tmp_path) == []
+
+
+async def served_sharing(api: httpx.AsyncClient, uuid: str) -> dict[str, Any]:
+    """The card's sharing once its node has reported it."""
+    card: dict[str, Any] = {}
+
+    async def reported() -> bool:
+        card.update((await api.get(f"/v1/gpus/{uuid}")).json())
+        return card["sharing"] is not None
+
+    await eventually(reported)
+    sharing: dict[str, Any] = card["sharing"]
+    return sharing
+
+
+async def test_the_api_serves_a_simulated_cards_timeslice_as_the_drivers_and_says_why(
+    start_agent: StartAgent, api: httpx.AsyncClient, tmp_path: Path
+) -> None:
+    agent = await start_agent(timeslice="medium", nvidia_smi=str(fake_smi(tmp_path)))
+    sharing = await served_sharing(api, agent.cards[0].uuid)
+    assert (sharing["timeslice"], sharing["timeslice_refused"]) == (
+        "driver", "medium: not applied to simulated cards")  # fmt: skip
+
+
+async def test_the_cli_shows_a_cards_timeslice_and_the_level_it_refused(
+    start_agent: StartAgent, api: httpx.AsyncClient, api_url: str, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    agent = await start_agent(timeslice="long", nvidia_smi=str(fake_smi(tmp_path)))
+    await served_sharing(api, agent.cards[0].uuid)
+    assert await qshare(api_url, "gpus", "get", agent.cards[0].uuid) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if "timeslice" in line)
+    assert row.split()[:5] == ["timeslice", "driver", "(refused", "long:", "not"]

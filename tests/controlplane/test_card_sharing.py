@@ -28,6 +28,14 @@ async def beat(nc: Client, node: str, *reports: CardSharing) -> None:
     await nc.request(subjects.heartbeat(node), envelope.encode(body), timeout=5)
 
 
+async def beat_raw(nc: Client, node: str, data: dict[str, Any]) -> None:
+    """A heartbeat as the given JSON, as a newer agent might send it."""
+    body = envelope.encode(
+        envelope.Envelope(source=node, type="io.qshare.node.heartbeat", data=data)
+    )
+    await nc.request(subjects.heartbeat(node), body, timeout=5)
+
+
 async def served(api: httpx.AsyncClient) -> dict[str, Any]:
     return {g["uuid"]: g["sharing"] for g in (await api.get("/v1/gpus", headers=ADMIN)).json()}
 
@@ -75,3 +83,46 @@ async def test_a_heartbeat_with_a_bad_sharing_report_is_refused_naming_the_field
     reply = await nc.request(subjects.heartbeat("n1"), body, timeout=5)
     assert reply.headers is not None and reply.headers["Nats-Service-Error-Code"] == "422"
     assert b"lp_window_s" in reply.data
+
+
+async def test_a_cards_timeslice_and_why_it_was_refused_are_served_with_the_card(
+    nc: Client, register: Register, api: httpx.AsyncClient
+) -> None:
+    await register("n1", cards=2)
+    refused = "short: nvidia-smi exited with status 4: Insufficient Permissions"
+    await beat(nc, "n1", sharing("n1-g0", timeslice="short"),
+               sharing("n1-g1", timeslice="driver", timeslice_refused=refused))  # fmt: skip
+    cards = await served(api)
+    assert (cards["n1-g0"]["timeslice"], cards["n1-g0"]["timeslice_refused"]) == ("short", None)
+    assert (cards["n1-g1"]["timeslice"], cards["n1-g1"]["timeslice_refused"]) == (
+        "driver", refused)  # fmt: skip
+
+
+async def test_a_heartbeat_naming_an_unknown_timeslice_is_refused_naming_the_levels(
+    nc: Client, register: Register
+) -> None:
+    await register("n1", cards=1)
+    report = sharing("n1-g0").model_dump(mode="json") | {"timeslice": "fastest"}
+    data = {"sharing": [report]}
+    body = envelope.encode(envelope.Envelope(source="test", type="io.qshare.hb", data=data))
+    reply = await nc.request(subjects.heartbeat("n1"), body, timeout=5)
+    assert reply.headers is not None and reply.headers["Nats-Service-Error-Code"] == "422"
+    assert b"timeslice" in reply.data and b"'driver', 'default', 'short'" in reply.data
+
+
+async def test_a_report_with_a_field_this_version_does_not_know_is_taken_without_it(
+    nc: Client, register: Register, api: httpx.AsyncClient
+) -> None:
+    await register("n1", cards=1)
+    report = sharing("n1-g0").model_dump(mode="json") | {"a_later_setting": 3}
+    await beat_raw(nc, "n1", {"sharing": [report]})
+    assert (await served(api))["n1-g0"] == sharing("n1-g0").model_dump(mode="json")
+
+
+async def test_a_report_of_an_earlier_agent_is_served_with_its_timeslice_unknown(
+    nc: Client, register: Register, api: httpx.AsyncClient
+) -> None:
+    await register("n1", cards=1)
+    report = sharing("n1-g0").model_dump(mode="json", exclude={"timeslice", "timeslice_refused"})
+    await beat_raw(nc, "n1", {"sharing": [report]})
+    assert (await served(api))["n1-g0"]["timeslice"] is None

@@ -134,11 +134,19 @@ def sharing_table(card: dict[str, Any]) -> str:
         (name, _value(now.get(name)), _value(asked.get(name), unset="(node's setting)"))
         for name in SharingSettings.model_fields
     ]
+    rows.append(("timeslice", _timeslice(now), "(QSHARE_NODE_TIMESLICE at the agent's start)"))
     state = "refused: " + card["sharing_refused"] if card.get("sharing_refused") else (
         "pending" if card.get("sharing_pending") else "applied" if asked else "node's settings"
     )  # fmt: skip
     head = f"card {card['uuid']} on {card['node']} (index {card['index']}): {state}\n\n"
     return head + table(("SETTING", "NOW", "ASKED"), rows)
+
+
+def _timeslice(now: dict[str, Any]) -> str:
+    """The card's timeslice, and the level its agent was asked for when the card refused it."""
+    level = _value(now.get("timeslice"))
+    refused = now.get("timeslice_refused")
+    return f"{level} (refused {refused})" if refused else level
 
 
 def _value(value: object, unset: str = "-") -> str:

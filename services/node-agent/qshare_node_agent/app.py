@@ -43,6 +43,7 @@ from qshare_node_agent.events import EventPump
 from qshare_node_agent.segment import existing_vgpus, open_segment
 from qshare_node_agent.settings import NodeAgentSettings
 from qshare_node_agent.sharing import cards_sharing
+from qshare_node_agent.timeslice import CardTimeslice
 from qshare_node_agent.usage import UsageReader, report
 
 if TYPE_CHECKING:
@@ -62,6 +63,7 @@ class NodeAgent(Service):
         self.source = f"qshare-node-agent/{settings.name}"
         self.cards: list[Card] = []
         self._node: Node | None = None
+        self._timeslices: dict[str, CardTimeslice] = {}
         self._nc: Client | None = None
         self._commands: Commands | None = None
         self._metrics: MetricsServer | None = None
@@ -99,12 +101,12 @@ class NodeAgent(Service):
         self._health = await health.serve(self.probes, self.settings)
         setup_tracing("qshare-node-agent")
         self.cards = discover(self.settings)
-        await asyncio.to_thread(timeslice.apply, self.settings, [c.uuid for c in self.cards])
+        uuids = [c.uuid for c in self.cards]
+        self._timeslices = await asyncio.to_thread(timeslice.apply, self.settings, uuids)
         self._node, adopted = open_segment(self.settings, self.cards)
         by_uuid = {c.uuid: c for c in self.cards}
-        converger = Converger(
-            self._node, by_uuid, sharing=SharingKeeper(self._node, self.settings, by_uuid)
-        )
+        keeper = SharingKeeper(self._node, self.settings, by_uuid, timeslices=self._timeslices)
+        converger = Converger(self._node, by_uuid, sharing=keeper)
         if adopted:
             converger.adopt(existing_vgpus(self._node, self.cards))
         self._commands = Commands(self.name, self._node, converger)
@@ -323,7 +325,7 @@ class NodeAgent(Service):
         if self._node is None:
             return []
         try:
-            return cards_sharing(self._node, self.cards)
+            return cards_sharing(self._node, self.cards, self._timeslices)
         except Exception as error:
             log.warning("node agent %s: card sharing not read (%r)", self.name, error)
             return []

@@ -16,6 +16,7 @@ from qshare_node_agent.discovery import Card
 from qshare_node_agent.segment import configure_card, with_policy
 from qshare_node_agent.settings import NodeAgentSettings
 from qshare_node_agent.sharing import cards_sharing
+from qshare_node_agent.timeslice import CardTimeslice
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +30,8 @@ class SharingKeeper:
     """What each card was last given; a card not here has the agent's settings."""
     node_policy: CardPolicy | None = None
     """The policy the Node's label `qshare.io/policy` names (None: the agent's setting)."""
+    timeslices: dict[str, CardTimeslice] = field(default_factory=dict)
+    """Each card's timeslice as the agent left it at start, by UUID (reported as it is)."""
 
     def apply(self, wanted: list[WantedSharing]) -> list[SharingRefusal]:
         """Give every card what `wanted` asks (the agent's settings where it asks nothing);
@@ -64,7 +67,7 @@ class SharingKeeper:
         return [i for i, old in zip(indexes, before, strict=True) if self.own_policy(i) != old]
 
     def report(self) -> list[CardSharing]:
-        return cards_sharing(self.node, self.cards.values())
+        return cards_sharing(self.node, self.cards.values(), self.timeslices)
 
     def _give(self, gpu: str, index: int, asked: SharingSettings | None) -> str | None:
         if asked == self.asked.get(gpu):

@@ -6,7 +6,6 @@ import logging
 import os
 import re
 from pathlib import Path
-from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -16,6 +15,7 @@ from qshare.contracts.agent import LOCAL_ID_LIMIT
 from qshare.contracts.domain import CardPolicy
 from qshare.contracts.nodes import NODE_NAME_MAX, NODE_NAME_PATTERN, default_node_name
 from qshare.contracts.quantities import parse_mib
+from qshare.contracts.sharing import Timeslice
 from qshare.health import HealthSettings
 from qshare.metrics_http import MetricsSettings
 from qshare_driver import layout
@@ -27,8 +27,6 @@ SOCKET_PATH_MAX = 107
 
 SIMULATE_FORMAT = re.compile(r"^(?P<cards>[0-9]{1,2})(:(?P<memory>[0-9]+(Ki|Mi|Gi|Ti)?))?$")
 DEFAULT_SIM_MEMORY = "16Gi"
-Timeslice = Literal["driver", "default", "short", "medium", "long"]
-"""The cards' compute timeslice: `driver` leaves it alone, the others are nvidia-smi's."""
 
 
 class NodeAgentSettings(BaseSettings, BusIdentity, HealthSettings, MetricsSettings):

@@ -8,8 +8,9 @@ import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from qshare.contracts.sharing import REASON_MAX, Timeslice
 from qshare_node_agent import metrics
-from qshare_node_agent.settings import NodeAgentSettings, Timeslice
+from qshare_node_agent.settings import NodeAgentSettings
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +25,16 @@ class Outcome:
 
     uuid: str
     error: str | None = None
+
+
+@dataclass(frozen=True)
+class CardTimeslice:
+    """A card's timeslice as the agent left it (its heartbeats report it): `level` in force
+    (`driver`: the agent set none) and, when the card did not take the level asked, `refused`
+    naming it and why."""
+
+    level: Timeslice = "driver"
+    refused: str | None = None
 
 
 def set_timeslice(
@@ -59,25 +70,42 @@ def _last_line(text: str) -> str:
     return lines[-1] if lines else ""
 
 
-def apply(settings: NodeAgentSettings, uuids: Sequence[str]) -> list[Outcome]:
+def apply(settings: NodeAgentSettings, uuids: Sequence[str]) -> dict[str, CardTimeslice]:
     """The agent's start: set the setting's timeslice on its real cards (blocking; run it in
-    a thread), logging each card that refused it. Simulated cards are left alone."""
+    a thread), logging each card that refused it. Simulated cards are left alone. Each
+    card's timeslice as it was left, by UUID."""
     if settings.timeslice == "driver":
-        return []
+        return {uuid: CardTimeslice() for uuid in uuids}
     if settings.simulate is not None:
         log.info("node agent %s: timeslice %r not applied to simulated cards", settings.name,
                  settings.timeslice)  # fmt: skip
-        return []
+        refused = _refusal(settings.timeslice, "not applied to simulated cards")
+        return {uuid: refused for uuid in uuids}
     outcomes = set_timeslice(settings.nvidia_smi, uuids, settings.timeslice)
     for outcome in outcomes:
-        metrics.TIMESLICE_SET.labels(settings.name, outcome.uuid, settings.timeslice).set(
-            0 if outcome.error else 1
-        )
-        if outcome.error is not None:
-            log.warning("node agent %s: card %s: timeslice %r (QSHARE_NODE_TIMESLICE) not set: "
-                        "%s", settings.name, outcome.uuid, settings.timeslice,
-                        outcome.error)  # fmt: skip
-        else:
-            log.info("node agent %s: card %s: timeslice set to %r", settings.name,
-                     outcome.uuid, settings.timeslice)  # fmt: skip
-    return outcomes
+        _tell(settings, outcome)
+    return {o.uuid: _left(settings.timeslice, o) for o in outcomes}
+
+
+def _left(level: Timeslice, outcome: Outcome) -> CardTimeslice:
+    if outcome.error is None:
+        return CardTimeslice(level)
+    return _refusal(level, outcome.error)
+
+
+def _refusal(level: Timeslice, why: str) -> CardTimeslice:
+    return CardTimeslice(refused=f"{level}: {why}"[:REASON_MAX])
+
+
+def _tell(settings: NodeAgentSettings, outcome: Outcome) -> None:
+    """One card's outcome in the metrics and the log."""
+    metrics.TIMESLICE_SET.labels(settings.name, outcome.uuid, settings.timeslice).set(
+        0 if outcome.error else 1
+    )
+    if outcome.error is not None:
+        log.warning("node agent %s: card %s: timeslice %r (QSHARE_NODE_TIMESLICE) not set: "
+                    "%s", settings.name, outcome.uuid, settings.timeslice,
+                    outcome.error)  # fmt: skip
+    else:
+        log.info("node agent %s: card %s: timeslice set to %r", settings.name,
+                 outcome.uuid, settings.timeslice)  # fmt: skip

@@ -4,19 +4,27 @@ and sends the node with its desired state, so that it outlives agent restarts.""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, model_validator
 
 from qshare.contracts.claims import GpuUuid, Text
 from qshare.contracts.domain import CardPolicy
 from qshare.contracts.errors import InvalidInput
 
+Timeslice = Literal["driver", "default", "short", "medium", "long"]
+"""A card's compute timeslice between processes: nvidia-smi's levels, or `driver` for
+whatever the driver has (the node agent set nothing)."""
+REASON_MAX = 1000
+"""Characters of a reason a node gives (the agent cuts longer ones)."""
+
 
 class CardSharing(BaseModel):
-    """How a card is shared now, as its node agent reports it with each heartbeat."""
+    """How a card is shared now, as its node agent reports it with each heartbeat. Fields this
+    version does not know are dropped, not refused: an agent upgraded before its control
+    plane may report more, and its heartbeats must still count (docs/cluster.md, upgrades)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="ignore")
 
     gpu: Text
     policy: CardPolicy = Field(description="sharing among the card's low-priority vGPUs")
@@ -34,6 +42,15 @@ class CardSharing(BaseModel):
     )
     lp_device_gate: StrictBool = Field(
         False, description="low priority's queued work waits on the card's gate on the GPU"
+    )
+    timeslice: Timeslice | None = Field(
+        None,
+        description="the compute timeslice the node agent set on the card at its start; "
+        "driver: it set none (the driver's own is in force); null: not reported (an agent "
+        "of an earlier version)",
+    )
+    timeslice_refused: Annotated[StrictStr, Field(max_length=REASON_MAX)] | None = Field(
+        None, description="the timeslice the agent was asked for and why the card did not take it"
     )
 
 
