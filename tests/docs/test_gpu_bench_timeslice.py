@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from qshare import gpu_timeslice
 from qshare.bench import gpu
 
 CARD = gpu.Card("NVIDIA H100", "GPU-1234", 80 * 1024)
@@ -44,7 +45,7 @@ def test_a_refused_timeslice_skips_the_run_and_says_why(
     result = gpu._scenario_run(sc, 1.0, CARD)
     assert ran == []
     assert result["error"].startswith("timeslice short not set")
-    assert "exit 4: Insufficient Permissions" in result["error"]
+    assert "nvidia-smi exited with status 4: Insufficient Permissions" in result["error"]
 
 
 def test_rows_without_a_timeslice_never_run_nvidia_smi(
@@ -58,7 +59,7 @@ def test_rows_without_a_timeslice_never_run_nvidia_smi(
 
 def test_an_unknown_timeslice_level_is_refused_by_name() -> None:
     with pytest.raises(ValueError, match="'tiny'"):
-        gpu.timeslice_argv("GPU-1", "tiny")
+        gpu_timeslice.timeslice_argv("nvidia-smi", "GPU-1", "tiny")
 
 
 def test_the_timeslice_set_names_only_known_scenarios() -> None:

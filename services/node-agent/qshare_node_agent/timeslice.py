@@ -1,30 +1,20 @@
 """Setting the cards' compute timeslice (how long the GPU runs one process's work before
-switching to another's) with `nvidia-smi compute-policy`, as QSHARE_NODE_TIMESLICE asks."""
+switching to another's) with `nvidia-smi compute-policy` at the agent's start, as
+QSHARE_NODE_TIMESLICE asks, and what each card was left with."""
 
 from __future__ import annotations
 
 import logging
-import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from qshare import gpu_timeslice
 from qshare.contracts.sharing import REASON_MAX, Timeslice
+from qshare.gpu_timeslice import TIMEOUT_S, Outcome
 from qshare_node_agent import metrics
 from qshare_node_agent.settings import NodeAgentSettings
 
 log = logging.getLogger(__name__)
-
-LEVELS: dict[Timeslice, int] = {"default": 0, "short": 1, "medium": 2, "long": 3}
-"""nvidia-smi's `--set-timeslice` numbers; `driver` has none (nothing is set)."""
-TIMEOUT_S = 10.0
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """One card's setting: `error` is None when it took effect, else why it did not."""
-
-    uuid: str
-    error: str | None = None
 
 
 @dataclass(frozen=True)
@@ -40,34 +30,10 @@ class CardTimeslice:
 def set_timeslice(
     program: str, uuids: Sequence[str], level: Timeslice, timeout_s: float = TIMEOUT_S
 ) -> list[Outcome]:
-    """Run `program compute-policy -i <uuid> --set-timeslice <N>` once per card; nothing
-    with `driver`. Never raises for the program's failures: each is in its card's outcome."""
+    """Set `level` on each card (qshare.gpu_timeslice); nothing with `driver`."""
     if level == "driver":
         return []
-    return [_set_one(program, uuid, LEVELS[level], timeout_s) for uuid in uuids]
-
-
-def _set_one(program: str, uuid: str, number: int, timeout_s: float) -> Outcome:
-    command = [program, "compute-policy", "-i", uuid, "--set-timeslice", str(number)]
-    try:
-        done = subprocess.run(
-            command, capture_output=True, text=True, errors="replace", timeout=timeout_s
-        )
-    except FileNotFoundError:
-        return Outcome(uuid, f"{program} not found")
-    except subprocess.TimeoutExpired:
-        return Outcome(uuid, f"{program} did not finish within {timeout_s:g} s")
-    except OSError as error:  # not executable, and the like
-        return Outcome(uuid, f"{program} could not run ({error.strerror or error})")
-    if done.returncode != 0:
-        said = _last_line(done.stderr) or _last_line(done.stdout) or "no message"
-        return Outcome(uuid, f"{program} exited with status {done.returncode}: {said}")
-    return Outcome(uuid)
-
-
-def _last_line(text: str) -> str:
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return lines[-1] if lines else ""
+    return gpu_timeslice.set_timeslice(program, uuids, level, timeout_s)
 
 
 def apply(settings: NodeAgentSettings, uuids: Sequence[str]) -> dict[str, CardTimeslice]:

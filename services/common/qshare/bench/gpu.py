@@ -32,6 +32,7 @@ from typing import Any
 from qshare.bench import gpu_plot, traces
 from qshare.bench.stats import percentile
 from qshare.bench.testnode import HP_VGPU, LP_VGPU, test_node
+from qshare.gpu_timeslice import set_timeslice
 from qshare.native_build import INTERPOSER, build_cuda
 
 HP_RATE_PER_S = 30.0
@@ -552,28 +553,9 @@ def _rounds(
     return runs
 
 
-TIMESLICE_LEVELS = {"default": 0, "short": 1, "medium": 2, "long": 3}  # nvidia-smi's
-
-
-def timeslice_argv(uuid: str, level: str) -> list[str]:
-    """The command that sets the card's timeslice between contexts (needs root)."""
-    if level not in TIMESLICE_LEVELS:
-        raise ValueError(f"timeslice must be one of {sorted(TIMESLICE_LEVELS)}, not {level!r}")
-    n = TIMESLICE_LEVELS[level]
-    return ["nvidia-smi", "compute-policy", "-i", uuid, "--set-timeslice", str(n)]
-
-
 def _set_timeslice(uuid: str, level: str) -> str | None:
-    """Set it; the reason it was not set, or None."""
-    try:
-        done = subprocess.run(timeslice_argv(uuid, level), capture_output=True, text=True,
-                              timeout=30, check=False)  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired) as error:
-        return f"nvidia-smi compute-policy: {error}"
-    if done.returncode != 0:
-        said = (done.stderr or done.stdout).strip().splitlines()
-        return f"nvidia-smi compute-policy exit {done.returncode}: {said[-1] if said else ''}"
-    return None
+    """Set it (qshare.gpu_timeslice); the reason it was not set, or None."""
+    return set_timeslice("nvidia-smi", [uuid], level, timeout_s=30)[0].error
 
 
 @contextmanager
