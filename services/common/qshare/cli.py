@@ -20,6 +20,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "qshare_api.cli_admin",
     "qshare_api.cli_events",
     "qshare_api.cli_history",
+    "qshare_node_agent.cli_check",
 )
 
 
