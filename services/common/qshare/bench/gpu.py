@@ -246,7 +246,26 @@ class Scenario:
     stats: bool = False  # workers write the interposer's statistics (QSHARE_STATS_FILE)
     device_gate: bool = False  # LP's queued work waits on the gate word on the device
     timeslice: str | None = None  # the card's timeslice between contexts for the run (root)
+    lp_sm_percent: int | None = None  # under MPS, LP's CUDA_MPS_ACTIVE_THREAD_PERCENTAGE
 
+
+MPS_LP_SM_PERCENT = 80
+"""LP's share of the SMs in the `_mps_sm80` rows: HP keeps a fifth of the card's SMs."""
+
+
+def _mps_sm(name: str, hp: str | None, lp: str, mode: str) -> Scenario:
+    """The row `name` under MPS with LP at client priority 1 and MPS_LP_SM_PERCENT of the
+    SMs (`graph+lp_qshare_1ms` becomes `graph+lp_qshare_1ms_mps_sm80`)."""
+    named = f"{name}_mps_sm{MPS_LP_SM_PERCENT}"
+    return Scenario(named, hp, lp, mode, mps=True, lp_sm_percent=MPS_LP_SM_PERCENT)
+
+
+MPS_SM_ROWS = (  # (row, HP, LP, mode) run again with LP kept off part of the SMs
+    ("lp_alone", None, "resnet50", "plain"), ("gpt2_alone", None, "gpt2", "plain"),
+    ("graph+lp", "graph", "resnet50", "plain"), ("graph+gpt2", "graph", "gpt2", "plain"),
+    ("graph+lp_qshare_1ms", "graph", "resnet50", "qshare-1ms"),
+    ("graph+gpt2_qshare_1ms", "graph", "gpt2", "qshare-1ms"),
+)  # fmt: skip
 
 SCENARIOS = (
     Scenario("lp_alone", None, "resnet50", "plain"),
@@ -285,6 +304,10 @@ EXTRA_SCENARIOS = (
     Scenario("graph+lp2s_plain", "graph", "resnet50_2s", "plain"),
     Scenario("graph+lp2s_qshare_1ms", "graph", "resnet50_2s", "qshare-1ms"),
     Scenario("graph+gpt2_qshare_mps_1ms", "graph", "gpt2", "qshare-1ms", mps=True),
+    # Part of the SMs kept from LP under MPS (its active thread percentage): HP's kernels
+    # start on the SMs LP may not use, beside a long LP kernel instead of behind it.
+    *(_mps_sm(*row) for row in MPS_SM_ROWS),
+    Scenario("lp_alone_mps", None, "resnet50", "plain", mps=True),
     Scenario("lp_alone_qshare_mps", None, "resnet50", "qshare-100ms", mps=True),
     Scenario("eager_alone_qshare", "eager", None, "qshare-100ms"),
     Scenario("eager_alone_qshare_fence200", "eager", None, "qshare-100ms", hp_fence_us=200),
@@ -381,6 +404,8 @@ def worker_env(sc: Scenario, role: str, vgpu: int, seg: str | None, out: Path) -
         env["QSHARE_STATS_FILE"] = str(out.with_suffix(".stats.json"))
     if sc.device_gate and seg and role == "lp":
         env["QSHARE_LP_DEVICE_GATE"] = "1"
+    if sc.lp_sm_percent is not None and role == "lp":
+        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(sc.lp_sm_percent)
     return env
 
 
@@ -635,6 +660,13 @@ SETS = {
     "auto": (
         "lp_alone", "graph_alone", "graph+lp_qshare_1ms", "graph+lp_qshare_auto", "eager_alone",
         "eager+lp_qshare_100ms", "eager+lp_qshare_auto",
+    ),
+    # LP kept off a fifth of the SMs under MPS, beside the graph HP: does HP then start
+    # beside GPT-2's long kernels instead of behind them (the target the window cannot meet)
+    "mpssm": (
+        "graph_alone", "lp_alone", "gpt2_alone", "lp_alone_mps", "lp_alone_mps_sm80",
+        "gpt2_alone_mps_sm80", "graph+lp_mps_sm80", "graph+gpt2_mps_sm80",
+        "graph+lp_qshare_1ms_mps_sm80", "graph+gpt2_qshare_1ms_mps_sm80",
     ),
     # eager HP alone under the interposer, by how often its completion is fenced (the default
     # is 200 µs since 2026-11-24; fence0 is the default before)
