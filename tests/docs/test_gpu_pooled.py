@@ -119,3 +119,9 @@ def test_runs_from_before_latencies_were_kept_merge_without_pooled_figures() -> 
     gpu.add_pooled(scenarios, raw)
     assert "hp_p99_within_5pct" not in scenarios["graph+lp_qshare_1ms"]
     assert gpu_pooled.targets(raw, gpt2_kernel_ms=0.12)["graph_1ms_hp_p99"] is None
+
+
+def test_the_decide_set_holds_the_graph_hp_alone_and_each_row_it_is_judged_against() -> None:
+    names = [sc.name for sc in gpu.chosen_scenarios("@decide")]
+    assert names[0] == "graph_alone"
+    assert {"graph+lp_qshare_1ms", "graph+lp_qshare_100ms"} <= set(names)

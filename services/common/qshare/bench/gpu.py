@@ -662,6 +662,13 @@ SETS = {
         "lp_alone", "graph_alone", "graph+lp_qshare_1ms", "graph+lp_qshare_auto", "eager_alone",
         "eager+lp_qshare_100ms", "eager+lp_qshare_auto",
     ),
+    # the graph HP's 1 ms and 100 ms targets, with and without the device gate: five rows to
+    # run long (`--seconds 60` and more), since a x1.05 p99 verdict needs thousands of
+    # requests a side (gpu_pooled; README)
+    "decide": (
+        "graph_alone", "graph+lp_qshare_1ms", "graph+lp_qshare_1ms_devgate",
+        "graph+lp_qshare_100ms", "graph+lp_qshare_100ms_devgate",
+    ),
     # LP kept off a fifth of the SMs under MPS, beside the graph HP: does HP then start
     # beside GPT-2's long kernels instead of behind them (the target the window cannot meet)
     "mpssm": (
