@@ -286,6 +286,9 @@ int qsc_hp_opened(CUstream stream, CUcontext ctx, CUresult submitted);
  * completion threads are not the child's (it can neither see them complete nor end them), so
  * each module starts afresh; the parent's events are forgotten, not destroyed. */
 void qsc_units_forked(void);
+/* Units not ended (at a normal exit, once no call uses the client: their reaper, if it ends
+ * them from then on, runs detached and charges nothing). */
+uint64_t qsc_units_unended(void);
 void qsc_hp_forked(void);
 void qsc_lp_forked(void);
 /* The program destroys `stream` (before the driver's call, in qsc_enter `s`): work already
@@ -320,6 +323,11 @@ uint64_t qsc_lp_window(const qsc_session *s);
 /* The device ns per launch as last measured (0 before any), and the window last read. */
 uint64_t qsc_lp_estimate_ns(void);
 uint64_t qsc_lp_window_now(void);
+/* At a normal exit, once no call uses the client (every completion thread that ends launches
+ * from then on runs detached and charges nothing): the device ns of the batched launches whose
+ * end no completion thread accounted (still queued, or completed and not yet seen), at their
+ * stream's estimate (the process's until the stream has one; 0 before any was measured). */
+uint64_t qsc_lp_unended_ns(void);
 
 /* ---- low priority's device gate (lp_device_gate.c) ---- */
 /* At the first batched launch (its context current): with QSHARE_LP_DEVICE_GATE=1, register

@@ -64,14 +64,15 @@ typedef struct lp_stream {
     _Atomic uint64_t hold_ns; /* device ns per launch that high priority would wait behind,
                                * from every timed batch of this stream; 0 until measured */
     _Alignas(64) _Atomic uint64_t completed; /* launches ended */
+    _Atomic uint64_t accounted; /* ... of them, by a completion thread of the attached process */
     _Alignas(64) pthread_mutex_t lock; /* the fence queue: taken once per batch */
     fence q[FENCES];
     uint64_t head, tail; /* q[head] oldest pending, q[head - 1] the reference */
     int ref_valid; /* completion thread only: q[head - 1] has completed (a launch into an idle
                     * pipeline records a marker, so the reference never spans an idle card) */
     uint64_t quiet_since; /* completion thread only: when it saw the stream's launches pause */
-    uint64_t est_ns; /* completion thread only: this stream's device ns per launch, 0 until
-                      * measured (an overlapped batch is charged at it: streams differ) */
+    _Atomic uint64_t est_ns; /* this stream's device ns per launch, 0 until measured (an
+                              * overlapped batch is charged at it: streams differ) */
 } lp_stream;
 
 static struct {
@@ -160,6 +161,7 @@ static void end_launches(const qsc_session *s, lp_stream *st, uint64_t covered,
                          uint64_t device_ns) {
     uint64_t from = atomic_load(&st->completed);
     if (device_ns && s->client != NULL) qs_account_device_time(s->client, device_ns);
+    if (s->client != NULL) atomic_store(&st->accounted, covered); /* see qsc_lp_unended_ns */
     for (uint64_t i = from; i < covered && s->client != NULL; i++) qs_launch_end(s->client);
     atomic_store(&st->completed, covered);
     atomic_fetch_add(&lp.completed, covered - from);
@@ -202,10 +204,11 @@ static uint64_t batch_device_ns(const qsc_session *s, lp_stream *st, const fence
     if (timed) atomic_store(&st->hold_ns, folded(atomic_load(&st->hold_ns), per));
     if (timed && !f->overlapped) {
         atomic_store(&lp.est_ns, folded(atomic_load(&lp.est_ns), per));
-        st->est_ns = folded(st->est_ns, per);
+        atomic_store(&st->est_ns, folded(atomic_load(&st->est_ns), per));
         return ns;
     }
-    return launches * (st->est_ns ? st->est_ns : atomic_load(&lp.est_ns));
+    uint64_t own = atomic_load(&st->est_ns);
+    return launches * (own ? own : atomic_load(&lp.est_ns));
 }
 
 /* Wait for the oldest fence; one that died with its context stands for work the driver's
@@ -311,7 +314,7 @@ static void release_slot(lp_stream *st) {
     pthread_mutex_lock(&lp.bind_lock);
     st->ref_valid = 0;
     st->quiet_since = 0;
-    st->est_ns = 0;
+    atomic_store(&st->est_ns, 0);
     atomic_store(&st->hold_ns, 0);
     atomic_store(&st->claimed, 0);
     atomic_fetch_and(&lp.bound, ~(1u << (st - lp.streams)));
@@ -377,6 +380,7 @@ static lp_stream *free_slot(void) {
         atomic_store(&st->launched, 0);
         atomic_store(&st->covered, 0);
         atomic_store(&st->completed, 0);
+        atomic_store(&st->accounted, 0);
         atomic_store(&st->overlapped, 0);
         atomic_store(&st->gate_since, 0);
         st->head = st->tail = 1;
@@ -582,5 +586,16 @@ void qsc_lp_forked(void) {
 }
 
 uint64_t qsc_lp_estimate_ns(void) { return atomic_load(&lp.est_ns); }
+
+uint64_t qsc_lp_unended_ns(void) {
+    uint64_t ns = 0, process = atomic_load(&lp.est_ns);
+    for (uint32_t bound = atomic_load(&lp.bound); bound != 0; bound &= bound - 1) {
+        lp_stream *st = &lp.streams[__builtin_ctz(bound)];
+        uint64_t done = atomic_load(&st->accounted), n = atomic_load(&st->launched);
+        uint64_t own = atomic_load(&st->est_ns);
+        if (n > done) ns += (n - done) * (own ? own : process);
+    }
+    return ns;
+}
 
 uint64_t qsc_lp_window_now(void) { return atomic_load(&lp.window_ns); }

@@ -177,6 +177,16 @@ static int drained(void) {
     }
 }
 
+/* Low priority's launches that no completion thread has seen end (still queued on the card,
+ * or completed and not yet seen) are charged to the vGPU at their estimate before the detach
+ * reclaims them: the policies would never see their device time otherwise. Called once no call
+ * uses the client, so the completion threads have charged all they will. */
+static void charge_unended(void) {
+    if (!session.low_priority) return;
+    uint64_t ns = qsc_lp_unended_ns() + qsc_units_unended() * qsc_lp_estimate_ns();
+    if (ns != 0) qs_account_device_time(session.client, ns);
+}
+
 /* A normal exit (return from main, exit(), or unloading the library) detaches. A destructor,
  * not atexit: it runs after the program's own exit handlers (the CUDA runtime's teardown
  * still frees through the interposer) and once only. Calls that other threads have in
@@ -190,6 +200,7 @@ __attribute__((destructor)) static void detach_at_exit(void) {
                                      "records this exit as the process's death");
         return;
     }
+    if (session.pid == (int)getpid()) charge_unended(); /* after the drain, which a child skips */
     int rc = qs_client_detach(session.client);
     if (rc != QS_OK)
         qsc_warn_once(QSC_WARN_EXIT, "detaching at exit failed: %s (%s)", qs_strerror(rc),

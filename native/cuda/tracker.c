@@ -207,6 +207,11 @@ static void append(void) {
     }
 }
 
+uint64_t qsc_units_unended(void) {
+    uint64_t h = atomic_load(&tracker.head), t = atomic_load(&tracker.tail);
+    return t > h ? t - h : 0;
+}
+
 void qsc_units_forked(void) {
     memset(&tracker, 0, sizeof tracker);
     current = (events){0};

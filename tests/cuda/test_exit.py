@@ -12,6 +12,7 @@ from .conftest import HP_VGPU, LP_VGPU, NodeOwner, Probe, run_probe
 QS_EV_DETACH = 7
 QS_EV_CLIENT_DIED = 8
 SECOND = 1_000_000_000
+MS = 1_000_000
 
 
 def events_of(node: NodeOwner, kind: int, vgpu: int) -> list[dict[str, str]]:
@@ -104,3 +105,22 @@ def test_forked_child_exit_leaves_the_parent_attached(node: NodeOwner) -> None:
     detached = node.wait_events(QS_EV_DETACH, 1)
     assert [int(e["pid"]) for e in detached] == [lp.process.pid]
     assert node.events(QS_EV_CLIENT_DIED) == []
+
+
+def test_low_priority_work_still_queued_at_exit_is_charged_at_its_estimate(
+    node: NodeOwner,
+) -> None:
+    """A low-priority process measures kernels of 5 ms (10 of them, 50 ms charged), queues 20
+    more under a 1 s window and exits at once, 100 ms of them still queued. The detach
+    reclaims them, and their device time is charged at the stream's estimate of 5 ms each:
+    about 150 ms in all. Before, no completion thread saw them end, and their time was never
+    charged to the policies (50 ms in all)."""
+    assert node.command("window 0 1000000")["rc"] == "0"
+    lp = Probe(node, LP_VGPU)
+    for command in ("init", "launch kernel 5000 10", "sync"):
+        assert lp.ask(command)["rc"] == "0"
+    assert node.device_ns_once(LP_VGPU, 50 * MS) >= 50 * MS
+    assert lp.ask("launch kernel 5000 20")["rc"] == "0"
+    lp.close()  # returns from main with the 20 kernels queued
+    assert len(node.wait_events(QS_EV_DETACH, 1)) == 1
+    assert 130 * MS <= node.stats(LP_VGPU)["device_ns"] <= 200 * MS
