@@ -108,9 +108,14 @@ def test_a_cuda_driver_that_does_not_load_fails_naming_the_library(tmp_path: Pat
     assert found.status == "fail" and found.detail.startswith("libcuda.so.1 does not load: ")
 
 
-def test_a_cuda_driver_that_loads_passes(tmp_path: Path) -> None:
+def test_a_cuda_driver_that_loads_passes_with_its_version(tmp_path: Path) -> None:
     fake = str(FAKE_DIR / "libcuda.so.1")  # the fake CUDA driver, a test double
     found = check_cuda_driver(real_cards(), lambda _: ctypes.CDLL(fake))
+    assert found == Finding("CUDA driver", "ok", "libcuda.so.1 loads, CUDA 12.8")
+
+
+def test_a_cuda_driver_that_cannot_say_its_version_still_passes() -> None:
+    found = check_cuda_driver(real_cards(), lambda _: object())
     assert found == Finding("CUDA driver", "ok", "libcuda.so.1 loads")
 
 

@@ -91,10 +91,22 @@ def check_cuda_driver(settings: NodeAgentSettings, load: Callable[[str], object]
     if settings.simulate is not None:
         return Finding("CUDA driver", "ok", "not needed: simulated cards")
     try:
-        load(CUDA_DRIVER)
+        library = load(CUDA_DRIVER)
     except OSError as error:
         return Finding("CUDA driver", "fail", f"{CUDA_DRIVER} does not load: {error}")
-    return Finding("CUDA driver", "ok", f"{CUDA_DRIVER} loads")
+    return Finding("CUDA driver", "ok", f"{CUDA_DRIVER} loads{_version_of(library)}")
+
+
+def _version_of(library: Any) -> str:
+    """`, CUDA 12.8` from the driver's cuDriverGetVersion (no cuInit needed), or nothing."""
+    version = ctypes.c_int(0)
+    try:
+        status = library.cuDriverGetVersion(ctypes.byref(version))
+    except (AttributeError, OSError, TypeError):
+        return ""
+    if status != 0 or version.value <= 0:
+        return ""
+    return f", CUDA {version.value // 1000}.{version.value % 1000 // 10}"
 
 
 def check_timeslice(settings: NodeAgentSettings, euid: int) -> Finding:
