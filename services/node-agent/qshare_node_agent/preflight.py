@@ -164,16 +164,21 @@ class _Keep(logging.Handler):
 
 
 def check_kubelet(k8s: KubernetesSettings) -> list[Finding]:
-    """The kubelet's plugin directories and the CDI directory, each writable."""
-    dirs = {"plugin registry": k8s.registry_dir, "device plugins": k8s.device_plugin_dir,
-            "DRA plugin": k8s.plugin_dir.parent, "CDI specs": k8s.cdi_dir}  # fmt: skip
-    return [_writable_dir(f"kubelet: {what}", where) for what, where in dirs.items()]
+    """The kubelet's plugin directories and the CDI directory, each writable. The agent would
+    create a missing one, but inside its own container, where neither the kubelet nor the
+    container runtime looks: missing means not mounted."""
+    kubelet, runtime = "the kubelet's", "the container runtime's"
+    dirs = [("plugin registry", k8s.registry_dir, kubelet),
+            ("device plugins", k8s.device_plugin_dir, kubelet),
+            ("DRA plugin", k8s.plugin_dir.parent, kubelet),
+            ("CDI specs", k8s.cdi_dir, runtime)]  # fmt: skip
+    return [_writable_dir(f"kubelet: {what}", where, whose) for what, where, whose in dirs]
 
 
-def _writable_dir(check: str, where: Path) -> Finding:
+def _writable_dir(check: str, where: Path, whose: str) -> Finding:
     if not where.is_dir():
-        return Finding(check, "fail", f"{where} is not a directory (is the kubelet's "
-                       "directory mounted into the agent?)")  # fmt: skip
+        return Finding(check, "fail", f"{where} is not a directory here ({whose}: is it "
+                       "mounted into the agent?)")  # fmt: skip
     if not os.access(where, os.W_OK | os.X_OK):
         return Finding(check, "fail", f"{where} is not writable by this user")
     return Finding(check, "ok", str(where))
