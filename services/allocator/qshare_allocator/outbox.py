@@ -186,7 +186,8 @@ async def _take_batch(session: AsyncConnection) -> list[Any] | None:
     locks (a row another relay published and deleted meanwhile is gone); None when it holds
     no lock. Rows another relay holds are skipped, and the rows after them are taken
     instead, page by page, but for those of a stream (see `_stream`) whose earlier row
-    another relay holds."""
+    another relay holds. A short page was the outbox's end: no empty page is read after it
+    (rows committed meanwhile wake the relay again)."""
     mine: list[int] = []
     held: set[str] = set()
     after = 0
@@ -197,6 +198,8 @@ async def _take_batch(session: AsyncConnection) -> list[Any] | None:
             break
         after = page[-1].id
         mine += await _lock_in_order(session, page, held)
+        if len(page) < limits["limit"]:  # the outbox's end: no page after it
+            break
     return await _read(session, mine) if mine else None
 
 
