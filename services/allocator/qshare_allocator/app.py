@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import gc
 import logging
 from typing import Any
 
@@ -138,6 +139,7 @@ class Allocator(Service):
             asyncio.create_task(self._dispatch_scanner(), name="dispatch scanner"),
         ]
         self._metrics = serve_metrics(self.settings)
+        gc.freeze()  # what start-up made is never garbage: full collections skip it
         self.probes.serving()
         log.info("allocator %s serving", self.settings.instance)
 

@@ -17,7 +17,8 @@ import asyncio
 import contextlib
 import functools
 import logging
-from typing import Any
+from datetime import datetime
+from typing import Any, NamedTuple
 
 from nats.errors import BadSubjectError, MaxPayloadError
 from nats.js import JetStreamContext
@@ -43,7 +44,7 @@ from qshare.contracts import envelope
 from qshare.contracts.schema import outbox, outbox_dead
 from qshare.contracts.tracing import inject_headers
 from qshare_allocator import metrics
-from qshare_allocator.db import in_transaction
+from qshare_allocator.db import fetch, in_transaction
 
 log = logging.getLogger(__name__)
 BATCH = 256
@@ -130,7 +131,7 @@ class OutboxRelay:
             finally:
                 await _let_go(session)
 
-    async def _publish_and_settle(self, session: AsyncConnection, rows: list[Any]) -> int:
+    async def _publish_and_settle(self, session: AsyncConnection, rows: list[_Row]) -> int:
         """Each row stands alone: a row that can never be published (too large, refused) is
         moved to `outbox_dead` and logged; one that failed for now (NATS down) stays for the
         next scan. Neither holds back the rows after it. Published rows alone are deleted by
@@ -145,7 +146,7 @@ class OutboxRelay:
         if dead:
             await in_transaction(self._engine, functools.partial(self._settle, dead, gone))
         elif gone:
-            await session.execute(_delete(), {"ids": gone})
+            await fetch(session, _delete(), {"ids": gone})
         if len(gone) < len(rows):
             log.warning("outbox: %d events not published yet; will retry", len(rows) - len(gone))
         return len(gone)
@@ -181,22 +182,25 @@ def _permanent(outcome: object) -> bool:
     return isinstance(outcome, MaxPayloadError | BadSubjectError | BadRequestError)
 
 
-async def _take_batch(session: AsyncConnection) -> list[Any] | None:
+async def _take_batch(session: AsyncConnection) -> list[_Row] | None:
     """Up to `BATCH` of the oldest rows whose advisory lock this session got, read after the
     locks (a row another relay published and deleted meanwhile is gone); None when it holds
     no lock. Rows another relay holds are skipped, and the rows after them are taken
     instead, page by page, but for those of a stream (see `_stream`) whose earlier row
-    another relay holds."""
+    another relay holds. A short page was the outbox's end: no empty page is read after it
+    (rows committed meanwhile wake the relay again)."""
     mine: list[int] = []
     held: set[str] = set()
     after = 0
     while len(mine) < BATCH:
         limits = {"after": after, "limit": BATCH - len(mine)}
-        page = list((await session.execute(_lock_page(), limits)).all())
+        page = await fetch(session, _lock_page(), limits)
         if not page:
             break
-        after = page[-1].id
+        after = page[-1]["id"]
         mine += await _lock_in_order(session, page, held)
+        if len(page) < limits["limit"]:  # the outbox's end: no page after it
+            break
     return await _read(session, mine) if mine else None
 
 
@@ -207,13 +211,13 @@ async def _lock_in_order(session: AsyncConnection, page: list[Any], held: set[st
     kept: list[int] = []
     behind: list[int] = []
     for row in page:
-        stream = _stream(row.subject)
-        if not row.got:
+        stream = _stream(row["subject"])
+        if not row["got"]:
             held.add(stream)
         else:
-            (behind if stream in held else kept).append(row.id)
+            (behind if stream in held else kept).append(row["id"])
     if behind:
-        await session.execute(_unlocks(), {"ids": behind})
+        await fetch(session, _unlocks(), {"ids": behind})
     return kept
 
 
@@ -223,8 +227,19 @@ def _stream(subject: str) -> str:
     return subject.rpartition(".")[0]
 
 
-async def _read(session: AsyncConnection, ids: list[int]) -> list[Any]:
-    return list((await session.execute(_read_rows(), {"ids": ids})).all())
+class _Row(NamedTuple):
+    """An outbox row taken for publishing."""
+
+    id: int
+    subject: str
+    body: bytes
+    headers: dict[str, Any]
+    created_at: datetime
+
+
+async def _read(session: AsyncConnection, ids: list[int]) -> list[_Row]:
+    rows = await fetch(session, _read_rows(), {"ids": ids})
+    return [_Row(r["id"], r["subject"], r["body"], r["headers"], r["created_at"]) for r in rows]
 
 
 @functools.cache
@@ -266,11 +281,14 @@ def _unlocks() -> TextClause:
     return text(f"SELECT pg_advisory_unlock({_ROW_KEY}) {_EACH_ID}")
 
 
+_UNLOCK_ALL = text("SELECT pg_advisory_unlock_all()")
+
+
 async def _let_go(session: AsyncConnection) -> None:
     """Release the batch's locks; a connection that cannot is closed, which releases them
     (back in the pool it would keep those rows from every relay)."""
     try:
-        await session.execute(text("SELECT pg_advisory_unlock_all()"))
+        await fetch(session, _UNLOCK_ALL, {})
     except Exception:
         await session.invalidate()
         raise

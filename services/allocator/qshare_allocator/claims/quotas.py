@@ -2,14 +2,18 @@
 count every claim not yet released or failed (pending ones included, so placing them later
 never exceeds the quota), and a new claim that must wait is held to the pending limit. The
 tenant's quota row is locked, so concurrent creates of one tenant are checked one after
-another."""
+another. A creation locks it in the statement that writes the claim (`with_quota_lock`) and
+checks the usage that statement left (`check_written`): one round trip fewer per claim."""
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
+from typing import Any
 
 from sqlalchemy import Select, bindparam, select
 from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.sql.dml import UpdateBase
 
 from qshare.contracts.errors import Conflict, FieldError
 from qshare.contracts.quantities import format_mib
@@ -18,22 +22,36 @@ from qshare.contracts.schema import quotas
 from qshare_allocator.placement.demand import Demand
 
 
-async def check_quota(conn: AsyncConnection, tenant: str, demand: Demand) -> None:
-    """Raise Conflict naming each memory or card limit the new claim would pass; no quota
-    row: no limit. Its pending limit is checked once it is known to wait (`check_pending`)."""
-    await _check(conn, tenant, demand.vmemory_mib * demand.count, demand.count, 0)
-
-
-async def check_pending(conn: AsyncConnection, tenant: str) -> None:
-    """Raise Conflict when one more pending claim (a new one that must wait) passes the
-    pending limit; a claim placed at once never counts against it."""
-    await _check(conn, tenant, 0, 0, 1)
-
-
 async def check_growth(conn: AsyncConnection, tenant: str, memory_mib: int) -> None:
     """Raise Conflict when `memory_mib` more (a resized claim) passes the memory quota."""
     if memory_mib > 0:
         await _check(conn, tenant, memory_mib, 0, 0)
+
+
+@functools.cache
+def with_quota_lock(*writes: UpdateBase) -> Select[Any]:
+    """`writes` as one statement (data-modifying CTEs) whose result is the tenant's quota row
+    (`q_tenant`), locked: no row, no limit. Built once per combination of writes."""
+    ctes = [write.cte(f"write_{i}") for i, write in enumerate(writes)]
+    return _locked_quota().add_cte(*ctes)
+
+
+async def check_written(
+    conn: AsyncConnection, tenant: str, quota: Sequence[Any], demand: Demand, waits: bool
+) -> None:
+    """After `with_quota_lock` wrote a new claim (placed, or pending when `waits`) and
+    returned `quota` (its rows: none, no limit): raise Conflict naming each memory or card
+    limit the claim passes; else, for a claim that waits, when it passes the pending limit
+    (a claim placed at once never counts against it). The usage read counts the new claim."""
+    if not quota:
+        return
+    limits = (quota[0]["memory_mib"], quota[0]["cards"], quota[0]["pending"])
+    used = (await conn.execute(quota_usage(tenant))).one()
+    memory_mib, cards = demand.vmemory_mib * demand.count, demand.count
+    before = (used.memory_mib - memory_mib, used.cards - cards, used.pending - int(waits))
+    _refuse_over(tenant, limits, before, (memory_mib, cards, 0))
+    if waits:
+        _refuse_over(tenant, limits, (used.memory_mib, used.cards, before[2]), (0, 0, 1))
 
 
 async def _check(
@@ -43,10 +61,24 @@ async def _check(
     if quota is None:
         return
     used = (await conn.execute(quota_usage(tenant))).one()
+    limits = (quota.memory_mib, quota.cards, quota.pending)
+    in_use = (used.memory_mib, used.cards, used.pending)
+    _refuse_over(tenant, limits, in_use, (memory_mib, cards, pending))
+
+
+Limits = tuple[int | None, int | None, int | None]
+"""A quota's memory (MiB), cards and pending limits; None: no limit."""
+Amounts = tuple[int, int, int]
+"""Memory (MiB), cards and pending claims."""
+
+
+def _refuse_over(tenant: str, limits: Limits, used: Amounts, added: Amounts) -> None:
+    """Conflict naming each limit that `used` plus `added` passes; a limit nothing is added
+    to is not checked."""
     wanted = {  # field: (limit, what this adds, in use with it, how a number is shown)
-        "vmemory": (quota.memory_mib, memory_mib, used.memory_mib + memory_mib, format_mib),
-        "count": (quota.cards, cards, used.cards + cards, _cards),
-        "pending": (quota.pending, pending, used.pending + pending, _pending),
+        "vmemory": (limits[0], added[0], used[0] + added[0], format_mib),
+        "count": (limits[1], added[1], used[1] + added[1], _cards),
+        "pending": (limits[2], added[2], used[2] + added[2], _pending),
     }
     errors = [
         FieldError(field=field, message=f"quota of {shown(limit)} exceeded ({shown(total)} "
@@ -60,7 +92,7 @@ async def _check(
 
 @functools.cache
 def _locked_quota() -> Select[tuple[object, ...]]:
-    """The tenant's quota row, locked; built once (a claim creation runs it every time)."""
+    """The tenant's quota row (`q_tenant`), locked; built once."""
     return select(quotas).where(quotas.c.tenant == bindparam("q_tenant")).with_for_update()
 
 

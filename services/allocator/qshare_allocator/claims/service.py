@@ -32,10 +32,10 @@ from qshare.contracts.schema import claims, nodes
 from qshare.settings import ClusterSettings
 from qshare_allocator.claims.classes import ClassCatalog
 from qshare_allocator.claims.idempotency import ensure_same_request
-from qshare_allocator.claims.quotas import check_pending, check_quota
+from qshare_allocator.claims.quotas import check_written, with_quota_lock
 from qshare_allocator.claims.transitions import claim_event_params, locked_claim
 from qshare_allocator.claims.views import demand_of, spec_of
-from qshare_allocator.db import together
+from qshare_allocator.db import fetch, together
 from qshare_allocator.outbox import event_insert
 from qshare_allocator.placement import eviction, eviction_plan
 from qshare_allocator.placement.capacity import give_back, holding
@@ -78,18 +78,18 @@ class ClaimService:
         if key and (known := await self._by_key(conn, command.tenant, key)):
             ensure_same_request(known, spec)
             return CreateClaimReply(claim=known, created=False)
-        await check_quota(conn, command.tenant, demand)
         claim_id = uuid.uuid4()
         choice, reason = await self._place(conn, claim_id, demand)
-        if choice is None:  # it waits: its evictions, if any, roll back with a refusal
-            await check_pending(conn, command.tenant)
-        else:
+        if choice is not None:
             self._placed_on(choice)
         held = holding(claim_id, demand, choice) if choice else None
         view = _new_view(claim_id, command, held.vgpus if held else [], reason)
-        writes = held.statements if held else ()
+        writes = with_quota_lock(_claim_insert(), *(held.statements if held else ()),
+                                 event_insert())  # fmt: skip
         params = _claim_params(view, spec) | (held.params if held else {}) | self._event(view)
-        await conn.execute(together(_claim_insert(), *writes, event_insert()), params)
+        quota = await fetch(conn, writes, params | {"q_tenant": command.tenant})
+        # a refusal rolls back the claim, its placement and its evictions, if any
+        await check_written(conn, command.tenant, quota, demand, waits=choice is None)
         return CreateClaimReply(claim=view, created=True)
 
     async def place_pending(

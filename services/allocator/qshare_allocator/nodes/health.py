@@ -5,6 +5,7 @@ cards are healthy again is whole again (event `recovered`)."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from sqlalchemy import exists, not_, or_, select
@@ -54,6 +55,7 @@ def _sick_node_or_card() -> Any:
     return or_(not_(node_is_ready()), sick_card)
 
 
+@functools.cache  # built once: every replica's scan runs it every second
 def _newly_degraded() -> Any:
     return (
         select(claims.c.id, claims.c.status, claims.c.node_name, classes.c.replace_on_failure)
@@ -68,6 +70,7 @@ def _newly_degraded() -> Any:
     )
 
 
+@functools.cache
 def _recovered() -> Any:
     return (
         select(claims.c.id, claims.c.status)

@@ -10,7 +10,8 @@ A node is locked and its fitting cards read in one statement: the cards are read
 UPDATE` too, which in READ COMMITTED returns (and re-checks) their latest committed
 version, so what a concurrent placement committed a moment before is never missed.
 
-Queries are built once per shape and take the demand as parameters.
+Queries are built once per shape and take the demand as parameters; they run straight on
+asyncpg (`db.fetch`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from typing import Any
 from sqlalchemy import (
     CTE,
     ColumnElement,
-    Row,
     Select,
     Text,
     all_,
@@ -39,6 +39,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from qshare.contracts.domain import MAX_CORE_SHARE, PlacementPolicy, Priority
 from qshare.contracts.rows import node_is_ready
 from qshare.contracts.schema import gpus, nodes
+from qshare_allocator.db import fetch
 from qshare_allocator.placement.demand import Demand
 
 FAST_ATTEMPTS = 3
@@ -67,16 +68,16 @@ async def find_and_lock(conn: AsyncConnection, demand: Demand, timeout_s: float)
     tried: list[str] = []
     for attempt in range(FAST_ATTEMPTS):
         query = _best_free_node(demand.node_policy, *shape, with_room=attempt > 0)
-        rows = (await conn.execute(query, params | {"tried": tried})).all()
+        rows = await fetch(conn, query, params | {"tried": tried})
         if not rows:
             break
         if choice := _choice(rows, demand):
             return choice
-        tried.append(rows[0].node_name)
+        tried.append(rows[0]["node_name"])
     exact = _nodes_with_room(demand.node_policy, demand.priority, demand.whole)
-    for node in (await conn.execute(exact, params | {"tried": tried})).scalars().all():
+    for (node,) in await fetch(conn, exact, params | {"tried": tried}):
         savepoint = await conn.begin_nested()  # a miss gives its lock back at once
-        rows = (await conn.execute(_named_node(*shape), params | {"node": node})).all()
+        rows = await fetch(conn, _named_node(*shape), params | {"node": node})
         if choice := _choice(rows, demand):
             await savepoint.commit()
             return choice
@@ -95,12 +96,12 @@ def _params(demand: Demand, timeout_s: float) -> dict[str, Any]:
     }
 
 
-def _choice(rows: Sequence[Row[Any]], demand: Demand) -> Choice | None:
+def _choice(rows: Sequence[Any], demand: Demand) -> Choice | None:
     """The node's fitting cards, if there are enough of them; rows are `_cards_of` rows."""
-    cards = [Card(r.uuid, r.idx, r.memory_mib) for r in rows if r.uuid is not None]
+    cards = [Card(r["uuid"], r["idx"], r["memory_mib"]) for r in rows if r["uuid"] is not None]
     if not rows or len(cards) < demand.count:
         return None
-    return Choice(rows[0].node_name, cards, rows[0].agent)
+    return Choice(rows[0]["node_name"], cards, rows[0]["agent"])
 
 
 @functools.cache

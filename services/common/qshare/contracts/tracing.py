@@ -4,6 +4,7 @@ the process over OTLP/HTTP when the standard `OTEL_EXPORTER_OTLP_ENDPOINT` (or
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -106,8 +107,14 @@ def handling(
 ) -> AbstractContextManager[Span]:
     """The span of handling one NATS message, child of the trace its headers carry (a root
     span when they carry none)."""
-    tracer = trace.get_tracer(scope)
-    return tracer.start_as_current_span(subject, extract_context(headers), kind)
+    return _tracer(scope).start_as_current_span(subject, extract_context(headers), kind)
+
+
+@functools.cache
+def _tracer(scope: str) -> trace.Tracer:
+    """One tracer per scope, not one per message. Before `setup_tracing` it is the API's
+    proxy, which turns to the provider installed later."""
+    return trace.get_tracer(scope)
 
 
 def inject_headers(headers: dict[str, str] | None = None) -> dict[str, str]:
