@@ -71,7 +71,10 @@ async def fetch(conn: AsyncConnection, statement: ClauseElement, params: Mapping
     in `conn`'s transaction straight on asyncpg: SQLAlchemy's layers per execution (result,
     cursor and greenlet) cost several times asyncpg's own CPU, and a placement runs a few
     statements. A failure is raised as `conn.execute` raises it (a DBAPIError carrying the
-    SQLSTATE, the connection invalidated when it is gone), so retries still see it."""
+    SQLSTATE, the connection invalidated when it is gone), so retries still see it. It reads
+    private parts of SQLAlchemy 2.1's asyncpg adapter and compiler (its mutex, transaction
+    start, bind processors, error translation): pyproject.toml keeps SQLAlchemy to 2.1.x, and
+    every control-plane test runs through it."""
     compiled = _compiled(statement)
     values = compiled.compiled.construct_params(dict(params))
     args = [
