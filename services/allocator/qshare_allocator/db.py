@@ -37,13 +37,14 @@ def make_engine(url: str, pool_size: int) -> AsyncEngine:
 
 
 @functools.cache
-def together(*statements: UpdateBase) -> Select[Any]:
-    """One statement running several writes as data-modifying CTEs: one round trip.
+def together(*statements: UpdateBase, result: Select[Any] | None = None) -> Select[Any]:
+    """One statement running several writes as data-modifying CTEs: one round trip. Its rows
+    are `result`'s (by default one row, the number of writes).
 
     Built once per combination of (themselves cached) statements.
     """
     ctes = [statement.cte(f"write_{i}") for i, statement in enumerate(statements)]
-    return select(literal(len(ctes))).add_cte(*ctes)
+    return (select(literal(len(ctes))) if result is None else result).add_cte(*ctes)
 
 
 @dataclass(frozen=True)

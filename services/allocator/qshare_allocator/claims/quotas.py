@@ -19,6 +19,7 @@ from qshare.contracts.errors import Conflict, FieldError
 from qshare.contracts.quantities import format_mib
 from qshare.contracts.rows import quota_usage
 from qshare.contracts.schema import quotas
+from qshare_allocator.db import together
 from qshare_allocator.placement.demand import Demand
 
 
@@ -28,12 +29,10 @@ async def check_growth(conn: AsyncConnection, tenant: str, memory_mib: int) -> N
         await _check(conn, tenant, memory_mib, 0, 0)
 
 
-@functools.cache
 def with_quota_lock(*writes: UpdateBase) -> Select[Any]:
-    """`writes` as one statement (data-modifying CTEs) whose result is the tenant's quota row
+    """`writes` as one statement (`db.together`) whose result is the tenant's quota row
     (`q_tenant`), locked: no row, no limit. Built once per combination of writes."""
-    ctes = [write.cte(f"write_{i}") for i, write in enumerate(writes)]
-    return _locked_quota().add_cte(*ctes)
+    return together(*writes, result=_locked_quota())
 
 
 async def check_written(
