@@ -88,7 +88,9 @@ def test_the_pooled_targets_judge_the_issue_rows_and_say_none_where_rows_are_mis
         "graph+lp_qshare_1ms": [run(latencies(900, 2.0, seed=11))],
         "graph+lp_qshare_100ms": [run(latencies(900, 0.7, seed=12))],
     }
-    assert gpu_pooled.targets(raw, gpt2_kernel_ms=0.12) == {
+    scenarios = {name: gpu.summarize(runs) for name, runs in raw.items()}
+    gpu.add_pooled(scenarios, raw)
+    assert gpu_pooled.targets(scenarios, raw, gpt2_kernel_ms=0.12) == {
         "graph_1ms_hp_p99": "missed", "graph_100ms_hp_p99": "met",
         "gpt2_hp_p99": None, "eager_auto_hp_p99": None}  # fmt: skip
 
@@ -118,7 +120,7 @@ def test_runs_from_before_latencies_were_kept_merge_without_pooled_figures() -> 
     scenarios = {name: gpu.summarize(runs) for name, runs in raw.items()}
     gpu.add_pooled(scenarios, raw)
     assert "hp_p99_within_5pct" not in scenarios["graph+lp_qshare_1ms"]
-    assert gpu_pooled.targets(raw, gpt2_kernel_ms=0.12)["graph_1ms_hp_p99"] is None
+    assert gpu_pooled.targets(scenarios, raw, gpt2_kernel_ms=0.12)["graph_1ms_hp_p99"] is None
 
 
 def test_the_decide_set_holds_the_graph_hp_alone_and_each_row_it_is_judged_against() -> None:

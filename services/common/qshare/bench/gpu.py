@@ -876,7 +876,7 @@ def _described(
     add_pooled(scenarios, raw)
     result["scenarios"] = scenarios
     result["targets"] = targets(scenarios)
-    result["targets_pooled"] = gpu_pooled.targets(raw, _gpt2_kernel_ms())
+    result["targets_pooled"] = gpu_pooled.targets(scenarios, raw, _gpt2_kernel_ms())
     result["raw"] = raw
     return result
 
