@@ -37,21 +37,17 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     from qshare.contracts.tracing import otlp_settings
-    from qshare.envsettings import SettingsError, load, report
+    from qshare.envsettings import SettingsError, report
     from qshare.health import ListenError
     from qshare_node_agent.app import NodeAgent
     from qshare_node_agent.discovery import DiscoveryError
-    from qshare_node_agent.kubernetes.config import KubernetesSettings
-    from qshare_node_agent.settings import NodeAgentSettings
+    from qshare_node_agent.settings import load_agent_settings
 
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     given = {k: v for k, v in vars(args).items() if v is not None}
-    flags = {k: "--" + k.replace("_", "-") for k in given}
     try:
-        settings = load(NodeAgentSettings, given, flags)
-        if settings.kubernetes:
-            load(KubernetesSettings)
+        settings, _ = load_agent_settings(given)
         otlp_settings()
     except SettingsError as exc:
         return report(exc, "qshare node agent")

@@ -59,14 +59,11 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _settings(args: argparse.Namespace) -> tuple[Any, Any]:
-    from qshare.envsettings import load
-    from qshare_node_agent.kubernetes.config import KubernetesSettings
-    from qshare_node_agent.settings import NodeAgentSettings
+    """The agent's settings, as `python -m qshare_node_agent` would load them."""
+    from qshare_node_agent.settings import load_agent_settings
 
     names = ("name", "nats_url", "simulate", "shm_dir")
-    given = {k: getattr(args, k) for k in names if getattr(args, k) is not None}
-    settings = load(NodeAgentSettings, given, {k: "--" + k.replace("_", "-") for k in given})
-    return settings, load(KubernetesSettings) if settings.kubernetes else None
+    return load_agent_settings({k: getattr(args, k) for k in names if getattr(args, k) is not None})
 
 
 def _show(findings: list[Any], as_json: bool) -> None:

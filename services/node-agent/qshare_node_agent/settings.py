@@ -5,7 +5,9 @@ from __future__ import annotations
 import logging
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -19,6 +21,9 @@ from qshare.contracts.sharing import Timeslice
 from qshare.health import HealthSettings
 from qshare.metrics_http import MetricsSettings
 from qshare_driver import layout
+
+if TYPE_CHECKING:
+    from qshare_node_agent.kubernetes.config import KubernetesSettings
 
 log = logging.getLogger(__name__)
 
@@ -151,3 +156,17 @@ class NodeAgentSettings(BaseSettings, BusIdentity, HealthSettings, MetricsSettin
 
 def _path_bytes(path: str) -> int:
     return len(os.fsencode(path))
+
+
+def load_agent_settings(
+    given: Mapping[str, Any],
+) -> tuple[NodeAgentSettings, KubernetesSettings | None]:
+    """The agent's settings from command-line values (`given`, named by their flags in
+    errors) over QSHARE_NODE_*, and its Kubernetes settings when it serves the kubelet;
+    SettingsError naming every problem."""
+    from qshare.envsettings import load
+    from qshare_node_agent.kubernetes.config import KubernetesSettings
+
+    flags = {k: "--" + k.replace("_", "-") for k in given}
+    settings = load(NodeAgentSettings, dict(given), flags)
+    return settings, load(KubernetesSettings) if settings.kubernetes else None
