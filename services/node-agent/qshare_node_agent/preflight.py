@@ -10,6 +10,7 @@ import ctypes
 import logging
 import os
 import shutil
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -52,10 +53,7 @@ def check_cards(settings: NodeAgentSettings) -> Finding:
 
 
 def _cards_line(cards: list[Card]) -> str:
-    models: dict[str, int] = {}
-    for card in cards:
-        key = f"{card.model} ({card.memory_mib} MiB)"
-        models[key] = models.get(key, 0) + 1
+    models = Counter(f"{card.model} ({card.memory_mib} MiB)" for card in cards)
     return f"{len(cards)}: " + ", ".join(f"{n} x {model}" for model, n in models.items())
 
 
