@@ -188,6 +188,14 @@ async def test_more_candidate_nodes_than_a_preview_takes_get_an_error_not_a_cras
         assert {h["Score"] for h in reply.json()} == {0}
 
 
+async def test_a_candidate_node_name_with_a_nul_gets_an_error_naming_it_not_a_crash(
+    extender: httpx.AsyncClient,
+) -> None:
+    reply = await extender.post("/extender/filter", json=args(pod(), ["node-a", "bad\x00"]))
+    assert reply.status_code == 200
+    assert reply.json()["Error"].startswith("candidate nodes.1: String should match pattern")
+
+
 async def test_node_objects_without_a_name_get_a_problem_document(
     extender: httpx.AsyncClient,
 ) -> None:

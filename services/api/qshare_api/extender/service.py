@@ -236,16 +236,17 @@ async def _forget(kube: Kube, args: ExtenderBindingArgs, uid: str) -> None:
 
 
 def _preview_request(spec: ClaimSpec, names: list[str]) -> PreviewPlacement:
-    """The allocator's preview request; more candidates than it takes is the scheduler's
-    request at fault, answered in `Error` rather than with a 500."""
+    """The allocator's preview request; candidates it does not take (too many, a name
+    with a NUL) are the scheduler's request at fault, answered in `Error`, not with a 500."""
     try:
         return PreviewPlacement(spec=spec, nodes=names)
     except ValidationError as exc:
         err = exc.errors()[0]
-        if err["type"] != "too_long":
-            raise
-        most = (err.get("ctx") or {}).get("max_length")
-        raise pods.PodError(f"at most {most} candidate nodes, got {len(names)}") from None
+        if err["type"] == "too_long":
+            most = (err.get("ctx") or {}).get("max_length")
+            raise pods.PodError(f"at most {most} candidate nodes, got {len(names)}") from None
+        where = ".".join(str(p) for p in err["loc"])
+        raise pods.PodError(f"candidate {where}: {err['msg']}") from None
 
 
 def _tenant(namespace: str) -> str:

@@ -7,7 +7,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, Field
 
-from qshare.contracts.claims import ClaimSpec
+from qshare.contracts.claims import ClaimSpec, Text
 
 MAX_SCORE = 10
 """The scheduler's highest extender score (MaxExtenderPriority)."""
@@ -17,7 +17,8 @@ class PreviewPlacement(BaseModel):
     """Request: would `spec` fit on each of `nodes` (allocator node names)?"""
 
     spec: ClaimSpec
-    nodes: Annotated[list[Annotated[str, Field(max_length=253)]], Field(max_length=10000)]
+    nodes: Annotated[list[Text], Field(max_length=10000)]
+    """Node names as the scheduler sent them (no NUL: they go to Postgres as text)."""
 
 
 class PlacementPreview(BaseModel):

@@ -6,6 +6,8 @@ import uuid
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from qshare.contracts.claims import Text
+
 
 class ClaimAction(BaseModel):
     """Suspend or resume one claim on every card it holds; `tenant` None means an admin acts."""
@@ -14,7 +16,8 @@ class ClaimAction(BaseModel):
 
     claim_id: uuid.UUID
     tenant: str | None = None
-    reason: str = Field("operator", max_length=253)
+    reason: Text = "operator"
+    """Carried to the node agents' commands and the events: no NUL, at most 253 characters."""
 
 
 class ClaimActionReply(BaseModel):
