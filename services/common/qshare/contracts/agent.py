@@ -23,7 +23,7 @@ from pydantic import (
 from qshare.contracts.claims import MAX_MIB, GpuUuid, Text
 from qshare.contracts.domain import Priority
 from qshare.contracts.nodes import MAX_CARDS, NodeName
-from qshare.contracts.sharing import CardSharing, SharingRefusal, WantedSharing
+from qshare.contracts.sharing import CardSharing, NodeReason, SharingRefusal, WantedSharing
 
 LOCAL_ID_LIMIT = 0x80000000
 """Driver vGPU ids below this belong to the allocator; the agent keeps the upper half for
@@ -71,7 +71,7 @@ class ApplyDesired(BaseModel):
 
 class Refusal(BaseModel):
     local_id: int
-    reason: str
+    reason: NodeReason
 
 
 class ApplyReply(BaseModel):

@@ -6,7 +6,15 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictStr,
+    model_validator,
+)
 
 from qshare.contracts.claims import GpuUuid, Text
 from qshare.contracts.domain import CardPolicy
@@ -17,6 +25,17 @@ Timeslice = Literal["driver", "default", "short", "medium", "long"]
 whatever the driver has (the node agent set nothing)."""
 REASON_MAX = 1000
 """Characters of a reason a node gives (the agent cuts longer ones)."""
+
+
+def _readable(reason: str) -> str:
+    return reason.replace("\x00", "\ufffd")[:REASON_MAX]
+
+
+NodeReason = Annotated[StrictStr, AfterValidator(_readable)]
+"""Free text a node agent reports for people (why it refused a vGPU, a sharing, a timeslice):
+a NUL, which Postgres text cannot hold, is written U+FFFD, and it is cut at REASON_MAX
+characters, so that a reason never costs the report that carries it (a heartbeat refused for
+its reason text would time its node out)."""
 
 
 class CardSharing(BaseModel):
@@ -49,7 +68,7 @@ class CardSharing(BaseModel):
         "driver: it set none (the driver's own is in force); null: not reported (an agent "
         "of an earlier version)",
     )
-    timeslice_refused: Annotated[StrictStr, Field(max_length=REASON_MAX)] | None = Field(
+    timeslice_refused: NodeReason | None = Field(
         None, description="the timeslice the agent was asked for and why the card did not take it"
     )
 
@@ -120,7 +139,7 @@ class SharingRefusal(BaseModel):
     """A card whose asked sharing the node agent could not give it, and why."""
 
     gpu: str
-    reason: str
+    reason: NodeReason
 
 
 class ChangeSharing(BaseModel):

@@ -1,0 +1,192 @@
+"""Every request subject the allocator and the preemptor serve, fed a valid message with one
+field at a time turned hostile (gone, null, wrong type, huge, NUL, NaN, ...), answers each
+with a reply or an error naming the problem — never an internal error, never silence — and
+both services go on serving. The NATS side of what `test_openapi_fuzz.py` asks of REST."""
+
+from __future__ import annotations
+
+import copy
+import json
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+from nats.aio.client import Client
+from nats.errors import TimeoutError as NatsTimeout
+
+from qshare.contracts import subjects
+from qshare.contracts.errors import ERROR_CODE_HEADER
+from qshare.natsauth import NatsAuth, ServiceRole
+from qshare_allocator.app import Allocator
+from qshare_preemptor.app import Preemptor
+from qshare_preemptor.settings import PreemptorSettings
+from tests.controlplane.conftest import Claim, Register, as_identity
+
+HOSTILE: tuple[Any, ...] = (
+    None, True, 0, -1, 2**31, 2**63, 2**70, 1.5, 1e308, -1e308, float("nan"), float("inf"),
+    "", " ", "\x00", "é" * 300, "../../etc/passwd", "1e999Ti", [], {}, [None], {"": None},
+)  # fmt: skip
+"""What each field is replaced by, one at a time."""
+GONE = object()
+"""Stands for a field left out."""
+
+
+def _paths(value: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
+    """Every field and item of a JSON value, containers included, by their path."""
+    yield path
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(
+        value, list) else ()  # fmt: skip
+    for key, inner in items:
+        yield from _paths(inner, (*path, key))
+
+
+def _mutated(seed: dict[str, Any], path: tuple[Any, ...], value: Any) -> Any:
+    """`seed` with the field at `path` replaced by `value` (or left out: GONE)."""
+    if not path:
+        return value
+    data = copy.deepcopy(seed)
+    parent = data
+    for key in path[:-1]:
+        parent = parent[key]
+    if value is GONE:
+        del parent[path[-1]]
+    else:
+        parent[path[-1]] = value
+    return data
+
+
+def _variants(seed: dict[str, Any]) -> Iterator[tuple[str, Any]]:
+    """(what was done, data) for each mutation of `seed`; an unknown field last."""
+    for path in _paths(seed):
+        where = ".".join(str(p) for p in path) or "data"
+        for value in HOSTILE:
+            yield f"{where} = {value!r:.40}", _mutated(seed, path, value)
+        if path:
+            yield f"{where} left out", _mutated(seed, path, GONE)
+    yield "an unknown field", {**seed, "no_such_field": 1}
+
+
+def _body(data: Any) -> bytes:
+    """An envelope around `data`, as `envelope.encode` writes one (NaN and Infinity as
+    Python's json writes them: a sender may)."""
+    return json.dumps({"source": "fuzz", "type": "fuzz", "data": data}).encode()
+
+
+async def _answer(nc: Client, subject: str, data: Any) -> str | None:
+    """The reply's error code, None for a successful reply; 'silence' when none came."""
+    try:
+        reply = await nc.request(subject, _body(data), timeout=10)
+    except NatsTimeout:
+        return "silence"
+    headers = reply.headers or {}
+    return headers.get(ERROR_CODE_HEADER)
+
+
+async def _bad_answers(nc: Client, subject: str, seed: dict[str, Any]) -> list[str]:
+    """The mutations of `seed` on `subject` answered with an internal error or not at all."""
+    bad = []
+    for what, data in _variants(seed):
+        code = await _answer(nc, subject, data)
+        if code in ("500", "silence"):
+            bad.append(f"{subject}: {what}: {code}")
+    return bad
+
+
+@pytest.fixture
+async def preemptor(
+    database_url: str, bus_url: str, nats_auth: NatsAuth, replicas: list[Allocator]
+) -> AsyncIterator[Preemptor]:
+    settings = PreemptorSettings(
+        database_url=database_url, nats_url=bus_url,
+        **as_identity(nats_auth, ServiceRole.PREEMPTOR),
+    )  # fmt: skip
+    async with Preemptor(settings) as running:
+        yield running
+
+
+@pytest.fixture
+async def held(register: Register, claim: Claim) -> str:
+    """A node `fz` with two cards, and a low-priority claim placed there: its id."""
+    await register("fz", cards=2)
+    return str((await claim(priority="low", vcore=10, vmemory="1Gi")).id)
+
+
+def _spec() -> dict[str, Any]:
+    return {
+        "priority": "low", "vcore": 10, "vmemory": "1Gi", "count": 1, "class_name": "qshare",
+        "node_selector": {"zone": "a"}, "placement": {"node": "binpack", "card": "spread"},
+        "idempotency_key": "fuzz", "gang": "fuzz",
+    }  # fmt: skip
+
+
+def _heartbeat() -> dict[str, Any]:
+    """A heartbeat (an event, answered when it asks for a reply) reporting card fz-g0."""
+    sharing = {"gpu": "fz-g0", "policy": "best-effort", "release_mode": "auto",
+               "release_delay_s": 0.1, "release_auto_bound_s": 0.01, "lp_window_s": 0.0005,
+               "lp_device_gate": True, "timeslice": "short",
+               "timeslice_refused": "medium: not root"}  # fmt: skip
+    return {"unhealthy": ["fz-g1"], "sharing": [sharing]}
+
+
+def _registration(name: str) -> dict[str, Any]:
+    cards = [{"uuid": f"{name}-g0", "index": 0, "model": "A100", "memory": "16Gi",
+              "healthy": True}]  # fmt: skip
+    return {"name": name, "labels": {"zone": "a"}, "gpus": cards, "segment": "qs-fuzz",
+            "shm_dir": "/dev/shm"}  # fmt: skip
+
+
+def _claim_seeds(claim_id: str) -> list[tuple[str, dict[str, Any]]]:
+    sharing = {"policy": "fixed-share", "release_mode": "fixed", "release_delay_s": 0.1,
+               "lp_window_s": 0.0005, "lp_device_gate": False}  # fmt: skip
+    resize = {"claim_id": claim_id, "tenant": "team-a", "change": {"vcore": 20, "vmemory": "2Gi"}}
+    move = {"claim_id": claim_id, "from_gpu": "fz-g0", "to_gpus": ["fz-g1"], "reason": "starved"}
+    return [
+        (subjects.CLAIMS_CREATE, {"tenant": "team-a", "spec": _spec()}),
+        (subjects.PLACEMENT_PREVIEW, {"spec": _spec(), "nodes": ["fz", "nowhere"]}),
+        (subjects.CLAIMS_RESIZE, resize),
+        (subjects.CLAIMS_MOVE, move),
+        (subjects.GPUS_SHARING, {"uuid": "fz-g0", "change": sharing}),
+        (subjects.NODES_UPDATE, {"name": "fz", "change": {"schedulable": True}}),
+        (subjects.heartbeat("fz"), _heartbeat()),
+        (subjects.CLAIMS_SUSPEND, {"claim_id": claim_id, "tenant": "team-a", "reason": "fuzz"}),
+        (subjects.CLAIMS_RESUME, {"claim_id": claim_id, "tenant": None, "reason": "fuzz"}),
+    ]
+
+
+def _inventory_seeds() -> list[tuple[str, dict[str, Any]]]:
+    """Seeds that add or remove inventory: run after the claim's, on other names."""
+    return [
+        (subjects.NODES_REGISTER, _registration("fz-other")),
+        (subjects.node_register("fz-own"), _registration("fz-own")),
+        (subjects.GPUS_DELETE, {"node": "fz-gone", "uuid": "fz-gone-g0"}),
+        (subjects.NODES_DELETE, {"name": "fz-gone"}),
+        (subjects.CLAIMS_DELETE, {"claim_id": str(uuid.uuid4()), "tenant": "team-a"}),
+    ]
+
+
+async def test_hostile_fields_in_claim_requests_get_an_answer_and_never_an_internal_error(
+    nc: Client, held: str, preemptor: Preemptor
+) -> None:
+    bad = []
+    for subject, seed in _claim_seeds(held):
+        bad += await _bad_answers(nc, subject, seed)
+    assert bad == [], "\n".join(bad)
+
+
+async def test_hostile_fields_in_inventory_requests_get_an_answer_and_never_an_internal_error(
+    nc: Client, replicas: list[Allocator]
+) -> None:
+    bad = []
+    for subject, seed in _inventory_seeds():
+        bad += await _bad_answers(nc, subject, seed)
+    assert bad == [], "\n".join(bad)
+
+
+async def test_both_services_still_serve_after_the_hostile_requests(
+    nc: Client, held: str, preemptor: Preemptor, claim: Claim
+) -> None:
+    for subject, seed in _claim_seeds(held)[:1] + _claim_seeds(held)[-2:]:
+        await _bad_answers(nc, subject, seed)
+    assert (await claim(priority="low")).status == "placed"
+    assert await _answer(nc, subjects.CLAIMS_SUSPEND, {"claim_id": held}) is None
