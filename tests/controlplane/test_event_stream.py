@@ -1,5 +1,6 @@
 """`GET /v1/events` driven as the ASGI server would drive it: the stream's NATS subscription
-lives exactly as long as its response, and a tenant's stream reads each claim's owner once."""
+and its token's slot live exactly as long as its response, a token holds a bounded number of
+streams open, and a tenant's stream reads each claim's owner once."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from starlette.requests import ClientDisconnect
 
 from qshare import bus
 from qshare.contracts.domain import Role
+from qshare.contracts.errors import RateLimited
 from qshare.natsauth import NatsAuth, ServiceRole
 from qshare_api.app import create_app
 from qshare_api.auth import Principal
@@ -25,7 +27,8 @@ from qshare_api.settings import ApiSettings
 from tests.controlplane.conftest import ADMIN_TOKEN, RULES, Claim, Register, as_identity
 
 ADMIN = Principal("admin", Role.ADMIN)
-TEAM_A = Principal("team-a", Role.TENANT)
+TEAM_A = Principal("team-a", Role.TENANT, token="team-a's token")
+STREAMS_PER_TOKEN = 2
 EVENT = json.dumps({"specversion": "1.0", "id": "x", "source": "test", "type": "t", "data": {}})
 
 
@@ -34,7 +37,8 @@ async def res(database_url: str, bus_url: str, nats_auth: NatsAuth) -> AsyncIter
     """An API of its own, so that its NATS connection holds only what these tests open."""
     settings = ApiSettings(
         database_url=database_url, nats_url=bus_url, bootstrap_admin_token=ADMIN_TOKEN,
-        cluster=RULES, **as_identity(nats_auth, ServiceRole.API),
+        cluster=RULES, max_event_streams_per_token=STREAMS_PER_TOKEN,
+        **as_identity(nats_auth, ServiceRole.API),
     )  # fmt: skip
     app = create_app(settings)
     async with app.router.lifespan_context(app):
@@ -130,3 +134,52 @@ async def _probes(chunks: asyncio.Queue[str], claim_id: str, wanted: int) -> lis
         while sum(f"claim.{claim_id}.probe" in chunk for chunk in seen) < wanted:
             seen.append(await chunks.get())
     return seen
+
+
+async def test_a_token_holding_its_most_streams_open_gets_a_429_for_one_more(
+    res: Resources,
+) -> None:
+    async with streamed(res, TEAM_A), streamed(res, TEAM_A):
+        with pytest.raises(RateLimited, match="already has 2 event streams open"):
+            await stream(TEAM_A, res)
+
+
+async def test_a_stream_that_ends_gives_its_tokens_slot_back(res: Resources) -> None:
+    async with streamed(res, TEAM_A):
+        async with streamed(res, TEAM_A):
+            pass
+        async with streamed(res, TEAM_A):
+            assert res.streams.open(TEAM_A.token) == 2
+    assert res.streams.open(TEAM_A.token) == 0
+
+
+async def test_another_tokens_streams_do_not_count_against_a_token(res: Resources) -> None:
+    other = Principal("team-a", Role.TENANT, token="another token of team-a")
+    async with streamed(res, TEAM_A), streamed(res, TEAM_A), streamed(res, other):
+        assert res.streams.open(other.token) == 1
+
+
+async def test_a_stream_that_fails_to_start_gives_its_slot_back(
+    res: Resources, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def fails(nc: Client, within_s: int = 5) -> bool:
+        raise RuntimeError("settling failed")
+
+    monkeypatch.setattr(bus, "settled", fails)
+    with pytest.raises(RuntimeError):
+        await stream(TEAM_A, res)
+    assert res.streams.open(TEAM_A.token) == 0
+
+
+async def test_a_client_gone_before_the_first_byte_gives_its_slot_back(res: Resources) -> None:
+    response = await stream(TEAM_A, res)
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        raise OSError("the client has left")
+
+    with pytest.raises(ClientDisconnect):
+        await response({"type": "http", "asgi": {"spec_version": "2.4"}}, receive, send)
+    assert res.streams.open(TEAM_A.token) == 0

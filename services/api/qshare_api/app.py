@@ -20,6 +20,7 @@ from qshare_api.bootstrap import bootstrap_admin
 from qshare_api.claims.endpoints import router as claims_router
 from qshare_api.classes.endpoints import router as classes_router
 from qshare_api.events.endpoints import router as events_router
+from qshare_api.events.slots import StreamSlots
 from qshare_api.extender.endpoints import router as extender_router
 from qshare_api.extender.reaper import Reaper
 from qshare_api.inventory.endpoints import router as inventory_router
@@ -91,7 +92,8 @@ async def _serving(app: FastAPI, settings: ApiSettings, own_process: bool) -> As
     nc = await bus.connect(settings.bus(f"qshare-api/{settings.instance}"))
     reader = engine.execution_options(isolation_level="AUTOCOMMIT")
     limiter = RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst)
-    app.state.resources = Resources(settings, engine, reader, nc, limiter)
+    streams = StreamSlots(settings.max_event_streams_per_token)
+    app.state.resources = Resources(settings, engine, reader, nc, limiter, streams)
     try:
         app.state.bootstrap = await bootstrap_admin(engine, settings.bootstrap_secret())
     except BaseException:  # a failed start releases what it had opened

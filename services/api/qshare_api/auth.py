@@ -24,6 +24,8 @@ class Principal:
     tenant: str
     role: Role
     read_only: bool = False
+    token: str = ""
+    """The token's hash: what per-token limits count by."""
 
     @property
     def is_admin(self) -> bool:
@@ -68,7 +70,8 @@ async def principal(
     if row.scope == TokenScope.READ and request.method not in READS:
         raise Forbidden("this token is read-only")
     res.limiter.take(digest)
-    return Principal(tenant=row.tenant, role=Role(row.role), read_only=row.scope == "read")
+    read_only = row.scope == "read"
+    return Principal(tenant=row.tenant, role=Role(row.role), read_only=read_only, token=digest)
 
 
 async def admin(caller: Annotated[Principal, Depends(principal)]) -> Principal:

@@ -8,6 +8,7 @@ from fastapi import Request
 from nats.aio.client import Client
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from qshare_api.events.slots import StreamSlots
 from qshare_api.ratelimit import RateLimiter
 from qshare_api.settings import ApiSettings
 
@@ -22,6 +23,7 @@ class Resources:
     reader: AsyncEngine
     nc: Client
     limiter: RateLimiter
+    streams: StreamSlots
 
     @property
     def source(self) -> str:

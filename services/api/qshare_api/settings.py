@@ -45,6 +45,10 @@ class ApiSettings(BaseSettings, BusIdentity, MetricsSettings):
     )
     rate_limit_per_s: float = Field(200.0, gt=0, description="requests per second per token")
     rate_limit_burst: int = Field(400, ge=1, description="requests a token may send at once")
+    max_event_streams_per_token: int = Field(
+        16, ge=1, le=10_000, description="`GET /v1/events` streams one token may hold open at "
+        "once (per API process); one more is a 429"
+    )  # fmt: skip
     trace_console: bool = False
     cluster: ClusterSettings = Field(default_factory=ClusterSettings)
     extender: ExtenderSettings = Field(default_factory=ExtenderSettings)

@@ -9,7 +9,7 @@ import json
 import logging
 import re
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query
@@ -22,7 +22,7 @@ from starlette.types import Receive, Scope, Send
 
 from qshare import bus
 from qshare.contracts.schema import claims
-from qshare_api.auth import Caller
+from qshare_api.auth import Caller, Principal
 from qshare_api.problems import PROBLEMS
 from qshare_api.resources import Resources, resources
 
@@ -65,37 +65,50 @@ async def stream(
         AfterValidator(_event_subject),
     ] = "qshare.evt.>",
 ) -> StreamingResponse:
-    """Each event is one SSE message: `event:` the NATS subject, `data:` the envelope."""
+    """Each event is one SSE message: `event:` the NATS subject, `data:` the envelope. A
+    token holds at most `max_event_streams_per_token` streams open at once (429 beyond)."""
     queue: asyncio.Queue[Msg] = asyncio.Queue(QUEUE_LIMIT)
 
     async def enqueue(msg: Msg) -> None:
         with contextlib.suppress(asyncio.QueueFull):  # a slow reader loses events, not memory
             queue.put_nowait(msg)
 
-    sub = await res.nc.subscribe(subject, cb=enqueue)
+    res.streams.take(caller.token)
+    try:
+        sub = await res.nc.subscribe(subject, cb=enqueue)
+    except BaseException:
+        res.streams.give_back(caller.token)
+        raise
     try:
         await bus.settled(res.nc, within_s=2)  # once the stream opens, later events reach it
     except BaseException:
-        await _unsubscribe(sub)
+        await _end(sub, res, caller)
         raise
     tenant = caller.tenant_filter()
     owners = None if tenant is None else Owners(tenant, res)
-    return EventStream(sub, _messages(queue, owners))
+    return EventStream(_messages(queue, owners), lambda: _end(sub, res, caller))
 
 
 class EventStream(StreamingResponse):
-    """The stream owns its subscription: it ends with the response, however that ends, also
-    when the client leaves before the first byte (the body then never starts)."""
+    """The stream owns its subscription and its token's slot: `end` runs when the response
+    ends, however that ends, also when the client leaves before the first byte (the body
+    then never starts)."""
 
-    def __init__(self, sub: Subscription, body: AsyncIterator[str]) -> None:
+    def __init__(self, body: AsyncIterator[str], end: Callable[[], Awaitable[None]]) -> None:
         super().__init__(body, media_type="text/event-stream")
-        self.sub = sub
+        self.end = end
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
-            await _unsubscribe(self.sub)
+            await self.end()
+
+
+async def _end(sub: Subscription, res: Resources, caller: Principal) -> None:
+    """What a stream gives back when it ends: its token's slot, then its subscription."""
+    res.streams.give_back(caller.token)
+    await _unsubscribe(sub)
 
 
 async def _unsubscribe(sub: Subscription) -> None:
