@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -14,11 +15,14 @@ from typing import Any
 import pytest
 from nats.aio.client import Client
 from nats.errors import TimeoutError as NatsTimeout
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from qshare.contracts import subjects
 from qshare.contracts.errors import ERROR_CODE_HEADER
 from qshare.natsauth import NatsAuth, ServiceRole
 from qshare_allocator.app import Allocator
+from qshare_allocator.db import in_transaction
 from qshare_preemptor.app import Preemptor
 from qshare_preemptor.settings import PreemptorSettings
 from tests.controlplane.conftest import Claim, Register, as_identity
@@ -190,3 +194,27 @@ async def test_both_services_still_serve_after_the_hostile_requests(
         await _bad_answers(nc, subject, seed)
     assert (await claim(priority="low")).status == "placed"
     assert await _answer(nc, subjects.CLAIMS_SUSPEND, {"claim_id": held}) is None
+
+
+async def _local_id(engine: AsyncEngine, claim_id: str) -> int:
+    async def read(conn: AsyncConnection) -> int:
+        query = text("SELECT local_id FROM vgpus WHERE claim_id = :id")
+        return int((await conn.execute(query, {"id": claim_id})).scalar_one())
+
+    return await in_transaction(engine, read)
+
+
+async def test_hostile_fields_in_a_usage_report_are_refused_or_judged_never_failed(
+    engine: AsyncEngine, held: str, preemptor: Preemptor, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With Postgres and NATS up, a report the watch could neither refuse nor judge (its
+    catch-all, meant for outages) is a bug."""
+    assert preemptor.starvation is not None
+    vgpu = {"local_id": await _local_id(engine, held), "device_ns": 10**8}
+    seed = {"node": "fz", "interval_ns": 10**9,
+            "cards": [{"gpu": "fz-g0", "hp_ns": 10**8, "vgpus": [vgpu]}]}  # fmt: skip
+    caplog.set_level(logging.WARNING, logger="qshare_preemptor.starvation")
+    for _, data in _variants(seed):
+        await preemptor.starvation.usage(subjects.usage("fz"), _body(data))
+    assert [r.getMessage() for r in caplog.records if "not judged" in r.getMessage()] == []
+    assert preemptor.starvation.taken > 0  # the valid ones went past the edge
