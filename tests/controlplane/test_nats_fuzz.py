@@ -218,3 +218,12 @@ async def test_hostile_fields_in_a_usage_report_are_refused_or_judged_never_fail
         await preemptor.starvation.usage(subjects.usage("fz"), _body(data))
     assert [r.getMessage() for r in caplog.records if "not judged" in r.getMessage()] == []
     assert preemptor.starvation.taken > 0  # the valid ones went past the edge
+
+
+@pytest.mark.parametrize("gpu", ["\x00", "é" * 300, "x" * 5000, "fz-g0\x00"])
+async def test_a_card_event_naming_a_hostile_card_is_ignored_not_failed(
+    held: str, preemptor: Preemptor, gpu: str
+) -> None:
+    """A card token in an event's subject is whatever its node published."""
+    assert preemptor.service is not None
+    await preemptor.service.card_event("fz", gpu, busy=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import re
 import uuid
 from collections import defaultdict
 from typing import Any
@@ -21,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from qshare.contracts import envelope, rpc, subjects
 from qshare.contracts.agent import SuspendCommand, SuspendReply
+from qshare.contracts.claims import GPU_UUID_PATTERN
 from qshare.contracts.errors import NotFound, QshareError
 from qshare.contracts.preemption import ClaimAction, ClaimActionReply, ClaimRef
 from qshare.db import in_transaction, read_once
@@ -127,7 +129,7 @@ class PreemptionService:
         """A busy or idle event published under `node`'s name about `gpu`."""
         kind = "busy" if busy else "idle"
         try:
-            if not await self._card_of(node, gpu):
+            if not _is_card_uuid(gpu) or not await self._card_of(node, gpu):
                 metrics.CARD_EVENTS.labels(kind, "refused").inc()
                 return
             await (self.card_busy(gpu) if busy else self.card_idle(gpu))
@@ -307,3 +309,12 @@ class PreemptionService:
                 self._source, f"io.qshare.claim.{kind}", ClaimRef(claim_id=claim_id)
             )
             await self._nc.publish(subjects.claim_event(str(claim_id), kind), envelope.encode(body))
+
+
+def _is_card_uuid(gpu: str) -> bool:
+    """Whether an event subject's card token can be a card at all: its node published the
+    token, so it may hold anything, a NUL (which Postgres text cannot hold) included."""
+    if re.fullmatch(GPU_UUID_PATTERN, gpu):
+        return True
+    log.warning("card event about %r, which is no card UUID: ignored", gpu[:64])
+    return False

@@ -59,7 +59,8 @@ MemoryMiB = Annotated[
 
 Text = Annotated[StrictStr, Field(max_length=253, pattern=r"^[^\x00]*$")]
 """A short string Postgres can store (no NUL characters)."""
-GpuUuid = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_-]+$")]
+GPU_UUID_PATTERN = r"^[A-Za-z0-9_-]{1,128}$"
+GpuUuid = Annotated[str, Field(min_length=1, max_length=128, pattern=GPU_UUID_PATTERN)]
 """A card's UUID as NVML gives it (`GPU-…`), or a simulated card's."""
 MAX_LABELS = 32
 LabelKey = Annotated[StrictStr, Field(min_length=1, max_length=253, pattern=r"^[^\x00]*$")]
