@@ -227,3 +227,14 @@ async def test_a_card_event_naming_a_hostile_card_is_ignored_not_failed(
     """A card token in an event's subject is whatever its node published."""
     assert preemptor.service is not None
     await preemptor.service.card_event("fz", gpu, busy=True)
+
+
+@pytest.mark.parametrize("token", ["\x00", "fz\x00", "é" * 300, "fz-"])
+@pytest.mark.parametrize("verb", ["heartbeat", "register"])
+async def test_a_node_subject_naming_a_hostile_node_gets_an_answer_not_an_internal_error(
+    nc: Client, held: str, token: str, verb: str
+) -> None:
+    """The node token of `qshare.node.<node>.…` is whatever its publisher chose (within
+    NATS's own limit on a subject's length, past which the server drops the connection)."""
+    data = _heartbeat() if verb == "heartbeat" else _registration("fz")
+    assert await _answer(nc, f"qshare.node.{token}.{verb}", data) not in ("500", "silence")

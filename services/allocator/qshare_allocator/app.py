@@ -9,6 +9,7 @@ import contextlib
 import functools
 import gc
 import logging
+import re
 from typing import Any
 
 from nats.aio.client import Client
@@ -28,6 +29,8 @@ from qshare.contracts.claims import (
 from qshare.contracts.domain import Priority
 from qshare.contracts.errors import InvalidInput, NotFound
 from qshare.contracts.nodes import (
+    NODE_NAME_MAX,
+    NODE_NAME_PATTERN,
     ChangeNode,
     GpuView,
     Heartbeat,
@@ -240,7 +243,7 @@ class Allocator(Service):
         self, conn: AsyncConnection, registration: NodeRegistration, msg: Msg
     ) -> BaseModel:
         """A node agent's registration on its own subject: the name must be the subject's."""
-        subject_node = subjects.node_of(msg.subject)
+        subject_node = _subject_node(msg.subject)
         if registration.name != subject_node:
             raise InvalidInput.on(
                 "name", f"a registration on {msg.subject} must name node {subject_node}"
@@ -250,7 +253,7 @@ class Allocator(Service):
     async def _heartbeat(
         self, conn: AsyncConnection, beat: Heartbeat, msg: Msg
     ) -> BaseModel | None:
-        node = subjects.node_of(msg.subject)
+        node = _subject_node(msg.subject)
         try:
             freed = await self.inventory.heartbeat(conn, node, beat)
         except NotFound:
@@ -339,3 +342,12 @@ class Allocator(Service):
 
 class _Freed(BaseModel):
     freed: bool
+
+
+def _subject_node(subject: str) -> str:
+    """The node a `qshare.node.<node>.…` subject names; InvalidInput when its token is no node
+    name (its publisher chose it: a NUL, which Postgres text cannot hold, included)."""
+    node = subjects.node_of(subject)
+    if len(node) > NODE_NAME_MAX or not re.fullmatch(NODE_NAME_PATTERN, node):
+        raise InvalidInput.on("subject", f"{node[:64]!r} is not a node name")
+    return node
