@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import http.server
 import json
 import os
 import re
 import sys
-from collections.abc import AsyncIterator
+import threading
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 import uvicorn
@@ -80,6 +82,47 @@ def test_an_unreachable_api_is_named_and_exits_2(capsys: pytest.CaptureFixture[s
     url = f"http://127.0.0.1:{free_port()}"
     assert main(["claims", "--url", url, "--token", "t", "list"]) == 2
     assert f"cannot reach the qshare API at {url}" in capsys.readouterr().err
+
+
+@contextlib.contextmanager
+def _answering(status: int, body: bytes) -> Iterator[str]:
+    """A web server that is not qshare's API: every GET gets `status` and `body` (HTML)."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", "text/html")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_server_answering_something_not_json_is_named_and_exits_2(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with _answering(200, b"<html>sign in</html>") as url:
+        assert main(["claims", "--url", url, "--token", "t", "list"]) == 2
+    err = capsys.readouterr().err
+    assert "answered 200 with something that is not JSON (text/html" in err
+    assert "is the URL qshare's API?" in err
+
+
+def test_an_error_whose_body_is_json_but_no_problem_shows_the_body_and_exits_1(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with _answering(502, b'["bad gateway"]') as url:
+        assert main(["claims", "--url", url, "--token", "t", "list"]) == 1
+    assert 'error 502: ["bad gateway"]' in capsys.readouterr().err
 
 
 async def _create(url: str, *extra: str) -> int:

@@ -17,7 +17,7 @@ import httpx
 
 from qshare.contracts.domain import ClaimStatus
 from qshare.contracts.quantities import QuantityError, format_mib, parse_mib
-from qshare_api.client import ApiError, Client
+from qshare_api.client import ApiError, Client, NotTheApi
 
 if TYPE_CHECKING:
     Sub = argparse._SubParsersAction[argparse.ArgumentParser]
@@ -209,6 +209,9 @@ def command(
             return 1
         except httpx.HTTPError as exc:
             print(f"error: cannot reach the qshare API at {args.url}: {exc}", file=sys.stderr)
+            return 2
+        except NotTheApi as exc:
+            print(f"error: {exc}", file=sys.stderr)
             return 2
         return 0
 

@@ -21,6 +21,11 @@ class ApiError(Exception):
         self.problem = problem
 
 
+class NotTheApi(Exception):
+    """An answer no qshare API gives (not JSON): the URL reaches another server (a proxy's
+    login page, another web service)."""
+
+
 class Client:
     def __init__(self, url: str, token: str | None, timeout: float = 10.0) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -78,12 +83,30 @@ class Client:
         response = self._http.request(method, path, **kwargs)
         if response.status_code >= 400:
             raise _problem(response)
-        return response.json() if response.content else None
+        if not response.content:
+            return None
+        try:
+            return response.json()
+        except ValueError:  # JSONDecodeError, UnicodeDecodeError
+            raise _not_the_api(response) from None
 
 
 def _problem(response: httpx.Response) -> ApiError:
+    """The problem document; the body's text as its detail when it is none (not JSON, or
+    JSON but no object: a proxy's answer)."""
     try:
         problem = response.json()
     except ValueError:
-        problem = {"detail": response.text}
+        problem = None
+    if not isinstance(problem, dict):
+        problem = {"detail": response.text[:2000]}
     return ApiError(response.status_code, problem)
+
+
+def _not_the_api(response: httpx.Response) -> NotTheApi:
+    kind = response.headers.get("content-type", "no content type")
+    start = response.text[:80]
+    return NotTheApi(
+        f"{response.request.url} answered {response.status_code} with something that is not "
+        f"JSON ({kind}, beginning {start!r}): is the URL qshare's API?"
+    )
