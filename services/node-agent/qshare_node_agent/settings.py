@@ -30,6 +30,10 @@ log = logging.getLogger(__name__)
 SOCKET_PATH_MAX = 107
 """Bytes of a unix socket path (sun_path holds 108 with its NUL)."""
 
+SEGMENT_NAME_MAX = 47
+"""The driver's limit on a segment name (QS_NAME_MAX less its NUL)."""
+SEGMENT_NAME = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]*$")
+"""What the driver takes as a segment name: it names files in the segment directory."""
 SIMULATE_FORMAT = re.compile(r"^(?P<cards>[0-9]{1,2})(:(?P<memory>[0-9]+(Ki|Mi|Gi|Ti)?))?$")
 DEFAULT_SIM_MEMORY = "16Gi"
 
@@ -48,7 +52,11 @@ class NodeAgentSettings(BaseSettings, BusIdentity, HealthSettings, MetricsSettin
     simulate: str | None = Field(
         None, description="N[:MEM]: N simulated cards of MEM each (default 16Gi) instead of NVML"
     )
-    segment: str | None = Field(None, description="driver segment name (default qshare-<name>)")
+    segment: str | None = Field(
+        None,
+        description="driver segment name (default qshare-<name>): letters, digits, '-', '_' "
+        "and '.', not starting with '.'",
+    )
     shm_dir: Path | None = Field(None, description="segment directory (default /dev/shm)")
     labels: dict[str, str] = Field(default_factory=dict)
     policy: CardPolicy = CardPolicy.BEST_EFFORT
@@ -113,9 +121,19 @@ class NodeAgentSettings(BaseSettings, BusIdentity, HealthSettings, MetricsSettin
             raise ValueError(f"simulated card memory must be at least 1Gi, got {match['memory']}")
         return value
 
+    @field_validator("segment")
+    @classmethod
+    def _segment_format(cls, value: str | None) -> str | None:
+        if value is not None and not (SEGMENT_NAME.match(value) and len(value) <= SEGMENT_NAME_MAX):
+            raise ValueError(
+                f"a segment name is 1-{SEGMENT_NAME_MAX} letters, digits, '-', '_' and '.', "
+                "not starting with '.'"
+            )
+        return value
+
     @property
     def segment_name(self) -> str:
-        return self.segment or f"qshare-{self.name}"[:47]
+        return self.segment or f"qshare-{self.name}"[:SEGMENT_NAME_MAX]
 
     @model_validator(mode="after")
     def _auto_has_room(self) -> NodeAgentSettings:
