@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import os
 import socket
 import ssl
 import threading
@@ -43,12 +44,18 @@ class KubeApi:
         if url.scheme == "https":
             cafile = str(ca_file) if ca_file is not None and ca_file.is_file() else None
             self._tls = ssl.create_default_context(cafile=cafile)
-        self._headers = {"Accept": "application/json"}
-        if token_file is not None and token_file.is_file():
-            self._headers["Authorization"] = f"Bearer {token_file.read_text().strip()}"
+        self._token = _TokenFile(token_file)
         self._local = threading.local()
         self._all: set[http.client.HTTPConnection] = set()
         self._lock = threading.Lock()
+
+    def headers(self) -> dict[str, str]:
+        """A request's headers, with the service account token as the file holds it now."""
+        headers = {"Accept": "application/json"}
+        token = self._token.read()
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        return headers
 
     def close(self) -> None:
         with self._lock:
@@ -87,7 +94,7 @@ class KubeApi:
         """The answer's JSON object; an error status, a failed exchange, or a body that is
         no JSON object (every path called here answers one) raises `ApiError`."""
         data = None if body is None else json.dumps(body).encode()
-        headers = dict(self._headers)
+        headers = self.headers()
         if data is not None:
             headers["Content-Type"] = MERGE_PATCH if patch else "application/json"
         for attempt in range(2):  # a kept-alive connection the server closed is reopened once
@@ -182,6 +189,30 @@ class KubeApi:
         return result
 
 
+class _TokenFile:
+    """The service account token, read again whenever its file changes: the kubelet
+    replaces a projected token before it expires (an hour by default), and a client that
+    kept the first one is refused once it has (client-go reads the file again too)."""
+
+    def __init__(self, path: Path | None) -> None:
+        self._path = path
+        self._seen: tuple[int, int, int] | None = None
+        self._token = ""
+
+    def read(self) -> str:
+        """The token ("" with no file); the last one read while the file cannot be read."""
+        if self._path is None:
+            return ""
+        try:
+            stat = os.stat(self._path)
+            seen = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+            if seen != self._seen:
+                self._token, self._seen = self._path.read_text().strip(), seen
+        except OSError:
+            pass
+        return self._token
+
+
 class Watch:
     """One watch request on its own connection: iterate it for the events (`type`,
     `object`); `close()` from any thread ends the iteration. An `ERROR` event (such as 410
@@ -191,7 +222,7 @@ class Watch:
         # the server ends the watch after timeout_s; the socket waits a little longer
         self._conn = api._connect(timeout_s + 10.0)
         self._path = path
-        self._headers = dict(api._headers)
+        self._headers = api.headers()
         self._closed = False
 
     def close(self) -> None:
