@@ -11,6 +11,7 @@ import socket
 import ssl
 import threading
 import urllib.parse
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -46,7 +47,7 @@ class KubeApi:
             self._tls = ssl.create_default_context(cafile=cafile)
         self._token = _TokenFile(token_file)
         self._local = threading.local()
-        self._all: set[http.client.HTTPConnection] = set()
+        self._all: weakref.WeakSet[_Kept] = weakref.WeakSet()  # each thread's, while it lives
         self._lock = threading.Lock()
 
     def headers(self) -> dict[str, str]:
@@ -59,8 +60,8 @@ class KubeApi:
 
     def close(self) -> None:
         with self._lock:
-            for conn in self._all:
-                conn.close()
+            for kept in list(self._all):
+                kept.conn.close()
             self._all.clear()
 
     def _connect(self, timeout_s: float) -> http.client.HTTPConnection:
@@ -71,22 +72,21 @@ class KubeApi:
         return http.client.HTTPConnection(self._host, self._port, timeout=timeout_s)
 
     def _connection(self) -> http.client.HTTPConnection:
-        conn: http.client.HTTPConnection | None = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = self._connect(self._timeout)
-            self._local.conn = conn
+        kept: _Kept | None = getattr(self._local, "kept", None)
+        if kept is None:
+            kept = self._local.kept = _Kept(self._connect(self._timeout))
             with self._lock:
-                self._all.add(conn)
-        return conn
+                self._all.add(kept)
+        return kept.conn
 
     def _drop(self) -> None:
         """Close this thread's connection and forget it (the next request opens another)."""
-        conn = getattr(self._local, "conn", None)
-        if conn is not None:
-            conn.close()
-            self._local.conn = None
+        kept: _Kept | None = getattr(self._local, "kept", None)
+        if kept is not None:
+            kept.conn.close()
+            self._local.kept = None
             with self._lock:
-                self._all.discard(conn)  # gone already if `close()` came first
+                self._all.discard(kept)  # gone already if `close()` came first
 
     def request(
         self, method: str, path: str, body: Any = None, patch: bool = False
@@ -187,6 +187,16 @@ class KubeApi:
         path = f"/api/v1/namespaces/{namespace}/pods/{name}"
         result: dict[str, Any] = self.request("PATCH", path, patch, patch=True)
         return result
+
+
+class _Kept:
+    """A thread's keep-alive connection, held by that thread's local storage only: it is
+    closed when the thread ends (the plugins' gRPC pools are made again with every kubelet
+    restart), not left open until the client closes."""
+
+    def __init__(self, conn: http.client.HTTPConnection) -> None:
+        self.conn = conn
+        weakref.finalize(self, conn.close)
 
 
 class _TokenFile:
