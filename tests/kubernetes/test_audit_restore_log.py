@@ -41,7 +41,7 @@ def test_a_claim_the_restore_drops_is_logged_as_lost_not_as_kept(
     )  # fmt: skip
     checkpoint.save(node_checkpoint(node), node.name, [checkpoint.entry_json(gone_card)])
     with caplog.at_level(logging.INFO):
-        plugins = start_plugins(Converger(node, {c.uuid: c for c in CARDS}), CARDS, 1024)
+        plugins = start_plugins(Converger(node, {c.uuid: c for c in CARDS}), CARDS)
     plugins.stop()
     assert [r.levelno for r in caplog.records if LOST in r.getMessage()] == [logging.ERROR]
     assert "(0 prepared claims kept)" in caplog.text

@@ -141,7 +141,7 @@ class NodeAgent(Service):
     def _start_plugins(self, converger: Converger) -> None:
         from qshare_node_agent.kubernetes_wiring import start_plugins
 
-        self._plugins = start_plugins(converger, self.cards, self.settings.min_vgpu_mib)
+        self._plugins = start_plugins(converger, self.cards)
         self._tasks.append(asyncio.create_task(self._watch_cards(), name="kubernetes cards"))
 
     async def stop(self) -> None:

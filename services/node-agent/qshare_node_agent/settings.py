@@ -91,7 +91,6 @@ class NodeAgentSettings(BaseSettings, BusIdentity, HealthSettings, MetricsSettin
     kubernetes: bool = Field(
         False, description="also serve the kubelet's DRA and device-plugin sockets (QSHARE_K8S_*)"
     )
-    min_vgpu_mib: int = Field(1024, ge=1, description="smallest vGPU a DRA claim may take")
     keep_segment_on_stop: bool = Field(
         True,
         description="on stop, leave the segment for the next agent to adopt (workloads "
