@@ -35,3 +35,19 @@ def test_a_dotted_node_name_is_taken(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("QSHARE_K8S_NODE_NAME", "ip-10-0-0-1.ec2.internal")
     _, k8s = load_agent_settings({"name": "ip-10-0-0-1.ec2.internal", "simulate": "1"})
     assert k8s is not None and k8s.node_name == "ip-10-0-0-1.ec2.internal"
+
+
+def test_an_agent_named_otherwise_than_its_kubernetes_node_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The allocator knows the node by the agent's name, the extender and the device plugin
+    by the Kubernetes node's: with two names no device-plugin pod is ever taken (its vGPUs
+    name a node the plugin takes for another)."""
+    monkeypatch.setenv("QSHARE_NODE_KUBERNETES", "true")
+    monkeypatch.setenv("QSHARE_K8S_NODE_NAME", "node-a")
+    with pytest.raises(SettingsError) as err:
+        load_agent_settings({"name": "node-b", "simulate": "1"})
+    assert err.value.problems == [
+        "--name='node-b': the node agent serving the kubelet is named as its Kubernetes node "
+        "(QSHARE_K8S_NODE_NAME='node-a')"
+    ]

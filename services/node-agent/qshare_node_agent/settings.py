@@ -179,11 +179,21 @@ def load_agent_settings(
     given: Mapping[str, Any],
 ) -> tuple[NodeAgentSettings, KubernetesSettings | None]:
     """The agent's settings from command-line values (`given`, named by their flags in
-    errors) over QSHARE_NODE_*, and its Kubernetes settings when it serves the kubelet;
-    SettingsError naming every problem."""
-    from qshare.envsettings import load
+    errors) over QSHARE_NODE_*, and its Kubernetes settings when it serves the kubelet (the
+    allocator knows the node by the agent's name, the extender and the device plugin by the
+    Kubernetes node's: they must be one); SettingsError naming every problem."""
+    from qshare.envsettings import SettingsError, load
     from qshare_node_agent.kubernetes.config import KubernetesSettings
 
     flags = {k: "--" + k.replace("_", "-") for k in given}
     settings = load(NodeAgentSettings, dict(given), flags)
-    return settings, load(KubernetesSettings) if settings.kubernetes else None
+    if not settings.kubernetes:
+        return settings, None
+    k8s = load(KubernetesSettings)
+    if k8s.node_name != settings.name:
+        name = flags.get("name", "QSHARE_NODE_NAME")
+        raise SettingsError([
+            f"{name}={settings.name!r}: the node agent serving the kubelet is named as its "
+            f"Kubernetes node (QSHARE_K8S_NODE_NAME={k8s.node_name!r})"
+        ])  # fmt: skip
+    return settings, k8s
