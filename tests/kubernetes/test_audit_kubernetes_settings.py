@@ -51,3 +51,19 @@ def test_an_agent_named_otherwise_than_its_kubernetes_node_is_refused(
         "--name='node-b': the node agent serving the kubelet is named as its Kubernetes node "
         "(QSHARE_K8S_NODE_NAME='node-a')"
     ]
+
+
+@pytest.mark.parametrize("variable", ["QSHARE_K8S_SOCKET_CHECK_S", "QSHARE_K8S_API_TIMEOUT_S"])
+@pytest.mark.parametrize("value", ["inf", "1e300"])
+def test_a_wait_too_long_for_the_clock_is_refused_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str
+) -> None:
+    """A wait past what a thread or socket can wait raises OverflowError where it is used:
+    the socket keeper's thread would die at its first check (the kubelet's sockets never
+    served again after it restarts), every API request would fail."""
+    monkeypatch.setenv("QSHARE_NODE_KUBERNETES", "true")
+    monkeypatch.setenv("QSHARE_K8S_NODE_NAME", "node-a")
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(SettingsError) as err:
+        load_agent_settings({"name": "node-a", "simulate": "1"})
+    assert [p.split("=")[0] for p in err.value.problems] == [variable]

@@ -30,9 +30,11 @@ class KubernetesSettings(BaseSettings):
     api_server: str = "https://kubernetes.default.svc"
     token_file: Path | None = IN_CLUSTER_SA / "token"
     ca_file: Path | None = IN_CLUSTER_SA / "ca.crt"
-    api_timeout_s: float = Field(5.0, gt=0)
+    api_timeout_s: float = Field(5.0, gt=0, le=300)  # a socket's timeout: bounded
     min_vgpu_mib: int = Field(1024, ge=1, description="smallest memory a claim may consume")
-    socket_check_s: float = Field(1.0, gt=0, description="how often a vanished socket is noticed")
+    socket_check_s: float = Field(
+        1.0, gt=0, le=60, description="how often a vanished socket is noticed"
+    )
     vmemory_unit_mib: int = Field(
         256, ge=1, description="MiB per qshare.io/vmemory device the device plugin advertises "
         "(the scheduler extender's QSHARE_EXTENDER_VMEMORY_UNIT_MIB must be the same); at 1 MiB "
