@@ -72,6 +72,7 @@ class NodeAgent(Service):
         self._tasks: list[asyncio.Task[None]] = []
         self._registering: asyncio.Task[None] | None = None
         self._plugins: AgentPlugins | None = None
+        self._health_read: asyncio.Future[list[str]] | None = None
         self.registered = asyncio.Event()
         self._stopping = False
         """Set first thing in `stop()`: commands and announce requests then start no work."""
@@ -332,13 +333,23 @@ class NodeAgent(Service):
 
     async def _unhealthy(self) -> list[str]:
         """The unhealthy cards; every card when their health cannot be read (as NVML counts a
-        card it cannot query), so that a failed read never stops the heartbeats."""
+        card it cannot query) or the read takes over a heartbeat period (NVML hangs on a card
+        that fell off the bus), so that a failed read never stops the heartbeats. One read
+        at a time: a hung one is waited for again, not joined by another thread."""
+        if self._health_read is None or self._health_read.done():
+            read = asyncio.ensure_future(asyncio.to_thread(unhealthy, self.settings, self.cards))
+            read.add_done_callback(_retrieved)
+            self._health_read = read
         try:
-            return await asyncio.to_thread(unhealthy, self.settings, self.cards)
+            wait = asyncio.shield(self._health_read)
+            return await asyncio.wait_for(wait, self.settings.heartbeat_s)
+        except TimeoutError:
+            why = f"no answer in {self.settings.heartbeat_s:g} s"
         except Exception as error:
-            log.warning("node agent %s: card health not read (%r); every card reported "
-                        "unhealthy", self.name, error)  # fmt: skip
-            return [c.uuid for c in self.cards]
+            why = repr(error)
+        log.warning("node agent %s: card health not read (%s); every card reported unhealthy",
+                    self.name, why)  # fmt: skip
+        return [c.uuid for c in self.cards]
 
     async def _on_command(self, msg: Msg) -> None:
         with handling("qshare.node_agent", msg.subject, msg.headers):
@@ -403,6 +414,12 @@ class NodeAgent(Service):
         yield from metrics.families(metrics.CARD_FIGURES, metrics.CARD_LABELS, rows)
         modes = [([self.name, c.uuid], node.release_auto(c.index)) for c in self.cards]
         yield from metrics.families(metrics.RELEASE_FIGURES, metrics.CARD_LABELS, modes)
+
+
+def _retrieved(read: asyncio.Future[list[str]]) -> None:
+    """Take a health read's outcome (the waiter that timed out left it unretrieved)."""
+    if not read.cancelled():
+        read.exception()
 
 
 def _decode(msg: Msg, model: type) -> object:
