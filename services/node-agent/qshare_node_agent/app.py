@@ -52,6 +52,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 BACKOFF_MAX_S = 10.0
+HEALTH_READ_MIN_S = 5.0
+"""A card health read counts as failed once it takes a heartbeat period and at least this
+long (NVML answers in milliseconds; a busy host's short stall must not fail every card)."""
 
 
 class NodeAgent(Service):
@@ -334,17 +337,18 @@ class NodeAgent(Service):
     async def _unhealthy(self) -> list[str]:
         """The unhealthy cards; every card when their health cannot be read (as NVML counts a
         card it cannot query) or the read takes over a heartbeat period (NVML hangs on a card
-        that fell off the bus), so that a failed read never stops the heartbeats. One read
-        at a time: a hung one is waited for again, not joined by another thread."""
+        that fell off the bus; HEALTH_READ_MIN_S at least), so that a failed read never
+        stops the heartbeats. One read at a time: a hung one is waited for again, not joined
+        by another thread."""
         if self._health_read is None or self._health_read.done():
             read = asyncio.ensure_future(asyncio.to_thread(unhealthy, self.settings, self.cards))
             read.add_done_callback(_retrieved)
             self._health_read = read
+        bound = max(self.settings.heartbeat_s, HEALTH_READ_MIN_S)
         try:
-            wait = asyncio.shield(self._health_read)
-            return await asyncio.wait_for(wait, self.settings.heartbeat_s)
+            return await asyncio.wait_for(asyncio.shield(self._health_read), bound)
         except TimeoutError:
-            why = f"no answer in {self.settings.heartbeat_s:g} s"
+            why = f"no answer in {bound:g} s"
         except Exception as error:
             why = repr(error)
         log.warning("node agent %s: card health not read (%s); every card reported unhealthy",
