@@ -39,6 +39,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from qshare.contracts.tracing import otlp_settings
     from qshare.envsettings import SettingsError, report
     from qshare.health import ListenError
+    from qshare_driver import DriverError
     from qshare_node_agent.app import NodeAgent
     from qshare_node_agent.discovery import DiscoveryError
     from qshare_node_agent.settings import load_agent_settings
@@ -56,7 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DiscoveryError as exc:
         print(f"qshare node agent: {exc}", file=sys.stderr)
         return 2
-    except ListenError as exc:
+    except (ListenError, DriverError) as exc:  # DriverError: the segment refused at start
         print(f"qshare node agent: cannot start: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -52,6 +52,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 BACKOFF_MAX_S = 10.0
+HEALTH_READ_MIN_S = 5.0
+"""A card health read counts as failed once it takes a heartbeat period and at least this
+long (NVML answers in milliseconds; a busy host's short stall must not fail every card)."""
 
 
 class NodeAgent(Service):
@@ -72,6 +75,7 @@ class NodeAgent(Service):
         self._tasks: list[asyncio.Task[None]] = []
         self._registering: asyncio.Task[None] | None = None
         self._plugins: AgentPlugins | None = None
+        self._health_read: asyncio.Future[list[str]] | None = None
         self.registered = asyncio.Event()
         self._stopping = False
         """Set first thing in `stop()`: commands and announce requests then start no work."""
@@ -141,7 +145,7 @@ class NodeAgent(Service):
     def _start_plugins(self, converger: Converger) -> None:
         from qshare_node_agent.kubernetes_wiring import start_plugins
 
-        self._plugins = start_plugins(converger, self.cards, self.settings.min_vgpu_mib)
+        self._plugins = start_plugins(converger, self.cards)
         self._tasks.append(asyncio.create_task(self._watch_cards(), name="kubernetes cards"))
 
     async def stop(self) -> None:
@@ -332,13 +336,24 @@ class NodeAgent(Service):
 
     async def _unhealthy(self) -> list[str]:
         """The unhealthy cards; every card when their health cannot be read (as NVML counts a
-        card it cannot query), so that a failed read never stops the heartbeats."""
+        card it cannot query) or the read takes over a heartbeat period (NVML hangs on a card
+        that fell off the bus; HEALTH_READ_MIN_S at least), so that a failed read never
+        stops the heartbeats. One read at a time: a hung one is waited for again, not joined
+        by another thread."""
+        if self._health_read is None or self._health_read.done():
+            read = asyncio.ensure_future(asyncio.to_thread(unhealthy, self.settings, self.cards))
+            read.add_done_callback(_retrieved)
+            self._health_read = read
+        bound = max(self.settings.heartbeat_s, HEALTH_READ_MIN_S)
         try:
-            return await asyncio.to_thread(unhealthy, self.settings, self.cards)
+            return await asyncio.wait_for(asyncio.shield(self._health_read), bound)
+        except TimeoutError:
+            why = f"no answer in {bound:g} s"
         except Exception as error:
-            log.warning("node agent %s: card health not read (%r); every card reported "
-                        "unhealthy", self.name, error)  # fmt: skip
-            return [c.uuid for c in self.cards]
+            why = repr(error)
+        log.warning("node agent %s: card health not read (%s); every card reported unhealthy",
+                    self.name, why)  # fmt: skip
+        return [c.uuid for c in self.cards]
 
     async def _on_command(self, msg: Msg) -> None:
         with handling("qshare.node_agent", msg.subject, msg.headers):
@@ -403,6 +418,12 @@ class NodeAgent(Service):
         yield from metrics.families(metrics.CARD_FIGURES, metrics.CARD_LABELS, rows)
         modes = [([self.name, c.uuid], node.release_auto(c.index)) for c in self.cards]
         yield from metrics.families(metrics.RELEASE_FIGURES, metrics.CARD_LABELS, modes)
+
+
+def _retrieved(read: asyncio.Future[list[str]]) -> None:
+    """Take a health read's outcome (the waiter that timed out left it unretrieved)."""
+    if not read.cancelled():
+        read.exception()
 
 
 def _decode(msg: Msg, model: type) -> object:

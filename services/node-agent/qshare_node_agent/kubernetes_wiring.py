@@ -141,14 +141,18 @@ class AgentPlugins:
         self.plugins.stop()
 
 
-def start_plugins(converger: Converger, cards: list[Card], min_vgpu_mib: int) -> AgentPlugins:
-    """Restore the prepared claims, start the DRA and device plugins (settings QSHARE_K8S_*)."""
+def start_plugins(converger: Converger, cards: list[Card]) -> AgentPlugins:
+    """Restore the prepared claims, start the DRA and device plugins (settings QSHARE_K8S_*;
+    prepares hold to the smallest vGPU the ResourceSlice offers, QSHARE_K8S_MIN_VGPU_MIB)."""
     settings = load(KubernetesSettings)
     own = converger.sharing.own_policy if converger.sharing is not None else None
-    local = LocalVgpus(converger.node, cards, min_vgpu_mib=min_vgpu_mib, own_policy=own)
-    kept = local.restore(lambda: cdi.recorded_vgpus(settings.cdi_dir))
+    local = LocalVgpus(converger.node, cards, min_vgpu_mib=settings.min_vgpu_mib, own_policy=own)
+    lost = local.restore(lambda: cdi.recorded_vgpus(settings.cdi_dir))
+    if lost:
+        log.error("prepared vGPUs the restart could not keep, dropped (their claims' "
+                  "containers have lost them): %s", lost)  # fmt: skip
     plugins = KubernetesPlugins(settings, AgentBackend(local, converger))
     plugins.start()
     log.info("kubernetes plugins serving for node %s (%d prepared claims kept)",
-             settings.node_name, len(kept))  # fmt: skip
+             settings.node_name, len(plugins.dra.prepared_claims()))  # fmt: skip
     return AgentPlugins(plugins, local, converger.sharing)

@@ -30,6 +30,10 @@ log = logging.getLogger(__name__)
 SOCKET_PATH_MAX = 107
 """Bytes of a unix socket path (sun_path holds 108 with its NUL)."""
 
+SEGMENT_NAME_MAX = 47
+"""The driver's limit on a segment name (QS_NAME_MAX less its NUL)."""
+SEGMENT_NAME = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]*$")
+"""What the driver takes as a segment name: it names files in the segment directory."""
 SIMULATE_FORMAT = re.compile(r"^(?P<cards>[0-9]{1,2})(:(?P<memory>[0-9]+(Ki|Mi|Gi|Ti)?))?$")
 DEFAULT_SIM_MEMORY = "16Gi"
 
@@ -48,7 +52,11 @@ class NodeAgentSettings(BaseSettings, BusIdentity, HealthSettings, MetricsSettin
     simulate: str | None = Field(
         None, description="N[:MEM]: N simulated cards of MEM each (default 16Gi) instead of NVML"
     )
-    segment: str | None = Field(None, description="driver segment name (default qshare-<name>)")
+    segment: str | None = Field(
+        None,
+        description="driver segment name (default qshare-<name>): letters, digits, '-', '_' "
+        "and '.', not starting with '.'",
+    )
     shm_dir: Path | None = Field(None, description="segment directory (default /dev/shm)")
     labels: dict[str, str] = Field(default_factory=dict)
     policy: CardPolicy = CardPolicy.BEST_EFFORT
@@ -83,7 +91,6 @@ class NodeAgentSettings(BaseSettings, BusIdentity, HealthSettings, MetricsSettin
     kubernetes: bool = Field(
         False, description="also serve the kubelet's DRA and device-plugin sockets (QSHARE_K8S_*)"
     )
-    min_vgpu_mib: int = Field(1024, ge=1, description="smallest vGPU a DRA claim may take")
     keep_segment_on_stop: bool = Field(
         True,
         description="on stop, leave the segment for the next agent to adopt (workloads "
@@ -113,9 +120,19 @@ class NodeAgentSettings(BaseSettings, BusIdentity, HealthSettings, MetricsSettin
             raise ValueError(f"simulated card memory must be at least 1Gi, got {match['memory']}")
         return value
 
+    @field_validator("segment")
+    @classmethod
+    def _segment_format(cls, value: str | None) -> str | None:
+        if value is not None and not (SEGMENT_NAME.match(value) and len(value) <= SEGMENT_NAME_MAX):
+            raise ValueError(
+                f"a segment name is 1-{SEGMENT_NAME_MAX} letters, digits, '-', '_' and '.', "
+                "not starting with '.'"
+            )
+        return value
+
     @property
     def segment_name(self) -> str:
-        return self.segment or f"qshare-{self.name}"[:47]
+        return self.segment or f"qshare-{self.name}"[:SEGMENT_NAME_MAX]
 
     @model_validator(mode="after")
     def _auto_has_room(self) -> NodeAgentSettings:
@@ -162,11 +179,21 @@ def load_agent_settings(
     given: Mapping[str, Any],
 ) -> tuple[NodeAgentSettings, KubernetesSettings | None]:
     """The agent's settings from command-line values (`given`, named by their flags in
-    errors) over QSHARE_NODE_*, and its Kubernetes settings when it serves the kubelet;
-    SettingsError naming every problem."""
-    from qshare.envsettings import load
+    errors) over QSHARE_NODE_*, and its Kubernetes settings when it serves the kubelet (the
+    allocator knows the node by the agent's name, the extender and the device plugin by the
+    Kubernetes node's: they must be one); SettingsError naming every problem."""
+    from qshare.envsettings import SettingsError, load
     from qshare_node_agent.kubernetes.config import KubernetesSettings
 
     flags = {k: "--" + k.replace("_", "-") for k in given}
     settings = load(NodeAgentSettings, dict(given), flags)
-    return settings, load(KubernetesSettings) if settings.kubernetes else None
+    if not settings.kubernetes:
+        return settings, None
+    k8s = load(KubernetesSettings)
+    if k8s.node_name != settings.name:
+        name = flags.get("name", "QSHARE_NODE_NAME")
+        raise SettingsError([
+            f"{name}={settings.name!r}: the node agent serving the kubelet is named as its "
+            f"Kubernetes node (QSHARE_K8S_NODE_NAME={k8s.node_name!r})"
+        ])  # fmt: skip
+    return settings, k8s

@@ -71,7 +71,7 @@ async def report(
     cancelled."""
     subject = subjects.usage(reader.node_name)
     await registered.wait()
-    reader.read()  # the first interval starts now
+    _start_interval(reader)
     while True:
         await asyncio.sleep(interval_s)
         try:
@@ -80,3 +80,12 @@ async def report(
             await nc.publish(subject, envelope.encode(body))
         except Exception as error:
             log.warning("node %s: usage not reported (%s)", reader.node_name, error)
+
+
+def _start_interval(reader: UsageReader) -> None:
+    """The first interval starts now; a read that fails is logged (the vGPUs are then
+    reported from the interval after the next read), never the end of the reports."""
+    try:
+        reader.read()
+    except Exception as error:
+        log.warning("node %s: usage counters not read (%s)", reader.node_name, error)

@@ -11,12 +11,16 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from qshare.contracts.domain import MAX_CORE_SHARE, Priority
+from qshare_node_agent.kubernetes.config import DNS_LABEL, DNS_SUBDOMAIN, DNS_SUBDOMAIN_MAX
 
 MIB = 1 << 20
 UNSHARED = "whole"  # the share id of a result without a shareID (the device is not shared)
 _QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|k|M|G|T)?$")
 _UNITS = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40}
 _UNITS |= {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+_NAMESPACE = re.compile(DNS_LABEL)
+_UID = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?")
+NAMESPACE_MAX, UID_MAX = 63, 128
 
 
 class ClaimError(Exception):
@@ -49,6 +53,23 @@ class DeviceShare:
 
     def key(self, claim_uid: str) -> str:
         return f"dra/{claim_uid}/{self.request}/{self.device}/{self.share_id}"
+
+
+def check_uid(uid: str) -> None:
+    """A claim uid names one claim's vGPU keys (`dra/<uid>/...`) and CDI spec file as it
+    is: refuse one that could name another's (a '/', or characters a file name drops)."""
+    if len(uid) > UID_MAX or not _UID.fullmatch(uid):
+        raise ClaimError(f"claim uid {uid!r} is not a valid Kubernetes uid (letters, digits and "
+                         f"'-', at most {UID_MAX})")  # fmt: skip
+
+
+def check_reference(namespace: str, name: str, uid: str) -> None:
+    """Refuse a claim reference no ResourceClaim carries before it goes into an API path."""
+    if len(namespace) > NAMESPACE_MAX or not _NAMESPACE.fullmatch(namespace):
+        raise ClaimError(f"namespace {namespace!r} is not a valid Kubernetes namespace")
+    if len(name) > DNS_SUBDOMAIN_MAX or not DNS_SUBDOMAIN.fullmatch(name):
+        raise ClaimError(f"name {name!r} is not a valid ResourceClaim name")
+    check_uid(uid)
 
 
 def quantity_bytes(value: object, what: str) -> int:

@@ -6,10 +6,12 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import os
 import socket
 import ssl
 import threading
 import urllib.parse
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -43,17 +45,23 @@ class KubeApi:
         if url.scheme == "https":
             cafile = str(ca_file) if ca_file is not None and ca_file.is_file() else None
             self._tls = ssl.create_default_context(cafile=cafile)
-        self._headers = {"Accept": "application/json"}
-        if token_file is not None and token_file.is_file():
-            self._headers["Authorization"] = f"Bearer {token_file.read_text().strip()}"
+        self._token = _TokenFile(token_file)
         self._local = threading.local()
-        self._all: set[http.client.HTTPConnection] = set()
+        self._all: weakref.WeakSet[_Kept] = weakref.WeakSet()  # each thread's, while it lives
         self._lock = threading.Lock()
+
+    def headers(self) -> dict[str, str]:
+        """A request's headers, with the service account token as the file holds it now."""
+        headers = {"Accept": "application/json"}
+        token = self._token.read()
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        return headers
 
     def close(self) -> None:
         with self._lock:
-            for conn in self._all:
-                conn.close()
+            for kept in list(self._all):
+                kept.conn.close()
             self._all.clear()
 
     def _connect(self, timeout_s: float) -> http.client.HTTPConnection:
@@ -64,22 +72,21 @@ class KubeApi:
         return http.client.HTTPConnection(self._host, self._port, timeout=timeout_s)
 
     def _connection(self) -> http.client.HTTPConnection:
-        conn: http.client.HTTPConnection | None = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = self._connect(self._timeout)
-            self._local.conn = conn
+        kept: _Kept | None = getattr(self._local, "kept", None)
+        if kept is None:
+            kept = self._local.kept = _Kept(self._connect(self._timeout))
             with self._lock:
-                self._all.add(conn)
-        return conn
+                self._all.add(kept)
+        return kept.conn
 
     def _drop(self) -> None:
         """Close this thread's connection and forget it (the next request opens another)."""
-        conn = getattr(self._local, "conn", None)
-        if conn is not None:
-            conn.close()
-            self._local.conn = None
+        kept: _Kept | None = getattr(self._local, "kept", None)
+        if kept is not None:
+            kept.conn.close()
+            self._local.kept = None
             with self._lock:
-                self._all.discard(conn)  # gone already if `close()` came first
+                self._all.discard(kept)  # gone already if `close()` came first
 
     def request(
         self, method: str, path: str, body: Any = None, patch: bool = False
@@ -87,7 +94,7 @@ class KubeApi:
         """The answer's JSON object; an error status, a failed exchange, or a body that is
         no JSON object (every path called here answers one) raises `ApiError`."""
         data = None if body is None else json.dumps(body).encode()
-        headers = dict(self._headers)
+        headers = self.headers()
         if data is not None:
             headers["Content-Type"] = MERGE_PATCH if patch else "application/json"
         for attempt in range(2):  # a kept-alive connection the server closed is reopened once
@@ -182,6 +189,40 @@ class KubeApi:
         return result
 
 
+class _Kept:
+    """A thread's keep-alive connection, held by that thread's local storage only: it is
+    closed when the thread ends (the plugins' gRPC pools are made again with every kubelet
+    restart), not left open until the client closes."""
+
+    def __init__(self, conn: http.client.HTTPConnection) -> None:
+        self.conn = conn
+        weakref.finalize(self, conn.close)
+
+
+class _TokenFile:
+    """The service account token, read again whenever its file changes: the kubelet
+    replaces a projected token before it expires (an hour by default), and a client that
+    kept the first one is refused once it has (client-go reads the file again too)."""
+
+    def __init__(self, path: Path | None) -> None:
+        self._path = path
+        self._seen: tuple[int, int, int] | None = None
+        self._token = ""
+
+    def read(self) -> str:
+        """The token ("" with no file); the last one read while the file cannot be read."""
+        if self._path is None:
+            return ""
+        try:
+            stat = os.stat(self._path)
+            seen = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+            if seen != self._seen:
+                self._token, self._seen = self._path.read_text().strip(), seen
+        except OSError:
+            pass
+        return self._token
+
+
 class Watch:
     """One watch request on its own connection: iterate it for the events (`type`,
     `object`); `close()` from any thread ends the iteration. An `ERROR` event (such as 410
@@ -191,7 +232,7 @@ class Watch:
         # the server ends the watch after timeout_s; the socket waits a little longer
         self._conn = api._connect(timeout_s + 10.0)
         self._path = path
-        self._headers = dict(api._headers)
+        self._headers = api.headers()
         self._closed = False
 
     def close(self) -> None:

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DRIVER = "qshare.io"
 IN_CLUSTER_SA = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+DNS_SUBDOMAIN = re.compile(rf"{DNS_LABEL}(\.{DNS_LABEL})*")
+"""A Kubernetes object name (a Node's, a ResourceClaim's) and a DRA driver's name."""
+DNS_SUBDOMAIN_MAX = 253
 
 
 class KubernetesSettings(BaseSettings):
@@ -25,9 +30,11 @@ class KubernetesSettings(BaseSettings):
     api_server: str = "https://kubernetes.default.svc"
     token_file: Path | None = IN_CLUSTER_SA / "token"
     ca_file: Path | None = IN_CLUSTER_SA / "ca.crt"
-    api_timeout_s: float = Field(5.0, gt=0)
+    api_timeout_s: float = Field(5.0, gt=0, le=300)  # a socket's timeout: bounded
     min_vgpu_mib: int = Field(1024, ge=1, description="smallest memory a claim may consume")
-    socket_check_s: float = Field(1.0, gt=0, description="how often a vanished socket is noticed")
+    socket_check_s: float = Field(
+        1.0, gt=0, le=60, description="how often a vanished socket is noticed"
+    )
     vmemory_unit_mib: int = Field(
         256, ge=1, description="MiB per qshare.io/vmemory device the device plugin advertises "
         "(the scheduler extender's QSHARE_EXTENDER_VMEMORY_UNIT_MIB must be the same); at 1 MiB "
@@ -37,6 +44,17 @@ class KubernetesSettings(BaseSettings):
         16, ge=1, description="gRPC worker threads per threaded plugin socket (the device "
         "plugin's and registration's; the DRA socket is served on an event loop)",
     )  # fmt: skip
+
+    @field_validator("node_name", "driver")
+    @classmethod
+    def _dns_name(cls, value: str) -> str:
+        """They go into API paths and socket file names as they are."""
+        if len(value) > DNS_SUBDOMAIN_MAX or not DNS_SUBDOMAIN.fullmatch(value):
+            raise ValueError(
+                "expected a DNS name: lower-case letters, digits, '-' and '.', starting and "
+                f"ending with a letter or digit, at most {DNS_SUBDOMAIN_MAX}"
+            )
+        return value
 
     @property
     def registration_socket(self) -> Path:

@@ -28,7 +28,14 @@ import grpc
 
 from qshare_driver.node import Policy
 from qshare_node_agent.kubernetes import cdi, resourceslice, wire
-from qshare_node_agent.kubernetes.allocation import UNSHARED, ClaimError, DeviceShare, shares
+from qshare_node_agent.kubernetes.allocation import (
+    UNSHARED,
+    ClaimError,
+    DeviceShare,
+    check_reference,
+    check_uid,
+    shares,
+)
 from qshare_node_agent.kubernetes.apiserver import ApiError, KubeApi
 from qshare_node_agent.kubernetes.backend import (
     BackendError,
@@ -209,6 +216,7 @@ class DraPlugin:
                 continue
             answer = response.claims[claim.uid]
             try:
+                check_reference(claim.namespace, claim.name, claim.uid)
                 body = held.get(claim.uid) or self._read_claim(claim.namespace, claim.name)
                 made = staged[claim.uid] = self._prepare(body, claim.uid, durable)
             except Exception as exc:
@@ -235,8 +243,9 @@ class DraPlugin:
         for claim in request.claims:
             answer = response.claims[claim.uid]
             try:
+                check_uid(claim.uid)
                 self.unprepare_claim(claim.uid)
-            except (BackendError, OSError) as exc:
+            except (ClaimError, BackendError, OSError) as exc:
                 answer.error = f"claim {claim.namespace}/{claim.name} ({claim.uid}): {exc}"
         return response
 

@@ -256,19 +256,27 @@ class LocalVgpus:
         return self._describe(key, vgpu_id, self._known(card_index), priority, core, memory_mib)
 
     def release(self, key: str) -> None:
-        """Destroy the vGPU; a card no claim left asks a policy of takes its own back."""
+        """Destroy the vGPU; a card no claim left asks a policy of takes its own back. One
+        the driver refuses to destroy stays prepared (BackendError): a retry destroys it."""
         with self._lock:
-            vgpu = self._vgpus.pop(key, None)
+            vgpu = self._vgpus.get(key)
             if vgpu is None:
                 return
-            del self._entries[key]
-            with contextlib.suppress(NotFoundError):
-                self._node.destroy_vgpu(vgpu.vgpu_id)
+            self._destroy_one(vgpu)
+            del self._vgpus[key], self._entries[key]
             switched = self._asked.pop(key, None) is not None and self._unasked(vgpu.card_index)
             generation = self._changed()
         self._persist(generation)
         if switched:
             self._notify()
+
+    def _destroy_one(self, vgpu: LocalVgpu) -> None:
+        try:
+            self._node.destroy_vgpu(vgpu.vgpu_id)
+        except NotFoundError:
+            return  # gone already
+        except DriverError as exc:
+            raise BackendError(f"the driver refused to destroy {vgpu.key}: {exc}") from None
 
     def own_policies_changed(self, indexes: Iterable[int]) -> None:
         """The cards `indexes` have another own policy now (the node's label changed): each
