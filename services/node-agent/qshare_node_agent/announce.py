@@ -29,14 +29,18 @@ class Announcer:
         self.requests += 1
         if self._later is not None and not self._later.done():
             return  # the announcement already due answers this request too
-        wait = self._last + self._min_interval_s - time.monotonic()
+        wait = self.due_in()
         if wait <= 0:
             self._announce()
         else:
             self._later = asyncio.create_task(self._announce_in(wait))
 
+    def due_in(self) -> float:
+        """Seconds until a request would be answered at once (0: now)."""
+        return max(0.0, self._last + self._min_interval_s - time.monotonic())
+
     def announced(self) -> None:
-        """Count an announcement made without a request (an adopted segment's, at start)."""
+        """Count an announcement made without a request (the agent's own, at start)."""
         self._last = time.monotonic()
 
     async def stop(self) -> None:

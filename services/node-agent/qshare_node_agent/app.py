@@ -125,9 +125,10 @@ class NodeAgent(Service):
         self.announcer = Announcer(
             pump, [c.index for c in self.cards], self.settings.announce_interval_s
         )
-        if adopted:
-            pump.announce_cards(c.index for c in self.cards)
-            self.announcer.announced()
+        # the cards' present state, adopted or new: a preemptor may hold a card busy from
+        # before a reboot (a new segment), and only an idle from this card would free it
+        pump.announce_cards(c.index for c in self.cards)
+        self.announcer.announced()
         pump.listeners.append(self._observe)
         pump.start()
         self._pump = pump

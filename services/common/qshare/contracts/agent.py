@@ -106,9 +106,10 @@ class GpuEvent(BaseModel):
     """Body of `qshare.evt.gpu.<node>.<gpu>.<kind>`: one driver event (the ring's own unit:
     a busy or idle episode, an attach, a death, an OOM, never one message per launch).
     A busy or idle with `seq` 0 and `value` 0 is the card's present state, announced by the
-    agent when it adopted the segment of its predecessor (what happened meanwhile was not
-    recorded), after it registered again, after it reconnected to NATS, or when asked on
-    `qshare.nodes.announce`: a consumer treats it as a level, not as a new episode."""
+    agent when it starts (on its predecessor's segment, whose events meanwhile were not
+    recorded, or on a new one after a reboot), after it registered again, after it
+    reconnected to NATS, or when asked on `qshare.nodes.announce`: a consumer treats it as a
+    level, not as a new episode."""
 
     node: str
     gpu: str
