@@ -93,3 +93,12 @@ def test_a_stats_file_that_cannot_be_written_is_named_and_launches_still_run(
     assert run.returncode == 0 and run.rc("launch") == 0
     assert f"QSHARE_STATS_FILE='{path}' cannot be written" in run.stderr
     assert not path.exists()
+
+
+def test_a_forked_child_that_exits_normally_leaves_the_parents_statistics_whole(
+    node: NodeOwner, tmp_path: Path
+) -> None:
+    """The child's counters are a copy of the parent's: it writes nothing, so the file holds
+    the attached process's one JSON object, not the child's copy beside it."""
+    stats = run_with_stats(node, LP_VGPU, ["launch kernel 0 10", "fork", "sync"], tmp_path)
+    assert stats["launches"]["total"] == 10
