@@ -59,3 +59,11 @@ def test_an_invalid_interval_is_refused_by_name_and_fencing_goes_on(node: NodeOw
     assert "QSHARE_HP_FENCE_INTERVAL_US='1ms'" in run.stderr
     assert run.rc("sync") == 0
     assert len(node.wait_events(QS_EV_IDLE, 1, timeout=10)) == 1
+
+
+def test_a_negative_interval_that_wraps_into_range_is_refused(node: NodeOwner) -> None:
+    """strtoul reads ' -18446744073709551615' as 1 (spaces skipped, negated modulo 2^64)."""
+    text = " -18446744073709551615"
+    run = run_probe(node, HP_VGPU, ["init", "launch kernel 0 1", "sync"], extra_env=paced(text))
+    assert f"QSHARE_HP_FENCE_INTERVAL_US='{text}'" in run.stderr
+    assert run.rc("sync") == 0
