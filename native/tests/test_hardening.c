@@ -783,6 +783,121 @@ static int test_a_taken_over_writer_that_wakes_never_mixes_into_the_later_event(
     return 0;
 }
 
+/* ---- a tenant holding a lock of the shared state part (which every tenant maps writable) ---- */
+
+/* The state slot of vGPU `id`, from the configuration (as the owner's process reads it). */
+static int vslot_of(qs_node *node, uint32_t id)
+{
+    for (uint32_t s = 0; s < QS_MAX_VGPUS; s++)
+        if (atomic_load(&node->seg.cfg->vgpus[s].state) == QS_SLOT_ACTIVE &&
+            node->seg.cfg->vgpus[s].id == id)
+            return (int)s;
+    return -1;
+}
+
+enum { LOCK_MEM, LOCK_SEG };
+
+/* A process attached to vGPU 1 takes a lock of the state part through its own mapping and
+ * keeps it; returns its pid once it holds it (-1 on failure). */
+static pid_t tenant_holding_lock(const char *tag, int which, int vslot)
+{
+    int fds[2];
+    if (pipe(fds))
+        return -1;
+    pid_t pid = fork_child();
+    if (pid == 0) {
+        qs_client *cl = NULL;
+        uint32_t card;
+        if (qs_client_attach(test_segment(tag), NULL, 1, &cl) != QS_OK)
+            _exit(2);
+        struct qs_state *st = qs_client_segment(cl, &card)->state;
+        pthread_mutex_lock(which == LOCK_MEM ? &st->vgpus[vslot].mem_lock : &st->seg_lock);
+        if (write(fds[1], "L", 1) != 1)
+            _exit(3);
+        for (;;)
+            pause();
+    }
+    close(fds[1]);
+    char c = 0;
+    ssize_t n = pid > 0 ? read(fds[0], &c, 1) : -1;
+    close(fds[0]);
+    return n == 1 ? pid : -1;
+}
+
+struct reserve_call {
+    qs_client *cl;
+    int rc;
+};
+
+static void *reserve_mib(void *arg)
+{
+    struct reserve_call *call = arg;
+    call->rc = qs_mem_reserve(call->cl, MiB);
+    return NULL;
+}
+
+/* 1 if `thread` ended within `seconds` (joined); else 0 and it is left running. */
+static int joined_within(pthread_t thread, int seconds)
+{
+    struct timespec deadline;
+    clock_gettime(CLOCK_REALTIME, &deadline);
+    deadline.tv_sec += seconds;
+    return pthread_timedjoin_np(thread, NULL, &deadline) == 0;
+}
+
+/* vGPU 1's tenant holds vGPU 2's memory lock for good: vGPU 2's reservations fail with
+ * QS_ETIMEDOUT instead of waiting for good (before, they hung until the tenant let go). */
+static int test_a_tenant_holding_another_vgpus_memory_lock_cannot_hang_its_reservations(void)
+{
+    qs_node *node = make_node("memhold");
+    EXPECT(node && vgpu(node, 1, QS_PRIO_LOW, 50, GiB) == QS_OK);
+    EXPECT(vgpu(node, 2, QS_PRIO_LOW, 50, GiB) == QS_OK);
+    pid_t holder = tenant_holding_lock("memhold", LOCK_MEM, vslot_of(node, 2));
+    EXPECT(holder > 0);
+    struct reserve_call call = {.rc = 1};
+    EXPECT(qs_client_attach(test_segment("memhold"), NULL, 2, &call.cl) == QS_OK);
+    pthread_t thread;
+    EXPECT(pthread_create(&thread, NULL, reserve_mib, &call) == 0);
+    int returned = joined_within(thread, 10);
+    kill_and_wait(holder); /* a reservation still waiting then takes the lock and returns */
+    if (!returned)
+        pthread_join(thread, NULL);
+    EXPECT(returned && call.rc == QS_ETIMEDOUT);
+    EXPECT(qs_mem_reserve(call.cl, MiB) == QS_OK); /* the holder gone, the lock serves again */
+    EXPECT(qs_client_detach(call.cl) == QS_OK);
+    qs_node_close(node);
+    return 0;
+}
+
+static qs_node *owner_node;
+
+static void *create_vgpu_3(void *arg)
+{
+    *(int *)arg = vgpu(owner_node, 3, QS_PRIO_LOW, 10, GiB);
+    return NULL;
+}
+
+/* A tenant holds the segment lock for good: the owner's configuration changes fail with
+ * QS_ETIMEDOUT instead of waiting for good (before, the owner hung until the tenant let go). */
+static int test_a_tenant_holding_the_segment_lock_cannot_hang_the_owner(void)
+{
+    qs_node *node = owner_node = make_node("seghold");
+    EXPECT(node && vgpu(node, 1, QS_PRIO_LOW, 50, GiB) == QS_OK);
+    pid_t holder = tenant_holding_lock("seghold", LOCK_SEG, 0);
+    EXPECT(holder > 0);
+    int rc = 1;
+    pthread_t thread;
+    EXPECT(pthread_create(&thread, NULL, create_vgpu_3, &rc) == 0);
+    int returned = joined_within(thread, 10);
+    kill_and_wait(holder);
+    if (!returned)
+        pthread_join(thread, NULL);
+    EXPECT(returned && rc == QS_ETIMEDOUT);
+    EXPECT(vgpu(node, 3, QS_PRIO_LOW, 10, GiB) == QS_OK);
+    qs_node_close(node);
+    return 0;
+}
+
 int main(void)
 {
     const struct test_case tests[] = {
@@ -828,6 +943,10 @@ int main(void)
          test_a_later_lap_takes_over_a_slot_left_by_a_killed_writer},
         {"a taken-over writer that wakes never mixes into the later event",
          test_a_taken_over_writer_that_wakes_never_mixes_into_the_later_event},
+        {"a tenant holding another vGPU's memory lock cannot hang its reservations",
+         test_a_tenant_holding_another_vgpus_memory_lock_cannot_hang_its_reservations},
+        {"a tenant holding the segment lock cannot hang the owner",
+         test_a_tenant_holding_the_segment_lock_cannot_hang_the_owner},
     };
     return run_tests(tests, sizeof tests / sizeof tests[0]);
 }
