@@ -8,6 +8,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -898,6 +900,86 @@ static int test_a_tenant_holding_the_segment_lock_cannot_hang_the_owner(void)
     return 0;
 }
 
+struct launch_call {
+    qs_client *cl;
+    int rc;
+};
+
+static void *launch_once(void *arg)
+{
+    struct launch_call *call = arg;
+    call->rc = qs_launch_begin(call->cl);
+    return NULL;
+}
+
+/* vGPU 1's tenant raises the in-flight count of vGPU 2's context in the state part, then
+ * exits: that process, with nothing in flight, still launches (before, its next launch waited
+ * for good for completions that would never come). */
+static int test_a_tenant_raising_another_contexts_inflight_count_cannot_hang_its_launches(void)
+{
+    qs_node *node = make_node("inflight");
+    EXPECT(node && vgpu(node, 1, QS_PRIO_LOW, 50, GiB) == QS_OK);
+    EXPECT(vgpu(node, 2, QS_PRIO_LOW, 50, GiB) == QS_OK);
+    struct launch_call call = {.rc = 1};
+    EXPECT(qs_client_attach(test_segment("inflight"), NULL, 2, &call.cl) == QS_OK);
+    int victim = ctx_of(node, (int)getpid());
+    EXPECT(victim >= 0);
+    pid_t pid = fork_child();
+    if (pid == 0) {
+        qs_client *cl = NULL;
+        uint32_t card;
+        if (qs_client_attach(test_segment("inflight"), NULL, 1, &cl) != QS_OK)
+            _exit(2);
+        atomic_store(&qs_client_segment(cl, &card)->state->ctxs[victim].inflight, 1000);
+        _exit(0);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    EXPECT(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    pthread_t thread;
+    EXPECT(pthread_create(&thread, NULL, launch_once, &call) == 0);
+    int returned = joined_within(thread, 5);
+    if (!returned) { /* release it: the count back to what it had */
+        atomic_store(&node->seg.state->ctxs[victim].inflight, 0);
+        qs_futex_wake(&node->seg.state->ctxs[victim].inflight, INT_MAX);
+        pthread_join(thread, NULL);
+    }
+    EXPECT(returned && call.rc == QS_OK);
+    EXPECT(qs_launch_end(call.cl) == QS_OK);
+    EXPECT(qs_client_detach(call.cl) == QS_OK);
+    qs_node_close(node);
+    return 0;
+}
+
+/* A child forked while its parent's only in-flight slot is taken counts its own launches: the
+ * parent's are not its own to end, and its first launch goes at once. */
+static int test_a_forked_child_does_not_count_its_parents_launches_in_flight(void)
+{
+    qs_node *node = make_node("forkslot");
+    EXPECT(node && vgpu(node, 1, QS_PRIO_LOW, 50, GiB) == QS_OK);
+    qs_client *cl = NULL;
+    EXPECT(qs_client_attach(test_segment("forkslot"), NULL, 1, &cl) == QS_OK);
+    EXPECT(qs_client_set_inflight_cap(cl, 1) == QS_OK && qs_launch_begin(cl) == QS_OK);
+    int report[2];
+    EXPECT(pipe(report) == 0);
+    pid_t pid = fork_child();
+    if (pid == 0) { /* one thread, as in wait_for_own_inflight_slot */
+        int rc = qs_launch_begin(cl);
+        _exit(write(report[1], &rc, sizeof rc) == (ssize_t)sizeof rc ? 0 : 2);
+    }
+    close(report[1]);
+    struct pollfd ready = {.fd = report[0], .events = POLLIN};
+    int rc = 1, answered = poll(&ready, 1, 5000) == 1 &&
+                           read(report[0], &rc, sizeof rc) == (ssize_t)sizeof rc;
+    close(report[0]);
+    kill_and_wait(pid);
+    EXPECT(answered && rc == QS_OK);
+    EXPECT(qs_launch_end(cl) == QS_OK);
+    EXPECT(qs_client_detach(cl) == QS_OK);
+    qs_node_close(node);
+    return 0;
+}
+
 int main(void)
 {
     const struct test_case tests[] = {
@@ -947,6 +1029,10 @@ int main(void)
          test_a_tenant_holding_another_vgpus_memory_lock_cannot_hang_its_reservations},
         {"a tenant holding the segment lock cannot hang the owner",
          test_a_tenant_holding_the_segment_lock_cannot_hang_the_owner},
+        {"a tenant raising another context's in-flight count cannot hang its launches",
+         test_a_tenant_raising_another_contexts_inflight_count_cannot_hang_its_launches},
+        {"a forked child does not count its parent's launches in flight",
+         test_a_forked_child_does_not_count_its_parents_launches_in_flight},
     };
     return run_tests(tests, sizeof tests / sizeof tests[0]);
 }
