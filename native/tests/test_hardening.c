@@ -980,6 +980,40 @@ static int test_a_forked_child_does_not_count_its_parents_launches_in_flight(voi
     return 0;
 }
 
+/* A tenant closes the card's gate while high priority is quiet and nobody waits, then lives
+ * on: the owner's release thread opens it again (before, it slept until something else woke
+ * it, and low priority's work queued behind the gate word on the device waited for good). */
+static int test_a_gate_a_live_tenant_closed_opens_again(void)
+{
+    qs_node *node = make_node("closed");
+    EXPECT(node && vgpu(node, 1, QS_PRIO_LOW, 50, GiB) == QS_OK);
+    EXPECT(qs_card_set_release_delay(node, 0, 1000000) == QS_OK);
+    int ready[2];
+    EXPECT(pipe(ready) == 0);
+    pid_t pid = fork_child();
+    if (pid == 0) {
+        qs_client *cl = NULL;
+        uint32_t card;
+        if (qs_client_attach(test_segment("closed"), NULL, 1, &cl) != QS_OK)
+            _exit(2);
+        atomic_store(&qs_client_segment(cl, &card)->state->cards[0].gate, QS_GATE_CLOSED);
+        if (write(ready[1], "C", 1) != 1)
+            _exit(3);
+        for (;;)
+            pause();
+    }
+    close(ready[1]);
+    char c = 0;
+    int closed = read(ready[0], &c, 1) == 1;
+    close(ready[0]);
+    EVENTUALLY(atomic_load(&node->seg.state->cards[0].gate) == QS_GATE_OPEN);
+    int opened = atomic_load(&node->seg.state->cards[0].gate) == QS_GATE_OPEN;
+    kill_and_wait(pid);
+    EXPECT(closed && opened);
+    qs_node_close(node);
+    return 0;
+}
+
 int main(void)
 {
     const struct test_case tests[] = {
@@ -1033,6 +1067,7 @@ int main(void)
          test_a_tenant_raising_another_contexts_inflight_count_cannot_hang_its_launches},
         {"a forked child does not count its parent's launches in flight",
          test_a_forked_child_does_not_count_its_parents_launches_in_flight},
+        {"a gate a live tenant closed opens again", test_a_gate_a_live_tenant_closed_opens_again},
     };
     return run_tests(tests, sizeof tests / sizeof tests[0]);
 }
