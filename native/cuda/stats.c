@@ -59,7 +59,7 @@ static void add(histogram *h, uint64_t ns) {
 void qsc_stats_init(void) {
     const char *path = getenv("QSHARE_STATS_FILE");
     if (path == NULL || *path == '\0') return;
-    stats.out = fopen(path, "w");
+    stats.out = fopen(path, "we"); /* close-on-exec: not left open in programs it starts */
     if (stats.out == NULL) {
         qsc_warn_once(QSC_WARN_CONFIG, "QSHARE_STATS_FILE='%s' cannot be written (%s); no "
                                        "statistics will be kept", path, strerror(errno));
