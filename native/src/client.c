@@ -35,12 +35,14 @@ struct qs_client {
     _Atomic int inflight_pid;
 };
 
-/* QS_EXCHANGE_TIMEOUT_MS, or $QSHARE_EXCHANGE_TIMEOUT_MS when set to a positive number. */
+/* QS_EXCHANGE_TIMEOUT_MS, or $QSHARE_EXCHANGE_TIMEOUT_MS when set to a positive number (of
+ * milliseconds, digits only: "2s" is not 2 ms). */
 static int exchange_timeout_ms(void)
 {
     const char *env = getenv("QSHARE_EXCHANGE_TIMEOUT_MS");
-    long v = env ? strtol(env, NULL, 10) : 0;
-    return v > 0 && v < 600000 ? (int)v : QS_EXCHANGE_TIMEOUT_MS;
+    char *end = NULL;
+    long v = env && *env >= '0' && *env <= '9' ? strtol(env, &end, 10) : 0;
+    return v > 0 && v < 600000 && *end == '\0' ? (int)v : QS_EXCHANGE_TIMEOUT_MS;
 }
 
 /* No socket: name what is missing, the whole segment or this vGPU. */

@@ -399,7 +399,9 @@ static int test_attach_past_the_owners_descriptors_is_refused_without_spinning(v
     return 0;
 }
 
-static int test_owner_that_never_answers_fails_the_attach_by_its_deadline(void)
+/* An attach to an owner that accepts and never answers, with QSHARE_EXCHANGE_TIMEOUT_MS set to
+ * `timeout_ms`: its status, and how long it took in *took. */
+static int mute_owner_attach(const char *timeout_ms, uint64_t *took)
 {
     char dir[512], path[512];
     const char *name = test_segment("mute");
@@ -407,21 +409,38 @@ static int test_owner_that_never_answers_fails_the_attach_by_its_deadline(void)
     qs_vgpu_sock_path(path, sizeof path, NULL, name, 1);
     mkdir(dir, 0755);
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
-    EXPECT(strlen(path) < sizeof addr.sun_path);
+    if (strlen(path) >= sizeof addr.sun_path)
+        return QS_EINVAL;
     memcpy(addr.sun_path, path, strlen(path) + 1);
     int lfd = socket(AF_UNIX, SOCK_SEQPACKET, 0);
-    EXPECT(lfd >= 0 && bind(lfd, (struct sockaddr *)&addr, sizeof addr) == 0);
-    EXPECT(listen(lfd, 4) == 0); /* accepts (in the kernel), never answers */
-    setenv("QSHARE_EXCHANGE_TIMEOUT_MS", "200", 1);
+    if (lfd < 0 || bind(lfd, (struct sockaddr *)&addr, sizeof addr) || listen(lfd, 4))
+        return QS_ESYS;
+    setenv("QSHARE_EXCHANGE_TIMEOUT_MS", timeout_ms, 1);
     qs_client *cl = NULL;
     uint64_t t0 = qs_now_ns();
     int rc = qs_client_attach(name, NULL, 1, &cl);
-    uint64_t took = qs_now_ns() - t0;
+    *took = qs_now_ns() - t0;
     unsetenv("QSHARE_EXCHANGE_TIMEOUT_MS");
     close(lfd);
     unlink(path);
     rmdir(dir);
-    EXPECT(rc == QS_EAGENT);
+    return rc;
+}
+
+/* "2s" is not a number of milliseconds: the 5 s default holds (before, strtol read it as 2 ms
+ * and an owner busy for a moment failed the attach). */
+static int test_an_exchange_timeout_with_a_unit_is_refused_for_the_default(void)
+{
+    uint64_t took = 0;
+    EXPECT(mute_owner_attach("2s", &took) == QS_EAGENT);
+    EXPECT(took >= 4000000000ull);
+    return 0;
+}
+
+static int test_owner_that_never_answers_fails_the_attach_by_its_deadline(void)
+{
+    uint64_t took = 0;
+    EXPECT(mute_owner_attach("200", &took) == QS_EAGENT);
     EXPECT(took < 3000000000ull);
     return 0;
 }
@@ -1037,6 +1056,8 @@ int main(void)
          test_attach_past_the_owners_descriptors_is_refused_without_spinning},
         {"owner that never answers fails the attach by its deadline",
          test_owner_that_never_answers_fails_the_attach_by_its_deadline},
+        {"an exchange timeout with a unit is refused for the default",
+         test_an_exchange_timeout_with_a_unit_is_refused_for_the_default},
         {"FIFO in place of a segment part is refused without blocking",
          test_fifo_in_place_of_a_segment_part_is_refused_without_blocking},
         {"symlink in place of a segment part is refused",
