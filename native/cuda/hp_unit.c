@@ -1,6 +1,7 @@
 /* hp_unit.c — high priority's launches, coalesced: one open unit covers every launch into
  * one stream until the device has finished all of them. The launching thread only counts
- * (no event, no system call, no lock); a completion thread holds one fence event behind
+ * (no event, no lock, and no system call unless the driver held its launch while the
+ * completion thread waited for it); a completion thread holds one fence event behind
  * the newest covered launch, re-records it while launches keep coming, and ends the unit
  * (qs_launch_end: high priority turns quiet) once the fence completes with nothing after
  * it. So "busy" ends when the work completes, at a cost of one fence per completion round
@@ -9,6 +10,7 @@
  * units. A fence is re-recorded at most once per QSHARE_HP_FENCE_INTERVAL_US (200 µs unless
  * set; 0: at once), so a host-bound program's launches are not each raced by a driver call
  * on the completion thread, and the unit ends up to one interval after its work completed. */
+#include <ctype.h>
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
@@ -28,7 +30,8 @@ enum { HP_IDLE = 0, HP_OPENING = 1, HP_OPEN = 2, HP_CLOSING = 3 };
 
 static struct {
     _Alignas(64) _Atomic uint32_t state; /* futex: the completion thread sleeps while IDLE */
-    _Atomic uint32_t pending;            /* joined launches not yet submitted */
+    _Atomic uint32_t pending;            /* joined launches not yet submitted; futex */
+    _Atomic uint32_t joiners_awaited;    /* the completion thread sleeps until `pending` moves */
     _Atomic uint64_t launched;           /* launches into the open unit, counted once submitted */
     _Atomic(CUstream) stream; /* written while OPENING, read by joiners */
     CUcontext ctx;
@@ -41,6 +44,7 @@ static struct {
     _Atomic uint32_t no_thread;  /* the completion thread could not start: no units open */
 } hp = {.record_lock = PTHREAD_MUTEX_INITIALIZER};
 
+#define JOIN_SPIN_NS 50000ull /* how long the completion thread yields to a joined launch */
 #define FENCE_INTERVAL_MAX_US 100000ul /* a tenth of a second: beyond, release is mostly late */
 /* Measured on an H100 (2026-11-24): eager ResNet-50 HP at p50 within 0.7 ms of running without
  * qshare, against 0.9-2.6 ms over at 0; at most 0.2 ms later release per HP request. */
@@ -93,8 +97,9 @@ static uint64_t fence_interval_ns(void) {
     if (text == NULL || *text == '\0') return fallback;
     char *end = NULL;
     errno = 0;
-    unsigned long us = strtoul(text, &end, 10);
-    if (errno != 0 || *end != '\0' || *text == '-' || us > FENCE_INTERVAL_MAX_US) {
+    unsigned long us = strtoul(text, &end, 10); /* digits only: it would take "-N" modulo 2^64 */
+    if (errno != 0 || *end != '\0' || !isdigit((unsigned char)*text) ||
+        us > FENCE_INTERVAL_MAX_US) {
         qsc_warn_once(QSC_WARN_CONFIG,
                       "QSHARE_HP_FENCE_INTERVAL_US='%s' is not a whole number of microseconds "
                       "from 0 to %lu; high priority re-fences every %lu us", text,
@@ -132,6 +137,26 @@ static int try_close(void) {
     return 1;
 }
 
+/* A joined launch is being submitted: a few instructions away, unless the driver holds it (its
+ * queue full), for as long as that lasts. Yield a while, then sleep until `pending` moves (the
+ * Dekker pair with qsc_hp_joined: this raises `joiners_awaited`, then reads `pending`; a joiner
+ * lowers `pending`, then reads `joiners_awaited`): so only a launch that the driver held, or
+ * one that came in that while, makes the wake-up's system call. */
+static void wait_for_joiners(void) {
+    uint64_t until = qs_now_ns() + JOIN_SPIN_NS;
+    while (atomic_load(&hp.pending) && qs_now_ns() < until) sched_yield();
+    atomic_store(&hp.joiners_awaited, 1);
+    uint32_t pending = atomic_load(&hp.pending);
+    if (pending) qs_futex_wait(&hp.pending, pending, 0);
+    atomic_store(&hp.joiners_awaited, 0);
+}
+
+/* A joined launch stops being pending (submitted, or not joined after all). */
+static void joiner_done(void) {
+    atomic_fetch_sub(&hp.pending, 1);
+    if (atomic_load(&hp.joiners_awaited)) qs_futex_wake(&hp.pending, 1);
+}
+
 /* One round: wait for the fence; cover what came after it, or end the unit. */
 static void complete_round(void) {
     if (hp.fence_epoch == qsc_ctx_epoch(hp.ctx))
@@ -141,7 +166,7 @@ static void complete_round(void) {
     pace();
     uint64_t n = atomic_load(&hp.launched);
     if (atomic_load(&hp.pending)) {
-        sched_yield(); /* a joined launch is being submitted: a few instructions away */
+        wait_for_joiners();
         return;
     }
     if (n != hp.covered) {
@@ -183,6 +208,7 @@ static void start_completion(void) {
 void qsc_hp_forked(void) {
     atomic_store(&hp.state, HP_IDLE);
     atomic_store(&hp.pending, 0);
+    atomic_store(&hp.joiners_awaited, 0);
     atomic_store(&hp.launched, 0);
     atomic_store(&hp.stream, NULL);
     pthread_mutex_init(&hp.record_lock, NULL); /* the parent's threads may have held it */
@@ -209,13 +235,13 @@ int qsc_hp_join(CUstream stream) {
         return 0; /* cheap miss; the check below is the one that counts */
     atomic_fetch_add(&hp.pending, 1);
     if (atomic_load(&hp.state) == HP_OPEN && unit_stream(stream)) return 1;
-    atomic_fetch_sub(&hp.pending, 1);
+    joiner_done();
     return 0;
 }
 
 void qsc_hp_joined(void) {
     atomic_fetch_add(&hp.launched, 1);
-    atomic_fetch_sub(&hp.pending, 1);
+    joiner_done();
 }
 
 int qsc_hp_try_open(void) {

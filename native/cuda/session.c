@@ -3,6 +3,7 @@
  * limits and priority come from the segment. A process that cannot attach gets a
  * clear message and an error from every interposed call, never an unlimited GPU.
  * A normal exit detaches (the owner records a detach, not a death): see detach_at_exit. */
+#include <ctype.h>
 #include <errno.h>
 #include <limits.h>
 #include <pthread.h>
@@ -84,8 +85,8 @@ static int parse_vgpu(const char *text, uint32_t *out) {
     }
     char *end = NULL;
     errno = 0;
-    unsigned long v = strtoul(text, &end, 10);
-    if (errno != 0 || end == text || *end != '\0' || v > UINT32_MAX) {
+    unsigned long v = strtoul(text, &end, 10); /* digits only: it would take "-N" modulo 2^64 */
+    if (errno != 0 || !isdigit((unsigned char)*text) || *end != '\0' || v > UINT32_MAX) {
         qsc_warn_once(QSC_WARN_ATTACH,
                       "QSHARE_VGPU=%s is not a vGPU id. CUDA calls will fail with "
                       "CUDA_ERROR_NOT_INITIALIZED",

@@ -28,6 +28,7 @@ static const char *const counter_names[QSC_STAT_COUNT] = {
 
 static struct {
     FILE *out;
+    int pid; /* the process that opened `out`: a forked child's counters are copies of its */
     _Atomic uint64_t paths[QSC_UNIT_KINDS];
     _Atomic uint64_t counters[QSC_STAT_COUNT];
     histogram own, driver;
@@ -58,12 +59,13 @@ static void add(histogram *h, uint64_t ns) {
 void qsc_stats_init(void) {
     const char *path = getenv("QSHARE_STATS_FILE");
     if (path == NULL || *path == '\0') return;
-    stats.out = fopen(path, "w");
+    stats.out = fopen(path, "we"); /* close-on-exec: not left open in programs it starts */
     if (stats.out == NULL) {
         qsc_warn_once(QSC_WARN_CONFIG, "QSHARE_STATS_FILE='%s' cannot be written (%s); no "
                                        "statistics will be kept", path, strerror(errno));
         return;
     }
+    stats.pid = (int)getpid();
     atomic_store(&qsc_stats_on, 1);
 }
 
@@ -109,9 +111,11 @@ static uint64_t write_paths(void) {
     return total;
 }
 
-/* Written once, at exit (a destructor: after the program's own exit handlers). */
+/* Written once, at exit (a destructor: after the program's own exit handlers), by the process
+ * that opened the file only: a child forked from it holds copies of its counters and writes
+ * nothing (the file stays one JSON object). */
 __attribute__((destructor)) static void write_at_exit(void) {
-    if (!atomic_exchange(&qsc_stats_on, 0)) return;
+    if (!atomic_exchange(&qsc_stats_on, 0) || stats.pid != (int)getpid()) return;
     const qsc_session *s = qsc_session_get();
     fprintf(stats.out, "{\"pid\": %d, \"priority\": \"%s\", ", (int)getpid(),
             s->client == NULL ? "none" : s->low_priority ? "low" : "high");

@@ -253,12 +253,19 @@ static int hp_fast(const qsc_session *s, CUstream stream, int *tracked, CUresult
     return 1;
 }
 
+/* The units appended and not yet ended: the head is read first, so the tail read after it is
+ * never behind it (read the other way, units ended in between would wrap the count). */
+static uint64_t units_in_flight(void) {
+    uint64_t head = atomic_load(&tracker.head);
+    return atomic_load(&tracker.tail) - head;
+}
+
 /* Low priority's window holds the launches of both paths together (batched, and units here):
  * wait while they are estimated at the window or more, for the next batch while batches are
  * in flight, else for the oldest unit (a unit still being appended does not hold the launch). */
 static void lp_wait_window(uint64_t window) {
     for (;;) {
-        uint64_t units = atomic_load(&tracker.tail) - atomic_load(&tracker.head);
+        uint64_t units = units_in_flight();
         if (qsc_lp_wait_window(window, units)) return;
         if (units != 0 && !end_oldest(1)) return;
     }

@@ -288,7 +288,7 @@ int qs_release_auto_fold(qs_release_auto_history *history, const qs_release_auto
 /* How long a high-priority launch on a released card waits behind LP's work in flight: the
  * larger of LP's mean kernel and what each of `inflight` launchers may hold (`held_ns`: its
  * window, or one device-gate slice). With no LP launch in the history, `bound_ns` (at least
- * 1) if any LP launcher is attached, else 0. 0 for a NULL history. */
+ * 1) if any LP launcher is attached, else 0. 0 for a NULL history. Saturates at UINT64_MAX. */
 uint64_t qs_release_auto_penalty(const qs_release_auto_history *history, uint64_t inflight,
                                  uint64_t held_ns, uint64_t bound_ns);
 /* The release delay for the gaps in `history`: `max_delay_ns` until 50 gaps have been seen

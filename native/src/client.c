@@ -27,14 +27,22 @@ struct qs_client {
     char name[QS_NAME_MAX];
     char dir[256];
     uint32_t inflight_cap; /* qs_client_set_inflight_cap; 0: the vGPU's bound */
+    /* Low priority's launches in flight and the threads waiting for a slot, counted here, not
+     * in the state part, which every tenant can write: a count another tenant raised (or a
+     * waiter count it cleared) would hold this process's launches for good. `inflight_pid` is
+     * the process they count for: a forked child's copy holds its parent's launches. */
+    _Atomic uint32_t inflight, inflight_waiters;
+    _Atomic int inflight_pid;
 };
 
-/* QS_EXCHANGE_TIMEOUT_MS, or $QSHARE_EXCHANGE_TIMEOUT_MS when set to a positive number. */
+/* QS_EXCHANGE_TIMEOUT_MS, or $QSHARE_EXCHANGE_TIMEOUT_MS when set to a positive number (of
+ * milliseconds, digits only: "2s" is not 2 ms). */
 static int exchange_timeout_ms(void)
 {
     const char *env = getenv("QSHARE_EXCHANGE_TIMEOUT_MS");
-    long v = env ? strtol(env, NULL, 10) : 0;
-    return v > 0 && v < 600000 ? (int)v : QS_EXCHANGE_TIMEOUT_MS;
+    char *end = NULL;
+    long v = env && *env >= '0' && *env <= '9' ? strtol(env, &end, 10) : 0;
+    return v > 0 && v < 600000 && *end == '\0' ? (int)v : QS_EXCHANGE_TIMEOUT_MS;
 }
 
 /* No socket: name what is missing, the whole segment or this vGPU. */
@@ -134,6 +142,7 @@ static int bind_ctx(qs_client *cl, const struct qs_proto_reply *rep, uint32_t vg
     cl->cs = &cl->seg.state->cards[cl->card];
     cl->vgpu_id = vgpu_id;
     cl->pid = (int)getpid();
+    atomic_store(&cl->inflight_pid, cl->pid);
     return QS_OK;
 }
 
@@ -233,23 +242,40 @@ static int wait_resumed(qs_client *cl)
     return blocked;
 }
 
+/* In a child forked from the process that counted the launches in flight (a slot is wanted
+ * and none is free: no system call on the fast path): the count is its parent's, whose
+ * launches it never ends, so it starts from none. 1 when it did. */
+static int forked_copy(qs_client *cl)
+{
+    int counted = atomic_load(&cl->inflight_pid), me = (int)getpid();
+    if (counted == me || !atomic_compare_exchange_strong(&cl->inflight_pid, &counted, me))
+        return 0;
+    atomic_store(&cl->inflight, 0);
+    return 1;
+}
+
 /* Take one of the context's in-flight slots: the check against the bound and the increment
- * are one compare-and-swap, so threads sharing the context never pass the bound together. */
+ * are one compare-and-swap, so threads sharing the context never pass the bound together.
+ * The state part's waiter count mirrors this process's, for the owner to read. */
 static void claim_inflight_slot(qs_client *cl)
 {
     uint32_t max = cl->inflight_cap ? cl->inflight_cap
                    : cl->vc->lp_max_inflight ? cl->vc->lp_max_inflight : 1;
-    uint32_t n = atomic_load(&cl->c->inflight);
+    uint32_t n = atomic_load(&cl->inflight);
     for (;;) {
         if (n < max) {
-            if (atomic_compare_exchange_weak(&cl->c->inflight, &n, n + 1))
+            if (atomic_compare_exchange_weak(&cl->inflight, &n, n + 1))
                 return;
             continue;
         }
-        atomic_fetch_add(&cl->c->inflight_waiters, 1);
-        qs_futex_wait(&cl->c->inflight, n, 0);
-        atomic_fetch_sub(&cl->c->inflight_waiters, 1);
-        n = atomic_load(&cl->c->inflight);
+        if (!forked_copy(cl)) {
+            atomic_fetch_add(&cl->inflight_waiters, 1);
+            atomic_fetch_add(&cl->c->inflight_waiters, 1);
+            qs_futex_wait(&cl->inflight, n, 0);
+            atomic_fetch_sub(&cl->c->inflight_waiters, 1);
+            atomic_fetch_sub(&cl->inflight_waiters, 1);
+        }
+        n = atomic_load(&cl->inflight);
     }
 }
 
@@ -308,24 +334,28 @@ int qs_launch_begin(qs_client *cl)
     return rc;
 }
 
+/* High priority's count is in the state part (the owner reads it to release the card); low
+ * priority's is the process's own (claim_inflight_slot). */
 int qs_launch_end(qs_client *cl)
 {
     QS_REQUIRE(cl, "client");
-    if (cl->priority == QS_PRIO_HIGH) {
+    int hp = cl->priority == QS_PRIO_HIGH;
+    if (hp) {
         /* A store, not a CAS loop: racing HP ends differ by nanoseconds. */
         uint64_t now = qs_now_ns();
         if (now > atomic_load_explicit(&cl->cs->last_hp_ns, memory_order_relaxed))
             atomic_store_explicit(&cl->cs->last_hp_ns, now, memory_order_release);
     }
-    uint32_t before = atomic_fetch_sub(&cl->c->inflight, 1);
+    _Atomic uint32_t *count = hp ? &cl->c->inflight : &cl->inflight;
+    uint32_t before = atomic_fetch_sub(count, 1);
     if (before == 0) {
-        atomic_fetch_add(&cl->c->inflight, 1);
+        atomic_fetch_add(count, 1);
         return qs_fail(QS_ESTATE, "launch_end without a matching launch_begin");
     }
-    if (cl->priority == QS_PRIO_HIGH && before == 1)
+    if (hp && before == 1)
         qs_gate_hp_end(cl->cs);
-    if (atomic_load(&cl->c->inflight_waiters))
-        qs_futex_wake(&cl->c->inflight, INT_MAX);
+    if (!hp && atomic_load(&cl->inflight_waiters))
+        qs_futex_wake(&cl->inflight, INT_MAX);
     return QS_OK;
 }
 

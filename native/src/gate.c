@@ -261,14 +261,19 @@ static uint64_t auto_tick(struct qs_segment *seg, uint32_t card, struct auto_mod
 
 /* The owner's thread per card: it releases the card on time even when no low-priority
  * context is waiting, so that idle events are exact; it sleeps on the same futex, and in
- * auto mode wakes every QS_RELEASE_AUTO_PERIOD_NS to revise the delay. */
+ * auto mode wakes every QS_RELEASE_AUTO_PERIOD_NS to revise the delay. It also looks again
+ * every GATE_RECHECK_NS: a tenant may write the gate word (the state part is every tenant's)
+ * without the wake that comes with every change the driver makes, and low priority's work
+ * queued behind the word on the device (the interposer's device gate) has no host thread
+ * waiting that would open it. */
 void qs_gate_release_loop(struct qs_segment *seg, uint32_t card, _Atomic uint32_t *stop)
 {
     struct qs_card_state *cs = &seg->state->cards[card];
     struct auto_model model = {0};
     _Atomic uint32_t *mine = &seg->owner->owner_untimed[card]; /* an adopter takes it back */
     while (!atomic_load(stop)) {
-        uint64_t tick = auto_tick(seg, card, &model);
+        uint64_t tick = auto_tick(seg, card, &model), recheck = qs_now_ns() + GATE_RECHECK_NS;
+        tick = tick && tick < recheck ? tick : recheck;
         if (atomic_load(&cs->gate) != QS_GATE_OPEN) {
             wait_round(seg, card, stop, tick, mine);
             continue;

@@ -1,8 +1,14 @@
 /* lock.c — robust process-shared mutexes: a holder killed at any instruction leaves
- * the lock to the next locker, which repairs the guarded data before going on. */
+ * the lock to the next locker, which repairs the guarded data before going on. The locks live
+ * in the state part, which every tenant maps writable: one that a tenant takes and keeps (or a
+ * stopped process holds) fails the locker with QS_ETIMEDOUT after QS_LOCK_WAIT_NS, never
+ * holds it for good. */
 #include "internal.h"
 
 #include <errno.h>
+#include <time.h>
+
+#define QS_LOCK_WAIT_NS 1000000000ull /* critical sections last microseconds */
 
 int qs_robust_init(pthread_mutex_t *m)
 {
@@ -18,7 +24,12 @@ int qs_robust_init(pthread_mutex_t *m)
 
 int qs_robust_lock(pthread_mutex_t *m, void (*recover)(void *), void *arg)
 {
-    int r = pthread_mutex_lock(m);
+    struct timespec deadline; /* timedlock's clock: CLOCK_REALTIME */
+    clock_gettime(CLOCK_REALTIME, &deadline);
+    uint64_t ns = (uint64_t)deadline.tv_nsec + QS_LOCK_WAIT_NS;
+    deadline.tv_sec += (time_t)(ns / 1000000000ull);
+    deadline.tv_nsec = (long)(ns % 1000000000ull);
+    int r = pthread_mutex_timedlock(m, &deadline);
     if (r == EOWNERDEAD) {
         if (recover)
             recover(arg);
@@ -27,6 +38,10 @@ int qs_robust_lock(pthread_mutex_t *m, void (*recover)(void *), void *arg)
     }
     if (r == ENOTRECOVERABLE)
         return qs_fail(QS_ECORRUPT, "a segment lock is not recoverable");
+    if (r == ETIMEDOUT)
+        return qs_fail(QS_ETIMEDOUT, "a segment lock was held for over %llu ms (by a stopped "
+                                     "process, or a tenant keeping it)",
+                       (unsigned long long)(QS_LOCK_WAIT_NS / 1000000ull));
     return r ? qs_fail(QS_ESYS, "pthread_mutex_lock failed: %d", r) : QS_OK;
 }
 

@@ -49,8 +49,12 @@ uint64_t qs_release_auto_penalty(const qs_release_auto_history *h, uint64_t infl
         return 0;
     if (h->lp_launches < 1.0) /* LP has not run lately: assume it costs the bound */
         return inflight ? (bound_ns ? bound_ns : 1) : 0;
-    uint64_t per_kernel = (uint64_t)(h->lp_device_ns / h->lp_launches * (double)inflight);
-    uint64_t windowed = inflight * held_ns;
+    /* Both saturate at UINT64_MAX: LP's counters are in the state part, which any tenant can
+     * rewrite, and a product past 2^64 must not wrap (or convert, undefined) into a short one. */
+    double mean = h->lp_device_ns / h->lp_launches * (double)inflight;
+    uint64_t per_kernel = mean < 0x1p64 ? (uint64_t)mean : UINT64_MAX;
+    uint64_t windowed = held_ns && inflight > UINT64_MAX / held_ns ? UINT64_MAX
+                                                                    : inflight * held_ns;
     return per_kernel > windowed ? per_kernel : windowed;
 }
 

@@ -8,6 +8,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -397,7 +399,9 @@ static int test_attach_past_the_owners_descriptors_is_refused_without_spinning(v
     return 0;
 }
 
-static int test_owner_that_never_answers_fails_the_attach_by_its_deadline(void)
+/* An attach to an owner that accepts and never answers, with QSHARE_EXCHANGE_TIMEOUT_MS set to
+ * `timeout_ms`: its status, and how long it took in *took. */
+static int mute_owner_attach(const char *timeout_ms, uint64_t *took)
 {
     char dir[512], path[512];
     const char *name = test_segment("mute");
@@ -405,21 +409,38 @@ static int test_owner_that_never_answers_fails_the_attach_by_its_deadline(void)
     qs_vgpu_sock_path(path, sizeof path, NULL, name, 1);
     mkdir(dir, 0755);
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
-    EXPECT(strlen(path) < sizeof addr.sun_path);
+    if (strlen(path) >= sizeof addr.sun_path)
+        return QS_EINVAL;
     memcpy(addr.sun_path, path, strlen(path) + 1);
     int lfd = socket(AF_UNIX, SOCK_SEQPACKET, 0);
-    EXPECT(lfd >= 0 && bind(lfd, (struct sockaddr *)&addr, sizeof addr) == 0);
-    EXPECT(listen(lfd, 4) == 0); /* accepts (in the kernel), never answers */
-    setenv("QSHARE_EXCHANGE_TIMEOUT_MS", "200", 1);
+    if (lfd < 0 || bind(lfd, (struct sockaddr *)&addr, sizeof addr) || listen(lfd, 4))
+        return QS_ESYS;
+    setenv("QSHARE_EXCHANGE_TIMEOUT_MS", timeout_ms, 1);
     qs_client *cl = NULL;
     uint64_t t0 = qs_now_ns();
     int rc = qs_client_attach(name, NULL, 1, &cl);
-    uint64_t took = qs_now_ns() - t0;
+    *took = qs_now_ns() - t0;
     unsetenv("QSHARE_EXCHANGE_TIMEOUT_MS");
     close(lfd);
     unlink(path);
     rmdir(dir);
-    EXPECT(rc == QS_EAGENT);
+    return rc;
+}
+
+/* "2s" is not a number of milliseconds: the 5 s default holds (before, strtol read it as 2 ms
+ * and an owner busy for a moment failed the attach). */
+static int test_an_exchange_timeout_with_a_unit_is_refused_for_the_default(void)
+{
+    uint64_t took = 0;
+    EXPECT(mute_owner_attach("2s", &took) == QS_EAGENT);
+    EXPECT(took >= 4000000000ull);
+    return 0;
+}
+
+static int test_owner_that_never_answers_fails_the_attach_by_its_deadline(void)
+{
+    uint64_t took = 0;
+    EXPECT(mute_owner_attach("200", &took) == QS_EAGENT);
     EXPECT(took < 3000000000ull);
     return 0;
 }
@@ -783,6 +804,235 @@ static int test_a_taken_over_writer_that_wakes_never_mixes_into_the_later_event(
     return 0;
 }
 
+/* ---- a tenant holding a lock of the shared state part (which every tenant maps writable) ---- */
+
+/* The state slot of vGPU `id`, from the configuration (as the owner's process reads it). */
+static int vslot_of(qs_node *node, uint32_t id)
+{
+    for (uint32_t s = 0; s < QS_MAX_VGPUS; s++)
+        if (atomic_load(&node->seg.cfg->vgpus[s].state) == QS_SLOT_ACTIVE &&
+            node->seg.cfg->vgpus[s].id == id)
+            return (int)s;
+    return -1;
+}
+
+enum { LOCK_MEM, LOCK_SEG };
+
+/* A process attached to vGPU 1 takes a lock of the state part through its own mapping and
+ * keeps it; returns its pid once it holds it (-1 on failure). */
+static pid_t tenant_holding_lock(const char *tag, int which, int vslot)
+{
+    int fds[2];
+    if (pipe(fds))
+        return -1;
+    pid_t pid = fork_child();
+    if (pid == 0) {
+        qs_client *cl = NULL;
+        uint32_t card;
+        if (qs_client_attach(test_segment(tag), NULL, 1, &cl) != QS_OK)
+            _exit(2);
+        struct qs_state *st = qs_client_segment(cl, &card)->state;
+        pthread_mutex_lock(which == LOCK_MEM ? &st->vgpus[vslot].mem_lock : &st->seg_lock);
+        if (write(fds[1], "L", 1) != 1)
+            _exit(3);
+        for (;;)
+            pause();
+    }
+    close(fds[1]);
+    char c = 0;
+    ssize_t n = pid > 0 ? read(fds[0], &c, 1) : -1;
+    close(fds[0]);
+    return n == 1 ? pid : -1;
+}
+
+struct reserve_call {
+    qs_client *cl;
+    int rc;
+};
+
+static void *reserve_mib(void *arg)
+{
+    struct reserve_call *call = arg;
+    call->rc = qs_mem_reserve(call->cl, MiB);
+    return NULL;
+}
+
+/* 1 if `thread` ended within `seconds` (joined); else 0 and it is left running. */
+static int joined_within(pthread_t thread, int seconds)
+{
+    struct timespec deadline;
+    clock_gettime(CLOCK_REALTIME, &deadline);
+    deadline.tv_sec += seconds;
+    return pthread_timedjoin_np(thread, NULL, &deadline) == 0;
+}
+
+/* vGPU 1's tenant holds vGPU 2's memory lock for good: vGPU 2's reservations fail with
+ * QS_ETIMEDOUT instead of waiting for good (before, they hung until the tenant let go). */
+static int test_a_tenant_holding_another_vgpus_memory_lock_cannot_hang_its_reservations(void)
+{
+    qs_node *node = make_node("memhold");
+    EXPECT(node && vgpu(node, 1, QS_PRIO_LOW, 50, GiB) == QS_OK);
+    EXPECT(vgpu(node, 2, QS_PRIO_LOW, 50, GiB) == QS_OK);
+    pid_t holder = tenant_holding_lock("memhold", LOCK_MEM, vslot_of(node, 2));
+    EXPECT(holder > 0);
+    struct reserve_call call = {.rc = 1};
+    EXPECT(qs_client_attach(test_segment("memhold"), NULL, 2, &call.cl) == QS_OK);
+    pthread_t thread;
+    EXPECT(pthread_create(&thread, NULL, reserve_mib, &call) == 0);
+    int returned = joined_within(thread, 10);
+    kill_and_wait(holder); /* a reservation still waiting then takes the lock and returns */
+    if (!returned)
+        pthread_join(thread, NULL);
+    EXPECT(returned && call.rc == QS_ETIMEDOUT);
+    EXPECT(qs_mem_reserve(call.cl, MiB) == QS_OK); /* the holder gone, the lock serves again */
+    EXPECT(qs_client_detach(call.cl) == QS_OK);
+    qs_node_close(node);
+    return 0;
+}
+
+static qs_node *owner_node;
+
+static void *create_vgpu_3(void *arg)
+{
+    *(int *)arg = vgpu(owner_node, 3, QS_PRIO_LOW, 10, GiB);
+    return NULL;
+}
+
+/* A tenant holds the segment lock for good: the owner's configuration changes fail with
+ * QS_ETIMEDOUT instead of waiting for good (before, the owner hung until the tenant let go). */
+static int test_a_tenant_holding_the_segment_lock_cannot_hang_the_owner(void)
+{
+    qs_node *node = owner_node = make_node("seghold");
+    EXPECT(node && vgpu(node, 1, QS_PRIO_LOW, 50, GiB) == QS_OK);
+    pid_t holder = tenant_holding_lock("seghold", LOCK_SEG, 0);
+    EXPECT(holder > 0);
+    int rc = 1;
+    pthread_t thread;
+    EXPECT(pthread_create(&thread, NULL, create_vgpu_3, &rc) == 0);
+    int returned = joined_within(thread, 10);
+    kill_and_wait(holder);
+    if (!returned)
+        pthread_join(thread, NULL);
+    EXPECT(returned && rc == QS_ETIMEDOUT);
+    EXPECT(vgpu(node, 3, QS_PRIO_LOW, 10, GiB) == QS_OK);
+    qs_node_close(node);
+    return 0;
+}
+
+struct launch_call {
+    qs_client *cl;
+    int rc;
+};
+
+static void *launch_once(void *arg)
+{
+    struct launch_call *call = arg;
+    call->rc = qs_launch_begin(call->cl);
+    return NULL;
+}
+
+/* vGPU 1's tenant raises the in-flight count of vGPU 2's context in the state part, then
+ * exits: that process, with nothing in flight, still launches (before, its next launch waited
+ * for good for completions that would never come). */
+static int test_a_tenant_raising_another_contexts_inflight_count_cannot_hang_its_launches(void)
+{
+    qs_node *node = make_node("inflight");
+    EXPECT(node && vgpu(node, 1, QS_PRIO_LOW, 50, GiB) == QS_OK);
+    EXPECT(vgpu(node, 2, QS_PRIO_LOW, 50, GiB) == QS_OK);
+    struct launch_call call = {.rc = 1};
+    EXPECT(qs_client_attach(test_segment("inflight"), NULL, 2, &call.cl) == QS_OK);
+    int victim = ctx_of(node, (int)getpid());
+    EXPECT(victim >= 0);
+    pid_t pid = fork_child();
+    if (pid == 0) {
+        qs_client *cl = NULL;
+        uint32_t card;
+        if (qs_client_attach(test_segment("inflight"), NULL, 1, &cl) != QS_OK)
+            _exit(2);
+        atomic_store(&qs_client_segment(cl, &card)->state->ctxs[victim].inflight, 1000);
+        _exit(0);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    EXPECT(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    pthread_t thread;
+    EXPECT(pthread_create(&thread, NULL, launch_once, &call) == 0);
+    int returned = joined_within(thread, 5);
+    if (!returned) { /* release it: the count back to what it had */
+        atomic_store(&node->seg.state->ctxs[victim].inflight, 0);
+        qs_futex_wake(&node->seg.state->ctxs[victim].inflight, INT_MAX);
+        pthread_join(thread, NULL);
+    }
+    EXPECT(returned && call.rc == QS_OK);
+    EXPECT(qs_launch_end(call.cl) == QS_OK);
+    EXPECT(qs_client_detach(call.cl) == QS_OK);
+    qs_node_close(node);
+    return 0;
+}
+
+/* A child forked while its parent's only in-flight slot is taken counts its own launches: the
+ * parent's are not its own to end, and its first launch goes at once. */
+static int test_a_forked_child_does_not_count_its_parents_launches_in_flight(void)
+{
+    qs_node *node = make_node("forkslot");
+    EXPECT(node && vgpu(node, 1, QS_PRIO_LOW, 50, GiB) == QS_OK);
+    qs_client *cl = NULL;
+    EXPECT(qs_client_attach(test_segment("forkslot"), NULL, 1, &cl) == QS_OK);
+    EXPECT(qs_client_set_inflight_cap(cl, 1) == QS_OK && qs_launch_begin(cl) == QS_OK);
+    int report[2];
+    EXPECT(pipe(report) == 0);
+    pid_t pid = fork_child();
+    if (pid == 0) { /* one thread, as in wait_for_own_inflight_slot */
+        int rc = qs_launch_begin(cl);
+        _exit(write(report[1], &rc, sizeof rc) == (ssize_t)sizeof rc ? 0 : 2);
+    }
+    close(report[1]);
+    struct pollfd ready = {.fd = report[0], .events = POLLIN};
+    int rc = 1, answered = poll(&ready, 1, 5000) == 1 &&
+                           read(report[0], &rc, sizeof rc) == (ssize_t)sizeof rc;
+    close(report[0]);
+    kill_and_wait(pid);
+    EXPECT(answered && rc == QS_OK);
+    EXPECT(qs_launch_end(cl) == QS_OK);
+    EXPECT(qs_client_detach(cl) == QS_OK);
+    qs_node_close(node);
+    return 0;
+}
+
+/* A tenant closes the card's gate while high priority is quiet and nobody waits, then lives
+ * on: the owner's release thread opens it again (before, it slept until something else woke
+ * it, and low priority's work queued behind the gate word on the device waited for good). */
+static int test_a_gate_a_live_tenant_closed_opens_again(void)
+{
+    qs_node *node = make_node("closed");
+    EXPECT(node && vgpu(node, 1, QS_PRIO_LOW, 50, GiB) == QS_OK);
+    EXPECT(qs_card_set_release_delay(node, 0, 1000000) == QS_OK);
+    int ready[2];
+    EXPECT(pipe(ready) == 0);
+    pid_t pid = fork_child();
+    if (pid == 0) {
+        qs_client *cl = NULL;
+        uint32_t card;
+        if (qs_client_attach(test_segment("closed"), NULL, 1, &cl) != QS_OK)
+            _exit(2);
+        atomic_store(&qs_client_segment(cl, &card)->state->cards[0].gate, QS_GATE_CLOSED);
+        if (write(ready[1], "C", 1) != 1)
+            _exit(3);
+        for (;;)
+            pause();
+    }
+    close(ready[1]);
+    char c = 0;
+    int closed = read(ready[0], &c, 1) == 1;
+    close(ready[0]);
+    EVENTUALLY(atomic_load(&node->seg.state->cards[0].gate) == QS_GATE_OPEN);
+    int opened = atomic_load(&node->seg.state->cards[0].gate) == QS_GATE_OPEN;
+    kill_and_wait(pid);
+    EXPECT(closed && opened);
+    qs_node_close(node);
+    return 0;
+}
+
 int main(void)
 {
     const struct test_case tests[] = {
@@ -806,6 +1056,8 @@ int main(void)
          test_attach_past_the_owners_descriptors_is_refused_without_spinning},
         {"owner that never answers fails the attach by its deadline",
          test_owner_that_never_answers_fails_the_attach_by_its_deadline},
+        {"an exchange timeout with a unit is refused for the default",
+         test_an_exchange_timeout_with_a_unit_is_refused_for_the_default},
         {"FIFO in place of a segment part is refused without blocking",
          test_fifo_in_place_of_a_segment_part_is_refused_without_blocking},
         {"symlink in place of a segment part is refused",
@@ -828,6 +1080,15 @@ int main(void)
          test_a_later_lap_takes_over_a_slot_left_by_a_killed_writer},
         {"a taken-over writer that wakes never mixes into the later event",
          test_a_taken_over_writer_that_wakes_never_mixes_into_the_later_event},
+        {"a tenant holding another vGPU's memory lock cannot hang its reservations",
+         test_a_tenant_holding_another_vgpus_memory_lock_cannot_hang_its_reservations},
+        {"a tenant holding the segment lock cannot hang the owner",
+         test_a_tenant_holding_the_segment_lock_cannot_hang_the_owner},
+        {"a tenant raising another context's in-flight count cannot hang its launches",
+         test_a_tenant_raising_another_contexts_inflight_count_cannot_hang_its_launches},
+        {"a forked child does not count its parent's launches in flight",
+         test_a_forked_child_does_not_count_its_parents_launches_in_flight},
+        {"a gate a live tenant closed opens again", test_a_gate_a_live_tenant_closed_opens_again},
     };
     return run_tests(tests, sizeof tests / sizeof tests[0]);
 }

@@ -38,3 +38,12 @@ def test_missing_segment_is_explained(node: NodeOwner) -> None:
     run = run_probe(node, 1, ["init"], extra_env={"QSHARE_SEGMENT": "no-such-segment"})
     assert "segment 'no-such-segment'" in run.stderr
     assert run.rc("init") == NOT_INITIALIZED
+
+
+def test_a_negative_vgpu_id_that_wraps_to_another_is_refused(node: NodeOwner) -> None:
+    """strtoul reads '-18446744073709551615' as 1 (negated modulo 2^64): the program must not
+    be attached to vGPU 1 for it."""
+    text = "-18446744073709551615"
+    run = run_probe(node, None, ["init"], extra_env={"QSHARE_VGPU": text})
+    assert f"QSHARE_VGPU={text} is not a vGPU id" in run.stderr
+    assert run.rc("init") == NOT_INITIALIZED

@@ -4,6 +4,10 @@ beside the launching thread), and the unit still ends once its work has complete
 
 from __future__ import annotations
 
+import os
+import time
+from pathlib import Path
+
 from .conftest import HP_VGPU, NodeOwner, Probe, run_probe
 
 MS = 1_000_000
@@ -59,3 +63,37 @@ def test_an_invalid_interval_is_refused_by_name_and_fencing_goes_on(node: NodeOw
     assert "QSHARE_HP_FENCE_INTERVAL_US='1ms'" in run.stderr
     assert run.rc("sync") == 0
     assert len(node.wait_events(QS_EV_IDLE, 1, timeout=10)) == 1
+
+
+def test_a_negative_interval_that_wraps_into_range_is_refused(node: NodeOwner) -> None:
+    """strtoul reads ' -18446744073709551615' as 1 (spaces skipped, negated modulo 2^64)."""
+    text = " -18446744073709551615"
+    run = run_probe(node, HP_VGPU, ["init", "launch kernel 0 1", "sync"], extra_env=paced(text))
+    assert f"QSHARE_HP_FENCE_INTERVAL_US='{text}'" in run.stderr
+    assert run.rc("sync") == 0
+
+
+def cpu_ticks(pid: int) -> int:
+    """User and system time of process `pid` so far, in clock ticks."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def test_a_joined_launch_the_driver_holds_does_not_keep_the_completion_thread_spinning(
+    node: NodeOwner,
+) -> None:
+    """A launch joins the open unit and then blocks in the driver (its queue full): the
+    completion thread waits for it without burning a core (before, it yielded in a loop for
+    as long as the launch was held: a second of CPU a second)."""
+    hp = Probe(node, HP_VGPU, extra_env=paced("100000"))  # the unit stays open 100 ms
+    assert hp.ask("init")["rc"] == "0"
+    for _ in range(2):  # the second unit is paced (the first starts the completion thread)
+        assert hp.ask("launch kernel 0 1")["rc"] == "0"
+    assert hp.ask("hold")["rc"] == "0"  # joins the open unit, held by the driver for good
+    time.sleep(0.2)
+    before = cpu_ticks(hp.process.pid)
+    time.sleep(1.0)
+    used = cpu_ticks(hp.process.pid) - before
+    hp.process.kill()
+    hp.process.wait(timeout=30)
+    assert used < 0.2 * os.sysconf("SC_CLK_TCK")

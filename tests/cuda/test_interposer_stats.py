@@ -5,6 +5,7 @@ fences are counted, and the whole is written as JSON when the process exits."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -93,3 +94,26 @@ def test_a_stats_file_that_cannot_be_written_is_named_and_launches_still_run(
     assert run.returncode == 0 and run.rc("launch") == 0
     assert f"QSHARE_STATS_FILE='{path}' cannot be written" in run.stderr
     assert not path.exists()
+
+
+def test_a_forked_child_that_exits_normally_leaves_the_parents_statistics_whole(
+    node: NodeOwner, tmp_path: Path
+) -> None:
+    """The child's counters are a copy of the parent's: it writes nothing, so the file holds
+    the attached process's one JSON object, not the child's copy beside it."""
+    stats = run_with_stats(node, LP_VGPU, ["launch kernel 0 10", "fork", "sync"], tmp_path)
+    assert stats["launches"]["total"] == 10
+
+
+def test_the_stats_file_is_not_left_open_in_programs_the_process_executes(
+    node: NodeOwner, tmp_path: Path
+) -> None:
+    """Its descriptor is close-on-exec: a program the workload starts does not inherit it."""
+    path = tmp_path / "stats.json"
+    probe = Probe(node, LP_VGPU, extra_env={"QSHARE_STATS_FILE": str(path)})
+    assert probe.ask("init")["rc"] == "0"
+    fds = Path(f"/proc/{probe.process.pid}/fd")
+    (fd,) = [fd.name for fd in fds.iterdir() if os.readlink(fd) == str(path)]
+    flags = (fds.parent / "fdinfo" / fd).read_text().split("flags:")[1].split()[0]
+    probe.close()
+    assert int(flags, 8) & os.O_CLOEXEC

@@ -102,3 +102,15 @@ def test_the_c_rule_refuses_a_null_history() -> None:
     period = ffi.new("qs_release_auto_period *")
     assert lib.qs_release_auto_fold(ffi.NULL, period) == lib.QS_EINVAL
     assert lib.qs_release_auto_choose(ffi.NULL, 0, 5 * MS, 0) == 5 * MS
+
+
+def test_a_penalty_past_the_largest_count_of_ns_saturates_instead_of_wrapping() -> None:
+    """LP's counters are in the state part, which any tenant can rewrite: a mean kernel of
+    2^62 ns held 8 times over, or 2^40 launchers holding 2^30 ns each, is more than 2^64 ns
+    (before, the first came out 0, undefined behaviour, and the second wrapped to 0, so a
+    short delay exposed HP)."""
+    huge_kernel = history([], lp_kernel_ns=1 << 62, lp_launches=3)
+    many_launchers = history([], lp_kernel_ns=1, lp_launches=1)
+    most = (1 << 64) - 1
+    assert huge_kernel.penalty_ns(8, 1, 2 * MS) == most
+    assert many_launchers.penalty_ns(1 << 40, 1 << 30, 2 * MS) == most

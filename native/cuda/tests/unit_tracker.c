@@ -38,7 +38,12 @@ int qsc_hp_opened(CUstream stream, CUcontext ctx, CUresult rc) {
 int qsc_lp_tracks(const qsc_session *s, CUstream stream, CUcontext ctx) {
     return (void)s, (void)stream, (void)ctx, 0;
 }
-int qsc_lp_wait_window(uint64_t window_ns, uint64_t units) { return (void)window_ns, (void)units, 1; }
+static uint64_t most_units_seen; /* the most units lp_wait_window counted in the window */
+int qsc_lp_wait_window(uint64_t window_ns, uint64_t units) {
+    (void)window_ns;
+    if (units > most_units_seen) most_units_seen = units;
+    return 1;
+}
 void qsc_lp_opening(const qsc_session *s) { (void)s; }
 void qsc_lp_counted(CUstream stream, uint64_t window_ns) { (void)stream, (void)window_ns; }
 uint64_t qsc_lp_window(const qsc_session *s) { return (void)s, 0; }
@@ -60,10 +65,44 @@ static int test_a_unit_is_ended_when_the_reaper_cannot_start(void) {
     return 0;
 }
 
+static _Atomic int churning;
+
+/* Units appended and ended as fast as they come, one in flight at most: what a reaper and a
+ * launching thread do to the ring's counters while another thread counts the window. */
+static void *churn_units(void *arg) {
+    (void)arg;
+    while (atomic_load_explicit(&churning, memory_order_relaxed)) {
+        atomic_fetch_add(&tracker.tail, 1);
+        atomic_fetch_add(&tracker.head, 1);
+    }
+    return NULL;
+}
+
+/* Low priority counts the per-launch units in its window as the ring's tail less its head while
+ * other threads append and end units: at most those appended meanwhile too, never a wrapped
+ * count (before, the tail was read
+ * first, a unit appended and ended in between made the head pass it, and the count wrapped to
+ * about 2^64 units, so a launch with room waited for a completion or one past the window
+ * went). */
+static int test_the_units_counted_in_the_window_never_wrap(void) {
+    memset(&tracker, 0, sizeof tracker);
+    most_units_seen = 0;
+    atomic_store(&churning, 1);
+    pthread_t churner;
+    if (pthread_create(&churner, NULL, churn_units, NULL) != 0) return 1;
+    for (int i = 0; i < 20000000 && most_units_seen < QSC_LP_MAX_INFLIGHT; i++)
+        lp_wait_window(1000000);
+    atomic_store(&churning, 0);
+    pthread_join(churner, NULL);
+    EXPECT(most_units_seen < QSC_LP_MAX_INFLIGHT);
+    return 0;
+}
+
 int main(void) {
     static const unit_test tests[] = {
         {"a unit is ended when the reaper cannot start",
          test_a_unit_is_ended_when_the_reaper_cannot_start},
+        {"the units counted in the window never wrap", test_the_units_counted_in_the_window_never_wrap},
     };
     return UNIT_RUN_ALL(tests);
 }
