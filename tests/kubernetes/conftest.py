@@ -128,6 +128,18 @@ def settings(short_dir: Path, apiserver: ApiServerDouble) -> KubernetesSettings:
 
 
 @pytest.fixture
+def plugin_env(
+    settings: KubernetesSettings, short_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> KubernetesSettings:
+    """`settings` as a node agent reads them (QSHARE_K8S_*), with no token or CA file."""
+    values = settings.model_dump(mode="json", exclude_none=True)
+    values |= {"token_file": str(short_dir / "none"), "ca_file": str(short_dir / "none")}
+    for key, value in values.items():
+        monkeypatch.setenv(f"QSHARE_K8S_{key.upper()}", str(value))
+    return settings
+
+
+@pytest.fixture
 def kube_api(settings: KubernetesSettings) -> Iterator[KubeApi]:
     api = KubeApi(settings.api_server, None, None, timeout_s=5)
     yield api

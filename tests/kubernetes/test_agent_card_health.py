@@ -24,18 +24,6 @@ SLICE = f"/apis/resource.k8s.io/v1/resourceslices/{NODE}-qshare-io"
 
 
 @pytest.fixture
-def plugin_env(
-    settings: KubernetesSettings, short_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> KubernetesSettings:
-    """The plugins' settings as the agent reads them (QSHARE_K8S_*)."""
-    values = settings.model_dump(mode="json", exclude_none=True)
-    values |= {"token_file": str(short_dir / "none"), "ca_file": str(short_dir / "none")}
-    for key, value in values.items():
-        monkeypatch.setenv(f"QSHARE_K8S_{key.upper()}", str(value))
-    return settings
-
-
-@pytest.fixture
 async def nats() -> AsyncIterator[EmbeddedNats]:
     """A NATS of this test's own, with no allocator on it: the agent never registers, so it
     sends no heartbeat; the test then stops it."""

@@ -9,6 +9,17 @@ from qshare.envsettings import SettingsError
 from qshare_node_agent.settings import load_agent_settings
 
 
+def refused_variables(monkeypatch: pytest.MonkeyPatch, variable: str, value: str) -> list[str]:
+    """The variables named by the refusal of a node agent `node-a` serving the kubelet, with
+    `variable` set to `value`."""
+    monkeypatch.setenv("QSHARE_NODE_KUBERNETES", "true")
+    monkeypatch.setenv("QSHARE_K8S_NODE_NAME", "node-a")
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(SettingsError) as err:
+        load_agent_settings({"name": "node-a", "simulate": "1"})
+    return [p.split("=")[0] for p in err.value.problems]
+
+
 @pytest.mark.parametrize(
     ("variable", "value"),
     [
@@ -22,12 +33,7 @@ from qshare_node_agent.settings import load_agent_settings
 def test_a_kubernetes_name_that_is_no_dns_name_is_refused_naming_the_variable(
     monkeypatch: pytest.MonkeyPatch, variable: str, value: str
 ) -> None:
-    monkeypatch.setenv("QSHARE_NODE_KUBERNETES", "true")
-    monkeypatch.setenv("QSHARE_K8S_NODE_NAME", "node-a")
-    monkeypatch.setenv(variable, value)
-    with pytest.raises(SettingsError) as err:
-        load_agent_settings({"name": "node-a", "simulate": "1"})
-    assert [p.split("=")[0] for p in err.value.problems] == [variable]
+    assert refused_variables(monkeypatch, variable, value) == [variable]
 
 
 def test_a_dotted_node_name_is_taken(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -61,9 +67,4 @@ def test_a_wait_too_long_for_the_clock_is_refused_naming_the_variable(
     """A wait past what a thread or socket can wait raises OverflowError where it is used:
     the socket keeper's thread would die at its first check (the kubelet's sockets never
     served again after it restarts), every API request would fail."""
-    monkeypatch.setenv("QSHARE_NODE_KUBERNETES", "true")
-    monkeypatch.setenv("QSHARE_K8S_NODE_NAME", "node-a")
-    monkeypatch.setenv(variable, value)
-    with pytest.raises(SettingsError) as err:
-        load_agent_settings({"name": "node-a", "simulate": "1"})
-    assert [p.split("=")[0] for p in err.value.problems] == [variable]
+    assert refused_variables(monkeypatch, variable, value) == [variable]

@@ -23,19 +23,14 @@ SMALLEST = "512Mi"
 
 
 @pytest.fixture
-def plugin_env(
-    settings: KubernetesSettings, short_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> KubernetesSettings:
-    values = settings.model_dump(mode="json", exclude_none=True)
-    values |= {"token_file": str(short_dir / "none"), "ca_file": str(short_dir / "none")}
-    values["min_vgpu_mib"] = 512
-    for key, value in values.items():
-        monkeypatch.setenv(f"QSHARE_K8S_{key.upper()}", str(value))
-    return settings
+def smallest_512mib(plugin_env: KubernetesSettings, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("QSHARE_K8S_MIN_VGPU_MIB", "512")
 
 
 @pytest.fixture
-async def agent(plugin_env: KubernetesSettings, short_dir: Path) -> AsyncIterator[NodeAgent]:
+async def agent(
+    smallest_512mib: None, plugin_env: KubernetesSettings, short_dir: Path
+) -> AsyncIterator[NodeAgent]:
     (short_dir / "shm").mkdir()
     async with EmbeddedNats() as nats:
         settings = NodeAgentSettings(

@@ -4,7 +4,6 @@ containers lose their vGPUs, which the log must not count among those kept."""
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 import pytest
 
@@ -19,17 +18,6 @@ from qshare_node_agent.kubernetes_wiring import start_plugins
 from .conftest import CARDS
 
 LOST = "dra/0b5e8c1a-1111-4222-8333-444455556666/gpu/gpu-7/whole"
-
-
-@pytest.fixture
-def plugin_env(
-    settings: KubernetesSettings, short_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> KubernetesSettings:
-    values = settings.model_dump(mode="json", exclude_none=True)
-    values |= {"token_file": str(short_dir / "none"), "ca_file": str(short_dir / "none")}
-    for key, value in values.items():
-        monkeypatch.setenv(f"QSHARE_K8S_{key.upper()}", str(value))
-    return settings
 
 
 def test_a_claim_the_restore_drops_is_logged_as_lost_not_as_kept(
