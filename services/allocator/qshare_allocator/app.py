@@ -9,7 +9,6 @@ import contextlib
 import functools
 import gc
 import logging
-import re
 from typing import Any
 
 from nats.aio.client import Client
@@ -29,8 +28,6 @@ from qshare.contracts.claims import (
 from qshare.contracts.domain import Priority
 from qshare.contracts.errors import InvalidInput, NotFound
 from qshare.contracts.nodes import (
-    NODE_NAME_MAX,
-    NODE_NAME_PATTERN,
     ChangeNode,
     GpuView,
     Heartbeat,
@@ -38,6 +35,7 @@ from qshare.contracts.nodes import (
     NodeView,
     RemoveCard,
     RemoveNode,
+    is_node_name,
 )
 from qshare.contracts.placement import PreviewPlacement
 from qshare.contracts.sharing import ChangeSharing
@@ -348,6 +346,6 @@ def _subject_node(subject: str) -> str:
     """The node a `qshare.node.<node>.…` subject names; InvalidInput when its token is no node
     name (its publisher chose it: a NUL, which Postgres text cannot hold, included)."""
     node = subjects.node_of(subject)
-    if len(node) > NODE_NAME_MAX or not re.fullmatch(NODE_NAME_PATTERN, node):
+    if not is_node_name(node):
         raise InvalidInput.on("subject", f"{node[:64]!r} is not a node name")
     return node

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import secrets
 import sys
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ from pydantic import SecretStr
 
 from qshare import atomic_file
 from qshare.contracts import subjects
-from qshare.contracts.nodes import NODE_NAME_MAX, NODE_NAME_PATTERN
+from qshare.contracts.nodes import NODE_NAME_MAX, is_node_name
 
 SECRETS_DIR_ENV = "QSHARE_NATS_SECRETS_DIR"
 """Where `nats_credentials` looks for `<user>.password` files when no directory is given."""
@@ -69,7 +68,7 @@ class ServerTls:
 def user_name(role: ServiceRole, node: str | None = None) -> str:
     """`allocator`, `api`, …; `node-<node>` for a node agent."""
     if role is ServiceRole.NODE:
-        if not node or len(node) > NODE_NAME_MAX or not re.match(NODE_NAME_PATTERN, node):
+        if node is None or not is_node_name(node):
             raise ValueError(f"a node identity needs a node name, not {node!r}")
         return f"node-{node}"
     if node is not None:

@@ -15,7 +15,13 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from qshare.bus import BusIdentity
 from qshare.contracts.agent import LOCAL_ID_LIMIT
 from qshare.contracts.domain import CardPolicy
-from qshare.contracts.nodes import NODE_NAME_MAX, NODE_NAME_PATTERN, default_node_name
+from qshare.contracts.nodes import (
+    NODE_NAME_MAX,
+    NODE_NAME_PATTERN,
+    SEGMENT_NAME_MAX,
+    SEGMENT_NAME_PATTERN,
+    default_node_name,
+)
 from qshare.contracts.quantities import parse_mib
 from qshare.contracts.sharing import Timeslice
 from qshare.health import HealthSettings
@@ -30,10 +36,6 @@ log = logging.getLogger(__name__)
 SOCKET_PATH_MAX = 107
 """Bytes of a unix socket path (sun_path holds 108 with its NUL)."""
 
-SEGMENT_NAME_MAX = 47
-"""The driver's limit on a segment name (QS_NAME_MAX less its NUL)."""
-SEGMENT_NAME = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]*$")
-"""What the driver takes as a segment name: it names files in the segment directory."""
 SIMULATE_FORMAT = re.compile(r"^(?P<cards>[0-9]{1,2})(:(?P<memory>[0-9]+(Ki|Mi|Gi|Ti)?))?$")
 DEFAULT_SIM_MEMORY = "16Gi"
 
@@ -123,7 +125,9 @@ class NodeAgentSettings(BaseSettings, BusIdentity, HealthSettings, MetricsSettin
     @field_validator("segment")
     @classmethod
     def _segment_format(cls, value: str | None) -> str | None:
-        if value is not None and not (SEGMENT_NAME.match(value) and len(value) <= SEGMENT_NAME_MAX):
+        if value is not None and not (
+            re.match(SEGMENT_NAME_PATTERN, value) and len(value) <= SEGMENT_NAME_MAX
+        ):
             raise ValueError(
                 f"a segment name is 1-{SEGMENT_NAME_MAX} letters, digits, '-', '_' and '.', "
                 "not starting with '.'"

@@ -24,13 +24,26 @@ NodeName = Annotated[str, Field(min_length=1, max_length=NODE_NAME_MAX, pattern=
 subdomain, e.g. `ip-10-0-0-1.ec2.internal`) fits. In subjects each dot is written `~`."""
 
 
+def is_node_name(value: str) -> bool:
+    """Whether `value` is a node name (NodeName's rule, for names that come another way: a
+    subject's token, a flag)."""
+    return 0 < len(value) <= NODE_NAME_MAX and re.fullmatch(NODE_NAME_PATTERN, value) is not None
+
+
 def default_node_name() -> str:
     """This host's node name when none is configured: the host name as a subject token."""
     return re.sub(r"[^A-Za-z0-9_-]", "-", socket.gethostname())[:63].strip("-_") or "node"
 
 
-SegmentName = Annotated[str, Field(min_length=1, max_length=47, pattern=r"^[A-Za-z0-9._-]+$")]
-"""A driver segment name (QS_NAME_MAX - 1 characters, no '/')."""
+SEGMENT_NAME_MAX = 47
+"""The driver's limit on a segment name (QS_NAME_MAX less its NUL)."""
+SEGMENT_NAME_PATTERN = r"^[A-Za-z0-9_-][A-Za-z0-9_.-]*$"
+"""What the driver takes as a segment name (it names files in the segment directory): no
+'/', not starting with '.'."""
+SegmentName = Annotated[
+    str, Field(min_length=1, max_length=SEGMENT_NAME_MAX, pattern=SEGMENT_NAME_PATTERN)
+]
+"""A driver segment name."""
 
 
 class GpuSpec(BaseModel):
