@@ -10,7 +10,6 @@
  * units. A fence is re-recorded at most once per QSHARE_HP_FENCE_INTERVAL_US (200 µs unless
  * set; 0: at once), so a host-bound program's launches are not each raced by a driver call
  * on the completion thread, and the unit ends up to one interval after its work completed. */
-#include <ctype.h>
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
@@ -95,11 +94,8 @@ static uint64_t fence_interval_ns(void) {
     const uint64_t fallback = FENCE_INTERVAL_DEFAULT_US * 1000u;
     const char *text = getenv("QSHARE_HP_FENCE_INTERVAL_US");
     if (text == NULL || *text == '\0') return fallback;
-    char *end = NULL;
-    errno = 0;
-    unsigned long us = strtoul(text, &end, 10); /* digits only: it would take "-N" modulo 2^64 */
-    if (errno != 0 || *end != '\0' || !isdigit((unsigned char)*text) ||
-        us > FENCE_INTERVAL_MAX_US) {
+    unsigned long us = 0;
+    if (!qsc_parse_whole(text, FENCE_INTERVAL_MAX_US, &us)) {
         qsc_warn_once(QSC_WARN_CONFIG,
                       "QSHARE_HP_FENCE_INTERVAL_US='%s' is not a whole number of microseconds "
                       "from 0 to %lu; high priority re-fences every %lu us", text,

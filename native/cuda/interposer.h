@@ -224,6 +224,9 @@ void qsc_thread_ignores_captures(void);
 /* Set the calling thread's capture mode (cuThreadExchangeStreamCaptureMode) and return the
  * one it had; with no such driver call, nothing changes and `mode` is returned. */
 CUstreamCaptureMode qsc_capture_mode(CUstreamCaptureMode mode);
+/* 1 when `text` is a whole number written in digits only (no sign, no space: strtoul would
+ * take "-N" modulo 2^64) of at most `max`, stored in *out; else 0. */
+int qsc_parse_whole(const char *text, unsigned long max, unsigned long *out);
 /* Print a message prefixed by "qshare:" once per distinct `key`. */
 void qsc_warn_once(int key, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 enum {

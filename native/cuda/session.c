@@ -30,6 +30,16 @@ static _Alignas(64) _Atomic uint32_t users; /* calls between qsc_enter and qsc_l
 static _Atomic uint32_t closing;            /* the process has begun to detach */
 static atomic_int warned[QSC_WARN_COUNT];
 
+int qsc_parse_whole(const char *text, unsigned long max, unsigned long *out) {
+    if (text == NULL || !isdigit((unsigned char)*text)) return 0;
+    char *end = NULL;
+    errno = 0;
+    unsigned long v = strtoul(text, &end, 10);
+    if (errno != 0 || *end != '\0' || v > max) return 0;
+    *out = v;
+    return 1;
+}
+
 void qsc_warn_once(int key, const char *fmt, ...) {
     if (key < 0 || key >= QSC_WARN_COUNT || atomic_exchange(&warned[key], 1)) return;
     char text[512];
@@ -83,10 +93,8 @@ static int parse_vgpu(const char *text, uint32_t *out) {
                       " CUDA calls will fail with CUDA_ERROR_NOT_INITIALIZED");
         return 0;
     }
-    char *end = NULL;
-    errno = 0;
-    unsigned long v = strtoul(text, &end, 10); /* digits only: it would take "-N" modulo 2^64 */
-    if (errno != 0 || !isdigit((unsigned char)*text) || *end != '\0' || v > UINT32_MAX) {
+    unsigned long v = 0;
+    if (!qsc_parse_whole(text, UINT32_MAX, &v)) {
         qsc_warn_once(QSC_WARN_ATTACH,
                       "QSHARE_VGPU=%s is not a vGPU id. CUDA calls will fail with "
                       "CUDA_ERROR_NOT_INITIALIZED",
