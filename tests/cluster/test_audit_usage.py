@@ -7,7 +7,6 @@ import asyncio
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from nats.aio.client import Client as Nats
@@ -16,32 +15,14 @@ from nats.aio.msg import Msg
 from qshare import bus
 from qshare.contracts import subjects
 from qshare.service import cancelled
-from qshare_driver import DriverError, Node
+from qshare.testing.failing_node import FailingNode
+from qshare_driver import Node
 from qshare_node_agent.usage import UsageReader, report
 
 from .conftest import eventually
 
 GiB = 1 << 30
 UUID = "GPU-usage-0"
-
-
-class FailingLists:
-    """A real Node whose `list_vgpus` raises DriverError `failures` times first. A test
-    double, because no real call makes the driver's listing fail and then recover; every
-    other attribute is the real Node's."""
-
-    def __init__(self, node: Node, failures: int) -> None:
-        self._node = node
-        self.failures = failures
-
-    def list_vgpus(self) -> list[int]:
-        if self.failures:
-            self.failures -= 1
-            raise DriverError("listing failed (injected)")
-        return self._node.list_vgpus()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._node, name)
 
 
 @pytest.fixture
@@ -64,7 +45,7 @@ async def test_usage_is_reported_after_the_first_read_of_the_counters_fails(
     await bus.settled(nc)
     registered = asyncio.Event()
     registered.set()
-    reader = UsageReader(FailingLists(node, failures=1), node.name, {0: UUID})  # type: ignore[arg-type]
+    reader = UsageReader(FailingNode(node, "list_vgpus", 1, "listing failed"), node.name, {0: UUID})  # type: ignore[arg-type]
     task = asyncio.create_task(report(reader, nc, "test", 0.05, registered))
     try:
         await eventually(lambda: _holds(len(got) >= 2), within_s=10)

@@ -16,32 +16,14 @@ from nats.aio.msg import Msg
 from prometheus_client import REGISTRY
 
 from qshare import bus
-from qshare_driver import DriverError, Event, Node
+from qshare.testing.failing_node import FailingNode
+from qshare_driver import Event, Node
 from qshare_node_agent.events import EventPump
 
 from .conftest import eventually
 
 GiB = 1 << 30
 UUID = "GPU-pump-0"
-
-
-class FailingReads:
-    """A real Node whose `next_event` raises DriverError `failures` times first (-1: always).
-    A test double, because no real call makes the driver's ring read fail and then recover;
-    every other attribute is the real Node's."""
-
-    def __init__(self, node: Node, failures: int) -> None:
-        self._node = node
-        self.failures = failures
-
-    def next_event(self, timeout: float | None = None) -> Event | None:
-        if self.failures:
-            self.failures -= 1
-            raise DriverError("ring read failed (injected)")
-        return self._node.next_event(timeout)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._node, name)
 
 
 @pytest.fixture
@@ -108,7 +90,7 @@ async def test_a_listener_that_raises_is_counted(nc: Nats, node: Node, seen: lis
 async def test_events_are_published_after_a_driver_error_on_the_ring(
     nc: Nats, node: Node, seen: list[str]
 ) -> None:
-    flaky = FailingReads(node, failures=2)
+    flaky = FailingNode(node, "next_event", 2, "ring read failed")
     pump = await pumping(nc, flaky)
     await eventually(lambda: _holds(flaky.failures == 0), within_s=10)
     suspend_and_resume(node)
@@ -118,13 +100,13 @@ async def test_events_are_published_after_a_driver_error_on_the_ring(
 
 async def test_a_driver_error_on_the_ring_is_counted(nc: Nats, node: Node) -> None:
     before = failures(node, "read")
-    pump = await pumping(nc, FailingReads(node, failures=3))
+    pump = await pumping(nc, FailingNode(node, "next_event", 3, "ring read failed"))
     await eventually(lambda: _holds(failures(node, "read") >= before + 3), within_s=10)
     await pump.stop()
 
 
 async def test_stop_ends_a_pump_whose_reads_keep_failing(nc: Nats, node: Node) -> None:
-    pump = await pumping(nc, FailingReads(node, failures=-1))
+    pump = await pumping(nc, FailingNode(node, "next_event", -1, "ring read failed"))
     await eventually(lambda: _holds(failures(node, "read") >= 2), within_s=10)
     await asyncio.wait_for(pump.stop(), 5)
 

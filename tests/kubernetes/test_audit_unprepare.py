@@ -5,11 +5,10 @@ segment still holds it (a vGPU counted against its card that no claim names any 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
-from qshare_driver import DriverError
+from qshare.testing.failing_node import FailingNode
 from qshare_driver.node import Node
 from qshare_node_agent.kubernetes.apiserver import KubeApi
 from qshare_node_agent.kubernetes.config import KubernetesSettings
@@ -20,33 +19,14 @@ from .conftest import CARDS, resource_claim, store_claim
 from .doubles import ApiServerDouble, KubeletDouble
 
 
-class FailingDestroys:
-    """A real Node whose `destroy_vgpu` raises DriverError `failures` times first. A test
-    double, because no real call makes the driver refuse a destroy and then take it (the
-    segment's lock failing does); every other attribute is the real Node's."""
-
-    def __init__(self, node: Node) -> None:
-        self._node = node
-        self.failures = 0
-
-    def destroy_vgpu(self, vgpu_id: int) -> None:
-        if self.failures:
-            self.failures -= 1
-            raise DriverError("the segment's lock failed (injected)")
-        self._node.destroy_vgpu(vgpu_id)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._node, name)
-
-
 @pytest.fixture
-def flaky(node: Node) -> FailingDestroys:
-    return FailingDestroys(node)
+def flaky(node: Node) -> FailingNode:
+    return FailingNode(node, "destroy_vgpu", why="the segment's lock failed")
 
 
 @pytest.fixture
 def plugin(
-    settings: KubernetesSettings, flaky: FailingDestroys, kube_api: KubeApi
+    settings: KubernetesSettings, flaky: FailingNode, kube_api: KubeApi
 ) -> Iterator[DraPlugin]:
     backend = LocalVgpus(flaky, CARDS, min_vgpu_mib=1024)  # type: ignore[arg-type]
     dra = DraPlugin(settings, backend, kube_api)
@@ -61,7 +41,7 @@ def local_vgpus(node: Node) -> list[int]:
 
 def test_a_refused_unprepare_keeps_the_claim_and_its_retry_destroys_the_vgpu(
     plugin: DraPlugin,
-    flaky: FailingDestroys,
+    flaky: FailingNode,
     node: Node,
     kubelet: KubeletDouble,
     settings: KubernetesSettings,
