@@ -5,11 +5,10 @@ both services go on serving. The NATS side of what `test_openapi_fuzz.py` asks o
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -26,49 +25,7 @@ from qshare_allocator.db import in_transaction
 from qshare_preemptor.app import Preemptor
 from qshare_preemptor.settings import PreemptorSettings
 from tests.controlplane.conftest import Claim, Register, as_identity
-
-HOSTILE: tuple[Any, ...] = (
-    None, True, 0, -1, 2**31, 2**63, 2**70, 1.5, 1e308, -1e308, float("nan"), float("inf"),
-    "", " ", "\x00", "é" * 300, "../../etc/passwd", "1e999Ti", [], {}, [None], {"": None},
-)  # fmt: skip
-"""What each field is replaced by, one at a time."""
-GONE = object()
-"""Stands for a field left out."""
-
-
-def _paths(value: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
-    """Every field and item of a JSON value, containers included, by their path."""
-    yield path
-    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(
-        value, list) else ()  # fmt: skip
-    for key, inner in items:
-        yield from _paths(inner, (*path, key))
-
-
-def _mutated(seed: dict[str, Any], path: tuple[Any, ...], value: Any) -> Any:
-    """`seed` with the field at `path` replaced by `value` (or left out: GONE)."""
-    if not path:
-        return value
-    data = copy.deepcopy(seed)
-    parent = data
-    for key in path[:-1]:
-        parent = parent[key]
-    if value is GONE:
-        del parent[path[-1]]
-    else:
-        parent[path[-1]] = value
-    return data
-
-
-def _variants(seed: dict[str, Any]) -> Iterator[tuple[str, Any]]:
-    """(what was done, data) for each mutation of `seed`; an unknown field last."""
-    for path in _paths(seed):
-        where = ".".join(str(p) for p in path) or "data"
-        for value in HOSTILE:
-            yield f"{where} = {value!r:.40}", _mutated(seed, path, value)
-        if path:
-            yield f"{where} left out", _mutated(seed, path, GONE)
-    yield "an unknown field", {**seed, "no_such_field": 1}
+from tests.controlplane.hostile import variants
 
 
 def _body(data: Any) -> bytes:
@@ -90,7 +47,7 @@ async def _answer(nc: Client, subject: str, data: Any) -> str | None:
 async def _bad_answers(nc: Client, subject: str, seed: dict[str, Any]) -> list[str]:
     """The mutations of `seed` on `subject` answered with an internal error or not at all."""
     bad = []
-    for what, data in _variants(seed):
+    for what, data in variants(seed):
         code = await _answer(nc, subject, data)
         if code in ("500", "silence"):
             bad.append(f"{subject}: {what}: {code}")
@@ -214,7 +171,7 @@ async def test_hostile_fields_in_a_usage_report_are_refused_or_judged_never_fail
     seed = {"node": "fz", "interval_ns": 10**9,
             "cards": [{"gpu": "fz-g0", "hp_ns": 10**8, "vgpus": [vgpu]}]}  # fmt: skip
     caplog.set_level(logging.WARNING, logger="qshare_preemptor.starvation")
-    for _, data in _variants(seed):
+    for _, data in variants(seed):
         await preemptor.starvation.usage(subjects.usage("fz"), _body(data))
     assert [r.getMessage() for r in caplog.records if "not judged" in r.getMessage()] == []
     assert preemptor.starvation.taken > 0  # the valid ones went past the edge

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from tests.controlplane.conftest import ADMIN_TOKEN, Claim, Register, auth
-from tests.controlplane.test_nats_fuzz import _variants
+from tests.controlplane.hostile import variants
 
 ADMIN = auth(ADMIN_TOKEN)
 HOSTILE_TEXT = ("\x00", "%00", "..", "../etc", " ", "é" * 300, "x" * 5000, "*", ">", "a.b")
@@ -78,7 +78,7 @@ async def test_hostile_body_fields_are_answered_without_a_server_error(
 ) -> None:
     bad = []
     for method, path, seed in _body_seeds(claim_id):
-        for what, data in _variants(seed):
+        for what, data in variants(seed):
             if (error := await _server_errors(api, method, path, data)) is not None:
                 bad.append(f"{method} {path}: {what}: {error[:200]}")
     assert bad == [], "\n".join(bad)
