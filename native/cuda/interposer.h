@@ -4,8 +4,11 @@
 #ifndef QSHARE_INTERPOSER_H
 #define QSHARE_INTERPOSER_H
 
+#include <ctype.h>
+#include <errno.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "cuda_abi.h"
 #include "qshare.h"
@@ -225,8 +228,17 @@ void qsc_thread_ignores_captures(void);
  * one it had; with no such driver call, nothing changes and `mode` is returned. */
 CUstreamCaptureMode qsc_capture_mode(CUstreamCaptureMode mode);
 /* 1 when `text` is a whole number written in digits only (no sign, no space: strtoul would
- * take "-N" modulo 2^64) of at most `max`, stored in *out; else 0. */
-int qsc_parse_whole(const char *text, unsigned long max, unsigned long *out);
+ * take "-N" modulo 2^64) of at most `max`, stored in *out; else 0. Inline: the unit tests
+ * build each file alone. */
+static inline int qsc_parse_whole(const char *text, unsigned long max, unsigned long *out) {
+    if (text == NULL || !isdigit((unsigned char)*text)) return 0;
+    char *end = NULL;
+    errno = 0;
+    unsigned long v = strtoul(text, &end, 10);
+    if (errno != 0 || *end != '\0' || v > max) return 0;
+    *out = v;
+    return 1;
+}
 /* Print a message prefixed by "qshare:" once per distinct `key`. */
 void qsc_warn_once(int key, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 enum {

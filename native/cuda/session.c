@@ -3,8 +3,6 @@
  * limits and priority come from the segment. A process that cannot attach gets a
  * clear message and an error from every interposed call, never an unlimited GPU.
  * A normal exit detaches (the owner records a detach, not a death): see detach_at_exit. */
-#include <ctype.h>
-#include <errno.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -29,16 +27,6 @@ static atomic_int attached;
 static _Alignas(64) _Atomic uint32_t users; /* calls between qsc_enter and qsc_leave; futex */
 static _Atomic uint32_t closing;            /* the process has begun to detach */
 static atomic_int warned[QSC_WARN_COUNT];
-
-int qsc_parse_whole(const char *text, unsigned long max, unsigned long *out) {
-    if (text == NULL || !isdigit((unsigned char)*text)) return 0;
-    char *end = NULL;
-    errno = 0;
-    unsigned long v = strtoul(text, &end, 10);
-    if (errno != 0 || *end != '\0' || v > max) return 0;
-    *out = v;
-    return 1;
-}
 
 void qsc_warn_once(int key, const char *fmt, ...) {
     if (key < 0 || key >= QSC_WARN_COUNT || atomic_exchange(&warned[key], 1)) return;
