@@ -1,7 +1,8 @@
 """What a node agent says for people (why it refused a vGPU, a card's sharing, a timeslice)
 never costs the report that carries it: a NUL, which Postgres text cannot hold, comes out as
 U+FFFD, and a reason longer than REASON_MAX is cut, where before the report was lost (a
-heartbeat, the node timing out) or its apply could never be recorded."""
+heartbeat, the node timing out) or its apply could never be recorded. A refusal naming a local
+id no vGPU can have is left out, not allowed to fail the rest of its apply."""
 
 from __future__ import annotations
 
@@ -84,3 +85,36 @@ async def test_a_heartbeat_whose_timeslice_reason_holds_a_nul_still_counts(
 
 def test_a_node_reason_longer_than_the_limit_is_cut_not_refused() -> None:
     assert len(SharingRefusal(gpu="g", reason="x" * 5000).reason) == REASON_MAX
+
+
+WILD_ID = 2**31  # names no vGPU: local ids are below 2^31
+
+
+@pytest.fixture
+async def wildly_refusing_node(nc: Client) -> AsyncIterator[None]:
+    """NODE, registered with one card, its applies answered by an agent that applies every
+    vGPU asked and also refuses a local id no vGPU can have."""
+
+    async def answer(msg: Msg) -> None:
+        desired = envelope.decode(msg.data).payload(ApplyDesired)
+        wild = [Refusal(local_id=WILD_ID, reason="no such vGPU")]
+        applied = [v.local_id for v in desired.vgpus]
+        reply = ApplyReply(node=NODE, generation=desired.generation, applied=applied, refused=wild)
+        await rpc.reply_ok(nc, msg, f"qshare-node-agent/{NODE}", reply)
+
+    sub = await nc.subscribe(subjects.node_command(NODE, "apply"), cb=answer)
+    await bus.settled(nc)
+    await register_one_card(nc, NODE)
+    yield
+    await sub.unsubscribe()
+
+
+async def test_a_refusal_naming_a_local_id_out_of_range_does_not_stop_the_apply_confirming(
+    engine: AsyncEngine, claim: Claim, wildly_refusing_node: None
+) -> None:
+    placed = await claim("team-a", priority="low")
+
+    async def ready() -> bool:
+        return await claim_status(engine, placed.id) == "ready"
+
+    await eventually(ready)

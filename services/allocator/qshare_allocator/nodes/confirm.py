@@ -11,7 +11,7 @@ import uuid
 from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from qshare.contracts.agent import ApplyReply
+from qshare.contracts.agent import LOCAL_ID_LIMIT, ApplyReply
 from qshare.contracts.claims import ClaimView
 from qshare.contracts.domain import HOLDING_STATUSES, ClaimStatus
 from qshare.contracts.rows import claim_views
@@ -36,7 +36,7 @@ class Confirmations:
         it already confirmed, changes nothing."""
         if not await _asked(conn, reply):
             return []
-        refused = {r.local_id: r.reason for r in reply.refused}
+        refused = _naming_vgpus(reply)
         changed = await self._fail_refused(conn, reply.node, refused)
         changed += await self._ready(conn, reply.node, set(reply.applied))
         changed += await self._released(conn, reply.node, reply.generation)
@@ -99,6 +99,16 @@ class Confirmations:
         views = await claim_views(conn, list(placed))
         ready = [v for v in views if v.vgpus and all(g.local_id in applied for g in v.vgpus)]
         return await ready_all(conn, self._source, ready)
+
+
+def _naming_vgpus(reply: ApplyReply) -> dict[int, str]:
+    """The reply's refusals by local id, less those naming an id no vGPU can have (they
+    would fail the whole confirmation in Postgres, on every retry)."""
+    wild = {r.local_id for r in reply.refused if not 1 <= r.local_id < LOCAL_ID_LIMIT}
+    if wild:
+        log.warning("node %s refused local ids no vGPU can have: %s; ignored",
+                    reply.node, sorted(wild))  # fmt: skip
+    return {r.local_id: r.reason for r in reply.refused if r.local_id not in wild}
 
 
 async def _asked(conn: AsyncConnection, reply: ApplyReply) -> bool:
