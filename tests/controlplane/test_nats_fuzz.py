@@ -9,19 +9,23 @@ import json
 import logging
 import uuid
 from collections.abc import AsyncIterator
+from functools import partial
 from typing import Any
 
 import pytest
 from nats.aio.client import Client
 from nats.errors import TimeoutError as NatsTimeout
+from pydantic import ValidationError
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from qshare.contracts import subjects
+from qshare.contracts import envelope, subjects
+from qshare.contracts.agent import ApplyReply
 from qshare.contracts.errors import ERROR_CODE_HEADER
 from qshare.natsauth import NatsAuth, ServiceRole
 from qshare_allocator.app import Allocator
 from qshare_allocator.db import in_transaction
+from qshare_allocator.nodes.confirm import Confirmations
 from qshare_preemptor.app import Preemptor
 from qshare_preemptor.settings import PreemptorSettings
 from tests.controlplane.conftest import Claim, Register, as_identity
@@ -195,3 +199,40 @@ async def test_a_node_subject_naming_a_hostile_node_gets_an_answer_not_an_intern
     NATS's own limit on a subject's length, past which the server drops the connection)."""
     data = _heartbeat() if verb == "heartbeat" else _registration("fz")
     assert await _answer(nc, f"qshare.node.{token}.{verb}", data) not in ("500", "silence")
+
+
+def _apply_reply(generation: int, local_id: int) -> dict[str, Any]:
+    """An agent's answer to `cmd.apply` on node fz: the claim's vGPU applied, another refused,
+    and how its cards are shared."""
+    return {"node": "fz", "generation": generation, "applied": [local_id],
+            "refused": [{"local_id": local_id + 1, "reason": "no room"}], "stale": False,
+            "sharing": _heartbeat()["sharing"],
+            "sharing_refused": [{"gpu": "fz-g0", "reason": "not root"}]}  # fmt: skip
+
+
+async def _desired_generation(engine: AsyncEngine) -> int:
+    async def read(conn: AsyncConnection) -> int:
+        query = text("SELECT desired_generation FROM nodes WHERE name = 'fz'")
+        return int((await conn.execute(query)).scalar_one())
+
+    return await in_transaction(engine, read)
+
+
+async def test_hostile_fields_in_an_apply_reply_are_refused_or_recorded_never_failed(
+    engine: AsyncEngine, held: str
+) -> None:
+    """A reply the dispatcher's `rpc.call` accepts is confirmed in Postgres without an error:
+    one that failed there would fail on every retry, and that node's claims with it."""
+    seed = _apply_reply(await _desired_generation(engine), await _local_id(engine, held))
+    confirmations = Confirmations("fuzz")
+    failed = []
+    for what, data in variants(seed):
+        try:
+            reply = envelope.decode(_body(data)).payload(ApplyReply)
+        except ValidationError:
+            continue  # refused at the edge: rpc.call raises, the node is asked again later
+        try:
+            await in_transaction(engine, partial(confirmations.confirm, reply=reply))
+        except Exception as error:  # every failure is the finding
+            failed.append(f"{what}: {error!r:.160}")
+    assert failed == []

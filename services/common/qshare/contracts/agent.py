@@ -78,7 +78,7 @@ class ApplyReply(BaseModel):
     """What the node holds after an apply: `applied` are the desired vGPUs present and
     matching, `refused` the ones it could not create (the segment is unchanged for them)."""
 
-    node: str
+    node: NodeName
     generation: int
     applied: list[int]
     refused: list[Refusal] = []

@@ -138,7 +138,7 @@ class WantedSharing(BaseModel):
 class SharingRefusal(BaseModel):
     """A card whose asked sharing the node agent could not give it, and why."""
 
-    gpu: str
+    gpu: GpuUuid
     reason: NodeReason
 
 
