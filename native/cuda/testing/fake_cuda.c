@@ -55,11 +55,20 @@ struct CUfunc_st {
     int replay; /* duration from the launch's first parameter */
     int hold;   /* "hold_launch": the launch call never returns */
 };
+struct CUgraphNode_st {
+    int type;       /* CU_GRAPH_NODE_TYPE_*: an allocation, a child graph, or 0 (other work) */
+    uint64_t bytes; /* an allocation's size */
+    CUgraph child;  /* a child graph node's graph (owned by the node) */
+    struct CUgraphNode_st *next;
+};
 struct CUgraph_st {
-    int unused;
+    CUgraphNode nodes; /* newest first */
+    size_t count;
 };
 struct CUgraphExec_st {
     uint64_t duration_ns;
+    uint64_t graph_bytes; /* its allocation nodes' sizes, children's included */
+    int backed;           /* launched (or uploaded): graph_bytes are physically held */
 };
 struct CUarray_st {
     uint64_t bytes;
@@ -103,6 +112,7 @@ struct CUstream_st {
     _Atomic int capture; /* CU_STREAM_CAPTURE_STATUS_*: work submitted meanwhile is captured */
     int capture_mode;    /* as begun (CUstreamCaptureMode); with `capturer`, under streams_lock */
     pthread_t capturer;
+    CUgraph captured;    /* the graph being captured (its allocation nodes) */
     pthread_t worker;
     struct CUstream_st *next_stream;
 };
@@ -254,6 +264,10 @@ static CUstream resolve(CUstream st) {
 }
 
 static int legacy_use_forbidden(CUstream stream);
+EXPORT CUresult cuGraphCreate(CUgraph *graph, unsigned int flags);
+EXPORT CUresult cuGraphDestroy(CUgraph graph);
+EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
+                                       size_t ndeps, CUDA_MEM_ALLOC_NODE_PARAMS *params);
 static _Atomic unsigned long captured_records;
 
 /* Test hook: how many event records went into a graph being captured (the probe records no
@@ -595,34 +609,6 @@ EXPORT CUresult cuLaunchHostFunc_ptsz(CUstream stream, CUhostFn fn, void *data) 
     return cuLaunchHostFunc(per_thread(stream), fn, data);
 }
 
-/* ---- graphs: an instantiated graph runs as one kernel of 0 ns ---- */
-EXPORT CUresult cuGraphCreate(CUgraph *graph, unsigned int flags) {
-    (void)flags;
-    *graph = calloc(1, sizeof **graph);
-    return *graph != NULL ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
-}
-EXPORT CUresult cuGraphDestroy(CUgraph graph) {
-    free(graph);
-    return CUDA_SUCCESS;
-}
-EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph,
-                                            unsigned long long flags) {
-    (void)graph, (void)flags;
-    *exec = calloc(1, sizeof **exec);
-    return *exec != NULL ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
-}
-EXPORT CUresult cuGraphExecDestroy(CUgraphExec exec) {
-    free(exec);
-    return CUDA_SUCCESS;
-}
-EXPORT CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream) {
-    if (exec == NULL) return CUDA_ERROR_INVALID_HANDLE;
-    return submit(stream, (op){.kind = OP_KERNEL, .duration_ns = exec->duration_ns});
-}
-EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream) {
-    return cuGraphLaunch(exec, per_thread(stream));
-}
-
 /* ---- streams and events ---- */
 EXPORT CUresult cuStreamCreate(CUstream *stream, unsigned int flags) {
     *stream = new_stream();
@@ -714,15 +700,20 @@ EXPORT CUresult cuStreamBeginCapture_v2(CUstream stream, int mode) {
         return CUDA_ERROR_INVALID_VALUE;
     if (is_default(stream))
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    CUgraph graph = NULL;
+    if (cuGraphCreate(&graph, 0) != CUDA_SUCCESS) return CUDA_ERROR_OUT_OF_MEMORY;
     pthread_mutex_lock(&streams_lock);
     int idle = atomic_load(&stream->capture) == CU_STREAM_CAPTURE_STATUS_NONE;
     if (idle) {
+        stream->captured = graph;
+        graph = NULL;
         stream->capture_mode = mode;
         stream->capturer = pthread_self();
         atomic_store(&stream->capture, CU_STREAM_CAPTURE_STATUS_ACTIVE);
         atomic_fetch_add(&captures_under_way, 1);
     }
     pthread_mutex_unlock(&streams_lock);
+    if (graph != NULL) cuGraphDestroy(graph);
     return idle ? CUDA_SUCCESS : CUDA_ERROR_ILLEGAL_STATE;
 }
 
@@ -735,11 +726,16 @@ EXPORT CUresult cuStreamEndCapture(CUstream stream, CUgraph *graph) {
     pthread_mutex_lock(&streams_lock);
     int status = atomic_exchange(&st->capture, CU_STREAM_CAPTURE_STATUS_NONE);
     if (status != CU_STREAM_CAPTURE_STATUS_NONE) atomic_fetch_sub(&captures_under_way, 1);
+    CUgraph captured = st->captured;
+    st->captured = NULL;
     pthread_mutex_unlock(&streams_lock);
     if (status == CU_STREAM_CAPTURE_STATUS_NONE) return CUDA_ERROR_ILLEGAL_STATE;
-    if (status == CU_STREAM_CAPTURE_STATUS_INVALIDATED)
+    if (status == CU_STREAM_CAPTURE_STATUS_INVALIDATED) {
+        if (captured != NULL) cuGraphDestroy(captured);
         return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
-    return cuGraphCreate(graph, 0);
+    }
+    *graph = captured;
+    return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuThreadExchangeStreamCaptureMode(int *mode) {
@@ -978,9 +974,22 @@ EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytes, unsigned int 
 
 EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) { return forget(dptr); }
 
+/* The graph a created stream is being captured into, or NULL. */
+static CUgraph capture_graph(CUstream stream) {
+    if (is_default(stream) || atomic_load(&stream->capture) != CU_STREAM_CAPTURE_STATUS_ACTIVE)
+        return NULL;
+    return stream->captured;
+}
+
+/* Into a stream being captured: an allocation node of the graph (memory only when it runs). */
 EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytes, CUstream stream) {
-    (void)stream;
-    return alloc_address(dptr, bytes);
+    CUgraph graph = capture_graph(stream);
+    if (graph == NULL) return alloc_address(dptr, bytes);
+    if (dptr == NULL) return CUDA_ERROR_INVALID_VALUE;
+    CUDA_MEM_ALLOC_NODE_PARAMS params = {.bytesize = bytes};
+    CUresult rc = cuGraphAddMemAllocNode(NULL, graph, NULL, 0, &params);
+    if (rc == CUDA_SUCCESS) *dptr = params.dptr;
+    return rc;
 }
 EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytes, CUstream stream) {
     return cuMemAllocAsync(dptr, bytes, stream);
@@ -994,9 +1003,10 @@ EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytes, CU
                                              CUstream stream) {
     return cuMemAllocFromPoolAsync(dptr, bytes, pool, stream);
 }
+/* Into a stream being captured: a free node (the graph's own allocations are not modelled
+ * further). */
 EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream) {
-    (void)stream;
-    return forget(dptr);
+    return capture_graph(stream) != NULL ? CUDA_SUCCESS : forget(dptr);
 }
 EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream) {
     return cuMemFreeAsync(dptr, stream);
@@ -1059,6 +1069,197 @@ EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
     return CUDA_SUCCESS;
 }
 
+/* ---- graphs: an instantiated graph runs as one kernel of 0 ns ---- */
+/* Graph memory, as the real driver keeps it: an allocation node's memory is physically
+ * allocated when its executable graph is first launched (or uploaded), from the device's graph
+ * memory pool, and stays with the executable graph; destroying it gives the memory back to the
+ * pool, which keeps it (counted as the device's) until cuDeviceGraphMemTrim. */
+static pthread_mutex_t graph_pool_lock = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t graph_pool_reserved, graph_pool_in_use;
+
+EXPORT CUresult cuGraphCreate(CUgraph *graph, unsigned int flags) {
+    (void)flags;
+    *graph = calloc(1, sizeof **graph);
+    return *graph != NULL ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+EXPORT CUresult cuGraphDestroy(CUgraph graph) {
+    if (graph == NULL) return CUDA_ERROR_INVALID_VALUE;
+    for (CUgraphNode n = graph->nodes, next; n != NULL; n = next) {
+        next = n->next;
+        if (n->child != NULL) cuGraphDestroy(n->child);
+        free(n);
+    }
+    free(graph);
+    return CUDA_SUCCESS;
+}
+
+static CUresult add_node(CUgraphNode *out, CUgraph graph, int type, uint64_t bytes, CUgraph child) {
+    if (graph == NULL) return CUDA_ERROR_INVALID_VALUE;
+    CUgraphNode n = calloc(1, sizeof *n);
+    if (n == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
+    *n = (struct CUgraphNode_st){type, bytes, child, graph->nodes};
+    graph->nodes = n;
+    graph->count++;
+    if (out != NULL) *out = n;
+    return CUDA_SUCCESS;
+}
+
+/* The allocation's address is fixed at the node's creation; no memory is taken yet. */
+EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
+                                       size_t ndeps, CUDA_MEM_ALLOC_NODE_PARAMS *params) {
+    (void)deps, (void)ndeps;
+    if (params == NULL || params->bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = add_node(node, graph, CU_GRAPH_NODE_TYPE_MEM_ALLOC, params->bytesize, NULL);
+    uint64_t span = (params->bytesize + 0xfffffu) & ~0xfffffull;
+    if (rc == CUDA_SUCCESS) params->dptr = atomic_fetch_add(&next_address, span + 0x100000u);
+    return rc;
+}
+
+/* The child is taken as it is (the real driver clones it); the node owns it from now on. */
+EXPORT CUresult cuGraphAddChildGraphNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
+                                         size_t ndeps, CUgraph child) {
+    (void)deps, (void)ndeps;
+    if (child == NULL) return CUDA_ERROR_INVALID_VALUE;
+    return add_node(node, graph, CU_GRAPH_NODE_TYPE_GRAPH, 0, child);
+}
+
+EXPORT CUresult cuGraphGetNodes(CUgraph graph, CUgraphNode *nodes, size_t *count) {
+    if (graph == NULL || count == NULL) return CUDA_ERROR_INVALID_VALUE;
+    if (nodes == NULL) {
+        *count = graph->count;
+        return CUDA_SUCCESS;
+    }
+    size_t i = 0;
+    for (CUgraphNode n = graph->nodes; n != NULL && i < *count; n = n->next) nodes[i++] = n;
+    *count = i;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphNodeGetType(CUgraphNode node, int *type) {
+    if (node == NULL || type == NULL) return CUDA_ERROR_INVALID_VALUE;
+    *type = node->type;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphMemAllocNodeGetParams(CUgraphNode node, CUDA_MEM_ALLOC_NODE_PARAMS *p) {
+    if (node == NULL || p == NULL || node->type != CU_GRAPH_NODE_TYPE_MEM_ALLOC)
+        return CUDA_ERROR_INVALID_VALUE;
+    memset(p, 0, sizeof *p);
+    p->bytesize = (size_t)node->bytes;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphChildGraphNodeGetGraph(CUgraphNode node, CUgraph *graph) {
+    if (node == NULL || graph == NULL || node->type != CU_GRAPH_NODE_TYPE_GRAPH)
+        return CUDA_ERROR_INVALID_VALUE;
+    *graph = node->child;
+    return CUDA_SUCCESS;
+}
+
+static uint64_t graph_alloc_bytes(CUgraph graph) {
+    uint64_t sum = 0;
+    for (CUgraphNode n = graph != NULL ? graph->nodes : NULL; n != NULL; n = n->next)
+        sum += n->type == CU_GRAPH_NODE_TYPE_GRAPH ? graph_alloc_bytes(n->child) : n->bytes;
+    return sum;
+}
+
+static CUresult instantiate(CUgraphExec *exec, CUgraph graph) {
+    if (exec == NULL || graph == NULL) return CUDA_ERROR_INVALID_VALUE;
+    *exec = calloc(1, sizeof **exec);
+    if (*exec == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
+    (*exec)->graph_bytes = graph_alloc_bytes(graph);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph,
+                                            unsigned long long flags) {
+    (void)flags;
+    return instantiate(exec, graph);
+}
+/* The CUDA 10 and 11 entry points: an error node and a log buffer. */
+EXPORT CUresult cuGraphInstantiate(CUgraphExec *exec, CUgraph graph, CUgraphNode *err_node,
+                                   char *log, size_t log_size) {
+    (void)err_node, (void)log, (void)log_size;
+    return instantiate(exec, graph);
+}
+EXPORT CUresult cuGraphInstantiate_v2(CUgraphExec *exec, CUgraph graph, CUgraphNode *err_node,
+                                      char *log, size_t log_size) {
+    return cuGraphInstantiate(exec, graph, err_node, log, log_size);
+}
+EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec *exec, CUgraph graph,
+                                             CUDA_GRAPH_INSTANTIATE_PARAMS *params) {
+    CUresult rc = instantiate(exec, graph);
+    if (params != NULL) params->result_out = rc == CUDA_SUCCESS ? 0 : CUDA_GRAPH_INSTANTIATE_ERROR;
+    return rc;
+}
+EXPORT CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *exec, CUgraph graph,
+                                                  CUDA_GRAPH_INSTANTIATE_PARAMS *params) {
+    return cuGraphInstantiateWithParams(exec, graph, params);
+}
+
+/* First launch: the graph's allocations are backed, from what the pool holds unused first,
+ * then from the device. */
+static CUresult back_graph(CUgraphExec exec) {
+    pthread_mutex_lock(&graph_pool_lock);
+    CUresult rc = CUDA_SUCCESS;
+    uint64_t idle = graph_pool_reserved - graph_pool_in_use;
+    if (!exec->backed && exec->graph_bytes > idle) rc = take(exec->graph_bytes - idle);
+    if (!exec->backed && rc == CUDA_SUCCESS) {
+        if (exec->graph_bytes > idle) graph_pool_reserved += exec->graph_bytes - idle;
+        graph_pool_in_use += exec->graph_bytes;
+        exec->backed = 1;
+    }
+    pthread_mutex_unlock(&graph_pool_lock);
+    return rc;
+}
+
+EXPORT CUresult cuGraphExecDestroy(CUgraphExec exec) {
+    if (exec == NULL) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&graph_pool_lock);
+    if (exec->backed) graph_pool_in_use -= exec->graph_bytes;
+    pthread_mutex_unlock(&graph_pool_lock);
+    free(exec);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream) {
+    if (exec == NULL) return CUDA_ERROR_INVALID_HANDLE;
+    CUresult rc = back_graph(exec);
+    if (rc != CUDA_SUCCESS) return rc;
+    return submit(stream, (op){.kind = OP_KERNEL, .duration_ns = exec->duration_ns});
+}
+EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream) {
+    return cuGraphLaunch(exec, per_thread(stream));
+}
+EXPORT CUresult cuGraphUpload(CUgraphExec exec, CUstream stream) {
+    (void)stream;
+    return exec == NULL ? CUDA_ERROR_INVALID_HANDLE : back_graph(exec);
+}
+
+/* What the pool holds unused goes back to the device. */
+EXPORT CUresult cuDeviceGraphMemTrim(CUdevice dev) {
+    if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&graph_pool_lock);
+    atomic_fetch_sub(&used_bytes, graph_pool_reserved - graph_pool_in_use);
+    graph_pool_reserved = graph_pool_in_use;
+    pthread_mutex_unlock(&graph_pool_lock);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetGraphMemAttribute(CUdevice dev, int attr, void *value) {
+    if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
+    if (value == NULL) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&graph_pool_lock);
+    uint64_t v = attr == CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT ? graph_pool_reserved
+                 : attr == CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT   ? graph_pool_in_use
+                                                                : UINT64_MAX;
+    pthread_mutex_unlock(&graph_pool_lock);
+    if (v == UINT64_MAX) return CUDA_ERROR_INVALID_VALUE;
+    *(cuuint64_t *)value = v;
+    return CUDA_SUCCESS;
+}
+
+/* Test hook: the device memory in use, in bytes (allocations and the graph pool's). */
+EXPORT unsigned long qshare_fake_device_used(void) { return (unsigned long)atomic_load(&used_bytes); }
+
 EXPORT CUresult cuGetErrorName(CUresult rc, const char **name) {
     *name = rc == CUDA_SUCCESS ? "CUDA_SUCCESS" : "CUDA_ERROR_FAKE";
     return CUDA_SUCCESS;
@@ -1088,7 +1289,12 @@ static const named table[] = {
     NAMED(cuLaunchCooperativeKernel), NAMED(cuLaunchCooperativeKernel_ptsz),
     NAMED(cuLaunchKernelEx), NAMED(cuLaunchKernelEx_ptsz), NAMED(cuLaunchHostFunc),
     NAMED(cuLaunchHostFunc_ptsz), NAMED(cuGraphCreate), NAMED(cuGraphDestroy),
-    NAMED(cuGraphInstantiateWithFlags), NAMED(cuGraphExecDestroy), NAMED(cuGraphLaunch),
+    NAMED(cuGraphInstantiateWithFlags), NAMED(cuGraphInstantiate), NAMED(cuGraphInstantiate_v2),
+    NAMED(cuGraphInstantiateWithParams), NAMED(cuGraphInstantiateWithParams_ptsz),
+    NAMED(cuGraphAddMemAllocNode), NAMED(cuGraphAddChildGraphNode), NAMED(cuGraphGetNodes),
+    NAMED(cuGraphNodeGetType), NAMED(cuGraphMemAllocNodeGetParams),
+    NAMED(cuGraphChildGraphNodeGetGraph), NAMED(cuGraphUpload), NAMED(cuDeviceGraphMemTrim),
+    NAMED(cuDeviceGetGraphMemAttribute), NAMED(cuGraphExecDestroy), NAMED(cuGraphLaunch),
     NAMED(cuGraphLaunch_ptsz), NAMED(cuStreamCreate), NAMED(cuStreamDestroy_v2),
     NAMED(cuStreamSynchronize), NAMED(cuStreamSynchronize_ptsz), NAMED(cuStreamGetCtx),
     NAMED(cuStreamGetCtx_ptsz), NAMED(cuStreamIsCapturing),
@@ -1119,6 +1325,9 @@ static void *lookup(const char *symbol, int version, cuuint64_t flags) {
         snprintf(name, sizeof name, "%s_ptsz", symbol);
         fn = by_name(name);
     }
+    /* CUDA 12 gives cuGraphInstantiate the signature of cuGraphInstantiateWithFlags. */
+    if (strcmp(symbol, "cuGraphInstantiate") == 0 && version >= 12000)
+        return by_name("cuGraphInstantiateWithFlags");
     int v2_allowed = strcmp(symbol, "cuGetProcAddress") != 0 || version >= 12000;
     if (fn == NULL && v2_allowed) {
         snprintf(name, sizeof name, "%s_v2", symbol);
