@@ -49,6 +49,13 @@
     X(cuArrayDestroy, cuArrayDestroy, CUDA)                             \
     X(cuMemGetInfo_v2, cuMemGetInfo, CUDA)                              \
     X(cuDeviceTotalMem_v2, cuDeviceTotalMem, CUDA)                      \
+    X(cuGraphInstantiate, cuGraphInstantiate, CUDA)                     \
+    X(cuGraphInstantiate_v2, cuGraphInstantiate, CUDA)                  \
+    X(cuGraphInstantiateWithFlags, cuGraphInstantiateWithFlags, CUDA)   \
+    X(cuGraphInstantiateWithParams, cuGraphInstantiateWithParams, CUDA) \
+    X(cuGraphInstantiateWithParams_ptsz, cuGraphInstantiateWithParams, CUDA) \
+    X(cuGraphExecDestroy, cuGraphExecDestroy, CUDA)                     \
+    X(cuDeviceGraphMemTrim, cuDeviceGraphMemTrim, CUDA)                 \
     X(cuCtxDestroy_v2, cuCtxDestroy, CUDA)                              \
     X(cuStreamDestroy_v2, cuStreamDestroy, CUDA)                        \
     X(cuStreamBeginCapture, cuStreamBeginCapture, CUDA)                 \
@@ -84,6 +91,11 @@
     X(cuMemHostGetDevicePointer_v2, cuMemHostGetDevicePointer, CUDA) \
     X(cuStreamWaitValue32_v2, cuStreamWaitValue32, CUDA) \
     X(cuThreadExchangeStreamCaptureMode, cuThreadExchangeStreamCaptureMode, CUDA) \
+    X(cuGraphGetNodes, cuGraphGetNodes, CUDA)    \
+    X(cuGraphNodeGetType, cuGraphNodeGetType, CUDA) \
+    X(cuGraphMemAllocNodeGetParams, cuGraphMemAllocNodeGetParams, CUDA) \
+    X(cuGraphChildGraphNodeGetGraph, cuGraphChildGraphNodeGetGraph, CUDA) \
+    X(cuDeviceGetGraphMemAttribute, cuDeviceGetGraphMemAttribute, CUDA) \
     X(nvmlDeviceGetUUID, nvmlDeviceGetUUID, NVML)
 
 enum qsc_index {
@@ -134,6 +146,17 @@ CUresult cuArray3DCreate_v2(CUarray *array, const CUDA_ARRAY3D_DESCRIPTOR *desc)
 CUresult cuArrayDestroy(CUarray array);
 CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes);
 CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev);
+CUresult cuGraphInstantiate(CUgraphExec *exec, CUgraph graph, CUgraphNode *err_node, char *log,
+                            size_t log_size);
+CUresult cuGraphInstantiate_v2(CUgraphExec *exec, CUgraph graph, CUgraphNode *err_node, char *log,
+                               size_t log_size);
+CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph, unsigned long long flags);
+CUresult cuGraphInstantiateWithParams(CUgraphExec *exec, CUgraph graph,
+                                      CUDA_GRAPH_INSTANTIATE_PARAMS *params);
+CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *exec, CUgraph graph,
+                                           CUDA_GRAPH_INSTANTIATE_PARAMS *params);
+CUresult cuGraphExecDestroy(CUgraphExec exec);
+CUresult cuDeviceGraphMemTrim(CUdevice dev);
 CUresult cuCtxDestroy_v2(CUcontext ctx);
 CUresult cuStreamDestroy_v2(CUstream stream);
 CUresult cuStreamBeginCapture(CUstream stream);
@@ -172,6 +195,12 @@ extern void *qsc_real_table[QSC_N_ALL];
 /* Load libcuda.so.1 and libnvidia-ml.so.1 (if present) and resolve every entry; idempotent. */
 void qsc_resolve(void);
 #define QSC_REAL(type, name) ((type)qsc_real_table[QSC_##name])
+
+/* ---- the memory limit (memory.c) ---- */
+/* Reserve `bytes` against the vGPU's limit (CUDA_ERROR_OUT_OF_MEMORY and an oom event when over
+ * it), and give a reservation back. */
+CUresult qsc_mem_reserve(uint64_t bytes);
+void qsc_mem_release(uint64_t bytes);
 
 /* ---- the attached process (session.c) ---- */
 typedef struct qsc_session {

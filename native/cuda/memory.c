@@ -106,6 +106,8 @@ static CUresult reserve(uint64_t bytes) {
     return qsc_cu_status(rc);
 }
 
+CUresult qsc_mem_reserve(uint64_t bytes) { return reserve(bytes); }
+
 /* Once the process detached, the owner has taken its reservations back: nothing to release. */
 static void release(uint64_t bytes) {
     if (bytes == 0) return;
@@ -113,6 +115,8 @@ static void release(uint64_t bytes) {
     if (s->client != NULL) qs_mem_release(s->client, bytes);
     qsc_leave(s);
 }
+
+void qsc_mem_release(uint64_t bytes) { release(bytes); }
 
 /* After the driver answered an allocation that `bytes` were reserved for: remember it,
  * or give the reservation back if the driver refused. */
@@ -178,31 +182,37 @@ QSC_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
     return rc;
 }
 
+/* Into a stream being captured, an asynchronous allocation is an allocation node of the graph:
+ * nothing is allocated now, and the graph's instantiation reserves it (graph_mem.c). */
+#define QSC_ALLOC_ASYNC(type, name, stream, ...)                                  \
+    do {                                                                          \
+        qsc_resolve();                                                            \
+        if (qsc_stream_capturing(stream)) return QSC_REAL(type, name)(__VA_ARGS__); \
+        QSC_RESERVE(bytes);                                                       \
+        CUresult rc = QSC_REAL(type, name)(__VA_ARGS__);                          \
+        return settle(rc, &pointers, rc == CUDA_SUCCESS ? *dptr : 0, bytes);      \
+    } while (0)
+
+/* What NULL names in the per-thread-stream (_ptsz) entry points. */
+static CUstream per_thread(CUstream stream) { return stream == NULL ? CU_STREAM_PER_THREAD : stream; }
+
 QSC_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytes, CUstream stream) {
-    QSC_RESERVE(bytes);
-    CUresult rc = QSC_REAL(alloc_async_fn, cuMemAllocAsync)(dptr, bytes, stream);
-    return settle(rc, &pointers, rc == CUDA_SUCCESS ? *dptr : 0, bytes);
+    QSC_ALLOC_ASYNC(alloc_async_fn, cuMemAllocAsync, stream, dptr, bytes, stream);
 }
 
 QSC_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytes, CUstream stream) {
-    QSC_RESERVE(bytes);
-    CUresult rc = QSC_REAL(alloc_async_fn, cuMemAllocAsync_ptsz)(dptr, bytes, stream);
-    return settle(rc, &pointers, rc == CUDA_SUCCESS ? *dptr : 0, bytes);
+    QSC_ALLOC_ASYNC(alloc_async_fn, cuMemAllocAsync_ptsz, per_thread(stream), dptr, bytes, stream);
 }
 
 QSC_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool,
                                             CUstream stream) {
-    QSC_RESERVE(bytes);
-    CUresult rc = QSC_REAL(alloc_pool_fn, cuMemAllocFromPoolAsync)(dptr, bytes, pool, stream);
-    return settle(rc, &pointers, rc == CUDA_SUCCESS ? *dptr : 0, bytes);
+    QSC_ALLOC_ASYNC(alloc_pool_fn, cuMemAllocFromPoolAsync, stream, dptr, bytes, pool, stream);
 }
 
 QSC_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytes,
                                                  CUmemoryPool pool, CUstream stream) {
-    QSC_RESERVE(bytes);
-    CUresult rc =
-        QSC_REAL(alloc_pool_fn, cuMemAllocFromPoolAsync_ptsz)(dptr, bytes, pool, stream);
-    return settle(rc, &pointers, rc == CUDA_SUCCESS ? *dptr : 0, bytes);
+    QSC_ALLOC_ASYNC(alloc_pool_fn, cuMemAllocFromPoolAsync_ptsz, per_thread(stream), dptr, bytes,
+                    pool, stream);
 }
 
 /* An asynchronous free gives its bytes back when it is submitted, not when it runs. */
