@@ -42,6 +42,8 @@
     X(cuMemAllocFromPoolAsync_ptsz, cuMemAllocFromPoolAsync, CUDA)      \
     X(cuMemFreeAsync, cuMemFreeAsync, CUDA)                             \
     X(cuMemFreeAsync_ptsz, cuMemFreeAsync, CUDA)                        \
+    X(cuMemPoolTrimTo, cuMemPoolTrimTo, CUDA)                           \
+    X(cuMemPoolDestroy, cuMemPoolDestroy, CUDA)                         \
     X(cuMemCreate, cuMemCreate, CUDA)                                   \
     X(cuMemRelease, cuMemRelease, CUDA)                                 \
     X(cuArrayCreate_v2, cuArrayCreate, CUDA)                            \
@@ -96,6 +98,8 @@
     X(cuGraphMemAllocNodeGetParams, cuGraphMemAllocNodeGetParams, CUDA) \
     X(cuGraphChildGraphNodeGetGraph, cuGraphChildGraphNodeGetGraph, CUDA) \
     X(cuDeviceGetGraphMemAttribute, cuDeviceGetGraphMemAttribute, CUDA) \
+    X(cuMemPoolGetAttribute, cuMemPoolGetAttribute, CUDA) \
+    X(cuPointerGetAttribute, cuPointerGetAttribute, CUDA) \
     X(nvmlDeviceGetUUID, nvmlDeviceGetUUID, NVML)
 
 enum qsc_index {
@@ -138,6 +142,8 @@ CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytes, CUmemoryP
                                       CUstream stream);
 CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream);
 CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream);
+CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep);
+CUresult cuMemPoolDestroy(CUmemoryPool pool);
 CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t bytes,
                      const CUmemAllocationProp *prop, unsigned long long flags);
 CUresult cuMemRelease(CUmemGenericAllocationHandle handle);
@@ -201,6 +207,17 @@ void qsc_resolve(void);
  * it), and give a reservation back. */
 CUresult qsc_mem_reserve(uint64_t bytes);
 void qsc_mem_release(uint64_t bytes);
+
+/* ---- memory pools' cached memory (pool_mem.c) ---- */
+/* A stream-ordered allocation of `bytes` (reserved) from `pool`: its reservation now goes with
+ * the pool; 0 when it cannot be recorded (then it is an ordinary allocation). */
+int qsc_pool_allocated(CUmemoryPool pool, uint64_t bytes);
+/* Such an allocation is freed: its bytes stay reserved while the pool keeps them. */
+void qsc_pool_freed(CUmemoryPool pool, uint64_t bytes);
+/* 1 when some pool's reservation covers memory freed into it; qsc_pools_settle gives back what
+ * the pools no longer hold. */
+int qsc_pools_hold_freed(void);
+void qsc_pools_settle(void);
 
 /* ---- the attached process (session.c) ---- */
 typedef struct qsc_session {

@@ -24,6 +24,7 @@ typedef struct size_map {
 static size_map pointers = {.lock = PTHREAD_MUTEX_INITIALIZER};
 static size_map vmm_handles = {.lock = PTHREAD_MUTEX_INITIALIZER};
 static size_map arrays = {.lock = PTHREAD_MUTEX_INITIALIZER};
+static size_map pool_of_pointer = {.lock = PTHREAD_MUTEX_INITIALIZER}; /* stream-ordered ones */
 
 static size_t slot_of(const size_map *m, uint64_t key) {
     uint64_t h = key * 0x9e3779b97f4a7c15ull;
@@ -92,12 +93,22 @@ static uint64_t map_take(size_map *m, uint64_t key) {
     return size;
 }
 
+/* 1 when `bytes` more fit under the vGPU's limit as its use stands (or it cannot be read). */
+static int room_for(const qsc_session *s, uint64_t bytes) {
+    qs_client_info info;
+    return qs_client_info_get(s->client, &info) != QS_OK ||
+           (info.mem_used <= info.mem_limit && bytes <= info.mem_limit - info.mem_used);
+}
+
 static CUresult reserve(uint64_t bytes) {
     const qsc_session *s = qsc_enter();
     if (s->client == NULL) {
         qsc_leave(s);
         return s->failure;
     }
+    /* Memory freed into pools stays reserved while they keep it: see whether they still do
+     * before a reservation that would not fit. */
+    if (qsc_pools_hold_freed() && !room_for(s, bytes)) qsc_pools_settle();
     int rc = qs_mem_reserve(s->client, bytes);
     qsc_leave(s);
     if (rc != QS_OK && rc != QS_ENOMEM)
@@ -176,55 +187,86 @@ QSC_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytes, unsigned 
     return settle(rc, &pointers, rc == CUDA_SUCCESS ? *dptr : 0, bytes);
 }
 
+/* An allocation is freed: a stream-ordered one's memory goes back to its pool (pool_mem.c),
+ * any other's reservation is given back. */
+static void freed(CUdeviceptr dptr) {
+    uint64_t bytes = map_take(&pointers, dptr);
+    CUmemoryPool pool = (CUmemoryPool)(uintptr_t)map_take(&pool_of_pointer, dptr);
+    if (pool != NULL) qsc_pool_freed(pool, bytes);
+    else release(bytes);
+}
+
 QSC_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
     CUresult rc = QSC_REAL(free_fn, cuMemFree_v2)(dptr);
-    if (rc == CUDA_SUCCESS) release(map_take(&pointers, dptr));
+    if (rc == CUDA_SUCCESS) freed(dptr);
+    return rc;
+}
+
+typedef CUresult (*pointer_attr_fn)(void *, int, CUdeviceptr);
+#define CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE 17
+
+/* After a stream-ordered allocation of `bytes` at `dptr` (from `pool`, NULL: the one the driver
+ * says) was remembered: tie it to its pool. A pool that cannot be named leaves it an ordinary
+ * allocation (given back at its free). */
+static CUresult pooled(CUresult rc, CUdeviceptr dptr, uint64_t bytes, CUmemoryPool pool) {
+    pointer_attr_fn attr = QSC_REAL(pointer_attr_fn, cuPointerGetAttribute);
+    if (rc != CUDA_SUCCESS) return rc;
+    if (pool == NULL && (attr == NULL ||
+                         attr(&pool, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, dptr) != CUDA_SUCCESS))
+        return rc;
+    if (pool == NULL || !map_put(&pool_of_pointer, dptr, (uint64_t)(uintptr_t)pool)) return rc;
+    if (!qsc_pool_allocated(pool, bytes)) map_take(&pool_of_pointer, dptr);
     return rc;
 }
 
 /* Into a stream being captured, an asynchronous allocation is an allocation node of the graph:
  * nothing is allocated now, and the graph's instantiation reserves it (graph_mem.c). */
-#define QSC_ALLOC_ASYNC(type, name, stream, ...)                                  \
-    do {                                                                          \
-        qsc_resolve();                                                            \
-        if (qsc_stream_capturing(stream)) return QSC_REAL(type, name)(__VA_ARGS__); \
-        QSC_RESERVE(bytes);                                                       \
-        CUresult rc = QSC_REAL(type, name)(__VA_ARGS__);                          \
-        return settle(rc, &pointers, rc == CUDA_SUCCESS ? *dptr : 0, bytes);      \
+#define QSC_ALLOC_ASYNC(type, name, stream, pool, ...)                                   \
+    do {                                                                                 \
+        qsc_resolve();                                                                   \
+        if (qsc_stream_capturing(stream)) return QSC_REAL(type, name)(__VA_ARGS__);      \
+        QSC_RESERVE(bytes);                                                              \
+        CUresult rc = QSC_REAL(type, name)(__VA_ARGS__);                                 \
+        rc = settle(rc, &pointers, rc == CUDA_SUCCESS ? *dptr : 0, bytes);               \
+        return pooled(rc, rc == CUDA_SUCCESS ? *dptr : 0, bytes, pool);                  \
     } while (0)
 
 /* What NULL names in the per-thread-stream (_ptsz) entry points. */
 static CUstream per_thread(CUstream stream) { return stream == NULL ? CU_STREAM_PER_THREAD : stream; }
 
 QSC_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytes, CUstream stream) {
-    QSC_ALLOC_ASYNC(alloc_async_fn, cuMemAllocAsync, stream, dptr, bytes, stream);
+    QSC_ALLOC_ASYNC(alloc_async_fn, cuMemAllocAsync, stream, NULL, dptr, bytes, stream);
 }
 
 QSC_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytes, CUstream stream) {
-    QSC_ALLOC_ASYNC(alloc_async_fn, cuMemAllocAsync_ptsz, per_thread(stream), dptr, bytes, stream);
+    QSC_ALLOC_ASYNC(alloc_async_fn, cuMemAllocAsync_ptsz, per_thread(stream), NULL, dptr, bytes,
+                    stream);
 }
 
 QSC_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool,
                                             CUstream stream) {
-    QSC_ALLOC_ASYNC(alloc_pool_fn, cuMemAllocFromPoolAsync, stream, dptr, bytes, pool, stream);
+    QSC_ALLOC_ASYNC(alloc_pool_fn, cuMemAllocFromPoolAsync, stream, pool, dptr, bytes, pool,
+                    stream);
 }
 
 QSC_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytes,
                                                  CUmemoryPool pool, CUstream stream) {
-    QSC_ALLOC_ASYNC(alloc_pool_fn, cuMemAllocFromPoolAsync_ptsz, per_thread(stream), dptr, bytes,
-                    pool, stream);
+    QSC_ALLOC_ASYNC(alloc_pool_fn, cuMemAllocFromPoolAsync_ptsz, per_thread(stream), pool, dptr,
+                    bytes, pool, stream);
 }
 
-/* An asynchronous free gives its bytes back when it is submitted, not when it runs. */
+/* A stream-ordered free of a stream-ordered allocation leaves its memory with the pool until
+ * the pool gives it back (pool_mem.c). The free of an ordinary allocation gives its bytes back
+ * when it is submitted, not when it runs. */
 QSC_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream) {
     CUresult rc = QSC_REAL(free_async_fn, cuMemFreeAsync)(dptr, stream);
-    if (rc == CUDA_SUCCESS) release(map_take(&pointers, dptr));
+    if (rc == CUDA_SUCCESS) freed(dptr);
     return rc;
 }
 
 QSC_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream) {
     CUresult rc = QSC_REAL(free_async_fn, cuMemFreeAsync_ptsz)(dptr, stream);
-    if (rc == CUDA_SUCCESS) release(map_take(&pointers, dptr));
+    if (rc == CUDA_SUCCESS) freed(dptr);
     return rc;
 }
 

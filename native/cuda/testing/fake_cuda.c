@@ -13,7 +13,10 @@
  * during a capture hold: a wait on an event or a stream that a capture forbids the calling
  * thread (its mode, cuThreadExchangeStreamCaptureMode) fails and invalidates it. Device memory is
  * address space only: allocations are counted against the fake card's total, never
- * backed. The interposer under test runs against this exactly as against libcuda.
+ * backed; as on the real driver, a memory pool keeps what is freed into it until a
+ * synchronization or a trim, and graph memory is taken at a graph's first launch into a graph
+ * memory pool kept until cuDeviceGraphMemTrim (qshare_fake_device_used says what the card
+ * holds). The interposer under test runs against this exactly as against libcuda.
  * Linked with -Bsymbolic: like the real driver, its calls to itself stay inside it. */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -73,8 +76,11 @@ struct CUgraphExec_st {
 struct CUarray_st {
     uint64_t bytes;
 };
+/* A memory pool keeps the memory freed into it (`reserved` beyond `in_use`, counted as the
+ * device's) until a synchronization finds it holding more than its release threshold, or until
+ * cuMemPoolTrimTo, as the real driver's pools do. Under pool_lock. */
 struct CUmemPoolHandle_st {
-    int unused;
+    uint64_t reserved, in_use, threshold;
 };
 
 enum { EV_NEVER = 0, EV_PENDING = 1, EV_DONE = 2 };
@@ -264,6 +270,7 @@ static CUstream resolve(CUstream st) {
 }
 
 static int legacy_use_forbidden(CUstream stream);
+static void pools_synchronized(void);
 EXPORT CUresult cuGraphCreate(CUgraph *graph, unsigned int flags);
 EXPORT CUresult cuGraphDestroy(CUgraph graph);
 EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
@@ -508,6 +515,7 @@ EXPORT CUresult cuCtxSynchronize(void) {
     CUstream list = all_streams;
     pthread_mutex_unlock(&streams_lock);
     for (CUstream st = list; st != NULL; st = st->next_stream) wait_stream(st);
+    pools_synchronized();
     return CUDA_SUCCESS;
 }
 
@@ -654,6 +662,7 @@ EXPORT CUresult cuStreamSynchronize(CUstream stream) {
     if (legacy_use_forbidden(stream)) return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
     if (capture_forbids_call()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     wait_stream(resolve(stream));
+    pools_synchronized();
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuStreamSynchronize_ptsz(CUstream stream) {
@@ -909,8 +918,11 @@ static _Atomic uint64_t next_handle = 1;
 typedef struct allocation {
     uint64_t key;
     uint64_t bytes;
+    CUmemoryPool pool; /* a stream-ordered allocation's pool, else NULL */
     struct allocation *next;
 } allocation;
+static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct CUmemPoolHandle_st the_pool; /* the device's default (and current) pool */
 static pthread_mutex_t alloc_lock = PTHREAD_MUTEX_INITIALIZER;
 static allocation *allocations;
 
@@ -922,10 +934,10 @@ static CUresult take(uint64_t bytes) {
     return CUDA_SUCCESS;
 }
 
-static CUresult remember(uint64_t key, uint64_t bytes) {
+static CUresult remember(uint64_t key, uint64_t bytes, CUmemoryPool pool) {
     allocation *a = malloc(sizeof *a);
     if (a == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
-    *a = (allocation){key, bytes, NULL};
+    *a = (allocation){key, bytes, pool, NULL};
     pthread_mutex_lock(&alloc_lock);
     a->next = allocations;
     allocations = a;
@@ -941,35 +953,79 @@ static CUresult forget(uint64_t key) {
     if (a != NULL) *p = a->next;
     pthread_mutex_unlock(&alloc_lock);
     if (a == NULL) return CUDA_ERROR_INVALID_VALUE;
-    atomic_fetch_sub(&used_bytes, a->bytes);
+    if (a->pool != NULL) { /* back into its pool, which keeps it */
+        pthread_mutex_lock(&pool_lock);
+        a->pool->in_use -= a->bytes;
+        pthread_mutex_unlock(&pool_lock);
+    } else {
+        atomic_fetch_sub(&used_bytes, a->bytes);
+    }
     free(a);
     return CUDA_SUCCESS;
 }
 
-static CUresult alloc_address(CUdeviceptr *dptr, uint64_t bytes) {
-    if (!atomic_load(&initialized)) return CUDA_ERROR_NOT_INITIALIZED;
-    if (dptr == NULL || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
-    CUresult rc = take(bytes);
-    if (rc != CUDA_SUCCESS) return rc;
-    uint64_t span = (bytes + 0xfffffu) & ~0xfffffull;
-    *dptr = atomic_fetch_add(&next_address, span + 0x100000u);
-    rc = remember(*dptr, bytes);
-    if (rc != CUDA_SUCCESS) atomic_fetch_sub(&used_bytes, bytes);
+/* The pool gives back to the device what it holds unused beyond `keep`. */
+static void pool_release(CUmemoryPool pool, uint64_t keep) {
+    pthread_mutex_lock(&pool_lock);
+    uint64_t floor = keep > pool->in_use ? keep : pool->in_use;
+    if (pool->reserved > floor) {
+        atomic_fetch_sub(&used_bytes, pool->reserved - floor);
+        pool->reserved = floor;
+    }
+    pthread_mutex_unlock(&pool_lock);
+}
+
+/* At a synchronization: a pool holding more than its release threshold gives back the rest. */
+static void pools_synchronized(void) { pool_release(&the_pool, the_pool.threshold); }
+
+/* From what `pool` holds unused first, then from the device. */
+static CUresult pool_take(CUmemoryPool pool, uint64_t bytes) {
+    pthread_mutex_lock(&pool_lock);
+    uint64_t idle = pool->reserved - pool->in_use;
+    uint64_t more = bytes > idle ? bytes - idle : 0;
+    CUresult rc = take(more);
+    if (rc == CUDA_SUCCESS) {
+        pool->reserved += more;
+        pool->in_use += bytes;
+    }
+    pthread_mutex_unlock(&pool_lock);
     return rc;
 }
 
-EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytes) { return alloc_address(dptr, bytes); }
+static void pool_untake(CUmemoryPool pool, uint64_t bytes) {
+    pthread_mutex_lock(&pool_lock);
+    pool->in_use -= bytes;
+    pthread_mutex_unlock(&pool_lock);
+}
+
+/* Device memory, or with `pool` a stream-ordered allocation from that pool. */
+static CUresult alloc_address(CUdeviceptr *dptr, uint64_t bytes, CUmemoryPool pool) {
+    if (!atomic_load(&initialized)) return CUDA_ERROR_NOT_INITIALIZED;
+    if (dptr == NULL || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = pool != NULL ? pool_take(pool, bytes) : take(bytes);
+    if (rc != CUDA_SUCCESS) return rc;
+    uint64_t span = (bytes + 0xfffffu) & ~0xfffffull;
+    *dptr = atomic_fetch_add(&next_address, span + 0x100000u);
+    rc = remember(*dptr, bytes, pool);
+    if (rc != CUDA_SUCCESS && pool != NULL) pool_untake(pool, bytes);
+    else if (rc != CUDA_SUCCESS) atomic_fetch_sub(&used_bytes, bytes);
+    return rc;
+}
+
+EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytes) {
+    return alloc_address(dptr, bytes, NULL);
+}
 
 EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height,
                                    unsigned int element_size) {
     (void)element_size;
     *pitch = (width + 511u) & ~(size_t)511u;
-    return alloc_address(dptr, (uint64_t)*pitch * height);
+    return alloc_address(dptr, (uint64_t)*pitch * height, NULL);
 }
 
 EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytes, unsigned int flags) {
     (void)flags;
-    return alloc_address(dptr, bytes);
+    return alloc_address(dptr, bytes, NULL);
 }
 
 EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) { return forget(dptr); }
@@ -981,23 +1037,26 @@ static CUgraph capture_graph(CUstream stream) {
     return stream->captured;
 }
 
-/* Into a stream being captured: an allocation node of the graph (memory only when it runs). */
-EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytes, CUstream stream) {
+/* From `pool`; into a stream being captured, an allocation node of the graph (memory only when
+ * it runs). */
+static CUresult alloc_async(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, CUstream stream) {
     CUgraph graph = capture_graph(stream);
-    if (graph == NULL) return alloc_address(dptr, bytes);
+    if (graph == NULL) return alloc_address(dptr, bytes, pool);
     if (dptr == NULL) return CUDA_ERROR_INVALID_VALUE;
     CUDA_MEM_ALLOC_NODE_PARAMS params = {.bytesize = bytes};
     CUresult rc = cuGraphAddMemAllocNode(NULL, graph, NULL, 0, &params);
     if (rc == CUDA_SUCCESS) *dptr = params.dptr;
     return rc;
 }
+EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytes, CUstream stream) {
+    return alloc_async(dptr, bytes, &the_pool, stream);
+}
 EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytes, CUstream stream) {
     return cuMemAllocAsync(dptr, bytes, stream);
 }
 EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool,
                                         CUstream stream) {
-    (void)pool;
-    return cuMemAllocAsync(dptr, bytes, stream);
+    return pool == NULL ? CUDA_ERROR_INVALID_VALUE : alloc_async(dptr, bytes, pool, stream);
 }
 EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool,
                                              CUstream stream) {
@@ -1012,7 +1071,49 @@ EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream) {
     return cuMemFreeAsync(dptr, stream);
 }
 
-static struct CUmemPoolHandle_st the_pool;
+EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) {
+    if (pool == NULL) return CUDA_ERROR_INVALID_VALUE;
+    pool_release(pool, keep);
+    return CUDA_SUCCESS;
+}
+
+enum { ATTR_RELEASE_THRESHOLD = 4, ATTR_RESERVED_MEM_CURRENT = 5, ATTR_USED_MEM_CURRENT = 7 };
+
+EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, int attr, void *value) {
+    if (pool == NULL || value == NULL) return CUDA_ERROR_INVALID_VALUE;
+    if (attr != ATTR_RELEASE_THRESHOLD) return CUDA_SUCCESS; /* reuse policies: not modelled */
+    pthread_mutex_lock(&pool_lock);
+    pool->threshold = *(cuuint64_t *)value;
+    pthread_mutex_unlock(&pool_lock);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, int attr, void *value) {
+    if (pool == NULL || value == NULL) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&pool_lock);
+    uint64_t v = attr == ATTR_RELEASE_THRESHOLD      ? pool->threshold
+                 : attr == ATTR_RESERVED_MEM_CURRENT ? pool->reserved
+                 : attr == ATTR_USED_MEM_CURRENT     ? pool->in_use
+                                                     : UINT64_MAX;
+    pthread_mutex_unlock(&pool_lock);
+    if (v == UINT64_MAX) return CUDA_ERROR_INVALID_VALUE;
+    *(cuuint64_t *)value = v;
+    return CUDA_SUCCESS;
+}
+
+/* Only CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE (17), of a stream-ordered allocation. */
+EXPORT CUresult cuPointerGetAttribute(void *data, int attr, CUdeviceptr ptr) {
+    if (data == NULL || attr != 17) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&alloc_lock);
+    allocation *a = allocations;
+    while (a != NULL && a->key != ptr) a = a->next;
+    CUmemoryPool pool = a != NULL ? a->pool : NULL;
+    pthread_mutex_unlock(&alloc_lock);
+    if (pool == NULL) return CUDA_ERROR_INVALID_VALUE;
+    *(CUmemoryPool *)data = pool;
+    return CUDA_SUCCESS;
+}
+
 EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev) {
     if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
     *pool = &the_pool;
@@ -1026,7 +1127,7 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t bytes,
     CUresult rc = take(bytes);
     if (rc != CUDA_SUCCESS) return rc;
     *handle = atomic_fetch_add(&next_handle, 1);
-    rc = remember(*handle, bytes);
+    rc = remember(*handle, bytes, NULL);
     if (rc != CUDA_SUCCESS) atomic_fetch_sub(&used_bytes, bytes);
     return rc;
 }
@@ -1305,7 +1406,8 @@ static const named table[] = {
     NAMED(cuMemAllocPitch_v2), NAMED(cuMemAllocManaged), NAMED(cuMemFree_v2),
     NAMED(cuMemAllocAsync), NAMED(cuMemAllocAsync_ptsz), NAMED(cuMemAllocFromPoolAsync),
     NAMED(cuMemAllocFromPoolAsync_ptsz), NAMED(cuMemFreeAsync), NAMED(cuMemFreeAsync_ptsz),
-    NAMED(cuDeviceGetDefaultMemPool), NAMED(cuMemCreate), NAMED(cuMemRelease),
+    NAMED(cuDeviceGetDefaultMemPool), NAMED(cuMemPoolTrimTo), NAMED(cuMemPoolSetAttribute),
+    NAMED(cuMemPoolGetAttribute), NAMED(cuPointerGetAttribute), NAMED(cuMemCreate), NAMED(cuMemRelease),
     NAMED(cuArrayCreate_v2), NAMED(cuArray3DCreate_v2), NAMED(cuArrayDestroy),
     NAMED(cuMemGetInfo_v2), NAMED(cuGetErrorName), NAMED(cuGetProcAddress),
     NAMED(cuGetProcAddress_v2),

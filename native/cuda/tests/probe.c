@@ -716,6 +716,24 @@ static void cmd_graph(probe *p, const char *line) {
 
 static void cmd_devused(void) { printf("devused bytes=%ld\n", fake_count("qshare_fake_device_used")); }
 
+/* The device's default memory pool: `pool threshold BYTES` sets its release threshold,
+ * `pool trim BYTES` trims it to that. */
+static void cmd_pool(probe *p, const char *what, unsigned long long bytes) {
+    typedef CUresult (*set_fn)(CUmemoryPool, int, void *);
+    typedef CUresult (*trim_fn)(CUmemoryPool, size_t);
+    set_fn set = (set_fn)entry("cuMemPoolSetAttribute");
+    trim_fn trim = (trim_fn)entry("cuMemPoolTrimTo");
+    CUmemoryPool pool = NULL;
+    cuuint64_t value = bytes;
+    CUresult rc = set == NULL || trim == NULL ? CUDA_ERROR_NOT_FOUND
+                                              : p->d->cuDeviceGetDefaultMemPool(&pool, 0);
+    if (rc == CUDA_SUCCESS && strcmp(what, "threshold") == 0)
+        rc = set(pool, 4 /* CU_MEMPOOL_ATTR_RELEASE_THRESHOLD */, &value);
+    else if (rc == CUDA_SUCCESS && strcmp(what, "trim") == 0) rc = trim(pool, (size_t)bytes);
+    else if (rc == CUDA_SUCCESS) rc = CUDA_ERROR_INVALID_VALUE;
+    printf("pool rc=%d\n", rc);
+}
+
 static void run(probe *p, char *line) {
     char cmd[32] = "", arg1[32] = "";
     unsigned long n1 = 0, n2 = 0;
@@ -758,6 +776,7 @@ static void run(probe *p, char *line) {
     else if (strcmp(cmd, "sleep") == 0) cmd_sleep(strtoul(arg1, NULL, 10));
     else if (strcmp(cmd, "graph") == 0) cmd_graph(p, line);
     else if (strcmp(cmd, "devused") == 0) cmd_devused();
+    else if (strcmp(cmd, "pool") == 0) cmd_pool(p, arg1, strtoull(word3, NULL, 10));
     else printf("%s rc=-1 error=unknown-command\n", cmd);
     fflush(stdout);
 }
