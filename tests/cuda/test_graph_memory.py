@@ -49,6 +49,17 @@ def test_captured_allocation_counts_once_from_instantiation(node: NodeOwner) -> 
     assert run.rc("alloc") == 2
 
 
+def test_captured_allocation_left_live_is_not_counted_twice(node: NodeOwner) -> None:
+    probe = Probe(node, SMALL_VGPU)
+    try:
+        assert probe.ask("init")["rc"] == "0"
+        captured = probe.ask(f"graph capture {768 * MIB} keep")["rc"]
+        held = node.stats(SMALL_VGPU)["mem_used"]
+    finally:
+        probe.close()
+    assert (captured, held) == ("0", 768 * MIB)
+
+
 def test_captured_graph_holds_its_memory_while_it_lives(node: NodeOwner) -> None:
     probe = Probe(node, SMALL_VGPU)
     try:

@@ -592,8 +592,9 @@ static void cmd_forklaunch(probe *p, unsigned long us) {
     printf("forklaunch rc=%d hung=%d\n", child > 0 ? 0 : -1, hung);
 }
 
-/* ---- graphs holding memory: `graph alloc BYTES HOW`, `graph capture BYTES`, `graph launch`,
- * `graph destroy`, `graph trim`; `devused` says the fake device's memory in use ---- */
+/* ---- graphs holding memory: `graph alloc BYTES HOW`, `graph capture BYTES [keep]`,
+ * `graph launch`, `graph destroy`, `graph trim`; `devused` says the fake device's memory in
+ * use ---- */
 #define MAX_GRAPH_EXECS 16
 static CUgraphExec graph_execs[MAX_GRAPH_EXECS];
 static int n_graph_execs;
@@ -653,8 +654,9 @@ static CUresult graph_with_alloc(probe *p, CUgraph *graph, size_t bytes, int chi
     return rc != CUDA_SUCCESS ? rc : add_child(&node, *graph, NULL, 0, inner);
 }
 
-/* A graph captured from a stream: an asynchronous allocation of `bytes` and its free. */
-static CUresult graph_captured(probe *p, CUgraph *graph, size_t bytes) {
+/* A graph captured from a stream: an asynchronous allocation of `bytes` and, unless `keep`, its
+ * free. */
+static CUresult graph_captured(probe *p, CUgraph *graph, size_t bytes, int keep) {
     typedef CUresult (*begin_fn)(CUstream, int);
     typedef CUresult (*end_fn)(CUstream, CUgraph *);
     begin_fn begin = (begin_fn)entry("cuStreamBeginCapture_v2");
@@ -665,7 +667,7 @@ static CUresult graph_captured(probe *p, CUgraph *graph, size_t bytes) {
     CUresult rc = p->d->cuStreamCreate(&stream, 0);
     if (rc == CUDA_SUCCESS) rc = begin(stream, CU_STREAM_CAPTURE_MODE_RELAXED);
     if (rc == CUDA_SUCCESS) rc = p->d->cuMemAllocAsync(&ptr, bytes, stream);
-    if (rc == CUDA_SUCCESS) rc = p->d->cuMemFreeAsync(ptr, stream);
+    if (rc == CUDA_SUCCESS && !keep) rc = p->d->cuMemFreeAsync(ptr, stream);
     CUresult ended = stream != NULL ? end(stream, graph) : CUDA_ERROR_INVALID_HANDLE;
     return rc != CUDA_SUCCESS ? rc : ended;
 }
@@ -676,7 +678,7 @@ static CUresult graph_make(probe *p, const char *what, size_t bytes, const char 
     CUgraph graph = NULL;
     if (n_graph_execs == MAX_GRAPH_EXECS || destroy == NULL) return CUDA_ERROR_INVALID_VALUE;
     CUresult rc = strcmp(what, "capture") == 0
-                      ? graph_captured(p, &graph, bytes)
+                      ? graph_captured(p, &graph, bytes, strcmp(how, "keep") == 0)
                       : graph_with_alloc(p, &graph, bytes, strcmp(how, "child") == 0);
     CUgraphExec exec = NULL;
     if (rc == CUDA_SUCCESS) rc = instantiate_as(p, &exec, graph, how);
