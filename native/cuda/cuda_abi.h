@@ -108,7 +108,8 @@ typedef struct CUmemAllocationProp CUmemAllocationProp; /* passed through, never
  * cuGraphInstantiateWithParams' parameters (the layouts of CUDA 12). */
 enum {
     CU_GRAPH_NODE_TYPE_GRAPH = 5,     /* a child graph */
-    CU_GRAPH_NODE_TYPE_MEM_ALLOC = 10 /* a graph memory allocation */
+    CU_GRAPH_NODE_TYPE_MEM_ALLOC = 10, /* a graph memory allocation */
+    CU_GRAPH_NODE_TYPE_MEM_FREE = 11   /* a graph memory free */
 };
 typedef struct CUmemPoolProps {
     int allocType, handleTypes;

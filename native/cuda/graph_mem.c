@@ -6,7 +6,8 @@
  * graph's allocation nodes (child graphs included, each rounded up to 2 MiB) before the driver
  * instantiates it, and the reservation lives with the executable graph. At its destroy the pool
  * is trimmed and only what the pool still holds beyond the live executable graphs' reservations
- * stays reserved (docs/driver.md, "Graph memory"). */
+ * stays reserved, settled again at the program's trims and before a reservation that would not
+ * fit otherwise (docs/driver.md, "Graph memory"). */
 #include <pthread.h>
 #include <stdlib.h>
 
@@ -78,6 +79,7 @@ static exec_rec *execs;
  * freed, memory the pool kept although trimmed), per that device's pool count. The last entry
  * holds what was reserved on a device we cannot name or count: it is never released. */
 static uint64_t residual[GRAPH_DEVICES + 1];
+static _Atomic int residual_held; /* some residual is nonzero: a hint read without the lock */
 
 static uint64_t *residual_of(CUdevice dev) {
     return &residual[dev >= 0 && dev < GRAPH_DEVICES ? dev : GRAPH_DEVICES];
@@ -119,6 +121,13 @@ static void settle_pool(CUdevice dev, uint64_t freed) {
     qsc_mem_release(held - *kept);
 }
 
+/* Under graph_lock: whether any residual is left (the hint). */
+static void note_residual(void) {
+    int any = 0;
+    for (int i = 0; i <= GRAPH_DEVICES; i++) any |= residual[i] != 0;
+    atomic_store(&residual_held, any);
+}
+
 /* Tie `bytes` reserved to `exec`; 0 when there is no memory to remember it with. */
 static int remember(CUgraphExec exec, uint64_t bytes) {
     exec_rec *r = malloc(sizeof *r);
@@ -140,9 +149,21 @@ static void forget(CUgraphExec exec) {
     if (r != NULL) {
         *p = r->next;
         settle_pool(r->dev, r->bytes);
+        note_residual();
     }
     pthread_mutex_unlock(&graph_lock);
     free(r);
+}
+
+int qsc_graphs_hold_residual(void) { return atomic_load(&residual_held); }
+
+/* Graph memory freed outside its graph goes back to the pool, which keeps it until trimmed. */
+void qsc_graphs_settle(void) {
+    pthread_mutex_lock(&graph_lock);
+    for (CUdevice dev = 0; dev < GRAPH_DEVICES; dev++)
+        if (residual[dev] != 0) settle_pool(dev, 0);
+    note_residual();
+    pthread_mutex_unlock(&graph_lock);
 }
 
 /* Before an instantiation of `graph`: reserve its allocation nodes' bytes (*bytes). */
@@ -245,6 +266,7 @@ QSC_EXPORT CUresult cuDeviceGraphMemTrim(CUdevice dev) {
     if (rc != CUDA_SUCCESS) return rc;
     pthread_mutex_lock(&graph_lock);
     if (*residual_of(dev) > 0) settle_pool(dev, 0);
+    note_residual();
     pthread_mutex_unlock(&graph_lock);
     return rc;
 }

@@ -219,6 +219,12 @@ void qsc_pool_freed(CUmemoryPool pool, uint64_t bytes);
 int qsc_pools_hold_freed(void);
 void qsc_pools_settle(void);
 
+/* ---- graph memory (graph_mem.c) ---- */
+/* 1 when graph memory that outlived its executable graph is still reserved; qsc_graphs_settle
+ * trims the graph memory pools and gives back what they no longer hold. */
+int qsc_graphs_hold_residual(void);
+void qsc_graphs_settle(void);
+
 /* ---- the attached process (session.c) ---- */
 typedef struct qsc_session {
     qs_client *client; /* NULL when attaching failed: every interposed call fails */

@@ -106,9 +106,12 @@ static CUresult reserve(uint64_t bytes) {
         qsc_leave(s);
         return s->failure;
     }
-    /* Memory freed into pools stays reserved while they keep it: see whether they still do
-     * before a reservation that would not fit. */
-    if (qsc_pools_hold_freed() && !room_for(s, bytes)) qsc_pools_settle();
+    /* Memory freed into pools (graph memory pools too) stays reserved while they keep it: see
+     * whether they still do before a reservation that would not fit. */
+    if ((qsc_pools_hold_freed() || qsc_graphs_hold_residual()) && !room_for(s, bytes)) {
+        qsc_pools_settle();
+        qsc_graphs_settle();
+    }
     int rc = qs_mem_reserve(s->client, bytes);
     qsc_leave(s);
     if (rc != QS_OK && rc != QS_ENOMEM)

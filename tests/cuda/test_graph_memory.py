@@ -89,3 +89,24 @@ def test_destroyed_graph_gives_its_memory_back_to_the_device(node: NodeOwner) ->
     assert replies(run.replies, "graph") == [0, 0, 0]
     assert run.rc("alloc") == 0
     assert int(run.reply("devused")["bytes"]) <= SMALL_LIMIT
+
+
+def test_graph_allocation_outliving_its_graph_stays_counted_until_freed(node: NodeOwner) -> None:
+    run = run_probe(
+        node,
+        SMALL_VGPU,
+        [
+            "init",
+            f"graph alloc {768 * MIB} keep",
+            "graph launch",
+            "graph destroy",
+            f"alloc plain {512 * MIB}",
+            "devused",
+            "graph free",
+            f"alloc plain {512 * MIB}",
+            "devused",
+        ],
+    )
+    assert replies(run.replies, "graph") == [0, 0, 0, 0]
+    assert replies(run.replies, "alloc") == [2, 0]
+    assert all(int(r["bytes"]) <= SMALL_LIMIT for r in run.replies if r["cmd"] == "devused")

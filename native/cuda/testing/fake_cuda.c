@@ -59,11 +59,21 @@ struct CUfunc_st {
     int hold;   /* "hold_launch": the launch call never returns */
 };
 struct CUgraphNode_st {
-    int type;       /* CU_GRAPH_NODE_TYPE_*: an allocation, a child graph, or 0 (other work) */
-    uint64_t bytes; /* an allocation's size */
-    CUgraph child;  /* a child graph node's graph (owned by the node) */
+    int type;         /* CU_GRAPH_NODE_TYPE_*: an allocation, a free, a child graph, or 0 */
+    uint64_t bytes;   /* an allocation's size */
+    CUgraph child;    /* a child graph node's graph (owned by the node) */
+    CUdeviceptr dptr; /* an allocation's address */
+    int freed;        /* an allocation the graph frees itself */
     struct CUgraphNode_st *next;
 };
+/* An allocation a launched graph made and did not free: it lives on (its exec's destroy
+ * included) until cuMemFree or cuMemFreeAsync. */
+typedef struct graph_alloc {
+    CUdeviceptr dptr;
+    uint64_t bytes;
+    struct CUgraphExec_st *exec; /* NULL once its exec was destroyed */
+    struct graph_alloc *next;
+} graph_alloc;
 struct CUgraph_st {
     CUgraphNode nodes; /* newest first */
     size_t count;
@@ -72,6 +82,9 @@ struct CUgraphExec_st {
     uint64_t duration_ns;
     uint64_t graph_bytes; /* its allocation nodes' sizes, children's included */
     int backed;           /* launched (or uploaded): graph_bytes are physically held */
+    size_t n_kept;        /* its allocations the graph does not free */
+    CUdeviceptr kept_dptr[8];
+    uint64_t kept_bytes[8];
 };
 struct CUarray_st {
     uint64_t bytes;
@@ -1028,7 +1041,11 @@ EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytes, unsigned int 
     return alloc_address(dptr, bytes, NULL);
 }
 
-EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) { return forget(dptr); }
+static int free_graph_alloc(CUdeviceptr dptr);
+
+EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
+    return free_graph_alloc(dptr) ? CUDA_SUCCESS : forget(dptr);
+}
 
 /* The graph a created stream is being captured into, or NULL. */
 static CUgraph capture_graph(CUstream stream) {
@@ -1062,10 +1079,17 @@ EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytes, CU
                                              CUstream stream) {
     return cuMemAllocFromPoolAsync(dptr, bytes, pool, stream);
 }
-/* Into a stream being captured: a free node (the graph's own allocations are not modelled
- * further). */
+static int graph_frees(CUgraph graph, CUdeviceptr dptr);
+
+/* Into a stream being captured: a free node (of the graph's own allocation, which the graph
+ * then frees itself; others are not modelled). */
 EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream) {
-    return capture_graph(stream) != NULL ? CUDA_SUCCESS : forget(dptr);
+    CUgraph graph = capture_graph(stream);
+    if (graph != NULL) {
+        graph_frees(graph, dptr);
+        return CUDA_SUCCESS;
+    }
+    return free_graph_alloc(dptr) ? CUDA_SUCCESS : forget(dptr);
 }
 EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream) {
     return cuMemFreeAsync(dptr, stream);
@@ -1198,7 +1222,7 @@ static CUresult add_node(CUgraphNode *out, CUgraph graph, int type, uint64_t byt
     if (graph == NULL) return CUDA_ERROR_INVALID_VALUE;
     CUgraphNode n = calloc(1, sizeof *n);
     if (n == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
-    *n = (struct CUgraphNode_st){type, bytes, child, graph->nodes};
+    *n = (struct CUgraphNode_st){.type = type, .bytes = bytes, .child = child, .next = graph->nodes};
     graph->nodes = n;
     graph->count++;
     if (out != NULL) *out = n;
@@ -1212,8 +1236,25 @@ EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph graph, const C
     if (params == NULL || params->bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
     CUresult rc = add_node(node, graph, CU_GRAPH_NODE_TYPE_MEM_ALLOC, params->bytesize, NULL);
     uint64_t span = (params->bytesize + 0xfffffu) & ~0xfffffull;
-    if (rc == CUDA_SUCCESS) params->dptr = atomic_fetch_add(&next_address, span + 0x100000u);
+    if (rc == CUDA_SUCCESS) params->dptr = graph->nodes->dptr =
+        atomic_fetch_add(&next_address, span + 0x100000u);
     return rc;
+}
+
+/* `graph` frees its allocation at `dptr` itself: 0 when it has none there. */
+static int graph_frees(CUgraph graph, CUdeviceptr dptr) {
+    for (CUgraphNode n = graph->nodes; n != NULL; n = n->next)
+        if (n->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC && n->dptr == dptr && !n->freed)
+            return n->freed = 1;
+    return 0;
+}
+
+/* Only an allocation of the same graph (the real driver also takes others). */
+EXPORT CUresult cuGraphAddMemFreeNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
+                                      size_t ndeps, CUdeviceptr dptr) {
+    (void)deps, (void)ndeps;
+    if (graph == NULL || !graph_frees(graph, dptr)) return CUDA_ERROR_INVALID_VALUE;
+    return add_node(node, graph, CU_GRAPH_NODE_TYPE_MEM_FREE, 0, NULL);
 }
 
 /* The child is taken as it is (the real driver clones it); the node owns it from now on. */
@@ -1264,12 +1305,28 @@ static uint64_t graph_alloc_bytes(CUgraph graph) {
     return sum;
 }
 
+/* The allocations of `graph` (children included) that it does not free, into `exec`. */
+static CUresult keep_unfreed(CUgraphExec exec, CUgraph graph) {
+    CUresult rc = CUDA_SUCCESS;
+    for (CUgraphNode n = graph->nodes; n != NULL && rc == CUDA_SUCCESS; n = n->next) {
+        if (n->type == CU_GRAPH_NODE_TYPE_GRAPH) rc = keep_unfreed(exec, n->child);
+        if (n->type != CU_GRAPH_NODE_TYPE_MEM_ALLOC || n->freed) continue;
+        if (exec->n_kept == sizeof exec->kept_dptr / sizeof exec->kept_dptr[0])
+            return CUDA_ERROR_NOT_SUPPORTED;
+        exec->kept_dptr[exec->n_kept] = n->dptr;
+        exec->kept_bytes[exec->n_kept++] = n->bytes;
+    }
+    return rc;
+}
+
 static CUresult instantiate(CUgraphExec *exec, CUgraph graph) {
     if (exec == NULL || graph == NULL) return CUDA_ERROR_INVALID_VALUE;
     *exec = calloc(1, sizeof **exec);
     if (*exec == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
     (*exec)->graph_bytes = graph_alloc_bytes(graph);
-    return CUDA_SUCCESS;
+    CUresult rc = keep_unfreed(*exec, graph);
+    if (rc != CUDA_SUCCESS) free(*exec);
+    return rc;
 }
 EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph,
                                             unsigned long long flags) {
@@ -1297,6 +1354,18 @@ EXPORT CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *exec, CUgraph gra
     return cuGraphInstantiateWithParams(exec, graph, params);
 }
 
+static graph_alloc *graph_allocs; /* under graph_pool_lock */
+
+/* Under graph_pool_lock: `exec`'s allocations that it does not free now live. */
+static void graph_allocs_live(CUgraphExec exec) {
+    for (size_t i = 0; i < exec->n_kept; i++) {
+        graph_alloc *a = malloc(sizeof *a);
+        if (a == NULL) continue; /* a test double's shortcut: it is then freed with its exec */
+        *a = (graph_alloc){exec->kept_dptr[i], exec->kept_bytes[i], exec, graph_allocs};
+        graph_allocs = a;
+    }
+}
+
 /* First launch: the graph's allocations are backed, from what the pool holds unused first,
  * then from the device. */
 static CUresult back_graph(CUgraphExec exec) {
@@ -1308,18 +1377,42 @@ static CUresult back_graph(CUgraphExec exec) {
         if (exec->graph_bytes > idle) graph_pool_reserved += exec->graph_bytes - idle;
         graph_pool_in_use += exec->graph_bytes;
         exec->backed = 1;
+        graph_allocs_live(exec);
     }
     pthread_mutex_unlock(&graph_pool_lock);
     return rc;
 }
 
+/* Its memory goes back to the graph pool, but for its allocations still live. */
 EXPORT CUresult cuGraphExecDestroy(CUgraphExec exec) {
     if (exec == NULL) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&graph_pool_lock);
-    if (exec->backed) graph_pool_in_use -= exec->graph_bytes;
+    uint64_t live = 0;
+    for (graph_alloc *a = graph_allocs; a != NULL; a = a->next)
+        if (a->exec == exec) {
+            live += a->bytes;
+            a->exec = NULL;
+        }
+    if (exec->backed) graph_pool_in_use -= exec->graph_bytes - live;
     pthread_mutex_unlock(&graph_pool_lock);
     free(exec);
     return CUDA_SUCCESS;
+}
+
+/* The free of a graph allocation still live (1), or 0 when `dptr` is none. Its memory goes back
+ * to the graph pool once its exec is gone (until then the exec holds it). */
+static int free_graph_alloc(CUdeviceptr dptr) {
+    pthread_mutex_lock(&graph_pool_lock);
+    graph_alloc **p = &graph_allocs;
+    while (*p != NULL && (*p)->dptr != dptr) p = &(*p)->next;
+    graph_alloc *a = *p;
+    if (a != NULL) {
+        *p = a->next;
+        if (a->exec == NULL) graph_pool_in_use -= a->bytes;
+    }
+    pthread_mutex_unlock(&graph_pool_lock);
+    free(a);
+    return a != NULL;
 }
 EXPORT CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream) {
     if (exec == NULL) return CUDA_ERROR_INVALID_HANDLE;
@@ -1392,7 +1485,7 @@ static const named table[] = {
     NAMED(cuLaunchHostFunc_ptsz), NAMED(cuGraphCreate), NAMED(cuGraphDestroy),
     NAMED(cuGraphInstantiateWithFlags), NAMED(cuGraphInstantiate), NAMED(cuGraphInstantiate_v2),
     NAMED(cuGraphInstantiateWithParams), NAMED(cuGraphInstantiateWithParams_ptsz),
-    NAMED(cuGraphAddMemAllocNode), NAMED(cuGraphAddChildGraphNode), NAMED(cuGraphGetNodes),
+    NAMED(cuGraphAddMemAllocNode), NAMED(cuGraphAddMemFreeNode), NAMED(cuGraphAddChildGraphNode), NAMED(cuGraphGetNodes),
     NAMED(cuGraphNodeGetType), NAMED(cuGraphMemAllocNodeGetParams),
     NAMED(cuGraphChildGraphNodeGetGraph), NAMED(cuGraphUpload), NAMED(cuDeviceGraphMemTrim),
     NAMED(cuDeviceGetGraphMemAttribute), NAMED(cuGraphExecDestroy), NAMED(cuGraphLaunch),

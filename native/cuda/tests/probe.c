@@ -592,12 +592,14 @@ static void cmd_forklaunch(probe *p, unsigned long us) {
     printf("forklaunch rc=%d hung=%d\n", child > 0 ? 0 : -1, hung);
 }
 
-/* ---- graphs holding memory: `graph alloc BYTES HOW`, `graph capture BYTES [keep]`,
- * `graph launch`, `graph destroy`, `graph trim`; `devused` says the fake device's memory in
- * use ---- */
+/* ---- graphs holding memory: `graph alloc BYTES HOW` (HOW: an instantiation entry point,
+ * `child`, or `keep`: the graph does not free its allocation), `graph capture BYTES [keep]`,
+ * `graph launch`, `graph destroy`, `graph free` (cuMemFree of the last graph allocation),
+ * `graph trim`; `devused` says the fake device's memory in use ---- */
 #define MAX_GRAPH_EXECS 16
 static CUgraphExec graph_execs[MAX_GRAPH_EXECS];
 static int n_graph_execs;
+static CUdeviceptr graph_ptr; /* the last graph allocation made */
 
 typedef CUresult (*inst_flags_fn)(CUgraphExec *, CUgraph, unsigned long long);
 typedef CUresult (*inst_log_fn)(CUgraphExec *, CUgraph, CUgraphNode *, char *, size_t);
@@ -633,19 +635,25 @@ static CUresult instantiate_as(probe *p, CUgraphExec *exec, CUgraph graph, const
     return p->d->cuGraphInstantiateWithFlags(exec, graph, 0);
 }
 
-/* A graph with one allocation node of `bytes`; with `child`, inside a child graph. */
-static CUresult graph_with_alloc(probe *p, CUgraph *graph, size_t bytes, int child) {
+/* A graph with one allocation node of `bytes` and, unless `keep`, its free node; with `child`,
+ * inside a child graph. */
+static CUresult graph_with_alloc(probe *p, CUgraph *graph, size_t bytes, int child, int keep) {
     typedef CUresult (*add_alloc_fn)(CUgraphNode *, CUgraph, const CUgraphNode *, size_t,
                                      CUDA_MEM_ALLOC_NODE_PARAMS *);
+    typedef CUresult (*add_free_fn)(CUgraphNode *, CUgraph, const CUgraphNode *, size_t,
+                                    CUdeviceptr);
     typedef CUresult (*add_child_fn)(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUgraph);
     add_alloc_fn add_alloc = (add_alloc_fn)entry("cuGraphAddMemAllocNode");
+    add_free_fn add_free = (add_free_fn)entry("cuGraphAddMemFreeNode");
     add_child_fn add_child = (add_child_fn)entry("cuGraphAddChildGraphNode");
     CUgraph inner = NULL;
     CUgraphNode node = NULL;
     CUDA_MEM_ALLOC_NODE_PARAMS params = {.bytesize = bytes};
-    if (add_alloc == NULL || add_child == NULL) return CUDA_ERROR_NOT_FOUND;
+    if (add_alloc == NULL || add_free == NULL || add_child == NULL) return CUDA_ERROR_NOT_FOUND;
     CUresult rc = p->d->cuGraphCreate(&inner, 0);
     if (rc == CUDA_SUCCESS) rc = add_alloc(&node, inner, NULL, 0, &params);
+    graph_ptr = params.dptr;
+    if (rc == CUDA_SUCCESS && !keep) rc = add_free(NULL, inner, &node, 1, params.dptr);
     if (rc != CUDA_SUCCESS || !child) {
         *graph = inner;
         return rc;
@@ -667,6 +675,7 @@ static CUresult graph_captured(probe *p, CUgraph *graph, size_t bytes, int keep)
     CUresult rc = p->d->cuStreamCreate(&stream, 0);
     if (rc == CUDA_SUCCESS) rc = begin(stream, CU_STREAM_CAPTURE_MODE_RELAXED);
     if (rc == CUDA_SUCCESS) rc = p->d->cuMemAllocAsync(&ptr, bytes, stream);
+    graph_ptr = ptr;
     if (rc == CUDA_SUCCESS && !keep) rc = p->d->cuMemFreeAsync(ptr, stream);
     CUresult ended = stream != NULL ? end(stream, graph) : CUDA_ERROR_INVALID_HANDLE;
     return rc != CUDA_SUCCESS ? rc : ended;
@@ -679,7 +688,8 @@ static CUresult graph_make(probe *p, const char *what, size_t bytes, const char 
     if (n_graph_execs == MAX_GRAPH_EXECS || destroy == NULL) return CUDA_ERROR_INVALID_VALUE;
     CUresult rc = strcmp(what, "capture") == 0
                       ? graph_captured(p, &graph, bytes, strcmp(how, "keep") == 0)
-                      : graph_with_alloc(p, &graph, bytes, strcmp(how, "child") == 0);
+                      : graph_with_alloc(p, &graph, bytes, strcmp(how, "child") == 0,
+                                         strcmp(how, "keep") == 0);
     CUgraphExec exec = NULL;
     if (rc == CUDA_SUCCESS) rc = instantiate_as(p, &exec, graph, how);
     if (rc == CUDA_SUCCESS) graph_execs[n_graph_execs++] = exec;
@@ -694,6 +704,7 @@ static CUresult graph_use(probe *p, const char *what) {
         trim_fn trim = (trim_fn)entry("cuDeviceGraphMemTrim");
         return trim == NULL ? CUDA_ERROR_NOT_FOUND : trim(0);
     }
+    if (strcmp(what, "free") == 0) return p->d->cuMemFree_v2(graph_ptr);
     if (n_graph_execs == 0) return CUDA_ERROR_INVALID_VALUE;
     CUgraphExec exec = graph_execs[n_graph_execs - 1];
     if (strcmp(what, "launch") == 0) {
