@@ -99,6 +99,15 @@ static uint64_t live_bytes_on(CUdevice dev) {
     return sum;
 }
 
+/* The interposer's own trim, in relaxed capture mode: another thread's capture neither forbids
+ * it nor is invalidated by it. */
+static CUresult relaxed_trim(trim_fn trim, CUdevice dev) {
+    CUstreamCaptureMode was = qsc_capture_mode(CU_STREAM_CAPTURE_MODE_RELAXED);
+    CUresult rc = trim(dev);
+    qsc_capture_mode(was);
+    return rc;
+}
+
 /* Under graph_lock: `freed` bytes of reservation are no longer tied to an executable graph of
  * `dev`. Trim the pool, then keep reserved (as residual) what it still holds beyond the live
  * graphs' reservations, never more than was reserved; release the rest. Without the pool's
@@ -110,7 +119,7 @@ static void settle_pool(CUdevice dev, uint64_t freed) {
     trim_fn trim = QSC_REAL(trim_fn, cuDeviceGraphMemTrim);
     graph_mem_attr_fn attr = QSC_REAL(graph_mem_attr_fn, cuDeviceGetGraphMemAttribute);
     if (kept == &residual[GRAPH_DEVICES] || trim == NULL || attr == NULL ||
-        trim(dev) != CUDA_SUCCESS ||
+        relaxed_trim(trim, dev) != CUDA_SUCCESS ||
         attr(dev, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, &pool) != CUDA_SUCCESS) {
         *kept = held;
         return;
