@@ -99,6 +99,7 @@
     X(cuGraphChildGraphNodeGetGraph, cuGraphChildGraphNodeGetGraph, CUDA) \
     X(cuDeviceGetGraphMemAttribute, cuDeviceGetGraphMemAttribute, CUDA) \
     X(cuMemPoolGetAttribute, cuMemPoolGetAttribute, CUDA) \
+    X(cuDeviceGetMemPool, cuDeviceGetMemPool, CUDA) \
     X(cuPointerGetAttribute, cuPointerGetAttribute, CUDA) \
     X(nvmlDeviceGetUUID, nvmlDeviceGetUUID, NVML)
 
@@ -209,9 +210,19 @@ CUresult qsc_mem_reserve(uint64_t bytes);
 void qsc_mem_release(uint64_t bytes);
 
 /* ---- memory pools' cached memory (pool_mem.c) ---- */
-/* A stream-ordered allocation of `bytes` (reserved) from `pool`: its reservation now goes with
- * the pool; 0 when it cannot be recorded (then it is an ordinary allocation). */
-int qsc_pool_allocated(CUmemoryPool pool, uint64_t bytes);
+/* Before a stream-ordered allocation of `bytes` from `pool`: how much of it the memory the pool
+ * keeps (reserved, freed into it) serves, counted live at once; the rest is to reserve. */
+uint64_t qsc_pool_draw(CUmemoryPool pool, uint64_t bytes);
+/* The allocation failed, or came from another pool: what was drawn goes back to the pool. */
+void qsc_pool_undraw(CUmemoryPool pool, uint64_t drawn);
+/* A stream-ordered allocation of `bytes` from `pool`, `drawn` of it from what the pool keeps and
+ * the rest reserved: its reservation now goes with the pool, topped up to what the pool holds.
+ * CUDA_ERROR_OUT_OF_MEMORY when the pool grew past the limit (the caller frees the allocation);
+ * CUDA_ERROR_NOT_FOUND when it cannot be recorded (then it is an ordinary allocation). */
+CUresult qsc_pool_allocated(CUmemoryPool pool, uint64_t bytes, uint64_t drawn);
+/* An allocation refused after the pool had grown for it: the pool gives back what it holds
+ * beyond what is reserved for it (what it can: memory whose free has not run stays). */
+void qsc_pool_trim_unreserved(CUmemoryPool pool);
 /* Such an allocation is freed: its bytes stay reserved while the pool keeps them. */
 void qsc_pool_freed(CUmemoryPool pool, uint64_t bytes);
 /* 1 when some pool's reservation covers memory freed into it; qsc_pools_settle gives back what

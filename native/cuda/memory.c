@@ -206,32 +206,101 @@ QSC_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
 }
 
 typedef CUresult (*pointer_attr_fn)(void *, int, CUdeviceptr);
+typedef CUresult (*device_pool_fn)(CUmemoryPool *, CUdevice);
 #define CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE 17
 
-/* After a stream-ordered allocation of `bytes` at `dptr` (from `pool`, NULL: the one the driver
- * says) was remembered: tie it to its pool. A pool that cannot be named leaves it an ordinary
- * allocation (given back at its free). */
-static CUresult pooled(CUresult rc, CUdeviceptr dptr, uint64_t bytes, CUmemoryPool pool) {
+/* The pool cuMemAllocAsync takes from: the current device's current pool; NULL if unknown. */
+static CUmemoryPool current_pool(void) {
+    CUdevice dev = 0;
+    CUmemoryPool pool = NULL;
+    qsc_ctx_get_device_fn get_dev = QSC_REAL(qsc_ctx_get_device_fn, cuCtxGetDevice);
+    device_pool_fn get_pool = QSC_REAL(device_pool_fn, cuDeviceGetMemPool);
+    if (get_dev == NULL || get_pool == NULL || get_dev(&dev) != CUDA_SUCCESS ||
+        get_pool(&pool, dev) != CUDA_SUCCESS)
+        return NULL;
+    return pool;
+}
+
+/* The pool a stream-ordered allocation came from, as the driver says; NULL if it cannot. */
+static CUmemoryPool pool_of(CUdeviceptr dptr) {
+    CUmemoryPool pool = NULL;
     pointer_attr_fn attr = QSC_REAL(pointer_attr_fn, cuPointerGetAttribute);
-    if (rc != CUDA_SUCCESS) return rc;
-    if (pool == NULL && (attr == NULL ||
-                         attr(&pool, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, dptr) != CUDA_SUCCESS))
-        return rc;
-    if (pool == NULL || !map_put(&pool_of_pointer, dptr, (uint64_t)(uintptr_t)pool)) return rc;
-    if (!qsc_pool_allocated(pool, bytes)) map_take(&pool_of_pointer, dptr);
+    if (attr == NULL || attr(&pool, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, dptr) != CUDA_SUCCESS)
+        return NULL;
+    return pool;
+}
+
+/* The allocation at `dptr` from `pool` is refused after all: freed on its stream, its
+ * reservation settled, and the pool trimmed of what it holds beyond its reservation. */
+static CUresult refused_after(CUdeviceptr dptr, CUstream stream, CUmemoryPool pool) {
+    if (QSC_REAL(free_async_fn, cuMemFreeAsync)(dptr, stream) == CUDA_SUCCESS) freed(dptr);
+    qsc_pool_trim_unreserved(pool);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+/* The allocation at `dptr` cannot be remembered (no memory for the map): freed on its stream,
+ * what was drawn from `pool` and reserved for it given back. */
+static CUresult untracked(CUdeviceptr dptr, CUstream stream, CUmemoryPool pool, uint64_t bytes,
+                          uint64_t drawn) {
+    QSC_REAL(free_async_fn, cuMemFreeAsync)(dptr, stream);
+    qsc_pool_undraw(pool, drawn);
+    release(bytes - drawn);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+/* A stream-ordered allocation came from another pool than `guess`, or failed: what was drawn
+ * from `guess` goes back, and a successful one reserves that much more. */
+static CUresult redrawn(CUresult rc, CUdeviceptr dptr, uint64_t bytes, CUmemoryPool guess,
+                        uint64_t drawn, CUstream stream) {
+    qsc_pool_undraw(guess, drawn);
+    if (rc == CUDA_SUCCESS && reserve(drawn) != CUDA_SUCCESS) {
+        QSC_REAL(free_async_fn, cuMemFreeAsync)(dptr, stream);
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (rc != CUDA_SUCCESS) release(bytes - drawn);
+    return rc;
+}
+
+/* After the driver answered a stream-ordered allocation of `bytes` that `drawn` of the kept
+ * memory of `guess` (the pool it was expected from) and a reservation of the rest were made for:
+ * remember it and tie it to its pool, refusing it after all when the pool grew past the limit.
+ * A pool that cannot be named leaves it an ordinary allocation (given back at its free). */
+static CUresult pooled(CUresult rc, CUdeviceptr dptr, uint64_t bytes, CUmemoryPool guess,
+                       uint64_t drawn, CUstream stream) {
+    CUmemoryPool pool = rc == CUDA_SUCCESS ? pool_of(dptr) : NULL;
+    if (rc != CUDA_SUCCESS || pool != guess) {
+        rc = redrawn(rc, dptr, bytes, guess, drawn, stream);
+        if (rc != CUDA_SUCCESS) return rc;
+        drawn = 0;
+    }
+    if (!map_put(&pointers, dptr, bytes)) return untracked(dptr, stream, pool, bytes, drawn);
+    if (pool == NULL) return rc;
+    if (!map_put(&pool_of_pointer, dptr, (uint64_t)(uintptr_t)pool)) {
+        map_take(&pointers, dptr);
+        return untracked(dptr, stream, pool, bytes, drawn);
+    }
+    CUresult tied = qsc_pool_allocated(pool, bytes, drawn); /* not found: only when drawn is 0 */
+    if (tied == CUDA_ERROR_OUT_OF_MEMORY) return refused_after(dptr, stream, pool);
+    if (tied != CUDA_SUCCESS) map_take(&pool_of_pointer, dptr);
     return rc;
 }
 
 /* Into a stream being captured, an asynchronous allocation is an allocation node of the graph:
- * nothing is allocated now, and the graph's instantiation reserves it (graph_mem.c). */
+ * nothing is allocated now, and the graph's instantiation reserves it (graph_mem.c). Otherwise
+ * what the pool keeps serves it first, and only the rest is reserved before the driver runs. */
 #define QSC_ALLOC_ASYNC(type, name, stream, pool, ...)                                   \
     do {                                                                                 \
         qsc_resolve();                                                                   \
         if (qsc_stream_capturing(stream)) return QSC_REAL(type, name)(__VA_ARGS__);      \
-        QSC_RESERVE(bytes);                                                              \
+        CUmemoryPool from_ = (pool) != NULL ? (CUmemoryPool)(pool) : current_pool();     \
+        uint64_t drawn_ = qsc_pool_draw(from_, bytes);                                   \
+        CUresult reserved_ = reserve(bytes - drawn_);                                    \
+        if (reserved_ != CUDA_SUCCESS) {                                                 \
+            qsc_pool_undraw(from_, drawn_);                                              \
+            return reserved_;                                                            \
+        }                                                                                \
         CUresult rc = QSC_REAL(type, name)(__VA_ARGS__);                                 \
-        rc = settle(rc, &pointers, rc == CUDA_SUCCESS ? *dptr : 0, bytes);               \
-        return pooled(rc, rc == CUDA_SUCCESS ? *dptr : 0, bytes, pool);                  \
+        return pooled(rc, rc == CUDA_SUCCESS ? *dptr : 0, bytes, from_, drawn_, stream); \
     } while (0)
 
 /* What NULL names in the per-thread-stream (_ptsz) entry points. */

@@ -3,9 +3,11 @@
  * the device: the pool keeps it until a synchronization finds the pool holding more than its
  * release threshold, or until cuMemPoolTrimTo. So a stream-ordered allocation's reservation is
  * tied to its pool, and a pool's reservation is given back only down to what the pool still
- * holds (CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), never below its live allocations. The
- * reservations are settled against the pools at each stream-ordered free, at cuMemPoolTrimTo and
- * cuMemPoolDestroy, and before a reservation that would not fit otherwise (docs/driver.md). */
+ * holds (CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), never below its live allocations. What a pool
+ * keeps serves its next allocations first (the driver hands it out again), so they reserve only
+ * the rest, topped up afterwards to what the pool then holds. The reservations are settled
+ * against the pools at each stream-ordered free, at cuMemPoolTrimTo and cuMemPoolDestroy, and
+ * before a reservation that would not fit otherwise (docs/driver.md). */
 #include <pthread.h>
 #include <stdlib.h>
 
@@ -40,19 +42,34 @@ static pool_rec *record_of(CUmemoryPool pool, int make) {
     return r;
 }
 
+/* Under pools_lock: `r`'s counts become these, pools_excess (covered beyond live) with them. */
+static void set_counts(pool_rec *r, uint64_t live, uint64_t covered) {
+    uint64_t before = r->covered - r->live, after = covered - live;
+    r->live = live;
+    r->covered = covered;
+    if (after >= before) atomic_fetch_add(&pools_excess, after - before);
+    else atomic_fetch_sub(&pools_excess, before - after);
+}
+
+/* What `pool` holds of the device's memory, into `held`; 0 when it cannot say. */
+static int pool_holds(CUmemoryPool pool, uint64_t *held) {
+    cuuint64_t value = 0;
+    pool_attr_fn attr = QSC_REAL(pool_attr_fn, cuMemPoolGetAttribute);
+    if (attr == NULL || attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &value) != CUDA_SUCCESS)
+        return 0;
+    *held = value;
+    return 1;
+}
+
 /* Under pools_lock: give back what `r` covers beyond what its pool holds (and beyond its live
  * allocations). A pool that cannot say what it holds keeps everything reserved. */
 static void settle(pool_rec *r) {
-    cuuint64_t held = 0;
-    pool_attr_fn attr = QSC_REAL(pool_attr_fn, cuMemPoolGetAttribute);
-    if (r->destroyed) held = 0;
-    else if (attr == NULL || attr(r->pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &held) != CUDA_SUCCESS)
-        return;
+    uint64_t held = 0;
+    if (!r->destroyed && !pool_holds(r->pool, &held)) return;
     uint64_t target = held > r->live ? held : r->live;
     if (r->covered <= target) return;
     uint64_t extra = r->covered - target;
-    r->covered = target;
-    atomic_fetch_sub(&pools_excess, extra);
+    set_counts(r, r->live, target);
     qsc_mem_release(extra);
 }
 
@@ -65,25 +82,78 @@ static void drop_if_gone(pool_rec *r) {
     free(r);
 }
 
-int qsc_pool_allocated(CUmemoryPool pool, uint64_t bytes) {
+uint64_t qsc_pool_draw(CUmemoryPool pool, uint64_t bytes) {
+    uint64_t drawn = 0;
+    if (pool == NULL) return 0;
+    pthread_mutex_lock(&pools_lock);
+    pool_rec *r = record_of(pool, 0);
+    if (r != NULL && !r->destroyed) {
+        uint64_t kept = r->covered - r->live;
+        drawn = bytes < kept ? bytes : kept;
+        set_counts(r, r->live + drawn, r->covered);
+    }
+    pthread_mutex_unlock(&pools_lock);
+    return drawn;
+}
+
+void qsc_pool_undraw(CUmemoryPool pool, uint64_t drawn) {
+    if (pool == NULL || drawn == 0) return;
+    pthread_mutex_lock(&pools_lock);
+    pool_rec *r = record_of(pool, 0);
+    if (r != NULL) {
+        set_counts(r, r->live - (drawn < r->live ? drawn : r->live), r->covered);
+        settle(r);
+        drop_if_gone(r);
+    }
+    pthread_mutex_unlock(&pools_lock);
+}
+
+/* Under pools_lock: how much more than `r` covers its pool now holds. */
+static uint64_t shortfall(pool_rec *r) {
+    uint64_t held = 0;
+    return pool_holds(r->pool, &held) && held > r->covered ? held - r->covered : 0;
+}
+
+/* The pool grew by more than was reserved for it (its kept memory did not serve the allocation,
+ * or served it only in part): reserve the rest. The reservation is made outside pools_lock (a
+ * reservation short of room settles the pools, which takes it). */
+static CUresult top_up(CUmemoryPool pool, uint64_t more) {
+    if (more == 0) return CUDA_SUCCESS;
+    if (qsc_mem_reserve(more) != CUDA_SUCCESS) return CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&pools_lock);
+    pool_rec *r = record_of(pool, 1);
+    if (r != NULL) set_counts(r, r->live, r->covered + more);
+    pthread_mutex_unlock(&pools_lock);
+    if (r == NULL) qsc_mem_release(more);
+    return r != NULL ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+void qsc_pool_trim_unreserved(CUmemoryPool pool) {
+    pool_trim_fn trim = QSC_REAL(pool_trim_fn, cuMemPoolTrimTo);
+    pthread_mutex_lock(&pools_lock);
+    pool_rec *r = record_of(pool, 0);
+    if (r != NULL && trim != NULL && trim(pool, r->covered) == CUDA_SUCCESS) settle(r);
+    pthread_mutex_unlock(&pools_lock);
+}
+
+CUresult qsc_pool_allocated(CUmemoryPool pool, uint64_t bytes, uint64_t drawn) {
+    uint64_t more = 0;
     pthread_mutex_lock(&pools_lock);
     pool_rec *r = record_of(pool, 1);
     if (r != NULL) {
         r->destroyed = 0; /* a new pool given a destroyed one's handle */
-        r->live += bytes;
-        r->covered += bytes;
+        set_counts(r, r->live + bytes - drawn, r->covered + bytes - drawn);
+        more = shortfall(r);
     }
     pthread_mutex_unlock(&pools_lock);
-    return r != NULL;
+    return r == NULL ? CUDA_ERROR_NOT_FOUND : top_up(pool, more);
 }
 
 void qsc_pool_freed(CUmemoryPool pool, uint64_t bytes) {
     pthread_mutex_lock(&pools_lock);
     pool_rec *r = record_of(pool, 0);
     if (r != NULL) {
-        uint64_t freed = bytes < r->live ? bytes : r->live;
-        r->live -= freed;
-        atomic_fetch_add(&pools_excess, freed);
+        set_counts(r, r->live - (bytes < r->live ? bytes : r->live), r->covered);
         settle(r);
         drop_if_gone(r);
     }

@@ -59,3 +59,32 @@ def test_memory_the_pool_gave_back_can_be_allocated_again(node: NodeOwner) -> No
     )
     assert [int(r["rc"]) for r in run.replies if r["cmd"] == "alloc"] == [0, 0, 0, 0]
     assert node.stats(SMALL_VGPU)["mem_used"] == 0
+
+
+def test_memory_a_pool_keeps_serves_that_pools_next_allocation(node: NodeOwner) -> None:
+    """The stream-ordered allocator's loop at the limit (allocate, free, allocate again before
+    any synchronization): the pool hands its kept memory out again, so the second allocation
+    needs no more of the limit."""
+    run = run_probe(
+        node,
+        SMALL_VGPU,
+        ["init", f"alloc async {768 * MIB}", "free 0", f"alloc async {768 * MIB}", "devused"],
+    )
+    assert run.rc("alloc", 1) == 0
+    assert int(run.reply("devused")["bytes"]) <= SMALL_LIMIT
+
+
+def test_an_allocation_the_pool_grew_for_past_the_limit_is_refused_and_given_back(
+    node: NodeOwner,
+) -> None:
+    """When what the pool keeps cannot serve the allocation (the fake's pool told not to reuse:
+    kept in pieces, or for another stream), the pool grows: the allocation is refused and the
+    pool gives back what it holds beyond the vGPU's reservation."""
+    run = run_probe(
+        node,
+        SMALL_VGPU,
+        ["init", f"alloc async {768 * MIB}", "free 0", f"alloc async {768 * MIB}", "devused"],
+        extra_env={"QSHARE_FAKE_POOL_NO_REUSE": "1"},
+    )
+    assert run.rc("alloc", 1) == 2
+    assert int(run.reply("devused")["bytes"]) <= SMALL_LIMIT

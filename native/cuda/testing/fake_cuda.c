@@ -991,10 +991,13 @@ static void pool_release(CUmemoryPool pool, uint64_t keep) {
 /* At a synchronization: a pool holding more than its release threshold gives back the rest. */
 static void pools_synchronized(void) { pool_release(&the_pool, the_pool.threshold); }
 
-/* From what `pool` holds unused first, then from the device. */
+/* From what `pool` holds unused first, then from the device. With QSHARE_FAKE_POOL_NO_REUSE
+ * set, never from what it holds: a pool whose kept memory cannot serve the allocation (kept in
+ * pieces too small, or for another stream). */
 static CUresult pool_take(CUmemoryPool pool, uint64_t bytes) {
+    int reuse = getenv("QSHARE_FAKE_POOL_NO_REUSE") == NULL;
     pthread_mutex_lock(&pool_lock);
-    uint64_t idle = pool->reserved - pool->in_use;
+    uint64_t idle = reuse ? pool->reserved - pool->in_use : 0;
     uint64_t more = bytes > idle ? bytes - idle : 0;
     CUresult rc = take(more);
     if (rc == CUDA_SUCCESS) {
@@ -1142,6 +1145,11 @@ EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev) {
     if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
     *pool = &the_pool;
     return CUDA_SUCCESS;
+}
+
+/* The device's current pool (what cuMemAllocAsync takes from): its default one here. */
+EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev) {
+    return cuDeviceGetDefaultMemPool(pool, dev);
 }
 
 EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t bytes,
@@ -1499,7 +1507,7 @@ static const named table[] = {
     NAMED(cuMemAllocPitch_v2), NAMED(cuMemAllocManaged), NAMED(cuMemFree_v2),
     NAMED(cuMemAllocAsync), NAMED(cuMemAllocAsync_ptsz), NAMED(cuMemAllocFromPoolAsync),
     NAMED(cuMemAllocFromPoolAsync_ptsz), NAMED(cuMemFreeAsync), NAMED(cuMemFreeAsync_ptsz),
-    NAMED(cuDeviceGetDefaultMemPool), NAMED(cuMemPoolTrimTo), NAMED(cuMemPoolSetAttribute),
+    NAMED(cuDeviceGetDefaultMemPool), NAMED(cuDeviceGetMemPool), NAMED(cuMemPoolTrimTo), NAMED(cuMemPoolSetAttribute),
     NAMED(cuMemPoolGetAttribute), NAMED(cuPointerGetAttribute), NAMED(cuMemCreate), NAMED(cuMemRelease),
     NAMED(cuArrayCreate_v2), NAMED(cuArray3DCreate_v2), NAMED(cuArrayDestroy),
     NAMED(cuMemGetInfo_v2), NAMED(cuGetErrorName), NAMED(cuGetProcAddress),
