@@ -19,6 +19,7 @@ typedef struct CUstream_st *CUstream;
 typedef struct CUevent_st *CUevent;
 typedef struct CUgraph_st *CUgraph;
 typedef struct CUgraphExec_st *CUgraphExec;
+typedef struct CUgraphNode_st *CUgraphNode;
 typedef struct CUarray_st *CUarray;
 typedef struct CUmemPoolHandle_st *CUmemoryPool;
 typedef void (*CUhostFn)(void *user_data);
@@ -102,6 +103,44 @@ typedef struct CUlaunchConfig {
 } CUlaunchConfig;
 
 typedef struct CUmemAllocationProp CUmemAllocationProp; /* passed through, never read */
+
+/* Graphs: node types, the parameters of an allocation node, graph memory attributes and
+ * cuGraphInstantiateWithParams' parameters (the layouts of CUDA 12). */
+enum {
+    CU_GRAPH_NODE_TYPE_GRAPH = 5,     /* a child graph */
+    CU_GRAPH_NODE_TYPE_MEM_ALLOC = 10, /* a graph memory allocation */
+    CU_GRAPH_NODE_TYPE_MEM_FREE = 11   /* a graph memory free */
+};
+typedef struct CUmemPoolProps {
+    int allocType, handleTypes;
+    struct {
+        int type, id;
+    } location;
+    void *win32SecurityAttributes;
+    unsigned char reserved[64]; /* maxSize, usage and reserved bytes in later headers */
+} CUmemPoolProps;
+typedef struct CUmemAccessDesc CUmemAccessDesc;
+typedef struct CUDA_MEM_ALLOC_NODE_PARAMS {
+    CUmemPoolProps poolProps;
+    const CUmemAccessDesc *accessDescs;
+    size_t accessDescCount;
+    size_t bytesize;
+    CUdeviceptr dptr; /* out: the allocation's address */
+} CUDA_MEM_ALLOC_NODE_PARAMS;
+_Static_assert(sizeof(CUmemPoolProps) == 88, "CUmemPoolProps is 88 bytes in CUDA 12");
+typedef enum {
+    CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT = 0,
+    CU_GRAPH_MEM_ATTR_USED_MEM_HIGH = 1,
+    CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT = 2,
+    CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH = 3
+} CUgraphMem_attribute;
+typedef struct CUDA_GRAPH_INSTANTIATE_PARAMS {
+    cuuint64_t flags;
+    CUstream hUploadStream;
+    CUgraphNode hErrNode_out;
+    int result_out; /* CUgraphInstantiateResult */
+} CUDA_GRAPH_INSTANTIATE_PARAMS;
+enum { CUDA_GRAPH_INSTANTIATE_ERROR = 1 };
 
 /* Array formats (element size per channel). */
 enum {

@@ -42,6 +42,8 @@
     X(cuMemAllocFromPoolAsync_ptsz, cuMemAllocFromPoolAsync, CUDA)      \
     X(cuMemFreeAsync, cuMemFreeAsync, CUDA)                             \
     X(cuMemFreeAsync_ptsz, cuMemFreeAsync, CUDA)                        \
+    X(cuMemPoolTrimTo, cuMemPoolTrimTo, CUDA)                           \
+    X(cuMemPoolDestroy, cuMemPoolDestroy, CUDA)                         \
     X(cuMemCreate, cuMemCreate, CUDA)                                   \
     X(cuMemRelease, cuMemRelease, CUDA)                                 \
     X(cuArrayCreate_v2, cuArrayCreate, CUDA)                            \
@@ -49,6 +51,13 @@
     X(cuArrayDestroy, cuArrayDestroy, CUDA)                             \
     X(cuMemGetInfo_v2, cuMemGetInfo, CUDA)                              \
     X(cuDeviceTotalMem_v2, cuDeviceTotalMem, CUDA)                      \
+    X(cuGraphInstantiate, cuGraphInstantiate, CUDA)                     \
+    X(cuGraphInstantiate_v2, cuGraphInstantiate, CUDA)                  \
+    X(cuGraphInstantiateWithFlags, cuGraphInstantiateWithFlags, CUDA)   \
+    X(cuGraphInstantiateWithParams, cuGraphInstantiateWithParams, CUDA) \
+    X(cuGraphInstantiateWithParams_ptsz, cuGraphInstantiateWithParams, CUDA) \
+    X(cuGraphExecDestroy, cuGraphExecDestroy, CUDA)                     \
+    X(cuDeviceGraphMemTrim, cuDeviceGraphMemTrim, CUDA)                 \
     X(cuCtxDestroy_v2, cuCtxDestroy, CUDA)                              \
     X(cuStreamDestroy_v2, cuStreamDestroy, CUDA)                        \
     X(cuStreamBeginCapture, cuStreamBeginCapture, CUDA)                 \
@@ -84,6 +93,14 @@
     X(cuMemHostGetDevicePointer_v2, cuMemHostGetDevicePointer, CUDA) \
     X(cuStreamWaitValue32_v2, cuStreamWaitValue32, CUDA) \
     X(cuThreadExchangeStreamCaptureMode, cuThreadExchangeStreamCaptureMode, CUDA) \
+    X(cuGraphGetNodes, cuGraphGetNodes, CUDA)    \
+    X(cuGraphNodeGetType, cuGraphNodeGetType, CUDA) \
+    X(cuGraphMemAllocNodeGetParams, cuGraphMemAllocNodeGetParams, CUDA) \
+    X(cuGraphChildGraphNodeGetGraph, cuGraphChildGraphNodeGetGraph, CUDA) \
+    X(cuDeviceGetGraphMemAttribute, cuDeviceGetGraphMemAttribute, CUDA) \
+    X(cuMemPoolGetAttribute, cuMemPoolGetAttribute, CUDA) \
+    X(cuDeviceGetMemPool, cuDeviceGetMemPool, CUDA) \
+    X(cuPointerGetAttribute, cuPointerGetAttribute, CUDA) \
     X(nvmlDeviceGetUUID, nvmlDeviceGetUUID, NVML)
 
 enum qsc_index {
@@ -126,6 +143,8 @@ CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytes, CUmemoryP
                                       CUstream stream);
 CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream);
 CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream);
+CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep);
+CUresult cuMemPoolDestroy(CUmemoryPool pool);
 CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t bytes,
                      const CUmemAllocationProp *prop, unsigned long long flags);
 CUresult cuMemRelease(CUmemGenericAllocationHandle handle);
@@ -134,6 +153,17 @@ CUresult cuArray3DCreate_v2(CUarray *array, const CUDA_ARRAY3D_DESCRIPTOR *desc)
 CUresult cuArrayDestroy(CUarray array);
 CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes);
 CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev);
+CUresult cuGraphInstantiate(CUgraphExec *exec, CUgraph graph, CUgraphNode *err_node, char *log,
+                            size_t log_size);
+CUresult cuGraphInstantiate_v2(CUgraphExec *exec, CUgraph graph, CUgraphNode *err_node, char *log,
+                               size_t log_size);
+CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph, unsigned long long flags);
+CUresult cuGraphInstantiateWithParams(CUgraphExec *exec, CUgraph graph,
+                                      CUDA_GRAPH_INSTANTIATE_PARAMS *params);
+CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *exec, CUgraph graph,
+                                           CUDA_GRAPH_INSTANTIATE_PARAMS *params);
+CUresult cuGraphExecDestroy(CUgraphExec exec);
+CUresult cuDeviceGraphMemTrim(CUdevice dev);
 CUresult cuCtxDestroy_v2(CUcontext ctx);
 CUresult cuStreamDestroy_v2(CUstream stream);
 CUresult cuStreamBeginCapture(CUstream stream);
@@ -172,6 +202,39 @@ extern void *qsc_real_table[QSC_N_ALL];
 /* Load libcuda.so.1 and libnvidia-ml.so.1 (if present) and resolve every entry; idempotent. */
 void qsc_resolve(void);
 #define QSC_REAL(type, name) ((type)qsc_real_table[QSC_##name])
+
+/* ---- the memory limit (memory.c) ---- */
+/* Reserve `bytes` against the vGPU's limit (CUDA_ERROR_OUT_OF_MEMORY and an oom event when over
+ * it), and give a reservation back. */
+CUresult qsc_mem_reserve(uint64_t bytes);
+void qsc_mem_release(uint64_t bytes);
+
+/* ---- memory pools' cached memory (pool_mem.c) ---- */
+/* Before a stream-ordered allocation of `bytes` from `pool`: how much of it the memory the pool
+ * keeps (reserved, freed into it) serves, counted live at once; the rest is to reserve. */
+uint64_t qsc_pool_draw(CUmemoryPool pool, uint64_t bytes);
+/* The allocation failed, or came from another pool: what was drawn goes back to the pool. */
+void qsc_pool_undraw(CUmemoryPool pool, uint64_t drawn);
+/* A stream-ordered allocation of `bytes` from `pool`, `drawn` of it from what the pool keeps and
+ * the rest reserved: its reservation now goes with the pool, topped up to what the pool holds.
+ * CUDA_ERROR_OUT_OF_MEMORY when the pool grew past the limit (the caller frees the allocation);
+ * CUDA_ERROR_NOT_FOUND when it cannot be recorded (then it is an ordinary allocation). */
+CUresult qsc_pool_allocated(CUmemoryPool pool, uint64_t bytes, uint64_t drawn);
+/* An allocation refused after the pool had grown for it: the pool gives back what it holds
+ * beyond what is reserved for it (what it can: memory whose free has not run stays). */
+void qsc_pool_trim_unreserved(CUmemoryPool pool);
+/* Such an allocation is freed: its bytes stay reserved while the pool keeps them. */
+void qsc_pool_freed(CUmemoryPool pool, uint64_t bytes);
+/* 1 when some pool's reservation covers memory freed into it; qsc_pools_settle gives back what
+ * the pools no longer hold. */
+int qsc_pools_hold_freed(void);
+void qsc_pools_settle(void);
+
+/* ---- graph memory (graph_mem.c) ---- */
+/* 1 when graph memory that outlived its executable graph is still reserved; qsc_graphs_settle
+ * trims the graph memory pools and gives back what they no longer hold. */
+int qsc_graphs_hold_residual(void);
+void qsc_graphs_settle(void);
 
 /* ---- the attached process (session.c) ---- */
 typedef struct qsc_session {

@@ -24,6 +24,7 @@ typedef struct size_map {
 static size_map pointers = {.lock = PTHREAD_MUTEX_INITIALIZER};
 static size_map vmm_handles = {.lock = PTHREAD_MUTEX_INITIALIZER};
 static size_map arrays = {.lock = PTHREAD_MUTEX_INITIALIZER};
+static size_map pool_of_pointer = {.lock = PTHREAD_MUTEX_INITIALIZER}; /* stream-ordered ones */
 
 static size_t slot_of(const size_map *m, uint64_t key) {
     uint64_t h = key * 0x9e3779b97f4a7c15ull;
@@ -92,11 +93,24 @@ static uint64_t map_take(size_map *m, uint64_t key) {
     return size;
 }
 
+/* 1 when `bytes` more fit under the vGPU's limit as its use stands (or it cannot be read). */
+static int room_for(const qsc_session *s, uint64_t bytes) {
+    qs_client_info info;
+    return qs_client_info_get(s->client, &info) != QS_OK ||
+           (info.mem_used <= info.mem_limit && bytes <= info.mem_limit - info.mem_used);
+}
+
 static CUresult reserve(uint64_t bytes) {
     const qsc_session *s = qsc_enter();
     if (s->client == NULL) {
         qsc_leave(s);
         return s->failure;
+    }
+    /* Memory freed into pools (graph memory pools too) stays reserved while they keep it: see
+     * whether they still do before a reservation that would not fit. */
+    if ((qsc_pools_hold_freed() || qsc_graphs_hold_residual()) && !room_for(s, bytes)) {
+        qsc_pools_settle();
+        qsc_graphs_settle();
     }
     int rc = qs_mem_reserve(s->client, bytes);
     qsc_leave(s);
@@ -106,6 +120,8 @@ static CUresult reserve(uint64_t bytes) {
     return qsc_cu_status(rc);
 }
 
+CUresult qsc_mem_reserve(uint64_t bytes) { return reserve(bytes); }
+
 /* Once the process detached, the owner has taken its reservations back: nothing to release. */
 static void release(uint64_t bytes) {
     if (bytes == 0) return;
@@ -113,6 +129,8 @@ static void release(uint64_t bytes) {
     if (s->client != NULL) qs_mem_release(s->client, bytes);
     qsc_leave(s);
 }
+
+void qsc_mem_release(uint64_t bytes) { release(bytes); }
 
 /* After the driver answered an allocation that `bytes` were reserved for: remember it,
  * or give the reservation back if the driver refused. */
@@ -172,49 +190,155 @@ QSC_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytes, unsigned 
     return settle(rc, &pointers, rc == CUDA_SUCCESS ? *dptr : 0, bytes);
 }
 
+/* An allocation is freed: a stream-ordered one's memory goes back to its pool (pool_mem.c),
+ * any other's reservation is given back. */
+static void freed(CUdeviceptr dptr) {
+    uint64_t bytes = map_take(&pointers, dptr);
+    CUmemoryPool pool = (CUmemoryPool)(uintptr_t)map_take(&pool_of_pointer, dptr);
+    if (pool != NULL) qsc_pool_freed(pool, bytes);
+    else release(bytes);
+}
+
 QSC_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
     CUresult rc = QSC_REAL(free_fn, cuMemFree_v2)(dptr);
-    if (rc == CUDA_SUCCESS) release(map_take(&pointers, dptr));
+    if (rc == CUDA_SUCCESS) freed(dptr);
     return rc;
 }
 
+typedef CUresult (*pointer_attr_fn)(void *, int, CUdeviceptr);
+typedef CUresult (*device_pool_fn)(CUmemoryPool *, CUdevice);
+#define CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE 17
+
+/* The pool cuMemAllocAsync takes from: the current device's current pool; NULL if unknown. */
+static CUmemoryPool current_pool(void) {
+    CUdevice dev = 0;
+    CUmemoryPool pool = NULL;
+    qsc_ctx_get_device_fn get_dev = QSC_REAL(qsc_ctx_get_device_fn, cuCtxGetDevice);
+    device_pool_fn get_pool = QSC_REAL(device_pool_fn, cuDeviceGetMemPool);
+    if (get_dev == NULL || get_pool == NULL || get_dev(&dev) != CUDA_SUCCESS ||
+        get_pool(&pool, dev) != CUDA_SUCCESS)
+        return NULL;
+    return pool;
+}
+
+/* The pool a stream-ordered allocation came from, as the driver says; NULL if it cannot. */
+static CUmemoryPool pool_of(CUdeviceptr dptr) {
+    CUmemoryPool pool = NULL;
+    pointer_attr_fn attr = QSC_REAL(pointer_attr_fn, cuPointerGetAttribute);
+    if (attr == NULL || attr(&pool, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, dptr) != CUDA_SUCCESS)
+        return NULL;
+    return pool;
+}
+
+/* The allocation at `dptr` from `pool` is refused after all: freed on its stream, its
+ * reservation settled, and the pool trimmed of what it holds beyond its reservation. */
+static CUresult refused_after(CUdeviceptr dptr, CUstream stream, CUmemoryPool pool) {
+    if (QSC_REAL(free_async_fn, cuMemFreeAsync)(dptr, stream) == CUDA_SUCCESS) freed(dptr);
+    qsc_pool_trim_unreserved(pool);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+/* The allocation at `dptr` cannot be remembered (no memory for the map): freed on its stream,
+ * what was drawn from `pool` and reserved for it given back. */
+static CUresult untracked(CUdeviceptr dptr, CUstream stream, CUmemoryPool pool, uint64_t bytes,
+                          uint64_t drawn) {
+    QSC_REAL(free_async_fn, cuMemFreeAsync)(dptr, stream);
+    qsc_pool_undraw(pool, drawn);
+    release(bytes - drawn);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+/* A stream-ordered allocation came from another pool than `guess`, or failed: what was drawn
+ * from `guess` goes back, and a successful one reserves that much more. */
+static CUresult redrawn(CUresult rc, CUdeviceptr dptr, uint64_t bytes, CUmemoryPool guess,
+                        uint64_t drawn, CUstream stream) {
+    qsc_pool_undraw(guess, drawn);
+    if (rc == CUDA_SUCCESS && reserve(drawn) != CUDA_SUCCESS) {
+        QSC_REAL(free_async_fn, cuMemFreeAsync)(dptr, stream);
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (rc != CUDA_SUCCESS) release(bytes - drawn);
+    return rc;
+}
+
+/* After the driver answered a stream-ordered allocation of `bytes` that `drawn` of the kept
+ * memory of `guess` (the pool it was expected from) and a reservation of the rest were made for:
+ * remember it and tie it to its pool, refusing it after all when the pool grew past the limit.
+ * A pool that cannot be named leaves it an ordinary allocation (given back at its free). */
+static CUresult pooled(CUresult rc, CUdeviceptr dptr, uint64_t bytes, CUmemoryPool guess,
+                       uint64_t drawn, CUstream stream) {
+    CUmemoryPool pool = rc == CUDA_SUCCESS ? pool_of(dptr) : NULL;
+    if (rc != CUDA_SUCCESS || pool != guess) {
+        rc = redrawn(rc, dptr, bytes, guess, drawn, stream);
+        if (rc != CUDA_SUCCESS) return rc;
+        drawn = 0;
+    }
+    if (!map_put(&pointers, dptr, bytes)) return untracked(dptr, stream, pool, bytes, drawn);
+    if (pool == NULL) return rc;
+    if (!map_put(&pool_of_pointer, dptr, (uint64_t)(uintptr_t)pool)) {
+        map_take(&pointers, dptr);
+        return untracked(dptr, stream, pool, bytes, drawn);
+    }
+    CUresult tied = qsc_pool_allocated(pool, bytes, drawn); /* not found: only when drawn is 0 */
+    if (tied == CUDA_ERROR_OUT_OF_MEMORY) return refused_after(dptr, stream, pool);
+    if (tied != CUDA_SUCCESS) map_take(&pool_of_pointer, dptr);
+    return rc;
+}
+
+/* Into a stream being captured, an asynchronous allocation is an allocation node of the graph:
+ * nothing is allocated now, and the graph's instantiation reserves it (graph_mem.c). Otherwise
+ * what the pool keeps serves it first, and only the rest is reserved before the driver runs. */
+#define QSC_ALLOC_ASYNC(type, name, stream, pool, ...)                                   \
+    do {                                                                                 \
+        qsc_resolve();                                                                   \
+        if (qsc_stream_capturing(stream)) return QSC_REAL(type, name)(__VA_ARGS__);      \
+        CUmemoryPool from_ = (pool) != NULL ? (CUmemoryPool)(pool) : current_pool();     \
+        uint64_t drawn_ = qsc_pool_draw(from_, bytes);                                   \
+        CUresult reserved_ = reserve(bytes - drawn_);                                    \
+        if (reserved_ != CUDA_SUCCESS) {                                                 \
+            qsc_pool_undraw(from_, drawn_);                                              \
+            return reserved_;                                                            \
+        }                                                                                \
+        CUresult rc = QSC_REAL(type, name)(__VA_ARGS__);                                 \
+        return pooled(rc, rc == CUDA_SUCCESS ? *dptr : 0, bytes, from_, drawn_, stream); \
+    } while (0)
+
+/* What NULL names in the per-thread-stream (_ptsz) entry points. */
+static CUstream per_thread(CUstream stream) { return stream == NULL ? CU_STREAM_PER_THREAD : stream; }
+
 QSC_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytes, CUstream stream) {
-    QSC_RESERVE(bytes);
-    CUresult rc = QSC_REAL(alloc_async_fn, cuMemAllocAsync)(dptr, bytes, stream);
-    return settle(rc, &pointers, rc == CUDA_SUCCESS ? *dptr : 0, bytes);
+    QSC_ALLOC_ASYNC(alloc_async_fn, cuMemAllocAsync, stream, NULL, dptr, bytes, stream);
 }
 
 QSC_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytes, CUstream stream) {
-    QSC_RESERVE(bytes);
-    CUresult rc = QSC_REAL(alloc_async_fn, cuMemAllocAsync_ptsz)(dptr, bytes, stream);
-    return settle(rc, &pointers, rc == CUDA_SUCCESS ? *dptr : 0, bytes);
+    QSC_ALLOC_ASYNC(alloc_async_fn, cuMemAllocAsync_ptsz, per_thread(stream), NULL, dptr, bytes,
+                    stream);
 }
 
 QSC_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool,
                                             CUstream stream) {
-    QSC_RESERVE(bytes);
-    CUresult rc = QSC_REAL(alloc_pool_fn, cuMemAllocFromPoolAsync)(dptr, bytes, pool, stream);
-    return settle(rc, &pointers, rc == CUDA_SUCCESS ? *dptr : 0, bytes);
+    QSC_ALLOC_ASYNC(alloc_pool_fn, cuMemAllocFromPoolAsync, stream, pool, dptr, bytes, pool,
+                    stream);
 }
 
 QSC_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytes,
                                                  CUmemoryPool pool, CUstream stream) {
-    QSC_RESERVE(bytes);
-    CUresult rc =
-        QSC_REAL(alloc_pool_fn, cuMemAllocFromPoolAsync_ptsz)(dptr, bytes, pool, stream);
-    return settle(rc, &pointers, rc == CUDA_SUCCESS ? *dptr : 0, bytes);
+    QSC_ALLOC_ASYNC(alloc_pool_fn, cuMemAllocFromPoolAsync_ptsz, per_thread(stream), pool, dptr,
+                    bytes, pool, stream);
 }
 
-/* An asynchronous free gives its bytes back when it is submitted, not when it runs. */
+/* A stream-ordered free of a stream-ordered allocation leaves its memory with the pool until
+ * the pool gives it back (pool_mem.c). The free of an ordinary allocation gives its bytes back
+ * when it is submitted, not when it runs. */
 QSC_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream) {
     CUresult rc = QSC_REAL(free_async_fn, cuMemFreeAsync)(dptr, stream);
-    if (rc == CUDA_SUCCESS) release(map_take(&pointers, dptr));
+    if (rc == CUDA_SUCCESS) freed(dptr);
     return rc;
 }
 
 QSC_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream) {
     CUresult rc = QSC_REAL(free_async_fn, cuMemFreeAsync_ptsz)(dptr, stream);
-    if (rc == CUDA_SUCCESS) release(map_take(&pointers, dptr));
+    if (rc == CUDA_SUCCESS) freed(dptr);
     return rc;
 }
 

@@ -82,9 +82,17 @@ static const entry *wrapper_for(const char *base, void *answer, int version, cuu
     return by_name;
 }
 
+/* The entry a request for `symbol` at `version` names: CUDA 12 gave cuGraphInstantiate the
+ * signature of cuGraphInstantiateWithFlags, and the driver answers it with that function. */
+static const char *base_requested(const char *symbol, int version) {
+    return version >= 12000 && strcmp(symbol, "cuGraphInstantiate") == 0
+               ? "cuGraphInstantiateWithFlags"
+               : symbol;
+}
+
 static void *interpose_answer(const char *symbol, void *answer, int version, cuuint64_t flags) {
     if (answer == NULL || symbol == NULL) return answer;
-    const entry *e = wrapper_for(symbol, answer, version, flags);
+    const entry *e = wrapper_for(base_requested(symbol, version), answer, version, flags);
     return e != NULL ? e->wrapper : answer;
 }
 

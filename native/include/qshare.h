@@ -17,6 +17,9 @@ extern "C" {
 #define QS_MAX_VGPUS_PER_CARD 64u
 #define QS_MAX_VGPUS (QS_MAX_CARDS * QS_MAX_VGPUS_PER_CARD)
 #define QS_MAX_CONTEXTS 4096u
+/* Contexts (attached processes) one vGPU may hold at once: one tenant cannot take the whole
+ * table from the others. */
+#define QS_MAX_CONTEXTS_PER_VGPU 64u
 #define QS_NAME_MAX 48u
 #define QS_UUID_MAX 64u
 #define QS_EVENT_RING_SIZE 4096u

@@ -56,6 +56,18 @@ static int alloc_ctx(qs_node *node, uint32_t *out)
                    QS_MAX_CONTEXTS);
 }
 
+/* Contexts vGPU slot `slot` holds, from the owner's private records (the shared count is
+ * every tenant's to rewrite, so it neither grants nor refuses an attach). */
+static uint32_t contexts_of(qs_node *node, uint32_t slot)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < QS_MAX_CONTEXTS; i++) {
+        const struct qs_owner_rec *r = &node->seg.owner->recs[i];
+        n += atomic_load(&r->state) == QS_SLOT_ACTIVE && r->vslot == slot;
+    }
+    return n;
+}
+
 static int peer_pid(int fd)
 {
     struct ucred cred;
@@ -114,6 +126,9 @@ static int attach_ctx(qs_node *node, int fd, uint32_t slot, uint32_t vgpu_id,
     if (v->id != vgpu_id)
         return qs_fail(QS_ENOENT, "no vGPU with id %u behind this socket (it serves vGPU %u)",
                        vgpu_id, v->id);
+    if (contexts_of(node, slot) >= QS_MAX_CONTEXTS_PER_VGPU)
+        return qs_fail(QS_EFULL, "vGPU %u has %u contexts, its most (QS_MAX_CONTEXTS_PER_VGPU)",
+                       v->id, QS_MAX_CONTEXTS_PER_VGPU);
     uint32_t i = 0;
     int rc = alloc_ctx(node, &i);
     if (rc != QS_OK)

@@ -437,6 +437,39 @@ static int test_an_exchange_timeout_with_a_unit_is_refused_for_the_default(void)
     return 0;
 }
 
+/* One tenant cannot take the node's context table: its vGPU's attaches past
+ * QS_MAX_CONTEXTS_PER_VGPU are refused, and another vGPU still attaches. */
+static int test_attaches_past_the_per_vgpu_cap_are_refused_and_others_attach(void)
+{
+    qs_node *node = make_node("ctxcap");
+    EXPECT(node != NULL);
+    EXPECT(vgpu(node, 1, QS_PRIO_LOW, 50, GiB) == QS_OK);
+    EXPECT(vgpu(node, 2, QS_PRIO_LOW, 50, GiB) == QS_OK);
+    static qs_client *cls[QS_MAX_CONTEXTS_PER_VGPU + 1];
+    uint32_t n = 0;
+    while (n < QS_MAX_CONTEXTS_PER_VGPU &&
+           qs_client_attach(test_segment("ctxcap"), NULL, 1, &cls[n]) == QS_OK)
+        n++;
+    qs_client *over = NULL, *other = NULL;
+    int rc = qs_client_attach(test_segment("ctxcap"), NULL, 1, &over);
+    int named = strstr(qs_last_error(), "vGPU 1 has") != NULL;
+    int other_rc = qs_client_attach(test_segment("ctxcap"), NULL, 2, &other);
+    int freed = n > 0 && qs_client_detach(cls[--n]) == QS_OK;
+    int again = freed && qs_client_attach(test_segment("ctxcap"), NULL, 1, &cls[n++]) == QS_OK;
+    for (uint32_t i = 0; i < n; i++)
+        qs_client_detach(cls[i]);
+    if (over)
+        qs_client_detach(over);
+    if (other)
+        qs_client_detach(other);
+    qs_node_close(node);
+    EXPECT(n == QS_MAX_CONTEXTS_PER_VGPU);
+    EXPECT(rc == QS_EFULL && named);
+    EXPECT(other_rc == QS_OK);
+    EXPECT(again);
+    return 0;
+}
+
 static int test_owner_that_never_answers_fails_the_attach_by_its_deadline(void)
 {
     uint64_t took = 0;
@@ -1054,6 +1087,8 @@ int main(void)
          test_reservation_through_a_reaped_handle_is_refused},
         {"attach past the owner's descriptors is refused without spinning",
          test_attach_past_the_owners_descriptors_is_refused_without_spinning},
+        {"attaches past the per-vGPU cap are refused and others attach",
+         test_attaches_past_the_per_vgpu_cap_are_refused_and_others_attach},
         {"owner that never answers fails the attach by its deadline",
          test_owner_that_never_answers_fails_the_attach_by_its_deadline},
         {"an exchange timeout with a unit is refused for the default",

@@ -13,7 +13,10 @@
  * during a capture hold: a wait on an event or a stream that a capture forbids the calling
  * thread (its mode, cuThreadExchangeStreamCaptureMode) fails and invalidates it. Device memory is
  * address space only: allocations are counted against the fake card's total, never
- * backed. The interposer under test runs against this exactly as against libcuda.
+ * backed; as on the real driver, a memory pool keeps what is freed into it until a
+ * synchronization or a trim, and graph memory is taken at a graph's first launch into a graph
+ * memory pool kept until cuDeviceGraphMemTrim (qshare_fake_device_used says what the card
+ * holds). The interposer under test runs against this exactly as against libcuda.
  * Linked with -Bsymbolic: like the real driver, its calls to itself stay inside it. */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -55,17 +58,42 @@ struct CUfunc_st {
     int replay; /* duration from the launch's first parameter */
     int hold;   /* "hold_launch": the launch call never returns */
 };
+struct CUgraphNode_st {
+    int type;         /* CU_GRAPH_NODE_TYPE_*: an allocation, a free, a child graph, or 0 */
+    uint64_t bytes;   /* an allocation's size */
+    CUgraph child;    /* a child graph node's graph (owned by the node) */
+    CUdeviceptr dptr; /* an allocation's address */
+    int freed;        /* an allocation the graph frees itself */
+    struct CUgraphNode_st *next;
+};
+/* An allocation a launched graph made and did not free: it lives on (its exec's destroy
+ * included) until cuMemFree or cuMemFreeAsync. */
+typedef struct graph_alloc {
+    CUdeviceptr dptr;
+    uint64_t bytes;
+    struct CUgraphExec_st *exec; /* NULL once its exec was destroyed */
+    struct graph_alloc *next;
+} graph_alloc;
 struct CUgraph_st {
-    int unused;
+    CUgraphNode nodes; /* newest first */
+    size_t count;
 };
 struct CUgraphExec_st {
     uint64_t duration_ns;
+    uint64_t graph_bytes; /* its allocation nodes' sizes, children's included */
+    int backed;           /* launched (or uploaded): graph_bytes are physically held */
+    size_t n_kept;        /* its allocations the graph does not free */
+    CUdeviceptr kept_dptr[8];
+    uint64_t kept_bytes[8];
 };
 struct CUarray_st {
     uint64_t bytes;
 };
+/* A memory pool keeps the memory freed into it (`reserved` beyond `in_use`, counted as the
+ * device's) until a synchronization finds it holding more than its release threshold, or until
+ * cuMemPoolTrimTo, as the real driver's pools do. Under pool_lock. */
 struct CUmemPoolHandle_st {
-    int unused;
+    uint64_t reserved, in_use, threshold;
 };
 
 enum { EV_NEVER = 0, EV_PENDING = 1, EV_DONE = 2 };
@@ -103,6 +131,7 @@ struct CUstream_st {
     _Atomic int capture; /* CU_STREAM_CAPTURE_STATUS_*: work submitted meanwhile is captured */
     int capture_mode;    /* as begun (CUstreamCaptureMode); with `capturer`, under streams_lock */
     pthread_t capturer;
+    CUgraph captured;    /* the graph being captured (its allocation nodes) */
     pthread_t worker;
     struct CUstream_st *next_stream;
 };
@@ -254,6 +283,11 @@ static CUstream resolve(CUstream st) {
 }
 
 static int legacy_use_forbidden(CUstream stream);
+static void pools_synchronized(void);
+EXPORT CUresult cuGraphCreate(CUgraph *graph, unsigned int flags);
+EXPORT CUresult cuGraphDestroy(CUgraph graph);
+EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
+                                       size_t ndeps, CUDA_MEM_ALLOC_NODE_PARAMS *params);
 static _Atomic unsigned long captured_records;
 
 /* Test hook: how many event records went into a graph being captured (the probe records no
@@ -494,6 +528,7 @@ EXPORT CUresult cuCtxSynchronize(void) {
     CUstream list = all_streams;
     pthread_mutex_unlock(&streams_lock);
     for (CUstream st = list; st != NULL; st = st->next_stream) wait_stream(st);
+    pools_synchronized();
     return CUDA_SUCCESS;
 }
 
@@ -595,34 +630,6 @@ EXPORT CUresult cuLaunchHostFunc_ptsz(CUstream stream, CUhostFn fn, void *data) 
     return cuLaunchHostFunc(per_thread(stream), fn, data);
 }
 
-/* ---- graphs: an instantiated graph runs as one kernel of 0 ns ---- */
-EXPORT CUresult cuGraphCreate(CUgraph *graph, unsigned int flags) {
-    (void)flags;
-    *graph = calloc(1, sizeof **graph);
-    return *graph != NULL ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
-}
-EXPORT CUresult cuGraphDestroy(CUgraph graph) {
-    free(graph);
-    return CUDA_SUCCESS;
-}
-EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph,
-                                            unsigned long long flags) {
-    (void)graph, (void)flags;
-    *exec = calloc(1, sizeof **exec);
-    return *exec != NULL ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
-}
-EXPORT CUresult cuGraphExecDestroy(CUgraphExec exec) {
-    free(exec);
-    return CUDA_SUCCESS;
-}
-EXPORT CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream) {
-    if (exec == NULL) return CUDA_ERROR_INVALID_HANDLE;
-    return submit(stream, (op){.kind = OP_KERNEL, .duration_ns = exec->duration_ns});
-}
-EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream) {
-    return cuGraphLaunch(exec, per_thread(stream));
-}
-
 /* ---- streams and events ---- */
 EXPORT CUresult cuStreamCreate(CUstream *stream, unsigned int flags) {
     *stream = new_stream();
@@ -668,6 +675,7 @@ EXPORT CUresult cuStreamSynchronize(CUstream stream) {
     if (legacy_use_forbidden(stream)) return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
     if (capture_forbids_call()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     wait_stream(resolve(stream));
+    pools_synchronized();
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuStreamSynchronize_ptsz(CUstream stream) {
@@ -714,15 +722,20 @@ EXPORT CUresult cuStreamBeginCapture_v2(CUstream stream, int mode) {
         return CUDA_ERROR_INVALID_VALUE;
     if (is_default(stream))
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    CUgraph graph = NULL;
+    if (cuGraphCreate(&graph, 0) != CUDA_SUCCESS) return CUDA_ERROR_OUT_OF_MEMORY;
     pthread_mutex_lock(&streams_lock);
     int idle = atomic_load(&stream->capture) == CU_STREAM_CAPTURE_STATUS_NONE;
     if (idle) {
+        stream->captured = graph;
+        graph = NULL;
         stream->capture_mode = mode;
         stream->capturer = pthread_self();
         atomic_store(&stream->capture, CU_STREAM_CAPTURE_STATUS_ACTIVE);
         atomic_fetch_add(&captures_under_way, 1);
     }
     pthread_mutex_unlock(&streams_lock);
+    if (graph != NULL) cuGraphDestroy(graph);
     return idle ? CUDA_SUCCESS : CUDA_ERROR_ILLEGAL_STATE;
 }
 
@@ -735,11 +748,16 @@ EXPORT CUresult cuStreamEndCapture(CUstream stream, CUgraph *graph) {
     pthread_mutex_lock(&streams_lock);
     int status = atomic_exchange(&st->capture, CU_STREAM_CAPTURE_STATUS_NONE);
     if (status != CU_STREAM_CAPTURE_STATUS_NONE) atomic_fetch_sub(&captures_under_way, 1);
+    CUgraph captured = st->captured;
+    st->captured = NULL;
     pthread_mutex_unlock(&streams_lock);
     if (status == CU_STREAM_CAPTURE_STATUS_NONE) return CUDA_ERROR_ILLEGAL_STATE;
-    if (status == CU_STREAM_CAPTURE_STATUS_INVALIDATED)
+    if (status == CU_STREAM_CAPTURE_STATUS_INVALIDATED) {
+        if (captured != NULL) cuGraphDestroy(captured);
         return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
-    return cuGraphCreate(graph, 0);
+    }
+    *graph = captured;
+    return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuThreadExchangeStreamCaptureMode(int *mode) {
@@ -913,8 +931,11 @@ static _Atomic uint64_t next_handle = 1;
 typedef struct allocation {
     uint64_t key;
     uint64_t bytes;
+    CUmemoryPool pool; /* a stream-ordered allocation's pool, else NULL */
     struct allocation *next;
 } allocation;
+static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct CUmemPoolHandle_st the_pool; /* the device's default (and current) pool */
 static pthread_mutex_t alloc_lock = PTHREAD_MUTEX_INITIALIZER;
 static allocation *allocations;
 
@@ -926,10 +947,10 @@ static CUresult take(uint64_t bytes) {
     return CUDA_SUCCESS;
 }
 
-static CUresult remember(uint64_t key, uint64_t bytes) {
+static CUresult remember(uint64_t key, uint64_t bytes, CUmemoryPool pool) {
     allocation *a = malloc(sizeof *a);
     if (a == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
-    *a = (allocation){key, bytes, NULL};
+    *a = (allocation){key, bytes, pool, NULL};
     pthread_mutex_lock(&alloc_lock);
     a->next = allocations;
     allocations = a;
@@ -945,68 +966,190 @@ static CUresult forget(uint64_t key) {
     if (a != NULL) *p = a->next;
     pthread_mutex_unlock(&alloc_lock);
     if (a == NULL) return CUDA_ERROR_INVALID_VALUE;
-    atomic_fetch_sub(&used_bytes, a->bytes);
+    if (a->pool != NULL) { /* back into its pool, which keeps it */
+        pthread_mutex_lock(&pool_lock);
+        a->pool->in_use -= a->bytes;
+        pthread_mutex_unlock(&pool_lock);
+    } else {
+        atomic_fetch_sub(&used_bytes, a->bytes);
+    }
     free(a);
     return CUDA_SUCCESS;
 }
 
-static CUresult alloc_address(CUdeviceptr *dptr, uint64_t bytes) {
-    if (!atomic_load(&initialized)) return CUDA_ERROR_NOT_INITIALIZED;
-    if (dptr == NULL || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
-    CUresult rc = take(bytes);
-    if (rc != CUDA_SUCCESS) return rc;
-    uint64_t span = (bytes + 0xfffffu) & ~0xfffffull;
-    *dptr = atomic_fetch_add(&next_address, span + 0x100000u);
-    rc = remember(*dptr, bytes);
-    if (rc != CUDA_SUCCESS) atomic_fetch_sub(&used_bytes, bytes);
+/* The pool gives back to the device what it holds unused beyond `keep`. */
+static void pool_release(CUmemoryPool pool, uint64_t keep) {
+    pthread_mutex_lock(&pool_lock);
+    uint64_t floor = keep > pool->in_use ? keep : pool->in_use;
+    if (pool->reserved > floor) {
+        atomic_fetch_sub(&used_bytes, pool->reserved - floor);
+        pool->reserved = floor;
+    }
+    pthread_mutex_unlock(&pool_lock);
+}
+
+/* At a synchronization: a pool holding more than its release threshold gives back the rest. */
+static void pools_synchronized(void) { pool_release(&the_pool, the_pool.threshold); }
+
+/* From what `pool` holds unused first, then from the device. With QSHARE_FAKE_POOL_NO_REUSE
+ * set, never from what it holds: a pool whose kept memory cannot serve the allocation (kept in
+ * pieces too small, or for another stream). */
+static CUresult pool_take(CUmemoryPool pool, uint64_t bytes) {
+    int reuse = getenv("QSHARE_FAKE_POOL_NO_REUSE") == NULL;
+    pthread_mutex_lock(&pool_lock);
+    uint64_t idle = reuse ? pool->reserved - pool->in_use : 0;
+    uint64_t more = bytes > idle ? bytes - idle : 0;
+    CUresult rc = take(more);
+    if (rc == CUDA_SUCCESS) {
+        pool->reserved += more;
+        pool->in_use += bytes;
+    }
+    pthread_mutex_unlock(&pool_lock);
     return rc;
 }
 
-EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytes) { return alloc_address(dptr, bytes); }
+static void pool_untake(CUmemoryPool pool, uint64_t bytes) {
+    pthread_mutex_lock(&pool_lock);
+    pool->in_use -= bytes;
+    pthread_mutex_unlock(&pool_lock);
+}
+
+/* Device memory, or with `pool` a stream-ordered allocation from that pool. */
+static CUresult alloc_address(CUdeviceptr *dptr, uint64_t bytes, CUmemoryPool pool) {
+    if (!atomic_load(&initialized)) return CUDA_ERROR_NOT_INITIALIZED;
+    if (dptr == NULL || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = pool != NULL ? pool_take(pool, bytes) : take(bytes);
+    if (rc != CUDA_SUCCESS) return rc;
+    uint64_t span = (bytes + 0xfffffu) & ~0xfffffull;
+    *dptr = atomic_fetch_add(&next_address, span + 0x100000u);
+    rc = remember(*dptr, bytes, pool);
+    if (rc != CUDA_SUCCESS && pool != NULL) pool_untake(pool, bytes);
+    else if (rc != CUDA_SUCCESS) atomic_fetch_sub(&used_bytes, bytes);
+    return rc;
+}
+
+EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytes) {
+    return alloc_address(dptr, bytes, NULL);
+}
 
 EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height,
                                    unsigned int element_size) {
     (void)element_size;
     *pitch = (width + 511u) & ~(size_t)511u;
-    return alloc_address(dptr, (uint64_t)*pitch * height);
+    return alloc_address(dptr, (uint64_t)*pitch * height, NULL);
 }
 
 EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytes, unsigned int flags) {
     (void)flags;
-    return alloc_address(dptr, bytes);
+    return alloc_address(dptr, bytes, NULL);
 }
 
-EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) { return forget(dptr); }
+static int free_graph_alloc(CUdeviceptr dptr);
 
+EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
+    return free_graph_alloc(dptr) ? CUDA_SUCCESS : forget(dptr);
+}
+
+/* The graph a created stream is being captured into, or NULL. */
+static CUgraph capture_graph(CUstream stream) {
+    if (is_default(stream) || atomic_load(&stream->capture) != CU_STREAM_CAPTURE_STATUS_ACTIVE)
+        return NULL;
+    return stream->captured;
+}
+
+/* From `pool`; into a stream being captured, an allocation node of the graph (memory only when
+ * it runs). */
+static CUresult alloc_async(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, CUstream stream) {
+    CUgraph graph = capture_graph(stream);
+    if (graph == NULL) return alloc_address(dptr, bytes, pool);
+    if (dptr == NULL) return CUDA_ERROR_INVALID_VALUE;
+    CUDA_MEM_ALLOC_NODE_PARAMS params = {.bytesize = bytes};
+    CUresult rc = cuGraphAddMemAllocNode(NULL, graph, NULL, 0, &params);
+    if (rc == CUDA_SUCCESS) *dptr = params.dptr;
+    return rc;
+}
 EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytes, CUstream stream) {
-    (void)stream;
-    return alloc_address(dptr, bytes);
+    return alloc_async(dptr, bytes, &the_pool, stream);
 }
 EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytes, CUstream stream) {
     return cuMemAllocAsync(dptr, bytes, stream);
 }
 EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool,
                                         CUstream stream) {
-    (void)pool;
-    return cuMemAllocAsync(dptr, bytes, stream);
+    return pool == NULL ? CUDA_ERROR_INVALID_VALUE : alloc_async(dptr, bytes, pool, stream);
 }
 EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool,
                                              CUstream stream) {
     return cuMemAllocFromPoolAsync(dptr, bytes, pool, stream);
 }
+static int graph_frees(CUgraph graph, CUdeviceptr dptr);
+
+/* Into a stream being captured: a free node (of the graph's own allocation, which the graph
+ * then frees itself; others are not modelled). */
 EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream) {
-    (void)stream;
-    return forget(dptr);
+    CUgraph graph = capture_graph(stream);
+    if (graph != NULL) {
+        graph_frees(graph, dptr);
+        return CUDA_SUCCESS;
+    }
+    return free_graph_alloc(dptr) ? CUDA_SUCCESS : forget(dptr);
 }
 EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream) {
     return cuMemFreeAsync(dptr, stream);
 }
 
-static struct CUmemPoolHandle_st the_pool;
+EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) {
+    if (pool == NULL) return CUDA_ERROR_INVALID_VALUE;
+    pool_release(pool, keep);
+    return CUDA_SUCCESS;
+}
+
+enum { ATTR_RELEASE_THRESHOLD = 4, ATTR_RESERVED_MEM_CURRENT = 5, ATTR_USED_MEM_CURRENT = 7 };
+
+EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, int attr, void *value) {
+    if (pool == NULL || value == NULL) return CUDA_ERROR_INVALID_VALUE;
+    if (attr != ATTR_RELEASE_THRESHOLD) return CUDA_SUCCESS; /* reuse policies: not modelled */
+    pthread_mutex_lock(&pool_lock);
+    pool->threshold = *(cuuint64_t *)value;
+    pthread_mutex_unlock(&pool_lock);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, int attr, void *value) {
+    if (pool == NULL || value == NULL) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&pool_lock);
+    uint64_t v = attr == ATTR_RELEASE_THRESHOLD      ? pool->threshold
+                 : attr == ATTR_RESERVED_MEM_CURRENT ? pool->reserved
+                 : attr == ATTR_USED_MEM_CURRENT     ? pool->in_use
+                                                     : UINT64_MAX;
+    pthread_mutex_unlock(&pool_lock);
+    if (v == UINT64_MAX) return CUDA_ERROR_INVALID_VALUE;
+    *(cuuint64_t *)value = v;
+    return CUDA_SUCCESS;
+}
+
+/* Only CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE (17), of a stream-ordered allocation. */
+EXPORT CUresult cuPointerGetAttribute(void *data, int attr, CUdeviceptr ptr) {
+    if (data == NULL || attr != 17) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&alloc_lock);
+    allocation *a = allocations;
+    while (a != NULL && a->key != ptr) a = a->next;
+    CUmemoryPool pool = a != NULL ? a->pool : NULL;
+    pthread_mutex_unlock(&alloc_lock);
+    if (pool == NULL) return CUDA_ERROR_INVALID_VALUE;
+    *(CUmemoryPool *)data = pool;
+    return CUDA_SUCCESS;
+}
+
 EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev) {
     if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
     *pool = &the_pool;
     return CUDA_SUCCESS;
+}
+
+/* The device's current pool (what cuMemAllocAsync takes from): its default one here. */
+EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev) {
+    return cuDeviceGetDefaultMemPool(pool, dev);
 }
 
 EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t bytes,
@@ -1016,7 +1159,7 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t bytes,
     CUresult rc = take(bytes);
     if (rc != CUDA_SUCCESS) return rc;
     *handle = atomic_fetch_add(&next_handle, 1);
-    rc = remember(*handle, bytes);
+    rc = remember(*handle, bytes, NULL);
     if (rc != CUDA_SUCCESS) atomic_fetch_sub(&used_bytes, bytes);
     return rc;
 }
@@ -1059,6 +1202,266 @@ EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
     return CUDA_SUCCESS;
 }
 
+/* ---- graphs: an instantiated graph runs as one kernel of 0 ns ---- */
+/* Graph memory, as the real driver keeps it: an allocation node's memory is physically
+ * allocated when its executable graph is first launched (or uploaded), from the device's graph
+ * memory pool, and stays with the executable graph; destroying it gives the memory back to the
+ * pool, which keeps it (counted as the device's) until cuDeviceGraphMemTrim. */
+static pthread_mutex_t graph_pool_lock = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t graph_pool_reserved, graph_pool_in_use;
+
+EXPORT CUresult cuGraphCreate(CUgraph *graph, unsigned int flags) {
+    (void)flags;
+    *graph = calloc(1, sizeof **graph);
+    return *graph != NULL ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+EXPORT CUresult cuGraphDestroy(CUgraph graph) {
+    if (graph == NULL) return CUDA_ERROR_INVALID_VALUE;
+    for (CUgraphNode n = graph->nodes, next; n != NULL; n = next) {
+        next = n->next;
+        if (n->child != NULL) cuGraphDestroy(n->child);
+        free(n);
+    }
+    free(graph);
+    return CUDA_SUCCESS;
+}
+
+static CUresult add_node(CUgraphNode *out, CUgraph graph, int type, uint64_t bytes, CUgraph child) {
+    if (graph == NULL) return CUDA_ERROR_INVALID_VALUE;
+    CUgraphNode n = calloc(1, sizeof *n);
+    if (n == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
+    *n = (struct CUgraphNode_st){.type = type, .bytes = bytes, .child = child, .next = graph->nodes};
+    graph->nodes = n;
+    graph->count++;
+    if (out != NULL) *out = n;
+    return CUDA_SUCCESS;
+}
+
+/* The allocation's address is fixed at the node's creation; no memory is taken yet. */
+EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
+                                       size_t ndeps, CUDA_MEM_ALLOC_NODE_PARAMS *params) {
+    (void)deps, (void)ndeps;
+    if (params == NULL || params->bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = add_node(node, graph, CU_GRAPH_NODE_TYPE_MEM_ALLOC, params->bytesize, NULL);
+    uint64_t span = (params->bytesize + 0xfffffu) & ~0xfffffull;
+    if (rc == CUDA_SUCCESS) params->dptr = graph->nodes->dptr =
+        atomic_fetch_add(&next_address, span + 0x100000u);
+    return rc;
+}
+
+/* `graph` frees its allocation at `dptr` itself: 0 when it has none there. */
+static int graph_frees(CUgraph graph, CUdeviceptr dptr) {
+    for (CUgraphNode n = graph->nodes; n != NULL; n = n->next)
+        if (n->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC && n->dptr == dptr && !n->freed)
+            return n->freed = 1;
+    return 0;
+}
+
+/* Only an allocation of the same graph (the real driver also takes others). */
+EXPORT CUresult cuGraphAddMemFreeNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
+                                      size_t ndeps, CUdeviceptr dptr) {
+    (void)deps, (void)ndeps;
+    if (graph == NULL || !graph_frees(graph, dptr)) return CUDA_ERROR_INVALID_VALUE;
+    return add_node(node, graph, CU_GRAPH_NODE_TYPE_MEM_FREE, 0, NULL);
+}
+
+/* The child is taken as it is (the real driver clones it); the node owns it from now on. */
+EXPORT CUresult cuGraphAddChildGraphNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
+                                         size_t ndeps, CUgraph child) {
+    (void)deps, (void)ndeps;
+    if (child == NULL) return CUDA_ERROR_INVALID_VALUE;
+    return add_node(node, graph, CU_GRAPH_NODE_TYPE_GRAPH, 0, child);
+}
+
+EXPORT CUresult cuGraphGetNodes(CUgraph graph, CUgraphNode *nodes, size_t *count) {
+    if (graph == NULL || count == NULL) return CUDA_ERROR_INVALID_VALUE;
+    if (nodes == NULL) {
+        *count = graph->count;
+        return CUDA_SUCCESS;
+    }
+    size_t i = 0;
+    for (CUgraphNode n = graph->nodes; n != NULL && i < *count; n = n->next) nodes[i++] = n;
+    *count = i;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphNodeGetType(CUgraphNode node, int *type) {
+    if (node == NULL || type == NULL) return CUDA_ERROR_INVALID_VALUE;
+    *type = node->type;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphMemAllocNodeGetParams(CUgraphNode node, CUDA_MEM_ALLOC_NODE_PARAMS *p) {
+    if (node == NULL || p == NULL || node->type != CU_GRAPH_NODE_TYPE_MEM_ALLOC)
+        return CUDA_ERROR_INVALID_VALUE;
+    memset(p, 0, sizeof *p);
+    p->bytesize = (size_t)node->bytes;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphChildGraphNodeGetGraph(CUgraphNode node, CUgraph *graph) {
+    if (node == NULL || graph == NULL || node->type != CU_GRAPH_NODE_TYPE_GRAPH)
+        return CUDA_ERROR_INVALID_VALUE;
+    *graph = node->child;
+    return CUDA_SUCCESS;
+}
+
+static uint64_t graph_alloc_bytes(CUgraph graph) {
+    uint64_t sum = 0;
+    for (CUgraphNode n = graph != NULL ? graph->nodes : NULL; n != NULL; n = n->next)
+        sum += n->type == CU_GRAPH_NODE_TYPE_GRAPH ? graph_alloc_bytes(n->child) : n->bytes;
+    return sum;
+}
+
+/* The allocations of `graph` (children included) that it does not free, into `exec`. */
+static CUresult keep_unfreed(CUgraphExec exec, CUgraph graph) {
+    CUresult rc = CUDA_SUCCESS;
+    for (CUgraphNode n = graph->nodes; n != NULL && rc == CUDA_SUCCESS; n = n->next) {
+        if (n->type == CU_GRAPH_NODE_TYPE_GRAPH) rc = keep_unfreed(exec, n->child);
+        if (n->type != CU_GRAPH_NODE_TYPE_MEM_ALLOC || n->freed) continue;
+        if (exec->n_kept == sizeof exec->kept_dptr / sizeof exec->kept_dptr[0])
+            return CUDA_ERROR_NOT_SUPPORTED;
+        exec->kept_dptr[exec->n_kept] = n->dptr;
+        exec->kept_bytes[exec->n_kept++] = n->bytes;
+    }
+    return rc;
+}
+
+static CUresult instantiate(CUgraphExec *exec, CUgraph graph) {
+    if (exec == NULL || graph == NULL) return CUDA_ERROR_INVALID_VALUE;
+    *exec = calloc(1, sizeof **exec);
+    if (*exec == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
+    (*exec)->graph_bytes = graph_alloc_bytes(graph);
+    CUresult rc = keep_unfreed(*exec, graph);
+    if (rc != CUDA_SUCCESS) free(*exec);
+    return rc;
+}
+EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph,
+                                            unsigned long long flags) {
+    (void)flags;
+    return instantiate(exec, graph);
+}
+/* The CUDA 10 and 11 entry points: an error node and a log buffer. */
+EXPORT CUresult cuGraphInstantiate(CUgraphExec *exec, CUgraph graph, CUgraphNode *err_node,
+                                   char *log, size_t log_size) {
+    (void)err_node, (void)log, (void)log_size;
+    return instantiate(exec, graph);
+}
+EXPORT CUresult cuGraphInstantiate_v2(CUgraphExec *exec, CUgraph graph, CUgraphNode *err_node,
+                                      char *log, size_t log_size) {
+    return cuGraphInstantiate(exec, graph, err_node, log, log_size);
+}
+EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec *exec, CUgraph graph,
+                                             CUDA_GRAPH_INSTANTIATE_PARAMS *params) {
+    CUresult rc = instantiate(exec, graph);
+    if (params != NULL) params->result_out = rc == CUDA_SUCCESS ? 0 : CUDA_GRAPH_INSTANTIATE_ERROR;
+    return rc;
+}
+EXPORT CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *exec, CUgraph graph,
+                                                  CUDA_GRAPH_INSTANTIATE_PARAMS *params) {
+    return cuGraphInstantiateWithParams(exec, graph, params);
+}
+
+static graph_alloc *graph_allocs; /* under graph_pool_lock */
+
+/* Under graph_pool_lock: `exec`'s allocations that it does not free now live. */
+static void graph_allocs_live(CUgraphExec exec) {
+    for (size_t i = 0; i < exec->n_kept; i++) {
+        graph_alloc *a = malloc(sizeof *a);
+        if (a == NULL) continue; /* a test double's shortcut: it is then freed with its exec */
+        *a = (graph_alloc){exec->kept_dptr[i], exec->kept_bytes[i], exec, graph_allocs};
+        graph_allocs = a;
+    }
+}
+
+/* First launch: the graph's allocations are backed, from what the pool holds unused first,
+ * then from the device. */
+static CUresult back_graph(CUgraphExec exec) {
+    pthread_mutex_lock(&graph_pool_lock);
+    CUresult rc = CUDA_SUCCESS;
+    uint64_t idle = graph_pool_reserved - graph_pool_in_use;
+    if (!exec->backed && exec->graph_bytes > idle) rc = take(exec->graph_bytes - idle);
+    if (!exec->backed && rc == CUDA_SUCCESS) {
+        if (exec->graph_bytes > idle) graph_pool_reserved += exec->graph_bytes - idle;
+        graph_pool_in_use += exec->graph_bytes;
+        exec->backed = 1;
+        graph_allocs_live(exec);
+    }
+    pthread_mutex_unlock(&graph_pool_lock);
+    return rc;
+}
+
+/* Its memory goes back to the graph pool, but for its allocations still live. */
+EXPORT CUresult cuGraphExecDestroy(CUgraphExec exec) {
+    if (exec == NULL) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&graph_pool_lock);
+    uint64_t live = 0;
+    for (graph_alloc *a = graph_allocs; a != NULL; a = a->next)
+        if (a->exec == exec) {
+            live += a->bytes;
+            a->exec = NULL;
+        }
+    if (exec->backed) graph_pool_in_use -= exec->graph_bytes - live;
+    pthread_mutex_unlock(&graph_pool_lock);
+    free(exec);
+    return CUDA_SUCCESS;
+}
+
+/* The free of a graph allocation still live (1), or 0 when `dptr` is none. Its memory goes back
+ * to the graph pool once its exec is gone (until then the exec holds it). */
+static int free_graph_alloc(CUdeviceptr dptr) {
+    pthread_mutex_lock(&graph_pool_lock);
+    graph_alloc **p = &graph_allocs;
+    while (*p != NULL && (*p)->dptr != dptr) p = &(*p)->next;
+    graph_alloc *a = *p;
+    if (a != NULL) {
+        *p = a->next;
+        if (a->exec == NULL) graph_pool_in_use -= a->bytes;
+    }
+    pthread_mutex_unlock(&graph_pool_lock);
+    free(a);
+    return a != NULL;
+}
+EXPORT CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream) {
+    if (exec == NULL) return CUDA_ERROR_INVALID_HANDLE;
+    CUresult rc = back_graph(exec);
+    if (rc != CUDA_SUCCESS) return rc;
+    return submit(stream, (op){.kind = OP_KERNEL, .duration_ns = exec->duration_ns});
+}
+EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream) {
+    return cuGraphLaunch(exec, per_thread(stream));
+}
+EXPORT CUresult cuGraphUpload(CUgraphExec exec, CUstream stream) {
+    (void)stream;
+    return exec == NULL ? CUDA_ERROR_INVALID_HANDLE : back_graph(exec);
+}
+
+/* What the pool holds unused goes back to the device. */
+EXPORT CUresult cuDeviceGraphMemTrim(CUdevice dev) {
+    if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&graph_pool_lock);
+    atomic_fetch_sub(&used_bytes, graph_pool_reserved - graph_pool_in_use);
+    graph_pool_reserved = graph_pool_in_use;
+    pthread_mutex_unlock(&graph_pool_lock);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetGraphMemAttribute(CUdevice dev, int attr, void *value) {
+    if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
+    if (value == NULL) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&graph_pool_lock);
+    uint64_t v = attr == CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT ? graph_pool_reserved
+                 : attr == CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT   ? graph_pool_in_use
+                                                                : UINT64_MAX;
+    pthread_mutex_unlock(&graph_pool_lock);
+    if (v == UINT64_MAX) return CUDA_ERROR_INVALID_VALUE;
+    *(cuuint64_t *)value = v;
+    return CUDA_SUCCESS;
+}
+
+/* Test hook: the device memory in use, in bytes (allocations and the graph pool's). */
+EXPORT unsigned long qshare_fake_device_used(void) { return (unsigned long)atomic_load(&used_bytes); }
+
 EXPORT CUresult cuGetErrorName(CUresult rc, const char **name) {
     *name = rc == CUDA_SUCCESS ? "CUDA_SUCCESS" : "CUDA_ERROR_FAKE";
     return CUDA_SUCCESS;
@@ -1088,7 +1491,12 @@ static const named table[] = {
     NAMED(cuLaunchCooperativeKernel), NAMED(cuLaunchCooperativeKernel_ptsz),
     NAMED(cuLaunchKernelEx), NAMED(cuLaunchKernelEx_ptsz), NAMED(cuLaunchHostFunc),
     NAMED(cuLaunchHostFunc_ptsz), NAMED(cuGraphCreate), NAMED(cuGraphDestroy),
-    NAMED(cuGraphInstantiateWithFlags), NAMED(cuGraphExecDestroy), NAMED(cuGraphLaunch),
+    NAMED(cuGraphInstantiateWithFlags), NAMED(cuGraphInstantiate), NAMED(cuGraphInstantiate_v2),
+    NAMED(cuGraphInstantiateWithParams), NAMED(cuGraphInstantiateWithParams_ptsz),
+    NAMED(cuGraphAddMemAllocNode), NAMED(cuGraphAddMemFreeNode), NAMED(cuGraphAddChildGraphNode), NAMED(cuGraphGetNodes),
+    NAMED(cuGraphNodeGetType), NAMED(cuGraphMemAllocNodeGetParams),
+    NAMED(cuGraphChildGraphNodeGetGraph), NAMED(cuGraphUpload), NAMED(cuDeviceGraphMemTrim),
+    NAMED(cuDeviceGetGraphMemAttribute), NAMED(cuGraphExecDestroy), NAMED(cuGraphLaunch),
     NAMED(cuGraphLaunch_ptsz), NAMED(cuStreamCreate), NAMED(cuStreamDestroy_v2),
     NAMED(cuStreamSynchronize), NAMED(cuStreamSynchronize_ptsz), NAMED(cuStreamGetCtx),
     NAMED(cuStreamGetCtx_ptsz), NAMED(cuStreamIsCapturing),
@@ -1099,7 +1507,8 @@ static const named table[] = {
     NAMED(cuMemAllocPitch_v2), NAMED(cuMemAllocManaged), NAMED(cuMemFree_v2),
     NAMED(cuMemAllocAsync), NAMED(cuMemAllocAsync_ptsz), NAMED(cuMemAllocFromPoolAsync),
     NAMED(cuMemAllocFromPoolAsync_ptsz), NAMED(cuMemFreeAsync), NAMED(cuMemFreeAsync_ptsz),
-    NAMED(cuDeviceGetDefaultMemPool), NAMED(cuMemCreate), NAMED(cuMemRelease),
+    NAMED(cuDeviceGetDefaultMemPool), NAMED(cuDeviceGetMemPool), NAMED(cuMemPoolTrimTo), NAMED(cuMemPoolSetAttribute),
+    NAMED(cuMemPoolGetAttribute), NAMED(cuPointerGetAttribute), NAMED(cuMemCreate), NAMED(cuMemRelease),
     NAMED(cuArrayCreate_v2), NAMED(cuArray3DCreate_v2), NAMED(cuArrayDestroy),
     NAMED(cuMemGetInfo_v2), NAMED(cuGetErrorName), NAMED(cuGetProcAddress),
     NAMED(cuGetProcAddress_v2),
@@ -1119,6 +1528,9 @@ static void *lookup(const char *symbol, int version, cuuint64_t flags) {
         snprintf(name, sizeof name, "%s_ptsz", symbol);
         fn = by_name(name);
     }
+    /* CUDA 12 gives cuGraphInstantiate the signature of cuGraphInstantiateWithFlags. */
+    if (strcmp(symbol, "cuGraphInstantiate") == 0 && version >= 12000)
+        return by_name("cuGraphInstantiateWithFlags");
     int v2_allowed = strcmp(symbol, "cuGetProcAddress") != 0 || version >= 12000;
     if (fn == NULL && v2_allowed) {
         snprintf(name, sizeof name, "%s_v2", symbol);

@@ -592,6 +592,161 @@ static void cmd_forklaunch(probe *p, unsigned long us) {
     printf("forklaunch rc=%d hung=%d\n", child > 0 ? 0 : -1, hung);
 }
 
+/* ---- graphs holding memory: `graph alloc BYTES HOW` (HOW: an instantiation entry point,
+ * `child`, or `keep`: the graph does not free its allocation), `graph capture BYTES [keep]`,
+ * `graph launch`, `graph destroy`, `graph free` (cuMemFree of the last graph allocation),
+ * `graph trim`; `devused` says the fake device's memory in use ---- */
+#define MAX_GRAPH_EXECS 16
+static CUgraphExec graph_execs[MAX_GRAPH_EXECS];
+static int n_graph_execs;
+static CUdeviceptr graph_ptr; /* the last graph allocation made */
+
+typedef CUresult (*inst_flags_fn)(CUgraphExec *, CUgraph, unsigned long long);
+typedef CUresult (*inst_log_fn)(CUgraphExec *, CUgraph, CUgraphNode *, char *, size_t);
+typedef CUresult (*inst_params_fn)(CUgraphExec *, CUgraph, CUDA_GRAPH_INSTANTIATE_PARAMS *);
+typedef CUresult (*get_proc_fn)(const char *, void **, int, cuuint64_t,
+                                CUdriverProcAddressQueryResult *);
+
+/* cuGraphInstantiate as a CUDA 12 runtime finds it: through cuGetProcAddress. */
+static CUresult instantiate_by_proc(CUgraphExec *exec, CUgraph graph) {
+    get_proc_fn get_proc = (get_proc_fn)entry("cuGetProcAddress_v2");
+    void *fn = NULL;
+    CUresult rc = get_proc == NULL ? CUDA_ERROR_NOT_FOUND
+                                   : get_proc("cuGraphInstantiate", &fn, 12080, 0, NULL);
+    if (rc == CUDA_SUCCESS && fn == NULL) rc = CUDA_ERROR_NOT_FOUND;
+    return rc != CUDA_SUCCESS ? rc : ((inst_flags_fn)fn)(exec, graph, 0);
+}
+
+/* Instantiate `graph` through the entry point `how` names. */
+static CUresult instantiate_as(probe *p, CUgraphExec *exec, CUgraph graph, const char *how) {
+    if (strcmp(how, "v1") == 0 || strcmp(how, "v2") == 0) {
+        inst_log_fn fn = (inst_log_fn)entry(how[1] == '1' ? "cuGraphInstantiate"
+                                                         : "cuGraphInstantiate_v2");
+        char log[64];
+        return fn == NULL ? CUDA_ERROR_NOT_FOUND : fn(exec, graph, NULL, log, sizeof log);
+    }
+    if (strncmp(how, "params", 6) == 0) {
+        inst_params_fn fn = (inst_params_fn)entry(how[6] == '\0' ? "cuGraphInstantiateWithParams"
+                                                               : "cuGraphInstantiateWithParams_ptsz");
+        CUDA_GRAPH_INSTANTIATE_PARAMS params = {0};
+        return fn == NULL ? CUDA_ERROR_NOT_FOUND : fn(exec, graph, &params);
+    }
+    if (strcmp(how, "proc") == 0) return instantiate_by_proc(exec, graph);
+    return p->d->cuGraphInstantiateWithFlags(exec, graph, 0);
+}
+
+/* A graph with one allocation node of `bytes` and, unless `keep`, its free node; with `child`,
+ * inside a child graph. */
+static CUresult graph_with_alloc(probe *p, CUgraph *graph, size_t bytes, int child, int keep) {
+    typedef CUresult (*add_alloc_fn)(CUgraphNode *, CUgraph, const CUgraphNode *, size_t,
+                                     CUDA_MEM_ALLOC_NODE_PARAMS *);
+    typedef CUresult (*add_free_fn)(CUgraphNode *, CUgraph, const CUgraphNode *, size_t,
+                                    CUdeviceptr);
+    typedef CUresult (*add_child_fn)(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUgraph);
+    add_alloc_fn add_alloc = (add_alloc_fn)entry("cuGraphAddMemAllocNode");
+    add_free_fn add_free = (add_free_fn)entry("cuGraphAddMemFreeNode");
+    add_child_fn add_child = (add_child_fn)entry("cuGraphAddChildGraphNode");
+    CUgraph inner = NULL;
+    CUgraphNode node = NULL;
+    CUDA_MEM_ALLOC_NODE_PARAMS params = {.bytesize = bytes};
+    if (add_alloc == NULL || add_free == NULL || add_child == NULL) return CUDA_ERROR_NOT_FOUND;
+    CUresult rc = p->d->cuGraphCreate(&inner, 0);
+    if (rc == CUDA_SUCCESS) rc = add_alloc(&node, inner, NULL, 0, &params);
+    graph_ptr = params.dptr;
+    if (rc == CUDA_SUCCESS && !keep) rc = add_free(NULL, inner, &node, 1, params.dptr);
+    if (rc != CUDA_SUCCESS || !child) {
+        *graph = inner;
+        return rc;
+    }
+    rc = p->d->cuGraphCreate(graph, 0);
+    return rc != CUDA_SUCCESS ? rc : add_child(&node, *graph, NULL, 0, inner);
+}
+
+/* A graph captured from a stream: an asynchronous allocation of `bytes` and, unless `keep`, its
+ * free. */
+static CUresult graph_captured(probe *p, CUgraph *graph, size_t bytes, int keep) {
+    typedef CUresult (*begin_fn)(CUstream, int);
+    typedef CUresult (*end_fn)(CUstream, CUgraph *);
+    begin_fn begin = (begin_fn)entry("cuStreamBeginCapture_v2");
+    end_fn end = (end_fn)entry("cuStreamEndCapture");
+    CUstream stream = NULL;
+    CUdeviceptr ptr = 0;
+    if (begin == NULL || end == NULL) return CUDA_ERROR_NOT_FOUND;
+    CUresult rc = p->d->cuStreamCreate(&stream, 0);
+    if (rc == CUDA_SUCCESS) rc = begin(stream, CU_STREAM_CAPTURE_MODE_RELAXED);
+    if (rc == CUDA_SUCCESS) rc = p->d->cuMemAllocAsync(&ptr, bytes, stream);
+    graph_ptr = ptr;
+    if (rc == CUDA_SUCCESS && !keep) rc = p->d->cuMemFreeAsync(ptr, stream);
+    CUresult ended = stream != NULL ? end(stream, graph) : CUDA_ERROR_INVALID_HANDLE;
+    return rc != CUDA_SUCCESS ? rc : ended;
+}
+
+static CUresult graph_make(probe *p, const char *what, size_t bytes, const char *how) {
+    typedef CUresult (*destroy_fn)(CUgraph);
+    destroy_fn destroy = (destroy_fn)entry("cuGraphDestroy");
+    CUgraph graph = NULL;
+    if (n_graph_execs == MAX_GRAPH_EXECS || destroy == NULL) return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = strcmp(what, "capture") == 0
+                      ? graph_captured(p, &graph, bytes, strcmp(how, "keep") == 0)
+                      : graph_with_alloc(p, &graph, bytes, strcmp(how, "child") == 0,
+                                         strcmp(how, "keep") == 0);
+    CUgraphExec exec = NULL;
+    if (rc == CUDA_SUCCESS) rc = instantiate_as(p, &exec, graph, how);
+    if (rc == CUDA_SUCCESS) graph_execs[n_graph_execs++] = exec;
+    if (graph != NULL) destroy(graph);
+    return rc;
+}
+
+static CUresult graph_use(probe *p, const char *what) {
+    typedef CUresult (*exec_fn)(CUgraphExec);
+    typedef CUresult (*trim_fn)(CUdevice);
+    if (strcmp(what, "trim") == 0) {
+        trim_fn trim = (trim_fn)entry("cuDeviceGraphMemTrim");
+        return trim == NULL ? CUDA_ERROR_NOT_FOUND : trim(0);
+    }
+    if (strcmp(what, "free") == 0) return p->d->cuMemFree_v2(graph_ptr);
+    if (n_graph_execs == 0) return CUDA_ERROR_INVALID_VALUE;
+    CUgraphExec exec = graph_execs[n_graph_execs - 1];
+    if (strcmp(what, "launch") == 0) {
+        CUresult rc = p->d->cuGraphLaunch(exec, p->stream);
+        return rc != CUDA_SUCCESS ? rc : p->d->cuStreamSynchronize(p->stream);
+    }
+    exec_fn destroy = (exec_fn)entry("cuGraphExecDestroy");
+    if (strcmp(what, "destroy") != 0 || destroy == NULL) return CUDA_ERROR_INVALID_VALUE;
+    n_graph_execs--;
+    return destroy(exec);
+}
+
+static void cmd_graph(probe *p, const char *line) {
+    char what[32] = "", how[32] = "flags";
+    unsigned long bytes = 0;
+    sscanf(line, "%*s %31s %lu %31s", what, &bytes, how);
+    CUresult rc = strcmp(what, "alloc") == 0 || strcmp(what, "capture") == 0
+                      ? graph_make(p, what, (size_t)bytes, how)
+                      : graph_use(p, what);
+    printf("graph rc=%d\n", rc);
+}
+
+static void cmd_devused(void) { printf("devused bytes=%ld\n", fake_count("qshare_fake_device_used")); }
+
+/* The device's default memory pool: `pool threshold BYTES` sets its release threshold,
+ * `pool trim BYTES` trims it to that. */
+static void cmd_pool(probe *p, const char *what, unsigned long long bytes) {
+    typedef CUresult (*set_fn)(CUmemoryPool, int, void *);
+    typedef CUresult (*trim_fn)(CUmemoryPool, size_t);
+    set_fn set = (set_fn)entry("cuMemPoolSetAttribute");
+    trim_fn trim = (trim_fn)entry("cuMemPoolTrimTo");
+    CUmemoryPool pool = NULL;
+    cuuint64_t value = bytes;
+    CUresult rc = set == NULL || trim == NULL ? CUDA_ERROR_NOT_FOUND
+                                              : p->d->cuDeviceGetDefaultMemPool(&pool, 0);
+    if (rc == CUDA_SUCCESS && strcmp(what, "threshold") == 0)
+        rc = set(pool, 4 /* CU_MEMPOOL_ATTR_RELEASE_THRESHOLD */, &value);
+    else if (rc == CUDA_SUCCESS && strcmp(what, "trim") == 0) rc = trim(pool, (size_t)bytes);
+    else if (rc == CUDA_SUCCESS) rc = CUDA_ERROR_INVALID_VALUE;
+    printf("pool rc=%d\n", rc);
+}
+
 static void run(probe *p, char *line) {
     char cmd[32] = "", arg1[32] = "";
     unsigned long n1 = 0, n2 = 0;
@@ -632,6 +787,9 @@ static void run(probe *p, char *line) {
     else if (strcmp(cmd, "threads") == 0) cmd_threads(p, strtoul(arg1, NULL, 10), word3);
     else if (strcmp(cmd, "capture") == 0) cmd_capture(p, arg1, word3);
     else if (strcmp(cmd, "sleep") == 0) cmd_sleep(strtoul(arg1, NULL, 10));
+    else if (strcmp(cmd, "graph") == 0) cmd_graph(p, line);
+    else if (strcmp(cmd, "devused") == 0) cmd_devused();
+    else if (strcmp(cmd, "pool") == 0) cmd_pool(p, arg1, strtoull(word3, NULL, 10));
     else printf("%s rc=-1 error=unknown-command\n", cmd);
     fflush(stdout);
 }

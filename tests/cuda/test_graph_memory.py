@@ -1,0 +1,112 @@
+"""Graph memory (allocation nodes, and asynchronous allocations captured into a graph) counts
+against the vGPU's limit: reserved when the graph is instantiated, for as long as the executable
+graph lives. The fake driver (a test double) backs a graph's allocations at its first launch
+from a graph memory pool that keeps them until trimmed, as the real driver does."""
+
+from __future__ import annotations
+
+import pytest
+
+from .conftest import SMALL_LIMIT, SMALL_VGPU, NodeOwner, Probe, run_probe
+
+MIB = 1 << 20
+QS_EV_OOM = 5
+INSTANTIATIONS = ["flags", "v1", "v2", "params", "params_ptsz", "proc", "child"]
+
+
+def replies(run_cmds: list[dict[str, str]], cmd: str) -> list[int]:
+    return [int(r["rc"]) for r in run_cmds if r["cmd"] == cmd]
+
+
+@pytest.mark.parametrize("how", INSTANTIATIONS)
+def test_graph_allocating_past_the_limit_fails_to_instantiate(node: NodeOwner, how: str) -> None:
+    run = run_probe(node, SMALL_VGPU, ["init", f"graph alloc {SMALL_LIMIT + MIB} {how}"])
+    assert run.rc("graph") == 2  # CUDA_ERROR_OUT_OF_MEMORY
+    ooms = node.wait_events(QS_EV_OOM, 1)
+    assert [int(e["value"]) for e in ooms] == [SMALL_LIMIT + 2 * MIB]  # at 2 MiB granularity
+
+
+@pytest.mark.parametrize("style", ["direct", "runtime"])
+def test_launched_graph_memory_leaves_no_room_past_the_limit(node: NodeOwner, style: str) -> None:
+    run = run_probe(
+        node,
+        SMALL_VGPU,
+        ["init", f"graph alloc {768 * MIB}", "graph launch", f"alloc plain {512 * MIB}", "devused"],
+        style=style,
+    )
+    assert replies(run.replies, "graph") == [0, 0]
+    assert run.rc("alloc") == 2
+    assert int(run.reply("devused")["bytes"]) <= SMALL_LIMIT
+
+
+def test_captured_allocation_counts_once_from_instantiation(node: NodeOwner) -> None:
+    run = run_probe(
+        node,
+        SMALL_VGPU,
+        ["init", f"graph capture {768 * MIB}", "graph launch", f"alloc plain {512 * MIB}"],
+    )
+    assert replies(run.replies, "graph") == [0, 0]
+    assert run.rc("alloc") == 2
+
+
+def test_captured_allocation_left_live_is_not_counted_twice(node: NodeOwner) -> None:
+    probe = Probe(node, SMALL_VGPU)
+    try:
+        assert probe.ask("init")["rc"] == "0"
+        captured = probe.ask(f"graph capture {768 * MIB} keep")["rc"]
+        held = node.stats(SMALL_VGPU)["mem_used"]
+    finally:
+        probe.close()
+    assert (captured, held) == ("0", 768 * MIB)
+
+
+def test_captured_graph_holds_its_memory_while_it_lives(node: NodeOwner) -> None:
+    probe = Probe(node, SMALL_VGPU)
+    try:
+        assert probe.ask("init")["rc"] == "0"
+        assert probe.ask(f"graph capture {768 * MIB}")["rc"] == "0"
+        held = node.stats(SMALL_VGPU)["mem_used"]
+        assert probe.ask("graph destroy")["rc"] == "0"
+        after = node.stats(SMALL_VGPU)["mem_used"]
+    finally:
+        probe.close()
+    assert (held, after) == (768 * MIB, 0)
+
+
+def test_destroyed_graph_gives_its_memory_back_to_the_device(node: NodeOwner) -> None:
+    run = run_probe(
+        node,
+        SMALL_VGPU,
+        [
+            "init",
+            f"graph alloc {768 * MIB}",
+            "graph launch",
+            "graph destroy",
+            f"alloc plain {768 * MIB}",
+            "devused",
+        ],
+    )
+    assert replies(run.replies, "graph") == [0, 0, 0]
+    assert run.rc("alloc") == 0
+    assert int(run.reply("devused")["bytes"]) <= SMALL_LIMIT
+
+
+def test_graph_allocation_outliving_its_graph_stays_counted_until_freed(node: NodeOwner) -> None:
+    run = run_probe(
+        node,
+        SMALL_VGPU,
+        [
+            "init",
+            f"graph alloc {768 * MIB} keep",
+            "graph launch",
+            "graph destroy",
+            f"alloc plain {512 * MIB}",
+            "devused",
+            "graph free",
+            f"alloc plain {512 * MIB}",
+            "devused",
+        ],
+    )
+    assert replies(run.replies, "graph") == [0, 0, 0, 0]
+    assert replies(run.replies, "alloc") == [2, 0]
+    assert all(int(r["bytes"]) <= SMALL_LIMIT for r in run.replies if r["cmd"] == "devused")

@@ -1,0 +1,90 @@
+"""Memory a pool keeps after cuMemFreeAsync (until a synchronization finds it over its release
+threshold, or until it is trimmed) stays counted against the vGPU's limit. The fake driver (a
+test double) keeps freed pool memory as the real driver's pools do."""
+
+from __future__ import annotations
+
+from .conftest import SMALL_LIMIT, SMALL_VGPU, NodeOwner, run_probe
+
+MIB = 1 << 20
+KEEP_ALL = 1 << 62
+
+
+def test_memory_a_pool_keeps_cannot_be_allocated_again(node: NodeOwner) -> None:
+    run = run_probe(
+        node,
+        SMALL_VGPU,
+        [
+            "init",
+            f"pool threshold {KEEP_ALL}",
+            f"alloc async {768 * MIB}",
+            "free 0",
+            "sync",
+            f"alloc plain {512 * MIB}",
+            "devused",
+        ],
+    )
+    assert run.rc("alloc", 1) == 2  # CUDA_ERROR_OUT_OF_MEMORY
+    assert int(run.reply("devused")["bytes"]) <= SMALL_LIMIT
+
+
+def test_memory_freed_and_not_yet_given_back_stays_counted(node: NodeOwner) -> None:
+    run = run_probe(
+        node,
+        SMALL_VGPU,
+        ["init", f"alloc pool {768 * MIB}", "free 0", f"alloc plain {512 * MIB}", "devused"],
+    )
+    assert run.rc("alloc", 1) == 2
+    assert int(run.reply("devused")["bytes"]) <= SMALL_LIMIT
+
+
+def test_memory_the_pool_gave_back_can_be_allocated_again(node: NodeOwner) -> None:
+    run = run_probe(
+        node,
+        SMALL_VGPU,
+        [
+            "init",
+            f"pool threshold {KEEP_ALL}",
+            f"alloc async {768 * MIB}",
+            "free 0",
+            "pool trim 0",
+            f"alloc plain {768 * MIB}",
+            "free 1",
+            f"alloc async {512 * MIB}",
+            "free 2",
+            "pool threshold 0",
+            "sync",
+            f"alloc vmm {1024 * MIB}",
+        ],
+    )
+    assert [int(r["rc"]) for r in run.replies if r["cmd"] == "alloc"] == [0, 0, 0, 0]
+    assert node.stats(SMALL_VGPU)["mem_used"] == 0
+
+
+def test_memory_a_pool_keeps_serves_that_pools_next_allocation(node: NodeOwner) -> None:
+    """The stream-ordered allocator's loop at the limit (allocate, free, allocate again before
+    any synchronization): the pool hands its kept memory out again, so the second allocation
+    needs no more of the limit."""
+    run = run_probe(
+        node,
+        SMALL_VGPU,
+        ["init", f"alloc async {768 * MIB}", "free 0", f"alloc async {768 * MIB}", "devused"],
+    )
+    assert run.rc("alloc", 1) == 0
+    assert int(run.reply("devused")["bytes"]) <= SMALL_LIMIT
+
+
+def test_an_allocation_the_pool_grew_for_past_the_limit_is_refused_and_given_back(
+    node: NodeOwner,
+) -> None:
+    """When what the pool keeps cannot serve the allocation (the fake's pool told not to reuse:
+    kept in pieces, or for another stream), the pool grows: the allocation is refused and the
+    pool gives back what it holds beyond the vGPU's reservation."""
+    run = run_probe(
+        node,
+        SMALL_VGPU,
+        ["init", f"alloc async {768 * MIB}", "free 0", f"alloc async {768 * MIB}", "devused"],
+        extra_env={"QSHARE_FAKE_POOL_NO_REUSE": "1"},
+    )
+    assert run.rc("alloc", 1) == 2
+    assert int(run.reply("devused")["bytes"]) <= SMALL_LIMIT
