@@ -98,21 +98,40 @@ static void cmd_alloc(probe *p, const char *kind, size_t bytes) {
     printf("alloc rc=%d id=%d\n", rc, a->live ? p->n_allocs++ : -1);
 }
 
-static void cmd_free(probe *p, int id) {
+static CUresult free_kind(probe *p, const allocation *a) {
     const probe_driver *d = p->d;
+    if (strcmp(a->kind, "vmm") == 0) return d->cuMemRelease(a->handle);
+    if (strncmp(a->kind, "array", 5) == 0) return d->cuArrayDestroy(a->array);
+    if (strcmp(a->kind, "async") == 0 || strcmp(a->kind, "pool") == 0)
+        return d->cuMemFreeAsync(a->ptr, p->stream);
+    return d->cuMemFree_v2(a->ptr);
+}
+
+static void cmd_free(probe *p, int id) {
     if (id < 0 || id >= p->n_allocs || !p->allocs[id].live) {
         printf("free rc=%d\n", CUDA_ERROR_INVALID_VALUE);
         return;
     }
     allocation *a = &p->allocs[id];
-    CUresult rc;
-    if (strcmp(a->kind, "vmm") == 0) rc = d->cuMemRelease(a->handle);
-    else if (strncmp(a->kind, "array", 5) == 0) rc = d->cuArrayDestroy(a->array);
-    else if (strcmp(a->kind, "async") == 0 || strcmp(a->kind, "pool") == 0)
-        rc = d->cuMemFreeAsync(a->ptr, p->stream);
-    else rc = d->cuMemFree_v2(a->ptr);
+    CUresult rc = free_kind(p, a);
     a->live = rc != CUDA_SUCCESS;
     printf("free rc=%d\n", rc);
+}
+
+/* `allocbench COUNT KIND`: COUNT allocations of 1 MiB of KIND, each freed at once (a tenth
+ * more first, unmeasured); the mean time of one allocation and its free. */
+static void cmd_allocbench(probe *p, unsigned long count, const char *kind) {
+    allocation a = {0};
+    CUresult rc = CUDA_SUCCESS;
+    uint64_t t0 = 0;
+    for (unsigned long i = 0; i < count + count / 10 && rc == CUDA_SUCCESS; i++) {
+        if (i == count / 10) t0 = now_ns();
+        rc = alloc_kind(p, &a, kind, 1u << 20);
+        if (rc == CUDA_SUCCESS) rc = free_kind(p, &a);
+    }
+    uint64_t t1 = now_ns();
+    printf("allocbench rc=%d kind=%s pairs=%lu ns_per_pair=%.2f\n", rc, kind, count,
+           count ? (double)(t1 - t0) / (double)count : 0.0);
 }
 
 static void cmd_meminfo(probe *p) {
@@ -767,6 +786,7 @@ static void run(probe *p, char *line) {
     else if (strcmp(cmd, "queued") == 0) cmd_queued();
     else if (strcmp(cmd, "now") == 0) printf("now t=%llu\n", (unsigned long long)now_ns());
     else if (strcmp(cmd, "bench") == 0) cmd_bench(p, strtoul(arg1, NULL, 10));
+    else if (strcmp(cmd, "allocbench") == 0) cmd_allocbench(p, strtoul(arg1, NULL, 10), word3);
     else if (strcmp(cmd, "spin") == 0) cmd_spin(p, strtoul(arg1, NULL, 10), word3);
     else if (strcmp(cmd, "fork") == 0) cmd_fork();
     else if (strcmp(cmd, "reset") == 0) cmd_reset(p, arg1);

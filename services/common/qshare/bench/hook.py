@@ -56,6 +56,26 @@ def ns_per_launch(env: dict[str, str], launches: int, repeats: int) -> float:
     return statistics.median(runs)
 
 
+def ns_per_alloc_pair(env: dict[str, str], kind: str, pairs: int, repeats: int) -> float:
+    """One allocation of 1 MiB of `kind` and its free, the median over `repeats` runs."""
+    runs = [
+        float(probe(env, ["init", f"allocbench {pairs} {kind}"])["allocbench"]["ns_per_pair"])
+        for _ in range(repeats)
+    ]
+    return statistics.median(runs)
+
+
+def alloc_costs(directory: Path, seg: str, pairs: int, repeats: int) -> dict[str, Any]:
+    """What the interposer adds to an allocation and its free: an ordinary one (`plain`), and a
+    stream-ordered one (`async`, which asks the driver about its stream and pool)."""
+    costs: dict[str, Any] = {}
+    for kind in ("plain", "async"):
+        direct = ns_per_alloc_pair(vgpu_env(directory, seg, None), kind, pairs, repeats)
+        interposed = ns_per_alloc_pair(vgpu_env(directory, seg, LP_VGPU), kind, pairs, repeats)
+        costs[kind] = {"direct": direct, "interposed": interposed, "added": interposed - direct}
+    return {"pairs_per_run": pairs, "runs": repeats, "ns_per_pair": costs}
+
+
 def attach_ms(env: dict[str, str], processes: int, rounds: int) -> list[float]:
     """cuInit time under the interposer (the attach), `processes` started together."""
     times: list[float] = []
@@ -218,6 +238,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         lp = ns_per_launch(vgpu_env(directory, seg, LP_VGPU), launches, repeats)
         alone = attach_ms(vgpu_env(directory, seg, HP_VGPU), 1, 10 if args.quick else 50)
         crowd = attach_ms(vgpu_env(directory, seg, HP_VGPU), 64, 1 if args.quick else 3)
+        allocs = alloc_costs(directory, seg, 20_000 if args.quick else 200_000, repeats)
     return {
         "benchmark": "hook",
         "driver": "fake libcuda.so.1 (test double; kernels of 0 ns complete inline)",
@@ -242,6 +263,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         },
         "attach_ms_target": 1.0,
         "attach_ms_by_contexts": attach_scale.measure(quick=args.quick),
+        "alloc": allocs,
         "replay": replayed,
     }
 
@@ -268,6 +290,11 @@ def table(result: dict[str, Any]) -> str:
         a = result["attach_ms"][key]
         lines.append(f"attach, {label:<13} p50 {a['p50']:.3f} ms   p99 {a['p99']:.3f} ms")
     lines += attach_scale.table_lines(result["attach_ms_by_contexts"])
+    for kind, cost in result.get("alloc", {}).get("ns_per_pair", {}).items():
+        lines.append(
+            f"allocate 1 MiB and free, {kind:<6} direct {cost['direct']:8.0f} ns  interposed "
+            f"{cost['interposed']:8.0f} ns  added {cost['added']:6.0f} ns"
+        )
     r = result["replay"]
     lines.append(
         f"replay {r['workload']} ({r['runs']} runs of {r['passes_per_run']} passes of "
