@@ -1,6 +1,8 @@
 """Smoke check on a real GPU (device machine only; CI never runs it), in well under a minute:
 PyTorch under the interposer sees its vGPU's memory limit, is refused beyond it and computes
-correctly; and the low-priority device gate works on this driver: the gate word registers,
+correctly, with its stream-ordered allocator too (allocate-free-allocate at the limit allowed,
+a CUDA graph whose allocation nodes pass the limit refused at instantiation, one within it
+replayed correctly); and the low-priority device gate works on this driver: the gate word registers,
 waits are enqueued, and a high-priority request beside a deep low-priority queue waits for
 a slice of it, not the queue. Run from the repository root:
 
@@ -30,6 +32,40 @@ try:
     print("over-limit allocation: NOT refused")
 except torch.cuda.OutOfMemoryError:
     print("over-limit allocation: refused with OutOfMemoryError")
+"""
+
+# PyTorch's stream-ordered allocator (cudaMallocAsync: memory pools, and graph memory nodes
+# when captured) under the vGPU's 8 GiB limit.
+ASYNC_MEMORY = """
+import torch
+print("allocator backend", torch.cuda.memory.get_allocator_backend())
+done = 0
+try:
+    for _ in range(5):
+        x = torch.empty(int(6 * 2**30), dtype=torch.uint8, device="cuda"); x.fill_(1); del x
+        done += 1
+    print("async allocate-free-allocate of 6 GiB: 5 of 5")
+except torch.cuda.OutOfMemoryError:
+    print("async allocate-free-allocate of 6 GiB: REFUSED after", done)
+try:
+    big = torch.empty(int(9 * 2**30), dtype=torch.uint8, device="cuda")
+    print("async over-limit allocation: NOT refused")
+except torch.cuda.OutOfMemoryError:
+    print("async over-limit allocation: refused with OutOfMemoryError")
+torch.cuda.synchronize()
+for gib, name in ((2, "within"), (9, "over")):
+    g = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(g):
+            y = torch.full((int(gib * 2**30),), 3, dtype=torch.uint8, device="cuda")
+            s = y[:1024].sum()
+        g.replay(); torch.cuda.synchronize()
+        print(f"graph allocating {gib} GiB ({name} the limit): replayed, sum {int(s)} (3072)")
+    except Exception as error:
+        print(f"graph allocating {gib} GiB ({name} the limit): refused,",
+              type(error).__name__, str(error)[:160].replace(chr(10), " "))
+    del g
+    torch.cuda.synchronize()
 """
 
 # Low priority: matmuls of about 1 ms each, queued as deep as the window lets, for `seconds`.
@@ -73,6 +109,9 @@ def memory_check(seg: str, shm: str) -> None:
         [sys.executable, "-c", MEMORY], env=env_for(seg, shm, HP_VGPU, {}), timeout=300
     )
     print("memory check exit status", done.returncode)
+    pooled = env_for(seg, shm, HP_VGPU, {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"})
+    done = subprocess.run([sys.executable, "-c", ASYNC_MEMORY], env=pooled, timeout=300)
+    print("stream-ordered memory check exit status", done.returncode)
 
 
 def beside_lp(seg: str, shm: str, gate: str) -> None:
