@@ -41,7 +41,7 @@ from qshare_node_agent.converge import Converger
 from qshare_node_agent.discovery import Card, discover, unhealthy
 from qshare_node_agent.events import EventPump
 from qshare_node_agent.segment import existing_vgpus, open_segment
-from qshare_node_agent.settings import NodeAgentSettings
+from qshare_node_agent.settings import HOSTNAME_LABEL, NodeAgentSettings
 from qshare_node_agent.sharing import cards_sharing
 from qshare_node_agent.timeslice import CardTimeslice
 from qshare_node_agent.usage import UsageReader, report
@@ -50,7 +50,6 @@ if TYPE_CHECKING:
     from qshare_node_agent.kubernetes_wiring import AgentPlugins
 
 log = logging.getLogger(__name__)
-HOSTNAME_LABEL = "kubernetes.io/hostname"
 BACKOFF_MAX_S = 10.0
 HEALTH_READ_MIN_S = 5.0
 """A card health read counts as failed once it takes a heartbeat period and at least this
