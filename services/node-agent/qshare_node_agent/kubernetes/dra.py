@@ -27,6 +27,7 @@ from typing import Any
 import grpc
 
 from qshare_driver.node import Policy
+from qshare_node_agent import stopping
 from qshare_node_agent.kubernetes import cdi, resourceslice, wire
 from qshare_node_agent.kubernetes.allocation import (
     UNSHARED,
@@ -105,18 +106,19 @@ class DraPlugin:
         self._publisher.start()  # it starts the slice watch once the slice is published
 
     def stop(self) -> None:
-        """Idempotent: a second call finds nothing left to stop."""
+        """Idempotent: a second call finds nothing left to stop. Every step runs though an
+        earlier one raised (each failure logged by name)."""
         unwatch, self._unwatch = self._unwatch, None
-        if unwatch is not None:
-            unwatch()
         self._stopping.set()
         self._publish_wanted.set()
-        if self._publisher is not None:
-            self._publisher.join()
-        self._slice_watch.stop()
-        for server in self._servers:
-            server.stop()
-        self.claims.stop()
+        publisher = self._publisher
+        stopping.each([
+            ("the card watch", lambda: unwatch() if unwatch is not None else None),
+            ("the ResourceSlice publisher", lambda: publisher.join() if publisher else None),
+            ("the ResourceSlice watch", self._slice_watch.stop),
+            *((f"serving {server.path}", server.stop) for server in self._servers),
+            ("the ResourceClaim watch", self.claims.stop),
+        ])  # fmt: skip
 
     def _remove_stale_specs(self) -> None:
         """A plugin that died after writing a claim's spec and before saving its vGPUs left
