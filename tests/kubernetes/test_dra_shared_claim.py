@@ -14,6 +14,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+import grpc
 import pytest
 
 from qshare_node_agent.kubernetes.apiserver import KubeApi
@@ -179,3 +180,33 @@ def test_an_unprepare_beside_a_prepare_of_the_same_claim_is_answered_after_it(
     assert ANSWERED == ["prepare", "unprepare"]
     assert held.prepared() == {} and held._node.list_vgpus() == []
     assert spec_devices(plugin, claim[2]) == set()
+
+
+def test_a_prepare_the_kubelet_gave_up_on_still_holds_its_claim_until_its_work_ends(
+    plugin: DraPlugin,
+    held: HeldSave,
+    kubelet: KubeletDouble,
+    settings: KubernetesSettings,
+    apiserver: ApiServerDouble,
+) -> None:
+    """Guard: a call past its deadline has its thread go on (it saves, or fails and gives
+    back); the claim stays its own until then, or its failure would undo the next call's
+    success as above. (grpc.aio leaves the handler running past the deadline.)"""
+    claim = read_from_the_api(plugin, apiserver, "impatient")
+    held.armed = True
+    api, calls = kubelet.dra(settings.dra_socket)
+    request = api.message("NodePrepareResourcesRequest")
+    request.claims.add(namespace=claim[0], name=claim[1], uid=claim[2])
+    with pytest.raises(grpc.RpcError) as gave_up:
+        calls["NodePrepareResources"](request, timeout=0.5)
+    assert gave_up.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert held.arrived.is_set()
+    second = Call(kubelet, "prepare", settings.dra_socket, claim)
+    second.start()
+    second.join(2)  # waits for the first call's thread
+    held.go_on.set()
+    second.join(15)
+    assert second.answer.error == ""
+    ids = {i for d in second.answer.devices for i in d.cdi_device_ids}
+    assert ids and ids == spec_devices(plugin, claim[2])
+    assert len(held._node.list_vgpus()) == 1
