@@ -14,7 +14,7 @@ import pytest
 from nats.aio.client import Client as Nats
 
 from qshare.cli import main
-from qshare.contracts.domain import AGENT_FEATURES_LABEL, APPLY_SHARING_FEATURE, agent_features
+from qshare.contracts.domain import APPLY_SHARING_FEATURE, agent_features
 from qshare_api.cli_sharing import duration
 from qshare_driver import Policy
 from qshare_node_agent.app import NodeAgent
@@ -275,8 +275,9 @@ def test_every_duration_option_refuses_a_negative_one_by_name(
 
 
 async def test_an_agent_announces_that_it_takes_sharing_requests(start_agent: StartAgent) -> None:
-    """In its registration's labels, which its own labels setting cannot take away."""
-    agent = await start_agent(labels={AGENT_FEATURES_LABEL: "", "zone": "a"})
+    """In its registration's labels, beside the operator's (which may not name it:
+    test_agent_own_settings)."""
+    agent = await start_agent(labels={"zone": "a"})
     labels = agent.registration().labels
     assert APPLY_SHARING_FEATURE in agent_features(labels)
     assert labels["zone"] == "a"

@@ -54,6 +54,58 @@ def test_stopping_both_plugins_twice_is_harmless(
     assert not settings.dra_socket.exists()
 
 
+def broken() -> None:
+    raise RuntimeError("broken (injected)")
+
+
+def test_a_plugin_whose_stop_raises_leaves_the_others_to_stop(
+    settings: KubernetesSettings,
+    backend: LocalVgpus,
+    kubelet: KubeletDouble,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The device plugin's stop raising used to skip the DRA plugin's: its sockets stayed,
+    its threads ran on. In the DRA plugin, a watch whose stop raises leaves its servers."""
+    settings.device_plugin_dir.mkdir(parents=True)
+    kubelet.serve_device_registration(settings.device_plugin_dir / "kubelet.sock")
+    plugins = KubernetesPlugins(settings, backend, sweep_s=0.05)
+    plugins.start()
+    assert plugins.device_plugin is not None
+    real_stops = [plugins.device_plugin.stop, plugins.dra._slice_watch.stop]
+    plugins.device_plugin.stop = broken  # type: ignore[method-assign]
+    plugins.dra._slice_watch.stop = broken  # type: ignore[method-assign]
+    plugins.stop()
+    assert not settings.dra_socket.exists()
+    assert not settings.registration_socket.exists()
+    assert "the device plugin failed (RuntimeError('broken (injected)'))" in caplog.text
+    assert "the ResourceSlice watch failed" in caplog.text
+    for stop in real_stops:  # what the test left running
+        stop()
+
+
+def test_a_device_plugin_whose_stop_raises_leaves_the_other_to_stop(
+    settings: KubernetesSettings,
+    backend: LocalVgpus,
+    kubelet: KubeletDouble,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """qshare.io/vcore's stop raising used to skip qshare.io/vmemory's: its socket stayed."""
+    settings.device_plugin_dir.mkdir(parents=True)
+    kubelet.serve_device_registration(settings.device_plugin_dir / "kubelet.sock")
+    plugins = KubernetesPlugins(settings, backend, sweep_s=0.05)
+    plugins.start()
+    assert plugins.device_plugin is not None
+    vcore = plugins.device_plugin.vcore
+    real_stop = vcore.stop
+    vcore.stop = broken  # type: ignore[method-assign]
+    vmemory = settings.device_plugin_dir / "qshare-vmemory.sock"
+    assert vmemory.exists()
+    plugins.stop()
+    assert not vmemory.exists()
+    assert "the qshare.io/vcore device plugin failed" in caplog.text
+    real_stop()
+
+
 def test_the_node_label_names_the_card_policy(
     settings: KubernetesSettings, backend: LocalVgpus, apiserver: ApiServerDouble
 ) -> None:

@@ -5,7 +5,6 @@ driver's events. Several agents may share one process (the cluster benchmark doe
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -33,7 +32,7 @@ from qshare.metrics_http import MetricsServer, serve_metrics
 from qshare.natsauth import ServiceRole
 from qshare.service import Service, cancelled
 from qshare_driver import Event, EventKind, Node, NotFoundError
-from qshare_node_agent import metrics, timeslice
+from qshare_node_agent import metrics, stopping, timeslice
 from qshare_node_agent.announce import Announcer
 from qshare_node_agent.asked_sharing import SharingKeeper
 from qshare_node_agent.commands import Commands
@@ -41,7 +40,7 @@ from qshare_node_agent.converge import Converger
 from qshare_node_agent.discovery import Card, discover, unhealthy
 from qshare_node_agent.events import EventPump
 from qshare_node_agent.segment import existing_vgpus, open_segment
-from qshare_node_agent.settings import NodeAgentSettings
+from qshare_node_agent.settings import HOSTNAME_LABEL, NodeAgentSettings
 from qshare_node_agent.sharing import cards_sharing
 from qshare_node_agent.timeslice import CardTimeslice
 from qshare_node_agent.usage import UsageReader, report
@@ -50,7 +49,6 @@ if TYPE_CHECKING:
     from qshare_node_agent.kubernetes_wiring import AgentPlugins
 
 log = logging.getLogger(__name__)
-HOSTNAME_LABEL = "kubernetes.io/hostname"
 BACKOFF_MAX_S = 10.0
 HEALTH_READ_MIN_S = 5.0
 """A card health read counts as failed once it takes a heartbeat period and at least this
@@ -77,6 +75,9 @@ class NodeAgent(Service):
         self._plugins: AgentPlugins | None = None
         self._health_read: asyncio.Future[list[str]] | None = None
         self.registered = asyncio.Event()
+        self.stop_step_s = stopping.STEP_S
+        """The longest one step of `stop()` may take (the NATS close's own two 5 s bounds
+        fit in it)."""
         self._stopping = False
         """Set first thing in `stop()`: commands and announce requests then start no work."""
         self.reregistrations = 0
@@ -150,31 +151,63 @@ class NodeAgent(Service):
         self._tasks.append(asyncio.create_task(self._watch_cards(), name="kubernetes cards"))
 
     async def stop(self) -> None:
+        """Every step runs, each bounded by `stop_step_s`, whatever the others did (a step
+        that fails or hangs is logged by name and left); a second call finds nothing left."""
         self._stopping = True
         self.probes.stopping()
-        if self._health is not None:
-            await self._health.stop()
-        if self._metrics is not None:
-            await asyncio.to_thread(self._metrics.stop)
-            self._metrics = None
-        for task in [*self._tasks, *([self._registering] if self._registering else [])]:
+        steps = [
+            ("the health server", self._stop_health),
+            ("the metrics server", self._stop_metrics),
+            ("the agent's tasks", self._stop_tasks),
+            ("the announcer", self._stop_announcer),
+            ("the kubelet plugins", self._stop_plugins),
+            ("the event pump", self._stop_pump),
+            ("the NATS connection", self._stop_nats),
+            (f"driver segment {self.settings.segment_name}", self._stop_segment),
+            ("flushing traces", lambda: stopping.in_thread(flush_tracing)),
+        ]
+        for what, action in steps:
+            await stopping.step(what, action, self.stop_step_s)
+
+    async def _stop_health(self) -> None:
+        server, self._health = self._health, None
+        if server is not None:
+            await server.stop()
+
+    async def _stop_metrics(self) -> None:
+        server, self._metrics = self._metrics, None
+        if server is not None:
+            await stopping.in_thread(server.stop)
+
+    async def _stop_tasks(self) -> None:
+        registering, self._registering = self._registering, None
+        tasks, self._tasks = [*self._tasks, *([registering] if registering else [])], []
+        for task in tasks:
             await cancelled(task)
-        if self.announcer is not None:
+
+    async def _stop_announcer(self) -> None:
+        if self.announcer is not None:  # kept: stopping it again finds nothing to cancel
             await self.announcer.stop()
-        if self._plugins is not None:
-            await asyncio.to_thread(self._plugins.stop)
-        if self._pump is not None:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._pump.stop(), 5)
-        if self._nc is not None:
+
+    async def _stop_plugins(self) -> None:
+        plugins, self._plugins = self._plugins, None
+        if plugins is not None:
+            await stopping.in_thread(plugins.stop)
+
+    async def _stop_pump(self) -> None:
+        pump, self._pump = self._pump, None
+        if pump is not None:
+            await pump.stop()
+
+    async def _stop_nats(self) -> None:
+        if self._nc is not None:  # kept: a late callback still finds it (closed)
             await bus.close(self._nc)
-        if self._node is not None:
-            if self.settings.keep_segment_on_stop:
-                self._node.leave()
-            else:
-                self._node.close()
-            self._node = None
-        await asyncio.to_thread(flush_tracing)
+
+    async def _stop_segment(self) -> None:
+        node, self._node = self._node, None
+        if node is not None:
+            await stopping.in_thread(node.leave if self.settings.keep_segment_on_stop
+                                     else node.close)  # fmt: skip
 
     def _running(self) -> list[asyncio.Task[None]]:
         """The tasks that must run as long as the agent: heartbeats, usage, the event pump,

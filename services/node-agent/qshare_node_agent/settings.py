@@ -14,7 +14,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from qshare.bus import BusIdentity
 from qshare.contracts.agent import LOCAL_ID_LIMIT
-from qshare.contracts.domain import CardPolicy
+from qshare.contracts.domain import AGENT_FEATURES_LABEL, NODE_LABEL, POLICY_LABEL, CardPolicy
 from qshare.contracts.nodes import (
     NODE_NAME_MAX,
     NODE_NAME_PATTERN,
@@ -35,6 +35,13 @@ log = logging.getLogger(__name__)
 
 SOCKET_PATH_MAX = 107
 """Bytes of a unix socket path (sun_path holds 108 with its NUL)."""
+
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+OWN_LABELS = (NODE_LABEL, POLICY_LABEL, AGENT_FEATURES_LABEL, HOSTNAME_LABEL)
+"""The labels the agent sets on its node itself: placement (a claim's node selector, the
+scheduler extender's node) and the allocator's choice of commands read them as the agent's."""
+REGISTER_TIMEOUT_MAX_S = 300.0
+"""A NATS request's wait: bounded, as every wait the agent's settings set."""
 
 SIMULATE_FORMAT = re.compile(r"^(?P<cards>[0-9]{1,2})(:(?P<memory>[0-9]+(Ki|Mi|Gi|Ti)?))?$")
 DEFAULT_SIM_MEMORY = "16Gi"
@@ -60,7 +67,10 @@ class NodeAgentSettings(BaseSettings, BusIdentity, HealthSettings, MetricsSettin
         "and '.', not starting with '.'",
     )
     shm_dir: Path | None = Field(None, description="segment directory (default /dev/shm)")
-    labels: dict[str, str] = Field(default_factory=dict)
+    labels: dict[str, str] = Field(
+        default_factory=dict,
+        description="the node's labels beside the agent's own: a key of OWN_LABELS is refused",
+    )
     policy: CardPolicy = CardPolicy.BEST_EFFORT
     release_delay_s: float = Field(
         0.1, ge=0, le=60, description="release delay; with auto release, the longest it chooses"
@@ -82,7 +92,7 @@ class NodeAgentSettings(BaseSettings, BusIdentity, HealthSettings, MetricsSettin
         "interposer's device gate; see docs/cuda.md)",
     )
     heartbeat_s: float = Field(5.0, gt=0, le=300)
-    register_timeout_s: float = Field(5.0, gt=0)
+    register_timeout_s: float = Field(5.0, gt=0, le=REGISTER_TIMEOUT_MAX_S)
     announce_interval_s: float = Field(
         1.0, ge=0, le=60,
         description="announce the cards' state again (qshare.nodes.announce) at most this often",
@@ -120,6 +130,17 @@ class NodeAgentSettings(BaseSettings, BusIdentity, HealthSettings, MetricsSettin
             raise ValueError(f"expected N[:MEM] with N in 1..16 and MEM like 80Gi, got {value!r}")
         if match["memory"] and parse_mib(match["memory"]) < 1024:
             raise ValueError(f"simulated card memory must be at least 1Gi, got {match['memory']}")
+        return value
+
+    @field_validator("labels")
+    @classmethod
+    def _not_own_labels(cls, value: dict[str, str]) -> dict[str, str]:
+        taken = sorted(k for k in value if k in OWN_LABELS)
+        if taken:
+            raise ValueError(
+                f"label {', '.join(taken)} is the node agent's own (it sets "
+                f"{', '.join(OWN_LABELS)} itself); leave it out"
+            )
         return value
 
     @field_validator("segment")

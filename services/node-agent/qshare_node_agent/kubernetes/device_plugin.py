@@ -16,6 +16,7 @@ from typing import Any
 import grpc
 
 from qshare.contracts.domain import MAX_CORE_SHARE
+from qshare_node_agent import stopping
 from qshare_node_agent.kubernetes import pod_match, wire
 from qshare_node_agent.kubernetes.apiserver import ApiError, KubeApi
 from qshare_node_agent.kubernetes.backend import BackendError, CardInfo, LocalVgpu, VgpuBackend
@@ -186,12 +187,13 @@ class DevicePlugin:
         self._unwatch = self.backend.watch_cards(lambda _cards: self._changed())
 
     def stop(self) -> None:
-        """Idempotent: a second call finds nothing left to stop."""
+        """Idempotent: a second call finds nothing left to stop. Every step runs though an
+        earlier one raised (each failure logged by name)."""
         unwatch, self._unwatch = self._unwatch, None
-        if unwatch is not None:
-            unwatch()
-        for plugin in (self.vcore, self.vmemory):
-            plugin.stop()
+        stopping.each([
+            ("the device plugin's card watch", lambda: unwatch() if unwatch else None),
+            *((f"the {p.resource} device plugin", p.stop) for p in (self.vcore, self.vmemory)),
+        ])  # fmt: skip
 
     def _changed(self) -> None:
         for plugin in (self.vcore, self.vmemory):

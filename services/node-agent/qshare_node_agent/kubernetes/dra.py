@@ -12,6 +12,7 @@ spec, one checkpoint write naming every vGPU of the claim) means a crash leaves 
 in the checkpoint whole or not at all; a restart destroys local vGPUs it does not name, and
 the plugin's start removes the CDI specs of claims it does not name.
 Each claim gets its own answer or error; a claim that fails gives back what this call made.
+Calls naming the same claim (pods sharing it) are served one after another (`ClaimLocks`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 import grpc
 
 from qshare_driver.node import Policy
+from qshare_node_agent import stopping
 from qshare_node_agent.kubernetes import cdi, resourceslice, wire
 from qshare_node_agent.kubernetes.allocation import (
     UNSHARED,
@@ -45,6 +47,7 @@ from qshare_node_agent.kubernetes.backend import (
     VgpuWanted,
 )
 from qshare_node_agent.kubernetes.claim_cache import ClaimCache
+from qshare_node_agent.kubernetes.claim_locks import ClaimLocks
 from qshare_node_agent.kubernetes.config import KubernetesSettings
 from qshare_node_agent.kubernetes.group_commit import GroupCommit
 from qshare_node_agent.kubernetes.registration import Registration
@@ -66,6 +69,7 @@ class DraPlugin:
         self.claims = ClaimCache(api)
         self.cdi = cdi.CdiWriter(settings.cdi_dir)
         self.commits = GroupCommit(backend.save)
+        self._claim_locks = ClaimLocks()
         self.registration = Registration(
             "DRAPlugin", settings.driver, str(settings.dra_socket), SERVICES
         )
@@ -105,18 +109,19 @@ class DraPlugin:
         self._publisher.start()  # it starts the slice watch once the slice is published
 
     def stop(self) -> None:
-        """Idempotent: a second call finds nothing left to stop."""
+        """Idempotent: a second call finds nothing left to stop. Every step runs though an
+        earlier one raised (each failure logged by name)."""
         unwatch, self._unwatch = self._unwatch, None
-        if unwatch is not None:
-            unwatch()
         self._stopping.set()
         self._publish_wanted.set()
-        if self._publisher is not None:
-            self._publisher.join()
-        self._slice_watch.stop()
-        for server in self._servers:
-            server.stop()
-        self.claims.stop()
+        publisher = self._publisher
+        stopping.each([
+            ("the card watch", lambda: unwatch() if unwatch is not None else None),
+            ("the ResourceSlice publisher", lambda: publisher.join() if publisher else None),
+            ("the ResourceSlice watch", self._slice_watch.stop),
+            *((f"serving {server.path}", server.stop) for server in self._servers),
+            ("the ResourceClaim watch", self.claims.stop),
+        ])  # fmt: skip
 
     def _remove_stale_specs(self) -> None:
         """A plugin that died after writing a claim's spec and before saving its vGPUs left
@@ -170,6 +175,12 @@ class DraPlugin:
         ]
 
     async def _prepare_async(self, request: Any, context: Any) -> Any:
+        """Once no other call prepares or unprepares one of its claims (`ClaimLocks`): a
+        claim a call before it prepared is answered as that call left it."""
+        async with self._claim_locks.holding(c.uid for c in request.claims):
+            return await self._prepare_claims(request)
+
+    async def _prepare_claims(self, request: Any) -> Any:
         """On the server's loop when every claim is held (no I/O but the node's own, well
         under a millisecond), answered once a group commit saved it; in a thread, saved
         there, when a claim must be read from the API server. The held claims are taken
@@ -188,10 +199,12 @@ class DraPlugin:
         return response
 
     async def _unprepare_async(self, request: Any, context: Any) -> Any:
-        """Runs once the save now pending is done: a prepare of the same claim that it
-        covers is answered before this releases the claim."""
-        await self.commits.settled()
-        return self._unprepare_rpc(request, context)
+        """Runs once no other call prepares or unprepares one of its claims, and once the
+        save now pending is done: a prepare of the same claim that it covers is answered
+        before this releases the claim."""
+        async with self._claim_locks.holding(c.uid for c in request.claims):
+            await self.commits.settled()
+            return self._unprepare_rpc(request, context)
 
     def _held_claims(self, request: Any) -> dict[str, dict[str, Any] | None]:
         """Each claim of the request as the cache holds it now, by uid (None: a miss)."""

@@ -7,6 +7,7 @@ import logging
 import threading
 
 from qshare_driver.node import Policy
+from qshare_node_agent import stopping
 from qshare_node_agent.kubernetes.apiserver import ApiError, KubeApi
 from qshare_node_agent.kubernetes.backend import VgpuBackend
 from qshare_node_agent.kubernetes.config import KubernetesSettings
@@ -49,13 +50,16 @@ class KubernetesPlugins:
             self._sweeper.start()
 
     def stop(self) -> None:
+        """Every step runs though an earlier one raised (each failure logged by name)."""
         self._stop.set()
-        if self._sweeper is not None:
-            self._sweeper.join()
-        if self.device_plugin is not None:
-            self.device_plugin.stop()
-        self.dra.stop()
-        self.api.close()
+        sweeper, self._sweeper = self._sweeper, None
+        device_plugin = self.device_plugin
+        stopping.each([
+            ("the pod sweep", lambda: sweeper.join() if sweeper is not None else None),
+            ("the device plugin", lambda: device_plugin.stop() if device_plugin else None),
+            ("the DRA plugin", self.dra.stop),
+            ("the API server's connections", self.api.close),
+        ])  # fmt: skip
 
     def node_policy(self) -> Policy | None:
         """The card policy this node's label `qshare.io/policy` asks for (None: no label, no

@@ -1,0 +1,59 @@
+"""The node agent's settings may not take over what the agent decides itself: a label it
+sets on its node (placement and the allocator read them as the agent's) is refused in
+QSHARE_NODE_LABELS, and every wait is bounded, refused at load naming the variable."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from qshare.envsettings import SettingsError
+from qshare_node_agent.settings import OWN_LABELS, NodeAgentSettings, load_agent_settings
+
+DURATIONS = sorted(
+    name
+    for name, field in NodeAgentSettings.model_fields.items()
+    if name.endswith("_s") and field.annotation in (float, float | None)
+)
+
+
+def problems(monkeypatch: pytest.MonkeyPatch, variable: str, value: str) -> list[str]:
+    """The problems a simulated agent's settings are refused with, `variable` set to `value`."""
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(SettingsError) as err:
+        load_agent_settings({"name": "node-a", "simulate": "1"})
+    return err.value.problems
+
+
+@pytest.mark.parametrize("key", OWN_LABELS)
+def test_a_label_the_agent_sets_itself_is_refused_naming_the_variable_and_the_key(
+    monkeypatch: pytest.MonkeyPatch, key: str
+) -> None:
+    """Before, the operator's value replaced the agent's: `qshare.io/node=node-b` on node-a
+    sent claims selecting node-b there, `qshare.io/policy` misstated the cards' policy."""
+    labels = json.dumps({key: "node-b", "zone": "a"})
+    [problem] = problems(monkeypatch, "QSHARE_NODE_LABELS", labels)
+    assert problem.startswith("QSHARE_NODE_LABELS=")
+    assert f"label {key} is the node agent's own" in problem
+
+
+def test_labels_of_the_operators_own_are_taken(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("QSHARE_NODE_LABELS", json.dumps({"zone": "a", "qshare.io/pool": "x"}))
+    settings, _ = load_agent_settings({"name": "node-a", "simulate": "1"})
+    assert settings.labels == {"zone": "a", "qshare.io/pool": "x"}
+
+
+def test_the_register_timeout_is_among_the_durations_checked() -> None:
+    assert "register_timeout_s" in DURATIONS and "heartbeat_s" in DURATIONS
+
+
+@pytest.mark.parametrize("name", DURATIONS)
+@pytest.mark.parametrize("value", ["inf", "1e300"])
+def test_a_wait_too_long_for_the_clock_is_refused_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str
+) -> None:
+    """A wait past what the clock holds fails where it is used (a NATS request with an
+    infinite timeout never gives up on a lost registration), not at start."""
+    variable = f"QSHARE_NODE_{name.upper()}"
+    assert [p.split("=")[0] for p in problems(monkeypatch, variable, value)] == [variable]
