@@ -8,6 +8,8 @@ import json
 
 import pytest
 
+from qshare.contracts.claims import MAX_LABELS
+from qshare.contracts.domain import POLICY_LABEL
 from qshare.envsettings import SettingsError
 from qshare_node_agent.settings import OWN_LABELS, NodeAgentSettings, load_agent_settings
 
@@ -57,3 +59,27 @@ def test_a_wait_too_long_for_the_clock_is_refused_naming_the_variable(
     infinite timeout never gives up on a lost registration), not at start."""
     variable = f"QSHARE_NODE_{name.upper()}"
     assert [p.split("=")[0] for p in problems(monkeypatch, variable, value)] == [variable]
+
+
+def test_a_label_the_allocator_would_refuse_is_refused_at_load(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Before, a value longer than a Kubernetes label's 63 characters passed the settings, and
+    every registration failed to build and was retried for good: the node never joined."""
+    [problem] = problems(monkeypatch, "QSHARE_NODE_LABELS", json.dumps({"zone": "a" * 64}))
+    assert problem.startswith("QSHARE_NODE_LABELS=") and "63" in problem
+
+
+def test_more_labels_than_a_registration_holds_beside_the_agents_own_are_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    labels = {f"team-{i}": "x" for i in range(MAX_LABELS - len(OWN_LABELS) + 1)}
+    [problem] = problems(monkeypatch, "QSHARE_NODE_LABELS", json.dumps(labels))
+    assert problem.startswith("QSHARE_NODE_LABELS=") and f"at most {MAX_LABELS}" in problem
+
+
+def test_the_policy_label_is_refused_with_where_a_policy_is_set(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    [problem] = problems(monkeypatch, "QSHARE_NODE_LABELS", json.dumps({POLICY_LABEL: "bs"}))
+    assert "QSHARE_NODE_POLICY" in problem

@@ -14,6 +14,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from qshare.bus import BusIdentity
 from qshare.contracts.agent import LOCAL_ID_LIMIT
+from qshare.contracts.claims import MAX_LABELS, Labels
 from qshare.contracts.domain import AGENT_FEATURES_LABEL, NODE_LABEL, POLICY_LABEL, CardPolicy
 from qshare.contracts.nodes import (
     NODE_NAME_MAX,
@@ -67,9 +68,10 @@ class NodeAgentSettings(BaseSettings, BusIdentity, HealthSettings, MetricsSettin
         "and '.', not starting with '.'",
     )
     shm_dir: Path | None = Field(None, description="segment directory (default /dev/shm)")
-    labels: dict[str, str] = Field(
+    labels: Labels = Field(
         default_factory=dict,
-        description="the node's labels beside the agent's own: a key of OWN_LABELS is refused",
+        description="the node's labels beside the agent's own: a key of OWN_LABELS is refused, "
+        "and a registration holds at most MAX_LABELS with the agent's",
     )
     policy: CardPolicy = CardPolicy.BEST_EFFORT
     release_delay_s: float = Field(
@@ -137,9 +139,15 @@ class NodeAgentSettings(BaseSettings, BusIdentity, HealthSettings, MetricsSettin
     def _not_own_labels(cls, value: dict[str, str]) -> dict[str, str]:
         taken = sorted(k for k in value if k in OWN_LABELS)
         if taken:
+            hint = " (a policy: QSHARE_NODE_POLICY)" if POLICY_LABEL in taken else ""
             raise ValueError(
                 f"label {', '.join(taken)} is the node agent's own (it sets "
-                f"{', '.join(OWN_LABELS)} itself); leave it out"
+                f"{', '.join(OWN_LABELS)} itself); leave it out{hint}"
+            )
+        if len(value) + len(OWN_LABELS) > MAX_LABELS:
+            raise ValueError(
+                f"{len(value)} labels: a registration holds at most {MAX_LABELS} labels, "
+                f"{len(OWN_LABELS)} of them the agent's own"
             )
         return value
 
