@@ -10,7 +10,7 @@ import logging
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
-from qshare.contracts.domain import CardPolicy, Priority
+from qshare.contracts.domain import POLICY_LABEL, CardPolicy, Priority
 from qshare.envsettings import load
 from qshare_driver.node import Policy
 from qshare_node_agent.asked_sharing import SharingKeeper
@@ -26,7 +26,7 @@ from qshare_node_agent.kubernetes.backend import (
 )
 from qshare_node_agent.kubernetes.config import KubernetesSettings
 from qshare_node_agent.kubernetes.local_vgpus import LocalVgpus
-from qshare_node_agent.kubernetes.plugins import POLICY_LABEL, KubernetesPlugins
+from qshare_node_agent.kubernetes.plugins import KubernetesPlugins
 from qshare_node_agent.segment import UNKNOWN
 
 log = logging.getLogger(__name__)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 
+from qshare.contracts.domain import POLICY_LABEL
 from qshare_driver.node import Policy
 from qshare_node_agent import stopping
 from qshare_node_agent.kubernetes.apiserver import ApiError, KubeApi
@@ -16,7 +17,6 @@ from qshare_node_agent.kubernetes.dra import DraPlugin
 
 log = logging.getLogger(__name__)
 SWEEP_S = 30.0
-POLICY_LABEL = "qshare.io/policy"
 
 
 class KubernetesPlugins:
