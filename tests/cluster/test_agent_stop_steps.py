@@ -79,9 +79,10 @@ async def test_a_step_that_hangs_is_left_after_its_bound_and_the_rest_runs(
     start_agent: StartAgent, tmp_path: Path, never: threading.Event,
     caplog: pytest.LogCaptureFixture,
 ) -> None:  # fmt: skip
-    """A hung announcer (on the loop) and a hung metrics server (in a thread)."""
+    """A hung announcer (on the loop) and a hung metrics server (in a thread); the bound
+    leaves the event pump, whose reader returns from the driver every second, its time."""
     agent = await start_agent(metrics_port=free_port())
-    agent.stop_step_s = 0.5
+    agent.stop_step_s = 2.5
     hung = asyncio.Event()
 
     async def hangs() -> None:
@@ -98,8 +99,8 @@ async def test_a_step_that_hangs_is_left_after_its_bound_and_the_rest_runs(
         hung.set()
         never.set()
     assert_stopped(agent, nc.is_closed, segment)
-    assert "the announcer did not finish within 0.5 s" in caplog.text
-    assert "the metrics server did not finish within 0.5 s" in caplog.text
+    assert "the announcer did not finish within 2.5 s" in caplog.text
+    assert "the metrics server did not finish within 2.5 s" in caplog.text
 
 
 async def test_a_second_stop_finds_nothing_left(start_agent: StartAgent) -> None:
@@ -107,3 +108,43 @@ async def test_a_second_stop_finds_nothing_left(start_agent: StartAgent) -> None
     await agent.stop()
     await asyncio.wait_for(agent.stop(), 5)
     assert agent._node is None
+
+
+class StuckReads:
+    """The agent's node, whose event reads block until `release` is set (`entered` once one
+    does): the event reader's thread caught inside the driver."""
+
+    def __init__(self, node: object, release: threading.Event) -> None:
+        self._node = node
+        self.release = release
+        self.entered = threading.Event()
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._node, name)
+
+    def next_event(self, timeout_s: float) -> None:
+        self.entered.set()
+        self.release.wait()
+
+
+async def test_a_segment_its_event_reader_still_reads_is_left_open_not_unmapped(
+    start_agent: StartAgent, tmp_path: Path, never: threading.Event,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    """Closing the segment unmaps the ring under a reader still inside `next_event`: the
+    stop leaves it (the next agent adopts it) rather than risk the reader's fault."""
+    agent = await start_agent()
+    agent.stop_step_s = 2.5
+    assert agent._pump is not None
+    stuck = StuckReads(agent.node, never)
+    agent._pump._node = stuck  # type: ignore[assignment]
+    assert await asyncio.to_thread(stuck.entered.wait, 10)
+    segment = segment_file(agent, tmp_path)
+    try:
+        await asyncio.wait_for(agent.stop(), 15)
+        assert segment.exists()
+        assert "left open: the event reader still reads it" in caplog.text
+    finally:
+        never.set()
+    await asyncio.wait_for(agent.stop(), 15)  # the reader gone, a second stop closes it
+    assert not segment.exists()

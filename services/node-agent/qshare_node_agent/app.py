@@ -38,7 +38,7 @@ from qshare_node_agent.asked_sharing import SharingKeeper
 from qshare_node_agent.commands import Commands
 from qshare_node_agent.converge import Converger
 from qshare_node_agent.discovery import Card, discover, unhealthy
-from qshare_node_agent.events import EventPump
+from qshare_node_agent.events import POLL_S, EventPump
 from qshare_node_agent.segment import existing_vgpus, open_segment
 from qshare_node_agent.settings import HOSTNAME_LABEL, NodeAgentSettings
 from qshare_node_agent.sharing import cards_sharing
@@ -50,6 +50,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 BACKOFF_MAX_S = 10.0
+READER_HALT_S = 2 * POLL_S
+"""How long a stop waits for the event reader to leave the driver before closing the segment
+(its reads return at least every POLL_S)."""
 HEALTH_READ_MIN_S = 5.0
 """A card health read counts as failed once it takes a heartbeat period and at least this
 long (NVML answers in milliseconds; a busy host's short stall must not fail every card)."""
@@ -195,15 +198,20 @@ class NodeAgent(Service):
             await stopping.in_thread(plugins.stop)
 
     async def _stop_pump(self) -> None:
-        pump, self._pump = self._pump, None
-        if pump is not None:
-            await pump.stop()
+        if self._pump is not None:  # kept: the segment's step asks whether it still reads
+            await self._pump.stop()
 
     async def _stop_nats(self) -> None:
         if self._nc is not None:  # kept: a late callback still finds it (closed)
             await bus.close(self._nc)
 
     async def _stop_segment(self) -> None:
+        pump = self._pump
+        within_s = min(READER_HALT_S, self.stop_step_s / 2)  # inside the step's own bound
+        if pump is not None and not await asyncio.to_thread(pump.halt, within_s):
+            log.error("stopping: driver segment %s left open: the event reader still reads it",
+                      self.settings.segment_name)  # fmt: skip
+            return  # closing would unmap the ring under it; the next agent adopts the segment
         node, self._node = self._node, None
         if node is not None:
             await stopping.in_thread(node.leave if self.settings.keep_segment_on_stop

@@ -78,6 +78,14 @@ class EventPump:
         if self._task is not None:
             self._task.cancel()
 
+    def halt(self, within_s: float) -> bool:
+        """Tell the reading thread to stop and wait up to `within_s` for it (blocking); True
+        once it no longer reads (it ends at its next return from the driver)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(within_s)
+        return not self.reading
+
     def _read(self, loop: asyncio.AbstractEventLoop) -> None:
         backoff = 0.0
         while not self._stop.is_set():
