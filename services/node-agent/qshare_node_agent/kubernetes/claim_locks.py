@@ -7,7 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterable
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from typing import Any, TypeVar
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class ClaimLocks:
@@ -17,6 +22,32 @@ class ClaimLocks:
     def __init__(self) -> None:
         self._locks: dict[str, asyncio.Lock] = {}
         self._users: dict[str, int] = {}
+        self._outliving: set[asyncio.Future[Any]] = set()
+        """Calls whose caller was cancelled, still running (a strong reference each)."""
+
+    async def run_holding(self, uids: Iterable[str], work: Callable[[], Awaitable[T]]) -> T:
+        """`work()` while holding every uid's lock, to its end: a cancelled caller (a kubelet
+        call past its deadline) stops waiting for it, but the work goes on and keeps the
+        claims until it is done, or the next call would find them half made and the work's
+        failure could give back what that call was answered with."""
+        held = list(uids)
+
+        async def locked() -> T:
+            async with self.holding(held):
+                return await work()
+
+        task = asyncio.ensure_future(locked())
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            self._outliving.add(task)
+            task.add_done_callback(self._outlived)
+            raise
+
+    def _outlived(self, task: asyncio.Future[Any]) -> None:
+        self._outliving.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("a call whose caller gave up failed: %r", task.exception())
 
     @contextlib.asynccontextmanager
     async def holding(self, uids: Iterable[str]) -> AsyncIterator[None]:

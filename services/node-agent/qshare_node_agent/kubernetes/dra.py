@@ -177,8 +177,8 @@ class DraPlugin:
     async def _prepare_async(self, request: Any, context: Any) -> Any:
         """Once no other call prepares or unprepares one of its claims (`ClaimLocks`): a
         claim a call before it prepared is answered as that call left it."""
-        async with self._claim_locks.holding(c.uid for c in request.claims):
-            return await self._prepare_claims(request)
+        uids = [c.uid for c in request.claims]
+        return await self._claim_locks.run_holding(uids, lambda: self._prepare_claims(request))
 
     async def _prepare_claims(self, request: Any) -> Any:
         """On the server's loop when every claim is held (no I/O but the node's own, well
@@ -202,9 +202,12 @@ class DraPlugin:
         """Runs once no other call prepares or unprepares one of its claims, and once the
         save now pending is done: a prepare of the same claim that it covers is answered
         before this releases the claim."""
-        async with self._claim_locks.holding(c.uid for c in request.claims):
-            await self.commits.settled()
-            return self._unprepare_rpc(request, context)
+        uids = [c.uid for c in request.claims]
+        return await self._claim_locks.run_holding(uids, lambda: self._unprepare(request, context))
+
+    async def _unprepare(self, request: Any, context: Any) -> Any:
+        await self.commits.settled()
+        return self._unprepare_rpc(request, context)
 
     def _held_claims(self, request: Any) -> dict[str, dict[str, Any] | None]:
         """Each claim of the request as the cache holds it now, by uid (None: a miss)."""
