@@ -110,3 +110,27 @@ def test_graph_allocation_outliving_its_graph_stays_counted_until_freed(node: No
     assert replies(run.replies, "graph") == [0, 0, 0, 0]
     assert replies(run.replies, "alloc") == [2, 0]
     assert all(int(r["bytes"]) <= SMALL_LIMIT for r in run.replies if r["cmd"] == "devused")
+
+
+def test_graph_memory_outliving_its_graph_is_not_taken_for_a_live_graphs(node: NodeOwner) -> None:
+    """A destroyed graph's allocation left live stays in the graph pool; a live executable graph
+    not yet launched holds none of the pool, so its reservation does not cover that memory. The
+    settle at the destroy took the pool's count beyond the live graphs' reservations, released
+    the outliving allocation's bytes, and the later launch took the device past the limit."""
+    run = run_probe(
+        node,
+        SMALL_VGPU,
+        [
+            "init",
+            f"graph alloc {256 * MIB} keep",
+            "graph launch",
+            f"graph alloc {512 * MIB}",
+            "graph destroyfirst",
+            f"alloc plain {512 * MIB}",
+            "graph launch",
+            "devused",
+        ],
+    )
+    assert replies(run.replies, "graph")[:4] == [0, 0, 0, 0]
+    launched_or_refused = run.rc("alloc") == 2 or int(run.reply("devused")["bytes"]) <= SMALL_LIMIT
+    assert launched_or_refused, run.replies

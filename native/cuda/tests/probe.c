@@ -613,7 +613,8 @@ static void cmd_forklaunch(probe *p, unsigned long us) {
 
 /* ---- graphs holding memory: `graph alloc BYTES HOW` (HOW: an instantiation entry point,
  * `child`, or `keep`: the graph does not free its allocation), `graph capture BYTES [keep]`,
- * `graph launch`, `graph destroy`, `graph free` (cuMemFree of the last graph allocation),
+ * `graph launch`, `graph destroy` (the newest executable graph), `graph destroyfirst` (the oldest),
+ * `graph free` (cuMemFree of the last graph allocation),
  * `graph trim`; `devused` says the fake device's memory in use ---- */
 #define MAX_GRAPH_EXECS 16
 static CUgraphExec graph_execs[MAX_GRAPH_EXECS];
@@ -731,7 +732,13 @@ static CUresult graph_use(probe *p, const char *what) {
         return rc != CUDA_SUCCESS ? rc : p->d->cuStreamSynchronize(p->stream);
     }
     exec_fn destroy = (exec_fn)entry("cuGraphExecDestroy");
-    if (strcmp(what, "destroy") != 0 || destroy == NULL) return CUDA_ERROR_INVALID_VALUE;
+    if (destroy == NULL) return CUDA_ERROR_NOT_FOUND;
+    if (strcmp(what, "destroyfirst") == 0) { /* the oldest executable graph, not the newest */
+        exec = graph_execs[0];
+        memmove(graph_execs, graph_execs + 1, (size_t)(n_graph_execs - 1) * sizeof exec);
+    } else if (strcmp(what, "destroy") != 0) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
     n_graph_execs--;
     return destroy(exec);
 }
