@@ -285,9 +285,22 @@ static CUresult pooled(CUresult rc, CUdeviceptr dptr, uint64_t bytes, CUmemoryPo
     return rc;
 }
 
+/* Held from a stream-ordered allocation's driver call until its pool's count was read and its
+ * reservation topped up to it: another allocation's growth of the pool in between would be read
+ * as this one's, reserved twice, and refuse one of them although both fit the limit. */
+static pthread_mutex_t pool_growth_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* A child forked while another thread allocated has the lock held by no thread of its own. */
+static void pool_growth_forked(void) { pthread_mutex_init(&pool_growth_lock, NULL); }
+
+__attribute__((constructor)) static void watch_pool_growth_forks(void) {
+    pthread_atfork(NULL, NULL, pool_growth_forked);
+}
+
 /* Into a stream being captured, an asynchronous allocation is an allocation node of the graph:
  * nothing is allocated now, and the graph's instantiation reserves it (graph_mem.c). Otherwise
- * what the pool keeps serves it first, and only the rest is reserved before the driver runs. */
+ * what the pool keeps serves it first, and only the rest is reserved before the driver runs;
+ * the driver's call and the pool's count after it are taken together (pool_growth_lock). */
 #define QSC_ALLOC_ASYNC(type, name, stream, pool, ...)                                   \
     do {                                                                                 \
         qsc_resolve();                                                                   \
@@ -299,8 +312,11 @@ static CUresult pooled(CUresult rc, CUdeviceptr dptr, uint64_t bytes, CUmemoryPo
             qsc_pool_undraw(from_, drawn_);                                              \
             return reserved_;                                                            \
         }                                                                                \
+        pthread_mutex_lock(&pool_growth_lock);                                           \
         CUresult rc = QSC_REAL(type, name)(__VA_ARGS__);                                 \
-        return pooled(rc, rc == CUDA_SUCCESS ? *dptr : 0, bytes, from_, drawn_, stream); \
+        rc = pooled(rc, rc == CUDA_SUCCESS ? *dptr : 0, bytes, from_, drawn_, stream);   \
+        pthread_mutex_unlock(&pool_growth_lock);                                         \
+        return rc;                                                                       \
     } while (0)
 
 /* What NULL names in the per-thread-stream (_ptsz) entry points. */

@@ -1014,6 +1014,14 @@ static void pool_untake(CUmemoryPool pool, uint64_t bytes) {
     pthread_mutex_unlock(&pool_lock);
 }
 
+/* QSHARE_FAKE_POOL_ALLOC_DELAY_MS: a stream-ordered allocation returns that long after its pool
+ * grew for it, so that a test can have two threads' allocations both grow the pool before
+ * either is answered. */
+static void delay_pool_answer(void) {
+    const char *ms = getenv("QSHARE_FAKE_POOL_ALLOC_DELAY_MS");
+    if (ms != NULL) sleep_until_ns(now_ns() + strtoull(ms, NULL, 10) * 1000000ull);
+}
+
 /* Device memory, or with `pool` a stream-ordered allocation from that pool. */
 static CUresult alloc_address(CUdeviceptr *dptr, uint64_t bytes, CUmemoryPool pool) {
     if (!atomic_load(&initialized)) return CUDA_ERROR_NOT_INITIALIZED;
@@ -1025,6 +1033,7 @@ static CUresult alloc_address(CUdeviceptr *dptr, uint64_t bytes, CUmemoryPool po
     rc = remember(*dptr, bytes, pool);
     if (rc != CUDA_SUCCESS && pool != NULL) pool_untake(pool, bytes);
     else if (rc != CUDA_SUCCESS) atomic_fetch_sub(&used_bytes, bytes);
+    if (rc == CUDA_SUCCESS && pool != NULL) delay_pool_answer();
     return rc;
 }
 

@@ -494,6 +494,36 @@ static void cmd_threads(probe *p, unsigned long count, const char *kind) {
     printf("threads rc=%d\n", rc);
 }
 
+/* `asyncpair BYTES`: two threads, each on a stream of its own, allocate BYTES stream-ordered
+ * from the current pool at the same time; both answers. */
+typedef struct async_one {
+    probe *p;
+    CUstream stream;
+    size_t bytes;
+    CUdeviceptr ptr;
+    CUresult rc;
+} async_one;
+
+static void *async_one_main(void *arg) {
+    async_one *a = arg;
+    a->rc = a->p->d->cuCtxSetCurrent(a->p->ctx);
+    if (a->rc == CUDA_SUCCESS) a->rc = a->p->d->cuMemAllocAsync(&a->ptr, a->bytes, a->stream);
+    return NULL;
+}
+
+static void cmd_asyncpair(probe *p, size_t bytes) {
+    async_one one[2] = {{p, NULL, bytes, 0, CUDA_ERROR_INVALID_VALUE},
+                        {p, NULL, bytes, 0, CUDA_ERROR_INVALID_VALUE}};
+    pthread_t threads[2];
+    int started[2] = {0, 0};
+    for (int i = 0; i < 2; i++)
+        if (p->d->cuStreamCreate(&one[i].stream, 0) == CUDA_SUCCESS)
+            started[i] = pthread_create(&threads[i], NULL, async_one_main, &one[i]) == 0;
+    for (int i = 0; i < 2; i++)
+        if (started[i]) pthread_join(threads[i], NULL);
+    printf("asyncpair rc=%d rc2=%d\n", one[0].rc, one[1].rc);
+}
+
 /* How many kernels the fake driver's device has run to their end. */
 static void cmd_kernels(void) { printf("kernels n=%ld\n", fake_count("qshare_fake_kernels_done")); }
 
@@ -816,6 +846,7 @@ static void run(probe *p, char *line) {
     else if (strcmp(cmd, "sleep") == 0) cmd_sleep(strtoul(arg1, NULL, 10));
     else if (strcmp(cmd, "graph") == 0) cmd_graph(p, line);
     else if (strcmp(cmd, "devused") == 0) cmd_devused();
+    else if (strcmp(cmd, "asyncpair") == 0) cmd_asyncpair(p, strtoull(arg1, NULL, 10));
     else if (strcmp(cmd, "pool") == 0) cmd_pool(p, arg1, strtoull(word3, NULL, 10));
     else printf("%s rc=-1 error=unknown-command\n", cmd);
     fflush(stdout);
