@@ -143,17 +143,33 @@ static int remember(CUgraphExec exec, uint64_t bytes) {
     return 1;
 }
 
-/* Untie `exec`'s reservation and settle it against the pool. */
-static void forget(CUgraphExec exec) {
+/* Take `exec`'s record out before the driver destroys it: once destroyed, its handle may be
+ * the next instantiation's, and that graph's record must not be taken for this one. */
+static exec_rec *untie(CUgraphExec exec) {
     pthread_mutex_lock(&graph_lock);
     exec_rec **p = &execs;
     while (*p != NULL && (*p)->exec != exec) p = &(*p)->next;
     exec_rec *r = *p;
-    if (r != NULL) {
-        *p = r->next;
-        settle_pool(r->dev, r->bytes);
-        note_residual();
-    }
+    if (r != NULL) *p = r->next;
+    pthread_mutex_unlock(&graph_lock);
+    return r;
+}
+
+/* The driver refused the destroy: the record goes back. */
+static void retie(exec_rec *r) {
+    if (r == NULL) return;
+    pthread_mutex_lock(&graph_lock);
+    r->next = execs;
+    execs = r;
+    pthread_mutex_unlock(&graph_lock);
+}
+
+/* The executable graph of record `r` is destroyed: its reservation is settled against the pool. */
+static void forget(exec_rec *r) {
+    if (r == NULL) return;
+    pthread_mutex_lock(&graph_lock);
+    settle_pool(r->dev, r->bytes);
+    note_residual();
     pthread_mutex_unlock(&graph_lock);
     free(r);
 }
@@ -255,8 +271,10 @@ QSC_EXPORT CUresult cuGraphExecDestroy(CUgraphExec exec) {
     qsc_resolve();
     exec_destroy_fn real = QSC_REAL(exec_destroy_fn, cuGraphExecDestroy);
     if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
+    exec_rec *r = untie(exec);
     CUresult rc = real(exec);
-    if (rc == CUDA_SUCCESS) forget(exec);
+    if (rc == CUDA_SUCCESS) forget(r);
+    else retie(r);
     return rc;
 }
 

@@ -134,3 +134,28 @@ def test_graph_memory_outliving_its_graph_is_not_taken_for_a_live_graphs(node: N
     assert replies(run.replies, "graph")[:4] == [0, 0, 0, 0]
     launched_or_refused = run.rc("alloc") == 2 or int(run.reply("devused")["bytes"]) <= SMALL_LIMIT
     assert launched_or_refused, run.replies
+
+
+def test_a_destroyed_graphs_handle_given_to_a_new_graph_keeps_the_new_reservation(
+    node: NodeOwner,
+) -> None:
+    """One thread destroys an executable graph while another instantiates one that the driver
+    gives the same handle (the fake driver, a test double, reuses it and delays the destroy's
+    answer). The destroy untied the newest record of that handle, the new graph's, so the new
+    graph lived on with the old one's smaller reservation and its launch went past the limit."""
+    run = run_probe(
+        node,
+        SMALL_VGPU,
+        [
+            "init",
+            f"graph alloc {256 * MIB}",
+            f"graph racedestroy {512 * MIB}",
+            f"alloc plain {768 * MIB}",
+            "graph launch",
+            "devused",
+        ],
+        extra_env={"QSHARE_FAKE_EXEC_DESTROY_DELAY_MS": "200"},
+    )
+    assert replies(run.replies, "graph")[:2] == [0, 0]
+    used = int(run.reply("devused")["bytes"])
+    assert run.rc("alloc") == 2 or used <= SMALL_LIMIT, (run.rc("alloc"), used // MIB)

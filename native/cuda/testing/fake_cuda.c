@@ -1336,9 +1336,23 @@ static CUresult keep_unfreed(CUgraphExec exec, CUgraph graph) {
     return rc;
 }
 
+/* The handle of the executable graph destroyed last, handed out again by the next
+ * instantiation, as a driver may reuse a handle (under graph_pool_lock). */
+static struct CUgraphExec_st *spare_exec;
+
+static CUgraphExec new_exec(void) {
+    pthread_mutex_lock(&graph_pool_lock);
+    CUgraphExec exec = spare_exec;
+    spare_exec = NULL;
+    pthread_mutex_unlock(&graph_pool_lock);
+    if (exec == NULL) return calloc(1, sizeof *exec);
+    memset(exec, 0, sizeof *exec);
+    return exec;
+}
+
 static CUresult instantiate(CUgraphExec *exec, CUgraph graph) {
     if (exec == NULL || graph == NULL) return CUDA_ERROR_INVALID_VALUE;
-    *exec = calloc(1, sizeof **exec);
+    *exec = new_exec();
     if (*exec == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
     (*exec)->graph_bytes = graph_alloc_bytes(graph);
     CUresult rc = keep_unfreed(*exec, graph);
@@ -1411,8 +1425,13 @@ EXPORT CUresult cuGraphExecDestroy(CUgraphExec exec) {
             a->exec = NULL;
         }
     if (exec->backed) graph_pool_in_use -= exec->graph_bytes - live;
+    if (spare_exec == NULL) spare_exec = exec;
+    else free(exec);
     pthread_mutex_unlock(&graph_pool_lock);
-    free(exec);
+    /* QSHARE_FAKE_EXEC_DESTROY_DELAY_MS: the destroy returns that long after the handle is free
+     * for the next instantiation, so that a test can instantiate in between. */
+    const char *ms = getenv("QSHARE_FAKE_EXEC_DESTROY_DELAY_MS");
+    if (ms != NULL) sleep_until_ns(now_ns() + strtoull(ms, NULL, 10) * 1000000ull);
     return CUDA_SUCCESS;
 }
 

@@ -773,13 +773,43 @@ static CUresult graph_use(probe *p, const char *what) {
     return destroy(exec);
 }
 
+typedef struct destroying {
+    CUgraphExec exec;
+    CUresult rc;
+} destroying;
+
+static void *destroy_main(void *arg) {
+    typedef CUresult (*exec_fn)(CUgraphExec);
+    destroying *d = arg;
+    exec_fn destroy = (exec_fn)entry("cuGraphExecDestroy");
+    d->rc = destroy == NULL ? CUDA_ERROR_NOT_FOUND : destroy(d->exec);
+    return NULL;
+}
+
+/* `graph racedestroy BYTES`: another thread destroys the newest executable graph while this
+ * one, 50 ms later, instantiates a graph allocating BYTES (the fake driver, with its destroy
+ * delayed, hands the instantiation the destroyed graph's handle). */
+static CUresult graph_race_destroy(probe *p, size_t bytes) {
+    if (n_graph_execs == 0) return CUDA_ERROR_INVALID_VALUE;
+    destroying d = {graph_execs[--n_graph_execs], CUDA_ERROR_INVALID_VALUE};
+    pthread_t thread;
+    if (pthread_create(&thread, NULL, destroy_main, &d) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    struct timespec later = {0, 50 * 1000000L};
+    nanosleep(&later, NULL);
+    CUresult rc = p->d->cuCtxSetCurrent(p->ctx);
+    if (rc == CUDA_SUCCESS) rc = graph_make(p, "alloc", bytes, "flags");
+    pthread_join(thread, NULL);
+    return rc != CUDA_SUCCESS ? rc : d.rc;
+}
+
 static void cmd_graph(probe *p, const char *line) {
     char what[32] = "", how[32] = "flags";
     unsigned long bytes = 0;
     sscanf(line, "%*s %31s %lu %31s", what, &bytes, how);
     CUresult rc = strcmp(what, "alloc") == 0 || strcmp(what, "capture") == 0
                       ? graph_make(p, what, (size_t)bytes, how)
-                      : graph_use(p, what);
+                  : strcmp(what, "racedestroy") == 0 ? graph_race_destroy(p, (size_t)bytes)
+                                                     : graph_use(p, what);
     printf("graph rc=%d\n", rc);
 }
 
