@@ -1022,6 +1022,18 @@ static void delay_pool_answer(void) {
     if (ms != NULL) sleep_until_ns(now_ns() + strtoull(ms, NULL, 10) * 1000000ull);
 }
 
+/* QSHARE_FAKE_FREE_DELAY_MS: a stream-ordered free returns that long after its memory went back
+ * to the pool, and the pool's next allocation gets the freed address, as the real pool hands it
+ * out again; a test can allocate on another thread in between. */
+static _Atomic CUdeviceptr spare_address;
+
+static void delay_free_answer(CUdeviceptr freed) {
+    const char *ms = getenv("QSHARE_FAKE_FREE_DELAY_MS");
+    if (ms == NULL) return;
+    atomic_store(&spare_address, freed);
+    sleep_until_ns(now_ns() + strtoull(ms, NULL, 10) * 1000000ull);
+}
+
 /* Device memory, or with `pool` a stream-ordered allocation from that pool. */
 static CUresult alloc_address(CUdeviceptr *dptr, uint64_t bytes, CUmemoryPool pool) {
     if (!atomic_load(&initialized)) return CUDA_ERROR_NOT_INITIALIZED;
@@ -1029,7 +1041,8 @@ static CUresult alloc_address(CUdeviceptr *dptr, uint64_t bytes, CUmemoryPool po
     CUresult rc = pool != NULL ? pool_take(pool, bytes) : take(bytes);
     if (rc != CUDA_SUCCESS) return rc;
     uint64_t span = (bytes + 0xfffffu) & ~0xfffffull;
-    *dptr = atomic_fetch_add(&next_address, span + 0x100000u);
+    CUdeviceptr reused = pool != NULL ? atomic_exchange(&spare_address, 0) : 0;
+    *dptr = reused != 0 ? reused : atomic_fetch_add(&next_address, span + 0x100000u);
     rc = remember(*dptr, bytes, pool);
     if (rc != CUDA_SUCCESS && pool != NULL) pool_untake(pool, bytes);
     else if (rc != CUDA_SUCCESS) atomic_fetch_sub(&used_bytes, bytes);
@@ -1101,7 +1114,10 @@ EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream) {
         graph_frees(graph, dptr);
         return CUDA_SUCCESS;
     }
-    return free_graph_alloc(dptr) ? CUDA_SUCCESS : forget(dptr);
+    if (free_graph_alloc(dptr)) return CUDA_SUCCESS;
+    CUresult rc = forget(dptr);
+    if (rc == CUDA_SUCCESS) delay_free_answer(dptr);
+    return rc;
 }
 EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream) {
     return cuMemFreeAsync(dptr, stream);

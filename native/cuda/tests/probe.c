@@ -524,6 +524,41 @@ static void cmd_asyncpair(probe *p, size_t bytes) {
     printf("asyncpair rc=%d rc2=%d\n", one[0].rc, one[1].rc);
 }
 
+/* `freerace ID BYTES`: another thread frees allocation ID while this one, 50 ms later,
+ * allocates BYTES stream-ordered (the fake driver, with its free delayed, gives it the freed
+ * address); the free's answer and the allocation's, with its id. */
+typedef struct freeing {
+    probe *p;
+    allocation *a;
+    CUresult rc;
+} freeing;
+
+static void *free_main(void *arg) {
+    freeing *f = arg;
+    f->rc = f->p->d->cuCtxSetCurrent(f->p->ctx);
+    if (f->rc == CUDA_SUCCESS) f->rc = free_kind(f->p, f->a);
+    return NULL;
+}
+
+static void cmd_freerace(probe *p, int id, size_t bytes) {
+    if (id < 0 || id >= p->n_allocs || !p->allocs[id].live || p->n_allocs == MAX_ALLOCS) {
+        printf("freerace rc=%d\n", CUDA_ERROR_INVALID_VALUE);
+        return;
+    }
+    freeing f = {p, &p->allocs[id], CUDA_ERROR_INVALID_VALUE};
+    pthread_t thread;
+    if (pthread_create(&thread, NULL, free_main, &f) != 0) return;
+    struct timespec later = {0, 50 * 1000000L};
+    nanosleep(&later, NULL);
+    allocation *a = &p->allocs[p->n_allocs];
+    memset(a, 0, sizeof *a);
+    CUresult rc = alloc_kind(p, a, "async", bytes);
+    pthread_join(thread, NULL);
+    p->allocs[id].live = f.rc != CUDA_SUCCESS;
+    a->live = rc == CUDA_SUCCESS;
+    printf("freerace rc=%d rc2=%d id=%d\n", f.rc, rc, a->live ? p->n_allocs++ : -1);
+}
+
 /* How many kernels the fake driver's device has run to their end. */
 static void cmd_kernels(void) { printf("kernels n=%ld\n", fake_count("qshare_fake_kernels_done")); }
 
@@ -876,6 +911,7 @@ static void run(probe *p, char *line) {
     else if (strcmp(cmd, "sleep") == 0) cmd_sleep(strtoul(arg1, NULL, 10));
     else if (strcmp(cmd, "graph") == 0) cmd_graph(p, line);
     else if (strcmp(cmd, "devused") == 0) cmd_devused();
+    else if (strcmp(cmd, "freerace") == 0) cmd_freerace(p, atoi(arg1), (size_t)n1);
     else if (strcmp(cmd, "asyncpair") == 0) cmd_asyncpair(p, strtoull(arg1, NULL, 10));
     else if (strcmp(cmd, "pool") == 0) cmd_pool(p, arg1, strtoull(word3, NULL, 10));
     else printf("%s rc=-1 error=unknown-command\n", cmd);
