@@ -159,3 +159,21 @@ def test_a_destroyed_graphs_handle_given_to_a_new_graph_keeps_the_new_reservatio
     assert replies(run.replies, "graph")[:2] == [0, 0]
     used = int(run.reply("devused")["bytes"])
     assert run.rc("alloc") == 2 or used <= SMALL_LIMIT, (run.rc("alloc"), used // MIB)
+
+
+def test_a_graph_with_an_empty_node_instantiates_and_counts_its_allocation(
+    node: NodeOwner,
+) -> None:
+    """The driver answers an empty node's type with CU_GRAPH_NODE_TYPE_EMPTY (5) and a child
+    graph node's with CU_GRAPH_NODE_TYPE_GRAPH (4); the interposer had the child graph at 5, so
+    every graph with an empty node failed to instantiate (its walk asked the empty node for a
+    child graph), and a child graph's allocations went uncounted (test_graph_allocating_past_
+    the_limit_fails_to_instantiate[child], once the fake answered the driver's values)."""
+    probe = Probe(node, SMALL_VGPU)
+    try:
+        assert probe.ask("init")["rc"] == "0"
+        rc = probe.ask(f"graph alloc {256 * MIB} empty")["rc"]
+        held = node.stats(SMALL_VGPU)["mem_used"]
+    finally:
+        probe.close()
+    assert (rc, held) == ("0", 256 * MIB)

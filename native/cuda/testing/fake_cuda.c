@@ -58,8 +58,11 @@ struct CUfunc_st {
     int replay; /* duration from the launch's first parameter */
     int hold;   /* "hold_launch": the launch call never returns */
 };
+/* The node types the driver answers cuGraphNodeGetType with (CUgraphNodeType), written out
+ * here rather than taken from the interposer's header, so that a wrong value there shows. */
+enum { NODE_GRAPH = 4, NODE_EMPTY = 5, NODE_MEM_ALLOC = 10, NODE_MEM_FREE = 11 };
 struct CUgraphNode_st {
-    int type;         /* CU_GRAPH_NODE_TYPE_*: an allocation, a free, a child graph, or 0 */
+    int type;         /* NODE_*: an allocation, a free, a child graph, an empty node, or 0 */
     uint64_t bytes;   /* an allocation's size */
     CUgraph child;    /* a child graph node's graph (owned by the node) */
     CUdeviceptr dptr; /* an allocation's address */
@@ -1262,12 +1265,19 @@ static CUresult add_node(CUgraphNode *out, CUgraph graph, int type, uint64_t byt
     return CUDA_SUCCESS;
 }
 
+/* An empty node: it allocates nothing. */
+EXPORT CUresult cuGraphAddEmptyNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
+                                    size_t ndeps) {
+    (void)deps, (void)ndeps;
+    return add_node(node, graph, NODE_EMPTY, 0, NULL);
+}
+
 /* The allocation's address is fixed at the node's creation; no memory is taken yet. */
 EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
                                        size_t ndeps, CUDA_MEM_ALLOC_NODE_PARAMS *params) {
     (void)deps, (void)ndeps;
     if (params == NULL || params->bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
-    CUresult rc = add_node(node, graph, CU_GRAPH_NODE_TYPE_MEM_ALLOC, params->bytesize, NULL);
+    CUresult rc = add_node(node, graph, NODE_MEM_ALLOC, params->bytesize, NULL);
     uint64_t span = (params->bytesize + 0xfffffu) & ~0xfffffull;
     if (rc == CUDA_SUCCESS) params->dptr = graph->nodes->dptr =
         atomic_fetch_add(&next_address, span + 0x100000u);
@@ -1277,7 +1287,7 @@ EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph graph, const C
 /* `graph` frees its allocation at `dptr` itself: 0 when it has none there. */
 static int graph_frees(CUgraph graph, CUdeviceptr dptr) {
     for (CUgraphNode n = graph->nodes; n != NULL; n = n->next)
-        if (n->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC && n->dptr == dptr && !n->freed)
+        if (n->type == NODE_MEM_ALLOC && n->dptr == dptr && !n->freed)
             return n->freed = 1;
     return 0;
 }
@@ -1287,7 +1297,7 @@ EXPORT CUresult cuGraphAddMemFreeNode(CUgraphNode *node, CUgraph graph, const CU
                                       size_t ndeps, CUdeviceptr dptr) {
     (void)deps, (void)ndeps;
     if (graph == NULL || !graph_frees(graph, dptr)) return CUDA_ERROR_INVALID_VALUE;
-    return add_node(node, graph, CU_GRAPH_NODE_TYPE_MEM_FREE, 0, NULL);
+    return add_node(node, graph, NODE_MEM_FREE, 0, NULL);
 }
 
 /* The child is taken as it is (the real driver clones it); the node owns it from now on. */
@@ -1295,7 +1305,7 @@ EXPORT CUresult cuGraphAddChildGraphNode(CUgraphNode *node, CUgraph graph, const
                                          size_t ndeps, CUgraph child) {
     (void)deps, (void)ndeps;
     if (child == NULL) return CUDA_ERROR_INVALID_VALUE;
-    return add_node(node, graph, CU_GRAPH_NODE_TYPE_GRAPH, 0, child);
+    return add_node(node, graph, NODE_GRAPH, 0, child);
 }
 
 EXPORT CUresult cuGraphGetNodes(CUgraph graph, CUgraphNode *nodes, size_t *count) {
@@ -1317,7 +1327,7 @@ EXPORT CUresult cuGraphNodeGetType(CUgraphNode node, int *type) {
 }
 
 EXPORT CUresult cuGraphMemAllocNodeGetParams(CUgraphNode node, CUDA_MEM_ALLOC_NODE_PARAMS *p) {
-    if (node == NULL || p == NULL || node->type != CU_GRAPH_NODE_TYPE_MEM_ALLOC)
+    if (node == NULL || p == NULL || node->type != NODE_MEM_ALLOC)
         return CUDA_ERROR_INVALID_VALUE;
     memset(p, 0, sizeof *p);
     p->bytesize = (size_t)node->bytes;
@@ -1325,7 +1335,7 @@ EXPORT CUresult cuGraphMemAllocNodeGetParams(CUgraphNode node, CUDA_MEM_ALLOC_NO
 }
 
 EXPORT CUresult cuGraphChildGraphNodeGetGraph(CUgraphNode node, CUgraph *graph) {
-    if (node == NULL || graph == NULL || node->type != CU_GRAPH_NODE_TYPE_GRAPH)
+    if (node == NULL || graph == NULL || node->type != NODE_GRAPH)
         return CUDA_ERROR_INVALID_VALUE;
     *graph = node->child;
     return CUDA_SUCCESS;
@@ -1334,7 +1344,7 @@ EXPORT CUresult cuGraphChildGraphNodeGetGraph(CUgraphNode node, CUgraph *graph) 
 static uint64_t graph_alloc_bytes(CUgraph graph) {
     uint64_t sum = 0;
     for (CUgraphNode n = graph != NULL ? graph->nodes : NULL; n != NULL; n = n->next)
-        sum += n->type == CU_GRAPH_NODE_TYPE_GRAPH ? graph_alloc_bytes(n->child) : n->bytes;
+        sum += n->type == NODE_GRAPH ? graph_alloc_bytes(n->child) : n->bytes;
     return sum;
 }
 
@@ -1342,8 +1352,8 @@ static uint64_t graph_alloc_bytes(CUgraph graph) {
 static CUresult keep_unfreed(CUgraphExec exec, CUgraph graph) {
     CUresult rc = CUDA_SUCCESS;
     for (CUgraphNode n = graph->nodes; n != NULL && rc == CUDA_SUCCESS; n = n->next) {
-        if (n->type == CU_GRAPH_NODE_TYPE_GRAPH) rc = keep_unfreed(exec, n->child);
-        if (n->type != CU_GRAPH_NODE_TYPE_MEM_ALLOC || n->freed) continue;
+        if (n->type == NODE_GRAPH) rc = keep_unfreed(exec, n->child);
+        if (n->type != NODE_MEM_ALLOC || n->freed) continue;
         if (exec->n_kept == sizeof exec->kept_dptr / sizeof exec->kept_dptr[0])
             return CUDA_ERROR_NOT_SUPPORTED;
         exec->kept_dptr[exec->n_kept] = n->dptr;
@@ -1537,7 +1547,7 @@ static const named table[] = {
     NAMED(cuLaunchHostFunc_ptsz), NAMED(cuGraphCreate), NAMED(cuGraphDestroy),
     NAMED(cuGraphInstantiateWithFlags), NAMED(cuGraphInstantiate), NAMED(cuGraphInstantiate_v2),
     NAMED(cuGraphInstantiateWithParams), NAMED(cuGraphInstantiateWithParams_ptsz),
-    NAMED(cuGraphAddMemAllocNode), NAMED(cuGraphAddMemFreeNode), NAMED(cuGraphAddChildGraphNode), NAMED(cuGraphGetNodes),
+    NAMED(cuGraphAddMemAllocNode), NAMED(cuGraphAddMemFreeNode), NAMED(cuGraphAddChildGraphNode), NAMED(cuGraphAddEmptyNode), NAMED(cuGraphGetNodes),
     NAMED(cuGraphNodeGetType), NAMED(cuGraphMemAllocNodeGetParams),
     NAMED(cuGraphChildGraphNodeGetGraph), NAMED(cuGraphUpload), NAMED(cuDeviceGraphMemTrim),
     NAMED(cuDeviceGetGraphMemAttribute), NAMED(cuGraphExecDestroy), NAMED(cuGraphLaunch),

@@ -677,7 +677,8 @@ static void cmd_forklaunch(probe *p, unsigned long us) {
 }
 
 /* ---- graphs holding memory: `graph alloc BYTES HOW` (HOW: an instantiation entry point,
- * `child`, or `keep`: the graph does not free its allocation), `graph capture BYTES [keep]`,
+ * `child`, `empty` (an empty node beside), or `keep`: the graph does not free its
+ * allocation), `graph capture BYTES [keep]`,
  * `graph launch`, `graph destroy` (the newest executable graph), `graph destroyfirst` (the oldest),
  * `graph free` (cuMemFree of the last graph allocation),
  * `graph trim`; `devused` says the fake device's memory in use ---- */
@@ -721,24 +722,29 @@ static CUresult instantiate_as(probe *p, CUgraphExec *exec, CUgraph graph, const
 }
 
 /* A graph with one allocation node of `bytes` and, unless `keep`, its free node; with `child`,
- * inside a child graph. */
-static CUresult graph_with_alloc(probe *p, CUgraph *graph, size_t bytes, int child, int keep) {
+ * inside a child graph; with `empty`, an empty node beside. */
+static CUresult graph_with_alloc(probe *p, CUgraph *graph, size_t bytes, int child, int keep,
+                                 int empty) {
     typedef CUresult (*add_alloc_fn)(CUgraphNode *, CUgraph, const CUgraphNode *, size_t,
                                      CUDA_MEM_ALLOC_NODE_PARAMS *);
     typedef CUresult (*add_free_fn)(CUgraphNode *, CUgraph, const CUgraphNode *, size_t,
                                     CUdeviceptr);
     typedef CUresult (*add_child_fn)(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUgraph);
+    typedef CUresult (*add_empty_fn)(CUgraphNode *, CUgraph, const CUgraphNode *, size_t);
     add_alloc_fn add_alloc = (add_alloc_fn)entry("cuGraphAddMemAllocNode");
     add_free_fn add_free = (add_free_fn)entry("cuGraphAddMemFreeNode");
     add_child_fn add_child = (add_child_fn)entry("cuGraphAddChildGraphNode");
+    add_empty_fn add_empty = (add_empty_fn)entry("cuGraphAddEmptyNode");
     CUgraph inner = NULL;
     CUgraphNode node = NULL;
     CUDA_MEM_ALLOC_NODE_PARAMS params = {.bytesize = bytes};
-    if (add_alloc == NULL || add_free == NULL || add_child == NULL) return CUDA_ERROR_NOT_FOUND;
+    if (add_alloc == NULL || add_free == NULL || add_child == NULL || add_empty == NULL)
+        return CUDA_ERROR_NOT_FOUND;
     CUresult rc = p->d->cuGraphCreate(&inner, 0);
     if (rc == CUDA_SUCCESS) rc = add_alloc(&node, inner, NULL, 0, &params);
     graph_ptr = params.dptr;
     if (rc == CUDA_SUCCESS && !keep) rc = add_free(NULL, inner, &node, 1, params.dptr);
+    if (rc == CUDA_SUCCESS && empty) rc = add_empty(NULL, inner, NULL, 0);
     if (rc != CUDA_SUCCESS || !child) {
         *graph = inner;
         return rc;
@@ -774,7 +780,7 @@ static CUresult graph_make(probe *p, const char *what, size_t bytes, const char 
     CUresult rc = strcmp(what, "capture") == 0
                       ? graph_captured(p, &graph, bytes, strcmp(how, "keep") == 0)
                       : graph_with_alloc(p, &graph, bytes, strcmp(how, "child") == 0,
-                                         strcmp(how, "keep") == 0);
+                                         strcmp(how, "keep") == 0, strcmp(how, "empty") == 0);
     CUgraphExec exec = NULL;
     if (rc == CUDA_SUCCESS) rc = instantiate_as(p, &exec, graph, how);
     if (rc == CUDA_SUCCESS) graph_execs[n_graph_execs++] = exec;
