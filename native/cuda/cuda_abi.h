@@ -107,7 +107,8 @@ typedef struct CUmemAllocationProp CUmemAllocationProp; /* passed through, never
 /* Graphs: node types, the parameters of an allocation node, graph memory attributes and
  * cuGraphInstantiateWithParams' parameters (the layouts of CUDA 12). */
 enum {
-    CU_GRAPH_NODE_TYPE_GRAPH = 5,     /* a child graph */
+    CU_GRAPH_NODE_TYPE_GRAPH = 4,     /* a child graph */
+    CU_GRAPH_NODE_TYPE_EMPTY = 5,     /* an empty node */
     CU_GRAPH_NODE_TYPE_MEM_ALLOC = 10, /* a graph memory allocation */
     CU_GRAPH_NODE_TYPE_MEM_FREE = 11   /* a graph memory free */
 };

@@ -5,8 +5,8 @@
  * cached memory) until cuDeviceGraphMemTrim. So every instantiation reserves the sum of the
  * graph's allocation nodes (child graphs included, each rounded up to 2 MiB) before the driver
  * instantiates it, and the reservation lives with the executable graph. At its destroy the pool
- * is trimmed and only what the pool still holds beyond the live executable graphs' reservations
- * stays reserved, settled again at the program's trims and before a reservation that would not
+ * is trimmed and what the pool still holds (at most what the destroyed graphs reserved) stays
+ * reserved, settled again at the program's trims and before a reservation that would not
  * fit otherwise (docs/driver.md, "Graph memory"). */
 #include <pthread.h>
 #include <stdlib.h>
@@ -91,14 +91,6 @@ static CUdevice current_device(void) {
     return get != NULL && get(&dev) == CUDA_SUCCESS ? dev : -1;
 }
 
-/* Under graph_lock: the live executable graphs' reservations on device `dev`. */
-static uint64_t live_bytes_on(CUdevice dev) {
-    uint64_t sum = 0;
-    for (const exec_rec *r = execs; r != NULL; r = r->next)
-        if (r->dev == dev) sum += r->bytes;
-    return sum;
-}
-
 /* The interposer's own trim, in relaxed capture mode: another thread's capture neither forbids
  * it nor is invalidated by it. */
 static CUresult relaxed_trim(trim_fn trim, CUdevice dev) {
@@ -109,9 +101,13 @@ static CUresult relaxed_trim(trim_fn trim, CUdevice dev) {
 }
 
 /* Under graph_lock: `freed` bytes of reservation are no longer tied to an executable graph of
- * `dev`. Trim the pool, then keep reserved (as residual) what it still holds beyond the live
- * graphs' reservations, never more than was reserved; release the rest. Without the pool's
- * count (a driver that cannot say, a device we cannot name), everything stays reserved. */
+ * `dev`. Trim the pool, then keep reserved (as residual) what it still holds, never more than
+ * was reserved; release the rest. The live graphs' reservations are not subtracted from the
+ * pool's count: one not launched (or idle, which the trim unmaps) holds none of it, and will
+ * take its memory anew at its launch, so what the pool holds is the destroyed graphs' (their
+ * allocations left live) unless a live graph runs during the trim or left its own allocations
+ * live (counted twice then, until the next settle). Without the pool's count (a driver that
+ * cannot say, a device we cannot name), everything stays reserved. */
 static void settle_pool(CUdevice dev, uint64_t freed) {
     uint64_t *kept = residual_of(dev);
     uint64_t held = *kept + freed;
@@ -124,9 +120,7 @@ static void settle_pool(CUdevice dev, uint64_t freed) {
         *kept = held;
         return;
     }
-    uint64_t live = live_bytes_on(dev);
-    uint64_t need = pool > live ? pool - live : 0;
-    *kept = need < held ? need : held;
+    *kept = pool < held ? pool : held;
     qsc_mem_release(held - *kept);
 }
 
@@ -149,17 +143,33 @@ static int remember(CUgraphExec exec, uint64_t bytes) {
     return 1;
 }
 
-/* Untie `exec`'s reservation and settle it against the pool. */
-static void forget(CUgraphExec exec) {
+/* Take `exec`'s record out before the driver destroys it: once destroyed, its handle may be
+ * the next instantiation's, and that graph's record must not be taken for this one. */
+static exec_rec *untie(CUgraphExec exec) {
     pthread_mutex_lock(&graph_lock);
     exec_rec **p = &execs;
     while (*p != NULL && (*p)->exec != exec) p = &(*p)->next;
     exec_rec *r = *p;
-    if (r != NULL) {
-        *p = r->next;
-        settle_pool(r->dev, r->bytes);
-        note_residual();
-    }
+    if (r != NULL) *p = r->next;
+    pthread_mutex_unlock(&graph_lock);
+    return r;
+}
+
+/* The driver refused the destroy: the record goes back. */
+static void retie(exec_rec *r) {
+    if (r == NULL) return;
+    pthread_mutex_lock(&graph_lock);
+    r->next = execs;
+    execs = r;
+    pthread_mutex_unlock(&graph_lock);
+}
+
+/* The executable graph of record `r` is destroyed: its reservation is settled against the pool. */
+static void forget(exec_rec *r) {
+    if (r == NULL) return;
+    pthread_mutex_lock(&graph_lock);
+    settle_pool(r->dev, r->bytes);
+    note_residual();
     pthread_mutex_unlock(&graph_lock);
     free(r);
 }
@@ -261,8 +271,10 @@ QSC_EXPORT CUresult cuGraphExecDestroy(CUgraphExec exec) {
     qsc_resolve();
     exec_destroy_fn real = QSC_REAL(exec_destroy_fn, cuGraphExecDestroy);
     if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
+    exec_rec *r = untie(exec);
     CUresult rc = real(exec);
-    if (rc == CUDA_SUCCESS) forget(exec);
+    if (rc == CUDA_SUCCESS) forget(r);
+    else retie(r);
     return rc;
 }
 

@@ -190,19 +190,37 @@ QSC_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytes, unsigned 
     return settle(rc, &pointers, rc == CUDA_SUCCESS ? *dptr : 0, bytes);
 }
 
-/* An allocation is freed: a stream-ordered one's memory goes back to its pool (pool_mem.c),
- * any other's reservation is given back. */
-static void freed(CUdeviceptr dptr) {
+/* An allocation's records (its size; a stream-ordered one's pool), taken out before the driver
+ * frees it: once freed, its address may at once be another allocation's (a pool hands it out
+ * again), whose records must not be taken for this one's. */
+typedef struct recorded {
+    uint64_t bytes;
+    CUmemoryPool pool;
+} recorded;
+
+static recorded take_records(CUdeviceptr dptr) {
     uint64_t bytes = map_take(&pointers, dptr);
-    CUmemoryPool pool = (CUmemoryPool)(uintptr_t)map_take(&pool_of_pointer, dptr);
-    if (pool != NULL) qsc_pool_freed(pool, bytes);
-    else release(bytes);
+    return (recorded){bytes, (CUmemoryPool)(uintptr_t)map_take(&pool_of_pointer, dptr)};
+}
+
+/* After the driver answered the free of `dptr`: a stream-ordered allocation's memory goes back to
+ * its pool (pool_mem.c), any other's reservation is given back; a refused free leaves the
+ * allocation, and its records go back (they fit: they were just taken out). */
+static CUresult freed(CUresult rc, CUdeviceptr dptr, recorded r) {
+    if (rc != CUDA_SUCCESS) {
+        if (r.bytes != 0) map_put(&pointers, dptr, r.bytes);
+        if (r.pool != NULL) map_put(&pool_of_pointer, dptr, (uint64_t)(uintptr_t)r.pool);
+    } else if (r.pool != NULL) {
+        qsc_pool_freed(r.pool, r.bytes);
+    } else {
+        release(r.bytes);
+    }
+    return rc;
 }
 
 QSC_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
-    CUresult rc = QSC_REAL(free_fn, cuMemFree_v2)(dptr);
-    if (rc == CUDA_SUCCESS) freed(dptr);
-    return rc;
+    recorded r = take_records(dptr);
+    return freed(QSC_REAL(free_fn, cuMemFree_v2)(dptr), dptr, r);
 }
 
 typedef CUresult (*pointer_attr_fn)(void *, int, CUdeviceptr);
@@ -233,7 +251,8 @@ static CUmemoryPool pool_of(CUdeviceptr dptr) {
 /* The allocation at `dptr` from `pool` is refused after all: freed on its stream, its
  * reservation settled, and the pool trimmed of what it holds beyond its reservation. */
 static CUresult refused_after(CUdeviceptr dptr, CUstream stream, CUmemoryPool pool) {
-    if (QSC_REAL(free_async_fn, cuMemFreeAsync)(dptr, stream) == CUDA_SUCCESS) freed(dptr);
+    recorded r = take_records(dptr);
+    freed(QSC_REAL(free_async_fn, cuMemFreeAsync)(dptr, stream), dptr, r);
     qsc_pool_trim_unreserved(pool);
     return CUDA_ERROR_OUT_OF_MEMORY;
 }
@@ -285,9 +304,22 @@ static CUresult pooled(CUresult rc, CUdeviceptr dptr, uint64_t bytes, CUmemoryPo
     return rc;
 }
 
+/* Held from a stream-ordered allocation's driver call until its pool's count was read and its
+ * reservation topped up to it: another allocation's growth of the pool in between would be read
+ * as this one's, reserved twice, and refuse one of them although both fit the limit. */
+static pthread_mutex_t pool_growth_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* A child forked while another thread allocated has the lock held by no thread of its own. */
+static void pool_growth_forked(void) { pthread_mutex_init(&pool_growth_lock, NULL); }
+
+__attribute__((constructor)) static void watch_pool_growth_forks(void) {
+    pthread_atfork(NULL, NULL, pool_growth_forked);
+}
+
 /* Into a stream being captured, an asynchronous allocation is an allocation node of the graph:
  * nothing is allocated now, and the graph's instantiation reserves it (graph_mem.c). Otherwise
- * what the pool keeps serves it first, and only the rest is reserved before the driver runs. */
+ * what the pool keeps serves it first, and only the rest is reserved before the driver runs;
+ * the driver's call and the pool's count after it are taken together (pool_growth_lock). */
 #define QSC_ALLOC_ASYNC(type, name, stream, pool, ...)                                   \
     do {                                                                                 \
         qsc_resolve();                                                                   \
@@ -299,8 +331,11 @@ static CUresult pooled(CUresult rc, CUdeviceptr dptr, uint64_t bytes, CUmemoryPo
             qsc_pool_undraw(from_, drawn_);                                              \
             return reserved_;                                                            \
         }                                                                                \
+        pthread_mutex_lock(&pool_growth_lock);                                           \
         CUresult rc = QSC_REAL(type, name)(__VA_ARGS__);                                 \
-        return pooled(rc, rc == CUDA_SUCCESS ? *dptr : 0, bytes, from_, drawn_, stream); \
+        rc = pooled(rc, rc == CUDA_SUCCESS ? *dptr : 0, bytes, from_, drawn_, stream);   \
+        pthread_mutex_unlock(&pool_growth_lock);                                         \
+        return rc;                                                                       \
     } while (0)
 
 /* What NULL names in the per-thread-stream (_ptsz) entry points. */
@@ -331,15 +366,13 @@ QSC_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytes
  * the pool gives it back (pool_mem.c). The free of an ordinary allocation gives its bytes back
  * when it is submitted, not when it runs. */
 QSC_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream) {
-    CUresult rc = QSC_REAL(free_async_fn, cuMemFreeAsync)(dptr, stream);
-    if (rc == CUDA_SUCCESS) freed(dptr);
-    return rc;
+    recorded r = take_records(dptr);
+    return freed(QSC_REAL(free_async_fn, cuMemFreeAsync)(dptr, stream), dptr, r);
 }
 
 QSC_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream) {
-    CUresult rc = QSC_REAL(free_async_fn, cuMemFreeAsync_ptsz)(dptr, stream);
-    if (rc == CUDA_SUCCESS) freed(dptr);
-    return rc;
+    recorded r = take_records(dptr);
+    return freed(QSC_REAL(free_async_fn, cuMemFreeAsync_ptsz)(dptr, stream), dptr, r);
 }
 
 QSC_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t bytes,

@@ -182,15 +182,16 @@ QSC_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) {
     return rc;
 }
 
-/* The driver releases a destroyed pool's memory once its allocations are freed. */
+/* The driver releases a destroyed pool's memory once its allocations are freed. The destroy
+ * runs under pools_lock (it returns at once): a pool created with the same handle right after
+ * it is recorded only once this one is marked, never marked destroyed in its place. */
 QSC_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) {
     qsc_resolve();
     pool_destroy_fn real = QSC_REAL(pool_destroy_fn, cuMemPoolDestroy);
     if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
-    CUresult rc = real(pool);
-    if (rc != CUDA_SUCCESS) return rc;
     pthread_mutex_lock(&pools_lock);
-    pool_rec *r = record_of(pool, 0);
+    CUresult rc = real(pool);
+    pool_rec *r = rc == CUDA_SUCCESS ? record_of(pool, 0) : NULL;
     if (r != NULL) {
         r->destroyed = 1;
         settle(r);

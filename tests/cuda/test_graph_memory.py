@@ -110,3 +110,70 @@ def test_graph_allocation_outliving_its_graph_stays_counted_until_freed(node: No
     assert replies(run.replies, "graph") == [0, 0, 0, 0]
     assert replies(run.replies, "alloc") == [2, 0]
     assert all(int(r["bytes"]) <= SMALL_LIMIT for r in run.replies if r["cmd"] == "devused")
+
+
+def test_graph_memory_outliving_its_graph_is_not_taken_for_a_live_graphs(node: NodeOwner) -> None:
+    """A destroyed graph's allocation left live stays in the graph pool; a live executable graph
+    not yet launched holds none of the pool, so its reservation does not cover that memory. The
+    settle at the destroy took the pool's count beyond the live graphs' reservations, released
+    the outliving allocation's bytes, and the later launch took the device past the limit."""
+    run = run_probe(
+        node,
+        SMALL_VGPU,
+        [
+            "init",
+            f"graph alloc {256 * MIB} keep",
+            "graph launch",
+            f"graph alloc {512 * MIB}",
+            "graph destroyfirst",
+            f"alloc plain {512 * MIB}",
+            "graph launch",
+            "devused",
+        ],
+    )
+    assert replies(run.replies, "graph")[:4] == [0, 0, 0, 0]
+    launched_or_refused = run.rc("alloc") == 2 or int(run.reply("devused")["bytes"]) <= SMALL_LIMIT
+    assert launched_or_refused, run.replies
+
+
+def test_a_destroyed_graphs_handle_given_to_a_new_graph_keeps_the_new_reservation(
+    node: NodeOwner,
+) -> None:
+    """One thread destroys an executable graph while another instantiates one that the driver
+    gives the same handle (the fake driver, a test double, reuses it and delays the destroy's
+    answer). The destroy untied the newest record of that handle, the new graph's, so the new
+    graph lived on with the old one's smaller reservation and its launch went past the limit."""
+    run = run_probe(
+        node,
+        SMALL_VGPU,
+        [
+            "init",
+            f"graph alloc {256 * MIB}",
+            f"graph racedestroy {512 * MIB}",
+            f"alloc plain {768 * MIB}",
+            "graph launch",
+            "devused",
+        ],
+        extra_env={"QSHARE_FAKE_EXEC_DESTROY_DELAY_MS": "200"},
+    )
+    assert replies(run.replies, "graph")[:2] == [0, 0]
+    used = int(run.reply("devused")["bytes"])
+    assert run.rc("alloc") == 2 or used <= SMALL_LIMIT, (run.rc("alloc"), used // MIB)
+
+
+def test_a_graph_with_an_empty_node_instantiates_and_counts_its_allocation(
+    node: NodeOwner,
+) -> None:
+    """The driver answers an empty node's type with CU_GRAPH_NODE_TYPE_EMPTY (5) and a child
+    graph node's with CU_GRAPH_NODE_TYPE_GRAPH (4); the interposer had the child graph at 5, so
+    every graph with an empty node failed to instantiate (its walk asked the empty node for a
+    child graph), and a child graph's allocations went uncounted (test_graph_allocating_past_
+    the_limit_fails_to_instantiate[child], once the fake answered the driver's values)."""
+    probe = Probe(node, SMALL_VGPU)
+    try:
+        assert probe.ask("init")["rc"] == "0"
+        rc = probe.ask(f"graph alloc {256 * MIB} empty")["rc"]
+        held = node.stats(SMALL_VGPU)["mem_used"]
+    finally:
+        probe.close()
+    assert (rc, held) == ("0", 256 * MIB)

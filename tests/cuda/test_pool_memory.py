@@ -88,3 +88,44 @@ def test_an_allocation_the_pool_grew_for_past_the_limit_is_refused_and_given_bac
     )
     assert run.rc("alloc", 1) == 2
     assert int(run.reply("devused")["bytes"]) <= SMALL_LIMIT
+
+
+def test_two_threads_allocating_the_limit_from_one_pool_are_both_served(node: NodeOwner) -> None:
+    """Two threads allocate half the limit each from the same pool at once; both reserve before
+    the driver runs, and the pool grows for both before either is answered (the fake driver, a
+    test double, holds its answer). The first answered read the pool's count with the other's
+    growth in it and took that for its own: it reserved the other's bytes again, found no room,
+    and was refused although the two together fit the limit."""
+    run = run_probe(
+        node,
+        SMALL_VGPU,
+        ["init", f"asyncpair {SMALL_LIMIT // 2}", "devused"],
+        extra_env={"QSHARE_FAKE_POOL_ALLOC_DELAY_MS": "200"},
+    )
+    assert (run.rc("asyncpair"), int(run.reply("asyncpair")["rc2"])) == (0, 0)
+    assert int(run.reply("devused")["bytes"]) <= SMALL_LIMIT
+
+
+def test_a_freed_address_allocated_again_meanwhile_keeps_both_accounts(node: NodeOwner) -> None:
+    """One thread frees a stream-ordered allocation while another allocates from the same pool
+    and gets the freed address back (the fake driver, a test double, hands it out again and
+    delays the free's answer). The free looked its allocation up after the driver's free, took
+    the new allocation's record for it, and left its own bytes counted for good: with
+    everything freed and the pool emptied, the limit could no longer be allocated whole."""
+    run = run_probe(
+        node,
+        SMALL_VGPU,
+        [
+            "init",
+            f"alloc async {512 * MIB}",
+            f"freerace 0 {512 * MIB}",
+            "free 1",
+            "sync",
+            f"alloc plain {SMALL_LIMIT}",
+        ],
+        extra_env={"QSHARE_FAKE_FREE_DELAY_MS": "200"},
+    )
+    race = run.reply("freerace")
+    assert (race["rc"], race["rc2"], race["id"]) == ("0", "0", "1")
+    assert run.rc("free") == 0
+    assert run.rc("alloc", 1) == 0

@@ -51,3 +51,41 @@ def test_streams_destroys_and_captures_run_race_free(
     assert done.returncode == 0, done.stderr[-4000:]
     replies = [parse_reply(line) for line in done.stdout.splitlines()]
     assert all(r["rc"] == "0" for r in replies if "rc" in r), replies
+
+
+POOLS_AND_GRAPHS = [
+    "init",
+    "alloc async 4194304",
+    "asyncpair 8388608",
+    "freerace 0 4194304",
+    "free 1",
+    "graph alloc 4194304",
+    "graph launch",
+    "graph racedestroy 8388608",
+    "graph launch",
+    "graph destroy",
+    "pool trim 0",
+]
+
+
+@pytest.mark.parametrize("delays", ["prompt", "delayed"])
+def test_pool_and_graph_memory_accounting_across_threads_is_race_free(
+    tsan_probe: Path, node: NodeOwner, delays: str
+) -> None:
+    """Two threads allocating from one pool, a free racing an allocation given its address, and
+    an executable graph destroyed while another thread instantiates one (the fake driver, a
+    test double, holding its answers in the delayed run)."""
+    env = node.env(HP_VGPU) | {"TSAN_OPTIONS": f"halt_on_error=1:exitcode={TSAN_EXIT}"}
+    if delays == "delayed":
+        env |= {
+            "QSHARE_FAKE_POOL_ALLOC_DELAY_MS": "20",
+            "QSHARE_FAKE_FREE_DELAY_MS": "100",
+            "QSHARE_FAKE_EXEC_DESTROY_DELAY_MS": "100",
+        }
+    done = subprocess.run(
+        [str(tsan_probe), *POOLS_AND_GRAPHS], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    replies = [parse_reply(line) for line in done.stdout.splitlines()]
+    assert all(r["rc"] == "0" for r in replies if "rc" in r), replies
+    assert all(r.get("rc2", "0") == "0" for r in replies), replies

@@ -58,8 +58,11 @@ struct CUfunc_st {
     int replay; /* duration from the launch's first parameter */
     int hold;   /* "hold_launch": the launch call never returns */
 };
+/* The node types the driver answers cuGraphNodeGetType with (CUgraphNodeType), written out
+ * here rather than taken from the interposer's header, so that a wrong value there shows. */
+enum { NODE_GRAPH = 4, NODE_EMPTY = 5, NODE_MEM_ALLOC = 10, NODE_MEM_FREE = 11 };
 struct CUgraphNode_st {
-    int type;         /* CU_GRAPH_NODE_TYPE_*: an allocation, a free, a child graph, or 0 */
+    int type;         /* NODE_*: an allocation, a free, a child graph, an empty node, or 0 */
     uint64_t bytes;   /* an allocation's size */
     CUgraph child;    /* a child graph node's graph (owned by the node) */
     CUdeviceptr dptr; /* an allocation's address */
@@ -1014,6 +1017,26 @@ static void pool_untake(CUmemoryPool pool, uint64_t bytes) {
     pthread_mutex_unlock(&pool_lock);
 }
 
+/* QSHARE_FAKE_POOL_ALLOC_DELAY_MS: a stream-ordered allocation returns that long after its pool
+ * grew for it, so that a test can have two threads' allocations both grow the pool before
+ * either is answered. */
+static void delay_pool_answer(void) {
+    const char *ms = getenv("QSHARE_FAKE_POOL_ALLOC_DELAY_MS");
+    if (ms != NULL) sleep_until_ns(now_ns() + strtoull(ms, NULL, 10) * 1000000ull);
+}
+
+/* QSHARE_FAKE_FREE_DELAY_MS: a stream-ordered free returns that long after its memory went back
+ * to the pool, and the pool's next allocation gets the freed address, as the real pool hands it
+ * out again; a test can allocate on another thread in between. */
+static _Atomic CUdeviceptr spare_address;
+
+static void delay_free_answer(CUdeviceptr freed) {
+    const char *ms = getenv("QSHARE_FAKE_FREE_DELAY_MS");
+    if (ms == NULL) return;
+    atomic_store(&spare_address, freed);
+    sleep_until_ns(now_ns() + strtoull(ms, NULL, 10) * 1000000ull);
+}
+
 /* Device memory, or with `pool` a stream-ordered allocation from that pool. */
 static CUresult alloc_address(CUdeviceptr *dptr, uint64_t bytes, CUmemoryPool pool) {
     if (!atomic_load(&initialized)) return CUDA_ERROR_NOT_INITIALIZED;
@@ -1021,10 +1044,12 @@ static CUresult alloc_address(CUdeviceptr *dptr, uint64_t bytes, CUmemoryPool po
     CUresult rc = pool != NULL ? pool_take(pool, bytes) : take(bytes);
     if (rc != CUDA_SUCCESS) return rc;
     uint64_t span = (bytes + 0xfffffu) & ~0xfffffull;
-    *dptr = atomic_fetch_add(&next_address, span + 0x100000u);
+    CUdeviceptr reused = pool != NULL ? atomic_exchange(&spare_address, 0) : 0;
+    *dptr = reused != 0 ? reused : atomic_fetch_add(&next_address, span + 0x100000u);
     rc = remember(*dptr, bytes, pool);
     if (rc != CUDA_SUCCESS && pool != NULL) pool_untake(pool, bytes);
     else if (rc != CUDA_SUCCESS) atomic_fetch_sub(&used_bytes, bytes);
+    if (rc == CUDA_SUCCESS && pool != NULL) delay_pool_answer();
     return rc;
 }
 
@@ -1092,7 +1117,10 @@ EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream) {
         graph_frees(graph, dptr);
         return CUDA_SUCCESS;
     }
-    return free_graph_alloc(dptr) ? CUDA_SUCCESS : forget(dptr);
+    if (free_graph_alloc(dptr)) return CUDA_SUCCESS;
+    CUresult rc = forget(dptr);
+    if (rc == CUDA_SUCCESS) delay_free_answer(dptr);
+    return rc;
 }
 EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream) {
     return cuMemFreeAsync(dptr, stream);
@@ -1237,12 +1265,19 @@ static CUresult add_node(CUgraphNode *out, CUgraph graph, int type, uint64_t byt
     return CUDA_SUCCESS;
 }
 
+/* An empty node: it allocates nothing. */
+EXPORT CUresult cuGraphAddEmptyNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
+                                    size_t ndeps) {
+    (void)deps, (void)ndeps;
+    return add_node(node, graph, NODE_EMPTY, 0, NULL);
+}
+
 /* The allocation's address is fixed at the node's creation; no memory is taken yet. */
 EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
                                        size_t ndeps, CUDA_MEM_ALLOC_NODE_PARAMS *params) {
     (void)deps, (void)ndeps;
     if (params == NULL || params->bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
-    CUresult rc = add_node(node, graph, CU_GRAPH_NODE_TYPE_MEM_ALLOC, params->bytesize, NULL);
+    CUresult rc = add_node(node, graph, NODE_MEM_ALLOC, params->bytesize, NULL);
     uint64_t span = (params->bytesize + 0xfffffu) & ~0xfffffull;
     if (rc == CUDA_SUCCESS) params->dptr = graph->nodes->dptr =
         atomic_fetch_add(&next_address, span + 0x100000u);
@@ -1252,7 +1287,7 @@ EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph graph, const C
 /* `graph` frees its allocation at `dptr` itself: 0 when it has none there. */
 static int graph_frees(CUgraph graph, CUdeviceptr dptr) {
     for (CUgraphNode n = graph->nodes; n != NULL; n = n->next)
-        if (n->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC && n->dptr == dptr && !n->freed)
+        if (n->type == NODE_MEM_ALLOC && n->dptr == dptr && !n->freed)
             return n->freed = 1;
     return 0;
 }
@@ -1262,7 +1297,7 @@ EXPORT CUresult cuGraphAddMemFreeNode(CUgraphNode *node, CUgraph graph, const CU
                                       size_t ndeps, CUdeviceptr dptr) {
     (void)deps, (void)ndeps;
     if (graph == NULL || !graph_frees(graph, dptr)) return CUDA_ERROR_INVALID_VALUE;
-    return add_node(node, graph, CU_GRAPH_NODE_TYPE_MEM_FREE, 0, NULL);
+    return add_node(node, graph, NODE_MEM_FREE, 0, NULL);
 }
 
 /* The child is taken as it is (the real driver clones it); the node owns it from now on. */
@@ -1270,7 +1305,7 @@ EXPORT CUresult cuGraphAddChildGraphNode(CUgraphNode *node, CUgraph graph, const
                                          size_t ndeps, CUgraph child) {
     (void)deps, (void)ndeps;
     if (child == NULL) return CUDA_ERROR_INVALID_VALUE;
-    return add_node(node, graph, CU_GRAPH_NODE_TYPE_GRAPH, 0, child);
+    return add_node(node, graph, NODE_GRAPH, 0, child);
 }
 
 EXPORT CUresult cuGraphGetNodes(CUgraph graph, CUgraphNode *nodes, size_t *count) {
@@ -1292,7 +1327,7 @@ EXPORT CUresult cuGraphNodeGetType(CUgraphNode node, int *type) {
 }
 
 EXPORT CUresult cuGraphMemAllocNodeGetParams(CUgraphNode node, CUDA_MEM_ALLOC_NODE_PARAMS *p) {
-    if (node == NULL || p == NULL || node->type != CU_GRAPH_NODE_TYPE_MEM_ALLOC)
+    if (node == NULL || p == NULL || node->type != NODE_MEM_ALLOC)
         return CUDA_ERROR_INVALID_VALUE;
     memset(p, 0, sizeof *p);
     p->bytesize = (size_t)node->bytes;
@@ -1300,7 +1335,7 @@ EXPORT CUresult cuGraphMemAllocNodeGetParams(CUgraphNode node, CUDA_MEM_ALLOC_NO
 }
 
 EXPORT CUresult cuGraphChildGraphNodeGetGraph(CUgraphNode node, CUgraph *graph) {
-    if (node == NULL || graph == NULL || node->type != CU_GRAPH_NODE_TYPE_GRAPH)
+    if (node == NULL || graph == NULL || node->type != NODE_GRAPH)
         return CUDA_ERROR_INVALID_VALUE;
     *graph = node->child;
     return CUDA_SUCCESS;
@@ -1309,7 +1344,7 @@ EXPORT CUresult cuGraphChildGraphNodeGetGraph(CUgraphNode node, CUgraph *graph) 
 static uint64_t graph_alloc_bytes(CUgraph graph) {
     uint64_t sum = 0;
     for (CUgraphNode n = graph != NULL ? graph->nodes : NULL; n != NULL; n = n->next)
-        sum += n->type == CU_GRAPH_NODE_TYPE_GRAPH ? graph_alloc_bytes(n->child) : n->bytes;
+        sum += n->type == NODE_GRAPH ? graph_alloc_bytes(n->child) : n->bytes;
     return sum;
 }
 
@@ -1317,8 +1352,8 @@ static uint64_t graph_alloc_bytes(CUgraph graph) {
 static CUresult keep_unfreed(CUgraphExec exec, CUgraph graph) {
     CUresult rc = CUDA_SUCCESS;
     for (CUgraphNode n = graph->nodes; n != NULL && rc == CUDA_SUCCESS; n = n->next) {
-        if (n->type == CU_GRAPH_NODE_TYPE_GRAPH) rc = keep_unfreed(exec, n->child);
-        if (n->type != CU_GRAPH_NODE_TYPE_MEM_ALLOC || n->freed) continue;
+        if (n->type == NODE_GRAPH) rc = keep_unfreed(exec, n->child);
+        if (n->type != NODE_MEM_ALLOC || n->freed) continue;
         if (exec->n_kept == sizeof exec->kept_dptr / sizeof exec->kept_dptr[0])
             return CUDA_ERROR_NOT_SUPPORTED;
         exec->kept_dptr[exec->n_kept] = n->dptr;
@@ -1327,9 +1362,23 @@ static CUresult keep_unfreed(CUgraphExec exec, CUgraph graph) {
     return rc;
 }
 
+/* The handle of the executable graph destroyed last, handed out again by the next
+ * instantiation, as a driver may reuse a handle (under graph_pool_lock). */
+static struct CUgraphExec_st *spare_exec;
+
+static CUgraphExec new_exec(void) {
+    pthread_mutex_lock(&graph_pool_lock);
+    CUgraphExec exec = spare_exec;
+    spare_exec = NULL;
+    pthread_mutex_unlock(&graph_pool_lock);
+    if (exec == NULL) return calloc(1, sizeof *exec);
+    memset(exec, 0, sizeof *exec);
+    return exec;
+}
+
 static CUresult instantiate(CUgraphExec *exec, CUgraph graph) {
     if (exec == NULL || graph == NULL) return CUDA_ERROR_INVALID_VALUE;
-    *exec = calloc(1, sizeof **exec);
+    *exec = new_exec();
     if (*exec == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
     (*exec)->graph_bytes = graph_alloc_bytes(graph);
     CUresult rc = keep_unfreed(*exec, graph);
@@ -1402,8 +1451,13 @@ EXPORT CUresult cuGraphExecDestroy(CUgraphExec exec) {
             a->exec = NULL;
         }
     if (exec->backed) graph_pool_in_use -= exec->graph_bytes - live;
+    if (spare_exec == NULL) spare_exec = exec;
+    else free(exec);
     pthread_mutex_unlock(&graph_pool_lock);
-    free(exec);
+    /* QSHARE_FAKE_EXEC_DESTROY_DELAY_MS: the destroy returns that long after the handle is free
+     * for the next instantiation, so that a test can instantiate in between. */
+    const char *ms = getenv("QSHARE_FAKE_EXEC_DESTROY_DELAY_MS");
+    if (ms != NULL) sleep_until_ns(now_ns() + strtoull(ms, NULL, 10) * 1000000ull);
     return CUDA_SUCCESS;
 }
 
@@ -1493,7 +1547,8 @@ static const named table[] = {
     NAMED(cuLaunchHostFunc_ptsz), NAMED(cuGraphCreate), NAMED(cuGraphDestroy),
     NAMED(cuGraphInstantiateWithFlags), NAMED(cuGraphInstantiate), NAMED(cuGraphInstantiate_v2),
     NAMED(cuGraphInstantiateWithParams), NAMED(cuGraphInstantiateWithParams_ptsz),
-    NAMED(cuGraphAddMemAllocNode), NAMED(cuGraphAddMemFreeNode), NAMED(cuGraphAddChildGraphNode), NAMED(cuGraphGetNodes),
+    NAMED(cuGraphAddMemAllocNode), NAMED(cuGraphAddMemFreeNode), NAMED(cuGraphAddChildGraphNode),
+    NAMED(cuGraphAddEmptyNode), NAMED(cuGraphGetNodes),
     NAMED(cuGraphNodeGetType), NAMED(cuGraphMemAllocNodeGetParams),
     NAMED(cuGraphChildGraphNodeGetGraph), NAMED(cuGraphUpload), NAMED(cuDeviceGraphMemTrim),
     NAMED(cuDeviceGetGraphMemAttribute), NAMED(cuGraphExecDestroy), NAMED(cuGraphLaunch),

@@ -494,6 +494,71 @@ static void cmd_threads(probe *p, unsigned long count, const char *kind) {
     printf("threads rc=%d\n", rc);
 }
 
+/* `asyncpair BYTES`: two threads, each on a stream of its own, allocate BYTES stream-ordered
+ * from the current pool at the same time; both answers. */
+typedef struct async_one {
+    probe *p;
+    CUstream stream;
+    size_t bytes;
+    CUdeviceptr ptr;
+    CUresult rc;
+} async_one;
+
+static void *async_one_main(void *arg) {
+    async_one *a = arg;
+    a->rc = a->p->d->cuCtxSetCurrent(a->p->ctx);
+    if (a->rc == CUDA_SUCCESS) a->rc = a->p->d->cuMemAllocAsync(&a->ptr, a->bytes, a->stream);
+    return NULL;
+}
+
+static void cmd_asyncpair(probe *p, size_t bytes) {
+    async_one one[2] = {{p, NULL, bytes, 0, CUDA_ERROR_INVALID_VALUE},
+                        {p, NULL, bytes, 0, CUDA_ERROR_INVALID_VALUE}};
+    pthread_t threads[2];
+    int started[2] = {0, 0};
+    for (int i = 0; i < 2; i++)
+        if (p->d->cuStreamCreate(&one[i].stream, 0) == CUDA_SUCCESS)
+            started[i] = pthread_create(&threads[i], NULL, async_one_main, &one[i]) == 0;
+    for (int i = 0; i < 2; i++)
+        if (started[i]) pthread_join(threads[i], NULL);
+    printf("asyncpair rc=%d rc2=%d\n", one[0].rc, one[1].rc);
+}
+
+/* `freerace ID BYTES`: another thread frees allocation ID while this one, 50 ms later,
+ * allocates BYTES stream-ordered (the fake driver, with its free delayed, gives it the freed
+ * address); the free's answer and the allocation's, with its id. */
+typedef struct freeing {
+    probe *p;
+    allocation *a;
+    CUresult rc;
+} freeing;
+
+static void *free_main(void *arg) {
+    freeing *f = arg;
+    f->rc = f->p->d->cuCtxSetCurrent(f->p->ctx);
+    if (f->rc == CUDA_SUCCESS) f->rc = free_kind(f->p, f->a);
+    return NULL;
+}
+
+static void cmd_freerace(probe *p, int id, size_t bytes) {
+    if (id < 0 || id >= p->n_allocs || !p->allocs[id].live || p->n_allocs == MAX_ALLOCS) {
+        printf("freerace rc=%d\n", CUDA_ERROR_INVALID_VALUE);
+        return;
+    }
+    freeing f = {p, &p->allocs[id], CUDA_ERROR_INVALID_VALUE};
+    pthread_t thread;
+    if (pthread_create(&thread, NULL, free_main, &f) != 0) return;
+    struct timespec later = {0, 50 * 1000000L};
+    nanosleep(&later, NULL);
+    allocation *a = &p->allocs[p->n_allocs];
+    memset(a, 0, sizeof *a);
+    CUresult rc = alloc_kind(p, a, "async", bytes);
+    pthread_join(thread, NULL);
+    p->allocs[id].live = f.rc != CUDA_SUCCESS;
+    a->live = rc == CUDA_SUCCESS;
+    printf("freerace rc=%d rc2=%d id=%d\n", f.rc, rc, a->live ? p->n_allocs++ : -1);
+}
+
 /* How many kernels the fake driver's device has run to their end. */
 static void cmd_kernels(void) { printf("kernels n=%ld\n", fake_count("qshare_fake_kernels_done")); }
 
@@ -612,8 +677,10 @@ static void cmd_forklaunch(probe *p, unsigned long us) {
 }
 
 /* ---- graphs holding memory: `graph alloc BYTES HOW` (HOW: an instantiation entry point,
- * `child`, or `keep`: the graph does not free its allocation), `graph capture BYTES [keep]`,
- * `graph launch`, `graph destroy`, `graph free` (cuMemFree of the last graph allocation),
+ * `child`, `empty` (an empty node beside), or `keep`: the graph does not free its
+ * allocation), `graph capture BYTES [keep]`,
+ * `graph launch`, `graph destroy` (the newest executable graph), `graph destroyfirst` (the oldest),
+ * `graph free` (cuMemFree of the last graph allocation),
  * `graph trim`; `devused` says the fake device's memory in use ---- */
 #define MAX_GRAPH_EXECS 16
 static CUgraphExec graph_execs[MAX_GRAPH_EXECS];
@@ -655,24 +722,29 @@ static CUresult instantiate_as(probe *p, CUgraphExec *exec, CUgraph graph, const
 }
 
 /* A graph with one allocation node of `bytes` and, unless `keep`, its free node; with `child`,
- * inside a child graph. */
-static CUresult graph_with_alloc(probe *p, CUgraph *graph, size_t bytes, int child, int keep) {
+ * inside a child graph; with `empty`, an empty node beside. */
+static CUresult graph_with_alloc(probe *p, CUgraph *graph, size_t bytes, int child, int keep,
+                                 int empty) {
     typedef CUresult (*add_alloc_fn)(CUgraphNode *, CUgraph, const CUgraphNode *, size_t,
                                      CUDA_MEM_ALLOC_NODE_PARAMS *);
     typedef CUresult (*add_free_fn)(CUgraphNode *, CUgraph, const CUgraphNode *, size_t,
                                     CUdeviceptr);
     typedef CUresult (*add_child_fn)(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUgraph);
+    typedef CUresult (*add_empty_fn)(CUgraphNode *, CUgraph, const CUgraphNode *, size_t);
     add_alloc_fn add_alloc = (add_alloc_fn)entry("cuGraphAddMemAllocNode");
     add_free_fn add_free = (add_free_fn)entry("cuGraphAddMemFreeNode");
     add_child_fn add_child = (add_child_fn)entry("cuGraphAddChildGraphNode");
+    add_empty_fn add_empty = (add_empty_fn)entry("cuGraphAddEmptyNode");
     CUgraph inner = NULL;
     CUgraphNode node = NULL;
     CUDA_MEM_ALLOC_NODE_PARAMS params = {.bytesize = bytes};
-    if (add_alloc == NULL || add_free == NULL || add_child == NULL) return CUDA_ERROR_NOT_FOUND;
+    if (add_alloc == NULL || add_free == NULL || add_child == NULL || add_empty == NULL)
+        return CUDA_ERROR_NOT_FOUND;
     CUresult rc = p->d->cuGraphCreate(&inner, 0);
     if (rc == CUDA_SUCCESS) rc = add_alloc(&node, inner, NULL, 0, &params);
     graph_ptr = params.dptr;
     if (rc == CUDA_SUCCESS && !keep) rc = add_free(NULL, inner, &node, 1, params.dptr);
+    if (rc == CUDA_SUCCESS && empty) rc = add_empty(NULL, inner, NULL, 0);
     if (rc != CUDA_SUCCESS || !child) {
         *graph = inner;
         return rc;
@@ -708,7 +780,7 @@ static CUresult graph_make(probe *p, const char *what, size_t bytes, const char 
     CUresult rc = strcmp(what, "capture") == 0
                       ? graph_captured(p, &graph, bytes, strcmp(how, "keep") == 0)
                       : graph_with_alloc(p, &graph, bytes, strcmp(how, "child") == 0,
-                                         strcmp(how, "keep") == 0);
+                                         strcmp(how, "keep") == 0, strcmp(how, "empty") == 0);
     CUgraphExec exec = NULL;
     if (rc == CUDA_SUCCESS) rc = instantiate_as(p, &exec, graph, how);
     if (rc == CUDA_SUCCESS) graph_execs[n_graph_execs++] = exec;
@@ -731,9 +803,44 @@ static CUresult graph_use(probe *p, const char *what) {
         return rc != CUDA_SUCCESS ? rc : p->d->cuStreamSynchronize(p->stream);
     }
     exec_fn destroy = (exec_fn)entry("cuGraphExecDestroy");
-    if (strcmp(what, "destroy") != 0 || destroy == NULL) return CUDA_ERROR_INVALID_VALUE;
+    if (destroy == NULL) return CUDA_ERROR_NOT_FOUND;
+    if (strcmp(what, "destroyfirst") == 0) { /* the oldest executable graph, not the newest */
+        exec = graph_execs[0];
+        memmove(graph_execs, graph_execs + 1, (size_t)(n_graph_execs - 1) * sizeof exec);
+    } else if (strcmp(what, "destroy") != 0) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
     n_graph_execs--;
     return destroy(exec);
+}
+
+typedef struct destroying {
+    CUgraphExec exec;
+    CUresult rc;
+} destroying;
+
+static void *destroy_main(void *arg) {
+    typedef CUresult (*exec_fn)(CUgraphExec);
+    destroying *d = arg;
+    exec_fn destroy = (exec_fn)entry("cuGraphExecDestroy");
+    d->rc = destroy == NULL ? CUDA_ERROR_NOT_FOUND : destroy(d->exec);
+    return NULL;
+}
+
+/* `graph racedestroy BYTES`: another thread destroys the newest executable graph while this
+ * one, 50 ms later, instantiates a graph allocating BYTES (the fake driver, with its destroy
+ * delayed, hands the instantiation the destroyed graph's handle). */
+static CUresult graph_race_destroy(probe *p, size_t bytes) {
+    if (n_graph_execs == 0) return CUDA_ERROR_INVALID_VALUE;
+    destroying d = {graph_execs[--n_graph_execs], CUDA_ERROR_INVALID_VALUE};
+    pthread_t thread;
+    if (pthread_create(&thread, NULL, destroy_main, &d) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    struct timespec later = {0, 50 * 1000000L};
+    nanosleep(&later, NULL);
+    CUresult rc = p->d->cuCtxSetCurrent(p->ctx);
+    if (rc == CUDA_SUCCESS) rc = graph_make(p, "alloc", bytes, "flags");
+    pthread_join(thread, NULL);
+    return rc != CUDA_SUCCESS ? rc : d.rc;
 }
 
 static void cmd_graph(probe *p, const char *line) {
@@ -742,7 +849,8 @@ static void cmd_graph(probe *p, const char *line) {
     sscanf(line, "%*s %31s %lu %31s", what, &bytes, how);
     CUresult rc = strcmp(what, "alloc") == 0 || strcmp(what, "capture") == 0
                       ? graph_make(p, what, (size_t)bytes, how)
-                      : graph_use(p, what);
+                  : strcmp(what, "racedestroy") == 0 ? graph_race_destroy(p, (size_t)bytes)
+                                                     : graph_use(p, what);
     printf("graph rc=%d\n", rc);
 }
 
@@ -809,6 +917,8 @@ static void run(probe *p, char *line) {
     else if (strcmp(cmd, "sleep") == 0) cmd_sleep(strtoul(arg1, NULL, 10));
     else if (strcmp(cmd, "graph") == 0) cmd_graph(p, line);
     else if (strcmp(cmd, "devused") == 0) cmd_devused();
+    else if (strcmp(cmd, "freerace") == 0) cmd_freerace(p, atoi(arg1), (size_t)n1);
+    else if (strcmp(cmd, "asyncpair") == 0) cmd_asyncpair(p, strtoull(arg1, NULL, 10));
     else if (strcmp(cmd, "pool") == 0) cmd_pool(p, arg1, strtoull(word3, NULL, 10));
     else printf("%s rc=-1 error=unknown-command\n", cmd);
     fflush(stdout);
