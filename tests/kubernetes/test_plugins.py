@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 
 import pytest
 
 from qshare_driver.node import Policy
+from qshare_node_agent.kubernetes import plugins as plugins_module
 from qshare_node_agent.kubernetes.config import KubernetesSettings
 from qshare_node_agent.kubernetes.local_vgpus import LocalVgpus
 from qshare_node_agent.kubernetes.plugins import KubernetesPlugins
@@ -139,4 +142,34 @@ def test_a_node_the_api_server_does_not_know_has_no_policy_label(
 ) -> None:
     plugins = KubernetesPlugins(settings, backend)
     assert plugins.node_policy() is None
+    plugins.api.close()
+
+
+def test_a_node_label_naming_no_policy_read_by_two_threads_at_once_is_logged_once(
+    settings: KubernetesSettings,
+    backend: LocalVgpus,
+    apiserver: ApiServerDouble,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The agent reads the label at start and in its card loop, which may overlap: each saw
+    the value not yet logged and both logged it (a flaky `make test`). A log call waits for
+    the other thread's (at most 1 s), so both would log if both got that far."""
+    labels = {"qshare.io/policy": "fastest"}
+    node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a", "labels": labels}}
+    apiserver.put_object("/api/v1/nodes/node-a", node)
+    plugins = KubernetesPlugins(settings, backend)
+    both, logged = threading.Barrier(2), []
+
+    def warning(message: str, *args: object) -> None:
+        logged.append(message % args)
+        with contextlib.suppress(threading.BrokenBarrierError):
+            both.wait(1.0)
+
+    monkeypatch.setattr(plugins_module.log, "warning", warning)
+    readers = [threading.Thread(target=plugins.node_policy) for _ in range(2)]
+    for reader in readers:
+        reader.start()
+    for reader in readers:
+        reader.join(10)
+    assert len(logged) == 1
     plugins.api.close()

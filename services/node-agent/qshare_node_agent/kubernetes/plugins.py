@@ -40,6 +40,7 @@ class KubernetesPlugins:
         self._stop = threading.Event()
         self._sweeper: threading.Thread | None = None
         self._bad_label: str | None = None  # the invalid label value logged last
+        self._label_lock = threading.Lock()  # the start and the card loop may read at once
 
     def start(self) -> None:
         self._stop.clear()
@@ -72,13 +73,15 @@ class KubernetesPlugins:
                 return None
             raise
         value = (node.get("metadata", {}).get("labels") or {}).get(POLICY_LABEL)
-        if value is None:
-            self._bad_label = None
-            return None
-        return self._parsed(str(value))
+        with self._label_lock:
+            if value is None:
+                self._bad_label = None
+                return None
+            return self._parsed(str(value))
 
     def _parsed(self, value: str) -> Policy | None:
-        """The policy `value` names; None for one naming none, logged once while it stays."""
+        """The policy `value` names; None for one naming none, logged once while it stays
+        (under the label lock)."""
         try:
             policy = Policy.parse(value)
         except ValueError as exc:
