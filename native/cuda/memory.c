@@ -382,10 +382,18 @@ QSC_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t byt
     return settle(rc, &vmm_handles, rc == CUDA_SUCCESS ? *handle : 0, bytes);
 }
 
-QSC_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
-    CUresult rc = QSC_REAL(mem_release_fn, cuMemRelease)(handle);
-    if (rc == CUDA_SUCCESS) release(map_take(&vmm_handles, handle));
+/* After the driver answered the release of `key`, whose size was taken out of `m` before the
+ * call (after it, the driver may already have handed the same handle to another thread's
+ * allocation): given back, or put back in `m` if the driver refused. */
+static CUresult released(CUresult rc, size_map *m, uint64_t key, uint64_t bytes) {
+    if (rc == CUDA_SUCCESS) release(bytes);
+    else if (bytes != 0) map_put(m, key, bytes);
     return rc;
+}
+
+QSC_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
+    uint64_t bytes = map_take(&vmm_handles, handle);
+    return released(QSC_REAL(mem_release_fn, cuMemRelease)(handle), &vmm_handles, handle, bytes);
 }
 
 static uint64_t element_bytes(int format) {
@@ -421,9 +429,8 @@ QSC_EXPORT CUresult cuArray3DCreate_v2(CUarray *array, const CUDA_ARRAY3D_DESCRI
 }
 
 QSC_EXPORT CUresult cuArrayDestroy(CUarray array) {
-    CUresult rc = QSC_REAL(array_destroy_fn, cuArrayDestroy)(array);
-    if (rc == CUDA_SUCCESS) release(map_take(&arrays, (uint64_t)(uintptr_t)array));
-    return rc;
+    uint64_t key = (uint64_t)(uintptr_t)array, bytes = map_take(&arrays, key);
+    return released(QSC_REAL(array_destroy_fn, cuArrayDestroy)(array), &arrays, key, bytes);
 }
 
 /* ---- what the program is shown: the vGPU's limit and its use ---- */

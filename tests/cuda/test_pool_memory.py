@@ -129,3 +129,24 @@ def test_a_freed_address_allocated_again_meanwhile_keeps_both_accounts(node: Nod
     assert (race["rc"], race["rc2"], race["id"]) == ("0", "0", "1")
     assert run.rc("free") == 0
     assert run.rc("alloc", 1) == 0
+
+
+def test_a_released_handle_created_again_meanwhile_keeps_both_accounts(node: NodeOwner) -> None:
+    """The same race on VMM handles: one thread's cuMemRelease and another's cuMemCreate given
+    the freed handle (the fake driver hands it out again and delays the release's answer)."""
+    run = run_probe(
+        node,
+        SMALL_VGPU,
+        [
+            "init",
+            f"alloc vmm {512 * MIB}",
+            f"freerace 0 {512 * MIB}",
+            "free 1",
+            f"alloc plain {SMALL_LIMIT}",
+        ],
+        extra_env={"QSHARE_FAKE_FREE_DELAY_MS": "200"},
+    )
+    race = run.reply("freerace")
+    assert (race["rc"], race["rc2"], race["id"]) == ("0", "0", "1")
+    assert run.rc("free") == 0
+    assert run.rc("alloc", 1) == 0

@@ -930,6 +930,7 @@ EXPORT CUresult cuEventElapsedTime(float *ms, CUevent start, CUevent end) {
 static _Atomic uint64_t used_bytes;
 static _Atomic uint64_t next_address = 0x100000000ull;
 static _Atomic uint64_t next_handle = 1;
+static _Atomic CUmemGenericAllocationHandle spare_handle; /* cuMemRelease's, for a reuse */
 
 typedef struct allocation {
     uint64_t key;
@@ -1186,13 +1187,24 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t bytes,
     if (bytes == 0) return CUDA_ERROR_INVALID_VALUE;
     CUresult rc = take(bytes);
     if (rc != CUDA_SUCCESS) return rc;
-    *handle = atomic_fetch_add(&next_handle, 1);
+    CUmemGenericAllocationHandle reused = atomic_exchange(&spare_handle, 0);
+    *handle = reused != 0 ? reused : atomic_fetch_add(&next_handle, 1);
     rc = remember(*handle, bytes, NULL);
     if (rc != CUDA_SUCCESS) atomic_fetch_sub(&used_bytes, bytes);
     return rc;
 }
 
-EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) { return forget(handle); }
+/* With QSHARE_FAKE_FREE_DELAY_MS, a release returns that long after the handle was freed, and
+ * the next cuMemCreate gets the freed handle (spare_handle), as a driver may hand it out again. */
+EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
+    CUresult rc = forget(handle);
+    const char *ms = getenv("QSHARE_FAKE_FREE_DELAY_MS");
+    if (rc == CUDA_SUCCESS && ms != NULL) {
+        atomic_store(&spare_handle, handle);
+        sleep_until_ns(now_ns() + strtoull(ms, NULL, 10) * 1000000ull);
+    }
+    return rc;
+}
 
 static CUresult new_array(CUarray *array, uint64_t bytes) {
     CUresult rc = take(bytes);

@@ -525,8 +525,9 @@ static void cmd_asyncpair(probe *p, size_t bytes) {
 }
 
 /* `freerace ID BYTES`: another thread frees allocation ID while this one, 50 ms later,
- * allocates BYTES stream-ordered (the fake driver, with its free delayed, gives it the freed
- * address); the free's answer and the allocation's, with its id. */
+ * allocates BYTES stream-ordered, or with cuMemCreate when ID is a VMM handle (the fake driver,
+ * with its free delayed, gives it the freed address or handle); the free's answer and the
+ * allocation's, with its id. */
 typedef struct freeing {
     probe *p;
     allocation *a;
@@ -552,7 +553,7 @@ static void cmd_freerace(probe *p, int id, size_t bytes) {
     nanosleep(&later, NULL);
     allocation *a = &p->allocs[p->n_allocs];
     memset(a, 0, sizeof *a);
-    CUresult rc = alloc_kind(p, a, "async", bytes);
+    CUresult rc = alloc_kind(p, a, strcmp(f.a->kind, "vmm") == 0 ? "vmm" : "async", bytes);
     pthread_join(thread, NULL);
     p->allocs[id].live = f.rc != CUDA_SUCCESS;
     a->live = rc == CUDA_SUCCESS;
