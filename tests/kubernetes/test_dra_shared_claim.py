@@ -102,6 +102,29 @@ def spec_devices(dra: DraPlugin, uid: str) -> set[str]:
     return {f"qshare.io/vgpu={d['name']}" for d in json.loads(path.read_text())["devices"]}
 
 
+def beside_a_held_save(
+    kubelet: KubeletDouble, socket: Any, held: HeldSave, claim: Claim, verbs: tuple[str, str]
+) -> tuple[Call, Call]:
+    """The first call of `verbs` made the claim's vGPU and waits in its armed save; the second
+    comes meanwhile and has 2 s to be answered (before: it was; now: it waits for the
+    first); then the save goes on. Both calls, answered."""
+    first = Call(kubelet, verbs[0], socket, claim)
+    first.start()
+    assert held.arrived.wait(10)
+    second = Call(kubelet, verbs[1], socket, claim)
+    second.start()
+    second.join(2)
+    held.go_on.set()
+    first.join(15)
+    second.join(15)
+    return first, second
+
+
+def device_ids(call: Call) -> set[str]:
+    """The CDI device ids a prepare was answered with."""
+    return {i for d in call.answer.devices for i in d.cdi_device_ids}
+
+
 def test_a_prepare_failing_beside_another_of_the_same_claim_never_undoes_its_success(
     plugin: DraPlugin,
     held: HeldSave,
@@ -115,19 +138,11 @@ def test_a_prepare_failing_beside_another_of_the_same_claim_never_undoes_its_suc
     vGPU that no longer existed. Now the second waits, then prepares afresh."""
     claim = read_from_the_api(plugin, apiserver, "shared")
     held.armed = True
-    first = Call(kubelet, "prepare", settings.dra_socket, claim)
-    first.start()
-    assert held.arrived.wait(10)
-    second = Call(kubelet, "prepare", settings.dra_socket, claim)
-    second.start()
-    second.join(2)  # before: answered meanwhile; now: waits for the first
-    held.go_on.set()
-    first.join(15)
-    second.join(15)
+    verbs = ("prepare", "prepare")
+    first, second = beside_a_held_save(kubelet, settings.dra_socket, held, claim, verbs)
     assert "No space left on device" in first.answer.error
     assert second.answer.error == ""
-    ids = {i for d in second.answer.devices for i in d.cdi_device_ids}
-    assert ids and ids == spec_devices(plugin, claim[2])
+    assert device_ids(second) and device_ids(second) == spec_devices(plugin, claim[2])
     prepared = [v for k, v in held.prepared().items() if k.startswith(f"dra/{claim[2]}/")]
     assert len(prepared) == 1
     assert held._node.list_vgpus() == [prepared[0].vgpu_id]
@@ -169,15 +184,8 @@ def test_an_unprepare_beside_a_prepare_of_the_same_claim_runs_after_it(
     load it swapped, so the server's own steps are what is checked.)"""
     claim = read_from_the_api(plugin, apiserver, "leaving")
     held.armed, held.fails = True, False
-    prepare = Call(kubelet, "prepare", settings.dra_socket, claim)
-    prepare.start()
-    assert held.arrived.wait(10)
-    unprepare = Call(kubelet, "unprepare", settings.dra_socket, claim)
-    unprepare.start()
-    unprepare.join(2)  # before: answered meanwhile; now: waits for the prepare
-    held.go_on.set()
-    prepare.join(15)
-    unprepare.join(15)
+    verbs = ("prepare", "unprepare")
+    prepare, unprepare = beside_a_held_save(kubelet, settings.dra_socket, held, claim, verbs)
     assert (prepare.answer.error, unprepare.answer.error) == ("", "")
     assert held.steps == ["held save ended", "release"]
     assert held.prepared() == {} and held._node.list_vgpus() == []
@@ -211,6 +219,5 @@ def test_a_prepare_the_kubelet_gave_up_on_still_holds_its_claim_until_its_work_e
     held.go_on.set()
     second.join(15)
     assert second.answer.error == ""
-    ids = {i for d in second.answer.devices for i in d.cdi_device_ids}
-    assert ids and ids == spec_devices(plugin, claim[2])
+    assert device_ids(second) and device_ids(second) == spec_devices(plugin, claim[2])
     assert len(held._node.list_vgpus()) == 1
