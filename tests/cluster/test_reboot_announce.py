@@ -20,8 +20,11 @@ from .test_card_resync import _holds, gang_beside_high_priority, suspended
 async def test_a_gang_held_for_a_card_busy_when_its_node_went_down_resumes_once_it_is_back(
     api: httpx.AsyncClient, nc: Nats, start_agent: StartAgent, preemptor: Preemptor
 ) -> None:
+    """The preemptor serves the whole session: earlier tests' gangs may be held, or freed,
+    meanwhile, so this test follows its own gang's claim (a count of 1 failed in CI: 2)."""
     assert preemptor.service is not None
     service = preemptor.service
+    earlier = service.held_claims()
     agent = await start_agent(cards=2)
     client, other = await gang_beside_high_priority(api, agent)
     client.launch_begin()
@@ -29,6 +32,6 @@ async def test_a_gang_held_for_a_card_busy_when_its_node_went_down_resumes_once_
     await agent.stop()  # down while its card is busy: no idle reaches the preemptor
     with contextlib.suppress(NotFoundError):  # its segment went with the node
         client.detach()
-    assert service.claims_held == 1
+    [gang] = service.held_claims() - earlier
     await start_agent(cards=2, name=agent.name)  # back, on a new segment
-    await eventually(lambda: _holds(lambda: service.claims_held == 0))
+    await eventually(lambda: _holds(lambda: gang not in service.held_claims()))

@@ -85,7 +85,11 @@ class PreemptionService:
     @property
     def claims_held(self) -> int:
         """Claims suspended for their gang while a card of it is busy."""
-        return sum(1 for cards in list(self._held_by.values()) if cards)
+        return len(self.held_claims())
+
+    def held_claims(self) -> set[uuid.UUID]:
+        """The claims suspended for their gang while a card of it is busy."""
+        return {claim for claim, cards in list(self._held_by.items()) if cards}
 
     @property
     def resumes_owed(self) -> dict[str, int]:
