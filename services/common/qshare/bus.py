@@ -16,6 +16,7 @@ from nats.aio.client import Client
 from pydantic import BaseModel, Field, SecretStr
 
 from qshare.natsauth import NatsCredentials, ServiceRole, inbox_prefix, nats_credentials
+from qshare.service import bounded
 
 log = logging.getLogger(__name__)
 CLOSE_S = 5.0
@@ -176,30 +177,17 @@ async def close(nc: Client, within_s: float = 5.0) -> None:
         await _bounded(nc.close(), within_s, "close")
 
 
-def _outcome_ignored(task: asyncio.Future[None]) -> None:
-    """An abandoned step's end is of no interest; reading it keeps asyncio from reporting an
-    exception that was never retrieved."""
-    if not task.cancelled():
-        task.exception()
-
-
 async def _bounded(step: Awaitable[None], within_s: float, what: str) -> bool:
-    """Run `step` for at most `within_s`; True when it finished without error. One still
-    running is cancelled and not waited for: nats-py's drain swallows a cancellation and
-    goes on to flush and close, which can wait on a dead socket (`asyncio.wait_for` would
-    then wait with it)."""
-    task = asyncio.ensure_future(step)
-    done, _ = await asyncio.wait({task}, timeout=within_s)
-    if not done:
-        task.cancel()
-        task.add_done_callback(_outcome_ignored)
-        log.warning("NATS %s did not finish within %.1f s; going on without it", what, within_s)
-        return False
-    error = None if task.cancelled() else task.exception()
-    if task.cancelled() or error is not None:
-        log.warning("NATS %s failed (%r)", what, error or "cancelled")
-        return False
-    return True
+    """Run `step` for at most `within_s` (`service.bounded`); True when it finished without
+    error."""
+    return await bounded(
+        step,
+        within_s,
+        lambda: log.warning(
+            "NATS %s did not finish within %.1f s; going on without it", what, within_s
+        ),
+        lambda error: log.warning("NATS %s failed (%r)", what, error),
+    )
 
 
 class BusIdentity(BaseModel):

@@ -7,6 +7,7 @@ import asyncio
 import gc
 import logging
 import signal
+from collections.abc import Awaitable, Callable
 from typing import Self
 
 log = logging.getLogger(__name__)
@@ -77,6 +78,38 @@ async def cancelled(task: asyncio.Task[None]) -> None:
         await asyncio.wait({task}, timeout=CANCEL_AGAIN_S)
     if not task.cancelled() and (error := task.exception()) is not None:
         log.warning("task %s ended with %r", task.get_name(), error)
+
+
+async def bounded(
+    step: Awaitable[object],
+    within_s: float,
+    timed_out: Callable[[], None],
+    failed: Callable[[object], None],
+) -> bool:
+    """Await `step` for at most `within_s`; True when it finished without error. One still
+    running then is cancelled and not waited for: it may not end on a cancellation (nats-py's
+    drain swallows one and goes on to flush and close, which can wait on a dead socket;
+    `asyncio.wait_for` would then wait with it). `timed_out()` or `failed(error)` (the
+    exception, or "cancelled") says which went wrong."""
+    task = asyncio.ensure_future(step)
+    done, _ = await asyncio.wait({task}, timeout=within_s)
+    if not done:
+        task.cancel()
+        task.add_done_callback(_outcome_ignored)
+        timed_out()
+        return False
+    error = None if task.cancelled() else task.exception()
+    if task.cancelled() or error is not None:
+        failed(error or "cancelled")
+        return False
+    return True
+
+
+def _outcome_ignored(task: asyncio.Future[object]) -> None:
+    """An abandoned step's end is of no interest; reading it keeps asyncio from reporting an
+    exception that was never retrieved."""
+    if not task.cancelled():
+        task.exception()
 
 
 def settle_heap() -> None:

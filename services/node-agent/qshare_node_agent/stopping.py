@@ -9,26 +9,22 @@ import logging
 import threading
 from collections.abc import Awaitable, Callable, Sequence
 
+from qshare.service import bounded
+
 log = logging.getLogger(__name__)
 STEP_S = 10.0
 """The longest one step of a stop may take before it is left behind."""
 
 
 async def step(what: str, action: Callable[[], Awaitable[object]], within_s: float) -> bool:
-    """Run `action()` for at most `within_s`; True when it finished without error. One still
-    running then is cancelled and not waited for (it may not end on a cancellation)."""
-    task = asyncio.ensure_future(action())
-    done, _ = await asyncio.wait({task}, timeout=within_s)
-    if not done:
-        task.cancel()
-        task.add_done_callback(_outcome_ignored)
-        log.error("stopping: %s did not finish within %g s; left behind", what, within_s)
-        return False
-    error = None if task.cancelled() else task.exception()
-    if task.cancelled() or error is not None:
-        log.error("stopping: %s failed (%r); going on", what, error or "cancelled")
-        return False
-    return True
+    """Run `action()` for at most `within_s` (`service.bounded`: one still running then is
+    left behind); True when it finished without error."""
+    return await bounded(
+        action(),
+        within_s,
+        lambda: log.error("stopping: %s did not finish within %g s; left behind", what, within_s),
+        lambda error: log.error("stopping: %s failed (%r); going on", what, error),
+    )
 
 
 def each(steps: Sequence[tuple[str, Callable[[], object]]]) -> None:
@@ -73,9 +69,3 @@ def _answer(
 
     with contextlib.suppress(RuntimeError):  # the loop has closed
         loop.call_soon_threadsafe(settle)
-
-
-def _outcome_ignored(task: asyncio.Future[object]) -> None:
-    """An abandoned step's end is of no interest; reading it keeps asyncio quiet."""
-    if not task.cancelled():
-        task.exception()
