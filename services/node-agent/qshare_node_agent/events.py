@@ -72,15 +72,14 @@ class EventPump:
         self._task = asyncio.create_task(self._publish_all(), name="event pump")
 
     async def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            await asyncio.to_thread(self._thread.join)
+        await asyncio.to_thread(self.halt, None)
         if self._task is not None:
             self._task.cancel()
 
-    def halt(self, within_s: float) -> bool:
-        """Tell the reading thread to stop and wait up to `within_s` for it (blocking); True
-        once it no longer reads (it ends at its next return from the driver)."""
+    def halt(self, within_s: float | None) -> bool:
+        """Tell the reading thread to stop and wait up to `within_s` (None: until it ends;
+        blocking) for it; True once it no longer reads (it ends at its next return from the
+        driver)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(within_s)
