@@ -131,17 +131,6 @@ static void note_residual(void) {
     atomic_store(&residual_held, any);
 }
 
-/* Tie `bytes` reserved to `exec`; 0 when there is no memory to remember it with. */
-static int remember(CUgraphExec exec, uint64_t bytes) {
-    exec_rec *r = malloc(sizeof *r);
-    if (r == NULL) return 0;
-    *r = (exec_rec){exec, current_device(), bytes, NULL};
-    pthread_mutex_lock(&graph_lock);
-    r->next = execs;
-    execs = r;
-    pthread_mutex_unlock(&graph_lock);
-    return 1;
-}
 
 /* Take `exec`'s record out before the driver destroys it: once destroyed, its handle may be
  * the next instantiation's, and that graph's record must not be taken for this one. */
@@ -155,13 +144,23 @@ static exec_rec *untie(CUgraphExec exec) {
     return r;
 }
 
-/* The driver refused the destroy: the record goes back. */
+/* Record `r` is (again) an executable graph's: a new one's, or one whose destroy the driver
+ * refused. */
 static void retie(exec_rec *r) {
     if (r == NULL) return;
     pthread_mutex_lock(&graph_lock);
     r->next = execs;
     execs = r;
     pthread_mutex_unlock(&graph_lock);
+}
+
+/* Tie `bytes` reserved to `exec`; 0 when there is no memory to remember it with. */
+static int remember(CUgraphExec exec, uint64_t bytes) {
+    exec_rec *r = malloc(sizeof *r);
+    if (r == NULL) return 0;
+    *r = (exec_rec){exec, current_device(), bytes, NULL};
+    retie(r);
+    return 1;
 }
 
 /* The executable graph of record `r` is destroyed: its reservation is settled against the pool. */

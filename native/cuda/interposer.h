@@ -271,6 +271,10 @@ uint64_t qsc_ctx_epoch(CUcontext ctx);
  * are not waited for. */
 int qsc_ctx_destroying(CUcontext ctx);
 void qsc_ctx_wait_destroys(CUcontext ctx);
+/* The stream a per-thread-default-stream (_ptsz) entry point means by NULL. */
+static inline CUstream qsc_per_thread(CUstream stream) {
+    return stream == NULL ? CU_STREAM_PER_THREAD : stream;
+}
 /* A stream the program created (not a default stream): its handle names one stream of one
  * context, whichever context is current. */
 static inline int qsc_stream_created(CUstream stream) {

@@ -3,11 +3,6 @@
  * per-thread-stream (_ptsz) forms. Each submission is one unit (tracker.c). */
 #include "interposer.h"
 
-/* The stream a per-thread-default-stream entry point means by NULL. */
-static CUstream per_thread(CUstream stream) {
-    return stream == NULL ? CU_STREAM_PER_THREAD : stream;
-}
-
 /* The stream a legacy entry point means by NULL: the legacy default stream, which programs
  * also name CU_STREAM_LEGACY (a runtime and the libraries it loads may use either), so
  * that both spellings are tracked as the one stream they are. */
@@ -46,7 +41,7 @@ QSC_EXPORT CUresult cuLaunchKernel(QSC_LAUNCH_KERNEL_ARGS, void **extra) {
 }
 
 QSC_EXPORT CUresult cuLaunchKernel_ptsz(QSC_LAUNCH_KERNEL_ARGS, void **extra) {
-    QSC_GATED(per_thread(stream),
+    QSC_GATED(qsc_per_thread(stream),
               QSC_REAL(launch_kernel_fn, cuLaunchKernel_ptsz)(f, gx, gy, gz, bx, by, bz, shared,
                                                               stream, params, extra));
 }
@@ -61,7 +56,7 @@ QSC_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f,
 QSC_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f,
                                           void **params, void **extra) {
     if (config == NULL) return CUDA_ERROR_INVALID_VALUE;
-    QSC_GATED(per_thread(config->hStream),
+    QSC_GATED(qsc_per_thread(config->hStream),
               QSC_REAL(launch_ex_fn, cuLaunchKernelEx_ptsz)(config, f, params, extra));
 }
 
@@ -71,7 +66,7 @@ QSC_EXPORT CUresult cuLaunchCooperativeKernel(QSC_LAUNCH_KERNEL_ARGS) {
 }
 
 QSC_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(QSC_LAUNCH_KERNEL_ARGS) {
-    QSC_GATED(per_thread(stream), QSC_REAL(launch_coop_fn, cuLaunchCooperativeKernel_ptsz)(
+    QSC_GATED(qsc_per_thread(stream), QSC_REAL(launch_coop_fn, cuLaunchCooperativeKernel_ptsz)(
                                       f, gx, gy, gz, bx, by, bz, shared, stream, params));
 }
 
@@ -80,7 +75,7 @@ QSC_EXPORT CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream) {
 }
 
 QSC_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream) {
-    QSC_GATED(per_thread(stream), QSC_REAL(graph_launch_fn, cuGraphLaunch_ptsz)(exec, stream));
+    QSC_GATED(qsc_per_thread(stream), QSC_REAL(graph_launch_fn, cuGraphLaunch_ptsz)(exec, stream));
 }
 
 QSC_EXPORT CUresult cuLaunchHostFunc(CUstream stream, CUhostFn fn, void *user_data) {
@@ -88,6 +83,6 @@ QSC_EXPORT CUresult cuLaunchHostFunc(CUstream stream, CUhostFn fn, void *user_da
 }
 
 QSC_EXPORT CUresult cuLaunchHostFunc_ptsz(CUstream stream, CUhostFn fn, void *user_data) {
-    QSC_GATED(per_thread(stream),
+    QSC_GATED(qsc_per_thread(stream),
               QSC_REAL(host_func_fn, cuLaunchHostFunc_ptsz)(stream, fn, user_data));
 }

@@ -190,6 +190,15 @@ QSC_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytes, unsigned 
     return settle(rc, &pointers, rc == CUDA_SUCCESS ? *dptr : 0, bytes);
 }
 
+/* After the driver answered the release of `key`, whose size was taken out of `m` before the
+ * call (after it, the driver may already have handed the same handle to another thread's
+ * allocation): given back, or put back in `m` if the driver refused. */
+static CUresult released(CUresult rc, size_map *m, uint64_t key, uint64_t bytes) {
+    if (rc == CUDA_SUCCESS) release(bytes);
+    else if (bytes != 0) map_put(m, key, bytes);
+    return rc;
+}
+
 /* An allocation's records (its size; a stream-ordered one's pool), taken out before the driver
  * frees it: once freed, its address may at once be another allocation's (a pool hands it out
  * again), whose records must not be taken for this one's. */
@@ -207,13 +216,12 @@ static recorded take_records(CUdeviceptr dptr) {
  * its pool (pool_mem.c), any other's reservation is given back; a refused free leaves the
  * allocation, and its records go back (they fit: they were just taken out). */
 static CUresult freed(CUresult rc, CUdeviceptr dptr, recorded r) {
-    if (rc != CUDA_SUCCESS) {
-        if (r.bytes != 0) map_put(&pointers, dptr, r.bytes);
-        if (r.pool != NULL) map_put(&pool_of_pointer, dptr, (uint64_t)(uintptr_t)r.pool);
-    } else if (r.pool != NULL) {
+    if (r.pool == NULL) return released(rc, &pointers, dptr, r.bytes);
+    if (rc == CUDA_SUCCESS) {
         qsc_pool_freed(r.pool, r.bytes);
     } else {
-        release(r.bytes);
+        if (r.bytes != 0) map_put(&pointers, dptr, r.bytes);
+        map_put(&pool_of_pointer, dptr, (uint64_t)(uintptr_t)r.pool);
     }
     return rc;
 }
@@ -338,15 +346,12 @@ __attribute__((constructor)) static void watch_pool_growth_forks(void) {
         return rc;                                                                       \
     } while (0)
 
-/* What NULL names in the per-thread-stream (_ptsz) entry points. */
-static CUstream per_thread(CUstream stream) { return stream == NULL ? CU_STREAM_PER_THREAD : stream; }
-
 QSC_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytes, CUstream stream) {
     QSC_ALLOC_ASYNC(alloc_async_fn, cuMemAllocAsync, stream, NULL, dptr, bytes, stream);
 }
 
 QSC_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytes, CUstream stream) {
-    QSC_ALLOC_ASYNC(alloc_async_fn, cuMemAllocAsync_ptsz, per_thread(stream), NULL, dptr, bytes,
+    QSC_ALLOC_ASYNC(alloc_async_fn, cuMemAllocAsync_ptsz, qsc_per_thread(stream), NULL, dptr, bytes,
                     stream);
 }
 
@@ -358,7 +363,7 @@ QSC_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytes, CUm
 
 QSC_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytes,
                                                  CUmemoryPool pool, CUstream stream) {
-    QSC_ALLOC_ASYNC(alloc_pool_fn, cuMemAllocFromPoolAsync_ptsz, per_thread(stream), pool, dptr,
+    QSC_ALLOC_ASYNC(alloc_pool_fn, cuMemAllocFromPoolAsync_ptsz, qsc_per_thread(stream), pool, dptr,
                     bytes, pool, stream);
 }
 
@@ -380,15 +385,6 @@ QSC_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t byt
     QSC_RESERVE(bytes);
     CUresult rc = QSC_REAL(mem_create_fn, cuMemCreate)(handle, bytes, prop, flags);
     return settle(rc, &vmm_handles, rc == CUDA_SUCCESS ? *handle : 0, bytes);
-}
-
-/* After the driver answered the release of `key`, whose size was taken out of `m` before the
- * call (after it, the driver may already have handed the same handle to another thread's
- * allocation): given back, or put back in `m` if the driver refused. */
-static CUresult released(CUresult rc, size_map *m, uint64_t key, uint64_t bytes) {
-    if (rc == CUDA_SUCCESS) release(bytes);
-    else if (bytes != 0) map_put(m, key, bytes);
-    return rc;
 }
 
 QSC_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {

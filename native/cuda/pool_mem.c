@@ -96,16 +96,22 @@ uint64_t qsc_pool_draw(CUmemoryPool pool, uint64_t bytes) {
     return drawn;
 }
 
-void qsc_pool_undraw(CUmemoryPool pool, uint64_t drawn) {
-    if (pool == NULL || drawn == 0) return;
+/* `bytes` of `pool`'s live allocations are no more (freed, or drawn for an allocation that did
+ * not come): settled against what the pool holds. 0 when the pool has no record. */
+static int unlive(CUmemoryPool pool, uint64_t bytes) {
     pthread_mutex_lock(&pools_lock);
     pool_rec *r = record_of(pool, 0);
     if (r != NULL) {
-        set_counts(r, r->live - (drawn < r->live ? drawn : r->live), r->covered);
+        set_counts(r, r->live - (bytes < r->live ? bytes : r->live), r->covered);
         settle(r);
         drop_if_gone(r);
     }
     pthread_mutex_unlock(&pools_lock);
+    return r != NULL;
+}
+
+void qsc_pool_undraw(CUmemoryPool pool, uint64_t drawn) {
+    if (pool != NULL && drawn != 0) unlive(pool, drawn);
 }
 
 /* Under pools_lock: how much more than `r` covers its pool now holds. */
@@ -150,15 +156,7 @@ CUresult qsc_pool_allocated(CUmemoryPool pool, uint64_t bytes, uint64_t drawn) {
 }
 
 void qsc_pool_freed(CUmemoryPool pool, uint64_t bytes) {
-    pthread_mutex_lock(&pools_lock);
-    pool_rec *r = record_of(pool, 0);
-    if (r != NULL) {
-        set_counts(r, r->live - (bytes < r->live ? bytes : r->live), r->covered);
-        settle(r);
-        drop_if_gone(r);
-    }
-    pthread_mutex_unlock(&pools_lock);
-    if (r == NULL) qsc_mem_release(bytes);
+    if (!unlive(pool, bytes)) qsc_mem_release(bytes);
 }
 
 int qsc_pools_hold_freed(void) { return atomic_load(&pools_excess) != 0; }
