@@ -164,6 +164,10 @@ class ProbeRun:
     def rc(self, cmd: str, index: int = 0) -> int:
         return int(self.reply(cmd, index)["rc"])
 
+    def device_used(self, index: int = 0) -> int:
+        """Bytes the fake card held at the run's `devused` command (`index`-th)."""
+        return int(self.reply("devused", index)["bytes"])
+
 
 def probe_argv(style: str) -> list[str]:
     if style == "direct":

@@ -36,7 +36,7 @@ def test_launched_graph_memory_leaves_no_room_past_the_limit(node: NodeOwner, st
     )
     assert replies(run.replies, "graph") == [0, 0]
     assert run.rc("alloc") == 2
-    assert int(run.reply("devused")["bytes"]) <= SMALL_LIMIT
+    assert run.device_used() <= SMALL_LIMIT
 
 
 def test_captured_allocation_counts_once_from_instantiation(node: NodeOwner) -> None:
@@ -88,7 +88,7 @@ def test_destroyed_graph_gives_its_memory_back_to_the_device(node: NodeOwner) ->
     )
     assert replies(run.replies, "graph") == [0, 0, 0]
     assert run.rc("alloc") == 0
-    assert int(run.reply("devused")["bytes"]) <= SMALL_LIMIT
+    assert run.device_used() <= SMALL_LIMIT
 
 
 def test_graph_allocation_outliving_its_graph_stays_counted_until_freed(node: NodeOwner) -> None:
@@ -132,7 +132,7 @@ def test_graph_memory_outliving_its_graph_is_not_taken_for_a_live_graphs(node: N
         ],
     )
     assert replies(run.replies, "graph")[:4] == [0, 0, 0, 0]
-    launched_or_refused = run.rc("alloc") == 2 or int(run.reply("devused")["bytes"]) <= SMALL_LIMIT
+    launched_or_refused = run.rc("alloc") == 2 or run.device_used() <= SMALL_LIMIT
     assert launched_or_refused, run.replies
 
 
@@ -157,7 +157,7 @@ def test_a_destroyed_graphs_handle_given_to_a_new_graph_keeps_the_new_reservatio
         extra_env={"QSHARE_FAKE_EXEC_DESTROY_DELAY_MS": "200"},
     )
     assert replies(run.replies, "graph")[:2] == [0, 0]
-    used = int(run.reply("devused")["bytes"])
+    used = run.device_used()
     assert run.rc("alloc") == 2 or used <= SMALL_LIMIT, (run.rc("alloc"), used // MIB)
 
 

@@ -25,7 +25,7 @@ def test_memory_a_pool_keeps_cannot_be_allocated_again(node: NodeOwner) -> None:
         ],
     )
     assert run.rc("alloc", 1) == 2  # CUDA_ERROR_OUT_OF_MEMORY
-    assert int(run.reply("devused")["bytes"]) <= SMALL_LIMIT
+    assert run.device_used() <= SMALL_LIMIT
 
 
 def test_memory_freed_and_not_yet_given_back_stays_counted(node: NodeOwner) -> None:
@@ -35,7 +35,7 @@ def test_memory_freed_and_not_yet_given_back_stays_counted(node: NodeOwner) -> N
         ["init", f"alloc pool {768 * MIB}", "free 0", f"alloc plain {512 * MIB}", "devused"],
     )
     assert run.rc("alloc", 1) == 2
-    assert int(run.reply("devused")["bytes"]) <= SMALL_LIMIT
+    assert run.device_used() <= SMALL_LIMIT
 
 
 def test_memory_the_pool_gave_back_can_be_allocated_again(node: NodeOwner) -> None:
@@ -71,7 +71,7 @@ def test_memory_a_pool_keeps_serves_that_pools_next_allocation(node: NodeOwner) 
         ["init", f"alloc async {768 * MIB}", "free 0", f"alloc async {768 * MIB}", "devused"],
     )
     assert run.rc("alloc", 1) == 0
-    assert int(run.reply("devused")["bytes"]) <= SMALL_LIMIT
+    assert run.device_used() <= SMALL_LIMIT
 
 
 def test_an_allocation_the_pool_grew_for_past_the_limit_is_refused_and_given_back(
@@ -87,7 +87,7 @@ def test_an_allocation_the_pool_grew_for_past_the_limit_is_refused_and_given_bac
         extra_env={"QSHARE_FAKE_POOL_NO_REUSE": "1"},
     )
     assert run.rc("alloc", 1) == 2
-    assert int(run.reply("devused")["bytes"]) <= SMALL_LIMIT
+    assert run.device_used() <= SMALL_LIMIT
 
 
 def test_two_threads_allocating_the_limit_from_one_pool_are_both_served(node: NodeOwner) -> None:
@@ -103,7 +103,7 @@ def test_two_threads_allocating_the_limit_from_one_pool_are_both_served(node: No
         extra_env={"QSHARE_FAKE_POOL_ALLOC_DELAY_MS": "200"},
     )
     assert (run.rc("asyncpair"), int(run.reply("asyncpair")["rc2"])) == (0, 0)
-    assert int(run.reply("devused")["bytes"]) <= SMALL_LIMIT
+    assert run.device_used() <= SMALL_LIMIT
 
 
 def test_a_freed_address_allocated_again_meanwhile_keeps_both_accounts(node: NodeOwner) -> None:
