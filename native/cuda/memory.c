@@ -289,12 +289,13 @@ static CUresult redrawn(CUresult rc, CUdeviceptr dptr, uint64_t bytes, CUmemoryP
 }
 
 /* After the driver answered a stream-ordered allocation of `bytes` that `drawn` of the kept
- * memory of `guess` (the pool it was expected from) and a reservation of the rest were made for:
- * remember it and tie it to its pool, refusing it after all when the pool grew past the limit.
- * A pool that cannot be named leaves it an ordinary allocation (given back at its free). */
+ * memory of `guess` (the pool it was expected from; `named`: the one the program named, so the
+ * driver need not be asked) and a reservation of the rest were made for: remember it and tie it
+ * to its pool, refusing it after all when the pool grew past the limit. A pool that cannot be
+ * named leaves it an ordinary allocation (given back at its free). */
 static CUresult pooled(CUresult rc, CUdeviceptr dptr, uint64_t bytes, CUmemoryPool guess,
-                       uint64_t drawn, CUstream stream) {
-    CUmemoryPool pool = rc == CUDA_SUCCESS ? pool_of(dptr) : NULL;
+                       int named, uint64_t drawn, CUstream stream) {
+    CUmemoryPool pool = rc != CUDA_SUCCESS ? NULL : named ? guess : pool_of(dptr);
     if (rc != CUDA_SUCCESS || pool != guess) {
         rc = redrawn(rc, dptr, bytes, guess, drawn, stream);
         if (rc != CUDA_SUCCESS) return rc;
@@ -341,7 +342,8 @@ __attribute__((constructor)) static void watch_pool_growth_forks(void) {
         }                                                                                \
         pthread_mutex_lock(&pool_growth_lock);                                           \
         CUresult rc = QSC_REAL(type, name)(__VA_ARGS__);                                 \
-        rc = pooled(rc, rc == CUDA_SUCCESS ? *dptr : 0, bytes, from_, drawn_, stream);   \
+        rc = pooled(rc, rc == CUDA_SUCCESS ? *dptr : 0, bytes, from_, (pool) != NULL,    \
+                    drawn_, stream);                                                     \
         pthread_mutex_unlock(&pool_growth_lock);                                         \
         return rc;                                                                       \
     } while (0)
