@@ -157,7 +157,8 @@ int qs_node_adopt(const char *name, const char *dir, qs_node **out)
     int rc = qs_segment_open_owner(node->dir, name, &node->seg);
     if (rc == QS_OK)
         rc = check_owner_dead(node);
-    if (rc == QS_OK && (rc = adopt_state(node)) == QS_OK) {
+    if (rc == QS_OK && (rc = adopt_state(node)) == QS_OK &&
+        (rc = qs_service_adopt_vmems(node)) == QS_OK) {
         claim(node);
         forget_dead_owner(node);
         node->ring_cursor = (struct qs_ring_cursor){.tail = atomic_load(&node->seg.state->ring.head)};

@@ -43,6 +43,8 @@ void qs_service_vgpu_removed(qs_node *node, uint32_t slot);
 int qs_service_adopt_contexts(qs_node *node);
 /* The state memfd held by a live recorded process, or -1. */
 int qs_service_find_state(qs_node *node);
+/* Every live vGPU's memory part, as its processes hold it or made anew (after adopt_state). */
+int qs_service_adopt_vmems(qs_node *node);
 /* /proc/<pid>/stat starttime, or 0. */
 uint64_t qs_proc_start_time(int pid);
 /* Auto mode turned on: forget the gaps and start the warm-up again; LP's mean kernel stays. */

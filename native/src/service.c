@@ -107,7 +107,7 @@ static void bind_ctx(qs_node *node, uint32_t i, int pid, uint32_t slot)
     c->card = v->card;
     c->priority = v->priority;
     atomic_store(&c->generation, r->generation);
-    c->mem_reserved = 0;
+    __atomic_store_n(&node->seg.vmem[slot]->reserved[i], 0, __ATOMIC_RELAXED);
     atomic_store(&c->inflight, 0);
     atomic_store(&c->inflight_waiters, 0);
     atomic_store(&c->launches, 0);
@@ -126,6 +126,9 @@ static int attach_ctx(qs_node *node, int fd, uint32_t slot, uint32_t vgpu_id,
     if (v->id != vgpu_id)
         return qs_fail(QS_ENOENT, "no vGPU with id %u behind this socket (it serves vGPU %u)",
                        vgpu_id, v->id);
+    if (!node->seg.vmem[slot])
+        return qs_fail(QS_ESTATE, "vGPU %u has no memory part (the owner could not make one)",
+                       v->id);
     if (contexts_of(node, slot) >= QS_MAX_CONTEXTS_PER_VGPU)
         return qs_fail(QS_EFULL, "vGPU %u has %u contexts, its most (QS_MAX_CONTEXTS_PER_VGPU)",
                        v->id, QS_MAX_CONTEXTS_PER_VGPU);
@@ -216,12 +219,13 @@ static void close_conn(qs_node *node, int fd, uint32_t value, uint32_t kind)
     close(fd);
 }
 
-/* Send a reply; an attach that succeeded passes the cfg (read-only) and state descriptors. */
+/* Send a reply; an attach that succeeded passes the cfg (read-only), the state and the vGPU's
+ * memory part descriptors. */
 static void send_reply(qs_node *node, int fd, const struct qs_proto_reply *rep, int with_fds)
 {
     struct iovec iov = {.iov_base = (void *)rep, .iov_len = sizeof *rep};
     union {
-        char buf[CMSG_SPACE(2 * sizeof(int))];
+        char buf[CMSG_SPACE(QS_ATTACH_FDS * sizeof(int))];
         struct cmsghdr align;
     } u;
     struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
@@ -232,8 +236,9 @@ static void send_reply(qs_node *node, int fd, const struct qs_proto_reply *rep, 
         struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
         cm->cmsg_level = SOL_SOCKET;
         cm->cmsg_type = SCM_RIGHTS;
-        cm->cmsg_len = CMSG_LEN(2 * sizeof(int));
-        int fds[2] = {node->seg.cfg_ro_fd, node->seg.state_fd};
+        cm->cmsg_len = CMSG_LEN(QS_ATTACH_FDS * sizeof(int));
+        int fds[QS_ATTACH_FDS] = {node->seg.cfg_ro_fd, node->seg.state_fd,
+                                  node->seg.vmem_fd[rep->vgpu_slot]};
         memcpy(CMSG_DATA(cm), fds, sizeof fds);
     }
     sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -523,8 +528,8 @@ static int pidfd_open_live(const struct qs_owner_rec *r)
     return fd;
 }
 
-/* A descriptor in /proc/<pid>/fd that is the state memfd recorded in the owner part. */
-static int state_fd_of(const struct qs_owner *own, int pid)
+/* A descriptor in /proc/<pid>/fd that is the memfd of inode `ino` on device `dev`, reopened. */
+static int fd_of(int pid, uint64_t ino, uint64_t dev)
 {
     char path[64];
     snprintf(path, sizeof path, "/proc/%d/fd", pid);
@@ -536,8 +541,8 @@ static int state_fd_of(const struct qs_owner *own, int pid)
         char link[320];
         struct stat sb;
         snprintf(link, sizeof link, "%s/%s", path, e->d_name);
-        if (e->d_name[0] == '.' || stat(link, &sb) || (uint64_t)sb.st_ino != own->state_ino ||
-            (uint64_t)sb.st_dev != own->state_dev)
+        if (e->d_name[0] == '.' || stat(link, &sb) || (uint64_t)sb.st_ino != ino ||
+            (uint64_t)sb.st_dev != dev)
             continue;
         found = open(link, O_RDWR | O_CLOEXEC);
     }
@@ -545,22 +550,50 @@ static int state_fd_of(const struct qs_owner *own, int pid)
     return found;
 }
 
-int qs_service_find_state(qs_node *node)
+/* The memfd of inode `ino` on `dev` held by a live recorded process of vGPU slot `vslot`
+ * (any slot: QS_MAX_VGPUS), or -1. */
+static int find_held(qs_node *node, uint32_t vslot, uint64_t ino, uint64_t dev)
 {
     const struct qs_owner *own = node->seg.owner;
     for (uint32_t i = 0; i < QS_MAX_CONTEXTS; i++) {
         const struct qs_owner_rec *r = &own->recs[i];
-        if (atomic_load(&r->state) != QS_SLOT_ACTIVE)
+        if (atomic_load(&r->state) != QS_SLOT_ACTIVE || (vslot < QS_MAX_VGPUS && r->vslot != vslot))
             continue;
         int pfd = pidfd_open_live(r);
         if (pfd < 0)
             continue;
-        int fd = state_fd_of(own, r->pid);
+        int fd = fd_of(r->pid, ino, dev);
         close(pfd);
         if (fd >= 0)
             return fd;
     }
     return -1;
+}
+
+int qs_service_find_state(qs_node *node)
+{
+    return find_held(node, QS_MAX_VGPUS, node->seg.owner->state_ino, node->seg.owner->state_dev);
+}
+
+/* Slot `s`'s memory part as a live process of it holds it, else a new one: with no process of
+ * that vGPU alive, nothing of its memory is held. */
+static int adopt_vmem(qs_node *node, uint32_t s)
+{
+    int fd = find_held(node, s, node->seg.owner->vmem_ino[s], node->seg.owner->vmem_dev[s]);
+    if (fd >= 0 && qs_vmem_map(&node->seg, s, fd) == QS_OK)
+        return QS_OK;
+    if (fd >= 0)
+        close(fd);
+    return qs_vmem_new(&node->seg, node->name, s);
+}
+
+int qs_service_adopt_vmems(qs_node *node)
+{
+    int rc = QS_OK;
+    for (uint32_t s = 0; rc == QS_OK && s < QS_MAX_VGPUS; s++)
+        if (atomic_load(&node->seg.cfg->vgpus[s].state) != QS_SLOT_FREE)
+            rc = adopt_vmem(node, s);
+    return rc;
 }
 
 /* Each vGPU's context count, from the records: exact even if the dead owner was killed

@@ -96,11 +96,12 @@ static int create_locked(qs_node *node, const qs_vgpu_spec *spec)
     atomic_store(&v->core_share, spec->core_share);
     atomic_store(&v->mem_limit, spec->mem_limit);
     atomic_store(&v->suspended, 0);
-    vs->mem_used = 0;
     atomic_store(&vs->device_ns, 0);
     atomic_store(&vs->launches, 0);
     memset(&vs->policy, 0, sizeof vs->policy);
-    rc = qs_service_vgpu_added(node, slot);
+    rc = qs_vmem_new(&node->seg, node->name, slot);
+    if (rc == QS_OK)
+        rc = qs_service_vgpu_added(node, slot);
     if (rc != QS_OK)
         return rc; /* the slot stays FREE */
     atomic_store(&v->state, QS_SLOT_ACTIVE); /* publish last */
@@ -227,7 +228,7 @@ int qs_vgpu_stats_get(qs_node *node, uint32_t id, qs_vgpu_stats *out)
     *out = (qs_vgpu_stats){.id = id, .card = v->card, .priority = v->priority,
                            .core_share = atomic_load(&v->core_share),
                            .mem_limit = atomic_load(&v->mem_limit),
-                           .mem_used = __atomic_load_n(&vs->mem_used, __ATOMIC_RELAXED),
+                           .mem_used = qs_mem_used(&node->seg, (uint32_t)slot),
                            .device_ns = atomic_load(&vs->device_ns),
                            .launches = qs_vgpu_launches(&node->seg, (uint32_t)slot),
                            .contexts = atomic_load(&vs->contexts),

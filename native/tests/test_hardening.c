@@ -851,8 +851,9 @@ static int vslot_of(qs_node *node, uint32_t id)
 
 enum { LOCK_MEM, LOCK_SEG };
 
-/* A process attached to vGPU 1 takes a lock of the state part through its own mapping and
- * keeps it; returns its pid once it holds it (-1 on failure). */
+/* A process attached to vGPU 1 takes a lock through its own mapping and keeps it: its
+ * vGPU's memory lock (in the memory part) or the state part's segment lock; returns its pid
+ * once it holds it (-1 on failure). */
 static pid_t tenant_holding_lock(const char *tag, int which, int vslot)
 {
     int fds[2];
@@ -864,8 +865,8 @@ static pid_t tenant_holding_lock(const char *tag, int which, int vslot)
         uint32_t card;
         if (qs_client_attach(test_segment(tag), NULL, 1, &cl) != QS_OK)
             _exit(2);
-        struct qs_state *st = qs_client_segment(cl, &card)->state;
-        pthread_mutex_lock(which == LOCK_MEM ? &st->vgpus[vslot].mem_lock : &st->seg_lock);
+        struct qs_segment *seg = qs_client_segment(cl, &card);
+        pthread_mutex_lock(which == LOCK_MEM ? &seg->vmem[vslot]->lock : &seg->state->seg_lock);
         if (write(fds[1], "L", 1) != 1)
             _exit(3);
         for (;;)
@@ -899,17 +900,17 @@ static int joined_within(pthread_t thread, int seconds)
     return pthread_timedjoin_np(thread, NULL, &deadline) == 0;
 }
 
-/* vGPU 1's tenant holds vGPU 2's memory lock for good: vGPU 2's reservations fail with
- * QS_ETIMEDOUT instead of waiting for good (before, they hung until the tenant let go). */
-static int test_a_tenant_holding_another_vgpus_memory_lock_cannot_hang_its_reservations(void)
+/* A tenant of vGPU 1 holds its vGPU's memory lock for good: the reservations of vGPU 1's
+ * other processes fail with QS_ETIMEDOUT instead of waiting for good (before, they hung until
+ * the tenant let go). No other vGPU's lock is within its reach (the test above). */
+static int test_a_tenant_holding_its_vgpus_memory_lock_cannot_hang_its_peers_reservations(void)
 {
     qs_node *node = make_node("memhold");
     EXPECT(node && vgpu(node, 1, QS_PRIO_LOW, 50, GiB) == QS_OK);
-    EXPECT(vgpu(node, 2, QS_PRIO_LOW, 50, GiB) == QS_OK);
-    pid_t holder = tenant_holding_lock("memhold", LOCK_MEM, vslot_of(node, 2));
+    pid_t holder = tenant_holding_lock("memhold", LOCK_MEM, vslot_of(node, 1));
     EXPECT(holder > 0);
     struct reserve_call call = {.rc = 1};
-    EXPECT(qs_client_attach(test_segment("memhold"), NULL, 2, &call.cl) == QS_OK);
+    EXPECT(qs_client_attach(test_segment("memhold"), NULL, 1, &call.cl) == QS_OK);
     pthread_t thread;
     EXPECT(pthread_create(&thread, NULL, reserve_mib, &call) == 0);
     int returned = joined_within(thread, 10);
@@ -919,6 +920,40 @@ static int test_a_tenant_holding_another_vgpus_memory_lock_cannot_hang_its_reser
     EXPECT(returned && call.rc == QS_ETIMEDOUT);
     EXPECT(qs_mem_reserve(call.cl, MiB) == QS_OK); /* the holder gone, the lock serves again */
     EXPECT(qs_client_detach(call.cl) == QS_OK);
+    qs_node_close(node);
+    return 0;
+}
+
+/* vGPU 1's tenant writes over every vGPU entry of the state part it maps: vGPU 2's memory
+ * count and lock are in vGPU 2's memory part, which vGPU 1's processes never map, so vGPU 2
+ * still reserves exactly up to its limit (before, its count and lock were in those entries). */
+static int test_a_tenant_rewriting_the_vgpu_entries_cannot_change_another_vgpus_memory(void)
+{
+    qs_node *node = make_node("memsmash");
+    EXPECT(node && vgpu(node, 1, QS_PRIO_LOW, 50, GiB) == QS_OK);
+    EXPECT(vgpu(node, 2, QS_PRIO_LOW, 50, GiB) == QS_OK);
+    qs_client *victim = NULL;
+    EXPECT(qs_client_attach(test_segment("memsmash"), NULL, 2, &victim) == QS_OK);
+    EXPECT(qs_mem_reserve(victim, 256 * MiB) == QS_OK);
+    pid_t pid = fork_child();
+    if (pid == 0) {
+        qs_client *cl = NULL;
+        uint32_t card;
+        if (qs_client_attach(test_segment("memsmash"), NULL, 1, &cl) != QS_OK)
+            _exit(2);
+        struct qs_state *st = qs_client_segment(cl, &card)->state;
+        memset(st->vgpus, 0x5a, sizeof st->vgpus);
+        _exit(0);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    EXPECT(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    EXPECT(qs_mem_reserve(victim, GiB - 256 * MiB) == QS_OK);
+    EXPECT(qs_mem_reserve(victim, 1) == QS_ENOMEM);
+    qs_vgpu_stats st;
+    EXPECT(qs_vgpu_stats_get(node, 2, &st) == QS_OK && st.mem_used == GiB);
+    EXPECT(qs_client_detach(victim) == QS_OK);
+    EXPECT(qs_vgpu_stats_get(node, 2, &st) == QS_OK && st.mem_used == 0);
     qs_node_close(node);
     return 0;
 }
@@ -1115,8 +1150,10 @@ int main(void)
          test_a_later_lap_takes_over_a_slot_left_by_a_killed_writer},
         {"a taken-over writer that wakes never mixes into the later event",
          test_a_taken_over_writer_that_wakes_never_mixes_into_the_later_event},
-        {"a tenant holding another vGPU's memory lock cannot hang its reservations",
-         test_a_tenant_holding_another_vgpus_memory_lock_cannot_hang_its_reservations},
+        {"a tenant holding its vGPU's memory lock cannot hang its peers' reservations",
+         test_a_tenant_holding_its_vgpus_memory_lock_cannot_hang_its_peers_reservations},
+        {"a tenant rewriting the vGPU entries cannot change another vGPU's memory",
+         test_a_tenant_rewriting_the_vgpu_entries_cannot_change_another_vgpus_memory},
         {"a tenant holding the segment lock cannot hang the owner",
          test_a_tenant_holding_the_segment_lock_cannot_hang_the_owner},
         {"a tenant raising another context's in-flight count cannot hang its launches",
