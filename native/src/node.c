@@ -51,8 +51,15 @@ static qs_node *new_node(const char *name, const char *dir)
     }
     snprintf(node->dir, sizeof node->dir, "%s", qs_default_dir(dir));
     snprintf(node->name, sizeof node->name, "%s", name ? name : "");
+    pthread_mutex_init(&node->vmem_swap, NULL);
     raise_fd_limit();
     return node;
+}
+
+static void free_node(qs_node *node)
+{
+    pthread_mutex_destroy(&node->vmem_swap);
+    free(node);
 }
 
 /* Record this process as the segment's owner. */
@@ -92,7 +99,7 @@ int qs_node_create(const char *name, const char *dir, int replace, qs_node **out
         }
     }
     if (rc != QS_OK) {
-        free(node);
+        free_node(node);
         return rc;
     }
     *out = node;
@@ -168,7 +175,7 @@ int qs_node_adopt(const char *name, const char *dir, qs_node **out)
     }
     if (rc != QS_OK) {
         qs_segment_unmap(&node->seg);
-        free(node);
+        free_node(node);
         return rc;
     }
     *out = node;
@@ -182,7 +189,7 @@ void qs_node_leave(qs_node *node)
     node->seg.owner->owner_pid = 0; /* nobody owns it now: the next agent adopts at once */
     qs_service_stop(node);
     qs_segment_unmap(&node->seg);
-    free(node);
+    free_node(node);
 }
 
 void qs_node_close(qs_node *node)
@@ -194,7 +201,7 @@ void qs_node_close(qs_node *node)
     qs_service_stop(node);
     qs_segment_unmap(&node->seg);
     qs_segment_unlink(node->dir, node->name);
-    free(node);
+    free_node(node);
 }
 
 int qs_node_list_vgpus(qs_node *node, uint32_t *ids, uint32_t cap, uint32_t *count)

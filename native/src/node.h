@@ -26,6 +26,10 @@ struct qs_node {
     int pidfd_of_ctx[QS_MAX_CONTEXTS];    /* adopted contexts: liveness by pidfd */
     _Atomic int listen_fd_of_slot[QS_MAX_VGPUS];   /* each vGPU's attach socket */
     _Atomic int dead_listen_fd[QS_MAX_VGPUS];      /* closed by the service thread */
+    /* A new vGPU in a slot replaces the slot's memory part (a process of the vGPU that had the
+     * slot before keeps no reach into the new one): statistics read it under this lock, which
+     * is the owner's own, never in the state part. */
+    pthread_mutex_t vmem_swap;
 };
 
 int qs_node_lock(qs_node *node);

@@ -99,7 +99,9 @@ static int create_locked(qs_node *node, const qs_vgpu_spec *spec)
     atomic_store(&vs->device_ns, 0);
     atomic_store(&vs->launches, 0);
     memset(&vs->policy, 0, sizeof vs->policy);
+    pthread_mutex_lock(&node->vmem_swap);
     rc = qs_vmem_new(&node->seg, node->name, slot);
+    pthread_mutex_unlock(&node->vmem_swap);
     if (rc == QS_OK)
         rc = qs_service_vgpu_added(node, slot);
     if (rc != QS_OK)
@@ -225,10 +227,13 @@ int qs_vgpu_stats_get(qs_node *node, uint32_t id, qs_vgpu_stats *out)
     if (slot < 0)
         return slot;
     struct qs_vgpu_state *vs = &node->seg.state->vgpus[slot];
+    pthread_mutex_lock(&node->vmem_swap);
+    uint64_t mem_used = qs_mem_used(&node->seg, (uint32_t)slot);
+    pthread_mutex_unlock(&node->vmem_swap);
     *out = (qs_vgpu_stats){.id = id, .card = v->card, .priority = v->priority,
                            .core_share = atomic_load(&v->core_share),
                            .mem_limit = atomic_load(&v->mem_limit),
-                           .mem_used = qs_mem_used(&node->seg, (uint32_t)slot),
+                           .mem_used = mem_used,
                            .device_ns = atomic_load(&vs->device_ns),
                            .launches = qs_vgpu_launches(&node->seg, (uint32_t)slot),
                            .contexts = atomic_load(&vs->contexts),

@@ -958,6 +958,52 @@ static int test_a_tenant_rewriting_the_vgpu_entries_cannot_change_another_vgpus_
     return 0;
 }
 
+/* A process of vGPU 1 keeps a mapping of vGPU 1's memory part past its detach; vGPU 1 goes and
+ * vGPU 3 takes its slot: vGPU 3 has a memory part of its own, so what the old process writes
+ * into its mapping changes nothing of vGPU 3's (a guard: the slot's part is never reused). */
+static int test_a_slots_next_vgpu_gets_a_memory_part_its_previous_tenant_cannot_reach(void)
+{
+    qs_node *node = make_node("memreuse");
+    EXPECT(node && vgpu(node, 1, QS_PRIO_LOW, 50, GiB) == QS_OK);
+    int slot = vslot_of(node, 1), ready[2], go[2];
+    EXPECT(slot >= 0 && pipe(ready) == 0 && pipe(go) == 0);
+    pid_t pid = fork_child();
+    if (pid == 0) {
+        qs_client *cl = NULL;
+        uint32_t card;
+        if (qs_client_attach(test_segment("memreuse"), NULL, 1, &cl) != QS_OK)
+            _exit(2);
+        int fd = qs_client_segment(cl, &card)->vmem_fd[slot];
+        unsigned char *kept = mmap(NULL, sizeof(struct qs_vmem), PROT_READ | PROT_WRITE,
+                                   MAP_SHARED, fd, 0);
+        char c = 0;
+        if (kept == MAP_FAILED || qs_client_detach(cl) != QS_OK || write(ready[1], "d", 1) != 1 ||
+            read(go[0], &c, 1) != 1)
+            _exit(3);
+        memset(kept + offsetof(struct qs_vmem, lock), 0x5a,
+               sizeof(struct qs_vmem) - offsetof(struct qs_vmem, lock));
+        _exit(0);
+    }
+    char c = 0;
+    EXPECT(read(ready[0], &c, 1) == 1);
+    EXPECT(qs_vgpu_destroy(node, 1) == QS_OK);
+    EXPECT(vgpu(node, 3, QS_PRIO_LOW, 50, GiB) == QS_OK && vslot_of(node, 3) == slot);
+    EXPECT(write(go[1], "g", 1) == 1);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    EXPECT(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    qs_client *cl = NULL;
+    EXPECT(qs_client_attach(test_segment("memreuse"), NULL, 3, &cl) == QS_OK);
+    EXPECT(qs_mem_reserve(cl, GiB) == QS_OK && qs_mem_reserve(cl, 1) == QS_ENOMEM);
+    EXPECT(qs_client_detach(cl) == QS_OK);
+    for (int i = 0; i < 2; i++) {
+        close(ready[i]);
+        close(go[i]);
+    }
+    qs_node_close(node);
+    return 0;
+}
+
 static qs_node *owner_node;
 
 static void *create_vgpu_3(void *arg)
@@ -1154,6 +1200,8 @@ int main(void)
          test_a_tenant_holding_its_vgpus_memory_lock_cannot_hang_its_peers_reservations},
         {"a tenant rewriting the vGPU entries cannot change another vGPU's memory",
          test_a_tenant_rewriting_the_vgpu_entries_cannot_change_another_vgpus_memory},
+        {"a slot's next vGPU gets a memory part its previous tenant cannot reach",
+         test_a_slots_next_vgpu_gets_a_memory_part_its_previous_tenant_cannot_reach},
         {"a tenant holding the segment lock cannot hang the owner",
          test_a_tenant_holding_the_segment_lock_cannot_hang_the_owner},
         {"a tenant raising another context's in-flight count cannot hang its launches",
