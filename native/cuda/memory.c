@@ -256,35 +256,40 @@ static CUmemoryPool pool_of(CUdeviceptr dptr) {
     return pool;
 }
 
+/* Free an allocation the program is refused, on its stream. */
+static CUresult free_refused(CUdeviceptr dptr, CUstream stream) {
+    return QSC_REAL(free_async_fn, cuMemFreeAsync)(dptr, stream);
+}
+
 /* The allocation at `dptr` from `pool` is refused after all: freed on its stream, its
  * reservation settled, and the pool trimmed of what it holds beyond its reservation. */
 static CUresult refused_after(CUdeviceptr dptr, CUstream stream, CUmemoryPool pool) {
     recorded r = take_records(dptr);
-    freed(QSC_REAL(free_async_fn, cuMemFreeAsync)(dptr, stream), dptr, r);
+    freed(free_refused(dptr, stream), dptr, r);
     qsc_pool_trim_unreserved(pool);
     return CUDA_ERROR_OUT_OF_MEMORY;
 }
 
-/* The allocation at `dptr` cannot be remembered (no memory for the map): freed on its stream,
- * what was drawn from `pool` and reserved for it given back. */
-static CUresult untracked(CUdeviceptr dptr, CUstream stream, CUmemoryPool pool, uint64_t bytes,
-                          uint64_t drawn) {
-    QSC_REAL(free_async_fn, cuMemFreeAsync)(dptr, stream);
-    qsc_pool_undraw(pool, drawn);
-    release(bytes - drawn);
+/* The allocation at `dptr` from `pool` (NULL: a pool that cannot be named) is refused before it
+ * was recorded, `drawn` of the pool's kept memory and `reserved` more made for it: freed into its
+ * pool, which keeps the memory, so both stay with the pool as kept memory (given back as the pool
+ * gives it back) and the pool is trimmed to its reservation. Not freed, it stays reserved. */
+static CUresult given_back(CUdeviceptr dptr, CUstream stream, CUmemoryPool pool, uint64_t drawn,
+                           uint64_t reserved) {
+    if (free_refused(dptr, stream) != CUDA_SUCCESS) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (pool != NULL) qsc_pool_returned(pool, drawn, reserved);
+    else release(reserved);
     return CUDA_ERROR_OUT_OF_MEMORY;
 }
 
-/* A stream-ordered allocation came from another pool than `guess`, or failed: what was drawn
- * from `guess` goes back, and a successful one reserves that much more. */
-static CUresult redrawn(CUresult rc, CUdeviceptr dptr, uint64_t bytes, CUmemoryPool guess,
-                        uint64_t drawn, CUstream stream) {
+/* A stream-ordered allocation came from another pool (`pool`) than `guess`, or failed: what was
+ * drawn from `guess` goes back, and a successful one reserves that much more, or is given back
+ * into `pool`. */
+static CUresult redrawn(CUresult rc, CUdeviceptr dptr, CUmemoryPool pool, uint64_t bytes,
+                        CUmemoryPool guess, uint64_t drawn, CUstream stream) {
     qsc_pool_undraw(guess, drawn);
-    if (rc == CUDA_SUCCESS && reserve(drawn) != CUDA_SUCCESS) {
-        QSC_REAL(free_async_fn, cuMemFreeAsync)(dptr, stream);
-        rc = CUDA_ERROR_OUT_OF_MEMORY;
-    }
     if (rc != CUDA_SUCCESS) release(bytes - drawn);
+    else if (reserve(drawn) != CUDA_SUCCESS) rc = given_back(dptr, stream, pool, 0, bytes - drawn);
     return rc;
 }
 
@@ -297,15 +302,16 @@ static CUresult pooled(CUresult rc, CUdeviceptr dptr, uint64_t bytes, CUmemoryPo
                        int named, uint64_t drawn, CUstream stream) {
     CUmemoryPool pool = rc != CUDA_SUCCESS ? NULL : named ? guess : pool_of(dptr);
     if (rc != CUDA_SUCCESS || pool != guess) {
-        rc = redrawn(rc, dptr, bytes, guess, drawn, stream);
+        rc = redrawn(rc, dptr, pool, bytes, guess, drawn, stream);
         if (rc != CUDA_SUCCESS) return rc;
         drawn = 0;
     }
-    if (!map_put(&pointers, dptr, bytes)) return untracked(dptr, stream, pool, bytes, drawn);
+    if (!map_put(&pointers, dptr, bytes))
+        return given_back(dptr, stream, pool, drawn, bytes - drawn);
     if (pool == NULL) return rc;
     if (!map_put(&pool_of_pointer, dptr, (uint64_t)(uintptr_t)pool)) {
         map_take(&pointers, dptr);
-        return untracked(dptr, stream, pool, bytes, drawn);
+        return given_back(dptr, stream, pool, drawn, bytes - drawn);
     }
     CUresult tied = qsc_pool_allocated(pool, bytes, drawn); /* not found: only when drawn is 0 */
     if (tied == CUDA_ERROR_OUT_OF_MEMORY) return refused_after(dptr, stream, pool);
