@@ -256,13 +256,17 @@ static CUmemoryPool pool_of(CUdeviceptr dptr) {
     return pool;
 }
 
-/* Free an allocation the program is refused, on its stream. */
+/* Free an allocation the program is refused: on its stream, or at once (cuMemFree) when the
+ * driver refuses that (a stream destroyed meanwhile, say): left alive, it would stay counted,
+ * and held, for good, the program never knowing its address. */
 static CUresult free_refused(CUdeviceptr dptr, CUstream stream) {
-    return QSC_REAL(free_async_fn, cuMemFreeAsync)(dptr, stream);
+    CUresult rc = QSC_REAL(free_async_fn, cuMemFreeAsync)(dptr, stream);
+    return rc == CUDA_SUCCESS ? rc : QSC_REAL(free_fn, cuMemFree_v2)(dptr);
 }
 
-/* The allocation at `dptr` from `pool` is refused after all: freed on its stream, its
- * reservation settled, and the pool trimmed of what it holds beyond its reservation. */
+/* The allocation at `dptr` from `pool` is refused after all: freed, its reservation settled, and
+ * the pool trimmed of what it holds beyond its reservation. Should the driver refuse both frees,
+ * the allocation lives on and stays counted as it is held. */
 static CUresult refused_after(CUdeviceptr dptr, CUstream stream, CUmemoryPool pool) {
     recorded r = take_records(dptr);
     freed(free_refused(dptr, stream), dptr, r);

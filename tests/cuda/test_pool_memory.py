@@ -173,3 +173,30 @@ def test_an_allocation_refused_after_coming_from_another_pool_leaves_no_memory_u
         probe.close()
     assert refused == "2"  # CUDA_ERROR_OUT_OF_MEMORY
     assert (used // MIB, counted // MIB) == (768, 768)
+
+
+def test_an_allocation_refused_after_the_pool_grew_is_freed_even_when_its_stream_refuses(
+    node: NodeOwner,
+) -> None:
+    """The pool grew past the limit for an allocation (its kept memory cannot serve it), so the
+    allocation is refused and freed; the driver refuses the free on its stream (the fake driver,
+    a test double, told to refuse stream-ordered frees from the second on, as for a stream
+    destroyed meanwhile). The allocation lived on, counted, while the program was told it was out
+    of memory and never learns its address: after everything else was freed and the pool gave
+    its memory back, the limit could no longer be allocated whole."""
+    run = run_probe(
+        node,
+        SMALL_VGPU,
+        [
+            "init",
+            f"alloc async {768 * MIB}",
+            "free 0",
+            f"alloc async {768 * MIB}",
+            "sync",
+            "devused",
+            f"alloc plain {SMALL_LIMIT}",
+        ],
+        extra_env={"QSHARE_FAKE_POOL_NO_REUSE": "1", "QSHARE_FAKE_FREE_ASYNC_FAILS_FROM": "2"},
+    )
+    assert [int(r["rc"]) for r in run.replies if r["cmd"] == "alloc"] == [0, 2, 0]
+    assert run.device_used() == 0

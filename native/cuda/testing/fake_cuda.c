@@ -1118,9 +1118,20 @@ EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytes, CU
 }
 static int graph_frees(CUgraph graph, CUdeviceptr dptr);
 
+/* QSHARE_FAKE_FREE_ASYNC_FAILS_FROM=N: the Nth stream-ordered free and every later one is
+ * refused (CUDA_ERROR_INVALID_HANDLE, as for a stream destroyed meanwhile); cuMemFree still
+ * frees. */
+static int free_async_refused(void) {
+    static _Atomic unsigned long calls;
+    const char *from = getenv("QSHARE_FAKE_FREE_ASYNC_FAILS_FROM");
+    unsigned long nth = atomic_fetch_add(&calls, 1) + 1;
+    return from != NULL && nth >= strtoul(from, NULL, 10);
+}
+
 /* Into a stream being captured: a free node (of the graph's own allocation, which the graph
  * then frees itself; others are not modelled). */
 EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream) {
+    if (free_async_refused()) return CUDA_ERROR_INVALID_HANDLE;
     CUgraph graph = capture_graph(stream);
     if (graph != NULL) {
         graph_frees(graph, dptr);
