@@ -100,19 +100,29 @@ static int room_for(const qsc_session *s, uint64_t bytes) {
            (info.mem_used <= info.mem_limit && bytes <= info.mem_limit - info.mem_used);
 }
 
+/* Memory freed into pools (graph memory pools too) stays reserved while they keep it. */
+static int holds_kept(void) { return qsc_pools_hold_freed() || qsc_graphs_hold_residual(); }
+
+/* Give back what the pools no longer keep. 1 (settled). */
+static int settle_kept(void) {
+    qsc_pools_settle();
+    qsc_graphs_settle();
+    return 1;
+}
+
+/* Settled before a reservation that would not fit, and again when one that seemed to fit is
+ * refused: between the look and the reservation, another thread or process may have taken the
+ * room, and a reservation refused then, unsettled, was refused although both fit the limit. */
 static CUresult reserve(uint64_t bytes) {
     const qsc_session *s = qsc_enter();
     if (s->client == NULL) {
         qsc_leave(s);
         return s->failure;
     }
-    /* Memory freed into pools (graph memory pools too) stays reserved while they keep it: see
-     * whether they still do before a reservation that would not fit. */
-    if ((qsc_pools_hold_freed() || qsc_graphs_hold_residual()) && !room_for(s, bytes)) {
-        qsc_pools_settle();
-        qsc_graphs_settle();
-    }
+    int settled = holds_kept() && !room_for(s, bytes) && settle_kept();
     int rc = qs_mem_reserve(s->client, bytes);
+    if (rc == QS_ENOMEM && !settled && holds_kept() && settle_kept())
+        rc = qs_mem_reserve(s->client, bytes);
     qsc_leave(s);
     if (rc != QS_OK && rc != QS_ENOMEM)
         qsc_warn_once(QSC_WARN_DRIVER, "memory reservation failed: %s (%s)", qs_strerror(rc),
