@@ -51,14 +51,14 @@ static qs_node *new_node(const char *name, const char *dir)
     }
     snprintf(node->dir, sizeof node->dir, "%s", qs_default_dir(dir));
     snprintf(node->name, sizeof node->name, "%s", name ? name : "");
-    pthread_mutex_init(&node->vmem_swap, NULL);
+    pthread_mutex_init(&node->slot_lock, NULL);
     raise_fd_limit();
     return node;
 }
 
 static void free_node(qs_node *node)
 {
-    pthread_mutex_destroy(&node->vmem_swap);
+    pthread_mutex_destroy(&node->slot_lock);
     free(node);
 }
 

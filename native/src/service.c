@@ -58,7 +58,7 @@ static int alloc_ctx(qs_node *node, uint32_t *out)
 
 /* Contexts vGPU slot `slot` holds, from the owner's private records (the shared count is
  * every tenant's to rewrite, so it neither grants nor refuses an attach). */
-static uint32_t contexts_of(qs_node *node, uint32_t slot)
+uint32_t qs_service_contexts_of(qs_node *node, uint32_t slot)
 {
     uint32_t n = 0;
     for (uint32_t i = 0; i < QS_MAX_CONTEXTS; i++) {
@@ -117,8 +117,8 @@ static void bind_ctx(qs_node *node, uint32_t i, int pid, uint32_t slot)
     atomic_store(&r->state, QS_SLOT_ACTIVE);
 }
 
-static int attach_ctx(qs_node *node, int fd, uint32_t slot, uint32_t vgpu_id,
-                      struct qs_proto_reply *rep)
+static int attach_locked(qs_node *node, int fd, uint32_t slot, uint32_t vgpu_id,
+                         struct qs_proto_reply *rep)
 {
     struct qs_cfg_vgpu *v = &node->seg.cfg->vgpus[slot];
     if (atomic_load(&v->state) != QS_SLOT_ACTIVE)
@@ -129,7 +129,7 @@ static int attach_ctx(qs_node *node, int fd, uint32_t slot, uint32_t vgpu_id,
     if (!node->seg.vmem[slot])
         return qs_fail(QS_ESTATE, "vGPU %u has no memory part (the owner could not make one)",
                        v->id);
-    if (contexts_of(node, slot) >= QS_MAX_CONTEXTS_PER_VGPU)
+    if (qs_service_contexts_of(node, slot) >= QS_MAX_CONTEXTS_PER_VGPU)
         return qs_fail(QS_EFULL, "vGPU %u has %u contexts, its most (QS_MAX_CONTEXTS_PER_VGPU)",
                        v->id, QS_MAX_CONTEXTS_PER_VGPU);
     uint32_t i = 0;
@@ -149,6 +149,16 @@ static int attach_ctx(qs_node *node, int fd, uint32_t slot, uint32_t vgpu_id,
     return QS_OK;
 }
 
+/* Under the slot lock: a destroy counting the slot's contexts sees this one or refuses it. */
+static int attach_ctx(qs_node *node, int fd, uint32_t slot, uint32_t vgpu_id,
+                      struct qs_proto_reply *rep)
+{
+    pthread_mutex_lock(&node->slot_lock);
+    int rc = attach_locked(node, fd, slot, vgpu_id, rep);
+    pthread_mutex_unlock(&node->slot_lock);
+    return rc;
+}
+
 /* Every count a dead context held in shared words goes back; waiters recompute. */
 static void return_counts(struct qs_segment *seg, struct qs_ctx *c, const struct qs_owner_rec *r)
 {
@@ -166,19 +176,22 @@ static void return_counts(struct qs_segment *seg, struct qs_ctx *c, const struct
     qs_futex_wake(&cs->wake_seq, INT_MAX);
 }
 
-/* The vGPU of a destroyed slot is freed with its last context. */
+/* The vGPU of a destroyed slot is freed with its last context, as the owner's records count
+ * them (after the reaped one's record is freed): the shared count is only shown. */
 static void drop_context_count(qs_node *node, uint32_t vslot)
 {
-    struct qs_state *st = node->seg.state;
-    struct qs_cfg_vgpu *v = &node->seg.cfg->vgpus[vslot];
-    uint32_t cur = atomic_load(&st->vgpus[vslot].contexts);
-    while (cur && !atomic_compare_exchange_weak(&st->vgpus[vslot].contexts, &cur, cur - 1)) {
+    _Atomic uint32_t *shared = &node->seg.state->vgpus[vslot].contexts;
+    uint32_t cur = atomic_load(shared);
+    while (cur && !atomic_compare_exchange_weak(shared, &cur, cur - 1)) {
     }
-    if (cur <= 1 && atomic_load(&v->state) == QS_SLOT_DESTROYED && !qs_node_lock(node)) {
-        if (!atomic_load(&st->vgpus[vslot].contexts))
-            atomic_store(&v->state, QS_SLOT_FREE);
-        qs_node_unlock(node);
-    }
+    _Atomic uint32_t *state = &node->seg.cfg->vgpus[vslot].state;
+    if (atomic_load(state) != QS_SLOT_DESTROYED)
+        return;
+    pthread_mutex_lock(&node->slot_lock);
+    uint32_t destroyed = QS_SLOT_DESTROYED;
+    if (!qs_service_contexts_of(node, vslot))
+        atomic_compare_exchange_strong(state, &destroyed, QS_SLOT_FREE);
+    pthread_mutex_unlock(&node->slot_lock);
 }
 
 /* Return everything context `i` held and free its slot, from the owner's private record. */
@@ -199,7 +212,6 @@ static void reap(qs_node *node, uint32_t i, uint32_t kind)
     if (r->priority == QS_PRIO_HIGH)
         qs_gate_forget_hp(&node->seg, r->card, i);
     return_counts(&node->seg, c, r);
-    drop_context_count(node, r->vslot);
     node->conn_fd_of_ctx[i] = -1;
     if (node->pidfd_of_ctx[i] >= 0) {
         epoll_ctl(node->epoll_fd, EPOLL_CTL_DEL, node->pidfd_of_ctx[i], NULL);
@@ -208,6 +220,7 @@ static void reap(qs_node *node, uint32_t i, uint32_t kind)
     }
     atomic_store(&r->state, QS_SLOT_FREE);
     atomic_store(&c->state, QS_SLOT_FREE);
+    drop_context_count(node, r->vslot);
     qs_ring_push(&st->ring, kind, r->card, r->vgpu_id, r->pid, returned); /* last: all done */
 }
 

@@ -1004,6 +1004,39 @@ static int test_a_slots_next_vgpu_gets_a_memory_part_its_previous_tenant_cannot_
     return 0;
 }
 
+/* vGPU 1's tenant writes vGPU 2's context count in the state part down to zero while a process
+ * of vGPU 2 is attached, then vGPU 2 is destroyed and vGPU 3 created. The owner counts contexts
+ * from its own records: vGPU 2's slot waits for its last process, so that process sees its vGPU
+ * destroyed, vGPU 3 gets another slot, and the detach leaves vGPU 3's count alone (before, the
+ * slot was freed at once and given to vGPU 3, whose configuration the process then ran on; its
+ * detach took one off vGPU 3's contexts, and the owner reaped it through vGPU 3's memory part). */
+static int test_a_tenant_zeroing_a_context_count_cannot_free_a_slot_still_in_use(void)
+{
+    const char *seg = test_segment("ctxzero");
+    qs_node *node = make_node("ctxzero");
+    EXPECT(node && vgpu(node, 1, QS_PRIO_LOW, 30, GiB) == QS_OK);
+    EXPECT(vgpu(node, 2, QS_PRIO_LOW, 30, GiB) == QS_OK);
+    int slot = vslot_of(node, 2);
+    qs_client *tenant = NULL, *victim = NULL, *next = NULL;
+    uint32_t card;
+    EXPECT(slot >= 0 && qs_client_attach(seg, NULL, 2, &victim) == QS_OK);
+    EXPECT(qs_client_attach(seg, NULL, 1, &tenant) == QS_OK);
+    atomic_store(&qs_client_segment(tenant, &card)->state->vgpus[slot].contexts, 0);
+    EXPECT(qs_vgpu_destroy(node, 2) == QS_OK);
+    EXPECT(vgpu(node, 3, QS_PRIO_LOW, 30, 2 * GiB) == QS_OK);
+    qs_client_info info;
+    EXPECT(qs_client_info_get(victim, &info) == QS_EDESTROYED);
+    EXPECT(vslot_of(node, 3) != slot);
+    EXPECT(qs_client_attach(seg, NULL, 3, &next) == QS_OK);
+    EXPECT(qs_client_detach(victim) == QS_OK);
+    qs_vgpu_stats st;
+    EXPECT(qs_vgpu_stats_get(node, 3, &st) == QS_OK && st.contexts == 1);
+    EXPECT(atomic_load(&node->seg.cfg->vgpus[slot].state) == QS_SLOT_FREE);
+    EXPECT(qs_client_detach(next) == QS_OK && qs_client_detach(tenant) == QS_OK);
+    qs_node_close(node);
+    return 0;
+}
+
 static qs_node *owner_node;
 
 static void *create_vgpu_3(void *arg)
@@ -1202,6 +1235,8 @@ int main(void)
          test_a_tenant_rewriting_the_vgpu_entries_cannot_change_another_vgpus_memory},
         {"a slot's next vGPU gets a memory part its previous tenant cannot reach",
          test_a_slots_next_vgpu_gets_a_memory_part_its_previous_tenant_cannot_reach},
+        {"a tenant zeroing a context count cannot free a slot still in use",
+         test_a_tenant_zeroing_a_context_count_cannot_free_a_slot_still_in_use},
         {"a tenant holding the segment lock cannot hang the owner",
          test_a_tenant_holding_the_segment_lock_cannot_hang_the_owner},
         {"a tenant raising another context's in-flight count cannot hang its launches",
