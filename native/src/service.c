@@ -541,7 +541,16 @@ static int pidfd_open_live(const struct qs_owner_rec *r)
     return fd;
 }
 
-/* A descriptor in /proc/<pid>/fd that is the memfd of inode `ino` on device `dev`, reopened. */
+/* `fd` is the file of inode `ino` on device `dev`. */
+static int is_file(int fd, uint64_t ino, uint64_t dev)
+{
+    struct stat sb;
+    return !fstat(fd, &sb) && (uint64_t)sb.st_ino == ino && (uint64_t)sb.st_dev == dev;
+}
+
+/* A descriptor in /proc/<pid>/fd that is the memfd of inode `ino` on device `dev`, reopened.
+ * The reopened descriptor is checked itself: the process may have put another file behind
+ * that number since the path was checked (its own memfd, unsealed, with a valid header). */
 static int fd_of(int pid, uint64_t ino, uint64_t dev)
 {
     char path[64];
@@ -557,7 +566,11 @@ static int fd_of(int pid, uint64_t ino, uint64_t dev)
         if (e->d_name[0] == '.' || stat(link, &sb) || (uint64_t)sb.st_ino != ino ||
             (uint64_t)sb.st_dev != dev)
             continue;
-        found = open(link, O_RDWR | O_CLOEXEC);
+        found = open(link, O_RDWR | O_CLOEXEC | O_NOCTTY | O_NONBLOCK); /* a FIFO, a tty */
+        if (found >= 0 && !is_file(found, ino, dev)) {
+            close(found);
+            found = -1;
+        }
     }
     closedir(d);
     return found;

@@ -1037,6 +1037,64 @@ static int test_a_tenant_zeroing_a_context_count_cannot_free_a_slot_still_in_use
     return 0;
 }
 
+/* A tenant of vGPU 1 that keeps flipping the descriptor of its memory part between the part
+ * and a copy of its own (a memfd with the same header, not sealed: it could truncate it under
+ * the owner). An owner adopting the segment must map the part it made, whatever the process
+ * has put behind that number by the time it opens it (before, it checked the path and then
+ * opened it again: it mapped the tenant's copy in some rounds). */
+static pid_t tenant_flipping_its_memory_part(const char *tag, int slot, int ready)
+{
+    pid_t pid = fork_child();
+    if (pid != 0)
+        return pid;
+    for (int fd = 3; fd < 1024; fd++) /* the owner's descriptors, this fork's copies */
+        if (fd != ready)
+            close(fd);
+    qs_client *cl = NULL;
+    uint32_t card;
+    if (qs_client_attach(test_segment(tag), NULL, 1, &cl) != QS_OK)
+        _exit(2);
+    struct qs_segment *seg = qs_client_segment(cl, &card);
+    int n = seg->vmem_fd[slot], real = fcntl(n, F_DUPFD_CLOEXEC, 500);
+    int copy = memfd_create("copy", MFD_CLOEXEC);
+    if (real < 0 || copy < 0 || ftruncate(copy, sizeof(struct qs_vmem)) ||
+        pwrite(copy, seg->vmem[slot], sizeof(struct qs_vmem), 0) != sizeof(struct qs_vmem) ||
+        write(ready, "r", 1) != 1)
+        _exit(3);
+    for (;;) { /* the part stays at `real`, above `n`: the owner can always find it there */
+        dup3(copy, n, O_CLOEXEC);
+        dup3(real, n, O_CLOEXEC);
+    }
+}
+
+static int test_adopt_maps_the_memory_part_it_made_not_what_a_tenant_swapped_in(void)
+{
+    qs_node *node = make_node("fdflip");
+    EXPECT(node && vgpu(node, 1, QS_PRIO_LOW, 50, GiB) == QS_OK);
+    int slot = vslot_of(node, 1), ready[2];
+    char c = 0;
+    EXPECT(slot >= 0 && pipe(ready) == 0);
+    pid_t pid = tenant_flipping_its_memory_part("fdflip", slot, ready[1]);
+    EXPECT(pid > 0 && read(ready[0], &c, 1) == 1);
+    uint64_t ino = node->seg.owner->vmem_ino[slot];
+    int wrong = 0, round = 0;
+    for (; round < 300 && !wrong; round++) {
+        qs_node_leave(node);
+        node = NULL;
+        EXPECT(qs_node_adopt(test_segment("fdflip"), NULL, &node) == QS_OK);
+        struct stat sb;
+        wrong = fstat(node->seg.vmem_fd[slot], &sb) || (uint64_t)sb.st_ino != ino;
+    }
+    kill_and_wait(pid);
+    close(ready[0]);
+    close(ready[1]);
+    qs_node_close(node);
+    if (wrong)
+        fprintf(stderr, "  round %d mapped the tenant's copy\n", round);
+    EXPECT(!wrong);
+    return 0;
+}
+
 static qs_node *owner_node;
 
 static void *create_vgpu_3(void *arg)
@@ -1237,6 +1295,8 @@ int main(void)
          test_a_slots_next_vgpu_gets_a_memory_part_its_previous_tenant_cannot_reach},
         {"a tenant zeroing a context count cannot free a slot still in use",
          test_a_tenant_zeroing_a_context_count_cannot_free_a_slot_still_in_use},
+        {"adopt maps the memory part it made, not what a tenant swapped in",
+         test_adopt_maps_the_memory_part_it_made_not_what_a_tenant_swapped_in},
         {"a tenant holding the segment lock cannot hang the owner",
          test_a_tenant_holding_the_segment_lock_cannot_hang_the_owner},
         {"a tenant raising another context's in-flight count cannot hang its launches",
