@@ -1095,6 +1095,106 @@ static int test_adopt_maps_the_memory_part_it_made_not_what_a_tenant_swapped_in(
     return 0;
 }
 
+/* A stand-in owner on vGPU 1's socket of segment `name`: its k-th answer on one connection
+ * has status `status[k]` and carries the n[k] descriptors fds[k]. */
+struct fake_owner {
+    int lfd, answers, status[2], n[2], fds[2][4];
+    uint32_t slot;
+};
+
+static void fake_answer(int fd, const struct fake_owner *f, int k)
+{
+    struct qs_proto_reply rep = {.status = f->status[k], .vgpu_slot = f->slot};
+    union {
+        char buf[CMSG_SPACE(4 * sizeof(int))];
+        struct cmsghdr align;
+    } u;
+    memset(&u, 0, sizeof u);
+    struct iovec iov = {.iov_base = &rep, .iov_len = sizeof rep};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
+                         .msg_controllen = CMSG_SPACE((size_t)f->n[k] * sizeof(int))};
+    struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN((size_t)f->n[k] * sizeof(int));
+    memcpy(CMSG_DATA(cm), f->fds[k], (size_t)f->n[k] * sizeof(int));
+    sendmsg(fd, &msg, MSG_NOSIGNAL);
+}
+
+static void *fake_owner_main(void *arg)
+{
+    struct fake_owner *f = arg;
+    int fd = accept(f->lfd, NULL, NULL);
+    struct qs_proto_request req;
+    for (int k = 0; fd >= 0 && k < f->answers && recv(fd, &req, sizeof req, 0) == sizeof req; k++)
+        fake_answer(fd, f, k);
+    if (fd >= 0)
+        close(fd);
+    return NULL;
+}
+
+static int fake_listen(const char *name)
+{
+    char dir[512], path[512];
+    qs_vgpu_dir_path(dir, sizeof dir, NULL, name, 1);
+    qs_vgpu_sock_path(path, sizeof path, NULL, name, 1);
+    mkdir(dir, 0755);
+    unlink(path);
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    memcpy(addr.sun_path, path, strlen(path) + 1);
+    int lfd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (lfd >= 0 && (bind(lfd, (struct sockaddr *)&addr, sizeof addr) || listen(lfd, 4))) {
+        close(lfd);
+        return -1;
+    }
+    return lfd;
+}
+
+/* One attach (and a detach when it succeeds) against a stand-in owner; its status. */
+static int attach_to_fake(struct fake_owner *f, const char *name)
+{
+    pthread_t thread;
+    if (pthread_create(&thread, NULL, fake_owner_main, f))
+        return QS_ESYS;
+    qs_client *cl = NULL;
+    int rc = qs_client_attach(name, NULL, 1, &cl);
+    if (rc == QS_OK)
+        qs_client_detach(cl);
+    pthread_join(thread, NULL);
+    return rc;
+}
+
+/* An owner's reply leaves no descriptor behind in the client: one past the three an attach
+ * takes, any carried by a refusal or by a detach's answer is closed (before, the client kept
+ * them open: a fourth descriptor fits the control buffer, and a detach never looked). */
+static int test_an_owners_reply_leaves_no_descriptor_behind(void)
+{
+    qs_node *node = make_node("fdleak");
+    EXPECT(node && vgpu(node, 1, QS_PRIO_LOW, 50, GiB) == QS_OK);
+    const char *name = "ct-fdleak-fake";
+    int slot = vslot_of(node, 1), extra = memfd_create("qs-extra", MFD_CLOEXEC);
+    int lfd = fake_listen(name);
+    EXPECT(slot >= 0 && extra >= 0 && lfd >= 0);
+    struct fake_owner refused = {.lfd = lfd, .answers = 1, .status = {QS_EFULL}, .n = {4},
+                                 .fds = {{node->seg.cfg_ro_fd, node->seg.state_fd,
+                                          node->seg.vmem_fd[slot], extra}}};
+    struct fake_owner served = refused;
+    served.answers = 2;
+    served.status[0] = served.status[1] = QS_OK;
+    served.n[1] = 1;
+    served.fds[1][0] = extra;
+    served.slot = (uint32_t)slot;
+    int rc_refused = attach_to_fake(&refused, name);
+    int rc_served = attach_to_fake(&served, name);
+    close(extra);
+    close(lfd);
+    int left = fd_linking_to("/memfd:qs-extra");
+    qs_node_close(node);
+    EXPECT(rc_refused == QS_EFULL && rc_served == QS_OK);
+    EXPECT(left < 0);
+    return 0;
+}
+
 static qs_node *owner_node;
 
 static void *create_vgpu_3(void *arg)
@@ -1297,6 +1397,8 @@ int main(void)
          test_a_tenant_zeroing_a_context_count_cannot_free_a_slot_still_in_use},
         {"adopt maps the memory part it made, not what a tenant swapped in",
          test_adopt_maps_the_memory_part_it_made_not_what_a_tenant_swapped_in},
+        {"an owner's reply leaves no descriptor behind",
+         test_an_owners_reply_leaves_no_descriptor_behind},
         {"a tenant holding the segment lock cannot hang the owner",
          test_a_tenant_holding_the_segment_lock_cannot_hang_the_owner},
         {"a tenant raising another context's in-flight count cannot hang its launches",
