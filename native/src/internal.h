@@ -299,6 +299,9 @@ void qs_atomic_max(_Atomic uint64_t *word, uint64_t value);
 int qs_robust_init(pthread_mutex_t *m);
 /* Lock; if the previous holder died, run `recover(arg)` before marking it consistent. */
 int qs_robust_lock(pthread_mutex_t *m, void (*recover)(void *), void *arg);
+/* The same with a wait of `wait_ns` before QS_ETIMEDOUT. */
+int qs_robust_lock_within(pthread_mutex_t *m, uint64_t wait_ns, void (*recover)(void *),
+                          void *arg);
 void qs_robust_unlock(pthread_mutex_t *m);
 
 /* segment.c */

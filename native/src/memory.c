@@ -1,7 +1,22 @@
 /* memory.c — per-vGPU memory accounting: an exact check-and-add under the robust lock of the
  * vGPU's memory part (vmem.c), with each process's share recorded so that a dead process's
- * reservations return. */
+ * reservations return. Every write of a count is one atomic step, so the owner can return a
+ * dead process's share without the lock when a tenant of the vGPU keeps it. */
 #include "internal.h"
+
+/* How long the owner's reap waits for a vGPU's memory lock (critical sections last
+ * microseconds) before it returns the share without it: its service thread serves every vGPU. */
+#define QS_REAP_LOCK_WAIT_NS 5000000ull
+
+/* Take up to `bytes` off `*count` (clamped at zero) in one atomic step; what it took. */
+static uint64_t count_sub(uint64_t *count, uint64_t bytes)
+{
+    uint64_t cur = __atomic_load_n(count, __ATOMIC_RELAXED), next;
+    do
+        next = cur > bytes ? cur - bytes : 0;
+    while (!__atomic_compare_exchange_n(count, &cur, next, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+    return cur - next;
+}
 
 /* After a holder died inside the lock, the vGPU's total is rebuilt from the reservations
  * (only this vGPU's contexts write its part; a reaped one's entry is zero). */
@@ -10,9 +25,11 @@ void qs_mem_recover(void *arg)
     struct qs_mem_recovery *r = arg;
     struct qs_vmem *vm = r->seg->vmem[r->vslot];
     uint64_t sum = 0;
-    for (uint32_t i = 0; i < QS_MAX_CONTEXTS; i++)
-        sum = vm->reserved[i] > UINT64_MAX - sum ? UINT64_MAX : sum + vm->reserved[i];
-    vm->used = sum;
+    for (uint32_t i = 0; i < QS_MAX_CONTEXTS; i++) {
+        uint64_t r = __atomic_load_n(&vm->reserved[i], __ATOMIC_RELAXED);
+        sum = r > UINT64_MAX - sum ? UINT64_MAX : sum + r;
+    }
+    __atomic_store_n(&vm->used, sum, __ATOMIC_RELAXED);
 }
 
 /* Lock vGPU slot `vslot`'s memory part into `*out`. */
@@ -70,13 +87,13 @@ int qs_mem_reserve_ctx(struct qs_segment *seg, struct qs_ctx_ref ref, uint64_t b
     if (rc != QS_OK)
         return rc;
     uint64_t limit = atomic_load(&seg->cfg->vgpus[ref.vslot].mem_limit);
-    uint64_t used = vm->used;
+    uint64_t used = __atomic_load_n(&vm->used, __ATOMIC_RELAXED); /* only the owner lowers it */
     if (bytes > limit || used > limit - bytes) {
         qs_robust_unlock(&vm->lock);
         return refuse(seg, ref, bytes, used);
     }
-    vm->used = used + bytes;
-    vm->reserved[ref.ctx] += bytes;
+    __atomic_fetch_add(&vm->used, bytes, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&vm->reserved[ref.ctx], bytes, __ATOMIC_RELAXED);
     qs_robust_unlock(&vm->lock);
     return QS_OK;
 }
@@ -88,30 +105,35 @@ int qs_mem_release_ctx(struct qs_segment *seg, struct qs_ctx_ref ref, uint64_t b
     int rc = lock_for(seg, ref, &rec, &vm);
     if (rc != QS_OK)
         return rc;
-    uint64_t have = vm->reserved[ref.ctx];
+    uint64_t have = __atomic_load_n(&vm->reserved[ref.ctx], __ATOMIC_RELAXED);
     if (bytes > have) {
         qs_robust_unlock(&vm->lock);
         return qs_fail(QS_ERELEASE, "releasing %llu bytes but this process reserved %llu",
                        (unsigned long long)bytes, (unsigned long long)have);
     }
-    vm->reserved[ref.ctx] = have - bytes;
-    vm->used = vm->used > bytes ? vm->used - bytes : 0;
+    count_sub(&vm->reserved[ref.ctx], bytes);
+    count_sub(&vm->used, bytes);
     qs_robust_unlock(&vm->lock);
     return QS_OK;
 }
 
 /* Owner side, when a context goes away: return all it reserved, from the memory part of the
- * owner's record's vGPU (never the slot a client could have written). */
+ * owner's record's vGPU (never the slot a client could have written). Under the lock when it
+ * comes within QS_REAP_LOCK_WAIT_NS, else without it (a tenant keeps it, or it is broken):
+ * the counts take atomic steps either way, and a tenant keeping its vGPU's lock so holds up
+ * the owner (and every other vGPU's attaches and reaps) 5 ms a reap, not 1 s. */
 uint64_t qs_mem_reap(struct qs_segment *seg, uint32_t ctx, uint32_t vslot)
 {
-    struct qs_mem_recovery rec;
-    struct qs_vmem *vm = NULL;
-    if (ctx >= QS_MAX_CONTEXTS || lock_vgpu(seg, vslot, &rec, &vm) != QS_OK)
+    struct qs_vmem *vm = vslot < QS_MAX_VGPUS ? seg->vmem[vslot] : NULL;
+    if (ctx >= QS_MAX_CONTEXTS || !vm)
         return 0;
-    uint64_t had = vm->reserved[ctx] < vm->used ? vm->reserved[ctx] : vm->used;
-    vm->used -= had;
-    vm->reserved[ctx] = 0;
-    qs_robust_unlock(&vm->lock);
+    struct qs_mem_recovery rec = {.seg = seg, .vslot = vslot};
+    int locked =
+        qs_robust_lock_within(&vm->lock, QS_REAP_LOCK_WAIT_NS, qs_mem_recover, &rec) == QS_OK;
+    uint64_t had = count_sub(&vm->used, __atomic_exchange_n(&vm->reserved[ctx], 0,
+                                                             __ATOMIC_RELAXED));
+    if (locked)
+        qs_robust_unlock(&vm->lock);
     return had;
 }
 

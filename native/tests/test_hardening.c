@@ -924,6 +924,43 @@ static int test_a_tenant_holding_its_vgpus_memory_lock_cannot_hang_its_peers_res
     return 0;
 }
 
+/* A tenant of vGPU 1 holds its vGPU's memory lock for good while vGPU 1's other processes
+ * detach: the owner returns their memory without waiting the lock's deadline for each, so its
+ * service thread stays free for vGPU 2's attach (before, each reap waited 1 s for the lock and
+ * then returned nothing: four detaches held vGPU 2's attach for over 4 s, and vGPU 1's count
+ * kept the detached process's 256 MiB). */
+static int test_a_tenant_holding_its_memory_lock_cannot_stall_the_owners_reaps(void)
+{
+    const char *seg = test_segment("reaphold");
+    qs_node *node = make_node("reaphold");
+    EXPECT(node && vgpu(node, 1, QS_PRIO_LOW, 50, GiB) == QS_OK);
+    EXPECT(vgpu(node, 2, QS_PRIO_LOW, 50, GiB) == QS_OK);
+    qs_client *peers[4] = {0}, *other = NULL;
+    for (int i = 0; i < 4; i++)
+        EXPECT(qs_client_attach(seg, NULL, 1, &peers[i]) == QS_OK);
+    EXPECT(qs_mem_reserve(peers[0], 256 * MiB) == QS_OK);
+    pid_t holder = tenant_holding_lock("reaphold", LOCK_MEM, vslot_of(node, 1));
+    EXPECT(holder > 0);
+    uint64_t t0 = qs_now_ns();
+    int detached = 0;
+    for (int i = 0; i < 4; i++)
+        detached += qs_client_detach(peers[i]) == QS_OK;
+    int attached = qs_client_attach(seg, NULL, 2, &other) == QS_OK;
+    uint64_t took = qs_now_ns() - t0;
+    qs_vgpu_stats st = {0};
+    int stats = qs_vgpu_stats_get(node, 1, &st);
+    kill_and_wait(holder);
+    if (other)
+        qs_client_detach(other);
+    qs_node_close(node);
+    fprintf(stderr, "  4 detaches and an attach: %llu ms; vGPU 1 uses %llu MiB\n",
+            (unsigned long long)(took / 1000000), (unsigned long long)(st.mem_used / MiB));
+    EXPECT(detached == 4 && attached && stats == QS_OK);
+    EXPECT(took < 1000000000ull);
+    EXPECT(st.mem_used == 0);
+    return 0;
+}
+
 /* vGPU 1's tenant writes over every vGPU entry of the state part it maps: vGPU 2's memory
  * count and lock are in vGPU 2's memory part, which vGPU 1's processes never map, so vGPU 2
  * still reserves exactly up to its limit (before, its count and lock were in those entries). */
@@ -1389,6 +1426,8 @@ int main(void)
          test_a_taken_over_writer_that_wakes_never_mixes_into_the_later_event},
         {"a tenant holding its vGPU's memory lock cannot hang its peers' reservations",
          test_a_tenant_holding_its_vgpus_memory_lock_cannot_hang_its_peers_reservations},
+        {"a tenant holding its memory lock cannot stall the owner's reaps",
+         test_a_tenant_holding_its_memory_lock_cannot_stall_the_owners_reaps},
         {"a tenant rewriting the vGPU entries cannot change another vGPU's memory",
          test_a_tenant_rewriting_the_vgpu_entries_cannot_change_another_vgpus_memory},
         {"a slot's next vGPU gets a memory part its previous tenant cannot reach",
