@@ -170,10 +170,12 @@ struct qs_vmem {
     uint32_t abi;
     uint32_t slot; /* the vGPU slot it was made for */
     uint64_t vmem_size;
-    _Alignas(QS_CACHELINE) pthread_mutex_t lock; /* robust */
-    uint64_t used;                               /* guarded by lock */
-    uint64_t reserved[QS_MAX_CONTEXTS];          /* by context slot; guarded by lock */
+    uint32_t recount; /* set by the owner's reap: `used` is to be summed again from reserved */
+    _Alignas(QS_CACHELINE) pthread_mutex_t lock; /* robust; taken by the vGPU's processes only */
+    uint64_t used;                               /* written under lock */
+    uint64_t reserved[QS_MAX_CONTEXTS];          /* by context slot; added to under lock */
 };
+_Static_assert(offsetof(struct qs_vmem, lock) == QS_CACHELINE, "the header fits one line");
 
 /* ---- owner part: a file only the owner can open (0600); never mapped by clients ---- */
 #define QS_OWNER_MAGIC 0x3172776f72616873ull /* "sharowr1" */
@@ -299,9 +301,6 @@ void qs_atomic_max(_Atomic uint64_t *word, uint64_t value);
 int qs_robust_init(pthread_mutex_t *m);
 /* Lock; if the previous holder died, run `recover(arg)` before marking it consistent. */
 int qs_robust_lock(pthread_mutex_t *m, void (*recover)(void *), void *arg);
-/* The same with a wait of `wait_ns` before QS_ETIMEDOUT. */
-int qs_robust_lock_within(pthread_mutex_t *m, uint64_t wait_ns, void (*recover)(void *),
-                          void *arg);
 void qs_robust_unlock(pthread_mutex_t *m);
 
 /* segment.c */

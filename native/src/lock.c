@@ -24,15 +24,9 @@ int qs_robust_init(pthread_mutex_t *m)
 
 int qs_robust_lock(pthread_mutex_t *m, void (*recover)(void *), void *arg)
 {
-    return qs_robust_lock_within(m, QS_LOCK_WAIT_NS, recover, arg);
-}
-
-int qs_robust_lock_within(pthread_mutex_t *m, uint64_t wait_ns, void (*recover)(void *),
-                          void *arg)
-{
     struct timespec deadline; /* timedlock's clock: CLOCK_REALTIME */
     clock_gettime(CLOCK_REALTIME, &deadline);
-    uint64_t ns = (uint64_t)deadline.tv_nsec + wait_ns;
+    uint64_t ns = (uint64_t)deadline.tv_nsec + QS_LOCK_WAIT_NS;
     deadline.tv_sec += (time_t)(ns / 1000000000ull);
     deadline.tv_nsec = (long)(ns % 1000000000ull);
     int r = pthread_mutex_timedlock(m, &deadline);
@@ -47,7 +41,7 @@ int qs_robust_lock_within(pthread_mutex_t *m, uint64_t wait_ns, void (*recover)(
     if (r == ETIMEDOUT)
         return qs_fail(QS_ETIMEDOUT, "a segment lock was held for over %llu ms (by a stopped "
                                      "process, or a tenant keeping it)",
-                       (unsigned long long)(wait_ns / 1000000ull));
+                       (unsigned long long)(QS_LOCK_WAIT_NS / 1000000ull));
     return r ? qs_fail(QS_ESYS, "pthread_mutex_lock failed: %d", r) : QS_OK;
 }
 

@@ -206,9 +206,9 @@ static void reap(qs_node *node, uint32_t i, uint32_t kind)
     struct qs_ctx *c = &st->ctxs[i];
     /* first, while still counted as live: its launches move to the vGPU's tally */
     atomic_fetch_add(&st->vgpus[r->vslot].launches, atomic_exchange(&c->launches, 0));
+    atomic_store(&c->state, QS_SLOT_DESTROYED); /* before its memory: a handle adding to its */
+    atomic_store(&c->generation, 0);            /* share then sees it and takes it back */
     uint64_t returned = qs_mem_reap(&node->seg, i, r->vslot);
-    atomic_store(&c->state, QS_SLOT_DESTROYED);
-    atomic_store(&c->generation, 0);
     if (r->priority == QS_PRIO_HIGH)
         qs_gate_forget_hp(&node->seg, r->card, i);
     return_counts(&node->seg, c, r);

@@ -961,6 +961,62 @@ static int test_a_tenant_holding_its_memory_lock_cannot_stall_the_owners_reaps(v
     return 0;
 }
 
+struct link_smasher {
+    pthread_mutex_t *lock;
+    _Atomic int stop;
+};
+
+/* Keep writing junk into a robust mutex's list links (glibc follows them on unlock). */
+static void *smash_links(void *arg)
+{
+    struct link_smasher *s = arg;
+    volatile uintptr_t *links = (volatile uintptr_t *)&s->lock->__data.__list;
+    while (!atomic_load_explicit(&s->stop, memory_order_relaxed)) {
+        links[0] = 0x1000;
+        links[1] = 0x1000;
+    }
+    return NULL;
+}
+
+/* A tenant of vGPU 1 keeps writing junk into the robust-list links of its vGPU's memory lock
+ * (in its memory part, which it maps writable) while its vGPU's processes come and go: the
+ * owner never takes that lock, so it survives (before, its reap took the lock, and glibc's
+ * unlock followed the links: the owner died of SIGSEGV within a few detaches). */
+static int test_a_tenant_smashing_its_memory_locks_links_cannot_crash_the_owner(void)
+{
+    int fds[2];
+    char r;
+    EXPECT(pipe(fds) == 0);
+    pid_t owner = owner_with_fd_limit("linksmash", 1024, fds[1]);
+    EXPECT(read(fds[0], &r, 1) == 1);
+    const char *seg = test_segment("linksmash");
+    qs_client *tenant = NULL;
+    uint32_t card;
+    EXPECT(qs_client_attach(seg, NULL, 1, &tenant) == QS_OK);
+    struct link_smasher smasher = {.lock = &qs_client_segment(tenant, &card)->vmem[0]->lock};
+    pthread_t thread;
+    EXPECT(pthread_create(&thread, NULL, smash_links, &smasher) == 0);
+    int rounds = 0;
+    for (qs_client *cl = NULL; rounds < 2000; rounds++, cl = NULL)
+        if (qs_client_attach(seg, NULL, 1, &cl) != QS_OK || qs_client_detach(cl) != QS_OK)
+            break;
+    atomic_store(&smasher.stop, 1);
+    pthread_join(thread, NULL);
+    int status = 0, died = waitpid(owner, &status, WNOHANG) == owner;
+    qs_client_detach(tenant);
+    if (!died)
+        kill_and_wait(owner);
+    close(fds[0]);
+    close(fds[1]);
+    qs_segment_unlink(NULL, seg);
+    if (died)
+        fprintf(stderr, "  the owner died (signal %d, exit %d) after %d rounds\n",
+                WIFSIGNALED(status) ? WTERMSIG(status) : 0,
+                WIFEXITED(status) ? WEXITSTATUS(status) : 0, rounds);
+    EXPECT(!died && rounds == 2000);
+    return 0;
+}
+
 /* vGPU 1's tenant writes over every vGPU entry of the state part it maps: vGPU 2's memory
  * count and lock are in vGPU 2's memory part, which vGPU 1's processes never map, so vGPU 2
  * still reserves exactly up to its limit (before, its count and lock were in those entries). */
@@ -1428,6 +1484,8 @@ int main(void)
          test_a_tenant_holding_its_vgpus_memory_lock_cannot_hang_its_peers_reservations},
         {"a tenant holding its memory lock cannot stall the owner's reaps",
          test_a_tenant_holding_its_memory_lock_cannot_stall_the_owners_reaps},
+        {"a tenant smashing its memory lock's links cannot crash the owner",
+         test_a_tenant_smashing_its_memory_locks_links_cannot_crash_the_owner},
         {"a tenant rewriting the vGPU entries cannot change another vGPU's memory",
          test_a_tenant_rewriting_the_vgpu_entries_cannot_change_another_vgpus_memory},
         {"a slot's next vGPU gets a memory part its previous tenant cannot reach",
