@@ -23,12 +23,12 @@ static void seg_recover(void *arg)
 
 int qs_node_lock(qs_node *node)
 {
-    return qs_robust_lock(&node->seg.state->seg_lock, seg_recover, node->seg.cfg);
+    return qs_robust_lock(&node->seg.owner->seg_lock, seg_recover, node->seg.cfg);
 }
 
 void qs_node_unlock(qs_node *node)
 {
-    qs_robust_unlock(&node->seg.state->seg_lock);
+    qs_robust_unlock(&node->seg.owner->seg_lock);
 }
 
 /* Descriptors: one per attached process and per vGPU socket; the soft limit goes up to the
