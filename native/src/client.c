@@ -88,24 +88,34 @@ static int connect_owner(const char *dir, const char *name, uint32_t id, int *ou
     return QS_OK;
 }
 
-/* The descriptors an ATTACH reply carries, or -1. */
-static void take_fds(struct msghdr *msg, int fds[QS_ATTACH_FDS])
+/* The descriptors an ATTACH reply carries, or -1: the first `want` of the first SCM_RIGHTS
+ * message. Any other descriptor a reply carries is closed, so an owner that passes more (or
+ * passes some with a refusal or a detach's answer) leaves none open here. */
+static void take_fds(struct msghdr *msg, int *fds, size_t want)
 {
-    for (size_t i = 0; i < QS_ATTACH_FDS; i++)
+    for (size_t i = 0; i < want; i++)
         fds[i] = -1;
+    size_t kept = 0;
     for (struct cmsghdr *cm = CMSG_FIRSTHDR(msg); cm; cm = CMSG_NXTHDR(msg, cm)) {
         if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
             continue;
         size_t n = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        int got[QS_ATTACH_FDS] = {-1, -1, -1};
-        memcpy(got, CMSG_DATA(cm), (n < QS_ATTACH_FDS ? n : QS_ATTACH_FDS) * sizeof(int));
-        for (size_t i = 0; i < n && i < QS_ATTACH_FDS; i++)
-            fds[i] = got[i];
+        for (size_t i = 0; i < n; i++) {
+            int fd;
+            memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof fd);
+            if (kept < want)
+                fds[kept++] = fd;
+            else
+                close(fd);
+        }
+        want = kept; /* a second message adds nothing */
     }
 }
 
+/* One request and its reply; an ATTACH takes the reply's descriptors into `fds` (NULL: none
+ * is wanted, any passed is closed). */
 static int exchange(int fd, const struct qs_proto_request *req, struct qs_proto_reply *rep,
-                    int fds[QS_ATTACH_FDS])
+                    int *fds)
 {
     int flags = 0; /* an owner that refused at once has closed, its reply still queued */
     if (send(fd, req, sizeof *req, MSG_NOSIGNAL) != (ssize_t)sizeof *req)
@@ -118,7 +128,9 @@ static int exchange(int fd, const struct qs_proto_request *req, struct qs_proto_
     struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
                          .msg_controllen = sizeof u.buf};
     ssize_t n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC | flags);
-    take_fds(&msg, fds);
+    if (n < 0)
+        msg.msg_controllen = 0; /* a failed recvmsg leaves it as given: no descriptor came */
+    take_fds(&msg, fds, fds ? QS_ATTACH_FDS : 0);
     if (n != (ssize_t)sizeof *rep && flags)
         return qs_fail(QS_EAGENT, "node owner hung up");
     if (n != (ssize_t)sizeof *rep)
@@ -197,11 +209,11 @@ int qs_client_attach(const char *name, const char *dir, uint32_t vgpu_id, qs_cli
  * a new one, naming the context and its generation. */
 static int detach_again(qs_client *cl, const struct qs_proto_request *req)
 {
-    int fd = -1, fds[QS_ATTACH_FDS];
+    int fd = -1;
     struct qs_proto_reply rep;
     int rc = connect_owner(cl->dir, cl->name, cl->vgpu_id, &fd);
     if (rc == QS_OK) {
-        rc = exchange(fd, req, &rep, fds);
+        rc = exchange(fd, req, &rep, NULL);
         close(fd);
     }
     return rc;
@@ -217,8 +229,7 @@ int qs_client_detach(qs_client *cl)
         struct qs_proto_request req = {QS_PROTO_MAGIC, QS_OP_DETACH, cl->vgpu_id, cl->ctx,
                                        cl->generation, 0};
         struct qs_proto_reply rep;
-        int fds[QS_ATTACH_FDS];
-        rc = exchange(cl->sock, &req, &rep, fds);
+        rc = exchange(cl->sock, &req, &rep, NULL);
         if (rc == QS_EAGENT)
             rc = detach_again(cl, &req);
     }

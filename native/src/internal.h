@@ -152,8 +152,7 @@ struct qs_state {
     uint64_t magic;
     uint32_t abi;
     uint32_t pad;
-    uint64_t state_size;
-    pthread_mutex_t seg_lock; /* robust: serialises owner-side configuration changes */
+    uint64_t state_size; /* (ABI 6 kept the segment lock here; it is in the owner part now) */
     struct qs_card_state cards[QS_MAX_CARDS];
     struct qs_vgpu_state vgpus[QS_MAX_VGPUS];
     struct qs_ctx ctxs[QS_MAX_CONTEXTS];
@@ -170,10 +169,12 @@ struct qs_vmem {
     uint32_t abi;
     uint32_t slot; /* the vGPU slot it was made for */
     uint64_t vmem_size;
-    _Alignas(QS_CACHELINE) pthread_mutex_t lock; /* robust */
-    uint64_t used;                               /* guarded by lock */
-    uint64_t reserved[QS_MAX_CONTEXTS];          /* by context slot; guarded by lock */
+    uint32_t recount; /* set by the owner's reap: `used` is to be summed again from reserved */
+    _Alignas(QS_CACHELINE) pthread_mutex_t lock; /* robust; taken by the vGPU's processes only */
+    uint64_t used;                               /* written under lock */
+    uint64_t reserved[QS_MAX_CONTEXTS];          /* by context slot; added to under lock */
 };
+_Static_assert(offsetof(struct qs_vmem, lock) == QS_CACHELINE, "the header fits one line");
 
 /* ---- owner part: a file only the owner can open (0600); never mapped by clients ---- */
 #define QS_OWNER_MAGIC 0x3172776f72616873ull /* "sharowr1" */
@@ -195,6 +196,10 @@ struct qs_owner {
     uint64_t owner_start;                           /* a live owner cannot be adopted from */
     _Atomic uint32_t owner_untimed[QS_MAX_CARDS];    /* release threads' part of untimed_sleepers */
     uint64_t vmem_ino[QS_MAX_VGPUS], vmem_dev[QS_MAX_VGPUS]; /* identity of each memory part */
+    /* Robust: serialises the owner's configuration changes. Here, where no tenant maps it:
+     * in a part a tenant can write, the tenant can hold it, or write junk into its robust-list
+     * links, which glibc follows when the owner unlocks it. */
+    _Alignas(QS_CACHELINE) pthread_mutex_t seg_lock;
     struct qs_owner_rec recs[QS_MAX_CONTEXTS];
 };
 

@@ -23,12 +23,12 @@ static void seg_recover(void *arg)
 
 int qs_node_lock(qs_node *node)
 {
-    return qs_robust_lock(&node->seg.state->seg_lock, seg_recover, node->seg.cfg);
+    return qs_robust_lock(&node->seg.owner->seg_lock, seg_recover, node->seg.cfg);
 }
 
 void qs_node_unlock(qs_node *node)
 {
-    qs_robust_unlock(&node->seg.state->seg_lock);
+    qs_robust_unlock(&node->seg.owner->seg_lock);
 }
 
 /* Descriptors: one per attached process and per vGPU socket; the soft limit goes up to the
@@ -51,14 +51,14 @@ static qs_node *new_node(const char *name, const char *dir)
     }
     snprintf(node->dir, sizeof node->dir, "%s", qs_default_dir(dir));
     snprintf(node->name, sizeof node->name, "%s", name ? name : "");
-    pthread_mutex_init(&node->vmem_swap, NULL);
+    pthread_mutex_init(&node->slot_lock, NULL);
     raise_fd_limit();
     return node;
 }
 
 static void free_node(qs_node *node)
 {
-    pthread_mutex_destroy(&node->vmem_swap);
+    pthread_mutex_destroy(&node->slot_lock);
     free(node);
 }
 

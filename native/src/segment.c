@@ -97,14 +97,12 @@ static int create_file(const char *path, size_t size, void **map)
     return rc;
 }
 
-static int init_state(struct qs_state *st)
+static void init_state(struct qs_state *st)
 {
-    int rc = qs_robust_init(&st->seg_lock);
     st->abi = QS_ABI_VERSION;
     st->state_size = sizeof *st;
     atomic_thread_fence(memory_order_release);
     st->magic = QS_STATE_MAGIC; /* last: a half-made segment never validates */
-    return rc;
 }
 
 static void init_cfg(struct qs_cfg *cfg, const char *name)
@@ -118,12 +116,14 @@ static void init_cfg(struct qs_cfg *cfg, const char *name)
     cfg->magic = QS_CFG_MAGIC;
 }
 
-static void init_owner(struct qs_owner *own)
+static int init_owner(struct qs_owner *own)
 {
+    int rc = qs_robust_init(&own->seg_lock);
     own->abi = QS_ABI_VERSION;
     own->owner_size = sizeof *own;
     atomic_thread_fence(memory_order_release);
     own->magic = QS_OWNER_MAGIC;
+    return rc;
 }
 
 void qs_segment_unlink(const char *dir, const char *name)
@@ -183,9 +183,8 @@ int qs_segment_new_state(const char *name, struct qs_segment *seg)
     int rc = qs_memfd_sealed(label, sizeof(struct qs_state), &fd, &map);
     if (rc != QS_OK)
         return rc;
-    rc = init_state(map);
-    if (rc == QS_OK)
-        rc = qs_fd_identity(fd, &seg->owner->state_ino, &seg->owner->state_dev);
+    init_state(map);
+    rc = qs_fd_identity(fd, &seg->owner->state_ino, &seg->owner->state_dev);
     if (rc != QS_OK) {
         munmap(map, sizeof(struct qs_state));
         close(fd);
@@ -221,7 +220,7 @@ int qs_segment_create(const char *dir, const char *name, int replace, struct qs_
     seg->cfg = cmap;
     seg->owner = omap;
     if (rc == QS_OK)
-        init_owner(omap);
+        rc = init_owner(omap);
     if (rc == QS_OK)
         rc = qs_segment_new_state(name, seg);
     if (rc == QS_OK)
