@@ -8,7 +8,8 @@ import json
 import logging
 import os
 import re
-from collections.abc import Collection, Mapping
+import secrets
+from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -108,6 +109,20 @@ def recorded_vgpus(directory: Path) -> dict[int, Recorded]:
     return found
 
 
+def _temporary(path: str) -> str:
+    """A temporary name beside `path` that no other write uses (this process's or another's)."""
+    directory, _, name = path.rpartition("/")
+    return f"{directory}/.{name}.{os.getpid()}-{secrets.token_hex(8)}.tmp"
+
+
+@contextlib.contextmanager
+def _logged_oserror(what: str) -> Iterator[None]:
+    try:
+        yield
+    except OSError as exc:
+        log.error("%s: %s", what, exc.strerror)
+
+
 def _env_of(env: list[str]) -> dict[str, str]:
     return {name: value for name, _, value in (item.partition("=") for item in env)}
 
@@ -125,7 +140,9 @@ def _policy(env: dict[str, str], path: Path) -> str | None:
 
 class CdiWriter:
     """Writes and removes spec files `qshare.io-<owner>.json` in the CDI directory (made on
-    the first write, and again if it was removed)."""
+    the first write, and again if it was removed). Each write goes through a temporary file
+    of its own, `.qshare.io-<owner>.json.<pid>-<random>.tmp` in the same directory (a name
+    no runtime reads as a spec): two writes of one spec at once never share one."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
@@ -140,15 +157,27 @@ class CdiWriter:
     def write(
         self, owner: str, vgpus: list[LocalVgpu], policies: Mapping[str, str] | None = None
     ) -> Path:
-        """Replace the owner's spec atomically (a runtime reading it sees the old or new)."""
+        """Replace the owner's spec atomically (a runtime reading it sees the old or new
+        whole: written to a temporary file, fsynced, renamed over it)."""
         path = self._file(owner)
         body = json.dumps(spec(vgpus, policies)).encode()
         try:
-            atomic_file.replace(path, f"{path}.tmp", body, durable=False)
+            atomic_file.replace(path, _temporary(path), body, durable=True)
         except FileNotFoundError:
             self.directory.mkdir(parents=True, exist_ok=True)
-            atomic_file.replace(path, f"{path}.tmp", body, durable=False)
+            atomic_file.replace(path, _temporary(path), body, durable=True)
         return Path(path)
+
+    def remove_temporaries(self) -> list[str]:
+        """Remove the temporary files writes killed before their rename left (call when no
+        write runs: at start); returns their names. Another vendor's files stay."""
+        removed: list[str] = []
+        for path in sorted(self.directory.glob(f"*{VENDOR}-*.tmp")):
+            if path.name.startswith((f".{VENDOR}-", f"{VENDOR}-")):
+                with _logged_oserror(f"the temporary CDI file {path} could not be removed"):
+                    path.unlink(missing_ok=True)
+                    removed.append(path.name)
+        return removed
 
     def remove(self, owner: str) -> None:
         with contextlib.suppress(FileNotFoundError):

@@ -125,10 +125,14 @@ class DraPlugin:
 
     def _remove_stale_specs(self) -> None:
         """A plugin that died after writing a claim's spec and before saving its vGPUs left
-        a spec naming vGPUs the restore destroyed (nobody was answered): it goes."""
+        a spec naming vGPUs the restore destroyed (nobody was answered): it goes, and so do
+        the temporary files of spec writes it was killed in."""
         removed = self.cdi.remove_claims_except(self.prepared_claims())
         if removed:
             log.warning("removed the CDI specs of claims no checkpoint names: %s", removed)
+        left = self.cdi.remove_temporaries()
+        if left:
+            log.warning("removed temporary CDI files writes killed mid-way left: %s", left)
 
     def _cards_changed(self, cards: list[CardInfo]) -> None:
         self._card_mib = _card_mib(cards)
