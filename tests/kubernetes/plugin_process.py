@@ -1,7 +1,7 @@
 """The DRA plugin in a process of its own, on a segment of its own, so a test can kill it
 with SIGKILL (a crash: no shutdown, no final save) and look at what it left on disk; or
-have it kill itself as it asks the driver for its n-th vGPU, or as it saves its checkpoint
-(a crash between two steps)."""
+have it kill itself as it asks the driver for its n-th vGPU, as it saves its checkpoint, or
+as it destroys its n-th vGPU (a crash between two steps)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
-from qshare_driver.node import Node
 from qshare_node_agent.kubernetes.apiserver import KubeApi
 from qshare_node_agent.kubernetes.config import KubernetesSettings
 from qshare_node_agent.kubernetes.dra import DraPlugin
@@ -30,16 +29,19 @@ def start(
     segment: str,
     die_at_create: int = 0,
     die_at_save: int = 0,
+    die_at_destroy: int = 0,
 ) -> BaseProcess:
     """Start the plugin process; returns once its claim watch holds every stored claim.
     With `die_at_create` n, the process SIGKILLs itself as it asks for its n-th vGPU; with
     `die_at_save` n, as it saves its checkpoint the n-th time (a prepare's vGPUs and CDI
-    spec made, not saved)."""
+    spec made, not saved); with `die_at_destroy` n, as it asks the driver to destroy its
+    n-th vGPU."""
     ctx = multiprocessing.get_context("spawn")
     mine, theirs = ctx.Pipe()
     config = settings.model_dump(mode="json")
     process = ctx.Process(
-        target=_serve, args=(config, str(shm), segment, theirs, die_at_create, die_at_save)
+        target=_serve,
+        args=(config, str(shm), segment, theirs, (die_at_create, die_at_save, die_at_destroy)),
     )
     process.start()
     if not mine.poll(30):
@@ -54,13 +56,15 @@ def _serve(
     shm: str,
     segment: str,
     ready: Connection,
-    die_at_create: int,
-    die_at_save: int,
+    die_at: tuple[int, int, int],
 ) -> None:
     config = KubernetesSettings.model_validate(settings)
     node = make_node(Path(shm), segment)
+    die_at_create, die_at_save, die_at_destroy = die_at
     if die_at_create:
-        _die_at_create(node, die_at_create)
+        node.create_vgpu = _dying(node.create_vgpu, die_at_create)  # type: ignore[method-assign]
+    if die_at_destroy:
+        node.destroy_vgpu = _dying(node.destroy_vgpu, die_at_destroy)  # type: ignore[method-assign]
     backend = LocalVgpus(node, CARDS)
     if die_at_save:
         backend.save = _dying(backend.save, die_at_save)  # type: ignore[method-assign]
@@ -82,8 +86,3 @@ def _dying(call: Callable[..., None], n: int) -> Callable[..., None]:
         call(*args)
 
     return dying
-
-
-def _die_at_create(node: Node, n: int) -> None:
-    """Make the n-th `create_vgpu` on `node` kill the process before it reaches the driver."""
-    node.create_vgpu = _dying(node.create_vgpu, n)  # type: ignore[method-assign]

@@ -96,3 +96,30 @@ def test_a_restart_removes_the_cdi_spec_of_a_claim_written_but_never_saved_and_n
     assert not specs[unsaved[2]].exists()
     assert specs[saved[2]].is_file()
     assert all(other.read_text() == "{}" for other in others)
+
+
+def test_a_crash_between_an_unprepares_vgpus_leaves_the_claim_whole_in_the_checkpoint(
+    settings: KubernetesSettings,
+    shm: Path,
+    kubelet: KubeletDouble,
+    apiserver: ApiServerDouble,
+) -> None:
+    """Before, an unprepare saved the checkpoint after each vGPU it released, on its own,
+    outside the prepares' group commit: killed between the two, the plugin left half the
+    claim in the checkpoint, a claim that no prepare ever made. Now the release is saved
+    whole by one group commit, and the restart restores the claim whole (the kubelet, never
+    answered, unprepares it again)."""
+    claim = store_claim(apiserver, two_card_claim("pair"))
+    process = plugin_process.start(settings, shm, SEGMENT, die_at_destroy=2)
+    assert kubelet.prepare(settings.dra_socket, [claim]).claims[claim[2]].error == ""
+    with pytest.raises(grpc.RpcError):
+        kubelet.unprepare(settings.dra_socket, [claim])
+    process.join(10)
+    assert process.exitcode == -9
+    saved = checkpoint.load(checkpoint.checkpoint_path(shm, SEGMENT), SEGMENT)
+    assert len(saved) == 2
+    with Node.adopt(SEGMENT, shm) as node:
+        restarted = LocalVgpus(node, CARDS)
+        assert restarted.restore() == []
+        assert {key.split("/")[1] for key in restarted.prepared()} == {claim[2]}
+        assert len(node.list_vgpus()) == 2

@@ -51,9 +51,9 @@ class HeldSave(LocalVgpus):
                 raise OSError(errno.ENOSPC, "No space left on device (injected)")
         super().save()
 
-    def release(self, key: str) -> None:
+    def release(self, key: str, *, durable: bool = True) -> None:
         self.steps.append("release")
-        super().release(key)
+        super().release(key, durable=durable)
 
 
 @pytest.fixture

@@ -83,28 +83,6 @@ async def test_the_next_flush_after_a_failure_runs_again() -> None:
     assert await change_then_wait(disk, commits, "b") == ["a", "b"]
 
 
-async def test_settled_waits_for_the_pending_flush_and_its_callers_first() -> None:
-    disk = Disk()
-    commits = GroupCommit(disk.flush)
-    order: list[str] = []
-
-    async def prepare() -> None:
-        await change_then_wait(disk, commits, "p")
-        order.append("prepare answered")
-
-    async def unprepare() -> None:
-        await commits.settled()
-        order.append("unprepare ran")
-
-    await asyncio.gather(prepare(), unprepare())
-    assert order == ["prepare answered", "unprepare ran"]
-
-
-async def test_settled_with_nothing_pending_is_done_at_once() -> None:
-    commits = GroupCommit(Disk().flush)
-    assert commits.settled().done()
-
-
 async def test_a_caller_that_gives_up_leaves_the_flush_to_the_others() -> None:
     """A kubelet call cancelled at its deadline while waiting for the flush: the other
     callers of that turn are still answered after it, and the flush runs once."""

@@ -100,10 +100,10 @@ class AgentBackend:
     def save(self) -> None:
         self._local.save()
 
-    def release(self, key: str) -> None:
+    def release(self, key: str, *, durable: bool = True) -> None:
         """An allocator vGPU leaves with its claim (the extender's reaper deletes it)."""
         if not key.startswith(ALLOCATOR_KEY):
-            self._local.release(key)
+            self._local.release(key, durable=durable)
 
 
 @dataclass(frozen=True)

@@ -203,15 +203,46 @@ class DraPlugin:
         return response
 
     async def _unprepare_async(self, request: Any, context: Any) -> Any:
-        """Runs once no other call prepares or unprepares one of its claims, and once the
-        save now pending is done: a prepare of the same claim that it covers is answered
-        before this releases the claim."""
+        """Runs once no other call prepares or unprepares one of its claims."""
         uids = [c.uid for c in request.claims]
-        return await self._claim_locks.run_holding(uids, lambda: self._unprepare(request, context))
+        return await self._claim_locks.run_holding(uids, lambda: self._unprepare(request))
 
-    async def _unprepare(self, request: Any, context: Any) -> Any:
-        await self.commits.settled()
-        return self._unprepare_rpc(request, context)
+    async def _unprepare(self, request: Any) -> Any:
+        """Release every claim's vGPUs in memory, then await one group commit, shared with
+        the prepares and unprepares of the same turn, that saves them all; a claim's spec
+        goes once the checkpoint no longer names it. A save that fails fails every claim of
+        the call (the kubelet asks again; the retry, with nothing left to release, saves)."""
+        response = _api_of(request).message("NodeUnprepareResourcesResponse")
+        released = [c for c in request.claims if self._release_claim(c, response)]
+        if not released:
+            return response
+        try:
+            await self.commits.durable()
+        except Exception as exc:
+            log.error("saving the unprepared claims failed: %s", exc)
+            for claim in released:
+                _refuse(response.claims[claim.uid], claim, OSError(f"not saved: {exc}"))
+            return response
+        for claim in released:
+            try:
+                self.cdi.remove(_owner(claim.uid))
+            except OSError as exc:
+                _refuse(response.claims[claim.uid], claim, exc)
+        return response
+
+    def _release_claim(self, claim: Any, response: Any) -> bool:
+        """Release the claim's vGPUs, not yet saved; False (the claim's error set) when a
+        reference is refused or the driver refuses a vGPU (it stays prepared: a retry)."""
+        try:
+            check_uid(claim.uid)
+            self.claims.forget(claim.uid)
+            prefix = f"dra/{claim.uid}/"
+            for key in [k for k in self.backend.prepared() if k.startswith(prefix)]:
+                self.backend.release(key, durable=False)
+        except (ClaimError, BackendError, OSError) as exc:
+            _refuse(response.claims[claim.uid], claim, exc)
+            return False
+        return True
 
     def _held_claims(self, request: Any) -> dict[str, dict[str, Any] | None]:
         """Each claim of the request as the cache holds it now, by uid (None: a miss)."""
@@ -258,17 +289,6 @@ class DraPlugin:
                 del answer.devices[:]
                 _refuse(answer, claim, OSError(f"its vGPUs could not be saved: {exc}"))
 
-    def _unprepare_rpc(self, request: Any, context: Any) -> Any:
-        response = _api_of(request).message("NodeUnprepareResourcesResponse")
-        for claim in request.claims:
-            answer = response.claims[claim.uid]
-            try:
-                check_uid(claim.uid)
-                self.unprepare_claim(claim.uid)
-            except (ClaimError, BackendError, OSError) as exc:
-                answer.error = f"claim {claim.namespace}/{claim.name} ({claim.uid}): {exc}"
-        return response
-
     # -- claims ------------------------------------------------------------------------
     def _prepare(self, claim: dict[str, Any], uid: str, durable: bool) -> _Staged:
         """All or nothing; unless `durable`, the caller must `backend.save()` (and give
@@ -312,16 +332,6 @@ class DraPlugin:
             if exc.status == 404:
                 raise ClaimError(f"ResourceClaim {namespace}/{name} does not exist") from None
             raise
-
-    def unprepare_claim(self, uid: str) -> None:
-        """Release the claim's vGPUs; done once the checkpoint no longer names them (a
-        retry after a failed save, with nothing left to release, still saves)."""
-        self.claims.forget(uid)
-        prefix = f"dra/{uid}/"
-        for key in [k for k in self.backend.prepared() if k.startswith(prefix)]:
-            self.backend.release(key)
-        self.backend.save()  # no write when nothing changed since the last save
-        self.cdi.remove(_owner(uid))
 
     def prepared_claims(self) -> set[str]:
         return {k.split("/")[1] for k in self.backend.prepared() if k.startswith("dra/")}

@@ -13,12 +13,10 @@ from dataclasses import dataclass, field
 
 @dataclass
 class _Batch:
-    """The callers one flush answers: `durable` waiters get its outcome, `settled` ones
-    only learn that it ended."""
+    """The callers one flush answers, each with its outcome."""
 
     loop: asyncio.AbstractEventLoop
     durable: list[asyncio.Future[None]] = field(default_factory=list)
-    settled: list[asyncio.Future[None]] = field(default_factory=list)
 
 
 class GroupCommit:
@@ -42,17 +40,6 @@ class GroupCommit:
         batch.durable.append(waiter)
         return waiter
 
-    def settled(self) -> asyncio.Future[None]:
-        """Done once the flush now pending (if any) has finished, whatever its outcome."""
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future[None] = loop.create_future()
-        batch = self._pending
-        if batch is None or batch.loop is not loop:
-            done.set_result(None)
-        else:
-            batch.settled.append(done)
-        return done
-
     def _run(self, batch: _Batch) -> None:
         if self._pending is batch:
             self._pending = None
@@ -63,7 +50,6 @@ class GroupCommit:
             _answer(batch.durable, exc)
         else:
             _answer(batch.durable, None)
-        _answer(batch.settled, None)
 
 
 def _answer(waiters: list[asyncio.Future[None]], failure: Exception | None) -> None:

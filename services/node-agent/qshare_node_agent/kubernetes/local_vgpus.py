@@ -255,9 +255,10 @@ class LocalVgpus:
         agent, for the allocator): the same environment and mounts as a prepared one."""
         return self._describe(key, vgpu_id, self._known(card_index), priority, core, memory_mib)
 
-    def release(self, key: str) -> None:
+    def release(self, key: str, *, durable: bool = True) -> None:
         """Destroy the vGPU; a card no claim left asks a policy of takes its own back. One
-        the driver refuses to destroy stays prepared (BackendError): a retry destroys it."""
+        the driver refuses to destroy stays prepared (BackendError): a retry destroys it.
+        Saved before it returns when `durable`; otherwise by the caller's `save()`."""
         with self._lock:
             vgpu = self._vgpus.get(key)
             if vgpu is None:
@@ -266,7 +267,8 @@ class LocalVgpus:
             del self._vgpus[key], self._entries[key]
             switched = self._asked.pop(key, None) is not None and self._unasked(vgpu.card_index)
             generation = self._changed()
-        self._persist(generation)
+        if durable:
+            self._persist(generation)
         if switched:
             self._notify()
 
