@@ -22,6 +22,7 @@ from qshare_node_agent.kubernetes.backend import (
     CardInfo,
     CardWatcher,
     LocalVgpu,
+    Prepared,
     VgpuWanted,
 )
 from qshare_node_agent.kubernetes.config import KubernetesSettings
@@ -80,7 +81,7 @@ class AgentBackend:
             )
         return found
 
-    def prepare_all(self, wanted: list[VgpuWanted], *, durable: bool = True) -> list[LocalVgpu]:
+    def prepare_all(self, wanted: list[VgpuWanted], *, durable: bool = True) -> Prepared:
         """Local vGPUs only (a DRA claim's): an allocator's vGPU is applied, not prepared."""
         allocators = [w.key for w in wanted if w.key.startswith(ALLOCATOR_KEY)]
         if allocators:

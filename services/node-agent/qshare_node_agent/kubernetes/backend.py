@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from qshare.contracts.domain import Priority
 
@@ -68,6 +68,14 @@ class VgpuWanted:
     policy: str | None = None
 
 
+class Prepared(NamedTuple):
+    """One consumer's vGPUs, as `prepare_all` answers: `made` the keys this call created
+    (the others were prepared before it), decided under the backend's own lock."""
+
+    vgpus: list[LocalVgpu]
+    made: list[str]
+
+
 class BackendError(Exception):
     """The backend refused a request; the message names what is wrong."""
 
@@ -97,10 +105,10 @@ class VgpuBackend(Protocol):
         running vGPUs under another policy refuses it with `BackendError`."""
         ...
 
-    def prepare_all(self, wanted: list[VgpuWanted], *, durable: bool = True) -> list[LocalVgpu]:
+    def prepare_all(self, wanted: list[VgpuWanted], *, durable: bool = True) -> Prepared:
         """`prepare` of one consumer's vGPUs, all or none: a save (this call's or any other)
         names every one of them or none, and one the driver refuses gives back the others
-        this call made."""
+        this call made. Says which it made: only those are the caller's to give back."""
         ...
 
     def save(self) -> None:

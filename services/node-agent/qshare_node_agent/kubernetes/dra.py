@@ -301,9 +301,7 @@ class DraPlugin:
             self._card_mib,
             self.settings.min_vgpu_mib,
         )
-        before = self.backend.prepared()
-        vgpus = self.backend.prepare_all([_wanted(uid, s) for s in wanted], durable=False)
-        new = [v.key for v in vgpus if v.key not in before]
+        vgpus, new = self.backend.prepare_all([_wanted(uid, s) for s in wanted], durable=False)
         made = _Staged(uid, list(zip(wanted, vgpus, strict=True)), new)
         try:
             self.cdi.write(_owner(uid), vgpus, _policies(uid, wanted))

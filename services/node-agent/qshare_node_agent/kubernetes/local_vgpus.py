@@ -32,6 +32,7 @@ from qshare_node_agent.kubernetes.backend import (
     CardWatcher,
     LocalVgpu,
     Mount,
+    Prepared,
     VgpuWanted,
 )
 from qshare_node_agent.kubernetes.cdi import Recorded
@@ -155,22 +156,22 @@ class LocalVgpus:
     ) -> LocalVgpu:
         """A key prepared already is answered as it is (once on disk, when `durable`)."""
         wanted = VgpuWanted(key, card_index, priority, core_share, memory_mib, policy)
-        return self.prepare_all([wanted], durable=durable)[0]
+        return self.prepare_all([wanted], durable=durable).vgpus[0]
 
-    def prepare_all(self, wanted: list[VgpuWanted], *, durable: bool = True) -> list[LocalVgpu]:
+    def prepare_all(self, wanted: list[VgpuWanted], *, durable: bool = True) -> Prepared:
         """All or none: the missing vGPUs are created in the driver first, then kept
         together, so the checkpoint (written by this call when `durable`, or by any save)
         names all of them or none; a restart destroys those it does not name."""
         with self._lock:
-            vgpus, switched = self._make_all(wanted)
+            prepared, switched = self._make_all(wanted)
             generation = self._generation
         if durable:
             self._persist(generation)
         if switched:
             self._notify()
-        return vgpus
+        return prepared
 
-    def _make_all(self, wanted: list[VgpuWanted]) -> tuple[list[LocalVgpu], bool]:
+    def _make_all(self, wanted: list[VgpuWanted]) -> tuple[Prepared, bool]:
         """(The caller holds `_lock`.) The vGPUs of `wanted`, and True when a card's policy
         was switched for them; one the driver refuses destroys those this call created."""
         for w in wanted:
@@ -194,7 +195,7 @@ class LocalVgpus:
             self._keep(vgpu, asked.get(vgpu.key))
         if made:
             self._changed()
-        return [self._vgpus[w.key] for w in wanted], bool(switched)
+        return Prepared([self._vgpus[w.key] for w in wanted], list(made)), bool(switched)
 
     def _make(self, w: VgpuWanted, taken: set[int]) -> tuple[LocalVgpu, Policy | None]:
         """Create the vGPU in the segment (an id not in `taken` either), with the policy
