@@ -20,6 +20,7 @@ from qshare.contracts.agent import AnnounceRequest, DesiredVgpu
 from qshare.contracts.domain import (
     AGENT_FEATURES_LABEL,
     APPLY_SHARING_FEATURE,
+    HOSTNAME_LABEL,
     NODE_LABEL,
     POLICY_LABEL,
     CardPolicy,
@@ -41,7 +42,7 @@ from qshare_node_agent.discovery import Card, discover, unhealthy
 from qshare_node_agent.events import POLL_S, EventPump
 from qshare_node_agent.hidden_pids import HiddenPidWatch
 from qshare_node_agent.segment import existing_vgpus, open_segment
-from qshare_node_agent.settings import HOSTNAME_LABEL, NodeAgentSettings
+from qshare_node_agent.settings import NodeAgentSettings
 from qshare_node_agent.sharing import cards_sharing
 from qshare_node_agent.timeslice import CardTimeslice
 from qshare_node_agent.usage import UsageReader, report

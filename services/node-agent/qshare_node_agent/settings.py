@@ -15,7 +15,13 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from qshare.bus import BusIdentity
 from qshare.contracts.agent import LOCAL_ID_LIMIT
 from qshare.contracts.claims import MAX_LABELS, Labels
-from qshare.contracts.domain import AGENT_FEATURES_LABEL, NODE_LABEL, POLICY_LABEL, CardPolicy
+from qshare.contracts.domain import (
+    AGENT_FEATURES_LABEL,
+    HOSTNAME_LABEL,
+    NODE_LABEL,
+    POLICY_LABEL,
+    CardPolicy,
+)
 from qshare.contracts.nodes import (
     NODE_NAME_MAX,
     NODE_NAME_PATTERN,
@@ -37,7 +43,6 @@ log = logging.getLogger(__name__)
 SOCKET_PATH_MAX = 107
 """Bytes of a unix socket path (sun_path holds 108 with its NUL)."""
 
-HOSTNAME_LABEL = "kubernetes.io/hostname"
 OWN_LABELS = (NODE_LABEL, POLICY_LABEL, AGENT_FEATURES_LABEL, HOSTNAME_LABEL)
 """The labels the agent sets on its node itself: placement (a claim's node selector, the
 scheduler extender's node) and the allocator's choice of commands read them as the agent's."""

@@ -7,6 +7,8 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from qshare.contracts.domain import HOSTNAME_LABEL
+
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 
@@ -30,5 +32,5 @@ class ExtenderSettings(BaseSettings):
         "back once this old (a bind that failed or whose outcome was unknown)",
     )
     node_label: str = Field(
-        "kubernetes.io/hostname", description="node agents register this label = node name"
+        HOSTNAME_LABEL, description="node agents register this label = node name"
     )

@@ -54,7 +54,7 @@ from nats.aio.client import Client
 from qshare.bench.stats import percentiles
 from qshare.contracts import rpc, subjects
 from qshare.contracts.claims import ClaimSpec
-from qshare.contracts.domain import Priority
+from qshare.contracts.domain import HOSTNAME_LABEL, Priority
 from qshare.contracts.nodes import NodeRegistration, NodeView
 from qshare.contracts.placement import PlacementPreview, PreviewPlacement
 from qshare.testing.kube_apiserver import ApiServerDouble
@@ -427,7 +427,7 @@ async def _register(nc: Client, nodes: int) -> None:
             {"uuid": f"GPU-{n:04d}-{i}", "index": i, "model": "A100-80GB", "memory": "80Gi"}
             for i in range(CARDS)
         ]
-        body = {"name": name, "labels": {"kubernetes.io/hostname": name}, "gpus": gpus}
+        body = {"name": name, "labels": {HOSTNAME_LABEL: name}, "gpus": gpus}
         registration = NodeRegistration.model_validate(body)
         await rpc.call(nc, subjects.NODES_REGISTER, "bench", registration, NodeView, timeout=30)
 

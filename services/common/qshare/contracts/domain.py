@@ -85,6 +85,9 @@ MAX_CORE_SHARE = 100
 POLICY_LABEL = "qshare.io/policy"
 NODE_LABEL = "qshare.io/node"
 """Every node agent labels its node with its name, so a claim can select one node."""
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+"""Kubernetes' own label of a Node's name: a node agent serving the kubelet registers it (the
+scheduler extender places pods by it), and a DRA allocation may select its node by it."""
 AGENT_FEATURES_LABEL = "qshare.io/agent-features"
 """What the node's agent can do beyond the first release's contract, comma-separated: a label,
 so that a control plane of an earlier version stores it like any other."""

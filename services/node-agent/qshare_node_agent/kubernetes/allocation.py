@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from qshare.contracts.domain import MAX_CORE_SHARE, Priority
+from qshare.contracts.domain import HOSTNAME_LABEL, MAX_CORE_SHARE, Priority
 from qshare_node_agent.kubernetes.config import DNS_LABEL, DNS_SUBDOMAIN, DNS_SUBDOMAIN_MAX
 
 MIB = 1 << 20
@@ -122,7 +122,7 @@ def _check_node(selector: dict[str, Any] | None, node: str) -> None:
         return
     for term in selector.get("nodeSelectorTerms") or []:
         for req in (term.get("matchFields") or []) + (term.get("matchExpressions") or []):
-            if req.get("key") in ("metadata.name", "kubernetes.io/hostname"):
+            if req.get("key") in ("metadata.name", HOSTNAME_LABEL):
                 if req.get("operator") == "In" and node in (req.get("values") or []):
                     return
                 raise ClaimError(f"the claim is allocated to node {req.get('values')}, not {node}")
