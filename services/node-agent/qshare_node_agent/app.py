@@ -87,6 +87,10 @@ class NodeAgent(Service):
         """Set first thing in `stop()`: commands and announce requests then start no work."""
         self.reregistrations = 0
         """Registrations made again because the allocator asked (`cmd.register`)."""
+        self.relabels = 0
+        """Registrations made again because the node's labels changed while it ran."""
+        self._registered_labels: dict[str, str] | None = None
+        """The labels of the last registration the allocator answered."""
         self._health: health.HealthServer | None = None
         self.probes = health.Probes()
         self.probes.live["nats"] = health.nats_not_closed(lambda: self._nc)
@@ -289,25 +293,47 @@ class NodeAgent(Service):
         await self._register()
         while True:
             await asyncio.sleep(self.settings.heartbeat_s)
-            await self._beat()
+            if not await self._relabel():
+                await self._beat()
+
+    async def _relabel(self) -> bool:
+        """Register again, in place of a heartbeat (a registration counts as one), when the
+        node's labels are not those last registered: the policy the agent took from the
+        Node's label since, say. True once registered; a failure is logged, and the next
+        heartbeat period tries again (the beat still goes meanwhile)."""
+        labels, before = self._labels(), self._registered_labels
+        if before is None or labels == before:
+            return False
+        changed = sorted(k for k in labels.keys() | before.keys() if labels.get(k) != before.get(k))
+        log.info("node agent %s: labels %s changed since the registration; registering again",
+                 self.name, changed)  # fmt: skip
+        if not await self._register_once():
+            return False
+        self.relabels += 1
+        return True
 
     async def _register(self) -> None:
         """Register, retrying with backoff until an allocator answers."""
-        assert self._nc is not None
         wait = 0.2
-        while True:
-            try:
-                await rpc.call(self._nc, subjects.node_register(self.name), self.source,
-                               self.registration(), NodeView,
-                               timeout=self.settings.register_timeout_s)  # fmt: skip
-                self.registered.set()
-                return
-            except Exception as error:  # no answer, a refusal, or one it cannot read
-                detail = error.detail if isinstance(error, QshareError) else repr(error)
-                log.warning("node agent %s: registration failed (%s); retrying in %.1f s",
-                            self.name, detail, wait)  # fmt: skip
+        while not await self._register_once(f"retrying in {wait:.1f} s"):
             await asyncio.sleep(wait)
             wait = min(wait * 2, BACKOFF_MAX_S)
+
+    async def _register_once(self, then: str = "trying again next heartbeat") -> bool:
+        """One registration; False (logged, saying what comes `then`) when it failed."""
+        assert self._nc is not None
+        registration = self.registration()
+        try:
+            await rpc.call(self._nc, subjects.node_register(self.name), self.source,
+                           registration, NodeView,
+                           timeout=self.settings.register_timeout_s)  # fmt: skip
+        except Exception as error:  # no answer, a refusal, or one it cannot read
+            detail = error.detail if isinstance(error, QshareError) else repr(error)
+            log.warning("node agent %s: registration failed (%s); %s", self.name, detail, then)
+            return False
+        self._registered_labels = registration.labels
+        self.registered.set()
+        return True
 
     def register_again(self) -> None:
         """`cmd.register`: the allocator got a heartbeat from this node and does not know it
