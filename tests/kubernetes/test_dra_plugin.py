@@ -369,6 +369,7 @@ def test_a_policy_hint_sets_the_policy_of_a_card_with_no_vgpus(
     answer = prepare_one(kubelet, settings, store_claim(apiserver, hinted))
     assert answer.error == ""
     assert backend.cards()[1].policy == "fixed-share"
+    wait_for(lambda: SLICE in apiserver.objects)  # the first publication may come later
     wait_for(
         lambda: (
             apiserver.objects[SLICE]["spec"]["devices"][1]["attributes"]["policy"]
