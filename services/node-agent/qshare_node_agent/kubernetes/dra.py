@@ -214,21 +214,25 @@ class DraPlugin:
         the call (the kubelet asks again; the retry, with nothing left to release, saves)."""
         response = _api_of(request).message("NodeUnprepareResourcesResponse")
         released = [c for c in request.claims if self._release_claim(c, response)]
-        if not released:
-            return response
-        try:
-            await self.commits.durable()
-        except Exception as exc:
-            log.error("saving the unprepared claims failed: %s", exc)
-            for claim in released:
-                _refuse(response.claims[claim.uid], claim, OSError(f"not saved: {exc}"))
-            return response
-        for claim in released:
+        if released:
+            try:
+                await self.commits.durable()
+            except Exception as exc:
+                log.error("saving the unprepared claims failed: %s", exc)
+                failed = OSError(f"its release could not be saved: {exc}")
+                for claim in released:
+                    _refuse(response.claims[claim.uid], claim, failed)
+            else:
+                self._remove_specs(released, response)
+        return response
+
+    def _remove_specs(self, claims: list[Any], response: Any) -> None:
+        """The specs of claims whose release is saved; one that cannot go is the claim's error."""
+        for claim in claims:
             try:
                 self.cdi.remove(_owner(claim.uid))
             except OSError as exc:
                 _refuse(response.claims[claim.uid], claim, exc)
-        return response
 
     def _release_claim(self, claim: Any, response: Any) -> bool:
         """Release the claim's vGPUs, not yet saved; False (the claim's error set) when a
