@@ -60,7 +60,7 @@ def test_a_failed_prepare_beside_another_of_its_claim_gives_back_nothing_it_did_
     first = threading.Thread(target=_prepare, args=(dra, claim, failed), name="first")
     first.start()
     assert backend.arrived.wait(10)
-    answered = dra._prepare(claim, uid, durable=True)  # the second, whole, meanwhile
+    answered = dra._prepare(claim, uid)  # the second, whole, meanwhile
     backend.go_on.set()
     first.join(10)
     assert [type(e) for e in failed] == [OSError]
@@ -71,6 +71,6 @@ def test_a_failed_prepare_beside_another_of_its_claim_gives_back_nothing_it_did_
 
 def _prepare(dra: DraPlugin, claim: dict[str, Any], failed: list[BaseException]) -> None:
     try:
-        dra._prepare(claim, claim["metadata"]["uid"], durable=True)
+        dra._prepare(claim, claim["metadata"]["uid"])
     except OSError as exc:
         failed.append(exc)

@@ -6,8 +6,9 @@ slice is deleted (a starting kubelet wipes its node's slices; `SliceWatch`).
 Prepare reads the claim's allocation from the claims held by LIST + WATCH (`ClaimCache`;
 a GET to the API server when the claim is not held yet), asks the backend for one vGPU per
 allocated share (idempotent by claim, request, device and share), all in one step, writes
-the claim's CDI spec and answers with its CDI device ids once the vGPUs are saved; prepares
-served together share one save of the checkpoint (`GroupCommit`). The order (vGPUs, CDI
+the claim's CDI spec and answers with its CDI device ids once the vGPUs are saved. Every
+save of the checkpoint is a group commit on the server's loop (`GroupCommit`), shared by the
+prepares and unprepares served together. The order (vGPUs, CDI
 spec, one checkpoint write naming every vGPU of the claim) means a crash leaves the claim
 in the checkpoint whole or not at all; a restart destroys local vGPUs it does not name, and
 the plugin's start removes the CDI specs of claims it does not name.
@@ -186,13 +187,14 @@ class DraPlugin:
 
     async def _prepare_claims(self, request: Any) -> Any:
         """On the server's loop when every claim is held (no I/O but the node's own, well
-        under a millisecond), answered once a group commit saved it; in a thread, saved
-        there, when a claim must be read from the API server. The held claims are taken
-        once, here: one the watch drops meanwhile is not read again on the loop."""
+        under a millisecond), in a thread when a claim must be read from the API server;
+        answered once a group commit on the loop saved it either way. The held claims are
+        taken once, here: one the watch drops meanwhile is not read again on the loop."""
         held = self._held_claims(request)
         if None in held.values():
-            return await asyncio.to_thread(self._prepare_rpc, request, held)
-        response, staged = self._prepare_all(request, held, durable=False)
+            response, staged = await asyncio.to_thread(self._prepare_all, request, held)
+        else:
+            response, staged = self._prepare_all(request, held)
         if not staged:  # nothing made: nothing to wait for
             return response
         try:
@@ -256,11 +258,8 @@ class DraPlugin:
                 held[c.uid] = self.claims.get(c.namespace, c.name, c.uid)
         return held
 
-    def _prepare_rpc(self, request: Any, held: dict[str, dict[str, Any] | None]) -> Any:
-        return self._prepare_all(request, held, durable=True)[0]
-
     def _prepare_all(
-        self, request: Any, held: dict[str, dict[str, Any] | None], durable: bool
+        self, request: Any, held: dict[str, dict[str, Any] | None]
     ) -> tuple[Any, dict[str, _Staged]]:
         """The answer to every claim of the request, and what was made for each claim;
         a claim not `held` is read from the API server (blocking: not on the loop)."""
@@ -273,7 +272,7 @@ class DraPlugin:
             try:
                 check_reference(claim.namespace, claim.name, claim.uid)
                 body = held.get(claim.uid) or self._read_claim(claim.namespace, claim.name)
-                made = staged[claim.uid] = self._prepare(body, claim.uid, durable)
+                made = staged[claim.uid] = self._prepare(body, claim.uid)
             except Exception as exc:
                 _refuse(answer, claim, exc)
                 continue
@@ -294,9 +293,9 @@ class DraPlugin:
                 _refuse(answer, claim, OSError(f"its vGPUs could not be saved: {exc}"))
 
     # -- claims ------------------------------------------------------------------------
-    def _prepare(self, claim: dict[str, Any], uid: str, durable: bool) -> _Staged:
-        """All or nothing; unless `durable`, the caller must `backend.save()` (and give
-        back what was made if that fails) before answering."""
+    def _prepare(self, claim: dict[str, Any], uid: str) -> _Staged:
+        """All or nothing, in memory: the caller must `backend.save()` (the group commit),
+        and give back what was made if that fails, before answering."""
         wanted = shares(
             claim,
             uid,
@@ -309,8 +308,6 @@ class DraPlugin:
         made = _Staged(uid, list(zip(wanted, vgpus, strict=True)), new)
         try:
             self.cdi.write(_owner(uid), vgpus, _policies(uid, wanted))
-            if durable:
-                self.backend.save()
         except Exception:
             self._give_back(made)
             raise

@@ -1,6 +1,7 @@
-"""An unprepare is saved as a prepare is: its releases are kept in memory, then one group
-commit writes the checkpoint for every claim of the call (and for the prepares and
-unprepares of the same turn), on the DRA server's loop once per turn, not once per vGPU."""
+"""Every checkpoint write of the DRA plugin is a group commit on its server's loop: an
+unprepare keeps its releases in memory, and a prepare that read its claims from the API server
+(in a thread) its vGPUs, then one flush writes the checkpoint for every claim of the call and
+for the other calls of the same turn: once per turn, not once per vGPU or claim."""
 
 from __future__ import annotations
 
@@ -65,3 +66,22 @@ def test_an_unprepare_of_three_claims_of_two_vgpus_each_writes_the_checkpoint_on
     assert backend.prepared() == {} and dra.prepared_claims() == set()
     assert writes == [0]
     assert not any(dra.cdi.path(f"claim_{uid}").exists() for _, _, uid in claims)
+
+
+def test_a_prepare_of_three_claims_read_from_the_api_server_writes_the_checkpoint_once(
+    dra: DraPlugin,
+    kubelet: KubeletDouble,
+    settings: KubernetesSettings,
+    apiserver: ApiServerDouble,
+    writes: list[int],
+) -> None:
+    """Before: the thread that read the claims saved each claim itself, three writes, each
+    holding the backend's save lock, which a flush on the loop then waited for."""
+    claims = [store_claim(apiserver, two_card_claim(f"read-{i}")) for i in range(3)]
+    for claim in claims:
+        wait_for(lambda claim=claim: dra.claims.holds(*claim))
+        dra.claims.forget(claim[2])  # not held: read from the API server, in a thread
+    del writes[:]
+    answer = kubelet.prepare(settings.dra_socket, claims)
+    assert [answer.claims[uid].error for _, _, uid in claims] == ["", "", ""]
+    assert writes == [6]
