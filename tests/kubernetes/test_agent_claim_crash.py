@@ -7,6 +7,8 @@ the restarted plugin removes."""
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +45,13 @@ def crash_at_second_vgpu(
     settings: KubernetesSettings, shm: Path, kubelet: KubeletDouble, claim: tuple[str, str, str]
 ) -> None:
     process = plugin_process.start(settings, shm, SEGMENT, die_at_create=2)
+    killed_in(process, lambda: kubelet.prepare(settings.dra_socket, [claim]))
+
+
+def killed_in(process: BaseProcess, call: Callable[[], object]) -> None:
+    """`call`, a kubelet call, gets no answer: the plugin process kills itself in it."""
     with pytest.raises(grpc.RpcError):
-        kubelet.prepare(settings.dra_socket, [claim])
+        call()
     process.join(10)
     assert process.exitcode == -9
 
@@ -76,10 +83,7 @@ def test_a_restart_removes_the_cdi_spec_of_a_claim_written_but_never_saved_and_n
     unsaved = store_claim(apiserver, resource_claim("unsaved"))
     process = plugin_process.start(settings, shm, SEGMENT, die_at_save=2)
     assert kubelet.prepare(settings.dra_socket, [saved]).claims[saved[2]].error == ""
-    with pytest.raises(grpc.RpcError):
-        kubelet.prepare(settings.dra_socket, [unsaved])
-    process.join(10)
-    assert process.exitcode == -9
+    killed_in(process, lambda: kubelet.prepare(settings.dra_socket, [unsaved]))
     specs = {
         uid: settings.cdi_dir / f"qshare.io-claim_{uid}.json" for _, _, uid in (saved, unsaved)
     }
@@ -112,10 +116,7 @@ def test_a_crash_between_an_unprepares_vgpus_leaves_the_claim_whole_in_the_check
     claim = store_claim(apiserver, two_card_claim("pair"))
     process = plugin_process.start(settings, shm, SEGMENT, die_at_destroy=2)
     assert kubelet.prepare(settings.dra_socket, [claim]).claims[claim[2]].error == ""
-    with pytest.raises(grpc.RpcError):
-        kubelet.unprepare(settings.dra_socket, [claim])
-    process.join(10)
-    assert process.exitcode == -9
+    killed_in(process, lambda: kubelet.unprepare(settings.dra_socket, [claim]))
     saved = checkpoint.load(checkpoint.checkpoint_path(shm, SEGMENT), SEGMENT)
     assert len(saved) == 2
     with Node.adopt(SEGMENT, shm) as node:
