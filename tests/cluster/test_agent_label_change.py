@@ -1,16 +1,19 @@
-"""A node's labels in the control plane follow the agent's: a label the agent derives while it
-runs (the card policy it takes from the Node's `qshare.io/policy` in Kubernetes) is
-registered again within a heartbeat, so a claim selecting the node by it is placed; labels
-set in QSHARE_NODE_LABELS are read at start, and a restarted agent's registration replaces
-the old ones (a label taken out goes). Against the real allocator, Postgres and NATS."""
+"""A node's labels in the control plane follow the agent's: a label that changes while the
+agent runs (the card policy it takes from the Node's `qshare.io/policy` in Kubernetes, or a
+Node label named in QSHARE_K8S_NODE_LABELS) is registered again within a heartbeat, so a
+claim selecting the node by it is placed; labels set in QSHARE_NODE_LABELS are read at
+start, and a restarted agent's registration replaces the old ones (a label taken out goes).
+Against the real allocator, Postgres and NATS."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from qshare.contracts.domain import POLICY_LABEL, CardPolicy
 from qshare.testing.kube_apiserver import ApiServerDouble
@@ -78,3 +81,37 @@ async def test_a_restarted_agents_labels_replace_those_it_registered_before(
             assert gone is None or gone not in found
         finally:
             await agent.stop()
+
+
+def node_with_labels(kube: ApiServerDouble, labels: dict[str, str]) -> None:
+    node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "labels": labels}}
+    kube.put_object(f"/api/v1/nodes/{NODE}", node)
+
+
+async def test_the_node_labels_named_in_the_settings_are_registered_and_followed(
+    kube: ApiServerDouble,
+    bus_url: str,
+    tmp_path: Path,
+    api: httpx.AsyncClient,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """QSHARE_K8S_NODE_LABELS names labels of the Kubernetes Node (where a platform team sets
+    them: a DaemonSet's environment is the same on every node): the registration carries
+    those the Node has, and follows them as they are set, changed and taken off. Other labels
+    of the Node stay out."""
+    zone = "topology.kubernetes.io/zone"
+    monkeypatch.setenv("QSHARE_K8S_NODE_LABELS", json.dumps(["pool", zone]))
+    node_with_labels(kube, {"pool": "training", "team": "ml"})
+    async with running(bus_url, tmp_path, keep=False) as agent:
+        await asyncio.wait_for(agent.registered.wait(), 20)
+        found = await registered_labels(api, NODE)
+        assert (found["pool"], zone in found, "team" in found) == ("training", False, False)
+        for labels in ({"pool": "inference", zone: "a"}, {zone: "b"}):
+            node_with_labels(kube, labels)
+
+            async def registered(labels: dict[str, str] = labels) -> bool:
+                found = await registered_labels(api, NODE)
+                return {k: found[k] for k in ("pool", zone) if k in found} == labels
+
+            await eventually(registered, 10)
+        assert agent.relabels == 2

@@ -83,3 +83,55 @@ def test_the_policy_label_is_refused_with_where_a_policy_is_set(
 ) -> None:
     [problem] = problems(monkeypatch, "QSHARE_NODE_LABELS", json.dumps({POLICY_LABEL: "bs"}))
     assert "QSHARE_NODE_POLICY" in problem
+
+
+def kubernetes_problems(monkeypatch: pytest.MonkeyPatch, keys: list[str], **env: str) -> list[str]:
+    """The problems an agent serving the kubelet is refused with, registering the Node's
+    labels `keys` (QSHARE_K8S_NODE_LABELS), with `env` set beside."""
+    monkeypatch.setenv("QSHARE_NODE_KUBERNETES", "true")
+    monkeypatch.setenv("QSHARE_K8S_NODE_NAME", "node-a")
+    for variable, value in env.items():
+        monkeypatch.setenv(variable, value)
+    return problems(monkeypatch, "QSHARE_K8S_NODE_LABELS", json.dumps(keys))
+
+
+@pytest.mark.parametrize("key", OWN_LABELS)
+def test_a_node_label_to_register_that_the_agent_sets_itself_is_refused(
+    monkeypatch: pytest.MonkeyPatch, key: str
+) -> None:
+    [problem] = kubernetes_problems(monkeypatch, ["zone", key])
+    assert problem.startswith("QSHARE_K8S_NODE_LABELS=") and "node agent's own" in problem
+
+
+@pytest.mark.parametrize("key", ["", "Zone/x", "/zone", "zone-", "a" * 64, "x" * 254 + "/y"])
+def test_a_node_label_to_register_that_is_no_kubernetes_label_key_is_refused(
+    monkeypatch: pytest.MonkeyPatch, key: str
+) -> None:
+    [problem] = kubernetes_problems(monkeypatch, [key])
+    assert "not Kubernetes label keys" in problem
+
+
+def test_a_node_label_to_register_that_qshare_node_labels_sets_too_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    labels = json.dumps({"zone": "a"})
+    [problem] = kubernetes_problems(monkeypatch, ["zone"], QSHARE_NODE_LABELS=labels)
+    assert problem.startswith("QSHARE_K8S_NODE_LABELS=") and "QSHARE_NODE_LABELS too" in problem
+
+
+def test_node_labels_to_register_past_what_a_registration_holds_are_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    room = MAX_LABELS - len(OWN_LABELS)
+    own = json.dumps({f"team-{i}": "x" for i in range(room // 2)})
+    keys = [f"pool-{i}" for i in range(room - room // 2 + 1)]
+    [problem] = kubernetes_problems(monkeypatch, keys, QSHARE_NODE_LABELS=own)
+    assert f"over the {MAX_LABELS} labels" in problem
+
+
+def test_node_labels_to_register_that_fit_are_taken(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("QSHARE_NODE_KUBERNETES", "true")
+    monkeypatch.setenv("QSHARE_K8S_NODE_NAME", "node-a")
+    monkeypatch.setenv("QSHARE_K8S_NODE_LABELS", '["topology.kubernetes.io/zone", "pool"]')
+    _, k8s = load_agent_settings({"name": "node-a", "simulate": "1"})
+    assert k8s is not None and k8s.node_labels == ["topology.kubernetes.io/zone", "pool"]

@@ -13,6 +13,7 @@ from qshare_node_agent.kubernetes import plugins as plugins_module
 from qshare_node_agent.kubernetes.config import KubernetesSettings
 from qshare_node_agent.kubernetes.local_vgpus import LocalVgpus
 from qshare_node_agent.kubernetes.plugins import KubernetesPlugins
+from qshare_node_agent.kubernetes_wiring import AgentPlugins
 
 from .doubles import ApiServerDouble, KubeletDouble
 
@@ -173,3 +174,22 @@ def test_a_node_label_naming_no_policy_read_by_two_threads_at_once_is_logged_onc
         reader.join(10)
     assert len(logged) == 1
     plugins.api.close()
+
+
+def test_the_node_labels_to_register_are_read_with_the_policy_and_a_broken_value_is_left_out(
+    settings: KubernetesSettings,
+    backend: LocalVgpus,
+    apiserver: ApiServerDouble,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Only the keys named are taken; a value no registration holds (over 63 characters:
+    only a broken API server sends one) is left out and logged, not sent to be refused."""
+    labels = {"pool": "training", "zone": "z" * 64, "team": "ml", "qshare.io/policy": "fs"}
+    node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a", "labels": labels}}
+    apiserver.put_object("/api/v1/nodes/node-a", node)
+    agent = AgentPlugins(KubernetesPlugins(settings, backend), backend, None, ("pool", "zone"))
+    try:
+        assert agent.read_node() == (Policy.FIXED_SHARE, {"pool": "training"})
+    finally:
+        agent.plugins.api.close()
+    assert "node label zone=" in caplog.text and "not registered" in caplog.text

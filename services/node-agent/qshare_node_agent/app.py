@@ -91,6 +91,8 @@ class NodeAgent(Service):
         """Registrations made again because the node's labels changed while it ran."""
         self._registered_labels: dict[str, str] | None = None
         """The labels of the last registration the allocator answered."""
+        self._node_labels: dict[str, str] = {}
+        """The Kubernetes Node's labels it registers (QSHARE_K8S_NODE_LABELS), as last read."""
         self._health: health.HealthServer | None = None
         self.probes = health.Probes()
         self.probes.live["nats"] = health.nats_not_closed(lambda: self._nc)
@@ -282,7 +284,8 @@ class NodeAgent(Service):
         own = {POLICY_LABEL: self._own_policy().value, NODE_LABEL: self.name}
         if self.settings.kubernetes:
             own[HOSTNAME_LABEL] = self.name  # the scheduler extender places by it
-        return own | self.settings.labels | {AGENT_FEATURES_LABEL: APPLY_SHARING_FEATURE}
+        mine = {AGENT_FEATURES_LABEL: APPLY_SHARING_FEATURE}
+        return own | self.settings.labels | self._node_labels | mine
 
     def _own_policy(self) -> CardPolicy:
         """The cards' policy of their own: the node label's, else the agent's setting."""
@@ -374,12 +377,13 @@ class NodeAgent(Service):
             await asyncio.sleep(self.settings.heartbeat_s)
 
     async def _follow_node_label(self) -> None:
-        """Give the cards the policy the Node's label `qshare.io/policy` names (read in a
-        thread); one that cannot be read leaves them as they are."""
+        """Give the cards the policy the Node's label `qshare.io/policy` names, and keep the
+        Node's labels the agent registers (read in a thread); a Node that cannot be read
+        leaves both as they are."""
         if self._plugins is None:
             return
         try:
-            policy = await asyncio.to_thread(self._plugins.read_node_policy)
+            policy, self._node_labels = await asyncio.to_thread(self._plugins.read_node)
             self._plugins.take_node_policy(policy)
         except Exception as error:  # the API's refusal, or a card the driver refused: next round
             log.warning("node agent %s: node label %s not followed (%r)", self.name,

@@ -10,6 +10,9 @@ import logging
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
+from pydantic import TypeAdapter, ValidationError
+
+from qshare.contracts.claims import LabelValue
 from qshare.contracts.domain import POLICY_LABEL, CardPolicy, Priority
 from qshare.envsettings import load
 from qshare_driver.node import Policy
@@ -31,6 +34,7 @@ from qshare_node_agent.kubernetes.plugins import KubernetesPlugins
 from qshare_node_agent.segment import UNKNOWN
 
 log = logging.getLogger(__name__)
+LABEL_VALUE: TypeAdapter[str] = TypeAdapter(LabelValue)
 ALLOCATOR_KEY = "allocator/"
 APPLY_WAIT_S = 5.0
 """How long Allocate waits for the allocator's vGPU to be applied here: the extender binds a
@@ -114,10 +118,23 @@ class AgentPlugins:
     plugins: KubernetesPlugins
     local: LocalVgpus
     sharing: SharingKeeper | None = None
+    registered: tuple[str, ...] = ()
+    """The keys of the Node's labels the agent registers (QSHARE_K8S_NODE_LABELS)."""
 
-    def read_node_policy(self) -> Policy | None:
-        """The policy the Node's label `qshare.io/policy` names (blocking: the API server)."""
-        return self.plugins.node_policy()
+    def read_node(self) -> tuple[Policy | None, dict[str, str]]:
+        """The policy the Node's label `qshare.io/policy` names, and those of the Node's
+        labels the agent registers that it has (one GET, blocking: the API server). A value
+        no registration holds (only a broken API server sends one) is left out, logged."""
+        labels = self.plugins.node_labels()
+        kept = {k: labels[k] for k in self.registered if k in labels}
+        for key, value in list(kept.items()):
+            try:
+                LABEL_VALUE.validate_python(value)
+            except ValidationError as exc:
+                log.warning("node label %s=%r not registered: %s", key, value,
+                            exc.errors()[0]["msg"])  # fmt: skip
+                del kept[key]
+        return self.plugins.node_policy(labels), kept
 
     def take_node_policy(self, policy: Policy | None) -> None:
         """Make `policy` (the node label's) the cards' own, in place of the agent's setting:
@@ -156,4 +173,4 @@ def start_plugins(converger: Converger, cards: list[Card]) -> AgentPlugins:
     plugins.start()
     log.info("kubernetes plugins serving for node %s (%d prepared claims kept)",
              settings.node_name, len(plugins.dra.prepared_claims()))  # fmt: skip
-    return AgentPlugins(plugins, local, converger.sharing)
+    return AgentPlugins(plugins, local, converger.sharing, tuple(settings.node_labels))

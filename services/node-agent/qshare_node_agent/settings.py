@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -228,10 +229,30 @@ def load_agent_settings(
     if not settings.kubernetes:
         return settings, None
     k8s = load(KubernetesSettings)
+    problems = []
     if k8s.node_name != settings.name:
         name = flags.get("name", "QSHARE_NODE_NAME")
-        raise SettingsError([
+        problems.append(
             f"{name}={settings.name!r}: the node agent serving the kubelet is named as its "
             f"Kubernetes node (QSHARE_K8S_NODE_NAME={k8s.node_name!r})"
-        ])  # fmt: skip
+        )
+    problems += _node_labels_problems(k8s.node_labels, settings.labels)
+    if problems:
+        raise SettingsError(problems)
     return settings, k8s
+
+
+def _node_labels_problems(mirrored: list[str], own: Mapping[str, str]) -> list[str]:
+    """What is wrong with the Node's labels the agent registers (QSHARE_K8S_NODE_LABELS)
+    beside QSHARE_NODE_LABELS and its own: each is registered once, and they fit together."""
+    what = f"QSHARE_K8S_NODE_LABELS={json.dumps(mirrored)}"
+    problems = []
+    both = [k for k in mirrored if k in own]
+    if both:
+        problems.append(f"{what}: {both} are set by QSHARE_NODE_LABELS too; name each once")
+    if len(mirrored) + len(own) + len(OWN_LABELS) > MAX_LABELS:
+        problems.append(
+            f"{what}: with QSHARE_NODE_LABELS' {len(own)} and the agent's {len(OWN_LABELS)}, "
+            f"over the {MAX_LABELS} labels a registration holds"
+        )
+    return problems

@@ -8,12 +8,16 @@ from pathlib import Path
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from qshare_node_agent.settings import OWN_LABELS
+
 DRIVER = "qshare.io"
 IN_CLUSTER_SA = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 DNS_SUBDOMAIN = re.compile(rf"{DNS_LABEL}(\.{DNS_LABEL})*")
 """A Kubernetes object name (a Node's, a ResourceClaim's) and a DRA driver's name."""
 DNS_SUBDOMAIN_MAX = 253
+LABEL_NAME = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)")
+"""A Kubernetes label key's name part (after the optional `prefix/`)."""
 
 
 class KubernetesSettings(BaseSettings):
@@ -40,6 +44,12 @@ class KubernetesSettings(BaseSettings):
         "(the scheduler extender's QSHARE_EXTENDER_VMEMORY_UNIT_MIB must be the same); at 1 MiB "
         "one 80 GiB card's list is over the kubelet's 4 MiB message limit",
     )  # fmt: skip
+    node_labels: list[str] = Field(
+        default_factory=list,
+        description="keys of the Kubernetes Node's labels the agent registers as its node's "
+        '(a JSON list, e.g. ["topology.kubernetes.io/zone"]), read every heartbeat period '
+        "and registered again when they change",
+    )
     workers: int = Field(
         16, ge=1, description="gRPC worker threads per threaded plugin socket (the device "
         "plugin's and registration's; the DRA socket is served on an event loop)",
@@ -56,6 +66,26 @@ class KubernetesSettings(BaseSettings):
             )
         return value
 
+    @field_validator("node_labels")
+    @classmethod
+    def _label_keys(cls, value: list[str]) -> list[str]:
+        """Each a Kubernetes label key, once: any other could never name a Node's label."""
+        wrong = [k for k in value if not _label_key(k)]
+        if wrong:
+            raise ValueError(
+                f"{wrong} are not Kubernetes label keys ([prefix/]name: a DNS name, then 1-63 "
+                "letters, digits, '-', '_' and '.', starting and ending with a letter or digit)"
+            )
+        if len(set(value)) != len(value):
+            raise ValueError("a label key is named more than once")
+        taken = [k for k in value if k in OWN_LABELS]
+        if taken:
+            raise ValueError(
+                f"{taken} are the node agent's own labels (it sets {', '.join(OWN_LABELS)} "
+                "itself); leave them out"
+            )
+        return value
+
     @property
     def registration_socket(self) -> Path:
         return self.registry_dir / f"{self.driver}-reg.sock"
@@ -63,3 +93,10 @@ class KubernetesSettings(BaseSettings):
     @property
     def dra_socket(self) -> Path:
         return self.plugin_dir / "dra.sock"
+
+
+def _label_key(key: str) -> bool:
+    prefix, slash, name = key.rpartition("/")
+    if slash and (len(prefix) > DNS_SUBDOMAIN_MAX or not DNS_SUBDOMAIN.fullmatch(prefix)):
+        return False
+    return LABEL_NAME.fullmatch(name) is not None

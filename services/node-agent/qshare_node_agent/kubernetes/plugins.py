@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Mapping
 
 from qshare.contracts.domain import POLICY_LABEL
 from qshare_driver.node import Policy
@@ -62,17 +63,23 @@ class KubernetesPlugins:
             ("the API server's connections", self.api.close),
         ])  # fmt: skip
 
-    def node_policy(self) -> Policy | None:
-        """The card policy this node's label `qshare.io/policy` asks for (None: no label, no
-        Node object, or a value that names no policy, logged once per value). Blocking: a
-        GET to the API server, whose other failures are raised."""
+    def node_labels(self) -> dict[str, str]:
+        """This node's labels in Kubernetes (none without a Node object). Blocking: a GET to
+        the API server, whose other failures are raised."""
         try:
             node = self.api.node(self.node_name)
         except ApiError as exc:
             if exc.status == 404:
-                return None
+                return {}
             raise
-        value = (node.get("metadata", {}).get("labels") or {}).get(POLICY_LABEL)
+        labels = node.get("metadata", {}).get("labels") or {}
+        return {str(k): str(v) for k, v in labels.items()}
+
+    def node_policy(self, labels: Mapping[str, str] | None = None) -> Policy | None:
+        """The card policy the node's label `qshare.io/policy` asks for, in `labels` (None:
+        read now, `node_labels()`); None for no label, or a value that names no policy,
+        logged once per value."""
+        value = (self.node_labels() if labels is None else labels).get(POLICY_LABEL)
         with self._label_lock:
             if value is None:
                 self._bad_label = None
