@@ -84,6 +84,43 @@ def test_an_unreachable_api_is_named_and_exits_2(capsys: pytest.CaptureFixture[s
     assert f"cannot reach the qshare API at {url}" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("http://[::1", "Invalid port"),
+        ("http://api:port", "Invalid port"),
+        ("http://127.0.0.1:99999", "port 99999 is not in 1-65535"),
+        ("127.0.0.1:8080", "not an http:// or https:// URL"),
+        ("", "not an http:// or https:// URL"),
+        ("http://", "names no host"),
+    ],
+)
+def test_a_url_that_is_no_url_is_named_with_where_it_came_from_and_exits_2(
+    url: str, why: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["claims", "--url", url, "--token", "t", "list"]) == 2
+    err = capsys.readouterr().err
+    assert f"the API URL {url!r} (--url or $QSHARE_URL)" in err and why in err
+    assert "Traceback" not in err and "cannot reach" not in err
+
+
+@pytest.mark.parametrize(
+    ("token", "what"),
+    [
+        ("qs_é", "a character that is not ASCII (character 4)"),
+        ("qs_a\nb", "a control character (character 5)"),
+    ],
+)
+def test_a_token_a_header_cannot_carry_is_named_without_showing_it_and_exits_2(
+    token: str, what: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    assert main(["claims", "--url", url, "--token", token, "list"]) == 2
+    err = capsys.readouterr().err
+    assert "the token (--token or $QSHARE_TOKEN) holds" in err and what in err
+    assert token not in err and "Traceback" not in err and "cannot reach" not in err
+
+
 @contextlib.contextmanager
 def _answering(status: int, body: bytes) -> Iterator[str]:
     """A web server that is not qshare's API: every GET gets `status` and `body` (HTML)."""

@@ -17,7 +17,7 @@ import httpx
 
 from qshare.contracts.domain import ClaimStatus
 from qshare.contracts.quantities import QuantityError, format_mib, parse_mib
-from qshare_api.client import ApiError, Client, NotTheApi
+from qshare_api.client import ApiError, BadConnectionSetting, Client, NotTheApi
 
 if TYPE_CHECKING:
     Sub = argparse._SubParsersAction[argparse.ArgumentParser]
@@ -201,7 +201,7 @@ def command(
         except ApiError as exc:
             _report(exc, args.token)
             return 1
-        except UsageError as exc:
+        except (UsageError, BadConnectionSetting) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
         except WaitFailed as exc:

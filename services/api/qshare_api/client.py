@@ -26,10 +26,48 @@ class NotTheApi(Exception):
     login page, another web service)."""
 
 
+class BadConnectionSetting(ValueError):
+    """The API's URL or the token cannot be used at all (named before anything is sent)."""
+
+
+def checked_url(url: str) -> str:
+    """`url` if it is an http(s) URL naming a host and a port in range; else why not."""
+    named = f"the API URL {url!r} (--url or $QSHARE_URL)"
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL as exc:
+        raise BadConnectionSetting(f"{named} is not a URL: {exc}") from None
+    if parsed.scheme not in ("http", "https"):
+        raise BadConnectionSetting(f"{named} is not an http:// or https:// URL")
+    if not parsed.host:
+        raise BadConnectionSetting(f"{named} names no host")
+    if parsed.port is not None and not 1 <= parsed.port <= 65535:
+        raise BadConnectionSetting(f"{named}: port {parsed.port} is not in 1-65535")
+    return url
+
+
+def checked_token(token: str) -> str:
+    """`token` if an HTTP header can carry it; else which character cannot (the token itself,
+    a secret, is not shown)."""
+    for at, char in enumerate(token, start=1):
+        if not char.isascii():
+            what = "a character that is not ASCII"
+        elif not char.isprintable():
+            what = "a control character"
+        else:
+            continue
+        raise BadConnectionSetting(
+            f"the token (--token or $QSHARE_TOKEN) holds {what} (character {at}); "
+            "a qshare token is the qs_... text `qshare tokens create` printed"
+        )
+    return token
+
+
 class Client:
     def __init__(self, url: str, token: str | None, timeout: float = 10.0) -> None:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout)
+        headers = {"Authorization": f"Bearer {checked_token(token)}"} if token else {}
+        base = checked_url(url).rstrip("/")
+        self._http = httpx.Client(base_url=base, headers=headers, timeout=timeout)
 
     def get(self, path: str, **params: Any) -> Any:
         clean = {k: v for k, v in params.items() if v is not None}
