@@ -407,3 +407,62 @@ async def test_an_empty_listing_of_an_unknown_node_says_no_such_node_is_register
     assert "(no node n-typo is registered" in capsys.readouterr().out
     assert await _qshare(api_url, "claims", "list", "--node", "n1") == 0
     assert "no node" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("tenant", ["team?a", "team#a", "org/team", "..", "%2e%2e"])
+async def test_a_quota_reaches_the_tenant_named_whatever_characters_its_name_holds(
+    api_url: str, capsys: pytest.CaptureFixture[str], tenant: str
+) -> None:
+    """A tenant's name is one path segment: before, `team?a` set the quota of `team`,
+    `%2e%2e` that of `..`, and `org/team` and `..` were 404 (a token may name any of them)."""
+    quota = await _json(api_url, capsys, "quotas", "set", tenant, "--cards", "3")
+    assert isinstance(quota, dict) and quota["tenant"] == tenant
+    listed = await _json(api_url, capsys, "quotas", "list")
+    assert isinstance(listed, list)
+    assert [q["tenant"] for q in listed if q["cards"] == 3] == [tenant]
+    assert await _qshare(api_url, "quotas", "clear", tenant) == 0
+    assert capsys.readouterr().out == f"quota of {tenant} cleared\n"
+    assert await _json(api_url, capsys, "quotas", "list") == []
+
+
+async def test_a_node_name_with_a_query_in_it_cordons_no_other_node(
+    api_url: str, register: Register, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before, `nodes cordon 'n1?x=1'` cordoned n1."""
+    await register("n1")
+    assert await _qshare(api_url, "nodes", "cordon", "n1?x=1") == 1
+    assert "422" in capsys.readouterr().err
+    nodes = await _json(api_url, capsys, "nodes", "list")
+    assert isinstance(nodes, list) and [n["schedulable"] for n in nodes] == [True]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("nodes", "cordon", ""),
+        ("nodes", "uncordon", " "),
+        ("quotas", "set", "", "--cards", "1"),
+        ("quotas", "clear", ""),
+        ("gpus", "get", ""),
+        ("gpus", "share", "", "--policy", "fixed-share"),
+        ("gpus", "reset-sharing", ""),
+    ],
+)
+async def test_an_empty_name_is_named_before_anything_is_sent(
+    api_url: str, capsys: pytest.CaptureFixture[str], args: tuple[str, ...]
+) -> None:
+    """Before, an empty name asked for the collection (`/v1/nodes/`), whose redirect ended
+    in a traceback, or `quotas clear ''` said a quota was cleared."""
+    with pytest.raises(SystemExit) as stopped:
+        await _qshare(api_url, *args)
+    assert stopped.value.code == 2
+    assert "is empty: give a name" in capsys.readouterr().err
+
+
+def test_a_redirect_is_named_not_taken_for_an_empty_answer(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with _answering(307, b"") as url:
+        assert main(["claims", "--url", url, "--token", "t", "list"]) == 2
+    err = capsys.readouterr().err
+    assert "answered 307" in err and "is the URL qshare's API?" in err

@@ -17,7 +17,7 @@ import httpx
 
 from qshare.contracts.domain import ClaimStatus
 from qshare.contracts.quantities import QuantityError, format_mib, parse_mib
-from qshare_api.client import ApiError, BadConnectionSetting, Client, NotTheApi
+from qshare_api.client import ApiError, BadConnectionSetting, Client, NotTheApi, segment
 
 if TYPE_CHECKING:
     Sub = argparse._SubParsersAction[argparse.ArgumentParser]
@@ -108,7 +108,7 @@ def register(subparsers: Sub) -> None:
         ("uncordon", "place on a node again; admins"),
     ):
         one_node = nodes.add_parser(verb, help=help_)
-        one_node.add_argument("name")
+        one_node.add_argument("name", type=named)
         one_node.set_defaults(handler=command(_cordon), schedulable=verb == "uncordon")
     gpus = group(subparsers, "gpus", "cards and their free capacity")
     gpu_list = gpus.add_parser("list", help="list cards")
@@ -117,6 +117,14 @@ def register(subparsers: Sub) -> None:
     from qshare_api.cli_sharing import add_sharing_verbs  # it builds on this module
 
     add_sharing_verbs(gpus)
+
+
+def named(value: str) -> str:
+    """A node's, tenant's or card's name, as given (the API judges it), but not empty: an
+    empty one would name the collection, not one of it."""
+    if not value.strip():
+        raise argparse.ArgumentTypeError(f"{value!r} is empty: give a name")
+    return value
 
 
 def group(subparsers: Sub, name: str, help_: str) -> Verbs:
@@ -385,7 +393,7 @@ def _unknown_node(client: Client, node: str | None) -> str:
     if node is None:
         return ""
     try:
-        client.get(f"/v1/nodes/{node}")
+        client.get(f"/v1/nodes/{segment(node)}")
     except ApiError as exc:
         if exc.status == 404:
             return f"\n(no node {node} is registered: `qshare nodes list` shows them)"
@@ -474,7 +482,7 @@ def _vgpus_table(claim: dict[str, Any]) -> str:
 
 
 def _cordon(client: Client, args: argparse.Namespace) -> Shown:
-    node = client.patch(f"/v1/nodes/{args.name}", {"schedulable": args.schedulable})
+    node = client.patch(f"/v1/nodes/{segment(args.name)}", {"schedulable": args.schedulable})
     return Shown(node, _nodes_table([node]))
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -24,6 +25,12 @@ class ApiError(Exception):
 class NotTheApi(Exception):
     """An answer no qshare API gives (not JSON): the URL reaches another server (a proxy's
     login page, another web service)."""
+
+
+def segment(name: str) -> str:
+    """`name` as one segment of a path: `?`, `#`, `/` and `%` encoded, and the dots of `..`
+    too (a client would resolve it), so a tenant `team?a` is never the tenant `team`."""
+    return quote(name, safe="").replace(".", "%2E")
 
 
 class BadConnectionSetting(ValueError):
@@ -107,6 +114,8 @@ class Client:
             if response.status_code >= 400:
                 response.read()
                 raise _problem(response)
+            if response.is_redirect:
+                raise _redirected(response)
             event = ""
             for line in response.iter_lines():
                 if line.startswith("event: "):
@@ -121,6 +130,8 @@ class Client:
         response = self._http.request(method, path, **kwargs)
         if response.status_code >= 400:
             raise _problem(response)
+        if response.is_redirect:  # the API never redirects what the CLI asks
+            raise _redirected(response)
         if not response.content:
             return None
         try:
@@ -147,4 +158,12 @@ def _not_the_api(response: httpx.Response) -> NotTheApi:
     return NotTheApi(
         f"{response.request.url} answered {response.status_code} with something that is not "
         f"JSON ({kind}, beginning {start!r}): is the URL qshare's API?"
+    )
+
+
+def _redirected(response: httpx.Response) -> NotTheApi:
+    where = response.headers.get("location", "nowhere named")
+    return NotTheApi(
+        f"{response.request.url} answered {response.status_code}, a redirect to {where}: "
+        "is the URL qshare's API?"
     )
