@@ -466,3 +466,43 @@ def test_a_redirect_is_named_not_taken_for_an_empty_answer(
         assert main(["claims", "--url", url, "--token", "t", "list"]) == 2
     err = capsys.readouterr().err
     assert "answered 307" in err and "is the URL qshare's API?" in err
+
+
+def test_a_token_whose_answer_was_lost_is_not_issued_a_second_time(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A lost answer to `tokens create` may still have issued the token, and its secret
+    cannot be sent again: the CLI says so instead of sending the request again. Before, it
+    sent it twice (as it does for claims, which the idempotency key makes safe) and left a
+    live token whose secret nobody ever saw."""
+    posts = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            posts.append(self.path)
+            if len(posts) == 1:
+                self.close_connection = True  # issued, but the answer never leaves
+                return
+            self.send_response(201)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            token = {"id": "i", "name": "n", "tenant": "t", "role": "tenant", "scope": "write",
+                     "created_at": None, "expires_at": None, "token": "qs_x"}  # fmt: skip
+            self.wfile.write(json.dumps(token).encode())
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        argv = ["tokens", "--url", url, "--token", "t", "create", "--name", "n", "--tenant", "t"]
+        assert main(argv) == 2
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert posts == ["/v1/tokens"]
+    err = capsys.readouterr().err
+    assert "may have been issued" in err and "qshare tokens list" in err

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from qshare.contracts.domain import Role, TokenScope
 from qshare.contracts.quantities import format_mib
 from qshare_api.cli import Shown, UsageError, command, group, memory, named, table
-from qshare_api.client import Client, segment
+from qshare_api.client import LOST, Client, segment
 
 if TYPE_CHECKING:
     from qshare_api.cli import Sub
@@ -86,7 +86,14 @@ def _token_id(value: str) -> str:
 def _issue_token(client: Client, args: argparse.Namespace) -> Shown:
     body = {"name": args.name, "tenant": args.tenant, "role": args.role, "scope": args.scope,
             "expires_in_s": args.expires_in}  # fmt: skip
-    issued = client.post("/v1/tokens", body)
+    try:
+        issued = client.post("/v1/tokens", body, again=False)
+    except LOST as exc:
+        raise UsageError(
+            f"no answer came ({exc or type(exc).__name__}), so the token may have been issued "
+            "without its secret reaching you: `qshare tokens list` shows it, `qshare tokens "
+            "revoke ID` removes it; it was not asked for again"
+        ) from exc
     text = f"{_tokens_table([issued])}\n\ntoken: {issued['token']}\n(shown only now: store it)"
     return Shown(issued, text)
 

@@ -80,15 +80,24 @@ class Client:
         clean = {k: v for k, v in params.items() if v is not None}
         return self._call("GET", path, params=clean)
 
-    def post(self, path: str, body: dict[str, Any], idempotency_key: str | None = None) -> Any:
+    def post(
+        self,
+        path: str,
+        body: dict[str, Any],
+        idempotency_key: str | None = None,
+        again: bool = True,
+    ) -> Any:
         """Every POST carries an `Idempotency-Key` (a fresh one unless given), and is sent
         once more with the same key when the connection fails before an answer came: a
-        lost reply never creates a second claim."""
+        lost reply never creates a second claim. Without `again`, for a route that does not
+        honour the key (a token's secret cannot be answered twice), it is sent once."""
         key = idempotency_key or str(body.get("idempotency_key") or f"client-{uuid.uuid4()}")
         headers = {"Idempotency-Key": key}
         try:
             return self._call("POST", path, json=body, headers=headers)
         except LOST:
+            if not again:
+                raise
             return self._call("POST", path, json=body, headers=headers)
 
     def put(self, path: str, body: dict[str, Any]) -> Any:
