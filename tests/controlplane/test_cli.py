@@ -10,12 +10,16 @@ import os
 import re
 import sys
 import threading
+import uuid
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
 import uvicorn
+from sqlalchemy import insert
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from qshare.cli import EXIT_BROKEN_PIPE, main
+from qshare.contracts.schema import preemptions
 from qshare.natsauth import NatsAuth, ServiceRole
 from qshare.testing.servers import free_port
 from qshare_api.app import create_app
@@ -506,3 +510,20 @@ def test_a_token_whose_answer_was_lost_is_not_issued_a_second_time(
     assert posts == ["/v1/tokens"]
     err = capsys.readouterr().err
     assert "may have been issued" in err and "qshare tokens list" in err
+
+
+async def test_a_full_page_of_preemptions_says_how_to_list_the_older_ones(
+    api_url: str, engine: AsyncEngine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    claim = uuid.uuid4()
+    rows = [{"claim_id": claim, "tenant": "t-p", "kind": "operator", "reason": f"r{i}"}
+            for i in range(3)]  # fmt: skip
+    async with engine.begin() as conn:
+        await conn.execute(insert(preemptions), rows)
+    args = ("preemptions", "list", "--claim", str(claim), "--limit", "2")
+    assert await _qshare(api_url, *args) == 0
+    more = re.search(r"\(more: --before (\d+)\)", capsys.readouterr().out)
+    assert more is not None
+    assert await _qshare(api_url, *args, "--before", more[1]) == 0
+    out = capsys.readouterr().out
+    assert "r0" in out and "r1" not in out and "r2" not in out and "more:" not in out
