@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator, Callable
 
 import httpx
@@ -143,6 +144,22 @@ async def test_a_cards_busy_then_idle_are_handled_in_that_order_whatever_reads_t
     await handled(preemptor, before + 2)
     await eventually(lambda: _holds(lambda: not suspended(agent, other["local_id"])))
     assert preemptor.service is not None and not preemptor.service.held_claims()
+
+
+async def test_an_event_about_a_card_not_registered_yet_is_no_warning_but_a_foreign_one_is(
+    nc: Nats, preemptor: Preemptor, start_agent: StartAgent, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An agent publishes its cards' state as it starts, before its registration is in, so
+    `qshare up` printed a warning per card calling each "not a card of that node". Only an
+    event about another node's card (a node speaking for another) is worth one."""
+    agent = await start_agent(cards=1)
+    before = events_so_far(preemptor)
+    await publish(nc, agent.name, "GPU-not-registered-yet", "busy")
+    await publish(nc, "some-other-node", agent.cards[0].uuid, "busy")
+    await handled(preemptor, before + 2)
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert not [m for m in warned if "GPU-not-registered-yet" in m]
+    assert [m for m in warned if agent.cards[0].uuid in m and f"a card of {agent.name}" in m]
 
 
 async def test_a_flood_of_card_events_is_handled_a_bounded_number_at_a_time(

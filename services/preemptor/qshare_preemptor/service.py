@@ -158,7 +158,10 @@ class PreemptionService:
             self._owners.keep(gpu, known)
         if known == node:
             return True
-        log.warning("event of node %s about card %s, not a card of that node: ignored", node, gpu)
+        if known is None:  # an agent publishes its cards' state before its registration is in
+            log.info("event of node %s about card %s, not registered (yet): ignored", node, gpu)
+        else:
+            log.warning("event of node %s about card %s, a card of %s: ignored", node, gpu, known)
         return False
 
     async def card_busy(self, gpu: str) -> None:
