@@ -527,3 +527,13 @@ async def test_a_full_page_of_preemptions_says_how_to_list_the_older_ones(
     assert await _qshare(api_url, *args, "--before", more[1]) == 0
     out = capsys.readouterr().out
     assert "r0" in out and "r1" not in out and "r2" not in out and "more:" not in out
+
+
+async def test_a_url_below_the_apis_root_is_named_as_such(
+    api_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`QSHARE_URL=http://host:8080/v1` (the routes start with /v1): before, the CLI said only
+    `error 404: Not Found`."""
+    assert await _qshare(f"{api_url}/v1", "claims", "list") == 1
+    err = capsys.readouterr().err
+    assert "no route GET /v1/v1/claims" in err and "the API's root URL" in err

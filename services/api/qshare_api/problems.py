@@ -87,10 +87,16 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
             request, ErrorCode.INVALID, detail, [FieldError(field="body", message=detail)]
         )
     code = next((c for c in ErrorCode if c.status == exc.status_code), None)
+    detail = str(exc.detail)
+    if exc.status_code == 404:  # the router's: a missing resource is qshare's own NotFound
+        detail = (
+            f"no route {request.method} {request.url.path}: the routes are /v1/... under the "
+            "API's root URL (e.g. http://127.0.0.1:8080), as /docs lists them"
+        )
     response = (
-        problem_response(request, code, str(exc.detail))
+        problem_response(request, code, detail)
         if code is not None
-        else _plain_problem(request, exc.status_code, str(exc.detail))
+        else _plain_problem(request, exc.status_code, detail)
     )
     response.headers.update(exc.headers or {})
     if exc.status_code == 405:
