@@ -138,6 +138,16 @@ async def test_a_405_allows_every_method_of_the_path(
     assert response.headers["allow"] == "DELETE, GET, PATCH"
 
 
+async def test_a_405_on_a_tenant_holding_a_slash_allows_every_method_of_the_path(
+    api: httpx.AsyncClient,
+) -> None:
+    """`/v1/quotas/{tenant}` takes a tenant with a `/`: its 405 named no method (an empty
+    `Allow`), its template being matched one segment a name."""
+    response = await api.get("/v1/quotas/org%2Fteam", headers=auth(ADMIN_TOKEN))
+    assert response.status_code == 405
+    assert response.headers["allow"] == "DELETE, PATCH, PUT"
+
+
 async def test_a_decimal_quantity_is_refused_with_the_binary_one_it_likely_means(
     api: httpx.AsyncClient, team_a: dict[str, str]
 ) -> None:
