@@ -537,3 +537,13 @@ async def test_a_url_below_the_apis_root_is_named_as_such(
     assert await _qshare(f"{api_url}/v1", "claims", "list") == 1
     err = capsys.readouterr().err
     assert "no route GET /v1/v1/claims" in err and "the API's root URL" in err
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1:{port}", "[::1"])
+def test_a_password_in_the_url_is_never_printed(
+    capsys: pytest.CaptureFixture[str], host: str
+) -> None:
+    url = "http://me:s3cret@" + host.format(port=free_port())
+    assert main(["claims", "--url", url, "--token", "t", "list"]) == 2
+    err = capsys.readouterr().err
+    assert "s3cret" not in err and "me:***@" in err

@@ -17,7 +17,14 @@ import httpx
 
 from qshare.contracts.domain import ClaimStatus
 from qshare.contracts.quantities import QuantityError, format_mib, parse_mib
-from qshare_api.client import ApiError, BadConnectionSetting, Client, NotTheApi, segment
+from qshare_api.client import (
+    ApiError,
+    BadConnectionSetting,
+    Client,
+    NotTheApi,
+    redacted,
+    segment,
+)
 
 if TYPE_CHECKING:
     Sub = argparse._SubParsersAction[argparse.ArgumentParser]
@@ -216,7 +223,8 @@ def command(
             print(f"error: {exc}", file=sys.stderr)
             return 1
         except httpx.HTTPError as exc:
-            print(f"error: cannot reach the qshare API at {args.url}: {exc}", file=sys.stderr)
+            print(f"error: cannot reach the qshare API at {redacted(args.url)}: {redacted(exc)}",
+                  file=sys.stderr)  # fmt: skip
             return 2
         except NotTheApi as exc:
             print(f"error: {exc}", file=sys.stderr)

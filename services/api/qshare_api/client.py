@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -37,9 +38,17 @@ class BadConnectionSetting(ValueError):
     """The API's URL or the token cannot be used at all (named before anything is sent)."""
 
 
+_PASSWORD = re.compile(r"(//[^/@:]*:)[^/@]*@")
+
+
+def redacted(url: object) -> str:
+    """`url` as messages show it: a password in it as `***`."""
+    return _PASSWORD.sub(r"\1***@", str(url))
+
+
 def checked_url(url: str) -> str:
     """`url` if it is an http(s) URL naming a host and a port in range; else why not."""
-    named = f"the API URL {url!r} (--url or $QSHARE_URL)"
+    named = f"the API URL {redacted(url)!r} (--url or $QSHARE_URL)"
     try:
         parsed = httpx.URL(url)
     except httpx.InvalidURL as exc:
@@ -165,14 +174,15 @@ def _not_the_api(response: httpx.Response) -> NotTheApi:
     kind = response.headers.get("content-type", "no content type")
     start = response.text[:80]
     return NotTheApi(
-        f"{response.request.url} answered {response.status_code} with something that is not "
-        f"JSON ({kind}, beginning {start!r}): is the URL qshare's API?"
+        f"{redacted(response.request.url)} answered {response.status_code} with something that "
+        f"is not JSON ({kind}, beginning {start!r}): is the URL qshare's API?"
     )
 
 
 def _redirected(response: httpx.Response) -> NotTheApi:
     where = response.headers.get("location", "nowhere named")
     return NotTheApi(
-        f"{response.request.url} answered {response.status_code}, a redirect to {where}: "
+        f"{redacted(response.request.url)} answered {response.status_code}, a redirect to "
+        f"{redacted(where)}: "
         "is the URL qshare's API?"
     )
