@@ -547,3 +547,14 @@ def test_a_password_in_the_url_is_never_printed(
     assert main(["claims", "--url", url, "--token", "t", "list"]) == 2
     err = capsys.readouterr().err
     assert "s3cret" not in err and "me:***@" in err
+
+
+async def test_a_claim_created_from_the_cli_may_join_a_gang(
+    api_url: str, register: Register, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The API takes `gang` (claims suspended and resumed together); the CLI had no way to
+    give it."""
+    await register("n1", cards=2)
+    args = ("--priority", "low", "--vcore", "10", "--vmemory", "1Gi", "--gang", "train-7")
+    claim = await _json(api_url, capsys, "claims", "create", *args)
+    assert isinstance(claim, dict) and claim["gang"] == "train-7"

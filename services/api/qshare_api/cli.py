@@ -69,6 +69,9 @@ def register(subparsers: Sub) -> None:
     )
     create.add_argument("--idempotency-key", help="default: a fresh one, so a retry is safe")
     create.add_argument(
+        "--gang", help="a name your claims share to be suspended and resumed together"
+    )
+    create.add_argument(
         "--wait", type=_seconds, metavar="SECONDS",
         help="then wait up to SECONDS for it to be ready",
     )  # fmt: skip
@@ -365,6 +368,8 @@ def _create_claim(client: Client, args: argparse.Namespace) -> Shown:
         "node_selector": _selector(args.selector),
         "idempotency_key": args.idempotency_key or f"cli-{uuid.uuid4()}",
     }
+    if args.gang is not None:
+        body["gang"] = args.gang
     if args.node_policy or args.card_policy:
         body["placement"] = {"node": args.node_policy, "card": args.card_policy}
     claim = client.post("/v1/claims", body)
