@@ -4,6 +4,7 @@ never a 500."""
 from __future__ import annotations
 
 import base64
+import json
 
 import httpx
 import pytest
@@ -164,3 +165,17 @@ async def test_a_problems_messages_carry_no_validator_prefix(
     refused = await api.post("/v1/claims", json=GOOD | {"vmemory": "lots"}, headers=team_a)
     assert _fields(refused) == ["vmemory"]
     assert "Value error" not in refused.text
+
+
+@pytest.mark.parametrize("kind", ["application/x-www-form-urlencoded", "text/plain", None])
+async def test_a_json_body_sent_as_another_content_type_says_to_send_json(
+    api: httpx.AsyncClient, team_a: dict[str, str], kind: str | None
+) -> None:
+    """`curl -d '{...}'` sends a form: before, the 422 said only "body: Input should be a
+    valid dictionary or object to extract fields from"."""
+    headers = team_a | ({"Content-Type": kind} if kind else {})
+    response = await api.post("/v1/claims", content=json.dumps(GOOD), headers=headers)
+    assert response.status_code == 422
+    assert _fields(response) == ["body"]
+    assert "Content-Type: application/json" in response.json()["detail"]
+    assert (kind or "no Content-Type") in response.json()["detail"]

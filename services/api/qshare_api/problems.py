@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from http import HTTPStatus
 from typing import Any
 
@@ -72,9 +73,21 @@ async def _qshare_error(request: Request, exc: Exception) -> JSONResponse:
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    errors = [_field_error(e) for e in exc.errors()]
+    errors = _not_json(request, exc.errors()) or [_field_error(e) for e in exc.errors()]
     detail = "; ".join(f"{e.field}: {e.message}" for e in errors)
     return problem_response(request, ErrorCode.INVALID, detail, errors)
+
+
+def _not_json(request: Request, errors: Sequence[Any]) -> list[FieldError]:
+    """A body that was not read as JSON because it was not sent as JSON (`curl -d` sends a
+    form): said so, where FastAPI says only that the body is no object."""
+    kind = request.headers.get("content-type")
+    whole_body = any(tuple(e.get("loc", ())) == ("body",) for e in errors)
+    if not whole_body or (kind is not None and "json" in kind.lower()):
+        return []
+    sent = f"it was sent as {kind}" if kind else "it was sent with no Content-Type"
+    message = f"the body must be JSON, with Content-Type: application/json ({sent})"
+    return [FieldError(field="body", message=message)]
 
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
