@@ -223,6 +223,10 @@ CUresult qsc_pool_allocated(CUmemoryPool pool, uint64_t bytes, uint64_t drawn);
 /* An allocation refused after the pool had grown for it: the pool gives back what it holds
  * beyond what is reserved for it (what it can: memory whose free has not run stays). */
 void qsc_pool_trim_unreserved(CUmemoryPool pool);
+/* An allocation from `pool` that `drawn` of its kept memory and `reserved` more were made for
+ * was freed back into it untracked (refused after all): what was drawn is kept again, the
+ * reservation stays with the pool as kept memory, and the pool is trimmed as above. */
+void qsc_pool_returned(CUmemoryPool pool, uint64_t drawn, uint64_t reserved);
 /* Such an allocation is freed: its bytes stay reserved while the pool keeps them. */
 void qsc_pool_freed(CUmemoryPool pool, uint64_t bytes);
 /* 1 when some pool's reservation covers memory freed into it; qsc_pools_settle gives back what

@@ -100,19 +100,29 @@ static int room_for(const qsc_session *s, uint64_t bytes) {
            (info.mem_used <= info.mem_limit && bytes <= info.mem_limit - info.mem_used);
 }
 
+/* Memory freed into pools (graph memory pools too) stays reserved while they keep it. */
+static int holds_kept(void) { return qsc_pools_hold_freed() || qsc_graphs_hold_residual(); }
+
+/* Give back what the pools no longer keep. 1 (settled). */
+static int settle_kept(void) {
+    qsc_pools_settle();
+    qsc_graphs_settle();
+    return 1;
+}
+
+/* Settled before a reservation that would not fit, and again when one that seemed to fit is
+ * refused: between the look and the reservation, another thread or process may have taken the
+ * room, and a reservation refused then, unsettled, was refused although both fit the limit. */
 static CUresult reserve(uint64_t bytes) {
     const qsc_session *s = qsc_enter();
     if (s->client == NULL) {
         qsc_leave(s);
         return s->failure;
     }
-    /* Memory freed into pools (graph memory pools too) stays reserved while they keep it: see
-     * whether they still do before a reservation that would not fit. */
-    if ((qsc_pools_hold_freed() || qsc_graphs_hold_residual()) && !room_for(s, bytes)) {
-        qsc_pools_settle();
-        qsc_graphs_settle();
-    }
+    int settled = holds_kept() && !room_for(s, bytes) && settle_kept();
     int rc = qs_mem_reserve(s->client, bytes);
+    if (rc == QS_ENOMEM && !settled && holds_kept() && settle_kept())
+        rc = qs_mem_reserve(s->client, bytes);
     qsc_leave(s);
     if (rc != QS_OK && rc != QS_ENOMEM)
         qsc_warn_once(QSC_WARN_DRIVER, "memory reservation failed: %s (%s)", qs_strerror(rc),
@@ -256,35 +266,44 @@ static CUmemoryPool pool_of(CUdeviceptr dptr) {
     return pool;
 }
 
-/* The allocation at `dptr` from `pool` is refused after all: freed on its stream, its
- * reservation settled, and the pool trimmed of what it holds beyond its reservation. */
+/* Free an allocation the program is refused: on its stream, or at once (cuMemFree) when the
+ * driver refuses that (a stream destroyed meanwhile, say): left alive, it would stay counted,
+ * and held, for good, the program never knowing its address. */
+static CUresult free_refused(CUdeviceptr dptr, CUstream stream) {
+    CUresult rc = QSC_REAL(free_async_fn, cuMemFreeAsync)(dptr, stream);
+    return rc == CUDA_SUCCESS ? rc : QSC_REAL(free_fn, cuMemFree_v2)(dptr);
+}
+
+/* The allocation at `dptr` from `pool` is refused after all: freed, its reservation settled, and
+ * the pool trimmed of what it holds beyond its reservation. Should the driver refuse both frees,
+ * the allocation lives on and stays counted as it is held. */
 static CUresult refused_after(CUdeviceptr dptr, CUstream stream, CUmemoryPool pool) {
     recorded r = take_records(dptr);
-    freed(QSC_REAL(free_async_fn, cuMemFreeAsync)(dptr, stream), dptr, r);
+    freed(free_refused(dptr, stream), dptr, r);
     qsc_pool_trim_unreserved(pool);
     return CUDA_ERROR_OUT_OF_MEMORY;
 }
 
-/* The allocation at `dptr` cannot be remembered (no memory for the map): freed on its stream,
- * what was drawn from `pool` and reserved for it given back. */
-static CUresult untracked(CUdeviceptr dptr, CUstream stream, CUmemoryPool pool, uint64_t bytes,
-                          uint64_t drawn) {
-    QSC_REAL(free_async_fn, cuMemFreeAsync)(dptr, stream);
-    qsc_pool_undraw(pool, drawn);
-    release(bytes - drawn);
+/* The allocation at `dptr` from `pool` (NULL: a pool that cannot be named) is refused before it
+ * was recorded, `drawn` of the pool's kept memory and `reserved` more made for it: freed into its
+ * pool, which keeps the memory, so both stay with the pool as kept memory (given back as the pool
+ * gives it back) and the pool is trimmed to its reservation. Not freed, it stays reserved. */
+static CUresult given_back(CUdeviceptr dptr, CUstream stream, CUmemoryPool pool, uint64_t drawn,
+                           uint64_t reserved) {
+    if (free_refused(dptr, stream) != CUDA_SUCCESS) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (pool != NULL) qsc_pool_returned(pool, drawn, reserved);
+    else release(reserved);
     return CUDA_ERROR_OUT_OF_MEMORY;
 }
 
-/* A stream-ordered allocation came from another pool than `guess`, or failed: what was drawn
- * from `guess` goes back, and a successful one reserves that much more. */
-static CUresult redrawn(CUresult rc, CUdeviceptr dptr, uint64_t bytes, CUmemoryPool guess,
-                        uint64_t drawn, CUstream stream) {
+/* A stream-ordered allocation came from another pool (`pool`) than `guess`, or failed: what was
+ * drawn from `guess` goes back, and a successful one reserves that much more, or is given back
+ * into `pool`. */
+static CUresult redrawn(CUresult rc, CUdeviceptr dptr, CUmemoryPool pool, uint64_t bytes,
+                        CUmemoryPool guess, uint64_t drawn, CUstream stream) {
     qsc_pool_undraw(guess, drawn);
-    if (rc == CUDA_SUCCESS && reserve(drawn) != CUDA_SUCCESS) {
-        QSC_REAL(free_async_fn, cuMemFreeAsync)(dptr, stream);
-        rc = CUDA_ERROR_OUT_OF_MEMORY;
-    }
     if (rc != CUDA_SUCCESS) release(bytes - drawn);
+    else if (reserve(drawn) != CUDA_SUCCESS) rc = given_back(dptr, stream, pool, 0, bytes - drawn);
     return rc;
 }
 
@@ -297,15 +316,16 @@ static CUresult pooled(CUresult rc, CUdeviceptr dptr, uint64_t bytes, CUmemoryPo
                        int named, uint64_t drawn, CUstream stream) {
     CUmemoryPool pool = rc != CUDA_SUCCESS ? NULL : named ? guess : pool_of(dptr);
     if (rc != CUDA_SUCCESS || pool != guess) {
-        rc = redrawn(rc, dptr, bytes, guess, drawn, stream);
+        rc = redrawn(rc, dptr, pool, bytes, guess, drawn, stream);
         if (rc != CUDA_SUCCESS) return rc;
         drawn = 0;
     }
-    if (!map_put(&pointers, dptr, bytes)) return untracked(dptr, stream, pool, bytes, drawn);
+    if (!map_put(&pointers, dptr, bytes))
+        return given_back(dptr, stream, pool, drawn, bytes - drawn);
     if (pool == NULL) return rc;
     if (!map_put(&pool_of_pointer, dptr, (uint64_t)(uintptr_t)pool)) {
         map_take(&pointers, dptr);
-        return untracked(dptr, stream, pool, bytes, drawn);
+        return given_back(dptr, stream, pool, drawn, bytes - drawn);
     }
     CUresult tied = qsc_pool_allocated(pool, bytes, drawn); /* not found: only when drawn is 0 */
     if (tied == CUDA_ERROR_OUT_OF_MEMORY) return refused_after(dptr, stream, pool);

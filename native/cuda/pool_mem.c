@@ -155,6 +155,16 @@ CUresult qsc_pool_allocated(CUmemoryPool pool, uint64_t bytes, uint64_t drawn) {
     return r == NULL ? CUDA_ERROR_NOT_FOUND : top_up(pool, more);
 }
 
+void qsc_pool_returned(CUmemoryPool pool, uint64_t drawn, uint64_t reserved) {
+    pthread_mutex_lock(&pools_lock);
+    pool_rec *r = record_of(pool, 1);
+    if (r != NULL)
+        set_counts(r, r->live - (drawn < r->live ? drawn : r->live), r->covered + reserved);
+    pthread_mutex_unlock(&pools_lock);
+    if (r == NULL) qsc_mem_release(reserved);
+    qsc_pool_trim_unreserved(pool);
+}
+
 void qsc_pool_freed(CUmemoryPool pool, uint64_t bytes) {
     if (!unlive(pool, bytes)) qsc_mem_release(bytes);
 }

@@ -12,7 +12,7 @@
 extern "C" {
 #endif
 
-#define QS_ABI_VERSION 5u
+#define QS_ABI_VERSION 7u
 #define QS_MAX_CARDS 16u
 #define QS_MAX_VGPUS_PER_CARD 64u
 #define QS_MAX_VGPUS (QS_MAX_CARDS * QS_MAX_VGPUS_PER_CARD)

@@ -88,36 +88,49 @@ static int connect_owner(const char *dir, const char *name, uint32_t id, int *ou
     return QS_OK;
 }
 
-/* The descriptors an ATTACH reply carries, or -1. */
-static void take_fds(struct msghdr *msg, int fds[2])
+/* The descriptors an ATTACH reply carries, or -1: the first `want` of the first SCM_RIGHTS
+ * message. Any other descriptor a reply carries is closed, so an owner that passes more (or
+ * passes some with a refusal or a detach's answer) leaves none open here. */
+static void take_fds(struct msghdr *msg, int *fds, size_t want)
 {
-    fds[0] = fds[1] = -1;
+    for (size_t i = 0; i < want; i++)
+        fds[i] = -1;
+    size_t kept = 0;
     for (struct cmsghdr *cm = CMSG_FIRSTHDR(msg); cm; cm = CMSG_NXTHDR(msg, cm)) {
         if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
             continue;
         size_t n = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        int got[2] = {-1, -1};
-        memcpy(got, CMSG_DATA(cm), (n < 2 ? n : 2) * sizeof(int));
-        for (size_t i = 0; i < n && i < 2; i++)
-            fds[i] = got[i];
+        for (size_t i = 0; i < n; i++) {
+            int fd;
+            memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof fd);
+            if (kept < want)
+                fds[kept++] = fd;
+            else
+                close(fd);
+        }
+        want = kept; /* a second message adds nothing */
     }
 }
 
+/* One request and its reply; an ATTACH takes the reply's descriptors into `fds` (NULL: none
+ * is wanted, any passed is closed). */
 static int exchange(int fd, const struct qs_proto_request *req, struct qs_proto_reply *rep,
-                    int fds[2])
+                    int *fds)
 {
     int flags = 0; /* an owner that refused at once has closed, its reply still queued */
     if (send(fd, req, sizeof *req, MSG_NOSIGNAL) != (ssize_t)sizeof *req)
         flags = MSG_DONTWAIT;
     union {
-        char buf[CMSG_SPACE(2 * sizeof(int))];
+        char buf[CMSG_SPACE(QS_ATTACH_FDS * sizeof(int))];
         struct cmsghdr align;
     } u;
     struct iovec iov = {.iov_base = rep, .iov_len = sizeof *rep};
     struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
                          .msg_controllen = sizeof u.buf};
     ssize_t n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC | flags);
-    take_fds(&msg, fds);
+    if (n < 0)
+        msg.msg_controllen = 0; /* a failed recvmsg leaves it as given: no descriptor came */
+    take_fds(&msg, fds, fds ? QS_ATTACH_FDS : 0);
     if (n != (ssize_t)sizeof *rep && flags)
         return qs_fail(QS_EAGENT, "node owner hung up");
     if (n != (ssize_t)sizeof *rep)
@@ -150,16 +163,19 @@ static int attach(qs_client *cl, const char *name, const char *dir, uint32_t vgp
 {
     int rc = connect_owner(dir, name, vgpu_id, &cl->sock);
     struct qs_proto_reply rep;
-    int fds[2] = {-1, -1};
+    int fds[QS_ATTACH_FDS] = {-1, -1, -1};
     if (rc == QS_OK)
         rc = exchange(cl->sock,
                       &(struct qs_proto_request){QS_PROTO_MAGIC, QS_OP_ATTACH, vgpu_id, 0, 0, 0},
                       &rep, fds);
-    if (rc == QS_OK && (fds[0] < 0 || fds[1] < 0))
-        rc = qs_fail(QS_EAGENT, "node owner passed no segment descriptors");
-    if (rc == QS_OK && (rc = qs_segment_map_client(fds[0], fds[1], &cl->seg)) == QS_OK)
+    if (rc == QS_OK && (fds[0] < 0 || fds[1] < 0 || fds[2] < 0))
+        rc = qs_fail(QS_EAGENT, "node owner passed %s segment descriptors",
+                     fds[0] < 0 && fds[1] < 0 && fds[2] < 0 ? "no" : "too few");
+    if (rc == QS_OK && rep.vgpu_slot >= QS_MAX_VGPUS)
+        rc = qs_fail(QS_ECORRUPT, "node owner replied vGPU slot %u", rep.vgpu_slot);
+    if (rc == QS_OK && (rc = qs_segment_map_client(fds, rep.vgpu_slot, &cl->seg)) == QS_OK)
         return bind_ctx(cl, &rep, vgpu_id);
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < QS_ATTACH_FDS; i++)
         if (fds[i] >= 0)
             close(fds[i]);
     return rc;
@@ -174,7 +190,7 @@ int qs_client_attach(const char *name, const char *dir, uint32_t vgpu_id, qs_cli
     if (!cl)
         return qs_fail(QS_ESYS, "out of memory");
     cl->sock = -1;
-    cl->seg = (struct qs_segment){.state_fd = -1, .cfg_ro_fd = -1};
+    qs_segment_init(&cl->seg);
     snprintf(cl->name, sizeof cl->name, "%s", name ? name : "");
     snprintf(cl->dir, sizeof cl->dir, "%s", qs_default_dir(dir));
     int rc = attach(cl, name, dir, vgpu_id);
@@ -193,11 +209,11 @@ int qs_client_attach(const char *name, const char *dir, uint32_t vgpu_id, qs_cli
  * a new one, naming the context and its generation. */
 static int detach_again(qs_client *cl, const struct qs_proto_request *req)
 {
-    int fd = -1, fds[2];
+    int fd = -1;
     struct qs_proto_reply rep;
     int rc = connect_owner(cl->dir, cl->name, cl->vgpu_id, &fd);
     if (rc == QS_OK) {
-        rc = exchange(fd, req, &rep, fds);
+        rc = exchange(fd, req, &rep, NULL);
         close(fd);
     }
     return rc;
@@ -213,8 +229,7 @@ int qs_client_detach(qs_client *cl)
         struct qs_proto_request req = {QS_PROTO_MAGIC, QS_OP_DETACH, cl->vgpu_id, cl->ctx,
                                        cl->generation, 0};
         struct qs_proto_reply rep;
-        int fds[2];
-        rc = exchange(cl->sock, &req, &rep, fds);
+        rc = exchange(cl->sock, &req, &rep, NULL);
         if (rc == QS_EAGENT)
             rc = detach_again(cl, &req);
     }
@@ -386,9 +401,8 @@ int qs_client_info_get(qs_client *cl, qs_client_info *out)
     *out = (qs_client_info){.vgpu = cl->vgpu_id, .card = cl->card, .priority = cl->priority,
                             .core_share = atomic_load(&cl->vc->core_share),
                             .mem_limit = atomic_load(&cl->vc->mem_limit),
-                            .mem_used = __atomic_load_n(&cl->seg.state->vgpus[cl->vslot].mem_used,
-                                                        __ATOMIC_RELAXED),
-                            .mem_reserved = __atomic_load_n(&cl->c->mem_reserved, __ATOMIC_RELAXED),
+                            .mem_used = qs_mem_used(&cl->seg, cl->vslot),
+                            .mem_reserved = qs_mem_reserved(&cl->seg, cl->vslot, cl->ctx),
                             .card_total_mem = card->total_mem};
     snprintf(out->card_uuid, sizeof out->card_uuid, "%s", card->uuid);
     return check_live(cl);

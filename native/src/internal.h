@@ -101,10 +101,9 @@ _Static_assert(offsetof(struct qs_card_state, gap_seen_ns) ==
                    offsetof(struct qs_card_state, policy_seq) + QS_CACHELINE,
                "the policy words fit one cache line");
 
+/* A vGPU's memory count is not here but in its memory part (struct qs_vmem). */
 struct qs_vgpu_state {
-    _Alignas(QS_CACHELINE) pthread_mutex_t mem_lock;
-    uint64_t mem_used;
-    _Atomic uint64_t device_ns;
+    _Alignas(QS_CACHELINE) _Atomic uint64_t device_ns;
     _Atomic uint64_t launches; /* of contexts already gone; live ones count in their ctx */
     _Atomic uint32_t contexts;
     uint32_t pad;
@@ -118,7 +117,6 @@ struct qs_ctx {
     int32_t pid;
     uint32_t vgpu_slot, card, priority;
     _Atomic uint32_t generation;    /* of the attach that owns the slot now */
-    uint64_t mem_reserved;          /* guarded by the vGPU's mem_lock */
     _Atomic uint32_t inflight;      /* units between launch_begin and launch_end */
     _Atomic uint32_t inflight_waiters;
     _Atomic uint64_t launches;
@@ -154,13 +152,29 @@ struct qs_state {
     uint64_t magic;
     uint32_t abi;
     uint32_t pad;
-    uint64_t state_size;
-    pthread_mutex_t seg_lock; /* robust: serialises owner-side configuration changes */
+    uint64_t state_size; /* (ABI 6 kept the segment lock here; it is in the owner part now) */
     struct qs_card_state cards[QS_MAX_CARDS];
     struct qs_vgpu_state vgpus[QS_MAX_VGPUS];
     struct qs_ctx ctxs[QS_MAX_CONTEXTS];
     struct qs_ring ring;
 };
+
+/* ---- a vGPU's memory part: a memfd of its own (sealed against shrinking and growing),
+ * passed to that vGPU's processes alone. Another vGPU's tenant can neither rewrite its count
+ * nor take its lock, which it could while they lived in the state part every tenant maps. */
+#define QS_VMEM_MAGIC 0x316d767372616873ull /* "sharsvm1" */
+
+struct qs_vmem {
+    uint64_t magic;
+    uint32_t abi;
+    uint32_t slot; /* the vGPU slot it was made for */
+    uint64_t vmem_size;
+    uint32_t recount; /* set by the owner's reap: `used` is to be summed again from reserved */
+    _Alignas(QS_CACHELINE) pthread_mutex_t lock; /* robust; taken by the vGPU's processes only */
+    uint64_t used;                               /* written under lock */
+    uint64_t reserved[QS_MAX_CONTEXTS];          /* by context slot; added to under lock */
+};
+_Static_assert(offsetof(struct qs_vmem, lock) == QS_CACHELINE, "the header fits one line");
 
 /* ---- owner part: a file only the owner can open (0600); never mapped by clients ---- */
 #define QS_OWNER_MAGIC 0x3172776f72616873ull /* "sharowr1" */
@@ -181,19 +195,27 @@ struct qs_owner {
     int32_t owner_pid, pad_owner;                   /* the owner now, and its start time: */
     uint64_t owner_start;                           /* a live owner cannot be adopted from */
     _Atomic uint32_t owner_untimed[QS_MAX_CARDS];    /* release threads' part of untimed_sleepers */
+    uint64_t vmem_ino[QS_MAX_VGPUS], vmem_dev[QS_MAX_VGPUS]; /* identity of each memory part */
+    /* Robust: serialises the owner's configuration changes. Here, where no tenant maps it:
+     * in a part a tenant can write, the tenant can hold it, or write junk into its robust-list
+     * links, which glibc follows when the owner unlocks it. */
+    _Alignas(QS_CACHELINE) pthread_mutex_t seg_lock;
     struct qs_owner_rec recs[QS_MAX_CONTEXTS];
 };
 
 /* Low priority's in-flight window on a card (lp_window.c): the default when unset. */
 uint64_t qs_card_lp_window(const struct qs_cfg_card *card);
 
-/* A mapped segment. Clients have cfg (read-only) and state; only the owner has `owner`. */
+/* A mapped segment. Clients have cfg (read-only), state and their own vGPU's memory part;
+ * only the owner has `owner` and every vGPU's memory part. Made empty by qs_segment_init. */
 struct qs_segment {
     struct qs_cfg *cfg;
     struct qs_state *state;
     struct qs_owner *owner;
     int state_fd;  /* the state memfd (clients keep it: an adopting owner finds it there) */
     int cfg_ro_fd; /* owner: a read-only descriptor of the cfg part, passed to clients */
+    struct qs_vmem *vmem[QS_MAX_VGPUS]; /* by vGPU slot; NULL where not mapped */
+    int vmem_fd[QS_MAX_VGPUS];          /* kept open, like state_fd; -1 where none */
 };
 
 /* ---- attach protocol over a vGPU's unix socket ---- */
@@ -203,8 +225,10 @@ enum qs_proto_op { QS_OP_ATTACH = 1, QS_OP_DETACH = 2 };
 struct qs_proto_request {
     uint32_t magic, op, vgpu_id, ctx, generation, pad;
 };
-/* An ATTACH reply with status QS_OK carries two descriptors (SCM_RIGHTS): the cfg part,
- * read-only, and the state memfd, sealed against shrinking and growing. */
+/* An ATTACH reply with status QS_OK carries three descriptors (SCM_RIGHTS): the cfg part,
+ * read-only, the state memfd and the vGPU's memory part, both sealed against shrinking and
+ * growing. */
+#define QS_ATTACH_FDS 3
 struct qs_proto_reply {
     int32_t status;
     uint32_t ctx, vgpu_slot, generation;
@@ -283,17 +307,25 @@ int qs_robust_lock(pthread_mutex_t *m, void (*recover)(void *), void *arg);
 void qs_robust_unlock(pthread_mutex_t *m);
 
 /* segment.c */
+void qs_segment_init(struct qs_segment *seg); /* nothing mapped, no descriptor */
 int qs_check_name(const char *name);
 int qs_segment_path(char *buf, size_t len, const char *dir, const char *name, const char *suffix);
 int qs_segment_create(const char *dir, const char *name, int replace, struct qs_segment *seg);
 /* Owner: open the cfg and owner parts of an existing segment (adopt); the state is found apart. */
 int qs_segment_open_owner(const char *dir, const char *name, struct qs_segment *seg);
+/* A memfd of `size` zero bytes, sealed against shrinking and growing, mapped read-write. */
+int qs_memfd_sealed(const char *label, size_t size, int *fd, void **map);
+/* The inode and device of descriptor `fd` (how an adopting owner recognises a memfd). */
+int qs_fd_identity(int fd, uint64_t *ino, uint64_t *dev);
+/* A part's type, magic, ABI version and size, checked before it is mapped. */
+int qs_check_part(int fd, const char *what, uint64_t magic, size_t size);
 /* A new state part (memfd, sealed), recorded in the owner part. */
 int qs_segment_new_state(const char *name, struct qs_segment *seg);
 /* Map a state memfd after checking it is one of this ABI; takes over `fd` on success. */
 int qs_segment_map_state(int fd, struct qs_segment *seg);
-/* Client: map the descriptors the owner passed; takes both over on success. */
-int qs_segment_map_client(int cfg_fd, int state_fd, struct qs_segment *seg);
+/* Client: map the descriptors the owner passed (cfg, state, vGPU slot `vslot`'s memory
+ * part); takes them all over on success. */
+int qs_segment_map_client(const int fds[QS_ATTACH_FDS], uint32_t vslot, struct qs_segment *seg);
 void qs_segment_unmap(struct qs_segment *seg);
 /* The per-vGPU attach directory and socket of segment `name`. */
 int qs_vgpu_dir_path(char *buf, size_t len, const char *dir, const char *name, uint32_t id);
@@ -323,6 +355,13 @@ int qs_gate_wait(struct qs_segment *seg, uint32_t card, _Atomic uint32_t *stop,
 void qs_gate_release_loop(struct qs_segment *seg, uint32_t card, _Atomic uint32_t *stop);
 void qs_gate_forget_hp(struct qs_segment *seg, uint32_t card, uint32_t ctx);
 
+/* vmem.c: each vGPU's memory part */
+/* Owner: a new memory part for vGPU slot `slot` (any old one of the slot is dropped). */
+int qs_vmem_new(struct qs_segment *seg, const char *name, uint32_t slot);
+/* Map memory part `fd` as slot `slot`'s after checking it; takes `fd` over on success. */
+int qs_vmem_map(struct qs_segment *seg, uint32_t slot, int fd);
+void qs_vmem_drop(struct qs_segment *seg, uint32_t slot);
+
 /* memory.c */
 void qs_mem_recover(void *vgpu_state_and_slot);
 /* Owner: return all that context `ctx` of vGPU slot `vslot` reserved; the amount returned. */
@@ -333,6 +372,9 @@ struct qs_ctx_ref {
 };
 int qs_mem_reserve_ctx(struct qs_segment *seg, struct qs_ctx_ref ref, uint64_t bytes);
 int qs_mem_release_ctx(struct qs_segment *seg, struct qs_ctx_ref ref, uint64_t bytes);
+/* A vGPU's memory in use, and one context's reservations (0 where the part is not mapped). */
+uint64_t qs_mem_used(struct qs_segment *seg, uint32_t vslot);
+uint64_t qs_mem_reserved(struct qs_segment *seg, uint32_t vslot, uint32_t ctx);
 
 /* simdev.c */
 /* Book `card` for a kernel of `duration_ns` after every kernel booked before; its start. */

@@ -1,8 +1,8 @@
 /* lock.c — robust process-shared mutexes: a holder killed at any instruction leaves
- * the lock to the next locker, which repairs the guarded data before going on. The locks live
- * in the state part, which every tenant maps writable: one that a tenant takes and keeps (or a
- * stopped process holds) fails the locker with QS_ETIMEDOUT after QS_LOCK_WAIT_NS, never
- * holds it for good. */
+ * the lock to the next locker, which repairs the guarded data before going on. A vGPU's memory
+ * lock lives in its memory part, which the vGPU's tenants map writable (the owner never takes
+ * it): one that a tenant takes and keeps (or a stopped process holds) fails the locker with
+ * QS_ETIMEDOUT after QS_LOCK_WAIT_NS, never holds it for good. */
 #include "internal.h"
 
 #include <errno.h>

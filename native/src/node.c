@@ -23,12 +23,12 @@ static void seg_recover(void *arg)
 
 int qs_node_lock(qs_node *node)
 {
-    return qs_robust_lock(&node->seg.state->seg_lock, seg_recover, node->seg.cfg);
+    return qs_robust_lock(&node->seg.owner->seg_lock, seg_recover, node->seg.cfg);
 }
 
 void qs_node_unlock(qs_node *node)
 {
-    qs_robust_unlock(&node->seg.state->seg_lock);
+    qs_robust_unlock(&node->seg.owner->seg_lock);
 }
 
 /* Descriptors: one per attached process and per vGPU socket; the soft limit goes up to the
@@ -51,8 +51,15 @@ static qs_node *new_node(const char *name, const char *dir)
     }
     snprintf(node->dir, sizeof node->dir, "%s", qs_default_dir(dir));
     snprintf(node->name, sizeof node->name, "%s", name ? name : "");
+    pthread_mutex_init(&node->slot_lock, NULL);
     raise_fd_limit();
     return node;
+}
+
+static void free_node(qs_node *node)
+{
+    pthread_mutex_destroy(&node->slot_lock);
+    free(node);
 }
 
 /* Record this process as the segment's owner. */
@@ -92,7 +99,7 @@ int qs_node_create(const char *name, const char *dir, int replace, qs_node **out
         }
     }
     if (rc != QS_OK) {
-        free(node);
+        free_node(node);
         return rc;
     }
     *out = node;
@@ -157,7 +164,8 @@ int qs_node_adopt(const char *name, const char *dir, qs_node **out)
     int rc = qs_segment_open_owner(node->dir, name, &node->seg);
     if (rc == QS_OK)
         rc = check_owner_dead(node);
-    if (rc == QS_OK && (rc = adopt_state(node)) == QS_OK) {
+    if (rc == QS_OK && (rc = adopt_state(node)) == QS_OK &&
+        (rc = qs_service_adopt_vmems(node)) == QS_OK) {
         claim(node);
         forget_dead_owner(node);
         node->ring_cursor = (struct qs_ring_cursor){.tail = atomic_load(&node->seg.state->ring.head)};
@@ -167,7 +175,7 @@ int qs_node_adopt(const char *name, const char *dir, qs_node **out)
     }
     if (rc != QS_OK) {
         qs_segment_unmap(&node->seg);
-        free(node);
+        free_node(node);
         return rc;
     }
     *out = node;
@@ -181,7 +189,7 @@ void qs_node_leave(qs_node *node)
     node->seg.owner->owner_pid = 0; /* nobody owns it now: the next agent adopts at once */
     qs_service_stop(node);
     qs_segment_unmap(&node->seg);
-    free(node);
+    free_node(node);
 }
 
 void qs_node_close(qs_node *node)
@@ -193,7 +201,7 @@ void qs_node_close(qs_node *node)
     qs_service_stop(node);
     qs_segment_unmap(&node->seg);
     qs_segment_unlink(node->dir, node->name);
-    free(node);
+    free_node(node);
 }
 
 int qs_node_list_vgpus(qs_node *node, uint32_t *ids, uint32_t cap, uint32_t *count)

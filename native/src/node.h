@@ -26,6 +26,12 @@ struct qs_node {
     int pidfd_of_ctx[QS_MAX_CONTEXTS];    /* adopted contexts: liveness by pidfd */
     _Atomic int listen_fd_of_slot[QS_MAX_VGPUS];   /* each vGPU's attach socket */
     _Atomic int dead_listen_fd[QS_MAX_VGPUS];      /* closed by the service thread */
+    /* A vGPU slot's life, under a lock of the owner's own (never in the state part): a new
+     * vGPU replaces the slot's memory part (a process of the vGPU that had the slot before
+     * keeps no reach into the new one); an attach binds a context only to an active slot; a
+     * destroyed slot is freed only when the owner's records hold no context of it. Statistics
+     * read under it too. Taken after the segment lock, never before it. */
+    pthread_mutex_t slot_lock;
 };
 
 int qs_node_lock(qs_node *node);
@@ -41,8 +47,13 @@ int qs_service_vgpu_added(qs_node *node, uint32_t slot);
 void qs_service_vgpu_removed(qs_node *node, uint32_t slot);
 /* Adopt: keep the recorded contexts whose process lives (watched by pidfd), reap the rest. */
 int qs_service_adopt_contexts(qs_node *node);
+/* Contexts of vGPU slot `slot` in the owner's private records (the state part's count is
+ * every tenant's to rewrite). */
+uint32_t qs_service_contexts_of(qs_node *node, uint32_t slot);
 /* The state memfd held by a live recorded process, or -1. */
 int qs_service_find_state(qs_node *node);
+/* Every live vGPU's memory part, as its processes hold it or made anew (after adopt_state). */
+int qs_service_adopt_vmems(qs_node *node);
 /* /proc/<pid>/stat starttime, or 0. */
 uint64_t qs_proc_start_time(int pid);
 /* Auto mode turned on: forget the gaps and start the warm-up again; LP's mean kernel stays. */

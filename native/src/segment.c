@@ -97,16 +97,12 @@ static int create_file(const char *path, size_t size, void **map)
     return rc;
 }
 
-static int init_state(struct qs_state *st)
+static void init_state(struct qs_state *st)
 {
-    int rc = qs_robust_init(&st->seg_lock);
-    for (uint32_t v = 0; rc == QS_OK && v < QS_MAX_VGPUS; v++)
-        rc = qs_robust_init(&st->vgpus[v].mem_lock);
     st->abi = QS_ABI_VERSION;
     st->state_size = sizeof *st;
     atomic_thread_fence(memory_order_release);
     st->magic = QS_STATE_MAGIC; /* last: a half-made segment never validates */
-    return rc;
 }
 
 static void init_cfg(struct qs_cfg *cfg, const char *name)
@@ -120,12 +116,14 @@ static void init_cfg(struct qs_cfg *cfg, const char *name)
     cfg->magic = QS_CFG_MAGIC;
 }
 
-static void init_owner(struct qs_owner *own)
+static int init_owner(struct qs_owner *own)
 {
+    int rc = qs_robust_init(&own->seg_lock);
     own->abi = QS_ABI_VERSION;
     own->owner_size = sizeof *own;
     atomic_thread_fence(memory_order_release);
     own->magic = QS_OWNER_MAGIC;
+    return rc;
 }
 
 void qs_segment_unlink(const char *dir, const char *name)
@@ -148,32 +146,52 @@ static int part_paths(const char *dir, const char *name, char cpath[512], char o
     return rc;
 }
 
-int qs_segment_new_state(const char *name, struct qs_segment *seg)
+int qs_memfd_sealed(const char *label, size_t size, int *fd_out, void **map_out)
 {
-    char label[QS_NAME_MAX + 16];
-    snprintf(label, sizeof label, "qshare.%s.state", name);
     int fd = memfd_create(label, MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (fd < 0)
         return qs_fail_errno("memfd_create");
     void *map = NULL;
-    int rc = ftruncate(fd, sizeof(struct qs_state)) || fcntl(fd, F_ADD_SEALS, STATE_SEALS)
-                 ? qs_fail_errno("sealing the state part")
-                 : map_fd(fd, sizeof(struct qs_state), PROT_READ | PROT_WRITE, &map);
-    if (rc == QS_OK)
-        rc = init_state(map);
-    struct stat sb;
-    if (rc == QS_OK && fstat(fd, &sb))
-        rc = qs_fail_errno("fstat");
+    int rc = ftruncate(fd, (off_t)size) || fcntl(fd, F_ADD_SEALS, STATE_SEALS)
+                 ? qs_fail_errno("sealing a memfd")
+                 : map_fd(fd, size, PROT_READ | PROT_WRITE, &map);
     if (rc != QS_OK) {
-        if (map)
-            munmap(map, sizeof(struct qs_state));
+        close(fd);
+        return rc;
+    }
+    *fd_out = fd;
+    *map_out = map;
+    return QS_OK;
+}
+
+int qs_fd_identity(int fd, uint64_t *ino, uint64_t *dev)
+{
+    struct stat sb;
+    if (fstat(fd, &sb))
+        return qs_fail_errno("fstat");
+    *ino = (uint64_t)sb.st_ino;
+    *dev = (uint64_t)sb.st_dev;
+    return QS_OK;
+}
+
+int qs_segment_new_state(const char *name, struct qs_segment *seg)
+{
+    char label[QS_NAME_MAX + 16];
+    snprintf(label, sizeof label, "qshare.%s.state", name);
+    int fd = -1;
+    void *map = NULL;
+    int rc = qs_memfd_sealed(label, sizeof(struct qs_state), &fd, &map);
+    if (rc != QS_OK)
+        return rc;
+    init_state(map);
+    rc = qs_fd_identity(fd, &seg->owner->state_ino, &seg->owner->state_dev);
+    if (rc != QS_OK) {
+        munmap(map, sizeof(struct qs_state));
         close(fd);
         return rc;
     }
     seg->state = map;
     seg->state_fd = fd;
-    seg->owner->state_ino = (uint64_t)sb.st_ino;
-    seg->owner->state_dev = (uint64_t)sb.st_dev;
     return QS_OK;
 }
 
@@ -193,7 +211,7 @@ int qs_segment_create(const char *dir, const char *name, int replace, struct qs_
         return rc;
     if (replace)
         qs_segment_unlink(dir, name);
-    *seg = (struct qs_segment){.state_fd = -1, .cfg_ro_fd = -1};
+    qs_segment_init(seg);
     void *cmap = NULL, *omap = NULL;
     rc = create_file(cpath, sizeof(struct qs_cfg), &cmap);
     if (rc != QS_OK)
@@ -202,7 +220,7 @@ int qs_segment_create(const char *dir, const char *name, int replace, struct qs_
     seg->cfg = cmap;
     seg->owner = omap;
     if (rc == QS_OK)
-        init_owner(omap);
+        rc = init_owner(omap);
     if (rc == QS_OK)
         rc = qs_segment_new_state(name, seg);
     if (rc == QS_OK)
@@ -219,7 +237,7 @@ int qs_segment_create(const char *dir, const char *name, int replace, struct qs_
 
 /* Check a part's type and header before mapping it whole: anything but a regular file (or
  * memfd) of the expected magic, ABI version and size fails with a clear error. */
-static int check_part(int fd, const char *what, uint64_t magic, size_t size)
+int qs_check_part(int fd, const char *what, uint64_t magic, size_t size)
 {
     struct { uint64_t magic; uint32_t abi; uint32_t pad; } hdr;
     struct stat sb;
@@ -249,7 +267,7 @@ static int open_part(const char *path, uint64_t magic, size_t size, int writable
         return errno == ENOENT ? qs_fail(QS_ENOENT, "no segment at %s", path)
                : errno == ELOOP ? qs_fail(QS_EMAGIC, "%s is a symbolic link: refused", path)
                                 : qs_fail_errno(path);
-    int rc = check_part(fd, path, magic, size);
+    int rc = qs_check_part(fd, path, magic, size);
     if (rc != QS_OK) {
         close(fd);
         return rc;
@@ -272,7 +290,7 @@ static int map_part(const char *path, uint64_t magic, size_t size, void **map)
 int qs_segment_open_owner(const char *dir, const char *name, struct qs_segment *seg)
 {
     char cpath[512], opath[512];
-    *seg = (struct qs_segment){.state_fd = -1, .cfg_ro_fd = -1};
+    qs_segment_init(seg);
     int rc = part_paths(dir, name, cpath, opath);
     void *cmap = NULL, *omap = NULL;
     if (rc == QS_OK)
@@ -291,7 +309,7 @@ int qs_segment_open_owner(const char *dir, const char *name, struct qs_segment *
 int qs_segment_map_state(int fd, struct qs_segment *seg)
 {
     void *map = NULL;
-    int rc = check_part(fd, "the state part", QS_STATE_MAGIC, sizeof(struct qs_state));
+    int rc = qs_check_part(fd, "the state part", QS_STATE_MAGIC, sizeof(struct qs_state));
     if (rc == QS_OK)
         rc = map_fd(fd, sizeof(struct qs_state), PROT_READ | PROT_WRITE, &map);
     if (rc != QS_OK)
@@ -301,27 +319,39 @@ int qs_segment_map_state(int fd, struct qs_segment *seg)
     return QS_OK;
 }
 
-int qs_segment_map_client(int cfg_fd, int state_fd, struct qs_segment *seg)
+int qs_segment_map_client(const int fds[QS_ATTACH_FDS], uint32_t vslot, struct qs_segment *seg)
 {
-    *seg = (struct qs_segment){.state_fd = -1, .cfg_ro_fd = -1};
+    qs_segment_init(seg);
     void *cmap = NULL;
-    int rc = check_part(cfg_fd, "the cfg part", QS_CFG_MAGIC, sizeof(struct qs_cfg));
+    int rc = qs_check_part(fds[0], "the cfg part", QS_CFG_MAGIC, sizeof(struct qs_cfg));
     if (rc == QS_OK)
-        rc = map_fd(cfg_fd, sizeof(struct qs_cfg), PROT_READ, &cmap);
+        rc = map_fd(fds[0], sizeof(struct qs_cfg), PROT_READ, &cmap);
+    seg->cfg = cmap;
     if (rc == QS_OK)
-        rc = qs_segment_map_state(state_fd, seg);
-    if (rc != QS_OK) {
-        if (cmap)
-            munmap(cmap, sizeof(struct qs_cfg));
+        rc = qs_segment_map_state(fds[1], seg);
+    if (rc == QS_OK)
+        rc = qs_vmem_map(seg, vslot, fds[2]);
+    if (rc != QS_OK) { /* unmap, but leave every descriptor to the caller */
+        seg->state_fd = -1;
+        seg->vmem_fd[vslot < QS_MAX_VGPUS ? vslot : 0] = -1;
+        unmap_all(seg);
         return rc;
     }
-    close(cfg_fd);
-    seg->cfg = cmap;
+    close(fds[0]);
     return QS_OK;
+}
+
+void qs_segment_init(struct qs_segment *seg)
+{
+    *seg = (struct qs_segment){.state_fd = -1, .cfg_ro_fd = -1};
+    for (uint32_t s = 0; s < QS_MAX_VGPUS; s++)
+        seg->vmem_fd[s] = -1;
 }
 
 static void unmap_all(struct qs_segment *seg)
 {
+    for (uint32_t s = 0; s < QS_MAX_VGPUS; s++)
+        qs_vmem_drop(seg, s);
     if (seg->cfg)
         munmap(seg->cfg, sizeof(struct qs_cfg));
     if (seg->state)
@@ -332,7 +362,7 @@ static void unmap_all(struct qs_segment *seg)
         close(seg->state_fd);
     if (seg->cfg_ro_fd >= 0)
         close(seg->cfg_ro_fd);
-    *seg = (struct qs_segment){.state_fd = -1, .cfg_ro_fd = -1};
+    qs_segment_init(seg);
 }
 
 void qs_segment_unmap(struct qs_segment *seg)

@@ -58,7 +58,7 @@ static int alloc_ctx(qs_node *node, uint32_t *out)
 
 /* Contexts vGPU slot `slot` holds, from the owner's private records (the shared count is
  * every tenant's to rewrite, so it neither grants nor refuses an attach). */
-static uint32_t contexts_of(qs_node *node, uint32_t slot)
+uint32_t qs_service_contexts_of(qs_node *node, uint32_t slot)
 {
     uint32_t n = 0;
     for (uint32_t i = 0; i < QS_MAX_CONTEXTS; i++) {
@@ -107,7 +107,7 @@ static void bind_ctx(qs_node *node, uint32_t i, int pid, uint32_t slot)
     c->card = v->card;
     c->priority = v->priority;
     atomic_store(&c->generation, r->generation);
-    c->mem_reserved = 0;
+    __atomic_store_n(&node->seg.vmem[slot]->reserved[i], 0, __ATOMIC_RELAXED);
     atomic_store(&c->inflight, 0);
     atomic_store(&c->inflight_waiters, 0);
     atomic_store(&c->launches, 0);
@@ -117,8 +117,8 @@ static void bind_ctx(qs_node *node, uint32_t i, int pid, uint32_t slot)
     atomic_store(&r->state, QS_SLOT_ACTIVE);
 }
 
-static int attach_ctx(qs_node *node, int fd, uint32_t slot, uint32_t vgpu_id,
-                      struct qs_proto_reply *rep)
+static int attach_locked(qs_node *node, int fd, uint32_t slot, uint32_t vgpu_id,
+                         struct qs_proto_reply *rep)
 {
     struct qs_cfg_vgpu *v = &node->seg.cfg->vgpus[slot];
     if (atomic_load(&v->state) != QS_SLOT_ACTIVE)
@@ -126,7 +126,10 @@ static int attach_ctx(qs_node *node, int fd, uint32_t slot, uint32_t vgpu_id,
     if (v->id != vgpu_id)
         return qs_fail(QS_ENOENT, "no vGPU with id %u behind this socket (it serves vGPU %u)",
                        vgpu_id, v->id);
-    if (contexts_of(node, slot) >= QS_MAX_CONTEXTS_PER_VGPU)
+    if (!node->seg.vmem[slot])
+        return qs_fail(QS_ESTATE, "vGPU %u has no memory part (the owner could not make one)",
+                       v->id);
+    if (qs_service_contexts_of(node, slot) >= QS_MAX_CONTEXTS_PER_VGPU)
         return qs_fail(QS_EFULL, "vGPU %u has %u contexts, its most (QS_MAX_CONTEXTS_PER_VGPU)",
                        v->id, QS_MAX_CONTEXTS_PER_VGPU);
     uint32_t i = 0;
@@ -146,6 +149,16 @@ static int attach_ctx(qs_node *node, int fd, uint32_t slot, uint32_t vgpu_id,
     return QS_OK;
 }
 
+/* Under the slot lock: a destroy counting the slot's contexts sees this one or refuses it. */
+static int attach_ctx(qs_node *node, int fd, uint32_t slot, uint32_t vgpu_id,
+                      struct qs_proto_reply *rep)
+{
+    pthread_mutex_lock(&node->slot_lock);
+    int rc = attach_locked(node, fd, slot, vgpu_id, rep);
+    pthread_mutex_unlock(&node->slot_lock);
+    return rc;
+}
+
 /* Every count a dead context held in shared words goes back; waiters recompute. */
 static void return_counts(struct qs_segment *seg, struct qs_ctx *c, const struct qs_owner_rec *r)
 {
@@ -163,19 +176,22 @@ static void return_counts(struct qs_segment *seg, struct qs_ctx *c, const struct
     qs_futex_wake(&cs->wake_seq, INT_MAX);
 }
 
-/* The vGPU of a destroyed slot is freed with its last context. */
+/* The vGPU of a destroyed slot is freed with its last context, as the owner's records count
+ * them (after the reaped one's record is freed): the shared count is only shown. */
 static void drop_context_count(qs_node *node, uint32_t vslot)
 {
-    struct qs_state *st = node->seg.state;
-    struct qs_cfg_vgpu *v = &node->seg.cfg->vgpus[vslot];
-    uint32_t cur = atomic_load(&st->vgpus[vslot].contexts);
-    while (cur && !atomic_compare_exchange_weak(&st->vgpus[vslot].contexts, &cur, cur - 1)) {
+    _Atomic uint32_t *shared = &node->seg.state->vgpus[vslot].contexts;
+    uint32_t cur = atomic_load(shared);
+    while (cur && !atomic_compare_exchange_weak(shared, &cur, cur - 1)) {
     }
-    if (cur <= 1 && atomic_load(&v->state) == QS_SLOT_DESTROYED && !qs_node_lock(node)) {
-        if (!atomic_load(&st->vgpus[vslot].contexts))
-            atomic_store(&v->state, QS_SLOT_FREE);
-        qs_node_unlock(node);
-    }
+    _Atomic uint32_t *state = &node->seg.cfg->vgpus[vslot].state;
+    if (atomic_load(state) != QS_SLOT_DESTROYED)
+        return;
+    pthread_mutex_lock(&node->slot_lock);
+    uint32_t destroyed = QS_SLOT_DESTROYED;
+    if (!qs_service_contexts_of(node, vslot))
+        atomic_compare_exchange_strong(state, &destroyed, QS_SLOT_FREE);
+    pthread_mutex_unlock(&node->slot_lock);
 }
 
 /* Return everything context `i` held and free its slot, from the owner's private record. */
@@ -190,13 +206,12 @@ static void reap(qs_node *node, uint32_t i, uint32_t kind)
     struct qs_ctx *c = &st->ctxs[i];
     /* first, while still counted as live: its launches move to the vGPU's tally */
     atomic_fetch_add(&st->vgpus[r->vslot].launches, atomic_exchange(&c->launches, 0));
+    atomic_store(&c->state, QS_SLOT_DESTROYED); /* before its memory: a handle adding to its */
+    atomic_store(&c->generation, 0);            /* share then sees it and takes it back */
     uint64_t returned = qs_mem_reap(&node->seg, i, r->vslot);
-    atomic_store(&c->state, QS_SLOT_DESTROYED);
-    atomic_store(&c->generation, 0);
     if (r->priority == QS_PRIO_HIGH)
         qs_gate_forget_hp(&node->seg, r->card, i);
     return_counts(&node->seg, c, r);
-    drop_context_count(node, r->vslot);
     node->conn_fd_of_ctx[i] = -1;
     if (node->pidfd_of_ctx[i] >= 0) {
         epoll_ctl(node->epoll_fd, EPOLL_CTL_DEL, node->pidfd_of_ctx[i], NULL);
@@ -205,6 +220,7 @@ static void reap(qs_node *node, uint32_t i, uint32_t kind)
     }
     atomic_store(&r->state, QS_SLOT_FREE);
     atomic_store(&c->state, QS_SLOT_FREE);
+    drop_context_count(node, r->vslot);
     qs_ring_push(&st->ring, kind, r->card, r->vgpu_id, r->pid, returned); /* last: all done */
 }
 
@@ -216,12 +232,13 @@ static void close_conn(qs_node *node, int fd, uint32_t value, uint32_t kind)
     close(fd);
 }
 
-/* Send a reply; an attach that succeeded passes the cfg (read-only) and state descriptors. */
+/* Send a reply; an attach that succeeded passes the cfg (read-only), the state and the vGPU's
+ * memory part descriptors. */
 static void send_reply(qs_node *node, int fd, const struct qs_proto_reply *rep, int with_fds)
 {
     struct iovec iov = {.iov_base = (void *)rep, .iov_len = sizeof *rep};
     union {
-        char buf[CMSG_SPACE(2 * sizeof(int))];
+        char buf[CMSG_SPACE(QS_ATTACH_FDS * sizeof(int))];
         struct cmsghdr align;
     } u;
     struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
@@ -232,8 +249,9 @@ static void send_reply(qs_node *node, int fd, const struct qs_proto_reply *rep, 
         struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
         cm->cmsg_level = SOL_SOCKET;
         cm->cmsg_type = SCM_RIGHTS;
-        cm->cmsg_len = CMSG_LEN(2 * sizeof(int));
-        int fds[2] = {node->seg.cfg_ro_fd, node->seg.state_fd};
+        cm->cmsg_len = CMSG_LEN(QS_ATTACH_FDS * sizeof(int));
+        int fds[QS_ATTACH_FDS] = {node->seg.cfg_ro_fd, node->seg.state_fd,
+                                  node->seg.vmem_fd[rep->vgpu_slot]};
         memcpy(CMSG_DATA(cm), fds, sizeof fds);
     }
     sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -523,8 +541,17 @@ static int pidfd_open_live(const struct qs_owner_rec *r)
     return fd;
 }
 
-/* A descriptor in /proc/<pid>/fd that is the state memfd recorded in the owner part. */
-static int state_fd_of(const struct qs_owner *own, int pid)
+/* `fd` is the file of inode `ino` on device `dev`. */
+static int is_file(int fd, uint64_t ino, uint64_t dev)
+{
+    struct stat sb;
+    return !fstat(fd, &sb) && (uint64_t)sb.st_ino == ino && (uint64_t)sb.st_dev == dev;
+}
+
+/* A descriptor in /proc/<pid>/fd that is the memfd of inode `ino` on device `dev`, reopened.
+ * The reopened descriptor is checked itself: the process may have put another file behind
+ * that number since the path was checked (its own memfd, unsealed, with a valid header). */
+static int fd_of(int pid, uint64_t ino, uint64_t dev)
 {
     char path[64];
     snprintf(path, sizeof path, "/proc/%d/fd", pid);
@@ -536,31 +563,63 @@ static int state_fd_of(const struct qs_owner *own, int pid)
         char link[320];
         struct stat sb;
         snprintf(link, sizeof link, "%s/%s", path, e->d_name);
-        if (e->d_name[0] == '.' || stat(link, &sb) || (uint64_t)sb.st_ino != own->state_ino ||
-            (uint64_t)sb.st_dev != own->state_dev)
+        if (e->d_name[0] == '.' || stat(link, &sb) || (uint64_t)sb.st_ino != ino ||
+            (uint64_t)sb.st_dev != dev)
             continue;
-        found = open(link, O_RDWR | O_CLOEXEC);
+        found = open(link, O_RDWR | O_CLOEXEC | O_NOCTTY | O_NONBLOCK); /* a FIFO, a tty */
+        if (found >= 0 && !is_file(found, ino, dev)) {
+            close(found);
+            found = -1;
+        }
     }
     closedir(d);
     return found;
 }
 
-int qs_service_find_state(qs_node *node)
+/* The memfd of inode `ino` on `dev` held by a live recorded process of vGPU slot `vslot`
+ * (any slot: QS_MAX_VGPUS), or -1. */
+static int find_held(qs_node *node, uint32_t vslot, uint64_t ino, uint64_t dev)
 {
     const struct qs_owner *own = node->seg.owner;
     for (uint32_t i = 0; i < QS_MAX_CONTEXTS; i++) {
         const struct qs_owner_rec *r = &own->recs[i];
-        if (atomic_load(&r->state) != QS_SLOT_ACTIVE)
+        if (atomic_load(&r->state) != QS_SLOT_ACTIVE || (vslot < QS_MAX_VGPUS && r->vslot != vslot))
             continue;
         int pfd = pidfd_open_live(r);
         if (pfd < 0)
             continue;
-        int fd = state_fd_of(own, r->pid);
+        int fd = fd_of(r->pid, ino, dev);
         close(pfd);
         if (fd >= 0)
             return fd;
     }
     return -1;
+}
+
+int qs_service_find_state(qs_node *node)
+{
+    return find_held(node, QS_MAX_VGPUS, node->seg.owner->state_ino, node->seg.owner->state_dev);
+}
+
+/* Slot `s`'s memory part as a live process of it holds it, else a new one: with no process of
+ * that vGPU alive, nothing of its memory is held. */
+static int adopt_vmem(qs_node *node, uint32_t s)
+{
+    int fd = find_held(node, s, node->seg.owner->vmem_ino[s], node->seg.owner->vmem_dev[s]);
+    if (fd >= 0 && qs_vmem_map(&node->seg, s, fd) == QS_OK)
+        return QS_OK;
+    if (fd >= 0)
+        close(fd);
+    return qs_vmem_new(&node->seg, node->name, s);
+}
+
+int qs_service_adopt_vmems(qs_node *node)
+{
+    int rc = QS_OK;
+    for (uint32_t s = 0; rc == QS_OK && s < QS_MAX_VGPUS; s++)
+        if (atomic_load(&node->seg.cfg->vgpus[s].state) != QS_SLOT_FREE)
+            rc = adopt_vmem(node, s);
+    return rc;
 }
 
 /* Each vGPU's context count, from the records: exact even if the dead owner was killed

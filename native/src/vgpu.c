@@ -96,11 +96,14 @@ static int create_locked(qs_node *node, const qs_vgpu_spec *spec)
     atomic_store(&v->core_share, spec->core_share);
     atomic_store(&v->mem_limit, spec->mem_limit);
     atomic_store(&v->suspended, 0);
-    vs->mem_used = 0;
     atomic_store(&vs->device_ns, 0);
     atomic_store(&vs->launches, 0);
     memset(&vs->policy, 0, sizeof vs->policy);
-    rc = qs_service_vgpu_added(node, slot);
+    pthread_mutex_lock(&node->slot_lock);
+    rc = qs_vmem_new(&node->seg, node->name, slot);
+    pthread_mutex_unlock(&node->slot_lock);
+    if (rc == QS_OK)
+        rc = qs_service_vgpu_added(node, slot);
     if (rc != QS_OK)
         return rc; /* the slot stays FREE */
     atomic_store(&v->state, QS_SLOT_ACTIVE); /* publish last */
@@ -160,9 +163,11 @@ int qs_vgpu_destroy(qs_node *node, uint32_t id)
     struct qs_cfg_vgpu *v = NULL;
     int slot = find(node, id, &v);
     if (slot >= 0) {
-        uint32_t contexts = atomic_load(&node->seg.state->vgpus[slot].contexts);
         qs_service_vgpu_removed(node, (uint32_t)slot);
+        pthread_mutex_lock(&node->slot_lock); /* no attach binds between count and state */
+        uint32_t contexts = qs_service_contexts_of(node, (uint32_t)slot);
         atomic_store(&v->state, contexts ? QS_SLOT_DESTROYED : QS_SLOT_FREE);
+        pthread_mutex_unlock(&node->slot_lock);
         qs_policy_membership(&node->seg, (uint32_t)slot, 0);
         qs_futex_wake(&v->suspended, INT_MAX);
         struct qs_card_state *cs = &node->seg.state->cards[v->card];
@@ -214,11 +219,9 @@ uint64_t qs_vgpu_launches(struct qs_segment *seg, uint32_t slot)
     return sum;
 }
 
-int qs_vgpu_stats_get(qs_node *node, uint32_t id, qs_vgpu_stats *out)
+/* Under the slot lock: the slot keeps this vGPU (and its memory part) while it is read. */
+static int stats_locked(qs_node *node, uint32_t id, qs_vgpu_stats *out)
 {
-    qs_clear_error();
-    QS_REQUIRE(node, "node");
-    QS_REQUIRE(out, "out pointer");
     struct qs_cfg_vgpu *v = NULL;
     int slot = find(node, id, &v);
     if (slot < 0)
@@ -227,10 +230,21 @@ int qs_vgpu_stats_get(qs_node *node, uint32_t id, qs_vgpu_stats *out)
     *out = (qs_vgpu_stats){.id = id, .card = v->card, .priority = v->priority,
                            .core_share = atomic_load(&v->core_share),
                            .mem_limit = atomic_load(&v->mem_limit),
-                           .mem_used = __atomic_load_n(&vs->mem_used, __ATOMIC_RELAXED),
+                           .mem_used = qs_mem_used(&node->seg, (uint32_t)slot),
                            .device_ns = atomic_load(&vs->device_ns),
                            .launches = qs_vgpu_launches(&node->seg, (uint32_t)slot),
-                           .contexts = atomic_load(&vs->contexts),
+                           .contexts = qs_service_contexts_of(node, (uint32_t)slot),
                            .suspended = atomic_load(&v->suspended)};
     return QS_OK;
+}
+
+int qs_vgpu_stats_get(qs_node *node, uint32_t id, qs_vgpu_stats *out)
+{
+    qs_clear_error();
+    QS_REQUIRE(node, "node");
+    QS_REQUIRE(out, "out pointer");
+    pthread_mutex_lock(&node->slot_lock);
+    int rc = stats_locked(node, id, out);
+    pthread_mutex_unlock(&node->slot_lock);
+    return rc;
 }

@@ -146,7 +146,8 @@ static int test_memory_lock_held_by_a_killed_process_is_recovered(void)
             fprintf(stderr, "  child: %s\n", qs_last_error());
             _exit(3);
         }
-        pthread_mutex_lock(&node->seg.state->vgpus[0].mem_lock);
+        uint32_t card;
+        pthread_mutex_lock(&qs_client_segment(cl, &card)->vmem[0]->lock);
         raise(SIGKILL);
     }
     int status;

@@ -849,11 +849,10 @@ static int vslot_of(qs_node *node, uint32_t id)
     return -1;
 }
 
-enum { LOCK_MEM, LOCK_SEG };
 
-/* A process attached to vGPU 1 takes a lock of the state part through its own mapping and
- * keeps it; returns its pid once it holds it (-1 on failure). */
-static pid_t tenant_holding_lock(const char *tag, int which, int vslot)
+/* A process attached to vGPU 1 takes its vGPU's memory lock (in the memory part) through its
+ * own mapping and keeps it; returns its pid once it holds it (-1 on failure). */
+static pid_t tenant_holding_lock(const char *tag, int vslot)
 {
     int fds[2];
     if (pipe(fds))
@@ -864,8 +863,8 @@ static pid_t tenant_holding_lock(const char *tag, int which, int vslot)
         uint32_t card;
         if (qs_client_attach(test_segment(tag), NULL, 1, &cl) != QS_OK)
             _exit(2);
-        struct qs_state *st = qs_client_segment(cl, &card)->state;
-        pthread_mutex_lock(which == LOCK_MEM ? &st->vgpus[vslot].mem_lock : &st->seg_lock);
+        struct qs_segment *seg = qs_client_segment(cl, &card);
+        pthread_mutex_lock(&seg->vmem[vslot]->lock);
         if (write(fds[1], "L", 1) != 1)
             _exit(3);
         for (;;)
@@ -899,17 +898,17 @@ static int joined_within(pthread_t thread, int seconds)
     return pthread_timedjoin_np(thread, NULL, &deadline) == 0;
 }
 
-/* vGPU 1's tenant holds vGPU 2's memory lock for good: vGPU 2's reservations fail with
- * QS_ETIMEDOUT instead of waiting for good (before, they hung until the tenant let go). */
-static int test_a_tenant_holding_another_vgpus_memory_lock_cannot_hang_its_reservations(void)
+/* A tenant of vGPU 1 holds its vGPU's memory lock for good: the reservations of vGPU 1's
+ * other processes fail with QS_ETIMEDOUT instead of waiting for good (before, they hung until
+ * the tenant let go). No other vGPU's lock is within its reach (the test above). */
+static int test_a_tenant_holding_its_vgpus_memory_lock_cannot_hang_its_peers_reservations(void)
 {
     qs_node *node = make_node("memhold");
     EXPECT(node && vgpu(node, 1, QS_PRIO_LOW, 50, GiB) == QS_OK);
-    EXPECT(vgpu(node, 2, QS_PRIO_LOW, 50, GiB) == QS_OK);
-    pid_t holder = tenant_holding_lock("memhold", LOCK_MEM, vslot_of(node, 2));
+    pid_t holder = tenant_holding_lock("memhold", vslot_of(node, 1));
     EXPECT(holder > 0);
     struct reserve_call call = {.rc = 1};
-    EXPECT(qs_client_attach(test_segment("memhold"), NULL, 2, &call.cl) == QS_OK);
+    EXPECT(qs_client_attach(test_segment("memhold"), NULL, 1, &call.cl) == QS_OK);
     pthread_t thread;
     EXPECT(pthread_create(&thread, NULL, reserve_mib, &call) == 0);
     int returned = joined_within(thread, 10);
@@ -923,32 +922,425 @@ static int test_a_tenant_holding_another_vgpus_memory_lock_cannot_hang_its_reser
     return 0;
 }
 
-static qs_node *owner_node;
-
-static void *create_vgpu_3(void *arg)
+/* A tenant of vGPU 1 holds its vGPU's memory lock for good while vGPU 1's other processes
+ * detach: the owner returns their memory without waiting the lock's deadline for each, so its
+ * service thread stays free for vGPU 2's attach (before, each reap waited 1 s for the lock and
+ * then returned nothing: four detaches held vGPU 2's attach for over 4 s, and vGPU 1's count
+ * kept the detached process's 256 MiB). */
+static int test_a_tenant_holding_its_memory_lock_cannot_stall_the_owners_reaps(void)
 {
-    *(int *)arg = vgpu(owner_node, 3, QS_PRIO_LOW, 10, GiB);
+    const char *seg = test_segment("reaphold");
+    qs_node *node = make_node("reaphold");
+    EXPECT(node && vgpu(node, 1, QS_PRIO_LOW, 50, GiB) == QS_OK);
+    EXPECT(vgpu(node, 2, QS_PRIO_LOW, 50, GiB) == QS_OK);
+    qs_client *peers[4] = {0}, *other = NULL;
+    for (int i = 0; i < 4; i++)
+        EXPECT(qs_client_attach(seg, NULL, 1, &peers[i]) == QS_OK);
+    EXPECT(qs_mem_reserve(peers[0], 256 * MiB) == QS_OK);
+    pid_t holder = tenant_holding_lock("reaphold", vslot_of(node, 1));
+    EXPECT(holder > 0);
+    uint64_t t0 = qs_now_ns();
+    int detached = 0;
+    for (int i = 0; i < 4; i++)
+        detached += qs_client_detach(peers[i]) == QS_OK;
+    int attached = qs_client_attach(seg, NULL, 2, &other) == QS_OK;
+    uint64_t took = qs_now_ns() - t0;
+    qs_vgpu_stats st = {0};
+    int stats = qs_vgpu_stats_get(node, 1, &st);
+    kill_and_wait(holder);
+    if (other)
+        qs_client_detach(other);
+    qs_node_close(node);
+    fprintf(stderr, "  4 detaches and an attach: %llu ms; vGPU 1 uses %llu MiB\n",
+            (unsigned long long)(took / 1000000), (unsigned long long)(st.mem_used / MiB));
+    EXPECT(detached == 4 && attached && stats == QS_OK);
+    EXPECT(took < 1000000000ull);
+    EXPECT(st.mem_used == 0);
+    return 0;
+}
+
+struct link_smasher {
+    volatile uintptr_t *links;
+    _Atomic int stop;
+};
+
+/* Keep writing junk into two words: a robust mutex's list links (glibc follows them on unlock). */
+static void *smash_links(void *arg)
+{
+    struct link_smasher *s = arg;
+    volatile uintptr_t *links = s->links;
+    while (!atomic_load_explicit(&s->stop, memory_order_relaxed)) {
+        links[0] = 0x1000;
+        links[1] = 0x1000;
+    }
     return NULL;
 }
 
-/* A tenant holds the segment lock for good: the owner's configuration changes fail with
- * QS_ETIMEDOUT instead of waiting for good (before, the owner hung until the tenant let go). */
-static int test_a_tenant_holding_the_segment_lock_cannot_hang_the_owner(void)
+/* A tenant of vGPU 1 keeps writing junk into the robust-list links of its vGPU's memory lock
+ * (in its memory part, which it maps writable) while its vGPU's processes come and go: the
+ * owner never takes that lock, so it survives (before, its reap took the lock, and glibc's
+ * unlock followed the links: the owner died of SIGSEGV within a few detaches). */
+static int test_a_tenant_smashing_its_memory_locks_links_cannot_crash_the_owner(void)
 {
-    qs_node *node = owner_node = make_node("seghold");
-    EXPECT(node && vgpu(node, 1, QS_PRIO_LOW, 50, GiB) == QS_OK);
-    pid_t holder = tenant_holding_lock("seghold", LOCK_SEG, 0);
-    EXPECT(holder > 0);
-    int rc = 1;
+    int fds[2];
+    char r;
+    EXPECT(pipe(fds) == 0);
+    pid_t owner = owner_with_fd_limit("linksmash", 1024, fds[1]);
+    EXPECT(read(fds[0], &r, 1) == 1);
+    const char *seg = test_segment("linksmash");
+    qs_client *tenant = NULL;
+    uint32_t card;
+    EXPECT(qs_client_attach(seg, NULL, 1, &tenant) == QS_OK);
+    pthread_mutex_t *lock = &qs_client_segment(tenant, &card)->vmem[0]->lock;
+    struct link_smasher smasher = {.links = (volatile uintptr_t *)&lock->__data.__list};
     pthread_t thread;
-    EXPECT(pthread_create(&thread, NULL, create_vgpu_3, &rc) == 0);
-    int returned = joined_within(thread, 10);
-    kill_and_wait(holder);
-    if (!returned)
-        pthread_join(thread, NULL);
-    EXPECT(returned && rc == QS_ETIMEDOUT);
-    EXPECT(vgpu(node, 3, QS_PRIO_LOW, 10, GiB) == QS_OK);
+    EXPECT(pthread_create(&thread, NULL, smash_links, &smasher) == 0);
+    int rounds = 0;
+    for (qs_client *cl = NULL; rounds < 2000; rounds++, cl = NULL)
+        if (qs_client_attach(seg, NULL, 1, &cl) != QS_OK || qs_client_detach(cl) != QS_OK)
+            break;
+    atomic_store(&smasher.stop, 1);
+    pthread_join(thread, NULL);
+    int status = 0, died = waitpid(owner, &status, WNOHANG) == owner;
+    qs_client_detach(tenant);
+    if (!died)
+        kill_and_wait(owner);
+    close(fds[0]);
+    close(fds[1]);
+    qs_segment_unlink(NULL, seg);
+    if (died)
+        fprintf(stderr, "  the owner died (signal %d, exit %d) after %d rounds\n",
+                WIFSIGNALED(status) ? WTERMSIG(status) : 0,
+                WIFEXITED(status) ? WEXITSTATUS(status) : 0, rounds);
+    EXPECT(!died && rounds == 2000);
+    return 0;
+}
+
+/* vGPU 1's tenant writes over every vGPU entry of the state part it maps: vGPU 2's memory
+ * count and lock are in vGPU 2's memory part, which vGPU 1's processes never map, so vGPU 2
+ * still reserves exactly up to its limit (before, its count and lock were in those entries). */
+static int test_a_tenant_rewriting_the_vgpu_entries_cannot_change_another_vgpus_memory(void)
+{
+    qs_node *node = make_node("memsmash");
+    EXPECT(node && vgpu(node, 1, QS_PRIO_LOW, 50, GiB) == QS_OK);
+    EXPECT(vgpu(node, 2, QS_PRIO_LOW, 50, GiB) == QS_OK);
+    qs_client *victim = NULL;
+    EXPECT(qs_client_attach(test_segment("memsmash"), NULL, 2, &victim) == QS_OK);
+    EXPECT(qs_mem_reserve(victim, 256 * MiB) == QS_OK);
+    pid_t pid = fork_child();
+    if (pid == 0) {
+        qs_client *cl = NULL;
+        uint32_t card;
+        if (qs_client_attach(test_segment("memsmash"), NULL, 1, &cl) != QS_OK)
+            _exit(2);
+        struct qs_state *st = qs_client_segment(cl, &card)->state;
+        memset(st->vgpus, 0x5a, sizeof st->vgpus);
+        _exit(0);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    EXPECT(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    EXPECT(qs_mem_reserve(victim, GiB - 256 * MiB) == QS_OK);
+    EXPECT(qs_mem_reserve(victim, 1) == QS_ENOMEM);
+    qs_vgpu_stats st;
+    EXPECT(qs_vgpu_stats_get(node, 2, &st) == QS_OK && st.mem_used == GiB);
+    EXPECT(qs_client_detach(victim) == QS_OK);
+    EXPECT(qs_vgpu_stats_get(node, 2, &st) == QS_OK && st.mem_used == 0);
     qs_node_close(node);
+    return 0;
+}
+
+/* A process of vGPU 1 keeps a mapping of vGPU 1's memory part past its detach; vGPU 1 goes and
+ * vGPU 3 takes its slot: vGPU 3 has a memory part of its own, so what the old process writes
+ * into its mapping changes nothing of vGPU 3's (a guard: the slot's part is never reused). */
+static int test_a_slots_next_vgpu_gets_a_memory_part_its_previous_tenant_cannot_reach(void)
+{
+    qs_node *node = make_node("memreuse");
+    EXPECT(node && vgpu(node, 1, QS_PRIO_LOW, 50, GiB) == QS_OK);
+    int slot = vslot_of(node, 1), ready[2], go[2];
+    EXPECT(slot >= 0 && pipe(ready) == 0 && pipe(go) == 0);
+    pid_t pid = fork_child();
+    if (pid == 0) {
+        qs_client *cl = NULL;
+        uint32_t card;
+        if (qs_client_attach(test_segment("memreuse"), NULL, 1, &cl) != QS_OK)
+            _exit(2);
+        int fd = qs_client_segment(cl, &card)->vmem_fd[slot];
+        unsigned char *kept = mmap(NULL, sizeof(struct qs_vmem), PROT_READ | PROT_WRITE,
+                                   MAP_SHARED, fd, 0);
+        char c = 0;
+        if (kept == MAP_FAILED || qs_client_detach(cl) != QS_OK || write(ready[1], "d", 1) != 1 ||
+            read(go[0], &c, 1) != 1)
+            _exit(3);
+        memset(kept + offsetof(struct qs_vmem, lock), 0x5a,
+               sizeof(struct qs_vmem) - offsetof(struct qs_vmem, lock));
+        _exit(0);
+    }
+    char c = 0;
+    EXPECT(read(ready[0], &c, 1) == 1);
+    EXPECT(qs_vgpu_destroy(node, 1) == QS_OK);
+    EXPECT(vgpu(node, 3, QS_PRIO_LOW, 50, GiB) == QS_OK && vslot_of(node, 3) == slot);
+    EXPECT(write(go[1], "g", 1) == 1);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    EXPECT(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    qs_client *cl = NULL;
+    EXPECT(qs_client_attach(test_segment("memreuse"), NULL, 3, &cl) == QS_OK);
+    EXPECT(qs_mem_reserve(cl, GiB) == QS_OK && qs_mem_reserve(cl, 1) == QS_ENOMEM);
+    EXPECT(qs_client_detach(cl) == QS_OK);
+    for (int i = 0; i < 2; i++) {
+        close(ready[i]);
+        close(go[i]);
+    }
+    qs_node_close(node);
+    return 0;
+}
+
+/* vGPU 1's tenant writes vGPU 2's context count in the state part down to zero while a process
+ * of vGPU 2 is attached, then vGPU 2 is destroyed and vGPU 3 created. The owner counts contexts
+ * from its own records: vGPU 2's slot waits for its last process, so that process sees its vGPU
+ * destroyed, vGPU 3 gets another slot, and the detach leaves vGPU 3's count alone (before, the
+ * slot was freed at once and given to vGPU 3, whose configuration the process then ran on; its
+ * detach took one off vGPU 3's contexts, and the owner reaped it through vGPU 3's memory part). */
+static int test_a_tenant_zeroing_a_context_count_cannot_free_a_slot_still_in_use(void)
+{
+    const char *seg = test_segment("ctxzero");
+    qs_node *node = make_node("ctxzero");
+    EXPECT(node && vgpu(node, 1, QS_PRIO_LOW, 30, GiB) == QS_OK);
+    EXPECT(vgpu(node, 2, QS_PRIO_LOW, 30, GiB) == QS_OK);
+    int slot = vslot_of(node, 2);
+    qs_client *tenant = NULL, *victim = NULL, *next = NULL;
+    uint32_t card;
+    EXPECT(slot >= 0 && qs_client_attach(seg, NULL, 2, &victim) == QS_OK);
+    EXPECT(qs_client_attach(seg, NULL, 1, &tenant) == QS_OK);
+    atomic_store(&qs_client_segment(tenant, &card)->state->vgpus[slot].contexts, 0);
+    EXPECT(qs_vgpu_destroy(node, 2) == QS_OK);
+    EXPECT(vgpu(node, 3, QS_PRIO_LOW, 30, 2 * GiB) == QS_OK);
+    qs_client_info info;
+    EXPECT(qs_client_info_get(victim, &info) == QS_EDESTROYED);
+    EXPECT(vslot_of(node, 3) != slot);
+    EXPECT(qs_client_attach(seg, NULL, 3, &next) == QS_OK);
+    EXPECT(qs_client_detach(victim) == QS_OK);
+    qs_vgpu_stats st;
+    EXPECT(qs_vgpu_stats_get(node, 3, &st) == QS_OK && st.contexts == 1);
+    EXPECT(atomic_load(&node->seg.cfg->vgpus[slot].state) == QS_SLOT_FREE);
+    EXPECT(qs_client_detach(next) == QS_OK && qs_client_detach(tenant) == QS_OK);
+    qs_node_close(node);
+    return 0;
+}
+
+/* A tenant of vGPU 1 that keeps flipping the descriptor of its memory part between the part
+ * and a copy of its own (a memfd with the same header, not sealed: it could truncate it under
+ * the owner). An owner adopting the segment must map the part it made, whatever the process
+ * has put behind that number by the time it opens it (before, it checked the path and then
+ * opened it again: it mapped the tenant's copy in some rounds). */
+static pid_t tenant_flipping_its_memory_part(const char *tag, int slot, int ready)
+{
+    pid_t pid = fork_child();
+    if (pid != 0)
+        return pid;
+    for (int fd = 3; fd < 1024; fd++) /* the owner's descriptors, this fork's copies */
+        if (fd != ready)
+            close(fd);
+    qs_client *cl = NULL;
+    uint32_t card;
+    if (qs_client_attach(test_segment(tag), NULL, 1, &cl) != QS_OK)
+        _exit(2);
+    struct qs_segment *seg = qs_client_segment(cl, &card);
+    int n = seg->vmem_fd[slot], real = fcntl(n, F_DUPFD_CLOEXEC, 500);
+    int copy = memfd_create("copy", MFD_CLOEXEC);
+    if (real < 0 || copy < 0 || ftruncate(copy, sizeof(struct qs_vmem)) ||
+        pwrite(copy, seg->vmem[slot], sizeof(struct qs_vmem), 0) != sizeof(struct qs_vmem) ||
+        write(ready, "r", 1) != 1)
+        _exit(3);
+    for (;;) { /* the part stays at `real`, above `n`: the owner can always find it there */
+        dup3(copy, n, O_CLOEXEC);
+        dup3(real, n, O_CLOEXEC);
+    }
+}
+
+static int test_adopt_maps_the_memory_part_it_made_not_what_a_tenant_swapped_in(void)
+{
+    qs_node *node = make_node("fdflip");
+    EXPECT(node && vgpu(node, 1, QS_PRIO_LOW, 50, GiB) == QS_OK);
+    int slot = vslot_of(node, 1), ready[2];
+    char c = 0;
+    EXPECT(slot >= 0 && pipe(ready) == 0);
+    pid_t pid = tenant_flipping_its_memory_part("fdflip", slot, ready[1]);
+    EXPECT(pid > 0 && read(ready[0], &c, 1) == 1);
+    uint64_t ino = node->seg.owner->vmem_ino[slot];
+    int wrong = 0, round = 0;
+    for (; round < 300 && !wrong; round++) {
+        qs_node_leave(node);
+        node = NULL;
+        EXPECT(qs_node_adopt(test_segment("fdflip"), NULL, &node) == QS_OK);
+        struct stat sb;
+        wrong = fstat(node->seg.vmem_fd[slot], &sb) || (uint64_t)sb.st_ino != ino;
+    }
+    kill_and_wait(pid);
+    close(ready[0]);
+    close(ready[1]);
+    qs_node_close(node);
+    if (wrong)
+        fprintf(stderr, "  round %d mapped the tenant's copy\n", round);
+    EXPECT(!wrong);
+    return 0;
+}
+
+/* A stand-in owner on vGPU 1's socket of segment `name`: its k-th answer on one connection
+ * has status `status[k]` and carries the n[k] descriptors fds[k]. */
+struct fake_owner {
+    int lfd, answers, status[2], n[2], fds[2][4];
+    uint32_t slot;
+};
+
+static void fake_answer(int fd, const struct fake_owner *f, int k)
+{
+    struct qs_proto_reply rep = {.status = f->status[k], .vgpu_slot = f->slot};
+    union {
+        char buf[CMSG_SPACE(4 * sizeof(int))];
+        struct cmsghdr align;
+    } u;
+    memset(&u, 0, sizeof u);
+    struct iovec iov = {.iov_base = &rep, .iov_len = sizeof rep};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
+                         .msg_controllen = CMSG_SPACE((size_t)f->n[k] * sizeof(int))};
+    struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN((size_t)f->n[k] * sizeof(int));
+    memcpy(CMSG_DATA(cm), f->fds[k], (size_t)f->n[k] * sizeof(int));
+    sendmsg(fd, &msg, MSG_NOSIGNAL);
+}
+
+static void *fake_owner_main(void *arg)
+{
+    struct fake_owner *f = arg;
+    int fd = accept(f->lfd, NULL, NULL);
+    struct qs_proto_request req;
+    for (int k = 0; fd >= 0 && k < f->answers && recv(fd, &req, sizeof req, 0) == sizeof req; k++)
+        fake_answer(fd, f, k);
+    if (fd >= 0)
+        close(fd);
+    return NULL;
+}
+
+static int fake_listen(const char *name)
+{
+    char dir[512], path[512];
+    qs_vgpu_dir_path(dir, sizeof dir, NULL, name, 1);
+    qs_vgpu_sock_path(path, sizeof path, NULL, name, 1);
+    mkdir(dir, 0755);
+    unlink(path);
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    memcpy(addr.sun_path, path, strlen(path) + 1);
+    int lfd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (lfd >= 0 && (bind(lfd, (struct sockaddr *)&addr, sizeof addr) || listen(lfd, 4))) {
+        close(lfd);
+        return -1;
+    }
+    return lfd;
+}
+
+/* One attach (and a detach when it succeeds) against a stand-in owner; its status. */
+static int attach_to_fake(struct fake_owner *f, const char *name)
+{
+    pthread_t thread;
+    if (pthread_create(&thread, NULL, fake_owner_main, f))
+        return QS_ESYS;
+    qs_client *cl = NULL;
+    int rc = qs_client_attach(name, NULL, 1, &cl);
+    if (rc == QS_OK)
+        qs_client_detach(cl);
+    pthread_join(thread, NULL);
+    return rc;
+}
+
+/* An owner's reply leaves no descriptor behind in the client: one past the three an attach
+ * takes, any carried by a refusal or by a detach's answer is closed (before, the client kept
+ * them open: a fourth descriptor fits the control buffer, and a detach never looked). */
+static int test_an_owners_reply_leaves_no_descriptor_behind(void)
+{
+    qs_node *node = make_node("fdleak");
+    EXPECT(node && vgpu(node, 1, QS_PRIO_LOW, 50, GiB) == QS_OK);
+    const char *name = "ct-fdleak-fake";
+    int slot = vslot_of(node, 1), extra = memfd_create("qs-extra", MFD_CLOEXEC);
+    int lfd = fake_listen(name);
+    EXPECT(slot >= 0 && extra >= 0 && lfd >= 0);
+    struct fake_owner refused = {.lfd = lfd, .answers = 1, .status = {QS_EFULL}, .n = {4},
+                                 .fds = {{node->seg.cfg_ro_fd, node->seg.state_fd,
+                                          node->seg.vmem_fd[slot], extra}}};
+    struct fake_owner served = refused;
+    served.answers = 2;
+    served.status[0] = served.status[1] = QS_OK;
+    served.n[1] = 1;
+    served.fds[1][0] = extra;
+    served.slot = (uint32_t)slot;
+    int rc_refused = attach_to_fake(&refused, name);
+    int rc_served = attach_to_fake(&served, name);
+    close(extra);
+    close(lfd);
+    int left = fd_linking_to("/memfd:qs-extra");
+    qs_node_close(node);
+    EXPECT(rc_refused == QS_EFULL && rc_served == QS_OK);
+    EXPECT(left < 0);
+    return 0;
+}
+
+/* An owner in a child that makes `rounds` configuration changes once told to; it exits 0 when
+ * every one succeeded. */
+static pid_t owner_changing_config(const char *tag, int ready, int go, int rounds)
+{
+    pid_t pid = fork_child();
+    if (pid != 0)
+        return pid;
+    qs_node *node = make_node(tag);
+    char c = 0;
+    if (!node || vgpu(node, 1, QS_PRIO_LOW, 50, GiB) != QS_OK || write(ready, "r", 1) != 1 ||
+        read(go, &c, 1) != 1)
+        _exit(2);
+    for (int i = 0; i < rounds; i++)
+        if (qs_vgpu_update(node, 1, 40 + (uint32_t)(i % 2), GiB) != QS_OK)
+            _exit(4);
+    qs_node_close(node);
+    _exit(0);
+}
+
+/* A tenant keeps writing junk into the two words of the state part (which every tenant maps
+ * writable) just before the card entries, where ABI 6 kept the segment lock's robust-list
+ * links, while the owner makes configuration changes: the segment lock lives in the owner
+ * part, which no tenant maps, so every change succeeds (before, glibc's unlock followed the
+ * links and the owner died of SIGSEGV within a few changes). */
+static int test_a_tenant_smashing_the_state_part_cannot_crash_the_owners_changes(void)
+{
+    int ready[2], go[2], status = 0;
+    char c = 0;
+    EXPECT(pipe(ready) == 0 && pipe(go) == 0);
+    pid_t owner = owner_changing_config("segsmash", ready[1], go[0], 2000);
+    EXPECT(owner > 0 && read(ready[0], &c, 1) == 1);
+    qs_client *tenant = NULL;
+    uint32_t card;
+    EXPECT(qs_client_attach(test_segment("segsmash"), NULL, 1, &tenant) == QS_OK);
+    char *state = (char *)qs_client_segment(tenant, &card)->state;
+    struct link_smasher smasher = {
+        .links = (volatile uintptr_t *)(state + offsetof(struct qs_state, cards)) - 2};
+    pthread_t thread;
+    EXPECT(pthread_create(&thread, NULL, smash_links, &smasher) == 0);
+    EXPECT(write(go[1], "g", 1) == 1);
+    waitpid(owner, &status, 0);
+    atomic_store(&smasher.stop, 1);
+    pthread_join(thread, NULL);
+    qs_client_detach(tenant);
+    qs_segment_unlink(NULL, test_segment("segsmash"));
+    for (int i = 0; i < 2; i++) {
+        close(ready[i]);
+        close(go[i]);
+    }
+    if (!WIFEXITED(status) || WEXITSTATUS(status))
+        fprintf(stderr, "  the owner: signal %d, exit %d\n",
+                WIFSIGNALED(status) ? WTERMSIG(status) : 0,
+                WIFEXITED(status) ? WEXITSTATUS(status) : 0);
+    EXPECT(WIFEXITED(status) && WEXITSTATUS(status) == 0);
     return 0;
 }
 
@@ -1115,10 +1507,24 @@ int main(void)
          test_a_later_lap_takes_over_a_slot_left_by_a_killed_writer},
         {"a taken-over writer that wakes never mixes into the later event",
          test_a_taken_over_writer_that_wakes_never_mixes_into_the_later_event},
-        {"a tenant holding another vGPU's memory lock cannot hang its reservations",
-         test_a_tenant_holding_another_vgpus_memory_lock_cannot_hang_its_reservations},
-        {"a tenant holding the segment lock cannot hang the owner",
-         test_a_tenant_holding_the_segment_lock_cannot_hang_the_owner},
+        {"a tenant holding its vGPU's memory lock cannot hang its peers' reservations",
+         test_a_tenant_holding_its_vgpus_memory_lock_cannot_hang_its_peers_reservations},
+        {"a tenant holding its memory lock cannot stall the owner's reaps",
+         test_a_tenant_holding_its_memory_lock_cannot_stall_the_owners_reaps},
+        {"a tenant smashing its memory lock's links cannot crash the owner",
+         test_a_tenant_smashing_its_memory_locks_links_cannot_crash_the_owner},
+        {"a tenant rewriting the vGPU entries cannot change another vGPU's memory",
+         test_a_tenant_rewriting_the_vgpu_entries_cannot_change_another_vgpus_memory},
+        {"a slot's next vGPU gets a memory part its previous tenant cannot reach",
+         test_a_slots_next_vgpu_gets_a_memory_part_its_previous_tenant_cannot_reach},
+        {"a tenant zeroing a context count cannot free a slot still in use",
+         test_a_tenant_zeroing_a_context_count_cannot_free_a_slot_still_in_use},
+        {"adopt maps the memory part it made, not what a tenant swapped in",
+         test_adopt_maps_the_memory_part_it_made_not_what_a_tenant_swapped_in},
+        {"an owner's reply leaves no descriptor behind",
+         test_an_owners_reply_leaves_no_descriptor_behind},
+        {"a tenant smashing the state part cannot crash the owner's changes",
+         test_a_tenant_smashing_the_state_part_cannot_crash_the_owners_changes},
         {"a tenant raising another context's in-flight count cannot hang its launches",
          test_a_tenant_raising_another_contexts_inflight_count_cannot_hang_its_launches},
         {"a forked child does not count its parent's launches in flight",

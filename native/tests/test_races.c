@@ -1,5 +1,6 @@
 /* test_races.c — threads sharing one context (as they do under the CUDA interposer): the
- * low-priority in-flight bound holds and launch counts are exact. Built under ASan/UBSan with
+ * low-priority in-flight bound holds and launch counts are exact; memory counts stay exact
+ * while the owner reaps without the vGPU's memory lock. Built under ASan/UBSan with
  * the other C tests, and under ThreadSanitizer by `make tsan`. */
 #include "harness.h"
 #include "node.h"
@@ -118,6 +119,66 @@ static int test_event_ring_reads_whole_events_while_threads_push(void)
     return 0;
 }
 
+/* Processes of one vGPU come and go (the owner reaps each without the vGPU's memory lock) while
+ * others reserve and release under it: no reservation passes the limit, and once all are gone
+ * the vGPU counts nothing and serves its whole limit again, not a byte more. */
+enum { MEM_THREADS = 3, MEM_ROUNDS = 150, MEM_LIMIT_MIB = 64 };
+
+struct mem_shared {
+    const char *seg;
+    qs_node *node;
+    _Atomic int failures, over;
+};
+
+static void *attach_reserve_leave(void *arg)
+{
+    struct mem_shared *sh = arg;
+    for (int i = 0; i < MEM_ROUNDS; i++) {
+        qs_client *cl = NULL;
+        if (qs_client_attach(sh->seg, NULL, 1, &cl) != QS_OK) {
+            atomic_fetch_add(&sh->failures, 1);
+            continue;
+        }
+        for (int k = 0; k < 8; k++) {
+            int rc = qs_mem_reserve(cl, 3ull << 20);
+            if (rc != QS_OK && rc != QS_ENOMEM)
+                atomic_fetch_add(&sh->failures, 1);
+            qs_vgpu_stats st;
+            if (qs_vgpu_stats_get(sh->node, 1, &st) == QS_OK &&
+                st.mem_used > ((uint64_t)MEM_LIMIT_MIB << 20))
+                atomic_fetch_add(&sh->over, 1);
+            if (k % 3 == 2 && qs_mem_release(cl, 1ull << 20) != QS_OK)
+                atomic_fetch_add(&sh->failures, 1);
+        }
+        qs_client_detach(cl); /* what it still holds goes back in the owner's reap */
+    }
+    return NULL;
+}
+
+static int test_memory_counts_stay_exact_while_the_owner_reaps(void)
+{
+    struct mem_shared sh = {.seg = test_segment("memreap")};
+    qs_vgpu_spec spec = {.id = 1, .card = 0, .priority = QS_PRIO_LOW, .core_share = 50,
+                         .mem_limit = (uint64_t)MEM_LIMIT_MIB << 20};
+    EXPECT(qs_node_create(sh.seg, NULL, 1, &sh.node) == QS_OK);
+    EXPECT(qs_card_add(sh.node, 0, "GPU-r", GiB) == QS_OK && qs_vgpu_create(sh.node, &spec) == 0);
+    pthread_t t[MEM_THREADS];
+    for (int i = 0; i < MEM_THREADS; i++)
+        pthread_create(&t[i], NULL, attach_reserve_leave, &sh);
+    for (int i = 0; i < MEM_THREADS; i++)
+        pthread_join(t[i], NULL);
+    qs_vgpu_stats st;
+    EXPECT(qs_vgpu_stats_get(sh.node, 1, &st) == QS_OK);
+    qs_client *cl = NULL;
+    EXPECT(qs_client_attach(sh.seg, NULL, 1, &cl) == QS_OK);
+    int full = qs_mem_reserve(cl, spec.mem_limit), more = qs_mem_reserve(cl, 1);
+    qs_client_detach(cl);
+    qs_node_close(sh.node);
+    EXPECT(atomic_load(&sh.failures) == 0 && atomic_load(&sh.over) == 0);
+    EXPECT(st.mem_used == 0 && full == QS_OK && more == QS_ENOMEM);
+    return 0;
+}
+
 int main(void)
 {
     const struct test_case tests[] = {
@@ -126,6 +187,8 @@ int main(void)
         {"launch counts are exact across threads", test_launch_counts_are_exact_across_threads},
         {"event ring reads whole events while threads push",
          test_event_ring_reads_whole_events_while_threads_push},
+        {"memory counts stay exact while the owner reaps",
+         test_memory_counts_stay_exact_while_the_owner_reaps},
     };
     return run_tests(tests, sizeof tests / sizeof tests[0]);
 }

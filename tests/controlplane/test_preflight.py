@@ -27,6 +27,7 @@ from qshare_node_agent.preflight import (
     check_interposer,
     check_kubelet,
     check_nats,
+    check_pid_namespace,
     check_segment_dir,
     check_timeslice,
 )
@@ -37,6 +38,10 @@ from .conftest import as_identity
 
 def simulated(tmp_path: Path, **more: Any) -> NodeAgentSettings:
     return NodeAgentSettings(name="n1", simulate="2:8Gi", shm_dir=tmp_path, **more)
+
+
+HERE_PID_NAMESPACE = check_pid_namespace(Path("/proc")).status
+"""ok on a machine (the host's namespace), warn in a container of its own: tests pass on both."""
 
 
 def real_cards(**more: Any) -> NodeAgentSettings:
@@ -57,7 +62,7 @@ def test_simulated_cards_on_this_machine_pass_every_check(
     assert status == 0
     assert {f["check"]: f["status"] for f in findings} == {
         "cards": "ok", "segment directory": "ok", "interposer": "ok", "CUDA driver": "ok",
-        "timeslice": "ok"}  # fmt: skip
+        "timeslice": "ok", "PID namespace": HERE_PID_NAMESPACE}  # fmt: skip
 
 
 def test_the_cards_check_counts_the_cards_by_model_and_memory(tmp_path: Path) -> None:
@@ -192,7 +197,25 @@ def test_the_table_has_a_row_per_check(tmp_path: Path, capsys: pytest.CaptureFix
     assert main(["check", "--simulate", "1", "--shm-dir", str(tmp_path), "--no-nats"]) == 0
     rows = capsys.readouterr().out.splitlines()
     assert [row.split("  ")[0] for row in rows][:2] == ["cards", "segment directory"]
-    assert len(rows) == 5 and all(" ok " in row for row in rows)
+    assert len(rows) == 6 and all(" ok " in row for row in rows if "PID namespace" not in row)
+
+
+def test_an_agent_that_sees_the_hosts_kernel_threads_is_in_the_hosts_pid_namespace(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "2").mkdir()
+    (tmp_path / "2" / "comm").write_text("kthreadd\n")
+    assert check_pid_namespace(tmp_path).status == "ok"
+
+
+def test_an_agent_in_a_pid_namespace_of_its_own_is_warned_to_run_in_the_hosts(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "2").mkdir()
+    (tmp_path / "2" / "comm").write_text("python3\n")
+    finding = check_pid_namespace(tmp_path)
+    assert (finding.check, finding.status) == ("PID namespace", "warn")
+    assert "hostPID: true" in finding.detail
 
 
 def test_the_machine_is_read_from_this_process() -> None:

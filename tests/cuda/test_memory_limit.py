@@ -67,3 +67,33 @@ def test_memory_of_an_exited_process_returns_to_the_vgpu(node: NodeOwner) -> Non
     run_probe(node, SMALL_VGPU, ["init", f"alloc plain {SMALL_LIMIT}"])
     again = run_probe(node, SMALL_VGPU, ["init", f"alloc plain {SMALL_LIMIT}"])
     assert again.rc("alloc") == 0
+
+
+def racing_pair(node: NodeOwner, bytes_each: int) -> tuple[int, int]:
+    """512 MiB a pool kept and gave back at a synchronization are still reserved (the interposer
+    settles them only when a reservation finds no room); then two threads allocate `bytes_each`
+    with cuMemAlloc at once while another process holds the vGPU's memory lock (the C test node,
+    standing in for a tenant reserving), so that both check for room before either reserves."""
+    probe = Probe(node, SMALL_VGPU)
+    try:
+        assert probe.ask("init")["rc"] == "0"
+        assert probe.ask(f"alloc async {512 * MIB}")["rc"] == "0"
+        assert probe.ask("free 0")["rc"] == "0"
+        assert probe.ask("sync")["rc"] == "0"
+        assert node.command(f"memhold {SMALL_VGPU} 300")["rc"] == "0"
+        pair = probe.ask(f"allocpair {bytes_each}")
+    finally:
+        probe.close()
+    return int(pair["rc"]), int(pair["rc2"])
+
+
+def test_allocations_racing_for_room_a_pool_gave_back_are_both_served(node: NodeOwner) -> None:
+    """Each of the two fits beside the stale reservation, both fit once it is settled. Both found
+    room, skipped the settle, and the second to reserve was refused although both fit."""
+    assert racing_pair(node, 300 * MIB) == (0, 0)
+
+
+def test_allocations_racing_for_the_last_bytes_never_pass_the_limit(node: NodeOwner) -> None:
+    """Guard (exact check-and-add under the vGPU's lock): when only one of the two fits even
+    once the pool's memory is settled, one of them is refused, never both served."""
+    assert sorted(racing_pair(node, 600 * MIB)) == [0, 2]

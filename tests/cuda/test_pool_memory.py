@@ -4,7 +4,7 @@ test double) keeps freed pool memory as the real driver's pools do."""
 
 from __future__ import annotations
 
-from .conftest import SMALL_LIMIT, SMALL_VGPU, NodeOwner, run_probe
+from .conftest import SMALL_LIMIT, SMALL_VGPU, NodeOwner, Probe, run_probe
 
 MIB = 1 << 20
 KEEP_ALL = 1 << 62
@@ -150,3 +150,53 @@ def test_a_released_handle_created_again_meanwhile_keeps_both_accounts(node: Nod
     assert (race["rc"], race["rc2"], race["id"]) == ("0", "0", "1")
     assert run.rc("free") == 0
     assert run.rc("alloc", 1) == 0
+
+
+def test_an_allocation_refused_after_coming_from_another_pool_leaves_no_memory_uncounted(
+    node: NodeOwner,
+) -> None:
+    """cuMemAllocAsync draws on what the current device's pool keeps, but the allocation came
+    from another pool (the fake driver, a test double, told to take it from a second pool, as
+    for a stream of another device). The reservation of what was drawn then does not fit: the
+    allocation is freed into the pool it came from, and refused. That pool kept the freed bytes
+    while their reservation was given back: the card held 1.25 GiB under a 1 GiB limit."""
+    probe = Probe(node, SMALL_VGPU, extra_env={"QSHARE_FAKE_ASYNC_OTHER_POOL": "1"})
+    try:
+        assert probe.ask("init")["rc"] == "0"
+        assert probe.ask(f"alloc pool {512 * MIB}")["rc"] == "0"
+        assert probe.ask("free 0")["rc"] == "0"
+        assert probe.ask(f"alloc plain {256 * MIB}")["rc"] == "0"
+        refused = probe.ask(f"alloc async {512 * MIB}")["rc"]
+        used = int(probe.ask("devused")["bytes"])
+        counted = node.stats(SMALL_VGPU)["mem_used"]
+    finally:
+        probe.close()
+    assert refused == "2"  # CUDA_ERROR_OUT_OF_MEMORY
+    assert (used // MIB, counted // MIB) == (768, 768)
+
+
+def test_an_allocation_refused_after_the_pool_grew_is_freed_even_when_its_stream_refuses(
+    node: NodeOwner,
+) -> None:
+    """The pool grew past the limit for an allocation (its kept memory cannot serve it), so the
+    allocation is refused and freed; the driver refuses the free on its stream (the fake driver,
+    a test double, told to refuse stream-ordered frees from the second on, as for a stream
+    destroyed meanwhile). The allocation lived on, counted, while the program was told it was out
+    of memory and never learns its address: after everything else was freed and the pool gave
+    its memory back, the limit could no longer be allocated whole."""
+    run = run_probe(
+        node,
+        SMALL_VGPU,
+        [
+            "init",
+            f"alloc async {768 * MIB}",
+            "free 0",
+            f"alloc async {768 * MIB}",
+            "sync",
+            "devused",
+            f"alloc plain {SMALL_LIMIT}",
+        ],
+        extra_env={"QSHARE_FAKE_POOL_NO_REUSE": "1", "QSHARE_FAKE_FREE_ASYNC_FAILS_FROM": "2"},
+    )
+    assert [int(r["rc"]) for r in run.replies if r["cmd"] == "alloc"] == [0, 2, 0]
+    assert run.device_used() == 0

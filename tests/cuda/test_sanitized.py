@@ -59,6 +59,38 @@ def test_allocation_paths_run_clean(sanitized_probe: Path, node: NodeOwner) -> N
     assert [r["rc"] for r in replies if r["cmd"] == "alloc"] == ["0"] * len(KINDS) + ["2"]
 
 
+MIB = 1 << 20
+REFUSALS = {
+    "other pool": (
+        {"QSHARE_FAKE_ASYNC_OTHER_POOL": "1"},
+        [
+            f"alloc pool {512 * MIB}",
+            "free 0",
+            f"alloc plain {256 * MIB}",
+            f"alloc async {512 * MIB}",
+        ],
+    ),
+    "free refused": (
+        {"QSHARE_FAKE_POOL_NO_REUSE": "1", "QSHARE_FAKE_FREE_ASYNC_FAILS_FROM": "2"},
+        [f"alloc async {768 * MIB}", "free 0", f"alloc async {768 * MIB}", "sync"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSALS))
+def test_allocations_refused_after_the_driver_made_them_run_clean(
+    sanitized_probe: Path, node: NodeOwner, case: str
+) -> None:
+    """The fake driver (a test double) makes a stream-ordered allocation come from another pool
+    than the interposer guessed, or refuses the free of one the interposer refuses."""
+    extra, commands = REFUSALS[case]
+    replies = [
+        parse_reply(line)
+        for line in run_sanitized(sanitized_probe, node, SMALL_VGPU, ["init", *commands], extra)
+    ]
+    assert [r["rc"] for r in replies if r["cmd"] == "alloc"][-1] == "2", replies
+
+
 def test_launch_paths_run_clean(sanitized_probe: Path, node: NodeOwner) -> None:
     commands = ["init"] + [f"launch {k} 100 20" for k in ("kernel", "ex", "coop", "graph", "host")]
     replies = [

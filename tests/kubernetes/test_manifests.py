@@ -193,6 +193,13 @@ def test_the_node_agent_serves_the_kubelet_plugins_as_its_kubernetes_node(
     assert env["QSHARE_K8S_NODE_NAME"] == NODE_NAME
 
 
+def test_the_node_agent_sees_the_hosts_processes_to_adopt_running_workloads() -> None:
+    """An agent restarted by its DaemonSet keeps the attached processes that still live,
+    found by pid: from a PID namespace of its own it would see none (`qshare check` warns)."""
+    (agent,) = [o for o in all_objects() if o["kind"] == "DaemonSet"]
+    assert agent["spec"]["template"]["spec"]["hostPID"] is True
+
+
 def test_the_extender_takes_the_schedulers_request_for_five_thousand_nodes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

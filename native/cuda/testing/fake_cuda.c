@@ -940,6 +940,10 @@ typedef struct allocation {
 } allocation;
 static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct CUmemPoolHandle_st the_pool; /* the device's default (and current) pool */
+/* With QSHARE_FAKE_ASYNC_OTHER_POOL set, cuMemAllocAsync takes from this pool instead, while
+ * cuDeviceGetMemPool still answers the_pool: as for a stream of another device, whose current
+ * pool is not the current context's device's. */
+static struct CUmemPoolHandle_st other_pool;
 static pthread_mutex_t alloc_lock = PTHREAD_MUTEX_INITIALIZER;
 static allocation *allocations;
 
@@ -993,7 +997,10 @@ static void pool_release(CUmemoryPool pool, uint64_t keep) {
 }
 
 /* At a synchronization: a pool holding more than its release threshold gives back the rest. */
-static void pools_synchronized(void) { pool_release(&the_pool, the_pool.threshold); }
+static void pools_synchronized(void) {
+    pool_release(&the_pool, the_pool.threshold);
+    pool_release(&other_pool, other_pool.threshold);
+}
 
 /* From what `pool` holds unused first, then from the device. With QSHARE_FAKE_POOL_NO_REUSE
  * set, never from what it holds: a pool whose kept memory cannot serve the allocation (kept in
@@ -1095,7 +1102,8 @@ static CUresult alloc_async(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, 
     return rc;
 }
 EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytes, CUstream stream) {
-    return alloc_async(dptr, bytes, &the_pool, stream);
+    int other = getenv("QSHARE_FAKE_ASYNC_OTHER_POOL") != NULL;
+    return alloc_async(dptr, bytes, other ? &other_pool : &the_pool, stream);
 }
 EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytes, CUstream stream) {
     return cuMemAllocAsync(dptr, bytes, stream);
@@ -1110,9 +1118,20 @@ EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytes, CU
 }
 static int graph_frees(CUgraph graph, CUdeviceptr dptr);
 
+/* QSHARE_FAKE_FREE_ASYNC_FAILS_FROM=N: the Nth stream-ordered free and every later one is
+ * refused (CUDA_ERROR_INVALID_HANDLE, as for a stream destroyed meanwhile); cuMemFree still
+ * frees. */
+static int free_async_refused(void) {
+    static _Atomic unsigned long calls;
+    const char *from = getenv("QSHARE_FAKE_FREE_ASYNC_FAILS_FROM");
+    unsigned long nth = atomic_fetch_add(&calls, 1) + 1;
+    return from != NULL && nth >= strtoul(from, NULL, 10);
+}
+
 /* Into a stream being captured: a free node (of the graph's own allocation, which the graph
  * then frees itself; others are not modelled). */
 EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream) {
+    if (free_async_refused()) return CUDA_ERROR_INVALID_HANDLE;
     CUgraph graph = capture_graph(stream);
     if (graph != NULL) {
         graph_frees(graph, dptr);

@@ -2,16 +2,20 @@
  * benchmarks (on machines where the node agent and the Python binding are not set up).
  * It creates a segment with the cards and vGPUs named on the command line, prints
  * "ready", then prints every driver event as a line and answers commands on stdin:
- *   stats ID | suspend ID | resume ID | window CARD US (LP window) | quit (or end of input).
+ *   stats ID | suspend ID | resume ID | window CARD US (LP window) | memhold ID MS (the vGPU's
+ *   memory lock kept MS ms, as by another process reserving) | quit (or end of input).
  * Usage: qshare-testnode --name N [--dir D] [--release-delay-ms MS] [--release-auto-us BOUND]
  *        [--lp-window-us US] --card UUID:TOTAL_BYTES ... --vgpu ID:CARD:high|low:SHARE:LIMIT ... */
 #include <pthread.h>
+#include <semaphore.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
+#include "node.h"
 #include "qshare.h"
 
 static pthread_mutex_t out_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -64,6 +68,46 @@ static int add_vgpu(qs_node *node, const char *spec) {
     return rc == QS_OK ? 0 : fail("qs_vgpu_create", rc);
 }
 
+/* The lock of the vGPU's memory part, taken and kept a while by a thread of its own (the thread
+ * that takes a mutex gives it back), as another process between its check and its add would. */
+typedef struct holding {
+    pthread_mutex_t *lock;
+    unsigned long long ms;
+    sem_t taken;
+    int rc;
+} holding;
+
+static void *hold_main(void *arg) {
+    holding *h = arg;
+    h->rc = pthread_mutex_lock(h->lock);
+    sem_post(&h->taken);
+    if (h->rc != 0) return NULL;
+    struct timespec ts = {(time_t)(h->ms / 1000u), (long)(h->ms % 1000u) * 1000000L};
+    nanosleep(&ts, NULL);
+    pthread_mutex_unlock(h->lock);
+    return NULL;
+}
+
+/* Answers once the lock is taken; one hold at a time. */
+static void memhold(qs_node *node, unsigned id, unsigned long long ms) {
+    static holding h;
+    int slot = qs_find_vgpu(node->seg.cfg, id);
+    pthread_t thread;
+    if (slot < 0 || node->seg.vmem[slot] == NULL) {
+        say("memhold rc=%d\n", QS_ENOENT);
+        return;
+    }
+    h = (holding){.lock = &node->seg.vmem[slot]->lock, .ms = ms};
+    sem_init(&h.taken, 0, 0);
+    if (pthread_create(&thread, NULL, hold_main, &h) != 0) {
+        h.rc = QS_ESYS;
+    } else {
+        pthread_detach(thread);
+        sem_wait(&h.taken);
+    }
+    say("memhold rc=%d\n", h.rc);
+}
+
 static void command(qs_node *node, const char *line) {
     char verb[16] = "";
     unsigned id = 0;
@@ -91,6 +135,8 @@ static void command(qs_node *node, const char *line) {
         qs_card_stats c = {0};
         if (rc == QS_OK) rc = qs_card_stats_get(node, id, &c);
         say("devgate rc=%d card=%u lp_device_gate=%u\n", rc, id, c.lp_device_gate);
+    } else if (strcmp(verb, "memhold") == 0) {
+        memhold(node, id, us);
     } else {
         say("%s rc=-1 error=unknown-command\n", verb);
     }

@@ -495,10 +495,11 @@ static void cmd_threads(probe *p, unsigned long count, const char *kind) {
 }
 
 /* `asyncpair BYTES`: two threads, each on a stream of its own, allocate BYTES stream-ordered
- * from the current pool at the same time; both answers. */
+ * from the current pool at the same time; both answers. `allocpair BYTES`: the same with
+ * cuMemAlloc. */
 typedef struct async_one {
     probe *p;
-    CUstream stream;
+    CUstream stream; /* NULL: cuMemAlloc */
     size_t bytes;
     CUdeviceptr ptr;
     CUresult rc;
@@ -507,21 +508,23 @@ typedef struct async_one {
 static void *async_one_main(void *arg) {
     async_one *a = arg;
     a->rc = a->p->d->cuCtxSetCurrent(a->p->ctx);
-    if (a->rc == CUDA_SUCCESS) a->rc = a->p->d->cuMemAllocAsync(&a->ptr, a->bytes, a->stream);
+    if (a->rc == CUDA_SUCCESS)
+        a->rc = a->stream != NULL ? a->p->d->cuMemAllocAsync(&a->ptr, a->bytes, a->stream)
+                                  : a->p->d->cuMemAlloc_v2(&a->ptr, a->bytes);
     return NULL;
 }
 
-static void cmd_asyncpair(probe *p, size_t bytes) {
+static void cmd_pair(probe *p, size_t bytes, int async) {
     async_one one[2] = {{p, NULL, bytes, 0, CUDA_ERROR_INVALID_VALUE},
                         {p, NULL, bytes, 0, CUDA_ERROR_INVALID_VALUE}};
     pthread_t threads[2];
     int started[2] = {0, 0};
     for (int i = 0; i < 2; i++)
-        if (p->d->cuStreamCreate(&one[i].stream, 0) == CUDA_SUCCESS)
+        if (!async || p->d->cuStreamCreate(&one[i].stream, 0) == CUDA_SUCCESS)
             started[i] = pthread_create(&threads[i], NULL, async_one_main, &one[i]) == 0;
     for (int i = 0; i < 2; i++)
         if (started[i]) pthread_join(threads[i], NULL);
-    printf("asyncpair rc=%d rc2=%d\n", one[0].rc, one[1].rc);
+    printf("%s rc=%d rc2=%d\n", async ? "asyncpair" : "allocpair", one[0].rc, one[1].rc);
 }
 
 /* `freerace ID BYTES`: another thread frees allocation ID while this one, 50 ms later,
@@ -919,7 +922,8 @@ static void run(probe *p, char *line) {
     else if (strcmp(cmd, "graph") == 0) cmd_graph(p, line);
     else if (strcmp(cmd, "devused") == 0) cmd_devused();
     else if (strcmp(cmd, "freerace") == 0) cmd_freerace(p, atoi(arg1), (size_t)n1);
-    else if (strcmp(cmd, "asyncpair") == 0) cmd_asyncpair(p, strtoull(arg1, NULL, 10));
+    else if (strcmp(cmd, "asyncpair") == 0) cmd_pair(p, strtoull(arg1, NULL, 10), 1);
+    else if (strcmp(cmd, "allocpair") == 0) cmd_pair(p, strtoull(arg1, NULL, 10), 0);
     else if (strcmp(cmd, "pool") == 0) cmd_pool(p, arg1, strtoull(word3, NULL, 10));
     else printf("%s rc=-1 error=unknown-command\n", cmd);
     fflush(stdout);

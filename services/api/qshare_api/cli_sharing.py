@@ -1,16 +1,16 @@
 """`qshare gpus get|share|reset-sharing`: one card in full, and how an admin asks a card to be
-shared (policy, release delay fixed or auto, LP window, device gate) or gives it back to its
-node agent's settings, optionally waiting until the node has applied it."""
+shared (policy, release delay fixed or auto, LP window, device gate, timeslice) or gives it
+back to its node agent's settings, optionally waiting until the node has applied it."""
 
 from __future__ import annotations
 
 import argparse
 import re
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
 from qshare.contracts.domain import CardPolicy
-from qshare.contracts.sharing import SharingSettings
+from qshare.contracts.sharing import AskedTimeslice, SharingSettings
 from qshare_api.cli import (
     Shown,
     UsageError,
@@ -62,6 +62,10 @@ def add_sharing_verbs(gpus: Verbs) -> None:
         "--lp-device-gate", choices=["on", "off"],
         help="low priority's queued work waits on the card's gate on the GPU",
     )  # fmt: skip
+    share.add_argument(
+        "--timeslice", choices=list(get_args(AskedTimeslice)),
+        help="the card's compute timeslice between processes (nvidia-smi; real cards)",
+    )  # fmt: skip
     _wait_option(share)
     negative_values_allowed(share)  # `--release-delay -1ms` reaches `duration`
     share.set_defaults(handler=command(_share))
@@ -104,7 +108,8 @@ def _share(client: Client, args: argparse.Namespace) -> Shown:
         body["lp_device_gate"] = body["lp_device_gate"] == "on"
     if not body:
         raise UsageError("name at least one of --policy, --release-mode, --release-delay, "
-                         "--release-auto-bound, --lp-window, --lp-device-gate")  # fmt: skip
+                         "--release-auto-bound, --lp-window, --lp-device-gate, "
+                         "--timeslice")  # fmt: skip
     card = client.patch(f"/v1/gpus/{segment(args.uuid)}/sharing", body)
     return _shown(client, card, args.wait)
 
@@ -141,8 +146,10 @@ def sharing_table(card: dict[str, Any]) -> str:
     rows = [
         (name, _value(now.get(name)), _value(asked.get(name), unset="(node's setting)"))
         for name in SharingSettings.model_fields
+        if name != "timeslice"
     ]
-    rows.append(("timeslice", _timeslice(now), "(QSHARE_NODE_TIMESLICE at the agent's start)"))
+    unset = "(QSHARE_NODE_TIMESLICE at the agent's start)"
+    rows.append(("timeslice", _timeslice(now), _value(asked.get("timeslice"), unset=unset)))
     state = "refused: " + card["sharing_refused"] if card.get("sharing_refused") else (
         "pending" if card.get("sharing_pending") else "applied" if asked else "node's settings"
     )  # fmt: skip

@@ -39,6 +39,7 @@ from qshare_node_agent.commands import Commands
 from qshare_node_agent.converge import Converger
 from qshare_node_agent.discovery import Card, discover, unhealthy
 from qshare_node_agent.events import POLL_S, EventPump
+from qshare_node_agent.hidden_pids import HiddenPidWatch
 from qshare_node_agent.segment import existing_vgpus, open_segment
 from qshare_node_agent.settings import HOSTNAME_LABEL, NodeAgentSettings
 from qshare_node_agent.sharing import cards_sharing
@@ -134,6 +135,7 @@ class NodeAgent(Service):
         pump.announce_cards(c.index for c in self.cards)
         self.announcer.announced()
         pump.listeners.append(self._observe)
+        pump.listeners.append(HiddenPidWatch(self.name))
         pump.start()
         self._pump = pump
         self._tasks.append(asyncio.create_task(self._register_then_beat(), name="heartbeats"))

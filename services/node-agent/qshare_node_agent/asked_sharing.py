@@ -1,22 +1,31 @@
 """Gives each card the sharing the allocator's desired state asks of it (an admin's request
 over REST), or this agent's settings where it asks none, with the policy the Node's label
 `qshare.io/policy` names in place of the agent's. A card is changed only when what is asked
-of it changes, so a `cmd.policy` given in between stays until then."""
+of it changes, so a `cmd.policy` given in between stays until then. A timeslice asked is set
+with nvidia-smi (asked_timeslice.py)."""
 
 from __future__ import annotations
 
 import logging
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from qshare.contracts.domain import CardPolicy
 from qshare.contracts.errors import InvalidInput
-from qshare.contracts.sharing import CardSharing, SharingRefusal, SharingSettings, WantedSharing
+from qshare.contracts.sharing import (
+    CardSharing,
+    SharingRefusal,
+    SharingSettings,
+    Timeslice,
+    WantedSharing,
+)
 from qshare_driver import DriverError, Node
+from qshare_node_agent.asked_timeslice import timeslice_to_give
 from qshare_node_agent.discovery import Card
 from qshare_node_agent.segment import configure_card, with_policy
 from qshare_node_agent.settings import NodeAgentSettings
 from qshare_node_agent.sharing import cards_sharing
-from qshare_node_agent.timeslice import CardTimeslice
+from qshare_node_agent.timeslice import CardTimeslice, give_timeslice
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +40,10 @@ class SharingKeeper:
     node_policy: CardPolicy | None = None
     """The policy the Node's label `qshare.io/policy` names (None: the agent's setting)."""
     timeslices: dict[str, CardTimeslice] = field(default_factory=dict)
-    """Each card's timeslice as the agent left it at start, by UUID (reported as it is)."""
+    """Each card's timeslice as the agent left it (at start, or as asked), by UUID."""
+    pending_timeslice: Future[None] | None = field(default=None, init=False, repr=False)
+    """The last timeslice change asked, done once the card has it (or refused it)."""
+    _setter: ThreadPoolExecutor | None = field(default=None, init=False, repr=False)
 
     def apply(self, wanted: list[WantedSharing]) -> list[SharingRefusal]:
         """Give every card what `wanted` asks (the agent's settings where it asks nothing);
@@ -77,6 +89,7 @@ class SharingKeeper:
         except (DriverError, InvalidInput) as error:
             log.warning("card %s: the sharing asked was refused: %s", gpu, error)
             return str(error)
+        self._give_timeslice(gpu, asked)
         if asked is None:
             self.asked.pop(gpu, None)
         else:
@@ -84,13 +97,29 @@ class SharingKeeper:
         log.info("card %s now shared as %s", gpu, "asked" if asked else "the agent's settings")
         return None
 
+    def _give_timeslice(self, gpu: str, asked: SharingSettings | None) -> None:
+        """Set the timeslice this change asks of the card, if it asks a new one. nvidia-smi
+        may take seconds: it runs on the keeper's own thread, one card after another in the
+        order asked, never on the agent's event loop; the heartbeats report the outcome."""
+        level = timeslice_to_give(self.settings.timeslice, self.asked.get(gpu), asked)
+        if level is None:
+            return
+        if self._setter is None:
+            self._setter = ThreadPoolExecutor(1, thread_name_prefix="qshare-timeslice")
+        self.pending_timeslice = self._setter.submit(self._set_timeslice, gpu, level)
+
+    def _set_timeslice(self, gpu: str, level: Timeslice) -> None:
+        left = give_timeslice(self.settings, gpu, level)
+        kept = self.timeslices.get(gpu, CardTimeslice()).level
+        self.timeslices[gpu] = CardTimeslice(kept if left.refused else left.level, left.refused)
+
 
 def with_asked(settings: NodeAgentSettings, asked: SharingSettings | None) -> NodeAgentSettings:
     """The agent's settings with what is asked of one card in their place (checked whole
     before anything on the card changes)."""
     if asked is None:
         return settings
-    update = asked.model_dump(exclude_none=True, exclude={"release_mode"})
+    update = asked.model_dump(exclude_none=True, exclude={"release_mode", "timeslice"})
     if asked.release_mode == "fixed":
         update["release_auto_bound_s"] = None
     result = settings.model_copy(update=update)  # not validated: checked here

@@ -1,7 +1,7 @@
 """What `qshare check` looks at before a node agent starts on a machine, with the agent's own
 settings: its cards, the segment directory, the interposer and the CUDA driver, the
-timeslice, NATS and the kubelet's directories. Each check says ok, warn or fail and why; none
-changes the machine."""
+timeslice, the PID namespace, NATS and the kubelet's directories. Each check says ok, warn
+or fail and why; none changes the machine."""
 
 from __future__ import annotations
 
@@ -122,6 +122,23 @@ def check_timeslice(settings: NodeAgentSettings, euid: int) -> Finding:
     return Finding("timeslice", "ok", f"{level!r} will be set with {settings.nvidia_smi}")
 
 
+def check_pid_namespace(proc: Path) -> Finding:
+    """The agent must see the workloads' processes: a restarted agent adopts each one it finds
+    alive (by pid, docs/driver.md). Kernel threads (kthreadd is pid 2) are seen only from the
+    host's PID namespace."""
+    try:
+        seen = (proc / "2" / "comm").read_text().strip() == "kthreadd"
+    except OSError:
+        seen = False
+    if seen:
+        return Finding("PID namespace", "ok", "the host's: a restarted agent adopts running "
+                       "workloads")  # fmt: skip
+    return Finding("PID namespace", "warn", "one of its own (no kernel threads seen): a "
+                   "restarted agent cannot see the workloads' processes, so it gives back "
+                   "their memory while they still hold it; run it in the host's (hostPID: "
+                   "true, as deploy/kubernetes does)")  # fmt: skip
+
+
 async def check_nats(settings: NodeAgentSettings, timeout_s: float) -> Finding:
     options = settings.bus_as(f"qshare-check/{settings.name}", ServiceRole.NODE, settings.name)
     with _bus_errors() as errors:
@@ -193,6 +210,7 @@ class Machine:
     env: dict[str, str]
     euid: int
     load: Callable[[str], object]
+    proc: Path = Path("/proc")
 
     @classmethod
     def this_one(cls) -> Machine:
@@ -210,6 +228,7 @@ async def run_checks(
         check_interposer(machine.env),
         check_cuda_driver(settings, machine.load),
         check_timeslice(settings, machine.euid),
+        check_pid_namespace(machine.proc),
     ]
     if nats_timeout_s is not None:
         findings.append(await check_nats(settings, nats_timeout_s))

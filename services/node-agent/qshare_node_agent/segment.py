@@ -1,5 +1,6 @@
 """Opening the node's driver segment: adopt the one a previous agent left (its workloads keep
-running and limited), or create it with the discovered cards; either way each card then takes
+running and limited), or create it with the discovered cards (replacing one an agent of
+another driver layout left, once nothing uses it); either way each card then takes
 this agent's policy, release delay (fixed or auto) and device gate; an adopted card that a
 prepared DRA claim asked a policy of keeps that policy while the claim holds it."""
 
@@ -10,9 +11,10 @@ import uuid
 
 from qshare.contracts.agent import LOCAL_ID_LIMIT, DesiredVgpu
 from qshare.contracts.domain import CardPolicy, Priority
-from qshare_driver import Node, NotFoundError
+from qshare_driver import Node, NotFoundError, SegmentMismatchError
 from qshare_node_agent.discovery import Card
 from qshare_node_agent.settings import NodeAgentSettings
+from qshare_node_agent.stale_segment import check_replaceable
 
 log = logging.getLogger(__name__)
 MIB = 1024 * 1024
@@ -26,6 +28,9 @@ def open_segment(settings: NodeAgentSettings, cards: list[Card]) -> tuple[Node, 
         node = Node.adopt(settings.segment_name, settings.shm_dir)
     except NotFoundError:
         return _create(settings, cards), False
+    except SegmentMismatchError as error:  # an earlier driver's layout (stale_segment)
+        check_replaceable(settings.shm_dir, settings.segment_name, str(error))
+        return _create(settings, cards, replace=True), False
     try:  # settings changed for this start (a new ConfigMap) apply to the adopted cards too
         asked = _claims_policies(node) if settings.kubernetes else {}
         for index in node.list_cards():
@@ -51,8 +56,8 @@ def with_policy(settings: NodeAgentSettings, policy: str | None) -> NodeAgentSet
     return settings.model_copy(update={"policy": CardPolicy(policy)})
 
 
-def _create(settings: NodeAgentSettings, cards: list[Card]) -> Node:
-    node = Node.create(settings.segment_name, settings.shm_dir)
+def _create(settings: NodeAgentSettings, cards: list[Card], replace: bool = False) -> Node:
+    node = Node.create(settings.segment_name, settings.shm_dir, replace=replace)
     try:
         for card in cards:
             node.add_card(card.index, card.uuid, card.memory_mib * MIB)

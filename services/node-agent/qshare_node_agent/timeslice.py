@@ -1,6 +1,7 @@
 """Setting the cards' compute timeslice (how long the GPU runs one process's work before
 switching to another's) with `nvidia-smi compute-policy` at the agent's start, as
-QSHARE_NODE_TIMESLICE asks, and what each card was left with."""
+QSHARE_NODE_TIMESLICE asks, or on one card as asked over REST, and what each card was left
+with."""
 
 from __future__ import annotations
 
@@ -51,6 +52,22 @@ def apply(settings: NodeAgentSettings, uuids: Sequence[str]) -> dict[str, CardTi
     for outcome in outcomes:
         _tell(settings, outcome)
     return {o.uuid: _left(settings.timeslice, o) for o in outcomes}
+
+
+def give_timeslice(settings: NodeAgentSettings, uuid: str, level: Timeslice) -> CardTimeslice:
+    """Set `level` on one card as asked over REST (blocking: nvidia-smi runs; simulated cards
+    refuse it): the card's timeslice as left, `refused` naming the level and why."""
+    if settings.simulate is not None:
+        return _refusal(level, "not applied to simulated cards")
+    if level == "driver":
+        return CardTimeslice()
+    outcome = gpu_timeslice.set_timeslice(settings.nvidia_smi, [uuid], level)[0]
+    if outcome.error is None:
+        log.info("node agent %s: card %s: timeslice set to %r as asked", settings.name, uuid, level)
+    else:
+        log.warning("node agent %s: card %s: timeslice %r as asked not set: %s", settings.name,
+                    uuid, level, outcome.error)  # fmt: skip
+    return _left(level, outcome)
 
 
 def _left(level: Timeslice, outcome: Outcome) -> CardTimeslice:

@@ -23,6 +23,8 @@ from qshare.contracts.errors import InvalidInput
 Timeslice = Literal["driver", "default", "short", "medium", "long"]
 """A card's compute timeslice between processes: nvidia-smi's levels, or `driver` for
 whatever the driver has (the node agent set nothing)."""
+AskedTimeslice = Literal["default", "short", "medium", "long"]
+"""A timeslice an admin may ask of a card over REST: one of nvidia-smi's levels."""
 REASON_MAX = 1000
 """Characters of a reason a node gives (the agent cuts longer ones)."""
 
@@ -64,9 +66,9 @@ class CardSharing(BaseModel):
     )
     timeslice: Timeslice | None = Field(
         None,
-        description="the compute timeslice the node agent set on the card at its start; "
-        "driver: it set none (the driver's own is in force); null: not reported (an agent "
-        "of an earlier version)",
+        description="the compute timeslice the node agent set on the card (at its start, or as "
+        "asked over REST); driver: it set none (the driver's own is in force); null: not "
+        "reported (an agent of an earlier version)",
     )
     timeslice_refused: NodeReason | None = Field(
         None, description="the timeslice the agent was asked for and why the card did not take it"
@@ -95,6 +97,11 @@ class SharingSettings(BaseModel):
     lp_device_gate: StrictBool | None = Field(
         None, description="low priority's queued work waits on the card's gate on the GPU"
     )
+    timeslice: AskedTimeslice | None = Field(
+        None, description="the card's compute timeslice between processes, set by the node "
+        "agent with nvidia-smi (real cards, agent as root); withdrawn, the card takes the "
+        "agent's QSHARE_NODE_TIMESLICE again, or nvidia-smi's default where that is driver",
+    )  # fmt: skip
 
     @model_validator(mode="after")
     def _names_something(self) -> SharingSettings:
