@@ -179,3 +179,19 @@ async def test_a_json_body_sent_as_another_content_type_says_to_send_json(
     assert _fields(response) == ["body"]
     assert "Content-Type: application/json" in response.json()["detail"]
     assert (kind or "no Content-Type") in response.json()["detail"]
+
+
+@pytest.mark.parametrize(
+    ("second", "message"),
+    [({"uuid": "d-g0", "index": 1}, "card UUIDs must be distinct"),
+     ({"uuid": "d-g1", "index": 0}, "card indexes must be distinct")],
+)  # fmt: skip
+async def test_a_registration_naming_a_card_twice_names_gpus_not_the_body(
+    api: httpx.AsyncClient, second: dict[str, object], message: str
+) -> None:
+    """Before, the problem's field was `body` (a check of the whole registration)."""
+    card = {"uuid": "d-g0", "index": 0, "model": "A", "memory": "16Gi"}
+    body = {"name": "d", "gpus": [card, card | second]}
+    response = await api.post("/v1/nodes", json=body, headers=auth(ADMIN_TOKEN))
+    assert _fields(response) == ["gpus"]
+    assert response.json()["errors"][0]["message"] == message
