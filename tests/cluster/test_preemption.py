@@ -93,6 +93,26 @@ async def test_an_operator_suspension_is_recorded_with_its_length(
     assert [(r["kind"], r["seconds"] is not None) for r in records] == [("operator", True)]
 
 
+async def test_an_operator_suspension_of_a_deleted_claim_is_recorded_as_ended(
+    api: httpx.AsyncClient, start_agent: StartAgent
+) -> None:
+    """A suspended claim deleted without a resume (which a claim gone can no longer get):
+    before, its record stayed open for good, and `GET /v1/preemptions` showed a released
+    claim suspended."""
+    await start_agent()
+    claim = await ready_claim(api)
+    assert (await api.post(f"/v1/claims/{claim['id']}/suspend")).status_code == 200
+    assert (await api.delete(f"/v1/claims/{claim['id']}")).status_code == 200
+
+    async def ended() -> bool:
+        response = await api.get("/v1/preemptions", params={"claim": claim["id"]})
+        return [(r["kind"], r["ended_at"] is not None) for r in response.json()] == [
+            ("operator", True)
+        ]
+
+    await eventually(ended)
+
+
 EVENT = json.dumps({"specversion": "1.0", "id": "x", "source": "test", "type": "t", "data": {}})
 
 

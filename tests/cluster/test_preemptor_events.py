@@ -7,18 +7,23 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator, Callable
 
 import httpx
 import pytest
 from nats.aio.client import Client as Nats
 from nats.aio.msg import Msg
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from qshare import bus
 from qshare.contracts import envelope, subjects
 from qshare.contracts.agent import GpuEvent
 from qshare_node_agent.app import NodeAgent
+from qshare_preemptor import service as service_module
 from qshare_preemptor.app import MAX_IN_FLIGHT, Preemptor
+from qshare_preemptor.gangs import card_owner
+from qshare_preemptor.service import OWNER_TRUSTED_S
 
 from .conftest import StartAgent, eventually, ready_claim
 
@@ -104,6 +109,57 @@ async def test_an_idle_event_about_another_nodes_card_resumes_nothing(
     assert suspended(agent, other["local_id"])
     await publish(nc, agent.name, busy["gpu"], "idle")
     await eventually(lambda: _holds(lambda: not suspended(agent, other["local_id"])))
+
+
+async def test_a_cards_busy_then_idle_are_handled_in_that_order_whatever_reads_take(
+    api: httpx.AsyncClient,
+    nc: Nats,
+    preemptor: Preemptor,
+    start_agent: StartAgent,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """High priority on a card for less than an inventory read (release delay 0, or `auto`'s
+    fraction of a millisecond): busy and idle arrive back to back, and each event reads the
+    card's node when that is not fresh. Before, the idle event's read could finish first: idle
+    was handled (nothing held), then busy suspended the gang, which stayed suspended on an
+    idle card until high priority ran there again. Here the busy event's read (real Postgres)
+    is made to finish last."""
+    agent = await start_agent(cards=2)
+    gang = await ready_claim(api, count=2)
+    busy, other = gang["vgpus"]
+    await asyncio.sleep(OWNER_TRUSTED_S + 0.1)  # what the start's announce read is stale now
+    reads = 0
+
+    async def busy_read_last(conn: AsyncConnection, gpu: str) -> str | None:
+        nonlocal reads
+        reads += 1
+        if reads == 1:  # the busy event's, when the events are handled in order
+            await asyncio.sleep(0.5)
+        return await card_owner(conn, gpu)
+
+    monkeypatch.setattr(service_module, "card_owner", busy_read_last)
+    before = events_so_far(preemptor)
+    await publish(nc, agent.name, busy["gpu"], "busy")
+    await publish(nc, agent.name, busy["gpu"], "idle")
+    await handled(preemptor, before + 2)
+    await eventually(lambda: _holds(lambda: not suspended(agent, other["local_id"])))
+    assert preemptor.service is not None and not preemptor.service.held_claims()
+
+
+async def test_an_event_about_a_card_not_registered_yet_is_no_warning_but_a_foreign_one_is(
+    nc: Nats, preemptor: Preemptor, start_agent: StartAgent, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An agent publishes its cards' state as it starts, before its registration is in, so
+    `qshare up` printed a warning per card calling each "not a card of that node". Only an
+    event about another node's card (a node speaking for another) is worth one."""
+    agent = await start_agent(cards=1)
+    before = events_so_far(preemptor)
+    await publish(nc, agent.name, "GPU-not-registered-yet", "busy")
+    await publish(nc, "some-other-node", agent.cards[0].uuid, "busy")
+    await handled(preemptor, before + 2)
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert not [m for m in warned if "GPU-not-registered-yet" in m]
+    assert [m for m in warned if agent.cards[0].uuid in m and f"a card of {agent.name}" in m]
 
 
 async def test_a_flood_of_card_events_is_handled_a_bounded_number_at_a_time(

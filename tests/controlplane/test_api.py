@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 from typing import Any
 
@@ -272,6 +273,20 @@ async def test_health_readiness_and_metrics_need_no_token(api: httpx.AsyncClient
     assert (await api.get("/healthz")).json() == {"status": "ok"}
     assert (await api.get("/readyz")).json() == {"status": "ready"}
     assert "qshare_api_requests_total" in (await api.get("/metrics")).text
+
+
+async def test_made_up_methods_add_no_metric_series(api: httpx.AsyncClient) -> None:
+    """Anyone may send any method, without a token; before, each new one added a counter and
+    a histogram of 13 series to the API's memory and to every /metrics answer, without end."""
+    before = (await api.get("/metrics")).text.count("\n")
+    for i in range(20):
+        await api.request(f"M{i}", "/v1/claims")
+        await api.request(f"X{i}", f"/nowhere/{i}")
+    text = (await api.get("/metrics")).text
+    methods = set(re.findall(r'qshare_api_request[a-z_]*\{method="([^"]*)"', text))
+    assert methods <= {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "other"}
+    assert "other" in methods
+    assert text.count("\n") - before <= 2 * 30  # the `other` series and a GET or two at most
 
 
 async def test_openapi_documents_every_route_with_examples(api: httpx.AsyncClient) -> None:

@@ -4,6 +4,7 @@ never a 500."""
 from __future__ import annotations
 
 import base64
+import json
 
 import httpx
 import pytest
@@ -138,6 +139,16 @@ async def test_a_405_allows_every_method_of_the_path(
     assert response.headers["allow"] == "DELETE, GET, PATCH"
 
 
+async def test_a_405_on_a_tenant_holding_a_slash_allows_every_method_of_the_path(
+    api: httpx.AsyncClient,
+) -> None:
+    """`/v1/quotas/{tenant}` takes a tenant with a `/`: its 405 named no method (an empty
+    `Allow`), its template being matched one segment a name."""
+    response = await api.get("/v1/quotas/org%2Fteam", headers=auth(ADMIN_TOKEN))
+    assert response.status_code == 405
+    assert response.headers["allow"] == "DELETE, PATCH, PUT"
+
+
 async def test_a_decimal_quantity_is_refused_with_the_binary_one_it_likely_means(
     api: httpx.AsyncClient, team_a: dict[str, str]
 ) -> None:
@@ -154,3 +165,33 @@ async def test_a_problems_messages_carry_no_validator_prefix(
     refused = await api.post("/v1/claims", json=GOOD | {"vmemory": "lots"}, headers=team_a)
     assert _fields(refused) == ["vmemory"]
     assert "Value error" not in refused.text
+
+
+@pytest.mark.parametrize("kind", ["application/x-www-form-urlencoded", "text/plain", None])
+async def test_a_json_body_sent_as_another_content_type_says_to_send_json(
+    api: httpx.AsyncClient, team_a: dict[str, str], kind: str | None
+) -> None:
+    """`curl -d '{...}'` sends a form: before, the 422 said only "body: Input should be a
+    valid dictionary or object to extract fields from"."""
+    headers = team_a | ({"Content-Type": kind} if kind else {})
+    response = await api.post("/v1/claims", content=json.dumps(GOOD), headers=headers)
+    assert response.status_code == 422
+    assert _fields(response) == ["body"]
+    assert "Content-Type: application/json" in response.json()["detail"]
+    assert (kind or "no Content-Type") in response.json()["detail"]
+
+
+@pytest.mark.parametrize(
+    ("second", "message"),
+    [({"uuid": "d-g0", "index": 1}, "card UUIDs must be distinct"),
+     ({"uuid": "d-g1", "index": 0}, "card indexes must be distinct")],
+)  # fmt: skip
+async def test_a_registration_naming_a_card_twice_names_gpus_not_the_body(
+    api: httpx.AsyncClient, second: dict[str, object], message: str
+) -> None:
+    """Before, the problem's field was `body` (a check of the whole registration)."""
+    card = {"uuid": "d-g0", "index": 0, "model": "A", "memory": "16Gi"}
+    body = {"name": "d", "gpus": [card, card | second]}
+    response = await api.post("/v1/nodes", json=body, headers=auth(ADMIN_TOKEN))
+    assert _fields(response) == ["gpus"]
+    assert response.json()["errors"][0]["message"] == message

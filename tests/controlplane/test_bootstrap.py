@@ -132,3 +132,33 @@ def _nats_tasks() -> set[asyncio.Task[object]]:
         task for task in asyncio.all_tasks()
         if "/nats/" in getattr(getattr(task.get_coro(), "cr_code", None), "co_filename", "")
     }  # fmt: skip
+
+
+@pytest.fixture
+async def empty_database() -> AsyncIterator[str]:
+    async with EmbeddedPostgres(durable=False) as server:
+        await upgrade(server.url)
+        yield server.url
+
+
+async def test_the_last_admin_token_that_can_write_is_not_revoked(
+    empty_database: str, bus_url: str, nats_auth: NatsAuth
+) -> None:
+    """Revoking the bootstrap token before issuing one's own (or the last admin token) left
+    no one able to issue tokens again: the bootstrap token never comes back, so only a hand
+    edit of the database could. A read-only admin token does not count."""
+    async with api_started(empty_database, bus_url, SECRET, nats_auth) as api:
+        (bootstrap,) = (await api.get("/v1/tokens", headers=auth(SECRET))).json()
+        refused = await api.delete(f"/v1/tokens/{bootstrap['id']}", headers=auth(SECRET))
+        assert refused.status_code == 409
+        assert "last admin token" in refused.json()["detail"]
+        reader = {"name": "look", "tenant": "ops", "role": "admin", "scope": "read"}
+        await api.post("/v1/tokens", json=reader, headers=auth(SECRET))
+        refused = await api.delete(f"/v1/tokens/{bootstrap['id']}", headers=auth(SECRET))
+        assert refused.status_code == 409
+        writer = {"name": "ops", "tenant": "ops", "role": "admin"}
+        ops = (await api.post("/v1/tokens", json=writer, headers=auth(SECRET))).json()
+        revoked = await api.delete(f"/v1/tokens/{bootstrap['id']}", headers=auth(ops["token"]))
+        assert revoked.status_code == 204
+        refused = await api.delete(f"/v1/tokens/{ops['id']}", headers=auth(ops["token"]))
+        assert refused.status_code == 409

@@ -10,12 +10,16 @@ import os
 import re
 import sys
 import threading
+import uuid
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
 import uvicorn
+from sqlalchemy import insert
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from qshare.cli import EXIT_BROKEN_PIPE, main
+from qshare.contracts.schema import preemptions
 from qshare.natsauth import NatsAuth, ServiceRole
 from qshare.testing.servers import free_port
 from qshare_api.app import create_app
@@ -82,6 +86,43 @@ def test_an_unreachable_api_is_named_and_exits_2(capsys: pytest.CaptureFixture[s
     url = f"http://127.0.0.1:{free_port()}"
     assert main(["claims", "--url", url, "--token", "t", "list"]) == 2
     assert f"cannot reach the qshare API at {url}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("http://[::1", "Invalid port"),
+        ("http://api:port", "Invalid port"),
+        ("http://127.0.0.1:99999", "port 99999 is not in 1-65535"),
+        ("127.0.0.1:8080", "not an http:// or https:// URL"),
+        ("", "not an http:// or https:// URL"),
+        ("http://", "names no host"),
+    ],
+)
+def test_a_url_that_is_no_url_is_named_with_where_it_came_from_and_exits_2(
+    url: str, why: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["claims", "--url", url, "--token", "t", "list"]) == 2
+    err = capsys.readouterr().err
+    assert f"the API URL {url!r} (--url or $QSHARE_URL)" in err and why in err
+    assert "Traceback" not in err and "cannot reach" not in err
+
+
+@pytest.mark.parametrize(
+    ("token", "what"),
+    [
+        ("qs_é", "a character that is not ASCII (character 4)"),
+        ("qs_a\nb", "a control character (character 5)"),
+    ],
+)
+def test_a_token_a_header_cannot_carry_is_named_without_showing_it_and_exits_2(
+    token: str, what: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    assert main(["claims", "--url", url, "--token", token, "list"]) == 2
+    err = capsys.readouterr().err
+    assert "the token (--token or $QSHARE_TOKEN) holds" in err and what in err
+    assert token not in err and "Traceback" not in err and "cannot reach" not in err
 
 
 @contextlib.contextmanager
@@ -370,3 +411,150 @@ async def test_an_empty_listing_of_an_unknown_node_says_no_such_node_is_register
     assert "(no node n-typo is registered" in capsys.readouterr().out
     assert await _qshare(api_url, "claims", "list", "--node", "n1") == 0
     assert "no node" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("tenant", ["team?a", "team#a", "org/team", "..", "%2e%2e"])
+async def test_a_quota_reaches_the_tenant_named_whatever_characters_its_name_holds(
+    api_url: str, capsys: pytest.CaptureFixture[str], tenant: str
+) -> None:
+    """A tenant's name is one path segment: before, `team?a` set the quota of `team`,
+    `%2e%2e` that of `..`, and `org/team` and `..` were 404 (a token may name any of them)."""
+    quota = await _json(api_url, capsys, "quotas", "set", tenant, "--cards", "3")
+    assert isinstance(quota, dict) and quota["tenant"] == tenant
+    listed = await _json(api_url, capsys, "quotas", "list")
+    assert isinstance(listed, list)
+    assert [q["tenant"] for q in listed if q["cards"] == 3] == [tenant]
+    assert await _qshare(api_url, "quotas", "clear", tenant) == 0
+    assert capsys.readouterr().out == f"quota of {tenant} cleared\n"
+    assert await _json(api_url, capsys, "quotas", "list") == []
+
+
+async def test_a_node_name_with_a_query_in_it_cordons_no_other_node(
+    api_url: str, register: Register, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before, `nodes cordon 'n1?x=1'` cordoned n1."""
+    await register("n1")
+    assert await _qshare(api_url, "nodes", "cordon", "n1?x=1") == 1
+    assert "422" in capsys.readouterr().err
+    nodes = await _json(api_url, capsys, "nodes", "list")
+    assert isinstance(nodes, list) and [n["schedulable"] for n in nodes] == [True]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("nodes", "cordon", ""),
+        ("nodes", "uncordon", " "),
+        ("quotas", "set", "", "--cards", "1"),
+        ("quotas", "clear", ""),
+        ("gpus", "get", ""),
+        ("gpus", "share", "", "--policy", "fixed-share"),
+        ("gpus", "reset-sharing", ""),
+    ],
+)
+async def test_an_empty_name_is_named_before_anything_is_sent(
+    api_url: str, capsys: pytest.CaptureFixture[str], args: tuple[str, ...]
+) -> None:
+    """Before, an empty name asked for the collection (`/v1/nodes/`), whose redirect ended
+    in a traceback, or `quotas clear ''` said a quota was cleared."""
+    with pytest.raises(SystemExit) as stopped:
+        await _qshare(api_url, *args)
+    assert stopped.value.code == 2
+    assert "is empty: give a name" in capsys.readouterr().err
+
+
+def test_a_redirect_is_named_not_taken_for_an_empty_answer(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with _answering(307, b"") as url:
+        assert main(["claims", "--url", url, "--token", "t", "list"]) == 2
+    err = capsys.readouterr().err
+    assert "answered 307" in err and "is the URL qshare's API?" in err
+
+
+def test_a_token_whose_answer_was_lost_is_not_issued_a_second_time(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A lost answer to `tokens create` may still have issued the token, and its secret
+    cannot be sent again: the CLI says so instead of sending the request again. Before, it
+    sent it twice (as it does for claims, which the idempotency key makes safe) and left a
+    live token whose secret nobody ever saw."""
+    posts = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            posts.append(self.path)
+            if len(posts) == 1:
+                self.close_connection = True  # issued, but the answer never leaves
+                return
+            self.send_response(201)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            token = {"id": "i", "name": "n", "tenant": "t", "role": "tenant", "scope": "write",
+                     "created_at": None, "expires_at": None, "token": "qs_x"}  # fmt: skip
+            self.wfile.write(json.dumps(token).encode())
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        argv = ["tokens", "--url", url, "--token", "t", "create", "--name", "n", "--tenant", "t"]
+        assert main(argv) == 2
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert posts == ["/v1/tokens"]
+    err = capsys.readouterr().err
+    assert "may have been issued" in err and "qshare tokens list" in err
+
+
+async def test_a_full_page_of_preemptions_says_how_to_list_the_older_ones(
+    api_url: str, engine: AsyncEngine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    claim = uuid.uuid4()
+    rows = [{"claim_id": claim, "tenant": "t-p", "kind": "operator", "reason": f"r{i}"}
+            for i in range(3)]  # fmt: skip
+    async with engine.begin() as conn:
+        await conn.execute(insert(preemptions), rows)
+    args = ("preemptions", "list", "--claim", str(claim), "--limit", "2")
+    assert await _qshare(api_url, *args) == 0
+    more = re.search(r"\(more: --before (\d+)\)", capsys.readouterr().out)
+    assert more is not None
+    assert await _qshare(api_url, *args, "--before", more[1]) == 0
+    out = capsys.readouterr().out
+    assert "r0" in out and "r1" not in out and "r2" not in out and "more:" not in out
+
+
+async def test_a_url_below_the_apis_root_is_named_as_such(
+    api_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`QSHARE_URL=http://host:8080/v1` (the routes start with /v1): before, the CLI said only
+    `error 404: Not Found`."""
+    assert await _qshare(f"{api_url}/v1", "claims", "list") == 1
+    err = capsys.readouterr().err
+    assert "no route GET /v1/v1/claims" in err and "the API's root URL" in err
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1:{port}", "[::1"])
+def test_a_password_in_the_url_is_never_printed(
+    capsys: pytest.CaptureFixture[str], host: str
+) -> None:
+    url = "http://me:s3cret@" + host.format(port=free_port())
+    assert main(["claims", "--url", url, "--token", "t", "list"]) == 2
+    err = capsys.readouterr().err
+    assert "s3cret" not in err and "me:***@" in err
+
+
+async def test_a_claim_created_from_the_cli_may_join_a_gang(
+    api_url: str, register: Register, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The API takes `gang` (claims suspended and resumed together); the CLI had no way to
+    give it."""
+    await register("n1", cards=2)
+    args = ("--priority", "low", "--vcore", "10", "--vmemory", "1Gi", "--gang", "train-7")
+    claim = await _json(api_url, capsys, "claims", "create", *args)
+    assert isinstance(claim, dict) and claim["gang"] == "train-7"

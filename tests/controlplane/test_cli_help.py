@@ -47,3 +47,13 @@ def test_a_connection_option_before_the_group_says_where_it_goes(
 ) -> None:
     assert main([option, "x", "claims", "list"]) == 2
     assert f"qshare: {option} goes after the command's group" in capsys.readouterr().err
+
+
+def test_version_is_printed_not_taken_for_a_missing_command(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Before, `qshare --version` said "the following arguments are required: command"."""
+    with pytest.raises(SystemExit) as stopped:
+        main(["--version"])
+    assert stopped.value.code == 0
+    assert capsys.readouterr().out.startswith("qshare ")

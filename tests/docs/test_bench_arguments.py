@@ -43,3 +43,22 @@ def test_bench_gpu_without_nvidia_smi_says_it_needs_a_gpu(
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(SystemExit, match="needs an NVIDIA GPU and its nvidia-smi"):
         gpu._gpu_identity()
+
+
+@pytest.mark.parametrize("where", ["under a file", "a directory"])
+def test_a_json_path_that_cannot_be_written_is_refused_before_the_run(
+    where: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before, the benchmark ran (minutes) and writing its figures ended in a traceback."""
+    (tmp_path / "file").write_text("")
+    given = tmp_path / "file" / "x.json" if where == "under a file" else tmp_path
+    with pytest.raises(SystemExit):
+        parse("model", "--json", str(given))
+    err = capsys.readouterr().err
+    assert f"argument --json: {str(given)!r} cannot be written" in err
+
+
+def test_a_json_path_in_directories_not_made_yet_is_taken(tmp_path: Path) -> None:
+    assert parse("model", "--json", str(tmp_path / "a" / "b.json")).json_path == (
+        tmp_path / "a" / "b.json"
+    )

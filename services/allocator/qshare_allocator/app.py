@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from qshare import bus, health
-from qshare.contracts import subjects
+from qshare.contracts import envelope, subjects
 from qshare.contracts.claims import (
     ClaimView,
     CreateClaim,
@@ -252,8 +252,9 @@ class Allocator(Service):
         self, conn: AsyncConnection, beat: Heartbeat, msg: Msg
     ) -> BaseModel | None:
         node = _subject_node(msg.subject)
+        sent = envelope.decode(msg.data).time  # decoded once already: it is valid
         try:
-            freed = await self.inventory.heartbeat(conn, node, beat)
+            freed = await self.inventory.heartbeat(conn, node, beat, sent)
         except NotFound:
             await self.reregistration.unknown_heartbeat(node)
             raise

@@ -17,7 +17,14 @@ import httpx
 
 from qshare.contracts.domain import ClaimStatus
 from qshare.contracts.quantities import QuantityError, format_mib, parse_mib
-from qshare_api.client import ApiError, Client, NotTheApi
+from qshare_api.client import (
+    ApiError,
+    BadConnectionSetting,
+    Client,
+    NotTheApi,
+    redacted,
+    segment,
+)
 
 if TYPE_CHECKING:
     Sub = argparse._SubParsersAction[argparse.ArgumentParser]
@@ -61,6 +68,9 @@ def register(subparsers: Sub) -> None:
         "--card-policy", choices=["spread", "binpack"], help="default: the cluster's"
     )
     create.add_argument("--idempotency-key", help="default: a fresh one, so a retry is safe")
+    create.add_argument(
+        "--gang", help="a name your claims share to be suspended and resumed together"
+    )
     create.add_argument(
         "--wait", type=_seconds, metavar="SECONDS",
         help="then wait up to SECONDS for it to be ready",
@@ -108,7 +118,7 @@ def register(subparsers: Sub) -> None:
         ("uncordon", "place on a node again; admins"),
     ):
         one_node = nodes.add_parser(verb, help=help_)
-        one_node.add_argument("name")
+        one_node.add_argument("name", type=named)
         one_node.set_defaults(handler=command(_cordon), schedulable=verb == "uncordon")
     gpus = group(subparsers, "gpus", "cards and their free capacity")
     gpu_list = gpus.add_parser("list", help="list cards")
@@ -117,6 +127,14 @@ def register(subparsers: Sub) -> None:
     from qshare_api.cli_sharing import add_sharing_verbs  # it builds on this module
 
     add_sharing_verbs(gpus)
+
+
+def named(value: str) -> str:
+    """A node's, tenant's or card's name, as given (the API judges it), but not empty: an
+    empty one would name the collection, not one of it."""
+    if not value.strip():
+        raise argparse.ArgumentTypeError(f"{value!r} is empty: give a name")
+    return value
 
 
 def group(subparsers: Sub, name: str, help_: str) -> Verbs:
@@ -201,14 +219,15 @@ def command(
         except ApiError as exc:
             _report(exc, args.token)
             return 1
-        except UsageError as exc:
+        except (UsageError, BadConnectionSetting) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
         except WaitFailed as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
         except httpx.HTTPError as exc:
-            print(f"error: cannot reach the qshare API at {args.url}: {exc}", file=sys.stderr)
+            print(f"error: cannot reach the qshare API at {redacted(args.url)}: {redacted(exc)}",
+                  file=sys.stderr)  # fmt: skip
             return 2
         except NotTheApi as exc:
             print(f"error: {exc}", file=sys.stderr)
@@ -349,6 +368,8 @@ def _create_claim(client: Client, args: argparse.Namespace) -> Shown:
         "node_selector": _selector(args.selector),
         "idempotency_key": args.idempotency_key or f"cli-{uuid.uuid4()}",
     }
+    if args.gang is not None:
+        body["gang"] = args.gang
     if args.node_policy or args.card_policy:
         body["placement"] = {"node": args.node_policy, "card": args.card_policy}
     claim = client.post("/v1/claims", body)
@@ -385,7 +406,7 @@ def _unknown_node(client: Client, node: str | None) -> str:
     if node is None:
         return ""
     try:
-        client.get(f"/v1/nodes/{node}")
+        client.get(f"/v1/nodes/{segment(node)}")
     except ApiError as exc:
         if exc.status == 404:
             return f"\n(no node {node} is registered: `qshare nodes list` shows them)"
@@ -474,7 +495,7 @@ def _vgpus_table(claim: dict[str, Any]) -> str:
 
 
 def _cordon(client: Client, args: argparse.Namespace) -> Shown:
-    node = client.patch(f"/v1/nodes/{args.name}", {"schedulable": args.schedulable})
+    node = client.patch(f"/v1/nodes/{segment(args.name)}", {"schedulable": args.schedulable})
     return Shown(node, _nodes_table([node]))
 
 

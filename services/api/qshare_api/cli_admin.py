@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from qshare.contracts.domain import Role, TokenScope
 from qshare.contracts.quantities import format_mib
-from qshare_api.cli import Shown, UsageError, command, group, memory, table
-from qshare_api.client import Client
+from qshare_api.cli import Shown, UsageError, command, group, memory, named, table
+from qshare_api.client import LOST, Client, segment
 
 if TYPE_CHECKING:
     from qshare_api.cli import Sub
@@ -55,7 +55,7 @@ def register(subparsers: Sub) -> None:
         "set", help="change a tenant's limits: those given change, the others are kept; "
         "`none` removes a limit (admins)",
     )  # fmt: skip
-    put.add_argument("tenant")
+    put.add_argument("tenant", type=named)
     put.add_argument(
         "--memory", type=_or_none(memory), default=argparse.SUPPRESS,
         help="memory its live claims may ask for: MiB or e.g. 64Gi; none: no limit",
@@ -70,7 +70,7 @@ def register(subparsers: Sub) -> None:
     )  # fmt: skip
     put.set_defaults(handler=command(_set_quota))
     clear = quotas.add_parser("clear", help="remove a tenant's quota (admins)")
-    clear.add_argument("tenant")
+    clear.add_argument("tenant", type=named)
     clear.set_defaults(handler=command(_clear_quota))
 
 
@@ -86,7 +86,14 @@ def _token_id(value: str) -> str:
 def _issue_token(client: Client, args: argparse.Namespace) -> Shown:
     body = {"name": args.name, "tenant": args.tenant, "role": args.role, "scope": args.scope,
             "expires_in_s": args.expires_in}  # fmt: skip
-    issued = client.post("/v1/tokens", body)
+    try:
+        issued = client.post("/v1/tokens", body, again=False)
+    except LOST as exc:
+        raise UsageError(
+            f"no answer came ({exc or type(exc).__name__}), so the token may have been issued "
+            "without its secret reaching you: `qshare tokens list` shows it, `qshare tokens "
+            "revoke ID` removes it; it was not asked for again"
+        ) from exc
     text = f"{_tokens_table([issued])}\n\ntoken: {issued['token']}\n(shown only now: store it)"
     return Shown(issued, text)
 
@@ -148,7 +155,7 @@ def _set_quota(client: Client, args: argparse.Namespace) -> Shown:
         raise UsageError(
             "give at least one of --memory, --cards, --pending (`none` removes a limit)"
         )
-    quota = client.patch(f"/v1/quotas/{args.tenant}", body)
+    quota = client.patch(f"/v1/quotas/{segment(args.tenant)}", body)
     return Shown(quota, _quotas_table([quota]))
 
 
@@ -169,7 +176,7 @@ def _or_none(parse: Callable[[str], T]) -> Callable[[str], T | None]:
 
 
 def _clear_quota(client: Client, args: argparse.Namespace) -> Shown:
-    client.delete(f"/v1/quotas/{args.tenant}")
+    client.delete(f"/v1/quotas/{segment(args.tenant)}")
     return Shown({"tenant": args.tenant, "cleared": True}, f"quota of {args.tenant} cleared")
 
 

@@ -44,6 +44,21 @@ def _history_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--limit", type=_limit, default=100, help="most recent records, 1-500 (default 100)"
     )
+    parser.add_argument(
+        "--before", type=_record_id, metavar="ID",
+        help="the records older than record ID (the last of a page, as it printed)",
+    )  # fmt: skip
+
+
+def _record_id(value: str) -> int:
+    if not value.isdigit() or not 1 <= int(value) < 2**63:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a record id (as a listing shows)")
+    return int(value)
+
+
+def _more(found: list[dict[str, Any]], args: argparse.Namespace) -> str:
+    """A full page may have older records after it: how to list them."""
+    return f"\n(more: --before {found[-1]['id']})" if len(found) == args.limit else ""
 
 
 def _limit(value: str) -> int:
@@ -58,14 +73,15 @@ def _claim_filter(client: Client, args: argparse.Namespace) -> str | None:
 
 def _list_preemptions(client: Client, args: argparse.Namespace) -> Shown:
     found = client.get(
-        "/v1/preemptions", claim=_claim_filter(client, args), kind=args.kind, limit=args.limit
-    )
+        "/v1/preemptions", claim=_claim_filter(client, args), kind=args.kind, limit=args.limit,
+        before=args.before,
+    )  # fmt: skip
     rows = [
         (p["id"], p["claim_id"], p["tenant"], p["kind"], p["node"] or "-", p["gpu"] or "-",
          day(p["started_at"]), _seconds(p["seconds"]), p["reason"])
         for p in found
     ]  # fmt: skip
-    return Shown(found, table(PREEMPTION_COLUMNS, rows))
+    return Shown(found, table(PREEMPTION_COLUMNS, rows) + _more(found, args))
 
 
 def _seconds(value: float | None) -> str:
@@ -74,14 +90,17 @@ def _seconds(value: float | None) -> str:
 
 
 def _list_starvation(client: Client, args: argparse.Namespace) -> Shown:
-    found = client.get("/v1/starvation", claim=_claim_filter(client, args), limit=args.limit)
+    found = client.get(
+        "/v1/starvation", claim=_claim_filter(client, args), limit=args.limit,
+        before=args.before,
+    )  # fmt: skip
     rows = [
         (s["id"], s["claim_id"], s["tenant"], s["node"], s["gpu"], _percent(s["share"]),
          _percent(s["harvestable_share"]), "yes" if s["open"] else "no", s["moved_to"] or "-",
          day(s["started_at"]))
         for s in found
     ]  # fmt: skip
-    return Shown(found, table(STARVATION_COLUMNS, rows))
+    return Shown(found, table(STARVATION_COLUMNS, rows) + _more(found, args))
 
 
 def _percent(share: float) -> str:

@@ -11,8 +11,16 @@ from typing import TYPE_CHECKING, Any, get_args
 
 from qshare.contracts.domain import CardPolicy
 from qshare.contracts.sharing import AskedTimeslice, SharingSettings
-from qshare_api.cli import Shown, UsageError, WaitFailed, command, negative_values_allowed, table
-from qshare_api.client import Client
+from qshare_api.cli import (
+    Shown,
+    UsageError,
+    WaitFailed,
+    command,
+    named,
+    negative_values_allowed,
+    table,
+)
+from qshare_api.client import Client, segment
 
 if TYPE_CHECKING:
     from qshare_api.cli import Verbs
@@ -24,12 +32,12 @@ POLL_S = 0.25
 
 def add_sharing_verbs(gpus: Verbs) -> None:
     get = gpus.add_parser("get", help="one card: capacity and sharing, as reported and as asked")
-    get.add_argument("uuid", help="the card, as `qshare gpus list` shows it")
+    get.add_argument("uuid", type=named, help="the card, as `qshare gpus list` shows it")
     get.set_defaults(handler=command(_get))
     share = gpus.add_parser(
         "share", help="ask how a card is shared; what is left out keeps what was asked (admins)"
     )
-    share.add_argument("uuid", help="the card, as `qshare gpus list` shows it")
+    share.add_argument("uuid", type=named, help="the card, as `qshare gpus list` shows it")
     share.add_argument(
         "--policy", choices=[p.value for p in CardPolicy],
         help="how the card's low-priority vGPUs share it",
@@ -64,7 +72,7 @@ def add_sharing_verbs(gpus: Verbs) -> None:
     reset = gpus.add_parser(
         "reset-sharing", help="withdraw what was asked: the node agent's settings again (admins)"
     )
-    reset.add_argument("uuid", help="the card, as `qshare gpus list` shows it")
+    reset.add_argument("uuid", type=named, help="the card, as `qshare gpus list` shows it")
     _wait_option(reset)
     negative_values_allowed(reset)
     reset.set_defaults(handler=command(_reset))
@@ -89,7 +97,7 @@ def _wait_option(parser: argparse.ArgumentParser) -> None:
 
 
 def _get(client: Client, args: argparse.Namespace) -> Shown:
-    card = client.get(f"/v1/gpus/{args.uuid}")
+    card = client.get(f"/v1/gpus/{segment(args.uuid)}")
     return Shown(card, sharing_table(card))
 
 
@@ -102,12 +110,12 @@ def _share(client: Client, args: argparse.Namespace) -> Shown:
         raise UsageError("name at least one of --policy, --release-mode, --release-delay, "
                          "--release-auto-bound, --lp-window, --lp-device-gate, "
                          "--timeslice")  # fmt: skip
-    card = client.patch(f"/v1/gpus/{args.uuid}/sharing", body)
+    card = client.patch(f"/v1/gpus/{segment(args.uuid)}/sharing", body)
     return _shown(client, card, args.wait)
 
 
 def _reset(client: Client, args: argparse.Namespace) -> Shown:
-    return _shown(client, client.delete(f"/v1/gpus/{args.uuid}/sharing"), args.wait)
+    return _shown(client, client.delete(f"/v1/gpus/{segment(args.uuid)}/sharing"), args.wait)
 
 
 def _shown(client: Client, card: dict[str, Any], wait_s: float | None) -> Shown:
@@ -124,7 +132,7 @@ def _until_applied(client: Client, card: dict[str, Any], wait_s: float) -> dict[
         if time.monotonic() >= deadline:
             raise WaitFailed(f"card {card['uuid']}: its node has not applied it yet", "pending")
         time.sleep(POLL_S)
-        card = client.get(f"/v1/gpus/{card['uuid']}")
+        card = client.get(f"/v1/gpus/{segment(card['uuid'])}")
     if card["sharing_refused"]:
         raise WaitFailed(
             f"card {card['uuid']}: its node refused it: {card['sharing_refused']}", "refused"

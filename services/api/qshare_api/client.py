@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -26,24 +28,85 @@ class NotTheApi(Exception):
     login page, another web service)."""
 
 
+def segment(name: str) -> str:
+    """`name` as one segment of a path: `?`, `#`, `/` and `%` encoded, and the dots of `..`
+    too (a client would resolve it), so a tenant `team?a` is never the tenant `team`."""
+    return quote(name, safe="").replace(".", "%2E")
+
+
+class BadConnectionSetting(ValueError):
+    """The API's URL or the token cannot be used at all (named before anything is sent)."""
+
+
+_PASSWORD = re.compile(r"(//[^/@:]*:)[^/@]*@")
+
+
+def redacted(url: object) -> str:
+    """`url` as messages show it: a password in it as `***`."""
+    return _PASSWORD.sub(r"\1***@", str(url))
+
+
+def checked_url(url: str) -> str:
+    """`url` if it is an http(s) URL naming a host and a port in range; else why not."""
+    named = f"the API URL {redacted(url)!r} (--url or $QSHARE_URL)"
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL as exc:
+        raise BadConnectionSetting(f"{named} is not a URL: {exc}") from None
+    if parsed.scheme not in ("http", "https"):
+        raise BadConnectionSetting(f"{named} is not an http:// or https:// URL")
+    if not parsed.host:
+        raise BadConnectionSetting(f"{named} names no host")
+    if parsed.port is not None and not 1 <= parsed.port <= 65535:
+        raise BadConnectionSetting(f"{named}: port {parsed.port} is not in 1-65535")
+    return url
+
+
+def checked_token(token: str) -> str:
+    """`token` if an HTTP header can carry it; else which character cannot (the token itself,
+    a secret, is not shown)."""
+    for at, char in enumerate(token, start=1):
+        if not char.isascii():
+            what = "a character that is not ASCII"
+        elif not char.isprintable():
+            what = "a control character"
+        else:
+            continue
+        raise BadConnectionSetting(
+            f"the token (--token or $QSHARE_TOKEN) holds {what} (character {at}); "
+            "a qshare token is the qs_... text `qshare tokens create` printed"
+        )
+    return token
+
+
 class Client:
     def __init__(self, url: str, token: str | None, timeout: float = 10.0) -> None:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout)
+        headers = {"Authorization": f"Bearer {checked_token(token)}"} if token else {}
+        base = checked_url(url).rstrip("/")
+        self._http = httpx.Client(base_url=base, headers=headers, timeout=timeout)
 
     def get(self, path: str, **params: Any) -> Any:
         clean = {k: v for k, v in params.items() if v is not None}
         return self._call("GET", path, params=clean)
 
-    def post(self, path: str, body: dict[str, Any], idempotency_key: str | None = None) -> Any:
+    def post(
+        self,
+        path: str,
+        body: dict[str, Any],
+        idempotency_key: str | None = None,
+        again: bool = True,
+    ) -> Any:
         """Every POST carries an `Idempotency-Key` (a fresh one unless given), and is sent
         once more with the same key when the connection fails before an answer came: a
-        lost reply never creates a second claim."""
+        lost reply never creates a second claim. Without `again`, for a route that does not
+        honour the key (a token's secret cannot be answered twice), it is sent once."""
         key = idempotency_key or str(body.get("idempotency_key") or f"client-{uuid.uuid4()}")
         headers = {"Idempotency-Key": key}
         try:
             return self._call("POST", path, json=body, headers=headers)
         except LOST:
+            if not again:
+                raise
             return self._call("POST", path, json=body, headers=headers)
 
     def put(self, path: str, body: dict[str, Any]) -> Any:
@@ -69,6 +132,8 @@ class Client:
             if response.status_code >= 400:
                 response.read()
                 raise _problem(response)
+            if response.is_redirect:
+                raise _redirected(response)
             event = ""
             for line in response.iter_lines():
                 if line.startswith("event: "):
@@ -83,6 +148,8 @@ class Client:
         response = self._http.request(method, path, **kwargs)
         if response.status_code >= 400:
             raise _problem(response)
+        if response.is_redirect:  # the API never redirects what the CLI asks
+            raise _redirected(response)
         if not response.content:
             return None
         try:
@@ -107,6 +174,15 @@ def _not_the_api(response: httpx.Response) -> NotTheApi:
     kind = response.headers.get("content-type", "no content type")
     start = response.text[:80]
     return NotTheApi(
-        f"{response.request.url} answered {response.status_code} with something that is not "
-        f"JSON ({kind}, beginning {start!r}): is the URL qshare's API?"
+        f"{redacted(response.request.url)} answered {response.status_code} with something that "
+        f"is not JSON ({kind}, beginning {start!r}): is the URL qshare's API?"
+    )
+
+
+def _redirected(response: httpx.Response) -> NotTheApi:
+    where = response.headers.get("location", "nowhere named")
+    return NotTheApi(
+        f"{redacted(response.request.url)} answered {response.status_code}, a redirect to "
+        f"{redacted(where)}: "
+        "is the URL qshare's API?"
     )

@@ -74,8 +74,13 @@ class BodyLimit:
         await send({"type": "http.response.body", "body": body})
 
 
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+"""The methods counted by name; any other (a client may send any token) counts as `other`."""
+
+
 class Metrics:
-    """Counts requests by route template (not raw path, to bound label cardinality)."""
+    """Counts requests by route template (not raw path) and known method (not whatever the
+    client sent), to bound label cardinality."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -97,5 +102,6 @@ class Metrics:
             await self.app(scope, receive, observed)
         finally:
             route = getattr(scope.get("route"), "path", "unmatched")
-            REQUESTS.labels(scope["method"], route, str(status)).inc()
-            LATENCY.labels(scope["method"], route).observe(time.perf_counter() - started)
+            method = scope["method"] if scope["method"] in METHODS else "other"
+            REQUESTS.labels(method, route, str(status)).inc()
+            LATENCY.labels(method, route).observe(time.perf_counter() - started)

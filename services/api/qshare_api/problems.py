@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-import re
+from collections.abc import Sequence
 from http import HTTPStatus
 from typing import Any
 
@@ -12,6 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException
+from starlette.routing import Match
 
 from qshare.contracts.errors import ErrorCode, FieldError, QshareError
 from qshare.outages import OUTAGE_BASES, RETRY_AFTER_S, is_outage
@@ -72,9 +73,21 @@ async def _qshare_error(request: Request, exc: Exception) -> JSONResponse:
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    errors = [_field_error(e) for e in exc.errors()]
+    errors = _not_json(request, exc.errors()) or [_field_error(e) for e in exc.errors()]
     detail = "; ".join(f"{e.field}: {e.message}" for e in errors)
     return problem_response(request, ErrorCode.INVALID, detail, errors)
+
+
+def _not_json(request: Request, errors: Sequence[Any]) -> list[FieldError]:
+    """A body that was not read as JSON because it was not sent as JSON (`curl -d` sends a
+    form): said so, where FastAPI says only that the body is no object."""
+    kind = request.headers.get("content-type")
+    whole_body = any(tuple(e.get("loc", ())) == ("body",) for e in errors)
+    if not whole_body or (kind is not None and "json" in kind.lower()):
+        return []
+    sent = f"it was sent as {kind}" if kind else "it was sent with no Content-Type"
+    message = f"the body must be JSON, with Content-Type: application/json ({sent})"
+    return [FieldError(field="body", message=message)]
 
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
@@ -87,10 +100,16 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
             request, ErrorCode.INVALID, detail, [FieldError(field="body", message=detail)]
         )
     code = next((c for c in ErrorCode if c.status == exc.status_code), None)
+    detail = str(exc.detail)
+    if exc.status_code == 404:  # the router's: a missing resource is qshare's own NotFound
+        detail = (
+            f"no route {request.method} {request.url.path}: the routes are /v1/... under the "
+            "API's root URL (e.g. http://127.0.0.1:8080), as /docs lists them"
+        )
     response = (
-        problem_response(request, code, str(exc.detail))
+        problem_response(request, code, detail)
         if code is not None
-        else _plain_problem(request, exc.status_code, str(exc.detail))
+        else _plain_problem(request, exc.status_code, detail)
     )
     response.headers.update(exc.headers or {})
     if exc.status_code == 405:
@@ -98,15 +117,20 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     return response
 
 
+ROUTED_METHODS = ("DELETE", "GET", "PATCH", "POST", "PUT")
+
+
 def _allowed_methods(request: Request) -> list[str]:
-    """Every method the OpenAPI document lists for this path (FastAPI gives each method a
-    route of its own, so the router's 405 names only one)."""
-    allowed: set[str] = set()
-    for template, operations in request.app.openapi()["paths"].items():
-        pattern = re.sub(r"\\{[^/]+?\\}", "[^/]+", re.escape(template))
-        if re.fullmatch(pattern, request.url.path):
-            allowed |= {method.upper() for method in operations}
-    return sorted(allowed)
+    """Every method the router serves at this path (FastAPI gives each method a route of its
+    own, so the router's 405 names only one), asked of the router itself, so a
+    `{tenant:path}` holding a `/` counts (the OpenAPI templates, matched one segment a name
+    before, gave it an empty `Allow`)."""
+    routes = request.app.router.routes
+    return [
+        method
+        for method in ROUTED_METHODS
+        if any(r.matches(dict(request.scope, method=method))[0] == Match.FULL for r in routes)
+    ]
 
 
 def _plain_problem(request: Request, status: int, detail: str) -> JSONResponse:

@@ -8,6 +8,7 @@ import io
 import os
 import sys
 from collections.abc import Callable, Sequence
+from importlib import metadata
 from typing import Protocol
 
 # Each module named here exposes `register(subparsers)`; imported only when the CLI runs.
@@ -43,10 +44,19 @@ def _registrars() -> list[_Registrar]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="qshare", description="GPU sharing for clusters.")
+    parser.add_argument("--version", action="version", version=f"qshare {_version()}")
     subparsers = parser.add_subparsers(dest="command", required=True)
     for register in _registrars():
         register(subparsers)
     return parser
+
+
+def _version() -> str:
+    """The installed package's version (a checkout run from its sources has none)."""
+    try:
+        return metadata.version("qshare")
+    except metadata.PackageNotFoundError:
+        return "(not installed: run from a checkout)"
 
 
 CONNECTION_OPTIONS = ("--url", "--token", "-o", "--output")

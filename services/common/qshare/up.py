@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import re
 import signal
 import socket
@@ -30,7 +31,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--card-memory", type=_card_memory, default="16Gi", help="memory per card (16Gi)"
     )
     parser.add_argument("--port", type=_count(1, 65535), default=8080, help="API port (8080)")
-    parser.add_argument("--shm-dir", type=Path, help="segments' directory (default /dev/shm)")
+    parser.add_argument("--shm-dir", type=_directory, help="segments' directory (default /dev/shm)")
     parser.set_defaults(handler=run_up)
 
 
@@ -41,6 +42,17 @@ def _count(low: int, high: int) -> Callable[[str], int]:
         return int(text)
 
     return parse
+
+
+def _directory(text: str) -> Path:
+    """The segments' directory: one that exists and this user may write in (each simulated
+    node agent creates its segment there once everything else has started)."""
+    path = Path(text)
+    if not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a directory")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"{text!r} is not writable by this user")
+    return path
 
 
 def _card_memory(text: str) -> str:

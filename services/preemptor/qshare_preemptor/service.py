@@ -77,6 +77,8 @@ class PreemptionService:
         that does not answer holds back its own commands only, not the lock)."""
         self._claims = Lanes()
         """Claims' `suspended`/`resumed` events, published in the order they were decided."""
+        self._cards = Lanes()
+        """Card events by card, handled in the order they arrived."""
         self.card_events = 0
         """Busy and idle events handled so far (whatever they led to)."""
 
@@ -130,7 +132,13 @@ class PreemptionService:
         await asyncio.gather(*again)  # queued under the lock: a later suspension comes after
 
     async def card_event(self, node: str, gpu: str, busy: bool) -> None:
-        """A busy or idle event published under `node`'s name about `gpu`."""
+        """A busy or idle event published under `node`'s name about `gpu`, handled after the
+        card's earlier events: each may read the card's node first, and a later event's read
+        finishing first would otherwise have an idle handled before its busy, leaving the
+        gang suspended on an idle card."""
+        await self._cards.queue(gpu, lambda: self._card_event(node, gpu, busy))
+
+    async def _card_event(self, node: str, gpu: str, busy: bool) -> None:
         kind = "busy" if busy else "idle"
         try:
             if not _is_card_uuid(gpu) or not await self._card_of(node, gpu):
@@ -150,7 +158,10 @@ class PreemptionService:
             self._owners.keep(gpu, known)
         if known == node:
             return True
-        log.warning("event of node %s about card %s, not a card of that node: ignored", node, gpu)
+        if known is None:  # an agent publishes its cards' state before its registration is in
+            log.info("event of node %s about card %s, not registered (yet): ignored", node, gpu)
+        else:
+            log.warning("event of node %s about card %s, a card of %s: ignored", node, gpu, known)
         return False
 
     async def card_busy(self, gpu: str) -> None:

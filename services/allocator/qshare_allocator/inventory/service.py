@@ -8,9 +8,11 @@ order of a delete, a resize and a move.
 
 from __future__ import annotations
 
+import functools
+from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import bindparam, case, delete, func, select, update
+from sqlalchemy import DateTime, Interval, bindparam, case, delete, func, or_, select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -59,21 +61,17 @@ class InventoryService:
         await self._recount(conn, registration.name)
         return await self.view(conn, registration.name)
 
-    async def heartbeat(self, conn: AsyncConnection, node: str, beat: Heartbeat) -> bool:
-        """Record a heartbeat; True when it may have freed capacity (node back, card healthy)."""
-        before = (
-            select(nodes.c.name, node_is_ready().label("ready")).where(nodes.c.name == node)
-        ).cte("before")  # the statement's snapshot: readiness as the last heartbeat left it
-        beat_now = (
-            update(nodes)
-            .where(nodes.c.name == before.c.name)
-            .values(heartbeat_at=func.now())
-            .returning(before.c.ready)
-        )
-        timeout = {"node_timeout_s": self._rules.node_timeout_s}
-        row = (await conn.execute(beat_now, timeout)).one_or_none()
+    async def heartbeat(
+        self, conn: AsyncConnection, node: str, beat: Heartbeat, sent: datetime
+    ) -> bool:
+        """Record a heartbeat sent at `sent` (the node's clock); True when it may have freed
+        capacity (node back, card healthy). One sent before the last applied one (two
+        replicas took both, and it committed last) keeps the node Ready but changes no card."""
+        row = (await conn.execute(_beat_now(), self._beat_params(node, sent))).one_or_none()
         if row is None:
             raise NotFound(f"node {node} is not registered")
+        if not row.in_order:
+            return not row.ready
         healed = await conn.execute(
             update(gpus)
             .where(
@@ -86,6 +84,10 @@ class InventoryService:
         )
         await record_sharing(conn, node, beat.sharing)
         return not row.ready or any(healed.scalars().all())
+
+    def _beat_params(self, node: str, sent: datetime) -> dict[str, Any]:
+        return {"node": node, "sent": sent, "node_timeout_s": self._rules.node_timeout_s,
+                "clock_back": timedelta(seconds=self._rules.node_timeout_s)}  # fmt: skip
 
     async def remove_node(self, conn: AsyncConnection, name: str) -> RemovalReply:
         """Forget a node and its cards; claims on them fail with a reason and an event."""
@@ -159,6 +161,7 @@ class InventoryService:
                 "segment": statement.excluded.segment,
                 "shm_dir": statement.excluded.shm_dir,
                 "applied_generation": -1,  # a (re)started agent confirms nothing yet
+                "heartbeat_sent_at": None,  # nor is its clock compared with its predecessor's
             },
         )
         await conn.execute(statement)  # the upsert holds the node's row lock until commit
@@ -243,4 +246,33 @@ def _whole_slices_follow_their_card() -> Any:
             vgpus.c.gpu_uuid.in_(_whole_held()),
         )
         .values(vmemory_mib=gpus.c.memory_mib)
+    )
+
+
+@functools.cache
+def _beat_now() -> Any:
+    """The node's heartbeat time now; `ready`: as the last heartbeat left it; `in_order`: sent
+    at or after the last applied one, or so long before it (more than the node timeout) that
+    it is the node's clock set back, not a reordering (which would have made it NotReady)."""
+    before = (
+        select(
+            nodes.c.name, nodes.c.heartbeat_sent_at.label("last"), node_is_ready().label("ready")
+        )
+        .where(nodes.c.name == bindparam("node"))
+        .cte("before")
+    )
+    sent = bindparam("sent", type_=DateTime(timezone=True))
+    in_order = or_(
+        before.c.last.is_(None),
+        sent >= before.c.last,
+        sent < before.c.last - bindparam("clock_back", type_=Interval),
+    )
+    return (
+        update(nodes)
+        .where(nodes.c.name == before.c.name)
+        .values(
+            heartbeat_at=func.now(),
+            heartbeat_sent_at=case((in_order, sent), else_=before.c.last),
+        )
+        .returning(before.c.ready, in_order.label("in_order"))
     )

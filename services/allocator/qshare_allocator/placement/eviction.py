@@ -143,12 +143,15 @@ async def _evicted_for(conn: AsyncConnection, victims: list[uuid.UUID]) -> dict[
 
 
 async def _end_records_of_departed(conn: AsyncConnection) -> None:
-    """End the open eviction records of victims that left before their grace was over
-    (deleted, failed): nothing else would, and the listing would show them open for good."""
+    """End the open eviction and operator records of claims that no longer hold vGPUs: a
+    victim that left before its grace was over (deleted, failed), a claim deleted or evicted
+    while an operator held it suspended (no resume can reach it now). Nothing else would, and
+    the listing would show them open for good. Gang records are the preemptor's, ended when
+    their cards go idle."""
     departed = select(claims.c.id).where(claims.c.status.not_in(HOLDING_STATUSES))
-    await conn.execute(
-        update(preemptions).where(_open_eviction_of(departed)).values(ended_at=func.now())
-    )
+    gone = and_(preemptions.c.claim_id.in_(departed), preemptions.c.ended_at.is_(None),
+                preemptions.c.kind.in_(("eviction", "operator")))  # fmt: skip
+    await conn.execute(update(preemptions).where(gone).values(ended_at=func.now()))
 
 
 async def _lock_waiting(conn: AsyncConnection, claim_ids: set[Any]) -> list[uuid.UUID]:

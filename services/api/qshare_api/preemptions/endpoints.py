@@ -7,14 +7,14 @@ import uuid
 from datetime import datetime
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends
 from pydantic import BaseModel, Field
-from sqlalchemy import select
 
 from qshare.contracts import rpc, subjects
 from qshare.contracts.preemption import ClaimAction, ClaimActionReply
 from qshare.contracts.schema import preemptions
 from qshare_api.auth import Caller
+from qshare_api.history import Before, Limit, matching, newest_first
 from qshare_api.problems import PROBLEMS
 from qshare_api.resources import Resources, resources
 
@@ -68,17 +68,18 @@ async def list_preemptions(
     res: Res,
     claim: uuid.UUID | None = None,
     kind: Literal["gang", "operator", "eviction"] | None = None,
-    limit: Annotated[int, Query(ge=1, le=500)] = 100,
+    limit: Limit = 100,
+    before: Before = None,
 ) -> list[Preemption]:
-    query = select(preemptions).order_by(preemptions.c.started_at.desc()).limit(limit)
-    if (tenant := caller.tenant_filter()) is not None:
-        query = query.where(preemptions.c.tenant == tenant)
-    if claim is not None:
-        query = query.where(preemptions.c.claim_id == claim)
-    if kind is not None:
-        query = query.where(preemptions.c.kind == kind)
+    """Newest first; `before` (the last id of a page) gives the page after it."""
+    tenant = caller.tenant_filter()
+    where = matching(
+        None if tenant is None else preemptions.c.tenant == tenant,
+        None if claim is None else preemptions.c.claim_id == claim,
+        None if kind is None else preemptions.c.kind == kind,
+    )
     async with res.reader.connect() as conn:
-        rows = (await conn.execute(query)).all()
+        rows = await newest_first(conn, preemptions, where, limit, before)
     return [
         Preemption(
             id=r.id, claim_id=r.claim_id, tenant=r.tenant, gpu=r.gpu_uuid,

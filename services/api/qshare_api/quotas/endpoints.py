@@ -75,13 +75,13 @@ async def my_quota(caller: Caller, res: Res, tenant: TenantFilter = None) -> Quo
     )  # fmt: skip
 
 
-@router.put("/{tenant}", response_model=Quota, summary="Set a tenant's whole quota (admins)")
+@router.put("/{tenant:path}", response_model=Quota, summary="Set a tenant's whole quota (admins)")
 async def set_quota(tenant: TenantPath, body: QuotaSpec, caller: Admin, res: Res) -> Quota:
     """Replaces the quota: a limit the body leaves out is no limit (PATCH changes some)."""
     return await _upsert(res, tenant, body.model_dump())
 
 
-@router.patch("/{tenant}", response_model=Quota, summary="Change some of a tenant's limits")
+@router.patch("/{tenant:path}", response_model=Quota, summary="Change some of a tenant's limits")
 async def change_quota(tenant: TenantPath, body: QuotaSpec, caller: Admin, res: Res) -> Quota:
     """Admins. Only the limits the body names change (`null`: no limit), the others are
     kept; a tenant without a quota gets one with just these limits. An empty body `{}`
@@ -133,7 +133,7 @@ async def list_quotas(caller: Admin, res: Res) -> list[Quota]:
 
 
 @router.delete(
-    "/{tenant}", status_code=status.HTTP_204_NO_CONTENT, summary="Clear a quota (admins)"
+    "/{tenant:path}", status_code=status.HTTP_204_NO_CONTENT, summary="Clear a quota (admins)"
 )
 async def clear_quota(tenant: TenantPath, caller: Admin, res: Res) -> None:
     async with res.engine.begin() as conn:

@@ -7,12 +7,12 @@ import uuid
 from datetime import datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends
 from pydantic import BaseModel, Field
-from sqlalchemy import select
 
 from qshare.contracts.schema import starvations
 from qshare_api.auth import Caller
+from qshare_api.history import Before, Limit, matching, newest_first
 from qshare_api.problems import PROBLEMS
 from qshare_api.resources import Resources, resources
 
@@ -41,15 +41,17 @@ async def list_starvation(
     caller: Caller,
     res: Res,
     claim: uuid.UUID | None = None,
-    limit: Annotated[int, Query(ge=1, le=500)] = 100,
+    limit: Limit = 100,
+    before: Before = None,
 ) -> list[Starvation]:
-    query = select(starvations).order_by(starvations.c.started_at.desc()).limit(limit)
-    if (tenant := caller.tenant_filter()) is not None:
-        query = query.where(starvations.c.tenant == tenant)
-    if claim is not None:
-        query = query.where(starvations.c.claim_id == claim)
+    """Newest first; `before` (the last id of a page) gives the page after it."""
+    tenant = caller.tenant_filter()
+    where = matching(
+        None if tenant is None else starvations.c.tenant == tenant,
+        None if claim is None else starvations.c.claim_id == claim,
+    )
     async with res.reader.connect() as conn:
-        rows = (await conn.execute(query)).all()
+        rows = await newest_first(conn, starvations, where, limit, before)
     return [
         Starvation(
             id=r.id, claim_id=r.claim_id, tenant=r.tenant, gpu=r.gpu_uuid, node=r.node_name,

@@ -5,11 +5,12 @@ from __future__ import annotations
 import uuid
 from datetime import datetime
 
-from sqlalchemy import delete, insert, select
+from sqlalchemy import delete, func, insert, or_, select
 from sqlalchemy.dialects.postgresql import insert as upsert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from qshare.contracts.domain import Role, TokenScope
+from qshare.contracts.errors import Conflict
 from qshare.contracts.schema import bootstraps, tokens
 from qshare_api.auth import hash_token
 
@@ -64,6 +65,21 @@ async def list_tokens(conn: AsyncConnection) -> list[dict[str, object]]:
 
 
 async def revoke_token(conn: AsyncConnection, token_id: uuid.UUID) -> bool:
+    """Revoke a token; the last unexpired admin token that can write is refused (409): with
+    it gone no one could issue tokens again, the bootstrap token never coming back. The
+    writers are locked first, so two admins revoking each other's token at once cannot both
+    pass."""
+    writers = select(tokens.c.id).where(
+        tokens.c.role == Role.ADMIN.value,
+        tokens.c.scope == TokenScope.WRITE.value,
+        or_(tokens.c.expires_at.is_(None), tokens.c.expires_at > func.now()),
+    )
+    held = set((await conn.execute(writers.with_for_update())).scalars().all())
+    if held == {token_id}:
+        raise Conflict(
+            f"token {token_id} is the last admin token that can write: issue another "
+            "(qshare tokens create --role admin) before revoking it"
+        )
     result = await conn.execute(
         delete(tokens).where(tokens.c.id == token_id).returning(tokens.c.id)
     )

@@ -6,6 +6,7 @@ import argparse
 import importlib
 import json
 import math
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -30,7 +31,9 @@ BENCHMARKS: dict[str, str] = {
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("bench", help="run a benchmark and write its figures as JSON")
     parser.add_argument("name", choices=sorted(BENCHMARKS), help="which benchmark")
-    parser.add_argument("--json", dest="json_path", type=Path, help="write the figures here")
+    parser.add_argument(
+        "--json", dest="json_path", type=_json_target, help="write the figures here"
+    )
     parser.add_argument("--quick", action="store_true", help="a short smoke run")
     parser.add_argument("--out-dir", type=Path, default=Path(".bench"), help="plots and logs")
     parser.add_argument(
@@ -92,6 +95,25 @@ def _positive(kind: type[int] | type[float]) -> Callable[[str], float]:
     return parse
 
 
+def _json_target(text: str) -> Path:
+    """Where the figures go: refused now, not after a run of minutes, when it is a directory
+    or its nearest existing directory is not one this user may write in (missing directories
+    are made when the figures are written)."""
+    path = Path(text)
+    above = path.parent
+    while not above.exists() and above != above.parent:
+        above = above.parent
+    if path.is_dir():
+        why = "it is a directory"
+    elif not above.is_dir():
+        why = f"{above} is not a directory"
+    elif not os.access(above, os.W_OK | os.X_OK):
+        why = f"{above} is not writable by this user"
+    else:
+        return path
+    raise argparse.ArgumentTypeError(f"{text!r} cannot be written: {why}")
+
+
 def run_benchmark(args: argparse.Namespace) -> int:
     try:
         module = importlib.import_module(BENCHMARKS[args.name])
@@ -101,7 +123,12 @@ def run_benchmark(args: argparse.Namespace) -> int:
     result: dict[str, Any] = module.run(args)
     print(module.table(result))
     if args.json_path is not None:
-        args.json_path.parent.mkdir(parents=True, exist_ok=True)
-        args.json_path.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+        try:
+            args.json_path.parent.mkdir(parents=True, exist_ok=True)
+            args.json_path.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+        except OSError as exc:
+            print(f"qshare bench: the figures above were not written to {args.json_path}: "
+                  f"{exc.strerror or exc}", file=sys.stderr)  # fmt: skip
+            return 1
         print(f"figures written to {args.json_path}")
     return 0

@@ -8,7 +8,7 @@ import uuid
 from datetime import datetime
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 
 from qshare.contracts.claims import WHOLE, GpuUuid, Labels, MemoryMiB, Text
 from qshare.contracts.domain import NodeStatus
@@ -82,13 +82,15 @@ class NodeRegistration(BaseModel):
         None, description="directory of the segment (None: the driver's default)"
     )
 
-    @model_validator(mode="after")
-    def _distinct_cards(self) -> NodeRegistration:
-        if len({g.uuid for g in self.gpus}) != len(self.gpus):
-            raise ValueError("gpus: card UUIDs must be distinct")
-        if len({g.index for g in self.gpus}) != len(self.gpus):
-            raise ValueError("gpus: card indexes must be distinct")
-        return self
+    @field_validator("gpus")
+    @classmethod
+    def _distinct_cards(cls, gpus: list[GpuSpec]) -> list[GpuSpec]:
+        """Checked on the field, so the error names `gpus`."""
+        if len({g.uuid for g in gpus}) != len(gpus):
+            raise ValueError("card UUIDs must be distinct")
+        if len({g.index for g in gpus}) != len(gpus):
+            raise ValueError("card indexes must be distinct")
+        return gpus
 
 
 class Heartbeat(BaseModel):

@@ -36,6 +36,7 @@ nodes = Table(
     Column("labels", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
     Column("schedulable", Boolean, nullable=False, server_default=text("true")),
     Column("heartbeat_at", DateTime(timezone=True), nullable=False),
+    Column("heartbeat_sent_at", DateTime(timezone=True), nullable=True),
     Column("registered_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("free_mib", BigInteger, nullable=False, server_default=text("0")),
     Column("segment", Text, nullable=True),
