@@ -47,8 +47,11 @@ async def res(database_url: str, bus_url: str, nats_auth: NatsAuth) -> AsyncIter
 
 def subscriptions(res: Resources) -> set[int]:
     """The ids of the subscriptions the API's NATS connection holds (nats-py keeps no public
-    list of them)."""
-    return set(res.nc._subs)
+    list of them), less the one nats-py opens at the connection's first request and keeps for
+    every reply after (a stream's look at the kept events may be that first request)."""
+    prefix = res.nc._resp_sub_prefix
+    replies = None if prefix is None else prefix.decode() + "*"
+    return {sid for sid, sub in res.nc._subs.items() if sub.subject != replies}
 
 
 @contextlib.asynccontextmanager

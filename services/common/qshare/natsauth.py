@@ -98,6 +98,7 @@ def permissions(role: ServiceRole, node: str | None = None) -> dict[str, object]
 _READ_EVENTS_PUBLISH = [
     "$JS.API.INFO",
     f"$JS.API.STREAM.INFO.{_JS_STREAM}",
+    f"$JS.API.CONSUMER.CREATE.{_JS_STREAM}",  # an ordered consumer's (nats-py names none)
     f"$JS.API.CONSUMER.CREATE.{_JS_STREAM}.>",
     f"$JS.API.CONSUMER.INFO.{_JS_STREAM}.>",
     f"$JS.API.CONSUMER.DELETE.{_JS_STREAM}.>",

@@ -1,5 +1,7 @@
 """`GET /v1/events`: a server-sent event stream of qshare events for integrations that do
-not speak NATS. A tenant receives its own claims' events; an admin every event."""
+not speak NATS. A tenant receives its own claims' events; an admin every event. Each event's
+`id:` is its sequence in the stream that keeps events (kept.py): a client reconnecting with
+`Last-Event-ID` (browsers do) or `?after=` gets the events it missed."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Header, Query
 from fastapi.responses import StreamingResponse
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
@@ -21,8 +23,10 @@ from sqlalchemy import select
 from starlette.types import Receive, Scope, Send
 
 from qshare import bus
+from qshare.contracts.errors import InvalidInput
 from qshare.contracts.schema import claims
 from qshare_api.auth import Caller, Principal
+from qshare_api.events.kept import first_kept, follow, sequence
 from qshare_api.problems import PROBLEMS
 from qshare_api.resources import Resources, resources
 
@@ -64,9 +68,18 @@ async def stream(
         ),
         AfterValidator(_event_subject),
     ] = "qshare.evt.>",
+    after: Annotated[
+        int | None,
+        Query(ge=0, description="resume: the events after this one's `id:` (as Last-Event-ID)"),
+    ] = None,
+    last_event_id: Annotated[
+        str | None, Header(alias="Last-Event-ID", description="what a reconnecting client sends")
+    ] = None,
 ) -> StreamingResponse:
-    """Each event is one SSE message: `event:` the NATS subject, `data:` the envelope. A
-    token holds at most `max_event_streams_per_token` streams open at once (429 beyond)."""
+    """Each event is one SSE message: `id:` its sequence in the kept events, `event:` the
+    NATS subject, `data:` the envelope. A token holds at most `max_event_streams_per_token`
+    streams open at once (429 beyond)."""
+    resume = _resume_after(after, last_event_id)
     queue: asyncio.Queue[Msg] = asyncio.Queue(QUEUE_LIMIT)
 
     async def enqueue(msg: Msg) -> None:
@@ -75,7 +88,8 @@ async def stream(
 
     res.streams.take(caller.token)
     try:
-        sub = await res.nc.subscribe(subject, cb=enqueue)
+        sub = await follow(res.nc, subject, enqueue, resume)
+        lost = await _lost_before(res, resume)
     except BaseException:
         res.streams.give_back(caller.token)
         raise
@@ -86,7 +100,31 @@ async def stream(
         raise
     tenant = caller.tenant_filter()
     owners = None if tenant is None else Owners(tenant, res)
-    return EventStream(_messages(queue, owners), lambda: _end(sub, res, caller))
+    return EventStream(_messages(queue, owners, lost), lambda: _end(sub, res, caller))
+
+
+def _resume_after(after: int | None, last_event_id: str | None) -> int | None:
+    """The sequence to resume after: `after`, else the Last-Event-ID header (an `id:` this
+    API sent: digits), else None (from now on)."""
+    if after is not None or last_event_id is None or not last_event_id.strip():
+        return after
+    if not last_event_id.strip().isdigit() or len(last_event_id.strip()) > 19:
+        raise InvalidInput.on("Last-Event-ID", f"{last_event_id[:40]!r} is not an event id "
+                              "this API sent (a sequence number)")  # fmt: skip
+    return int(last_event_id)
+
+
+async def _lost_before(res: Resources, resume: int | None) -> str:
+    """The comment a resumed stream opens with when events it asked for are gone."""
+    return "" if resume is None else lost_comment(await first_kept(res.nc), resume)
+
+
+def lost_comment(first_kept: int, resume: int) -> str:
+    """An SSE comment saying which events are gone, when the oldest kept one (0: unknown) is
+    past the one after `resume`; else nothing."""
+    if first_kept <= resume + 1:
+        return ""
+    return f": events before {first_kept} are no longer kept\n\n"
 
 
 class EventStream(StreamingResponse):
@@ -118,8 +156,10 @@ async def _unsubscribe(sub: Subscription) -> None:
         await sub.unsubscribe()
 
 
-async def _messages(queue: asyncio.Queue[Msg], owners: Owners | None) -> AsyncIterator[str]:
-    yield ": qshare events\n\n"
+async def _messages(
+    queue: asyncio.Queue[Msg], owners: Owners | None, lost: str = ""
+) -> AsyncIterator[str]:
+    yield ": qshare events\n\n" + lost
     while True:
         try:
             msg = await asyncio.wait_for(queue.get(), KEEPALIVE_S)
@@ -128,7 +168,9 @@ async def _messages(queue: asyncio.Queue[Msg], owners: Owners | None) -> AsyncIt
             continue
         visible = owners is None or await owners.sees(msg.subject)
         if visible and (data := _one_line(msg)) is not None:
-            yield f"event: {msg.subject}\ndata: {data}\n\n"
+            seq = sequence(msg)
+            head = "" if seq is None else f"id: {seq}\n"
+            yield f"{head}event: {msg.subject}\ndata: {data}\n\n"
 
 
 def _one_line(msg: Msg) -> str | None:
