@@ -6,7 +6,9 @@
  * slices). When high priority closes the gate, the card finishes the slice each stream is in and
  * holds the rest of the queues; when the release reopens it, the queue resumes on the card
  * with no host round trip. So high priority waits for about one slice while low priority
- * keeps the deep queue it has alone (lp_batch.c widens the window). Off, or where the driver
+ * keeps the deep queue it has alone (lp_batch.c widens the window). Should the owner, whose
+ * release thread reopens the gate, die while it is closed, the process's gate keeper
+ * (qs_client_keep_gate) reopens it instead. Off, or where the driver
  * refuses the registration, the window alone bounds what high priority waits for. */
 #include <errno.h>
 #include <pthread.h>
@@ -69,6 +71,12 @@ static void bind_word(void) {
         return;
     }
     atomic_store(&dg.on, 1);
+    /* Queued work now waits on the word with no host thread at the gate: should the owner die
+     * while the gate is closed, the process reopens it itself (qs_client_keep_gate). */
+    if (qs_client_keep_gate(binding_client) != QS_OK)
+        qsc_warn_once(QSC_WARN_DRIVER, "the gate keeper did not start (%s): should the node "
+                                       "owner die while high priority holds the gate, queued "
+                                       "work waits for a new owner", qs_last_error());
 }
 
 int qsc_dgate_bind(const qsc_session *s) {

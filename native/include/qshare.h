@@ -331,6 +331,14 @@ const void *qs_client_gate_word(qs_client *client);
  * by a process when it first launches; QSHARE_LP_DEVICE_GATE overrides it per process. */
 int qs_card_set_lp_device_gate(qs_node *node, uint32_t index, int enable);
 int qs_client_lp_device_gate(qs_client *client);
+/* Keep the card's gate should the owner die: a thread of the client's sleeps in poll() on its
+ * attach connection while the owner lives (no cost to anyone), and once the owner's end closes
+ * it reopens the gate as the owner's release thread does, once high priority has been quiet
+ * for the release delay and never while it is busy, until qs_client_detach stops it. For
+ * launchers whose queued work waits on the gate word on the device (the CUDA interposer's
+ * device gate), where no host thread may be waiting at the gate to reopen it. Calling it again
+ * does nothing. */
+int qs_client_keep_gate(qs_client *client);
 /* How many times high priority has closed the client's card's gate so far (0 for NULL): a
  * change between two moments says the gate closed in between. */
 uint64_t qs_client_hp_episodes(qs_client *client);

@@ -33,6 +33,7 @@ struct qs_client {
      * the process they count for: a forked child's copy holds its parent's launches. */
     _Atomic uint32_t inflight, inflight_waiters;
     _Atomic int inflight_pid;
+    struct qs_keeper *keeper; /* qs_client_keep_gate; NULL until asked for */
 };
 
 /* QS_EXCHANGE_TIMEOUT_MS, or $QSHARE_EXCHANGE_TIMEOUT_MS when set to a positive number (of
@@ -225,6 +226,7 @@ int qs_client_detach(qs_client *cl)
     if (!cl)
         return qs_fail(QS_EINVAL, "client is NULL");
     int rc = QS_OK;
+    qs_keeper_stop(cl->keeper); /* before the segment goes, and before the detach's exchange */
     if (cl->pid == (int)getpid()) { /* a fork's copy only drops itself */
         struct qs_proto_request req = {QS_PROTO_MAGIC, QS_OP_DETACH, cl->vgpu_id, cl->ctx,
                                        cl->generation, 0};
@@ -500,6 +502,15 @@ uint64_t qs_client_lp_window_ns(qs_client *cl)
 const void *qs_client_gate_word(qs_client *cl)
 {
     return cl ? (const void *)&cl->cs->gate : NULL;
+}
+
+int qs_client_keep_gate(qs_client *cl)
+{
+    qs_clear_error();
+    QS_REQUIRE(cl, "client");
+    if (cl->keeper)
+        return QS_OK;
+    return qs_keeper_start(&cl->seg, cl->card, cl->sock, &cl->c->gate_sleepers, &cl->keeper);
 }
 
 int qs_client_lp_device_gate(qs_client *cl)

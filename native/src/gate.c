@@ -259,20 +259,20 @@ static uint64_t auto_tick(struct qs_segment *seg, uint32_t card, struct auto_mod
     return m->next_ns;
 }
 
-/* The owner's thread per card: it releases the card on time even when no low-priority
- * context is waiting, so that idle events are exact; it sleeps on the same futex, and in
- * auto mode wakes every QS_RELEASE_AUTO_PERIOD_NS to revise the delay. It also looks again
- * every GATE_RECHECK_NS: a tenant may write the gate word (the state part is every tenant's)
- * without the wake that comes with every change the driver makes, and low priority's work
- * queued behind the word on the device (the interposer's device gate) has no host thread
+/* The rounds every releaser that waits for nothing else runs: it releases the card on time even
+ * when no low-priority context is waiting at the gate; it sleeps on the same futex, and with an
+ * auto model (the owner's) wakes every QS_RELEASE_AUTO_PERIOD_NS to revise the delay. It also
+ * looks again every GATE_RECHECK_NS: a tenant may write the gate word (the state part is every
+ * tenant's) without the wake that comes with every change the driver makes, and low priority's
+ * work queued behind the word on the device (the interposer's device gate) has no host thread
  * waiting that would open it. */
-void qs_gate_release_loop(struct qs_segment *seg, uint32_t card, _Atomic uint32_t *stop)
+static void release_rounds(struct qs_segment *seg, uint32_t card, _Atomic uint32_t *stop,
+                           _Atomic uint32_t *mine, struct auto_model *model)
 {
     struct qs_card_state *cs = &seg->state->cards[card];
-    struct auto_model model = {0};
-    _Atomic uint32_t *mine = &seg->owner->owner_untimed[card]; /* an adopter takes it back */
     while (!atomic_load(stop)) {
-        uint64_t tick = auto_tick(seg, card, &model), recheck = qs_now_ns() + GATE_RECHECK_NS;
+        uint64_t tick = model ? auto_tick(seg, card, model) : 0;
+        uint64_t recheck = qs_now_ns() + GATE_RECHECK_NS;
         tick = tick && tick < recheck ? tick : recheck;
         if (atomic_load(&cs->gate) != QS_GATE_OPEN) {
             wait_round(seg, card, stop, tick, mine);
@@ -284,6 +284,30 @@ void qs_gate_release_loop(struct qs_segment *seg, uint32_t card, _Atomic uint32_
             qs_futex_wait(&cs->wake_seq, seq, tick);
         qs_count_out(mine, &cs->untimed_sleepers);
     }
+}
+
+/* The owner's thread per card, with the auto release model. */
+void qs_gate_release_loop(struct qs_segment *seg, uint32_t card, _Atomic uint32_t *stop)
+{
+    struct auto_model model = {0};
+    /* the owner's part of untimed_sleepers: an adopter takes it back */
+    release_rounds(seg, card, stop, &seg->owner->owner_untimed[card], &model);
+}
+
+/* A client standing in for a dead owner (keeper.c): the same rounds, at the delay in force
+ * (in auto mode, the last one the owner chose). */
+void qs_gate_keep_loop(struct qs_segment *seg, uint32_t card, _Atomic uint32_t *stop,
+                       _Atomic uint32_t *mine)
+{
+    release_rounds(seg, card, stop, mine, NULL);
+}
+
+/* Wake every releaser of the card and have it look at its stop flag. */
+void qs_gate_wake_all(struct qs_segment *seg, uint32_t card)
+{
+    struct qs_card_state *cs = &seg->state->cards[card];
+    atomic_fetch_add(&cs->wake_seq, 1);
+    qs_futex_wake(&cs->wake_seq, INT_MAX);
 }
 
 int qs_card_set_release_auto(qs_node *node, uint32_t index, int enable, uint64_t p99_bound_ns,

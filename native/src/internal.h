@@ -354,6 +354,20 @@ int qs_gate_wait(struct qs_segment *seg, uint32_t card, _Atomic uint32_t *stop,
 /* Owner's release loop for one card (runs until *stop). */
 void qs_gate_release_loop(struct qs_segment *seg, uint32_t card, _Atomic uint32_t *stop);
 void qs_gate_forget_hp(struct qs_segment *seg, uint32_t card, uint32_t ctx);
+/* A client's stand-in for a dead owner's release loop (runs until *stop); `mine` is the
+ * client context's part of the card's untimed_sleepers. */
+void qs_gate_keep_loop(struct qs_segment *seg, uint32_t card, _Atomic uint32_t *stop,
+                       _Atomic uint32_t *mine);
+/* Wake every gate sleeper of `card` (one that is stopping looks at its flag). */
+void qs_gate_wake_all(struct qs_segment *seg, uint32_t card);
+
+/* keeper.c: a client's thread that keeps the card's gate once the owner is gone */
+struct qs_keeper;
+/* Start it for the client whose attach connection is `sock` (-1: none, the owner is gone). */
+int qs_keeper_start(struct qs_segment *seg, uint32_t card, int sock, _Atomic uint32_t *mine,
+                    struct qs_keeper **out);
+/* Stop and free it; only the process that started it has its thread to join. */
+void qs_keeper_stop(struct qs_keeper *keeper);
 
 /* vmem.c: each vGPU's memory part */
 /* Owner: a new memory part for vGPU slot `slot` (any old one of the slot is dropped). */

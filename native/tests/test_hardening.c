@@ -1458,6 +1458,85 @@ static int test_a_gate_a_live_tenant_closed_opens_again(void)
     return 0;
 }
 
+/* The owner leaves (as when it dies) while high priority holds the gate closed: its release
+ * thread is gone, and `hp` and `lp` (low priority, keeping the gate when `keep`) stay
+ * attached. The card's gate state is `*cs`. 1 when done. */
+static int owner_gone_with_gate_closed(const char *tag, int keep, qs_client **hp, qs_client **lp,
+                                       struct qs_card_state **cs)
+{
+    qs_node *node = make_node(tag);
+    uint32_t card;
+    if (!node || vgpu(node, 1, QS_PRIO_HIGH, 100, GiB) || vgpu(node, 2, QS_PRIO_LOW, 50, GiB) ||
+        qs_card_set_release_delay(node, 0, 10000000) ||
+        qs_client_attach(test_segment(tag), NULL, 1, hp) ||
+        qs_client_attach(test_segment(tag), NULL, 2, lp) || (keep && qs_client_keep_gate(*lp)) ||
+        qs_launch_begin(*hp))
+        return 0;
+    qs_node_leave(node); /* adopt_and_close takes it back */
+    *cs = &qs_client_segment(*lp, &card)->state->cards[0];
+    return 1;
+}
+
+/* A new owner takes the segment back, the clients detach, and it is removed. */
+static int adopt_and_close(const char *tag, qs_client *hp, qs_client *lp)
+{
+    qs_node *node = NULL;
+    int rc = qs_node_adopt(test_segment(tag), NULL, &node);
+    int detached = qs_client_detach(hp) == QS_OK && qs_client_detach(lp) == QS_OK;
+    qs_node_close(node);
+    return rc == QS_OK && detached;
+}
+
+/* With the device gate, low priority's queued work waits on the gate word on the GPU, and no
+ * host thread of it need be waiting at the gate. The owner died while high priority held the
+ * gate: the keeping client reopens it once high priority has been quiet for the delay (before,
+ * nothing did until an owner adopted the segment), and never while high priority is busy. */
+static int test_a_keeping_client_reopens_the_gate_a_gone_owner_left_closed(void)
+{
+    qs_client *hp = NULL, *lp = NULL;
+    struct qs_card_state *cs = NULL;
+    EXPECT(owner_gone_with_gate_closed("keeper", 1, &hp, &lp, &cs));
+    sleep_ms(100);
+    int held_while_busy = atomic_load(&cs->gate) == QS_GATE_CLOSED;
+    uint64_t quiet = qs_now_ns();
+    EXPECT(qs_launch_end(hp) == QS_OK);
+    EVENTUALLY(atomic_load(&cs->gate) == QS_GATE_OPEN);
+    uint64_t took = qs_now_ns() - quiet;
+    int opened = atomic_load(&cs->gate) == QS_GATE_OPEN;
+    EXPECT(qs_launch_begin(hp) == QS_OK && qs_launch_end(hp) == QS_OK); /* a second episode */
+    EVENTUALLY(atomic_load(&cs->gate) == QS_GATE_OPEN);
+    int again = atomic_load(&cs->gate) == QS_GATE_OPEN;
+    EXPECT(adopt_and_close("keeper", hp, lp));
+    EXPECT(held_while_busy && opened && again);
+    EXPECT(took >= 10000000ull && took < 1000000000ull);
+    return 0;
+}
+
+static void *launch_lp(void *arg)
+{
+    qs_client *lp = arg;
+    if (qs_launch_begin(lp) == QS_OK)
+        qs_launch_end(lp);
+    return NULL;
+}
+
+/* Guard: a low-priority launch waiting on the host at the gate a gone owner left closed
+ * passes once high priority has been quiet for the delay (its own wait releases the gate). */
+static int test_a_launch_at_the_gate_passes_without_the_owner(void)
+{
+    qs_client *hp = NULL, *lp = NULL;
+    struct qs_card_state *cs = NULL;
+    EXPECT(owner_gone_with_gate_closed("nokeeper", 0, &hp, &lp, &cs));
+    pthread_t t;
+    EXPECT(pthread_create(&t, NULL, launch_lp, lp) == 0);
+    sleep_ms(50);
+    EXPECT(qs_launch_end(hp) == QS_OK);
+    int passed = joined_within(t, 2);
+    EXPECT(adopt_and_close("nokeeper", hp, lp));
+    EXPECT(passed);
+    return 0;
+}
+
 int main(void)
 {
     const struct test_case tests[] = {
@@ -1530,6 +1609,10 @@ int main(void)
         {"a forked child does not count its parent's launches in flight",
          test_a_forked_child_does_not_count_its_parents_launches_in_flight},
         {"a gate a live tenant closed opens again", test_a_gate_a_live_tenant_closed_opens_again},
+        {"a keeping client reopens the gate a gone owner left closed",
+         test_a_keeping_client_reopens_the_gate_a_gone_owner_left_closed},
+        {"a launch at the gate passes without the owner",
+         test_a_launch_at_the_gate_passes_without_the_owner},
     };
     return run_tests(tests, sizeof tests / sizeof tests[0]);
 }

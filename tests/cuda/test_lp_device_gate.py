@@ -6,11 +6,12 @@ own when the release reopens it; the process keeps its deep window beside high p
 from __future__ import annotations
 
 import json
+import select
 import time
 from pathlib import Path
 from typing import Any
 
-from .conftest import LP_VGPU, NodeOwner, Probe, run_probe
+from .conftest import HP_VGPU, LP_VGPU, NodeOwner, Probe, run_probe, start_node
 
 MS = 1_000_000
 GATE_ON = {"QSHARE_LP_DEVICE_GATE": "1"}
@@ -184,3 +185,38 @@ def test_every_stream_of_the_process_is_held_on_the_device_while_high_priority_r
         assert early == late <= before + 3
     finally:
         lp.close()
+
+
+def reply_within(probe: Probe, command: str, seconds: float) -> dict[str, str] | None:
+    """The probe's reply to `command`, or None when it gives none within `seconds`."""
+    assert probe.process.stdout is not None
+    probe.send(command)
+    ready, _, _ = select.select([probe.process.stdout], [], [], seconds)
+    return probe.receive() if ready else None
+
+
+def test_held_work_resumes_when_the_owner_died_while_high_priority_held_the_gate(
+    cuda_build: Path, tmp_path: Path
+) -> None:
+    """The owner (whose release thread reopens the gate) is killed while high priority's 300 ms
+    kernel holds low priority's queue on the device. Once high priority has been quiet for the
+    release delay (20 ms), the low-priority process reopens the gate itself and its queue runs.
+    Before, nothing reopened it: the queue stayed held, and the program's synchronize with it,
+    until an owner adopted the segment."""
+    node = start_node(tmp_path)
+    hp = Probe(node, HP_VGPU)
+    lp = Probe(node, LP_VGPU, extra_env=GATE_ON)
+    try:
+        assert hp.ask("init")["rc"] == "0" and lp.ask("init")["rc"] == "0"
+        assert lp.ask(f"launch kernel 20000 {LP_KERNELS}")["rc"] == "0"
+        assert hp.ask("launch kernel 300000 1")["rc"] == "0"
+        time.sleep(0.05)
+        node.process.kill()
+        node.process.wait(timeout=10)
+        synced = reply_within(lp, "sync", 5.0)
+        assert synced is not None and synced["rc"] == "0"
+        assert kernels_done(lp) == LP_KERNELS
+    finally:
+        for probe in (hp, lp):
+            probe.process.kill()
+            probe.process.wait(timeout=10)
