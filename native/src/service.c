@@ -107,7 +107,9 @@ static void bind_ctx(qs_node *node, uint32_t i, int pid, uint32_t slot)
     c->card = v->card;
     c->priority = v->priority;
     atomic_store(&c->generation, r->generation);
-    __atomic_store_n(&node->seg.vmem[slot]->reserved[i], 0, __ATOMIC_RELAXED);
+    /* a share left at this index goes, and the vGPU's total is flagged to be summed again, as
+     * at a reap (zeroing it alone left the total charged for it) */
+    qs_mem_reap(&node->seg, i, slot);
     atomic_store(&c->inflight, 0);
     atomic_store(&c->inflight_waiters, 0);
     atomic_store(&c->launches, 0);

@@ -1458,6 +1458,35 @@ static int test_a_gate_a_live_tenant_closed_opens_again(void)
     return 0;
 }
 
+/* A free context index still holding a share in its vGPU's memory part, counted in the vGPU's
+ * total (a stale reservation between its addition and its take-back, or a tenant's write into
+ * its own part, leaves one), is bound to a new process: the share is dropped, and the total
+ * must drop with it. Before, the attach zeroed the share without flagging the total for a
+ * recount, so the vGPU stayed charged for it: the new process's reservation of the whole limit
+ * was refused, and the statistics showed 256 MiB in use with no share anywhere. */
+static int test_a_reused_context_index_leaves_the_vgpus_total_equal_to_its_shares(void)
+{
+    qs_node *node = make_node("reshare");
+    EXPECT(node && vgpu(node, 1, QS_PRIO_LOW, 50, GiB) == QS_OK);
+    int slot = vslot_of(node, 1);
+    qs_client *cl = NULL;
+    EXPECT(slot >= 0 && qs_client_attach(test_segment("reshare"), NULL, 1, &cl) == QS_OK);
+    int ctx = ctx_of(node, (int)getpid());
+    EXPECT(ctx >= 0 && qs_client_detach(cl) == QS_OK);
+    struct qs_vmem *vm = node->seg.vmem[slot];
+    __atomic_store_n(&vm->reserved[ctx], 256 * MiB, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&vm->used, 256 * MiB, __ATOMIC_SEQ_CST);
+    EXPECT(qs_client_attach(test_segment("reshare"), NULL, 1, &cl) == QS_OK);
+    EXPECT(ctx_of(node, (int)getpid()) == ctx); /* the same index, bound again */
+    qs_vgpu_stats st;
+    EXPECT(qs_vgpu_stats_get(node, 1, &st) == QS_OK);
+    int whole = qs_mem_reserve(cl, GiB);
+    EXPECT(qs_client_detach(cl) == QS_OK);
+    qs_node_close(node);
+    EXPECT(st.mem_used == 0 && whole == QS_OK);
+    return 0;
+}
+
 /* The owner leaves (as when it dies) while high priority holds the gate closed: its release
  * thread is gone, and `hp` and `lp` (low priority, keeping the gate when `keep`) stay
  * attached. The card's gate state is `*cs`. 1 when done. */
@@ -1609,6 +1638,8 @@ int main(void)
         {"a forked child does not count its parent's launches in flight",
          test_a_forked_child_does_not_count_its_parents_launches_in_flight},
         {"a gate a live tenant closed opens again", test_a_gate_a_live_tenant_closed_opens_again},
+        {"a reused context index leaves the vGPU's total equal to its shares",
+         test_a_reused_context_index_leaves_the_vgpus_total_equal_to_its_shares},
         {"a keeping client reopens the gate a gone owner left closed",
          test_a_keeping_client_reopens_the_gate_a_gone_owner_left_closed},
         {"a launch at the gate passes without the owner",
