@@ -375,6 +375,8 @@ int qs_vmem_new(struct qs_segment *seg, const char *name, uint32_t slot);
 /* Map memory part `fd` as slot `slot`'s after checking it; takes `fd` over on success. */
 int qs_vmem_map(struct qs_segment *seg, uint32_t slot, int fd);
 void qs_vmem_drop(struct qs_segment *seg, uint32_t slot);
+/* Adopt: write slot `slot`'s header into its own part `fd` again (a tenant rewrote it). */
+int qs_vmem_restore_header(int fd, uint32_t slot);
 
 /* memory.c */
 void qs_mem_recover(void *vgpu_state_and_slot);

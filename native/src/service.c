@@ -129,8 +129,9 @@ static int attach_locked(qs_node *node, int fd, uint32_t slot, uint32_t vgpu_id,
         return qs_fail(QS_ENOENT, "no vGPU with id %u behind this socket (it serves vGPU %u)",
                        vgpu_id, v->id);
     if (!node->seg.vmem[slot])
-        return qs_fail(QS_ESTATE, "vGPU %u has no memory part (the owner could not make one)",
-                       v->id);
+        return qs_fail(QS_ESTATE, "vGPU %u has no memory part (the owner could not make one, "
+                                  "or at its adopt could not check the one the vGPU's processes "
+                                  "hold)", v->id);
     if (qs_service_contexts_of(node, slot) >= QS_MAX_CONTEXTS_PER_VGPU)
         return qs_fail(QS_EFULL, "vGPU %u has %u contexts, its most (QS_MAX_CONTEXTS_PER_VGPU)",
                        v->id, QS_MAX_CONTEXTS_PER_VGPU);
@@ -604,15 +605,22 @@ int qs_service_find_state(qs_node *node)
 }
 
 /* Slot `s`'s memory part as a live process of it holds it, else a new one: with no process of
- * that vGPU alive, nothing of its memory is held. */
+ * that vGPU alive, nothing of its memory is held. A part a live process holds (the inode the
+ * owner recorded) whose header fails its check is still the vGPU's: a tenant rewrote it. Its
+ * header is written again; a new part beside it would split the vGPU's count between its live
+ * processes and new ones (up to twice its limit). Should it fail its check again (the tenant
+ * rewrites it meanwhile), the vGPU is left without a part: its processes keep theirs, and new
+ * attaches are refused until they are gone and the vGPU is made again. */
 static int adopt_vmem(qs_node *node, uint32_t s)
 {
     int fd = find_held(node, s, node->seg.owner->vmem_ino[s], node->seg.owner->vmem_dev[s]);
-    if (fd >= 0 && qs_vmem_map(&node->seg, s, fd) == QS_OK)
+    if (fd < 0)
+        return qs_vmem_new(&node->seg, node->name, s);
+    if (qs_vmem_map(&node->seg, s, fd) == QS_OK ||
+        (qs_vmem_restore_header(fd, s) == QS_OK && qs_vmem_map(&node->seg, s, fd) == QS_OK))
         return QS_OK;
-    if (fd >= 0)
-        close(fd);
-    return qs_vmem_new(&node->seg, node->name, s);
+    close(fd);
+    return QS_OK;
 }
 
 int qs_service_adopt_vmems(qs_node *node)

@@ -4,6 +4,7 @@
 
 #include <stdio.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static int init_vmem(struct qs_vmem *vm, uint32_t slot)
@@ -75,5 +76,27 @@ int qs_vmem_map(struct qs_segment *seg, uint32_t slot, int fd)
     qs_vmem_drop(seg, slot);
     seg->vmem[slot] = map;
     seg->vmem_fd[slot] = fd;
+    return QS_OK;
+}
+
+/* Adopt: memory part `fd`, the one the owner made for slot `slot` (its recorded inode, held
+ * open by a live process of the vGPU), has a header a tenant rewrote. Write it again (the
+ * total to be summed again from the shares, which the tenant may have rewritten too); its size
+ * is sealed, so it is the size it was made. */
+int qs_vmem_restore_header(int fd, uint32_t slot)
+{
+    struct stat sb;
+    if (fstat(fd, &sb) || (size_t)sb.st_size != sizeof(struct qs_vmem))
+        return qs_fail(QS_ESIZE, "vGPU slot %u's memory part is not the size it was made", slot);
+    struct qs_vmem *vm = mmap(NULL, sizeof *vm, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (vm == MAP_FAILED)
+        return qs_fail_errno("mmap");
+    vm->slot = slot;
+    vm->abi = QS_ABI_VERSION;
+    vm->vmem_size = sizeof *vm;
+    __atomic_store_n(&vm->recount, 1, __ATOMIC_SEQ_CST);
+    atomic_thread_fence(memory_order_release);
+    vm->magic = QS_VMEM_MAGIC;
+    munmap(vm, sizeof *vm);
     return QS_OK;
 }

@@ -1487,6 +1487,61 @@ static int test_a_reused_context_index_leaves_the_vgpus_total_equal_to_its_share
     return 0;
 }
 
+/* A tenant of vGPU 1 reserves 512 MiB, then rewrites its memory part's magic and ABI version
+ * and lives on; returns its pid once done (-1 on failure). */
+static pid_t tenant_scribbling_its_part_header(const char *tag, int slot, int ready)
+{
+    pid_t pid = fork_child();
+    if (pid != 0)
+        return pid;
+    for (int fd = 3; fd < 1024; fd++) /* the owner's descriptors, this fork's copies */
+        if (fd != ready)
+            close(fd);
+    qs_client *cl = NULL;
+    uint32_t card;
+    if (qs_client_attach(test_segment(tag), NULL, 1, &cl) != QS_OK ||
+        qs_mem_reserve(cl, 512 * MiB) != QS_OK)
+        _exit(2);
+    struct qs_vmem *vm = qs_client_segment(cl, &card)->vmem[slot];
+    vm->magic = 0x6b6e756a;
+    vm->abi = 99;
+    if (write(ready, "r", 1) != 1)
+        _exit(3);
+    for (;;)
+        pause();
+}
+
+/* An owner adopting the segment finds vGPU 1's memory part, held by its live tenant, with a
+ * header the tenant rewrote: it writes the header again and keeps the part, so the vGPU's
+ * count stays one. Before, it made a new part for the vGPU: the tenant went on charging the
+ * old one, new processes the new one, and a new process got the whole limit beside the
+ * tenant's 512 MiB (up to twice the limit in all). */
+static int test_adopt_keeps_the_memory_part_whose_header_its_tenant_rewrote(void)
+{
+    qs_node *node = make_node("scribble");
+    EXPECT(node && vgpu(node, 1, QS_PRIO_LOW, 50, GiB) == QS_OK);
+    int slot = vslot_of(node, 1), ready[2];
+    char c = 0;
+    EXPECT(slot >= 0 && pipe(ready) == 0);
+    pid_t pid = tenant_scribbling_its_part_header("scribble", slot, ready[1]);
+    EXPECT(pid > 0 && read(ready[0], &c, 1) == 1);
+    close(ready[0]);
+    close(ready[1]);
+    qs_node_leave(node);
+    node = NULL;
+    EXPECT(qs_node_adopt(test_segment("scribble"), NULL, &node) == QS_OK);
+    qs_vgpu_stats st;
+    qs_client *cl = NULL;
+    EXPECT(qs_vgpu_stats_get(node, 1, &st) == QS_OK);
+    EXPECT(qs_client_attach(test_segment("scribble"), NULL, 1, &cl) == QS_OK);
+    int whole = qs_mem_reserve(cl, GiB), rest = qs_mem_reserve(cl, 512 * MiB);
+    EXPECT(qs_client_detach(cl) == QS_OK);
+    kill_and_wait(pid);
+    qs_node_close(node);
+    EXPECT(st.mem_used == 512 * MiB && whole == QS_ENOMEM && rest == QS_OK);
+    return 0;
+}
+
 /* The owner leaves (as when it dies) while high priority holds the gate closed: its release
  * thread is gone, and `hp` and `lp` (low priority, keeping the gate when `keep`) stay
  * attached. The card's gate state is `*cs`. 1 when done. */
@@ -1640,6 +1695,8 @@ int main(void)
         {"a gate a live tenant closed opens again", test_a_gate_a_live_tenant_closed_opens_again},
         {"a reused context index leaves the vGPU's total equal to its shares",
          test_a_reused_context_index_leaves_the_vgpus_total_equal_to_its_shares},
+        {"adopt keeps the memory part whose header its tenant rewrote",
+         test_adopt_keeps_the_memory_part_whose_header_its_tenant_rewrote},
         {"a keeping client reopens the gate a gone owner left closed",
          test_a_keeping_client_reopens_the_gate_a_gone_owner_left_closed},
         {"a launch at the gate passes without the owner",
