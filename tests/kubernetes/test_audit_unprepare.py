@@ -6,19 +6,20 @@ another stays, so a restarted agent neither makes the gone one again nor loses t
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import pytest
 
 from qshare.testing.failing_node import FailingNode
 from qshare_driver.node import Node
-from qshare_node_agent.kubernetes import checkpoint
+from qshare_node_agent.kubernetes import cdi, checkpoint
 from qshare_node_agent.kubernetes.apiserver import KubeApi
 from qshare_node_agent.kubernetes.config import KubernetesSettings
 from qshare_node_agent.kubernetes.dra import DraPlugin
 from qshare_node_agent.kubernetes.local_vgpus import FIRST_LOCAL_ID, LocalVgpus, node_checkpoint
 
-from .conftest import CARDS, resource_claim, store_claim
+from .conftest import CARDS, resource_claim, store_claim, validate_cdi
 from .doubles import ApiServerDouble, KubeletDouble
 from .test_dra_saves import two_card_claim
 
@@ -85,7 +86,11 @@ def test_a_claim_half_unprepared_is_saved_as_what_stays_and_a_restart_finishes_i
     [stays] = plugin.backend.prepared()
     assert saved_keys(node) == {stays}
     assert len(local_vgpus(node)) == 1
-    assert plugin.cdi.path(f"claim_{claim[2]}").exists()  # the claim is still prepared
+    spec = json.loads(plugin.cdi.path(f"claim_{claim[2]}").read_text())  # still prepared
+    kept = plugin.backend.prepared()[stays]
+    assert [d["name"] for d in spec["devices"]] == [cdi.device_name(stays)]  # what stays only
+    assert f"QSHARE_VGPU={kept.vgpu_id}" in spec["devices"][0]["containerEdits"]["env"]
+    validate_cdi(spec)
     plugin.stop()
 
     restarted = LocalVgpus(node, CARDS, min_vgpu_mib=1024)  # the agent, started again

@@ -229,8 +229,25 @@ class DraPlugin:
                 if not response.claims[claim.uid].error:  # a refusal says more
                     _refuse(response.claims[claim.uid], claim, failed)
         else:
-            self._remove_specs([c for c in touched if not response.claims[c.uid].error], response)
+            halved = [c for c in touched if response.claims[c.uid].error]
+            self._remove_specs([c for c in touched if c not in halved], response)
+            for claim in halved:
+                self._respec(claim.uid)
         return response
+
+    def _respec(self, uid: str) -> None:
+        """Rewrite the spec of a claim part released to name only the vGPUs that stay (with
+        the policies it recorded): a gone vGPU's id may be another claim's next, and a
+        checkpoint rebuilt from the specs would then give that vGPU to both. One that cannot
+        be rewritten is logged (the claim's retry removes it)."""
+        prefix, owner = f"dra/{uid}/", _owner(uid)
+        stays = [v for k, v in self.backend.prepared().items() if k.startswith(prefix)]
+        try:
+            recorded = cdi.recorded_in(self.cdi.path(owner), "")
+            asked = {v.key: r.policy for v in stays if (r := recorded.get(v.vgpu_id)) and r.policy}
+            self.cdi.write(owner, stays, asked)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            log.error("the CDI spec of claim %s, part released, was not rewritten: %r", uid, exc)
 
     def _remove_specs(self, claims: list[Any], response: Any) -> None:
         """The specs of claims whose release is saved; one that cannot go is the claim's error."""
