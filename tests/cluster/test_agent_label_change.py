@@ -52,6 +52,18 @@ async def test_a_policy_taken_from_the_node_label_is_registered_and_places_claim
         assert agent.relabels == 1
 
 
+async def test_a_registration_says_the_generation_the_agent_applied(
+    kube: ApiServerDouble, bus_url: str, tmp_path: Path, api: httpx.AsyncClient
+) -> None:
+    """What lets the allocator keep the generation it confirmed of a running agent that
+    registers again (tests/controlplane/test_reregistration_generation.py)."""
+    async with running(bus_url, tmp_path, keep=False) as agent:
+        await asyncio.wait_for(agent.registered.wait(), 20)
+        claim = await create_claim(api)
+        await claim_until(api, claim["id"], "ready")
+        assert agent.registration().applied_generation >= 1  # the apply that placed it
+
+
 async def test_unchanged_labels_are_not_registered_again(
     kube: ApiServerDouble, bus_url: str, tmp_path: Path, api: httpx.AsyncClient
 ) -> None:

@@ -278,7 +278,14 @@ class NodeAgent(Service):
         return NodeRegistration(
             name=self.name, labels=self._labels(), gpus=gpus,
             segment=self.settings.segment_name, shm_dir=shm_dir,
+            applied_generation=self._applied_generation(),
         )  # fmt: skip
+
+    def _applied_generation(self) -> int:
+        """The generation the converger holds (-1 before its first apply, and once the node
+        was forgotten: `new_numbering`), so a registration of the running agent (its labels
+        changed) does not make the allocator take its confirmed state for none."""
+        return self._commands.converger.generation if self._commands is not None else -1
 
     def _labels(self) -> dict[str, str]:
         own = {POLICY_LABEL: self._own_policy().value, NODE_LABEL: self.name}

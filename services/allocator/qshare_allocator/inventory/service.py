@@ -160,7 +160,11 @@ class InventoryService:
                 "heartbeat_at": func.now(),
                 "segment": statement.excluded.segment,
                 "shm_dir": statement.excluded.shm_dir,
-                "applied_generation": -1,  # a (re)started agent confirms nothing yet
+                # a restarted agent confirms nothing yet (it says -1); a running one keeps
+                # what was confirmed of it, never more than it says it applied
+                "applied_generation": func.least(
+                    nodes.c.applied_generation, registration.applied_generation
+                ),
                 "heartbeat_sent_at": None,  # nor is its clock compared with its predecessor's
             },
         )

@@ -15,6 +15,7 @@ from qshare.contracts.domain import NodeStatus
 from qshare.contracts.sharing import CardSharing, SharingSettings
 
 MAX_CARDS = 64
+MAX_GENERATION = 2**63 - 1  # nodes.applied_generation is a BIGINT
 """Cards one node may report; a heartbeat lists at most this many unhealthy ones."""
 _LABEL = r"[A-Za-z0-9]([-A-Za-z0-9_]*[A-Za-z0-9])?"
 NODE_NAME_PATTERN = rf"^{_LABEL}(\.{_LABEL})*$"
@@ -80,6 +81,12 @@ class NodeRegistration(BaseModel):
     segment: SegmentName | None = Field(None, description="the node agent's driver segment")
     shm_dir: Annotated[str, Field(max_length=255, pattern=r"^/[^\x00]*$")] | None = Field(
         None, description="directory of the segment (None: the driver's default)"
+    )
+    applied_generation: Annotated[int, Field(ge=-1, le=MAX_GENERATION)] = Field(
+        -1,
+        description="the latest desired generation this agent applied since it started (-1: "
+        "none yet, a starting agent); a running agent registering again (its labels changed) "
+        "keeps what the allocator confirmed of it, never more",
     )
 
     @field_validator("gpus")

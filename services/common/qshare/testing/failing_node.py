@@ -11,14 +11,17 @@ from qshare_driver import DriverError, Node
 
 
 class FailingNode:
-    """`node` whose `method` raises DriverError(`why`) `failures` times first (-1: always);
-    set `failures` again to fail again."""
+    """`node` whose `method` raises DriverError(`why`) `failures` times first (-1: always),
+    once `passes` calls of it went through; set `failures` (and `passes`) again to fail again."""
 
-    def __init__(self, node: Node, method: str, failures: int = 0, why: str = "failed") -> None:
+    def __init__(
+        self, node: Node, method: str, failures: int = 0, why: str = "failed", passes: int = 0
+    ) -> None:
         self._node = node
         self._method = method
         self._why = why
         self.failures = failures
+        self.passes = passes
 
     def __getattr__(self, name: str) -> Any:
         real = getattr(self._node, name)
@@ -26,7 +29,9 @@ class FailingNode:
 
     def _failing(self, real: Callable[..., Any]) -> Callable[..., Any]:
         def call(*args: Any, **kwargs: Any) -> Any:
-            if self.failures:
+            if self.passes:
+                self.passes -= 1
+            elif self.failures:
                 self.failures -= 1
                 raise DriverError(f"{self._why} (injected)")
             return real(*args, **kwargs)

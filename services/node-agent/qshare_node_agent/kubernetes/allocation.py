@@ -170,8 +170,7 @@ def _config(configs: list[dict[str, Any]], request: str, driver: str) -> VgpuCon
     ordered = sorted(configs, key=lambda c: c.get("source") != "FromClass")
     for entry in ordered:
         opaque = entry.get("opaque") or {}
-        targets = entry.get("requests") or []
-        if opaque.get("driver") != driver or (targets and request not in targets):
+        if opaque.get("driver") != driver or not _targets(entry.get("requests"), request):
             continue
         params = opaque.get("parameters")
         if not isinstance(params, dict):
@@ -183,3 +182,10 @@ def _config(configs: list[dict[str, Any]], request: str, driver: str) -> VgpuCon
         err = exc.errors()[0]
         where = ".".join(str(p) for p in err["loc"]) or "parameters"
         raise ClaimError(f"opaque config of request {request!r}: {where}: {err['msg']}") from None
+
+
+def _targets(named: list[str] | None, request: str) -> bool:
+    """Whether a config naming requests `named` (none: every request) applies to the result
+    of `request`: its own name, or for a subrequest (`<request>/<subrequest>`, allocated from
+    a prioritized list) its main request's, which names all of its subrequests."""
+    return not named or request in named or request.partition("/")[0] in named

@@ -99,13 +99,19 @@ def recorded_vgpus(directory: Path) -> dict[int, Recorded]:
     found: dict[int, Recorded] = {}
     for uid, path in claim_specs(directory).items():
         try:
-            devices = json.loads(path.read_bytes())["devices"]
-            for device in devices:
-                env = _env_of(device["containerEdits"]["env"])
-                key = f"dra/{uid}/recovered/{device['name']}"
-                found[int(env["QSHARE_VGPU"])] = Recorded(key, _policy(env, path))
+            found |= recorded_in(path, f"dra/{uid}/recovered/")
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             log.warning("CDI spec %s names no vGPU it can be rebuilt from: %r", path, exc)
+    return found
+
+
+def recorded_in(path: Path, prefix: str) -> dict[int, Recorded]:
+    """vGPU id -> `prefix` + its device name, and its claim's policy, in one claim's spec;
+    raises what reading it raised (OSError, or one of a spec of another shape)."""
+    found: dict[int, Recorded] = {}
+    for device in json.loads(path.read_bytes())["devices"]:
+        env = _env_of(device["containerEdits"]["env"])
+        found[int(env["QSHARE_VGPU"])] = Recorded(f"{prefix}{device['name']}", _policy(env, path))
     return found
 
 

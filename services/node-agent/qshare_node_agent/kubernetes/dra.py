@@ -212,21 +212,42 @@ class DraPlugin:
     async def _unprepare(self, request: Any) -> Any:
         """Release every claim's vGPUs in memory, then await one group commit, shared with
         the prepares and unprepares of the same turn, that saves them all; a claim's spec
-        goes once the checkpoint no longer names it. A save that fails fails every claim of
-        the call (the kubelet asks again; the retry, with nothing left to release, saves)."""
+        goes once the checkpoint no longer names it. A claim the driver refused one vGPU of
+        is saved too, as what stays prepared of it (its error set: the kubelet's retry, or a
+        restarted agent's, finds the rest). A save that fails fails every claim of the call
+        (the kubelet asks again; the retry, with nothing left to release, saves)."""
         response = _api_of(request).message("NodeUnprepareResourcesResponse")
-        released = [c for c in request.claims if self._release_claim(c, response)]
-        if released:
-            try:
-                await self.commits.durable()
-            except Exception as exc:
-                log.error("saving the unprepared claims failed: %s", exc)
-                failed = OSError(f"its release could not be saved: {exc}")
-                for claim in released:
+        touched = [c for c in request.claims if self._release_claim(c, response)]
+        if not touched:
+            return response
+        try:
+            await self.commits.durable()
+        except Exception as exc:
+            log.error("saving the unprepared claims failed: %s", exc)
+            failed = OSError(f"its release could not be saved: {exc}")
+            for claim in touched:
+                if not response.claims[claim.uid].error:  # a refusal says more
                     _refuse(response.claims[claim.uid], claim, failed)
-            else:
-                self._remove_specs(released, response)
+        else:
+            halved = [c for c in touched if response.claims[c.uid].error]
+            self._remove_specs([c for c in touched if c not in halved], response)
+            for claim in halved:
+                self._respec(claim.uid)
         return response
+
+    def _respec(self, uid: str) -> None:
+        """Rewrite the spec of a claim part released to name only the vGPUs that stay (with
+        the policies it recorded): a gone vGPU's id may be another claim's next, and a
+        checkpoint rebuilt from the specs would then give that vGPU to both. One that cannot
+        be rewritten is logged (the claim's retry removes it)."""
+        prefix, owner = f"dra/{uid}/", _owner(uid)
+        stays = [v for k, v in self.backend.prepared().items() if k.startswith(prefix)]
+        try:
+            recorded = cdi.recorded_in(self.cdi.path(owner), "")
+            asked = {v.key: r.policy for v in stays if (r := recorded.get(v.vgpu_id)) and r.policy}
+            self.cdi.write(owner, stays, asked)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            log.error("the CDI spec of claim %s, part released, was not rewritten: %r", uid, exc)
 
     def _remove_specs(self, claims: list[Any], response: Any) -> None:
         """The specs of claims whose release is saved; one that cannot go is the claim's error."""
@@ -237,17 +258,21 @@ class DraPlugin:
                 _refuse(response.claims[claim.uid], claim, exc)
 
     def _release_claim(self, claim: Any, response: Any) -> bool:
-        """Release the claim's vGPUs, not yet saved; False (the claim's error set) when a
-        reference is refused or the driver refuses a vGPU (it stays prepared: a retry)."""
+        """Release the claim's vGPUs, not yet saved; True when the checkpoint must be saved
+        for it: all released, or some before the driver refused one (the claim's error set;
+        the refused one stays prepared, for a retry). False when a reference is refused or
+        the driver refused the first: nothing changed."""
+        released = 0
         try:
             check_uid(claim.uid)
             self.claims.forget(claim.uid)
             prefix = f"dra/{claim.uid}/"
             for key in [k for k in self.backend.prepared() if k.startswith(prefix)]:
                 self.backend.release(key, durable=False)
+                released += 1
         except (ClaimError, BackendError, OSError) as exc:
             _refuse(response.claims[claim.uid], claim, exc)
-            return False
+            return released > 0
         return True
 
     def _held_claims(self, request: Any) -> dict[str, dict[str, Any] | None]:
