@@ -29,9 +29,7 @@ Serve = Callable[..., AbstractAsyncContextManager[FastAPI]]
 
 
 @pytest.fixture
-def serve(
-    database_url: str, bus_url: str, nats_auth: NatsAuth, api: httpx.AsyncClient
-) -> Serve:
+def serve(database_url: str, bus_url: str, nats_auth: NatsAuth, api: httpx.AsyncClient) -> Serve:
     """An API process of its own (the session's stored the admin token), with `changes` to
     its settings."""
 
@@ -110,7 +108,8 @@ async def _statuses(client: httpx.AsyncClient, n: int, **kwargs: Any) -> list[in
 async def test_a_malformed_authorization_header_is_a_401_naming_the_problem(
     api: httpx.AsyncClient, header: str | bytes | None, named: str
 ) -> None:
-    headers = {} if header is None else {"Authorization": header}
+    value = header.encode("latin-1") if isinstance(header, str) else header
+    headers = [] if value is None else [(b"Authorization", value)]
     response = await api.get("/v1/claims", headers=headers)
     assert response.status_code == 401, response.text
     assert named in response.json()["detail"]
@@ -254,7 +253,6 @@ async def test_a_tokens_429_says_to_wait_as_long_as_its_rate_needs(serve: Serve)
         limited = await client.get("/v1/claims", headers=ADMIN)
     assert limited.status_code == 429
     assert limited.headers["retry-after"] == "10"
-
 
 
 def test_a_burst_of_one_lets_a_new_callers_first_request_through() -> None:

@@ -58,6 +58,10 @@ class ApiSettings(BaseSettings, BusIdentity, MetricsSettings):
         description="addresses or CIDR networks of proxies whose X-Forwarded-For names the "
         "client, comma-separated; none by default: the peer is the client",
     )
+    token_recheck_s: float = Field(
+        30.0, gt=0, description="an open `GET /v1/events` stream checks its token this "
+        "often and ends once the token is revoked or expired"
+    )  # fmt: skip
     max_event_streams_per_token: int = Field(
         16, ge=1, le=10_000, description="`GET /v1/events` streams one token may hold open at "
         "once (per API process); one more is a 429"
