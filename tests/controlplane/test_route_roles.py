@@ -53,7 +53,7 @@ def _v1_routes() -> list[tuple[str, str, set[Any]]]:
         (method, route.path, _calls(route.dependant))
         for route in routes
         if route.path.startswith("/v1")
-        for method in route.methods
+        for method in route.methods or ()
     ]
     assert len(found) > 20, "the routes were not found"
     return found
