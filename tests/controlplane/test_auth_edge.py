@@ -35,11 +35,11 @@ def serve(database_url: str, bus_url: str, nats_auth: NatsAuth, api: httpx.Async
 
     @asynccontextmanager
     async def go(**changes: Any) -> AsyncIterator[FastAPI]:
-        settings = ApiSettings(
-            database_url=database_url, nats_url=bus_url, cluster=RULES,
-            auth_failures_per_s=0.01, auth_failure_burst=BURST,
-            **as_identity(nats_auth, ServiceRole.API) | changes,
-        )  # fmt: skip
+        fields: dict[str, Any] = {
+            "database_url": database_url, "nats_url": bus_url, "cluster": RULES,
+            "auth_failures_per_s": 0.01, "auth_failure_burst": BURST,
+        } | as_identity(nats_auth, ServiceRole.API) | changes  # fmt: skip
+        settings = ApiSettings(**fields)
         app = create_app(settings)
         async with app.router.lifespan_context(app):
             yield app
@@ -168,6 +168,13 @@ async def test_a_token_revoked_after_it_was_seen_good_counts_as_a_failure(
         await api.delete(f"/v1/tokens/{good_token['id']}", headers=ADMIN)
         statuses = await _statuses(client, BURST + 1, headers=good_token["headers"])
     assert statuses == [401] * BURST + [429]
+
+
+async def test_lookups_a_database_outage_failed_spend_no_failures(serve: Serve) -> None:
+    gone = "postgresql+asyncpg://q:q@127.0.0.1:9/q"
+    async with serve(database_url=gone) as app, client_at(app) as client:
+        statuses = await _statuses(client, BURST + 2, headers=auth("qs_guess"))
+    assert statuses == [503] * (BURST + 2)  # not refused as failures: none was found wrong
 
 
 async def test_another_address_is_not_refused_for_ones_failures(strict: FastAPI) -> None:

@@ -83,7 +83,12 @@ async def principal(
     reserved = res.failures.before_lookup(digest, address)
     if not reserved:  # a token known valid: its own limit, before any lookup
         res.limiter.take(digest)
-    row = await _lookup(res, digest)
+    try:
+        row = await _lookup(res, digest)
+    except BaseException:  # an outage (a 503) finds no token wrong
+        if reserved:
+            res.failures.limiter.give_back(address)
+        raise
     if row is None or row.expired:
         res.failures.failed(digest, address, reserved)
         raise Unauthorized("unknown or revoked token" if row is None else "token expired")
