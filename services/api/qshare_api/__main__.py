@@ -34,8 +34,11 @@ def main(argv: list[str] | None = None) -> int:
     except SettingsError as exc:
         return report(exc, "qshare api")
     app = create_app(settings, own_process=True)
+    # the client is the peer unless QSHARE_API_TRUSTED_PROXIES names it a proxy (addresses.py);
+    # uvicorn's own would believe X-Forwarded-For from 127.0.0.1, where port-forwards come from
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info",
-                            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)  # fmt: skip
+                            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+                            proxy_headers=False)  # fmt: skip
     server = StoppableWhileStarting(config)
     config.app = _quiet_when_stopped(app, server)
     server.run()

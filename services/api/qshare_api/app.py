@@ -23,6 +23,7 @@ from qshare_api.events.endpoints import router as events_router
 from qshare_api.events.slots import StreamSlots
 from qshare_api.extender.endpoints import router as extender_router
 from qshare_api.extender.reaper import Reaper
+from qshare_api.failures import FailedAuth
 from qshare_api.inventory.endpoints import router as inventory_router
 from qshare_api.middleware import BodyLimit, Metrics
 from qshare_api.preemptions.endpoints import actions as claim_actions_router
@@ -93,7 +94,10 @@ async def _serving(app: FastAPI, settings: ApiSettings, own_process: bool) -> As
     reader = engine.execution_options(isolation_level="AUTOCOMMIT")
     limiter = RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst)
     streams = StreamSlots(settings.max_event_streams_per_token)
-    app.state.resources = Resources(settings, engine, reader, nc, limiter, streams)
+    failures = FailedAuth(
+        settings.auth_failures_per_s, settings.auth_failure_burst, settings.trusted_proxies
+    )
+    app.state.resources = Resources(settings, engine, reader, nc, limiter, streams, failures)
     try:
         app.state.bootstrap = await bootstrap_admin(engine, settings.bootstrap_secret())
     except BaseException:  # a failed start releases what it had opened

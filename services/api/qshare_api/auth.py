@@ -5,11 +5,11 @@ from __future__ import annotations
 import hashlib
 import secrets
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from sqlalchemy import func, select
+from sqlalchemy import Row, func, select
 
 from qshare.contracts.domain import Role, TokenScope
 from qshare.contracts.errors import Forbidden, Unauthorized
@@ -46,6 +46,27 @@ def hash_token(secret: str) -> str:
 
 
 READS = frozenset({"GET", "HEAD"})
+SEND = "send `Authorization: Bearer <token>`"
+
+
+def bearer_secret(request: Request) -> str:
+    """The token of the request's one `Authorization: Bearer` header, or Unauthorized
+    naming what is wrong with the header."""
+    values = request.headers.getlist("authorization")
+    if not values:
+        raise Unauthorized(f"missing Authorization header: {SEND}")
+    if len(values) > 1:
+        raise Unauthorized(f"{len(values)} Authorization headers; {SEND} once")
+    scheme, _, secret = values[0].strip().partition(" ")
+    if scheme.lower() != "bearer":
+        shown = scheme if len(scheme) <= 20 else scheme[:20] + "…"
+        raise Unauthorized(f"Authorization scheme {shown!r} is not Bearer: {SEND}")
+    secret = secret.strip()
+    if not secret:
+        raise Unauthorized(f"no token after Bearer in the Authorization header: {SEND}")
+    if any(c.isspace() for c in secret):
+        raise Unauthorized("the bearer token holds whitespace; a qshare token has none")
+    return secret
 
 
 async def principal(
@@ -53,25 +74,46 @@ async def principal(
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
     res: Annotated[Resources, Depends(resources)],
 ) -> Principal:
-    """Who calls: an unexpired token's tenant and role; a read-only token may only read,
-    and each token's requests are rate-limited."""
-    if credentials is None or credentials.scheme.lower() != "bearer":
-        raise Unauthorized("missing bearer token")
-    digest = hash_token(credentials.credentials)
-    query = select(
-        tokens.c.tenant, tokens.c.role, tokens.c.scope, tokens.c.expires_at <= func.now()
-    ).where(tokens.c.token_hash == digest)
-    async with res.reader.connect() as conn:
-        row = (await conn.execute(query)).one_or_none()
-    if row is None:
-        raise Unauthorized("unknown or revoked token")
-    if row[3]:
-        raise Unauthorized("token expired")
+    """Who calls: an unexpired token's tenant and role; a read-only token may only read.
+    Each token's requests are rate-limited, and so are each client address's failures: an
+    address out of them gets a 429 before its token is looked up (failures.py). The token
+    is found by its hash, so no comparison runs over the secret itself."""
+    digest = hash_token(bearer_secret(request))
+    address = res.failures.address(request.scope)
+    reserved = res.failures.before_lookup(digest, address)
+    if not reserved:  # a token known valid: its own limit, before any lookup
+        res.limiter.take(digest)
+    try:
+        row = await _lookup(res, digest)
+    except BaseException:  # an outage (a 503) finds no token wrong
+        if reserved:
+            res.failures.limiter.give_back(address)
+        raise
+    if row is None or row.expired:
+        res.failures.failed(digest, address, reserved)
+        raise Unauthorized("unknown or revoked token" if row is None else "token expired")
+    res.failures.succeeded(digest, address, reserved)
     if row.scope == TokenScope.READ and request.method not in READS:
         raise Forbidden("this token is read-only")
-    res.limiter.take(digest)
-    read_only = row.scope == "read"
+    if reserved:
+        res.limiter.take(digest)
+    read_only = row.scope == TokenScope.READ
     return Principal(tenant=row.tenant, role=Role(row.role), read_only=read_only, token=digest)
+
+
+async def _lookup(res: Resources, digest: str) -> Row[Any] | None:
+    query = select(
+        tokens.c.tenant, tokens.c.role, tokens.c.scope,
+        (tokens.c.expires_at <= func.now()).label("expired"),
+    ).where(tokens.c.token_hash == digest)  # fmt: skip
+    async with res.reader.connect() as conn:
+        return (await conn.execute(query)).one_or_none()
+
+
+async def still_valid(res: Resources, digest: str) -> bool:
+    """Whether the token of hash `digest` is still stored and unexpired."""
+    row = await _lookup(res, digest)
+    return row is not None and not row.expired
 
 
 async def admin(caller: Annotated[Principal, Depends(principal)]) -> Principal:

@@ -68,7 +68,11 @@ def install(app: FastAPI) -> None:
 
 async def _qshare_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, QshareError)
-    return problem_response(request, exc.code, exc.detail, exc.errors)
+    response = problem_response(request, exc.code, exc.detail, exc.errors)
+    retry_after_s = getattr(exc, "retry_after_s", None)  # a rate limit's own wait
+    if retry_after_s is not None:
+        response.headers["Retry-After"] = str(retry_after_s)
+    return response
 
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:

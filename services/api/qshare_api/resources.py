@@ -9,6 +9,7 @@ from nats.aio.client import Client
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from qshare_api.events.slots import StreamSlots
+from qshare_api.failures import FailedAuth
 from qshare_api.ratelimit import RateLimiter
 from qshare_api.settings import ApiSettings
 
@@ -24,6 +25,7 @@ class Resources:
     nc: Client
     limiter: RateLimiter
     streams: StreamSlots
+    failures: FailedAuth
 
     @property
     def source(self) -> str:

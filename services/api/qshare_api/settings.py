@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, IPvAnyNetwork, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from qshare.bus import BusIdentity, BusOptions
 from qshare.dburl import DatabaseUrl
@@ -45,6 +46,22 @@ class ApiSettings(BaseSettings, BusIdentity, MetricsSettings):
     )
     rate_limit_per_s: float = Field(200.0, gt=0, description="requests per second per token")
     rate_limit_burst: int = Field(400, ge=1, description="requests a token may send at once")
+    auth_failures_per_s: float = Field(
+        2.0, gt=0, description="failed authentications (an unknown, revoked or expired token) "
+        "per second per client address, on average; past the burst, a 429 before any lookup"
+    )  # fmt: skip
+    auth_failure_burst: int = Field(
+        100, ge=1, description="failed authentications a client address may make at once"
+    )
+    trusted_proxies: Annotated[list[IPvAnyNetwork], NoDecode] = Field(
+        default_factory=list,
+        description="addresses or CIDR networks of proxies whose X-Forwarded-For names the "
+        "client, comma-separated; none by default: the peer is the client",
+    )
+    token_recheck_s: float = Field(
+        30.0, gt=0, description="an open `GET /v1/events` stream checks its token this "
+        "often and ends once the token is revoked or expired"
+    )  # fmt: skip
     max_event_streams_per_token: int = Field(
         16, ge=1, le=10_000, description="`GET /v1/events` streams one token may hold open at "
         "once (per API process); one more is a 429"
@@ -52,6 +69,14 @@ class ApiSettings(BaseSettings, BusIdentity, MetricsSettings):
     trace_console: bool = False
     cluster: ClusterSettings = Field(default_factory=ClusterSettings)
     extender: ExtenderSettings = Field(default_factory=ExtenderSettings)
+
+    @field_validator("trusted_proxies", mode="before")
+    @classmethod
+    def _listed(cls, value: object) -> object:
+        """`10.0.0.0/8, 192.168.1.7` as an environment variable writes it."""
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
 
     @field_validator("bootstrap_admin_token")
     @classmethod

@@ -10,6 +10,7 @@ import contextlib
 import json
 import logging
 import re
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated
@@ -25,7 +26,7 @@ from starlette.types import Receive, Scope, Send
 from qshare import bus
 from qshare.contracts.errors import InvalidInput
 from qshare.contracts.schema import claims
-from qshare_api.auth import Caller, Principal
+from qshare_api.auth import Caller, Principal, still_valid
 from qshare_api.events.kept import first_kept, follow, sequence
 from qshare_api.problems import PROBLEMS
 from qshare_api.resources import Resources, resources
@@ -100,7 +101,8 @@ async def stream(
         raise
     tenant = caller.tenant_filter()
     owners = None if tenant is None else Owners(tenant, res)
-    return EventStream(_messages(queue, owners, lost), lambda: _end(sub, res, caller))
+    check = TokenCheck(res, caller.token)
+    return EventStream(_messages(queue, owners, lost, check), lambda: _end(sub, res, caller))
 
 
 def _resume_after(after: int | None, last_event_id: str | None) -> int | None:
@@ -156,14 +158,45 @@ async def _unsubscribe(sub: Subscription) -> None:
         await sub.unsubscribe()
 
 
+class TokenCheck:
+    """Whether the stream's token still holds (neither revoked nor expired), asked of the
+    database at most every `token_recheck_s`; a database that does not answer keeps the
+    stream open (it is asked again next time)."""
+
+    def __init__(self, res: Resources, digest: str) -> None:
+        self.res = res
+        self.digest = digest
+        self.every_s = res.settings.token_recheck_s
+        self.at = time.monotonic()
+
+    async def holds(self) -> bool:
+        now = time.monotonic()
+        if now - self.at < self.every_s:
+            return True
+        self.at = now
+        try:
+            return await still_valid(self.res, self.digest)
+        except Exception as error:
+            log.warning("could not check an event stream's token (%r); checked again later", error)
+            return True
+
+
+ENDED = ": the token was revoked or has expired; the stream ends\n\n"
+
+
 async def _messages(
-    queue: asyncio.Queue[Msg], owners: Owners | None, lost: str = ""
+    queue: asyncio.Queue[Msg], owners: Owners | None, lost: str, check: TokenCheck
 ) -> AsyncIterator[str]:
     yield ": qshare events\n\n" + lost
     while True:
         try:
-            msg = await asyncio.wait_for(queue.get(), KEEPALIVE_S)
+            msg = await asyncio.wait_for(queue.get(), min(KEEPALIVE_S, check.every_s))
         except TimeoutError:
+            msg = None
+        if not await check.holds():
+            yield ENDED
+            return
+        if msg is None:
             yield ": keep-alive\n\n"
             continue
         visible = owners is None or await owners.sees(msg.subject)
