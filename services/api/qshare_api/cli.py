@@ -249,7 +249,9 @@ def _render(shown: Shown, output: str) -> str:
 
 FLAGS = {
     "class_name": "--class", "node_selector": "--selector", "expires_in_s": "--expires-in",
-    "idempotency_key": "--idempotency-key",
+    "idempotency_key": "--idempotency-key", "eviction_grace_s": "--grace",
+    "starvation_share": "--starvation-share", "replace_on_failure": "--replace-on-failure",
+    "move_on_starvation": "--move-on-starvation",
 }  # fmt: skip
 """The API's fields whose CLI option has another name: an error names what the user typed."""
 NO_TOKEN_HINT = (
