@@ -502,7 +502,7 @@ def _cordon(client: Client, args: argparse.Namespace) -> Shown:
 
 
 def _list_nodes(client: Client, args: argparse.Namespace) -> Shown:
-    nodes = client.get("/v1/nodes")
+    nodes = client.every("/v1/nodes")
     return Shown(nodes, _nodes_table(nodes))
 
 
@@ -521,7 +521,7 @@ def _node_status(node: dict[str, Any]) -> str:
 
 
 def _list_gpus(client: Client, args: argparse.Namespace) -> Shown:
-    cards = client.get("/v1/gpus", node=args.node)
+    cards = client.every("/v1/gpus", node=args.node)
     rows = [
         (g["node"], g["index"], g["uuid"], g["model"], "yes" if g["healthy"] else "NO",
          f"{g['vgpus']}/{g['max_vgpus']}", format_mib(g["memory_mib"]), format_mib(g["free_mib"]),

@@ -12,6 +12,8 @@ import httpx
 
 LOST = (httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError, httpx.TimeoutException)
 """Transport failures after which the request may or may not have been handled."""
+PAGE = 500
+"""Items per page when the client reads a whole list (the API's most)."""
 
 
 class ApiError(Exception):
@@ -89,6 +91,19 @@ class Client:
         clean = {k: v for k, v in params.items() if v is not None}
         return self._call("GET", path, params=clean)
 
+    def every(self, path: str, **params: Any) -> list[Any]:
+        """Every item of a list the API answers in pages (`limit`, and the next page's
+        address in the Link header), page after page."""
+        clean = {k: v for k, v in params.items() if v is not None} | {"limit": PAGE}
+        items: list[Any] = []
+        while True:
+            response = self._http.request("GET", path, params=clean)
+            items.extend(_json(response))
+            following = response.links.get("next", {}).get("url")
+            if not (cursor := following and httpx.URL(following).params.get("cursor")):
+                return items
+            clean["cursor"] = cursor
+
     def post(
         self,
         path: str,
@@ -145,17 +160,21 @@ class Client:
         return self._call("DELETE", path)
 
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
-        response = self._http.request(method, path, **kwargs)
-        if response.status_code >= 400:
-            raise _problem(response)
-        if response.is_redirect:  # the API never redirects what the CLI asks
-            raise _redirected(response)
-        if not response.content:
-            return None
-        try:
-            return response.json()
-        except ValueError:  # JSONDecodeError, UnicodeDecodeError
-            raise _not_the_api(response) from None
+        return _json(self._http.request(method, path, **kwargs))
+
+
+def _json(response: httpx.Response) -> Any:
+    """What the API answered, or the error it is."""
+    if response.status_code >= 400:
+        raise _problem(response)
+    if response.is_redirect:  # the API never redirects what the CLI asks
+        raise _redirected(response)
+    if not response.content:
+        return None
+    try:
+        return response.json()
+    except ValueError:  # JSONDecodeError, UnicodeDecodeError
+        raise _not_the_api(response) from None
 
 
 def _problem(response: httpx.Response) -> ApiError:
