@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
@@ -139,8 +140,8 @@ class Client:
         except LOST:
             return self._call(method, path, json=body)
 
-    def events(self, path: str, **params: Any) -> Iterator[tuple[str, str]]:
-        """A server-sent event stream as (event, data) pairs, until the server ends it."""
+    def events(self, path: str, **params: Any) -> Iterator[Event]:
+        """A server-sent event stream, message by message, until the server ends it."""
         clean = {k: v for k, v in params.items() if v is not None}
         timeout = httpx.Timeout(self._http.timeout.connect, read=None)
         with self._http.stream("GET", path, params=clean, timeout=timeout) as response:
@@ -149,18 +150,35 @@ class Client:
                 raise _problem(response)
             if response.is_redirect:
                 raise _redirected(response)
-            event = ""
-            for line in response.iter_lines():
-                if line.startswith("event: "):
-                    event = line.removeprefix("event: ")
-                elif line.startswith("data: "):
-                    yield event, line.removeprefix("data: ")
+            yield from _messages(response.iter_lines())
 
     def delete(self, path: str) -> Any:
         return self._call("DELETE", path)
 
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
         return _json(self._http.request(method, path, **kwargs))
+
+
+@dataclass(frozen=True)
+class Event:
+    """One SSE message: `sequence` is its `id:` (None where the API sent none)."""
+
+    sequence: int | None
+    subject: str
+    data: str
+
+
+def _messages(lines: Iterator[str]) -> Iterator[Event]:
+    """The messages of an event stream's lines (`id:`, `event:`, then `data:`)."""
+    sequence, subject = None, ""
+    for line in lines:
+        if line.startswith("id: "):
+            sequence = int(line[4:]) if line[4:].isdigit() else None
+        elif line.startswith("event: "):
+            subject = line.removeprefix("event: ")
+        elif line.startswith("data: "):
+            yield Event(sequence, subject, line.removeprefix("data: "))
+            sequence = None
 
 
 def _json(response: httpx.Response) -> Any:
