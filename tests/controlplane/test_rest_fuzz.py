@@ -18,6 +18,7 @@ from tests.controlplane.hostile import variants
 ADMIN = auth(ADMIN_TOKEN)
 HOSTILE_TEXT = ("\x00", "%00", "..", "../etc", " ", "é" * 300, "x" * 5000, "*", ">", "a.b")
 """What each path or query parameter is replaced by, one at a time."""
+CLASS_CHANGE = {"description": "slices", "evictable": True, "eviction_grace_s": 30}
 
 
 def _body_seeds(claim_id: str) -> list[tuple[str, str, dict[str, Any]]]:
@@ -37,6 +38,7 @@ def _body_seeds(claim_id: str) -> list[tuple[str, str, dict[str, Any]]]:
         ("POST", "/v1/tokens", {"name": "fuzz", "tenant": "team-z", "role": "tenant"}),
         ("PUT", "/v1/quotas/team-z", {"memory": "64Gi", "cards": 4, "pending": 2}),
         ("PATCH", "/v1/quotas/team-z", {"cards": 8}),
+        ("PATCH", "/v1/classes/fuzz", CLASS_CHANGE),
     ]
 
 
@@ -50,10 +52,15 @@ def _paths(claim_id: str) -> list[tuple[str, str]]:
         ("GET", "/v1/gpus/{}"), ("PATCH", "/v1/gpus/{}/sharing"),
         ("DELETE", "/v1/gpus/{}/sharing"), ("DELETE", "/v1/tokens/{}"),
         ("PUT", "/v1/quotas/{}"), ("PATCH", "/v1/quotas/{}"), ("DELETE", "/v1/quotas/{}"),
+        ("PATCH", "/v1/classes/{}"), ("DELETE", "/v1/classes/{}"),
         ("GET", "/v1/claims?status={}"), ("GET", "/v1/claims?priority={}"),
         ("GET", "/v1/claims?node={}"), ("GET", "/v1/claims?tenant={}"),
         ("GET", "/v1/claims?limit={}"), ("GET", "/v1/claims?cursor={}"),
         ("GET", "/v1/gpus?node={}"), ("GET", "/v1/me/quota?tenant={}"),
+        ("GET", "/v1/tokens?limit={}"), ("GET", "/v1/tokens?limit=2&cursor={}"),
+        ("GET", "/v1/quotas?limit={}"), ("GET", "/v1/quotas?limit=2&cursor={}"),
+        ("GET", "/v1/nodes?limit={}"), ("GET", "/v1/nodes?limit=2&cursor={}"),
+        ("GET", "/v1/gpus?limit={}"), ("GET", "/v1/gpus?limit=2&cursor={}"),
         ("GET", "/v1/preemptions?claim={}"), ("GET", "/v1/preemptions?kind={}"),
         ("GET", "/v1/preemptions?limit={}"), ("GET", "/v1/starvation?claim={}"),
         ("GET", f"/v1/starvation?claim={claim_id}&limit={{}}"),
@@ -76,6 +83,8 @@ async def _server_errors(api: httpx.AsyncClient, method: str, path: str, data: A
 async def test_hostile_body_fields_are_answered_without_a_server_error(
     api: httpx.AsyncClient, claim_id: str
 ) -> None:
+    fuzz_class = {"name": "fuzz", "provisioner": "qshare"}  # a class of its own to change
+    assert (await api.post("/v1/classes", json=fuzz_class, headers=ADMIN)).status_code < 500
     bad = []
     for method, path, seed in _body_seeds(claim_id):
         for what, data in variants(seed):

@@ -249,7 +249,9 @@ def _render(shown: Shown, output: str) -> str:
 
 FLAGS = {
     "class_name": "--class", "node_selector": "--selector", "expires_in_s": "--expires-in",
-    "idempotency_key": "--idempotency-key",
+    "idempotency_key": "--idempotency-key", "eviction_grace_s": "--grace",
+    "starvation_share": "--starvation-share", "replace_on_failure": "--replace-on-failure",
+    "move_on_starvation": "--move-on-starvation",
 }  # fmt: skip
 """The API's fields whose CLI option has another name: an error names what the user typed."""
 NO_TOKEN_HINT = (
@@ -500,7 +502,7 @@ def _cordon(client: Client, args: argparse.Namespace) -> Shown:
 
 
 def _list_nodes(client: Client, args: argparse.Namespace) -> Shown:
-    nodes = client.get("/v1/nodes")
+    nodes = client.every("/v1/nodes")
     return Shown(nodes, _nodes_table(nodes))
 
 
@@ -519,7 +521,7 @@ def _node_status(node: dict[str, Any]) -> str:
 
 
 def _list_gpus(client: Client, args: argparse.Namespace) -> Shown:
-    cards = client.get("/v1/gpus", node=args.node)
+    cards = client.every("/v1/gpus", node=args.node)
     rows = [
         (g["node"], g["index"], g["uuid"], g["model"], "yes" if g["healthy"] else "NO",
          f"{g['vgpus']}/{g['max_vgpus']}", format_mib(g["memory_mib"]), format_mib(g["free_mib"]),

@@ -99,7 +99,7 @@ def _issue_token(client: Client, args: argparse.Namespace) -> Shown:
 
 
 def _list_tokens(client: Client, args: argparse.Namespace) -> Shown:
-    tokens = client.get("/v1/tokens")
+    tokens = client.every("/v1/tokens")
     return Shown(tokens, _tokens_table(tokens))
 
 
@@ -123,7 +123,7 @@ def day(stamp: str | None) -> str:
 
 
 def _list_quotas(client: Client, args: argparse.Namespace) -> Shown:
-    quotas = client.get("/v1/quotas")
+    quotas = client.every("/v1/quotas")
     return Shown(quotas, _quotas_table(quotas))
 
 

@@ -1,27 +1,43 @@
 """`qshare events watch`: follow qshare's events (`GET /v1/events`) as lines, one per event,
-until Ctrl-C or `--count` events."""
+each opening with its sequence, until Ctrl-C or `--count` events; `--after N` resumes after
+sequence N, and a dropped connection is resumed after the last event printed."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
+import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+import httpx
+
 from qshare_api.cli import Shown, command, group
-from qshare_api.client import Client
+from qshare_api.client import Client, Event
 
 if TYPE_CHECKING:
     from qshare_api.cli import Sub
 
 SHOWN = ("tenant", "status", "priority", "node", "gpu", "card", "vgpu", "pid", "value", "reason")
 """The fields a line shows when the event has them (`-o json` prints the whole envelope)."""
+RETRY_DELAYS_S = (0.5, 1.0, 2.0, 4.0, 8.0)
+"""Waits before each attempt to reconnect after a stream is lost; then the watch gives up."""
+STEADY_S = 10.0
+"""A stream that lasted this long (or brought an event) starts the attempts over."""
 
 
 def register(subparsers: Sub) -> None:
     events = group(subparsers, "events", "follow qshare's events as they happen")
-    watch = events.add_parser("watch", help="print each event; -o json prints its envelope")
+    watch = events.add_parser(
+        "watch", help="print each event, its sequence first; -o json prints its envelope"
+    )
     watch.add_argument("--subject", help="a NATS subject under qshare.evt (default: all)")
     watch.add_argument("--count", type=_positive, help="stop after this many events")
+    watch.add_argument(
+        "--after", type=_sequence, metavar="N",
+        help="the events after sequence N (as a line printed it), then the live ones",
+    )  # fmt: skip
     watch.set_defaults(handler=command(_watch, streams=True))
 
 
@@ -31,18 +47,67 @@ def _positive(value: str) -> int:
     return int(value)
 
 
+def _sequence(value: str) -> int:
+    if not value.isdigit() or len(value) > 19:
+        raise argparse.ArgumentTypeError(f"{value!r} is not an event's sequence (0 or more)")
+    return int(value)
+
+
 def _watch(client: Client, args: argparse.Namespace) -> Shown:
-    stream = client.events("/v1/events", subject=args.subject)
-    for seen, (subject, data) in enumerate(stream, start=1):
-        print(data if args.output == "json" else line(subject, json.loads(data)), flush=True)
+    stream = following(client, args.subject, args.after)
+    for seen, event in enumerate(stream, start=1):
+        print(shown(event, args.output == "json"), flush=True)
         if args.count is not None and seen >= args.count:
             break
     return Shown(None, "")
 
 
-def line(subject: str, envelope: dict[str, Any]) -> str:
-    """`TIME  SUBJECT  key=value …` with the fields of the event that say what happened."""
-    data = envelope.get("data")
+def following(client: Client, subject: str | None, after: int | None) -> Iterator[Event]:
+    """The stream's events; when it is lost, the stream again after the last sequence seen,
+    so no event is lost or shown twice (before any event with a sequence, from now on)."""
+    tries = 0
+    while True:
+        began = time.monotonic()
+        try:
+            for event in client.events("/v1/events", subject=subject, after=after):
+                tries, after = 0, after if event.sequence is None else event.sequence
+                yield event
+            why = "the API ended the stream"
+        except httpx.TransportError as exc:  # refused, reset, cut short, timed out
+            why = f"the stream was lost ({exc or type(exc).__name__})"
+        if time.monotonic() - began >= STEADY_S:
+            tries = 0
+        if tries == len(RETRY_DELAYS_S):
+            raise httpx.ReadError(f"{why}; gave up" + _resume_hint(after))
+        _say(f"{why}; reconnecting" + ("" if after is None else f" after {after}"))
+        time.sleep(RETRY_DELAYS_S[tries])
+        tries += 1
+
+
+def _resume_hint(after: int | None) -> str:
+    return "" if after is None else f" (resume with --after {after})"
+
+
+def _say(note: str) -> None:
+    print(f"qshare events watch: {note}", file=sys.stderr, flush=True)
+
+
+def shown(event: Event, as_json: bool) -> str:
+    """The event's line, or its envelope with `sequence` added for `-o json`."""
+    envelope = json.loads(event.data)
+    if as_json:
+        if event.sequence is not None and isinstance(envelope, dict):
+            envelope["sequence"] = event.sequence
+        return json.dumps(envelope)
+    return line(event.sequence, event.subject, envelope)
+
+
+def line(sequence: int | None, subject: str, envelope: Any) -> str:
+    """`SEQUENCE  TIME  SUBJECT  key=value …` with the fields of the event that say what
+    happened (`-` for the sequence of a stream that sends none)."""
+    data = envelope.get("data") if isinstance(envelope, dict) else None
     fields = data if isinstance(data, dict) else {}
-    shown = " ".join(f"{k}={fields[k]}" for k in SHOWN if fields.get(k) is not None)
-    return f"{str(envelope.get('time', ''))[:23]}  {subject}  {shown}".rstrip()
+    shown_ = " ".join(f"{k}={fields[k]}" for k in SHOWN if fields.get(k) is not None)
+    when = str(envelope.get("time", ""))[:23] if isinstance(envelope, dict) else ""
+    number = "-" if sequence is None else str(sequence)
+    return f"{number}  {when}  {subject}  {shown_}".rstrip()

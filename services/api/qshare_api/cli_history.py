@@ -1,5 +1,6 @@
-"""`qshare preemptions|starvation|classes list`: read-only listings over the REST API:
-suspensions and evictions, starved low-priority claims, and the GPU classes."""
+"""`qshare preemptions|starvation|classes …`: listings over the REST API: suspensions and
+evictions, starved low-priority claims, and the GPU classes (which admins change and
+delete)."""
 
 from __future__ import annotations
 
@@ -37,6 +38,9 @@ def register(subparsers: Sub) -> None:
     starved.set_defaults(handler=command(_list_starvation))
     classes = group(subparsers, "classes", "GPU classes that claims name with --class")
     classes.add_parser("list", help="list classes").set_defaults(handler=command(_list_classes))
+    from qshare_api.cli_classes import add_class_verbs  # it builds on this module
+
+    add_class_verbs(classes)
 
 
 def _history_options(parser: argparse.ArgumentParser) -> None:
@@ -109,13 +113,17 @@ def _percent(share: float) -> str:
 
 def _list_classes(client: Client, args: argparse.Namespace) -> Shown:
     found: list[dict[str, Any]] = client.get("/v1/classes")
+    return Shown(found, classes_table(found))
+
+
+def classes_table(found: list[dict[str, Any]]) -> str:
     rows = [
         (c["name"], c["provisioner"], _yes(c["evictable"]), f"{c['eviction_grace_s']:g}s",
          _yes(c["replace_on_failure"]), _watched(c["starvation_share"]),
          _yes(c["move_on_starvation"]), c["description"] or "-")
         for c in found
     ]  # fmt: skip
-    return Shown(found, table(CLASS_COLUMNS, rows))
+    return table(CLASS_COLUMNS, rows)
 
 
 def _watched(share: float) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
@@ -12,6 +13,8 @@ import httpx
 
 LOST = (httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError, httpx.TimeoutException)
 """Transport failures after which the request may or may not have been handled."""
+PAGE = 500
+"""Items per page when the client reads a whole list (the API's most)."""
 
 
 class ApiError(Exception):
@@ -89,6 +92,19 @@ class Client:
         clean = {k: v for k, v in params.items() if v is not None}
         return self._call("GET", path, params=clean)
 
+    def every(self, path: str, **params: Any) -> list[Any]:
+        """Every item of a list the API answers in pages (`limit`, and the next page's
+        address in the Link header), page after page."""
+        clean = {k: v for k, v in params.items() if v is not None} | {"limit": PAGE}
+        items: list[Any] = []
+        while True:
+            response = self._http.request("GET", path, params=clean)
+            items.extend(_json(response))
+            following = response.links.get("next", {}).get("url")
+            if not (cursor := following and httpx.URL(following).params.get("cursor")):
+                return items
+            clean["cursor"] = cursor
+
     def post(
         self,
         path: str,
@@ -124,8 +140,8 @@ class Client:
         except LOST:
             return self._call(method, path, json=body)
 
-    def events(self, path: str, **params: Any) -> Iterator[tuple[str, str]]:
-        """A server-sent event stream as (event, data) pairs, until the server ends it."""
+    def events(self, path: str, **params: Any) -> Iterator[Event]:
+        """A server-sent event stream, message by message, until the server ends it."""
         clean = {k: v for k, v in params.items() if v is not None}
         timeout = httpx.Timeout(self._http.timeout.connect, read=None)
         with self._http.stream("GET", path, params=clean, timeout=timeout) as response:
@@ -134,28 +150,49 @@ class Client:
                 raise _problem(response)
             if response.is_redirect:
                 raise _redirected(response)
-            event = ""
-            for line in response.iter_lines():
-                if line.startswith("event: "):
-                    event = line.removeprefix("event: ")
-                elif line.startswith("data: "):
-                    yield event, line.removeprefix("data: ")
+            yield from _messages(response.iter_lines())
 
     def delete(self, path: str) -> Any:
         return self._call("DELETE", path)
 
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
-        response = self._http.request(method, path, **kwargs)
-        if response.status_code >= 400:
-            raise _problem(response)
-        if response.is_redirect:  # the API never redirects what the CLI asks
-            raise _redirected(response)
-        if not response.content:
-            return None
-        try:
-            return response.json()
-        except ValueError:  # JSONDecodeError, UnicodeDecodeError
-            raise _not_the_api(response) from None
+        return _json(self._http.request(method, path, **kwargs))
+
+
+@dataclass(frozen=True)
+class Event:
+    """One SSE message: `sequence` is its `id:` (None where the API sent none)."""
+
+    sequence: int | None
+    subject: str
+    data: str
+
+
+def _messages(lines: Iterator[str]) -> Iterator[Event]:
+    """The messages of an event stream's lines (`id:`, `event:`, then `data:`)."""
+    sequence, subject = None, ""
+    for line in lines:
+        if line.startswith("id: "):
+            sequence = int(line[4:]) if line[4:].isdigit() else None
+        elif line.startswith("event: "):
+            subject = line.removeprefix("event: ")
+        elif line.startswith("data: "):
+            yield Event(sequence, subject, line.removeprefix("data: "))
+            sequence = None
+
+
+def _json(response: httpx.Response) -> Any:
+    """What the API answered, or the error it is."""
+    if response.status_code >= 400:
+        raise _problem(response)
+    if response.is_redirect:  # the API never redirects what the CLI asks
+        raise _redirected(response)
+    if not response.content:
+        return None
+    try:
+        return response.json()
+    except ValueError:  # JSONDecodeError, UnicodeDecodeError
+        raise _not_the_api(response) from None
 
 
 def _problem(response: httpx.Response) -> ApiError:

@@ -30,5 +30,8 @@ CursorParam = Annotated[
     str | None,
     Query(min_length=1, max_length=512, pattern=r"^[A-Za-z0-9_=-]+$", description="next_cursor"),
 ]
+NodeNameText = Annotated[
+    StrictStr, Field(min_length=1, max_length=NODE_NAME_MAX, pattern=NODE_NAME_PATTERN)
+]
 NodeName = Annotated[str, Path(min_length=1, max_length=NODE_NAME_MAX, pattern=NODE_NAME_PATTERN)]
 CardUuid = Annotated[str, Path(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_-]+$")]

@@ -25,12 +25,12 @@ from qshare.contracts.claims import (
     DeleteClaim,
     VgpuView,
 )
-from qshare.contracts.domain import HOLDING_STATUSES, ClaimStatus, Priority
+from qshare.contracts.domain import HOLDING_STATUSES, ClaimStatus, Priority, Provisioner
 from qshare.contracts.errors import InvalidInput
 from qshare.contracts.rows import claim_view, node_is_ready, vgpus_of
 from qshare.contracts.schema import claims, nodes
 from qshare.settings import ClusterSettings
-from qshare_allocator.claims.classes import ClassCatalog
+from qshare_allocator.claims.classes import ClassCatalog, for_new_claim
 from qshare_allocator.claims.idempotency import ensure_same_request
 from qshare_allocator.claims.quotas import check_written, with_quota_lock
 from qshare_allocator.claims.transitions import claim_event_params, locked_claim
@@ -73,7 +73,7 @@ class ClaimService:
     async def create(self, conn: AsyncConnection, command: CreateClaim) -> CreateClaimReply:
         """Place the claim now if anything fits, else record it Pending with the reason."""
         spec = command.spec
-        demand = await self._demand(conn, spec)
+        demand = self._demand_of(spec, await for_new_claim(conn, spec.class_name))
         key = spec.idempotency_key
         if key and (known := await self._by_key(conn, command.tenant, key)):
             ensure_same_request(known, spec)
@@ -216,7 +216,10 @@ class ClaimService:
         return None, reason
 
     async def _demand(self, conn: AsyncConnection, spec: ClaimSpec) -> Demand:
-        provisioner = await self._classes.provisioner(conn, spec.class_name)
+        """A stored claim's demand (its class kept once read)."""
+        return self._demand_of(spec, await self._classes.provisioner(conn, spec.class_name))
+
+    def _demand_of(self, spec: ClaimSpec, provisioner: Provisioner) -> Demand:
         check_granularity(spec.vmemory, provisioner, self._rules)
         return demand_of(spec, provisioner, self._rules)
 

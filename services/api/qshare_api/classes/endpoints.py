@@ -1,11 +1,11 @@
-"""`/v1/classes`: everyone lists them; admins add them."""
+"""`/v1/classes`: everyone lists them; admins add, change and delete them."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, status
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi import APIRouter, Depends, Path, status
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from sqlalchemy import insert, select
 from sqlalchemy.exc import IntegrityError
 
@@ -14,11 +14,40 @@ from qshare.contracts.domain import Provisioner
 from qshare.contracts.errors import Conflict
 from qshare.contracts.schema import classes
 from qshare_api.auth import Admin, Caller
+from qshare_api.classes.changes import change_class, delete_class
 from qshare_api.problems import PROBLEMS
 from qshare_api.resources import Resources, resources
 
 router = APIRouter(prefix="/v1/classes", tags=["classes"], responses=PROBLEMS)
 Res = Annotated[Resources, Depends(resources)]
+ClassPath = Annotated[
+    str, Path(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+]
+
+Description = Annotated[Text, Field(max_length=512)]
+Evictable = Annotated[
+    bool, Field(description="a high-priority claim may evict this class's low-priority claims")
+]
+Grace = Annotated[
+    float, Field(ge=0, le=86400, description="how long an evicted claim keeps its vGPUs")
+]
+Replace = Annotated[
+    bool, Field(description="re-place claims whose node goes NotReady or card unhealthy")
+]
+StarvationShare = Annotated[
+    float,
+    Field(
+        ge=0,
+        le=1,
+        description="a low-priority claim that gets less than this share of its card over the "
+        "preemptor's window, while high priority leaves less than that to harvest, is "
+        "starved (event, GET /v1/starvation); 0 = not watched",
+    ),
+]
+Move = Annotated[
+    bool,
+    Field(description="move a starved single-card claim to a card with more harvestable time"),
+]
 
 
 class GpuClass(BaseModel):
@@ -33,34 +62,47 @@ class GpuClass(BaseModel):
 
     name: ClassName
     provisioner: Provisioner
-    description: Annotated[Text, Field(max_length=512)] = ""
-    evictable: bool = Field(
-        True, description="a high-priority claim may evict this class's low-priority claims"
+    description: Description = ""
+    evictable: Evictable = True
+    eviction_grace_s: Grace = 30.0
+    replace_on_failure: Replace = True
+    starvation_share: StarvationShare = 0.0
+    move_on_starvation: Move = False
+
+
+class ClassChange(BaseModel):
+    """What a PATCH may change: the fields given change, the others are kept. `name` and
+    `provisioner` may be given only as they are (a class read with GET can be sent back)."""
+
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"examples": [{"eviction_grace_s": 60}]}
     )
-    eviction_grace_s: float = Field(
-        30.0, ge=0, le=86400, description="how long an evicted claim keeps its vGPUs"
-    )
-    replace_on_failure: bool = Field(
-        True, description="re-place claims whose node goes NotReady or card unhealthy"
-    )
-    starvation_share: float = Field(
-        0.0,
-        ge=0,
-        le=1,
-        description="a low-priority claim that gets less than this share of its card over the "
-        "preemptor's window, while high priority leaves less than that to harvest, is "
-        "starved (event, GET /v1/starvation); 0 = not watched",
-    )
-    move_on_starvation: bool = Field(
-        False, description="move a starved single-card claim to a card with more harvestable time"
-    )
+
+    name: ClassName | None = None
+    provisioner: Provisioner | None = None
+    description: Description | None = None
+    evictable: Evictable | None = None
+    eviction_grace_s: Grace | None = None
+    replace_on_failure: Replace | None = None
+    starvation_share: StarvationShare | None = None
+    move_on_starvation: Move | None = None
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _not_null(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is None:
+            raise ValueError(f"{info.field_name} cannot be null: leave it out to keep it")
+        return value
+
+
+SHOWN = [classes.c[name] for name in GpuClass.model_fields]
+"""The columns a GpuClass shows."""
 
 
 @router.get("", response_model=list[GpuClass], summary="List classes")
 async def list_classes(caller: Caller, res: Res) -> list[GpuClass]:
-    columns = [classes.c[name] for name in GpuClass.model_fields]
     async with res.reader.connect() as conn:
-        rows = (await conn.execute(select(*columns).order_by(classes.c.name))).all()
+        rows = (await conn.execute(select(*SHOWN).order_by(classes.c.name))).all()
     return [GpuClass.model_validate(r._asdict()) for r in rows]
 
 
@@ -74,3 +116,23 @@ async def add_class(body: GpuClass, caller: Admin, res: Res) -> GpuClass:
     except IntegrityError as exc:
         raise Conflict(f"class {body.name} exists") from exc
     return body
+
+
+@router.patch("/{name}", response_model=GpuClass, summary="Change a class (admins)")
+async def patch_class(name: ClassPath, body: ClassChange, caller: Admin, res: Res) -> GpuClass:
+    """Only the fields given change. They are read where they are used, so the change holds
+    for the class's claims already there too, from the next decision on: the next eviction
+    plan (`evictable`, `eviction_grace_s`; an eviction under way keeps its deadline), the next
+    health scan (`replace_on_failure`), the preemptor's next window (`starvation_share`,
+    `move_on_starvation`). `name` and `provisioner` never change (422 naming the field)."""
+    async with res.engine.begin() as conn:
+        row = await change_class(conn, name, body.model_dump(mode="json", exclude_unset=True))
+    return GpuClass.model_validate({field: row[field] for field in GpuClass.model_fields})
+
+
+@router.delete("/{name}", status_code=status.HTTP_204_NO_CONTENT, summary="Delete a class (admins)")
+async def remove_class(name: ClassPath, caller: Admin, res: Res) -> None:
+    """Only a class no claim names, released ones included (they are kept as records and
+    keep their class); else 409 with the count. The built-in classes stay."""
+    async with res.engine.begin() as conn:
+        await delete_class(conn, name)

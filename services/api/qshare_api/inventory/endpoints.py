@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request, Response
+from pydantic import Field, TypeAdapter
 
 from qshare.contracts import rpc, subjects
 from qshare.contracts.errors import NotFound
@@ -23,7 +24,8 @@ from qshare.contracts.rows import node_views
 from qshare.contracts.sharing import ChangeSharing, SharingSettings
 from qshare_api.auth import Admin, Caller
 from qshare_api.inventory.repository import get_gpu, list_gpus
-from qshare_api.params import CardUuid, NodeFilter, NodeName
+from qshare_api.pages import PageLimit, decode, fetched, page
+from qshare_api.params import CardUuid, CursorParam, NodeFilter, NodeName, NodeNameText
 from qshare_api.problems import PROBLEMS
 from qshare_api.resources import Resources, resources
 
@@ -32,9 +34,20 @@ Res = Annotated[Resources, Depends(resources)]
 
 
 @router.get("/nodes", response_model=list[NodeView], summary="List nodes")
-async def get_nodes(caller: Caller, res: Res) -> list[NodeView]:
+async def get_nodes(
+    caller: Caller,
+    res: Res,
+    request: Request,
+    response: Response,
+    limit: PageLimit = None,
+    cursor: CursorParam = None,
+) -> list[NodeView]:
+    """By name; with `limit`, a page, the next one named by the Link header."""
+    after = decode(cursor, NODE_AFTER)
+    timeout_s = res.settings.cluster.node_timeout_s
     async with res.reader.connect() as conn:
-        return await node_views(conn, res.settings.cluster.node_timeout_s)
+        found = await node_views(conn, timeout_s, after=after and after[0], limit=fetched(limit))
+    return page(found, limit, lambda n: (n.name,), request, response)
 
 
 @router.get("/nodes/{name}", response_model=NodeView, summary="Get one node")
@@ -102,9 +115,26 @@ async def remove_card(name: NodeName, uuid: CardUuid, caller: Admin, res: Res) -
 
 
 @router.get("/gpus", response_model=list[GpuView], summary="List cards with their capacity")
-async def get_gpus(caller: Caller, res: Res, node: NodeFilter = None) -> list[GpuView]:
+async def get_gpus(
+    caller: Caller,
+    res: Res,
+    request: Request,
+    response: Response,
+    node: NodeFilter = None,
+    limit: PageLimit = None,
+    cursor: CursorParam = None,
+) -> list[GpuView]:
+    """By node and index; with `limit`, a page, the next one named by the Link header."""
+    after = decode(cursor, CARD_AFTER)
     async with res.reader.connect() as conn:
-        return await list_gpus(conn, node)
+        found = await list_gpus(conn, node, after, fetched(limit))
+    return page(found, limit, lambda g: (g.node, g.index), request, response)
+
+
+NODE_AFTER = TypeAdapter(tuple[NodeNameText])
+"""A nodes cursor: the last node listed."""
+CARD_AFTER = TypeAdapter(tuple[NodeNameText, Annotated[int, Field(ge=0, le=2**31 - 1)]])
+"""A cards cursor: the last card's node and index."""
 
 
 @router.get("/gpus/{uuid}", response_model=GpuView, summary="Get one card")

@@ -8,8 +8,13 @@ from qshare.contracts.card_rows import gpu_views
 from qshare.contracts.nodes import GpuView
 
 
-async def list_gpus(conn: AsyncConnection, node: str | None) -> list[GpuView]:
-    return await gpu_views(conn, node=node)
+async def list_gpus(
+    conn: AsyncConnection,
+    node: str | None,
+    after: tuple[str, int] | None = None,
+    limit: int | None = None,
+) -> list[GpuView]:
+    return await gpu_views(conn, node=node, after=after, limit=limit)
 
 
 async def get_gpu(conn: AsyncConnection, uuid: str) -> GpuView | None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, status
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi import APIRouter, Depends, Request, Response, status
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.dialects.postgresql import insert
 
@@ -16,7 +16,8 @@ from qshare.contracts.errors import Forbidden, NotFound
 from qshare.contracts.rows import quota_usage
 from qshare.contracts.schema import quotas
 from qshare_api.auth import Admin, Caller
-from qshare_api.params import TenantFilter, TenantPath
+from qshare_api.pages import PageLimit, decode, fetched, page
+from qshare_api.params import CursorParam, TenantFilter, TenantName, TenantPath
 from qshare_api.problems import PROBLEMS
 from qshare_api.resources import Resources, resources
 
@@ -126,10 +127,28 @@ async def _upsert(res: Resources, tenant: str, limits: dict[str, int | None]) ->
 
 
 @router.get("", response_model=list[Quota], summary="List quotas (admins)")
-async def list_quotas(caller: Admin, res: Res) -> list[Quota]:
+async def list_quotas(
+    caller: Admin,
+    res: Res,
+    request: Request,
+    response: Response,
+    limit: PageLimit = None,
+    cursor: CursorParam = None,
+) -> list[Quota]:
+    """By tenant; with `limit`, a page, the next one named by the Link header."""
+    query = select(*SHOWN).order_by(quotas.c.tenant).limit(fetched(limit))
+    if (after := decode(cursor, AFTER)) is not None:
+        query = query.where(quotas.c.tenant > after[0])
     async with res.reader.connect() as conn:
-        rows = (await conn.execute(select(quotas).order_by(quotas.c.tenant))).all()
-    return [Quota.model_validate(r._mapping) for r in rows]
+        rows = (await conn.execute(query)).all()
+    return [
+        Quota.model_validate(r._mapping)
+        for r in page(rows, limit, lambda r: (r.tenant,), request, response)
+    ]
+
+
+AFTER = TypeAdapter(tuple[TenantName])
+"""A quotas cursor: the last tenant listed."""
 
 
 @router.delete(

@@ -6,14 +6,15 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, status
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi import APIRouter, Depends, Request, Response, status
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from qshare.contracts.claims import Text
 from qshare.contracts.domain import Role, TokenScope
 from qshare.contracts.errors import NotFound
 from qshare_api.auth import Admin, new_secret
-from qshare_api.params import TenantName
+from qshare_api.pages import PageLimit, Stamp, decode, fetched, page
+from qshare_api.params import CursorParam, TenantName
 from qshare_api.problems import PROBLEMS
 from qshare_api.resources import Resources, resources
 from qshare_api.tokens.repository import list_tokens, revoke_token, store_token
@@ -70,9 +71,24 @@ async def issue(body: TokenRequest, caller: Admin, res: Res) -> IssuedToken:
 
 
 @router.get("", response_model=list[TokenInfo], summary="List tokens (never their secrets)")
-async def list_all(caller: Admin, res: Res) -> list[TokenInfo]:
+async def list_all(
+    caller: Admin,
+    res: Res,
+    request: Request,
+    response: Response,
+    limit: PageLimit = None,
+    cursor: CursorParam = None,
+) -> list[TokenInfo]:
+    """Oldest first; with `limit`, a page, the next one named by the Link header."""
+    after = decode(cursor, AFTER)
     async with res.reader.connect() as conn:
-        return [TokenInfo.model_validate(t) for t in await list_tokens(conn)]
+        found = await list_tokens(conn, after, fetched(limit))
+    kept = page(found, limit, lambda t: (t["created_at"], t["id"]), request, response)
+    return [TokenInfo.model_validate(t) for t in kept]
+
+
+AFTER = TypeAdapter(tuple[Stamp, uuid.UUID])
+"""A tokens cursor: the last token's creation time and id."""
 
 
 @router.delete("/{token_id}", status_code=status.HTTP_204_NO_CONTENT, summary="Revoke")

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import delete, func, insert, or_, select
+from sqlalchemy import delete, func, insert, or_, select, tuple_
 from sqlalchemy.dialects.postgresql import insert as upsert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -54,14 +55,20 @@ async def ensure_token(
     return True
 
 
-async def list_tokens(conn: AsyncConnection) -> list[dict[str, object]]:
+async def list_tokens(
+    conn: AsyncConnection,
+    after: tuple[datetime, uuid.UUID] | None = None,
+    limit: int | None = None,
+) -> list[dict[str, Any]]:
+    """Tokens oldest first (then by id), after the one at `after` when given."""
     query = select(
         tokens.c.id, tokens.c.name, tokens.c.tenant, tokens.c.role, tokens.c.scope,
         tokens.c.created_at, tokens.c.expires_at,
     )  # fmt: skip
-    return [
-        dict(r._mapping) for r in (await conn.execute(query.order_by(tokens.c.created_at))).all()
-    ]
+    if after is not None:
+        query = query.where(tuple_(tokens.c.created_at, tokens.c.id) > tuple_(*after))
+    query = query.order_by(tokens.c.created_at, tokens.c.id).limit(limit)
+    return [dict(r._mapping) for r in (await conn.execute(query)).all()]
 
 
 async def revoke_token(conn: AsyncConnection, token_id: uuid.UUID) -> bool:

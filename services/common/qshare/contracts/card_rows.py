@@ -7,7 +7,7 @@ import logging
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
-from sqlalchemy import Row, select
+from sqlalchemy import Row, select, tuple_
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from qshare.contracts.domain import MAX_CORE_SHARE
@@ -20,9 +20,14 @@ M = TypeVar("M", bound=BaseModel)
 
 
 async def gpu_views(
-    conn: AsyncConnection, node: str | None = None, uuid: str | None = None
+    conn: AsyncConnection,
+    node: str | None = None,
+    uuid: str | None = None,
+    after: tuple[str, int] | None = None,
+    limit: int | None = None,
 ) -> list[GpuView]:
-    """Cards by node and index, of one node or one card when named."""
+    """Cards by node and index, of one node or one card when named; the first `limit` (None:
+    all) after the card at `after` (node, index)."""
     query = (
         select(gpus, nodes.c.applied_generation)
         .join(nodes, nodes.c.name == gpus.c.node_name)
@@ -32,7 +37,9 @@ async def gpu_views(
         query = query.where(gpus.c.node_name == node)
     if uuid is not None:
         query = query.where(gpus.c.uuid == uuid)
-    return [gpu_view(r) for r in (await conn.execute(query)).all()]
+    if after is not None:
+        query = query.where(tuple_(gpus.c.node_name, gpus.c.idx) > tuple_(*after))
+    return [gpu_view(r) for r in (await conn.execute(query.limit(limit))).all()]
 
 
 def gpu_view(r: Row[Any]) -> GpuView:

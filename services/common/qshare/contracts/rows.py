@@ -83,9 +83,14 @@ def node_is_ready() -> ColumnElement[bool]:
 
 
 async def node_views(
-    conn: AsyncConnection, timeout_s: float, name: str | None = None
+    conn: AsyncConnection,
+    timeout_s: float,
+    name: str | None = None,
+    after: str | None = None,
+    limit: int | None = None,
 ) -> list[NodeView]:
-    """Nodes by name with readiness and capacity summed over their cards."""
+    """Nodes by name with readiness and capacity summed over their cards: one named, or the
+    first `limit` (None: all) whose name sorts after `after`."""
     query = (
         select(
             nodes,
@@ -99,7 +104,9 @@ async def node_views(
     )
     if name is not None:
         query = query.where(nodes.c.name == name)
-    rows = (await conn.execute(query, {"node_timeout_s": timeout_s})).all()
+    if after is not None:
+        query = query.where(nodes.c.name > after)
+    rows = (await conn.execute(query.limit(limit), {"node_timeout_s": timeout_s})).all()
     return [_node_view(r) for r in rows]
 
 

@@ -1,0 +1,71 @@
+"""`qshare classes set|delete`: an administrator changes a class (`PATCH /v1/classes/{name}`:
+the options given change, the others are kept) or deletes one no claim names."""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING, Any
+
+from qshare_api.cli import Shown, UsageError, command, named
+from qshare_api.cli_history import classes_table
+from qshare_api.client import Client, segment
+
+if TYPE_CHECKING:
+    from qshare_api.cli import Verbs
+
+OPTIONS = {
+    "description": "--description", "evictable": "--evictable",
+    "eviction_grace_s": "--grace", "replace_on_failure": "--replace-on-failure",
+    "starvation_share": "--starvation-share", "move_on_starvation": "--move-on-starvation",
+}  # fmt: skip
+"""Each field `set` may change, and its option."""
+SWITCHES = {
+    "evictable": "a high-priority claim may evict its low-priority claims",
+    "replace_on_failure": "re-place its claims whose node or card fails",
+    "move_on_starvation": "move its starved single-card claims",
+}
+
+
+def add_class_verbs(classes: Verbs) -> None:
+    change = classes.add_parser(
+        "set", help="change a class: the options given change, the others are kept; its "
+        "claims follow from their next decision on (admins)",
+    )  # fmt: skip
+    change.add_argument("name", type=named)
+    change.add_argument("--description", default=argparse.SUPPRESS, help="what it is for")
+    for field, help_ in SWITCHES.items():
+        change.add_argument(OPTIONS[field], dest=field, type=_yes_no, default=argparse.SUPPRESS,
+                            metavar="yes|no", help=help_)  # fmt: skip
+    change.add_argument(
+        "--grace", dest="eviction_grace_s", type=float, default=argparse.SUPPRESS,
+        metavar="SECONDS", help="how long an evicted claim keeps its vGPUs",
+    )  # fmt: skip
+    change.add_argument(
+        "--starvation-share", dest="starvation_share", type=float, default=argparse.SUPPRESS,
+        metavar="SHARE", help="0-1; 0: not watched",
+    )  # fmt: skip
+    change.set_defaults(handler=command(_set_class))
+    remove = classes.add_parser("delete", help="delete a class no claim names (admins)")
+    remove.add_argument("name", type=named)
+    remove.set_defaults(handler=command(_delete_class))
+
+
+def _yes_no(value: str) -> bool:
+    if value.lower() in ("yes", "true", "on"):
+        return True
+    if value.lower() in ("no", "false", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"{value!r} is not yes or no")
+
+
+def _set_class(client: Client, args: argparse.Namespace) -> Shown:
+    body: dict[str, Any] = {f: getattr(args, f) for f in OPTIONS if hasattr(args, f)}
+    if not body:
+        raise UsageError(f"give at least one of {', '.join(OPTIONS.values())}")
+    changed = client.patch(f"/v1/classes/{segment(args.name)}", body)
+    return Shown(changed, classes_table([changed]))
+
+
+def _delete_class(client: Client, args: argparse.Namespace) -> Shown:
+    client.delete(f"/v1/classes/{segment(args.name)}")
+    return Shown({"name": args.name, "deleted": True}, f"class {args.name} deleted")
