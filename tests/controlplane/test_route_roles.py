@@ -20,7 +20,8 @@ from tests.controlplane.conftest import auth
 ADMIN_ROUTES = {
     ("POST", "/v1/nodes"), ("PATCH", "/v1/nodes/{name}"), ("DELETE", "/v1/nodes/{name}"),
     ("DELETE", "/v1/nodes/{name}/gpus/{uuid}"), ("PATCH", "/v1/gpus/{uuid}/sharing"),
-    ("DELETE", "/v1/gpus/{uuid}/sharing"), ("POST", "/v1/classes"), ("GET", "/v1/tokens"),
+    ("DELETE", "/v1/gpus/{uuid}/sharing"), ("POST", "/v1/classes"), ("PATCH", "/v1/classes/{name}"),
+    ("DELETE", "/v1/classes/{name}"), ("GET", "/v1/tokens"),
     ("POST", "/v1/tokens"), ("DELETE", "/v1/tokens/{token_id}"), ("GET", "/v1/quotas"),
     ("PUT", "/v1/quotas/{tenant:path}"), ("PATCH", "/v1/quotas/{tenant:path}"),
     ("DELETE", "/v1/quotas/{tenant:path}"),
