@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 from qshare import atomic_file
 from qshare_driver.node import Policy
 from qshare_node_agent.kubernetes.backend import LocalVgpu
+from qshare_node_agent.kubernetes.container_env import VISIBLE, vgpu_of, visible_devices
 
 # The oldest CDI version holding what we write (env, mounts without a type, device nodes by
 # path, names starting with a letter, no annotations): a runtime refuses a newer one than its
@@ -39,23 +40,31 @@ def qualified(name: str) -> str:
 
 
 def spec(vgpus: list[LocalVgpu], policies: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """The spec of `vgpus`; `policies` (by vGPU key) the card policy each one's claim asked,
-    recorded for a rebuild of the checkpoint."""
+    """The spec of `vgpus` (one claim's); `policies` (by vGPU key) the card policy each
+    one's claim asked, recorded for a rebuild of the checkpoint. Every device sets the same
+    CUDA_VISIBLE_DEVICES, naming all the claim's cards: a runtime keeps one value of a
+    variable that several devices set (docs/kubernetes.md), whichever it keeps."""
     asked = policies or {}
+    visible = visible_devices(vgpus)
     return {
         "cdiVersion": CDI_VERSION,
         "kind": KIND,
         "devices": [
-            {"name": device_name(v.key), "containerEdits": edits(v, asked.get(v.key))}
+            {"name": device_name(v.key), "containerEdits": edits(v, asked.get(v.key), visible)}
             for v in vgpus
         ],
     }
 
 
-def edits(vgpu: LocalVgpu, policy: str | None = None) -> dict[str, Any]:
-    """The device's edits; a claim's policy is recorded in its environment (an annotation
-    would need CDI 0.6.0, which a runtime of an older CDI library refuses)."""
-    env = {**vgpu.env, POLICY_ENV: policy} if policy is not None else vgpu.env
+def edits(vgpu: LocalVgpu, policy: str | None = None, visible: str | None = None) -> dict[str, Any]:
+    """The device's edits (`visible`: the CUDA_VISIBLE_DEVICES of its claim, else its own
+    card's); a claim's policy is recorded in its environment (an annotation would need CDI
+    0.6.0, which a runtime of an older CDI library refuses)."""
+    env = dict(vgpu.env)
+    if visible is not None:
+        env[VISIBLE] = visible
+    if policy is not None:
+        env[POLICY_ENV] = policy
     out: dict[str, Any] = {"env": [f"{k}={v}" for k, v in env.items()]}
     out["mounts"] = [
         {
@@ -111,8 +120,19 @@ def recorded_in(path: Path, prefix: str) -> dict[int, Recorded]:
     found: dict[int, Recorded] = {}
     for device in json.loads(path.read_bytes())["devices"]:
         env = _env_of(device["containerEdits"]["env"])
-        found[int(env["QSHARE_VGPU"])] = Recorded(f"{prefix}{device['name']}", _policy(env, path))
+        found[_vgpu_id(env)] = Recorded(f"{prefix}{device['name']}", _policy(env, path))
     return found
+
+
+def _vgpu_id(env: dict[str, str]) -> int:
+    """The device's vGPU: its QSHARE_VGPU (every spec written so far sets it), else the one
+    QSHARE_VGPU_<id> it sets; KeyError when it names none, or several."""
+    if "QSHARE_VGPU" in env:
+        return int(env["QSHARE_VGPU"])
+    ids = [i for i in map(vgpu_of, env) if i is not None]
+    if len(ids) != 1:
+        raise KeyError(f"QSHARE_VGPU (the device sets {len(ids)} QSHARE_VGPU_<id> variables)")
+    return ids[0]
 
 
 def _temporary(path: str) -> str:

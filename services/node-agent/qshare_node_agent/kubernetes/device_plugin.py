@@ -21,6 +21,7 @@ from qshare_node_agent.kubernetes import pod_match, wire
 from qshare_node_agent.kubernetes.apiserver import ApiError, KubeApi
 from qshare_node_agent.kubernetes.backend import BackendError, CardInfo, LocalVgpu, VgpuBackend
 from qshare_node_agent.kubernetes.config import KubernetesSettings
+from qshare_node_agent.kubernetes.container_env import container_env
 from qshare_node_agent.kubernetes.sockets import SocketServer
 
 log = logging.getLogger(__name__)
@@ -229,12 +230,11 @@ class DevicePlugin:
         return response
 
     def allocate(self, vcores: int) -> list[LocalVgpu]:
-        """Take the bound pod asking `vcores` and prepare its vGPUs (one per container)."""
+        """Take the bound pod asking `vcores` and prepare its vGPUs, all for its one qshare
+        container (the extender places a pod with one)."""
         pod = pod_match.take(self.api, self.settings.node_name, vcores, self.settings.node_name)
-        if len(pod.vgpus) != 1:
-            raise BackendError(
-                f"pod {pod.namespace}/{pod.name} has {len(pod.vgpus)} vGPUs; a container uses one"
-            )
+        if not pod.vgpus:
+            raise BackendError(f"pod {pod.namespace}/{pod.name} names no vGPU")
         return [
             self.backend.prepare(allocator_key(v.id), v.index, v.priority, v.vcore, v.vmemory_mib)
             for v in pod.vgpus
@@ -274,14 +274,14 @@ def _device(card: CardInfo, device_id: str) -> Any:
 
 
 def _container_response(api: wire.Api, vgpus: list[LocalVgpu]) -> Any:
+    """One container's answer for all its vGPUs: their environment (container_env), and
+    each mount and device node once (the interposer and the control nodes are every vGPU's)."""
     out = api.message("ContainerAllocateResponse")
-    for vgpu in vgpus:
-        out.envs.update(vgpu.env)
-        for m in vgpu.mounts:
-            out.mounts.add(
-                container_path=m.container_path, host_path=m.host_path, read_only=m.read_only
-            )
-        for path in vgpu.device_nodes:
-            out.devices.add(container_path=path, host_path=path, permissions="rw")
-        out.annotations["qshare.io/vgpu"] = str(vgpu.vgpu_id)
+    out.envs.update(container_env(vgpus))
+    for m in dict.fromkeys(m for v in vgpus for m in v.mounts):
+        out.mounts.add(container_path=m.container_path, host_path=m.host_path,
+                       read_only=m.read_only)  # fmt: skip
+    for path in dict.fromkeys(p for v in vgpus for p in v.device_nodes):
+        out.devices.add(container_path=path, host_path=path, permissions="rw")
+    out.annotations["qshare.io/vgpu"] = ",".join(str(v.vgpu_id) for v in vgpus)
     return out

@@ -36,6 +36,7 @@ from qshare_node_agent.kubernetes.backend import (
     VgpuWanted,
 )
 from qshare_node_agent.kubernetes.cdi import Recorded
+from qshare_node_agent.kubernetes.container_env import vgpu_variable
 from qshare_node_agent.metrics import CHECKPOINTS_SET_ASIDE
 
 log = logging.getLogger(__name__)
@@ -502,6 +503,7 @@ class LocalVgpus:
     def _env(self, vgpu: LocalVgpu) -> dict[str, str]:
         return {
             "QSHARE_VGPU": str(vgpu.vgpu_id),
+            vgpu_variable(vgpu.vgpu_id): vgpu.card_uuid,
             "QSHARE_SEGMENT": vgpu.segment,
             "QSHARE_SHM_DIR": vgpu.segment_dir,
             "LD_PRELOAD": CONTAINER_LIBRARY,
