@@ -104,15 +104,56 @@ async def test_running_a_claim_on_another_node_is_refused(
     assert f"runs on node {agent.name}" in done.stderr
 
 
-async def test_a_claim_of_two_cards_asks_which_card(
+def env_of(stdout: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in stdout.splitlines() if "=" in line)
+
+
+async def test_a_claim_of_two_cards_runs_with_both_vgpus_and_both_cards(
     api: httpx.AsyncClient, api_url: str, start_agent: StartAgent, cuda_build: None
 ) -> None:
+    """Before: refused, asking for --card (one process per card, run one by one)."""
+    agent = await start_agent()
+    claim = await ready_claim(api, count=2)
+    vgpus = sorted(claim["vgpus"], key=lambda v: v["index"])
+    env = run_env(api_url, agent.name, "GPU-x")
+    done = await qshare_run(env, "--claim", str(claim["id"]), "--", "env")
+    assert done.returncode == 0, done.stderr
+    seen = env_of(done.stdout)
+    assert seen["CUDA_VISIBLE_DEVICES"] == ",".join(v["gpu"] for v in vgpus)
+    named = {k: v for k, v in seen.items() if k.startswith("QSHARE_VGPU_")}
+    assert named == {f"QSHARE_VGPU_{v['local_id']}": v["gpu"] for v in vgpus}
+    assert len(named) == 2
+
+
+async def test_a_claim_of_two_cards_runs_on_the_card_named_alone(
+    api: httpx.AsyncClient, api_url: str, start_agent: StartAgent, cuda_build: None
+) -> None:
+    """A guard: --card keeps the one-vGPU form."""
+    agent = await start_agent()
+    claim = await ready_claim(api, count=2)
+    chosen = max(claim["vgpus"], key=lambda v: v["index"])
+    env = run_env(api_url, agent.name, chosen["gpu"])
+    done = await qshare_run(env, "--claim", str(claim["id"]), "--card", str(chosen["index"]),
+                            "--", "env")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    seen = env_of(done.stdout)
+    assert (seen["CUDA_VISIBLE_DEVICES"], seen["QSHARE_VGPU"]) == (
+        chosen["gpu"],
+        str(chosen["local_id"]),
+    )
+    assert not [k for k in seen if k.startswith("QSHARE_VGPU_")]
+
+
+async def test_a_card_the_claim_does_not_hold_is_refused_by_name(
+    api: httpx.AsyncClient, api_url: str, start_agent: StartAgent, cuda_build: None
+) -> None:
+    """A guard."""
     agent = await start_agent()
     claim = await ready_claim(api, count=2)
     env = run_env(api_url, agent.name, "GPU-x")
-    done = await qshare_run(env, "--claim", str(claim["id"]), "--", "true")
+    done = await qshare_run(env, "--claim", str(claim["id"]), "--card", "7", "--", "true")
     assert done.returncode == 2
-    assert "--card INDEX" in done.stderr
+    assert "holds no card 7" in done.stderr
 
 
 async def test_a_program_that_exits_normally_is_published_as_detached(

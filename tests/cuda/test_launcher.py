@@ -33,6 +33,16 @@ def test_child_environment_does_not_pass_the_api_token_on() -> None:
     assert "QSHARE_TOKEN" not in env and env["HOME"] == "/h"
 
 
+def test_child_environment_drops_an_inherited_set_of_vgpus() -> None:
+    """QSHARE_VGPU_<id> variables (from a container of several vGPUs, say) name a set the
+    interposer reads in place of QSHARE_VGPU: before, they reached the program, which then
+    ran on that set, not on the vGPU named here."""
+    base = {"QSHARE_VGPU_9": "GPU-other", "QSHARE_VGPU_10": "GPU-x", "HOME": "/h"}
+    env = child_environment(base, 7, "seg", None, INTERPOSER)
+    assert not [k for k in env if k.startswith("QSHARE_VGPU_")]
+    assert (env["QSHARE_VGPU"], env["HOME"]) == ("7", "/h")
+
+
 def test_child_environment_carries_no_limits() -> None:
     env = child_environment({}, 7, "seg", None, INTERPOSER)
     assert set(env) == {"QSHARE_VGPU", "QSHARE_SEGMENT", "LD_PRELOAD"}

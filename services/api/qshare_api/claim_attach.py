@@ -1,5 +1,5 @@
-"""What `qshare run --claim ID` needs from the API: the claim's vGPU on this node, checked
-(ready, placed on this node, one card chosen), as the launcher's arguments."""
+"""What `qshare run --claim ID` needs from the API: the claim's vGPUs on this node, checked
+(ready, placed on this node; every card, or the one chosen), as the launcher's arguments."""
 
 from __future__ import annotations
 
@@ -29,10 +29,11 @@ def this_node() -> str:
     return os.environ.get("QSHARE_NODE_NAME") or default_node_name()
 
 
-def resolve(client: Client, claim_id: str, node: str, card: int | None) -> Attachment:
+def resolve(client: Client, claim_id: str, node: str, card: int | None) -> list[Attachment]:
+    """The claim's vGPUs to run in: card `card`'s alone, else all of them (card order)."""
     claim = client.get(f"/v1/claims/{claim_id}")
     _check_runnable(claim, node)
-    return _attachment(claim, _pick(claim, card))
+    return [_attachment(claim, vgpu) for vgpu in _pick(claim, card)]
 
 
 def _check_runnable(claim: dict[str, Any], node: str) -> None:
@@ -47,19 +48,14 @@ def _check_runnable(claim: dict[str, Any], node: str) -> None:
         )
 
 
-def _pick(claim: dict[str, Any], card: int | None) -> dict[str, Any]:
-    vgpus: list[dict[str, Any]] = claim["vgpus"]
-    if card is None and len(vgpus) == 1:
-        return vgpus[0]
-    indexes = ", ".join(str(v["index"]) for v in vgpus)
+def _pick(claim: dict[str, Any], card: int | None) -> list[dict[str, Any]]:
+    vgpus: list[dict[str, Any]] = sorted(claim["vgpus"], key=lambda v: int(v["index"]))
     if card is None:
-        raise AttachError(
-            f"claim {claim['id']} holds {len(vgpus)} cards (indexes {indexes}); a process uses "
-            "one: choose it with --card INDEX (run one process per card)"
-        )
+        return vgpus
     for vgpu in vgpus:
         if vgpu["index"] == card:
-            return vgpu
+            return [vgpu]
+    indexes = ", ".join(str(v["index"]) for v in vgpus)
     raise AttachError(f"claim {claim['id']} holds no card {card}; its cards: {indexes}")
 
 

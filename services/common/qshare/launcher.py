@@ -1,8 +1,10 @@
-"""`qshare run --vgpu ID -- CMD`: run an unmodified CUDA program on a vGPU.
+"""`qshare run --vgpu ID -- CMD`: run an unmodified CUDA program on a vGPU (or, with
+`--claim`, on every vGPU of a claim of several cards: one card per process).
 
-It only names the vGPU (QSHARE_VGPU, QSHARE_SEGMENT, QSHARE_SHM_DIR) and preloads the
-interposer `libqshare-cuda.so`; the limits themselves are read from the node segment,
-never from the environment, so the program cannot raise them.
+It only names the vGPUs (QSHARE_VGPU, or one QSHARE_VGPU_<id>=<card uuid> each, with
+QSHARE_SEGMENT and QSHARE_SHM_DIR) and preloads the interposer `libqshare-cuda.so`; the
+limits themselves are read from the node segment, never from the environment, so the
+program cannot raise them.
 """
 
 from __future__ import annotations
@@ -10,13 +12,20 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from qshare.native_build import INTERPOSER
 from qshare_driver import layout
 
+if TYPE_CHECKING:
+    from qshare_api.claim_attach import Attachment
+
 LIBRARY_NAME = "libqshare-cuda.so"
+VGPU_PREFIX = "QSHARE_VGPU_"
+"""`QSHARE_VGPU_<id>=<card uuid>`: one per vGPU of a process of several (the interposer's
+set; when one is present, QSHARE_VGPU is not read)."""
 DEFAULT_SEGMENT = "qshare"
 _INSTALLED = Path("/usr/lib/qshare") / LIBRARY_NAME
 
@@ -35,7 +44,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     target.add_argument(
         "--vgpu", type=int, help="node-local: a vGPU id in the node's segment (no API needed)"
     )
-    parser.add_argument("--card", type=int, help="with --claim of several cards: the card index")
+    parser.add_argument(
+        "--card", type=int,
+        help="with --claim of several cards: run on this card's vGPU alone (default: all)",
+    )  # fmt: skip
     parser.add_argument(
         "--url", default=os.environ.get("QSHARE_URL", "http://127.0.0.1:8080"),
         help="with --claim: the qshare API, or $QSHARE_URL (default http://127.0.0.1:8080)",
@@ -85,8 +97,10 @@ def child_environment(
 ) -> dict[str, str]:
     """The environment of the program: the vGPU's name and the preload, nothing else. The
     API token that looked the claim up is not passed on: the program has no use for it, and a
-    workload is not to act on the cluster with its operator's rights."""
-    env = {k: v for k, v in base.items() if k != "QSHARE_TOKEN"}
+    workload is not to act on the cluster with its operator's rights. Inherited
+    `QSHARE_VGPU_<id>` variables are dropped: they would name another set of vGPUs, which
+    the interposer reads in place of QSHARE_VGPU."""
+    env = {k: v for k, v in base.items() if k != "QSHARE_TOKEN" and not k.startswith(VGPU_PREFIX)}
     env["QSHARE_VGPU"] = str(vgpu)
     env["QSHARE_SEGMENT"] = segment
     if shm_dir is not None:
@@ -96,17 +110,31 @@ def child_environment(
     return env
 
 
+def claim_environment(env: dict[str, str], found: Sequence[Attachment]) -> None:
+    """Name the claim's vGPUs in `env` (the program's, from `child_environment`): its card
+    alone for one vGPU, as before; for several, one QSHARE_VGPU_<id>=<card uuid> each and
+    every card in CUDA_VISIBLE_DEVICES, in card order (QSHARE_VGPU, the first's, stays for
+    an interposer that serves one vGPU)."""
+    if len(found) > 1:
+        env.update({f"{VGPU_PREFIX}{a.vgpu}": a.gpu_uuid for a in found})
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(dict.fromkeys(a.gpu_uuid for a in found))
+
+
 def _from_claim(args: argparse.Namespace) -> None:
-    """Fill --vgpu, --segment and --shm-dir from the claim (the API client is loaded here)."""
-    from qshare_api.claim_attach import resolve, this_node
+    """Fill --vgpu, --segment and --shm-dir from the claim (the API client is loaded here),
+    and `args.found`, the claim's vGPUs the program runs on."""
+    from qshare_api.claim_attach import AttachError, resolve, this_node
     from qshare_api.cli import claim_id, resolve_claim
     from qshare_api.client import Client
 
     client = Client(args.url, args.token)
     claim = resolve_claim(client, claim_id(args.claim), "--claim")
     found = resolve(client, claim, this_node(), args.card)
-    args.vgpu, args.segment, args.gpu_uuid = found.vgpu, found.segment, found.gpu_uuid
-    args.shm_dir = found.shm_dir if found.shm_dir is not None else args.shm_dir
+    if len({(a.segment, a.shm_dir) for a in found}) != 1:
+        raise AttachError(f"claim {claim}: its vGPUs are not in one node segment")
+    args.found = found
+    args.vgpu, args.segment = found[0].vgpu, found[0].segment
+    args.shm_dir = found[0].shm_dir if found[0].shm_dir is not None else args.shm_dir
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -135,7 +163,7 @@ def run_command(args: argparse.Namespace) -> int:
         return 2
     env = child_environment(os.environ, args.vgpu, args.segment, args.shm_dir, library)
     if args.claim is not None:
-        env["CUDA_VISIBLE_DEVICES"] = args.gpu_uuid
+        claim_environment(env, args.found)
     try:
         os.execvpe(cmd[0], cmd, env)
     except OSError as exc:
