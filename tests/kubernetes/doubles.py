@@ -99,6 +99,19 @@ class KubeletDouble:
             request.claims.add(namespace=namespace, name=name, uid=uid)
         return calls["NodeUnprepareResources"](request, timeout=10)
 
+    @staticmethod
+    def container_cdi_devices(answer: Any, request: str) -> list[str]:
+        """The CDI devices the kubelet gives a container naming `request` of a claim, from
+        the claim's prepare answer: a device counts when its `request_names` is empty or
+        holds `request` as it is (the kubelet's `cdiDevicesAsList`; a container names a
+        request, never a subrequest)."""
+        return [
+            cdi_id
+            for device in answer.devices
+            if not device.request_names or request in device.request_names
+            for cdi_id in device.cdi_device_ids
+        ]
+
     # -- device plugin ----------------------------------------------------------------------
     def serve_device_registration(self, kubelet_socket: Path) -> None:
         """Serve kubelet.sock: record every RegisterRequest."""

@@ -393,9 +393,11 @@ def _policies(uid: str, wanted: list[DeviceShare]) -> dict[str, str]:
 
 
 def _answer_device(answer: Any, share: DeviceShare, pool: str, vgpu: LocalVgpu) -> None:
-    """One prepared device in a claim's answer; v1 also names the share (v1beta1 has no field)."""
+    """One prepared device in a claim's answer; v1 also names the share (v1beta1 has no field).
+    Its request is named as a container names it: the main request of a subrequest (the
+    kubelet hands a container the devices whose `request_names` hold its request as it is)."""
     device = answer.devices.add(
-        request_names=[share.request],
+        request_names=[share.request.partition("/")[0]],
         pool_name=pool,
         device_name=share.device,
         cdi_device_ids=[cdi.qualified(cdi.device_name(vgpu.key))],
