@@ -157,3 +157,18 @@ def test_a_taint_keeps_the_time_its_card_was_first_seen_unhealthy() -> None:
     now[0] = 300.0
     assert since.update([card(0, False), card(1, True)]) == {0: 200.0}
     assert since.update([card(0, False), card(1, False)]) == {0: 200.0, 1: 300.0}
+
+
+def test_stopping_the_plugin_ends_an_open_health_stream(
+    plugin_with: Callable[..., DraPlugin], kubelet: KubeletDouble, settings: KubernetesSettings
+) -> None:
+    """Guard: a watching kubelet does not hold the plugin's stop (nor the stream hang)."""
+    plugin = plugin_with()
+    stream = kubelet.watch_health(settings.dra_socket, timeout=30)
+    next(stream)
+    started = time.monotonic()
+    plugin.stop()
+    assert time.monotonic() - started < 5
+    with pytest.raises(grpc.RpcError) as ended:
+        next(stream)
+    assert ended.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
