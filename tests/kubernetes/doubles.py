@@ -26,6 +26,8 @@ SERVICES = {
     (wire.REGISTRATION, "Registration"): "pluginregistration.Registration",
     (wire.DRA_V1, "DRAPlugin"): "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin",
     (wire.DRA_V1BETA1, "DRAPlugin"): "k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin",
+    (wire.DRA_HEALTH_V1, "DRAResourceHealth"): "v1.DRAResourceHealth",
+    (wire.DRA_HEALTH_V1ALPHA1, "DRAResourceHealth"): "v1alpha1.DRAResourceHealth",
     (wire.DEVICE_PLUGIN, "Registration"): "v1beta1.Registration",
     (wire.DEVICE_PLUGIN, "DevicePlugin"): "v1beta1.DevicePlugin",
 }
@@ -98,6 +100,30 @@ class KubeletDouble:
         for namespace, name, uid in claims:
             request.claims.add(namespace=namespace, name=name, uid=uid)
         return calls["NodeUnprepareResources"](request, timeout=10)
+
+    def watch_health(
+        self, socket: Path, version: str = wire.DRA_HEALTH_V1, timeout: float = 30
+    ) -> Iterator[Any]:
+        """The kubelet's NodeWatchResources stream of the plugin at `socket`."""
+        api = wire.api(version)
+        calls = kubelet_stub(version, "DRAResourceHealth", self._channel(socket))
+        stream: Iterator[Any] = calls["NodeWatchResources"](
+            api.message("NodeWatchResourcesRequest"), timeout=timeout
+        )
+        return stream
+
+    @staticmethod
+    def container_cdi_devices(answer: Any, request: str) -> list[str]:
+        """The CDI devices the kubelet gives a container naming `request` of a claim, from
+        the claim's prepare answer: a device counts when its `request_names` is empty or
+        holds `request` as it is (the kubelet's `cdiDevicesAsList`; a container names a
+        request, never a subrequest)."""
+        return [
+            cdi_id
+            for device in answer.devices
+            if not device.request_names or request in device.request_names
+            for cdi_id in device.cdi_device_ids
+        ]
 
     # -- device plugin ----------------------------------------------------------------------
     def serve_device_registration(self, kubelet_socket: Path) -> None:

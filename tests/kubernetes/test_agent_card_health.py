@@ -1,7 +1,7 @@
 """A node agent tells its kubelet plugins about its cards' health by itself, not through
 the heartbeats (which wait for the allocator): with NATS down, since the agent's start or
 since after it, a card that turns unhealthy is still withdrawn from the device plugin's
-ListAndWatch and marked in the ResourceSlice."""
+ListAndWatch and marked (and its device tainted) in the ResourceSlice."""
 
 from __future__ import annotations
 
@@ -124,3 +124,8 @@ async def card_turns_unhealthy(
     async with asyncio.timeout(20):
         while slice_health(apiserver) != {"gpu-0": True, "gpu-1": False}:
             await asyncio.sleep(0.05)
+    devices = apiserver.objects[SLICE]["spec"]["devices"]
+    assert [[t["key"] for t in d.get("taints", [])] for d in devices] == [
+        [],
+        ["qshare.io/unhealthy"],
+    ]

@@ -45,7 +45,12 @@ def test_kubelet_registers_the_plugin_as_a_dra_driver(
 ) -> None:
     info = kubelet.register_plugin(settings.registration_socket)
     assert (info.type, info.name, info.endpoint) == ("DRAPlugin", DRIVER, str(settings.dra_socket))
-    assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+    assert list(info.supported_versions) == [
+        "v1.DRAPlugin",
+        "v1beta1.DRAPlugin",
+        "v1.DRAResourceHealth",
+        "v1alpha1.DRAResourceHealth",
+    ]
     assert dra.registration.registered.is_set()
 
 

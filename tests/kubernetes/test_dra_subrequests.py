@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from qshare_node_agent.kubernetes import wire
 from qshare_node_agent.kubernetes.config import KubernetesSettings
 from qshare_node_agent.kubernetes.dra import DraPlugin
 from qshare_node_agent.kubernetes.local_vgpus import LocalVgpus
@@ -87,3 +88,22 @@ def test_a_config_naming_another_subrequest_does_not_apply(
     """Guard: the config of `gpu/large` is not the allocated `gpu/small`'s."""
     claim = prioritized("other", ["gpu/large"], {"priority": "high"})
     assert prepared_priority(claim, dra, kubelet, settings, apiserver, backend) == "low"
+
+
+def test_a_device_allocated_under_a_subrequest_reaches_the_container_naming_its_request(
+    dra: DraPlugin,
+    kubelet: KubeletDouble,
+    settings: KubernetesSettings,
+    apiserver: ApiServerDouble,
+) -> None:
+    """A container names the claim's request (`gpu`), whichever subrequest was allocated, and
+    the kubelet hands it the devices whose `request_names` hold that name as it is. Before,
+    the answer said `gpu/small`: the container got no CDI device, so no vGPU."""
+    ref = store_claim(apiserver, prioritized("reach", ["gpu"], {"priority": "high"}))
+    wait_for(lambda: dra.claims.holds(*ref))
+    for version in (wire.DRA_V1, wire.DRA_V1BETA1):
+        answer = kubelet.prepare(settings.dra_socket, [ref], version=version).claims[ref[2]]
+        assert answer.error == ""
+        [device] = answer.devices
+        assert list(device.request_names) == ["gpu"]
+        assert kubelet.container_cdi_devices(answer, "gpu") == list(device.cdi_device_ids)

@@ -11,7 +11,7 @@ import pytest
 
 from qshare.testing.resource_slice_rules import slice_errors
 from qshare_node_agent.kubernetes.backend import CardInfo
-from qshare_node_agent.kubernetes.resourceslice import resource_slice
+from qshare_node_agent.kubernetes.resourceslice import resource_slice, unhealthy_taint
 
 from .conftest import validate_kubernetes
 from .doubles import ApiServerDouble
@@ -87,3 +87,56 @@ def test_the_double_refuses_renaming_the_pool_of_a_stored_slice(
     status, answer = apiserver.put(path, body)
     assert status == 422
     assert "spec.pool.name: field is immutable" in answer["message"]
+
+
+def tainted(*cards: CardInfo) -> dict[str, Any]:
+    """The slice with every unhealthy card's taint."""
+    taints = {c.index: unhealthy_taint("NoSchedule", 1764059364) for c in cards if not c.healthy}
+    return resource_slice("node-a", "qshare.io", list(cards), MIN_MIB, 1, taints)
+
+
+def test_our_slice_with_an_unhealthy_cards_taint_passes_the_api_servers_checks() -> None:
+    body = tainted(card(0), card(1, healthy=False))
+    assert body["spec"]["devices"][1]["taints"] == [
+        {"key": "qshare.io/unhealthy", "effect": "NoSchedule", "timeAdded": "2025-11-25T08:29:24Z"}
+    ]
+    validate_kubernetes(body)
+    assert slice_errors(body) == []
+
+
+@pytest.mark.parametrize(
+    ("taint", "wrong"),
+    [
+        ({"key": "qshare.io/unhealthy", "effect": "PreferNoSchedule"}, "effect"),
+        ({"key": "qshare.io/", "effect": "NoSchedule"}, "key"),
+        ({"key": "Bad_Domain/unhealthy", "effect": "NoSchedule"}, "key"),
+        ({"key": "qshare.io/unhealthy", "value": "not a value", "effect": "None"}, "value"),
+    ],
+)
+def test_the_double_refuses_a_taint_the_api_server_refuses(
+    apiserver: ApiServerDouble, taint: dict[str, str], wrong: str
+) -> None:
+    body = published(card(0))
+    body["spec"]["devices"][0]["taints"] = [taint]
+    status, answer = apiserver.post(SLICES, body)
+    assert status == 422
+    assert f"spec.devices[0].taints[0].{wrong}" in answer["message"]
+
+
+def test_a_device_has_at_most_16_taints() -> None:
+    body = published(card(0))
+    body["spec"]["devices"][0]["taints"] = [
+        {"key": f"qshare.io/t{i}", "effect": "None"} for i in range(17)
+    ]
+    assert slice_errors(body) == [
+        "spec.devices[0].taints: Too many: 17: must have at most 16 items"
+    ]
+
+
+def test_a_slice_with_a_tainted_device_has_at_most_64_devices() -> None:
+    many = [card(i) for i in range(65)]
+    assert slice_errors(tainted(*many)) == []
+    many[3] = card(3, healthy=False)
+    assert slice_errors(tainted(*many)) == [
+        "spec.devices: Too many: 65: must have at most 64 items"
+    ]

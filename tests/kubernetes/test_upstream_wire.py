@@ -48,6 +48,33 @@ def _dra(package: str, device: dict[str, tuple[int, str]]) -> dict[str, Any]:
     }
 
 
+def _dra_health(package: str) -> dict[str, Any]:
+    return {
+        "package": package,
+        "services": {
+            "DRAResourceHealth": {
+                "NodeWatchResources": (
+                    "NodeWatchResourcesRequest",
+                    "stream NodeWatchResourcesResponse",
+                )
+            }
+        },
+        "messages": {
+            "NodeWatchResourcesRequest": {},
+            "DeviceIdentifier": {"pool_name": (1, S), "device_name": (2, S)},
+            "DeviceHealth": {
+                "device": (1, "DeviceIdentifier"),
+                "health": (2, "HealthStatus"),
+                "last_updated_time": (3, "int64"),
+                "health_check_timeout_seconds": (4, "int64"),
+                "message": (5, S),
+            },
+            "NodeWatchResourcesResponse": {"devices": (1, "repeated DeviceHealth")},
+        },
+        "enums": {"HealthStatus": {"UNKNOWN": 0, "HEALTHY": 1, "UNHEALTHY": 2}},
+    }
+
+
 UPSTREAM: dict[str, dict[str, Any]] = {
     wire.REGISTRATION: {
         "package": "pluginregistration",
@@ -73,6 +100,8 @@ UPSTREAM: dict[str, dict[str, Any]] = {
         "k8s.io.kubelet.pkg.apis.dra.v1", DRA_DEVICE | {"share_id": (5, "optional string")}
     ),
     wire.DRA_V1BETA1: _dra("k8s.io.kubelet.pkg.apis.dra.v1beta1", DRA_DEVICE),
+    wire.DRA_HEALTH_V1: _dra_health("v1"),
+    wire.DRA_HEALTH_V1ALPHA1: _dra_health("v1alpha1"),
     wire.DEVICE_PLUGIN: {
         "package": "v1beta1",
         "services": {
@@ -149,7 +178,10 @@ def _type(field: FieldDescriptor) -> str:
     if message is not None and message.GetOptions().map_entry:
         key, value = (_type(message.fields_by_name[n]) for n in ("key", "value"))
         return f"map<{key}, {value}>"
-    base = message.name if message is not None else _SCALARS[field.type]
+    if field.enum_type is not None:
+        base = field.enum_type.name
+    else:
+        base = message.name if message is not None else _SCALARS[field.type]
     if field.is_repeated:
         return f"repeated {base}"
     if field.has_presence and message is None:
@@ -172,7 +204,12 @@ def _ours(proto: str) -> dict[str, Any]:
         service: {m.name: _signature(m) for m in methods.values()}
         for service, methods in api.services.items()
     }
-    return {"package": api.package, "services": services, "messages": messages}
+    file = next(iter(api.messages.values())).DESCRIPTOR.file
+    enums = {
+        name: {v.name: v.number for v in enum.values}
+        for name, enum in file.enum_types_by_name.items()
+    }
+    return {"package": api.package, "services": services, "messages": messages, "enums": enums}
 
 
 @pytest.mark.parametrize("proto", sorted(UPSTREAM))
@@ -188,3 +225,8 @@ def test_our_proto_services_and_methods_match_the_kubelets(proto: str) -> None:
 @pytest.mark.parametrize("proto", sorted(UPSTREAM))
 def test_our_proto_messages_and_field_numbers_match_the_kubelets(proto: str) -> None:
     assert _ours(proto)["messages"] == UPSTREAM[proto]["messages"]
+
+
+@pytest.mark.parametrize("proto", sorted(UPSTREAM))
+def test_our_proto_enums_and_values_match_the_kubelets(proto: str) -> None:
+    assert _ours(proto)["enums"] == UPSTREAM[proto].get("enums", {})

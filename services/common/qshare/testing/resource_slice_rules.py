@@ -30,6 +30,12 @@ MAX_STRING_ATTRIBUTE = 64
 MAX_ATTRIBUTES_AND_CAPACITIES = 32
 MAX_POOL_NAME = 253
 PLACEMENT = ("nodeName", "nodeSelector", "allNodes", "perDeviceNodeSelection")
+MAX_DEVICES = 128
+MAX_DEVICES_WITH_TAINTS = 64  # when any device of the slice has a taint
+MAX_TAINTS = 16  # per device
+TAINT_EFFECTS = ("NoSchedule", "NoExecute", "None")  # None: since Kubernetes 1.35
+_LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 
 
 def quantity(value: object) -> Fraction | None:
@@ -49,6 +55,7 @@ def slice_errors(obj: dict[str, Any], old: dict[str, Any] | None = None) -> list
     errors += _placement_errors(spec)
     if old is not None:
         errors += _immutable_errors(spec, old.get("spec") or {})
+    errors += _device_count_errors(spec.get("devices") or [])
     names = [d.get("name") for d in spec.get("devices") or []]
     errors += [f"spec.devices: duplicate device {n!r}" for n in set(names) if names.count(n) > 1]
     for i, device in enumerate(spec.get("devices") or []):
@@ -115,6 +122,41 @@ def _device_errors(field: str, device: dict[str, Any]) -> list[str]:
     for name, value in capacity.items():
         errors += _qualified_name_errors(f"{field}.capacity[{name}]", name)
         errors += _capacity_errors(f"{field}.capacity[{name}]", value, shared)
+    if "taints" in device:
+        errors += _taint_errors(f"{field}.taints", device["taints"])
+    return errors
+
+
+def _device_count_errors(devices: list[dict[str, Any]]) -> list[str]:
+    tainted = any(d.get("taints") for d in devices)
+    most = MAX_DEVICES_WITH_TAINTS if tainted else MAX_DEVICES
+    if len(devices) > most:
+        return [f"spec.devices: Too many: {len(devices)}: must have at most {most} items"]
+    return []
+
+
+def _taint_errors(field: str, taints: Any) -> list[str]:
+    if not isinstance(taints, list):
+        return [f"{field}: must be a list"]
+    errors = []
+    if len(taints) > MAX_TAINTS:
+        errors.append(f"{field}: Too many: {len(taints)}: must have at most {MAX_TAINTS} items")
+    for i, taint in enumerate(taints):
+        errors += _one_taint_errors(f"{field}[{i}]", taint if isinstance(taint, dict) else {})
+    return errors
+
+
+def _one_taint_errors(field: str, taint: dict[str, Any]) -> list[str]:
+    """key a label name, value a label value, effect one of TAINT_EFFECTS."""
+    key, value, effect = taint.get("key"), taint.get("value", ""), taint.get("effect")
+    errors = []
+    prefix, slash, name = str(key or "").rpartition("/")
+    if not key or not _LABEL_NAME.match(name) or (slash and _name_errors(field, prefix, True)):
+        errors.append(f"{field}.key: Invalid value {key!r}: must be a label name")
+    if not isinstance(value, str) or len(value) > 63 or not _LABEL_VALUE.match(value):
+        errors.append(f"{field}.value: Invalid value {value!r}: must be a label value")
+    if effect not in TAINT_EFFECTS:
+        errors.append(f"{field}.effect: Unsupported value {effect!r}: supported {TAINT_EFFECTS}")
     return errors
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -53,6 +54,21 @@ class KubernetesSettings(BaseSettings):
     workers: int = Field(
         16, ge=1, description="gRPC worker threads per threaded plugin socket (the device "
         "plugin's and registration's; the DRA socket is served on an event loop)",
+    )  # fmt: skip
+
+    unhealthy_taint_effect: Literal["NoSchedule", "NoExecute", "None"] = Field(
+        "NoSchedule", description="the effect of the `qshare.io/unhealthy` taint an unhealthy "
+        "card's device gets in the ResourceSlice: NoSchedule keeps new claims off it; NoExecute "
+        "also evicts the pods already using it (a health read that fails marks every card "
+        "unhealthy, so this can evict a whole node's pods); None only informs",
+    )  # fmt: skip
+    health_service: bool = Field(
+        True, description="serve the kubelet's DRA resource-health service (NodeWatchResources, "
+        "dra-health v1 and v1alpha1) on the DRA socket and list it in the registration",
+    )  # fmt: skip
+    health_resend_s: float = Field(
+        10.0, gt=0, le=20, description="how often the health stream repeats every device's "
+        "health (the kubelet counts a device unheard of for 30 s as Unknown)",
     )  # fmt: skip
 
     @field_validator("node_name", "driver")

@@ -1,7 +1,8 @@
 """The DRA kubelet plugin of driver `qshare.io`: registers with the kubelet, serves
-NodePrepareResources / NodeUnprepareResources (v1 and v1beta1) and publishes this node's
-cards as a ResourceSlice, republished when a card's health or policy changes and when the
-slice is deleted (a starting kubelet wipes its node's slices; `SliceWatch`).
+NodePrepareResources / NodeUnprepareResources (v1 and v1beta1) and, unless turned off, the
+resource-health stream (`HealthStreams`), and publishes this node's cards as a ResourceSlice
+(an unhealthy card's device tainted), republished when a card's health or policy changes
+and when the slice is deleted (a starting kubelet wipes its node's slices; `SliceWatch`).
 
 Prepare reads the claim's allocation from the claims held by LIST + WATCH (`ClaimCache`;
 a GET to the API server when the claim is not held yet), asks the backend for one vGPU per
@@ -30,7 +31,7 @@ import grpc
 
 from qshare_driver.node import Policy
 from qshare_node_agent import stopping
-from qshare_node_agent.kubernetes import cdi, resourceslice, wire
+from qshare_node_agent.kubernetes import cdi, health, resourceslice, wire
 from qshare_node_agent.kubernetes.allocation import (
     UNSHARED,
     ClaimError,
@@ -51,6 +52,7 @@ from qshare_node_agent.kubernetes.claim_cache import ClaimCache
 from qshare_node_agent.kubernetes.claim_locks import ClaimLocks
 from qshare_node_agent.kubernetes.config import KubernetesSettings
 from qshare_node_agent.kubernetes.group_commit import GroupCommit
+from qshare_node_agent.kubernetes.health import HealthStreams
 from qshare_node_agent.kubernetes.registration import Registration
 from qshare_node_agent.kubernetes.slice_watch import SliceWatch
 from qshare_node_agent.kubernetes.sockets import LoopSocketServer, SocketServer
@@ -71,9 +73,12 @@ class DraPlugin:
         self.cdi = cdi.CdiWriter(settings.cdi_dir)
         self.commits = GroupCommit(backend.save)
         self._claim_locks = ClaimLocks()
+        self.health = HealthStreams(backend.cards, settings.node_name, settings.health_resend_s)
+        served = SERVICES + (health.supported_services() if settings.health_service else [])
         self.registration = Registration(
-            "DRAPlugin", settings.driver, str(settings.dra_socket), SERVICES
+            "DRAPlugin", settings.driver, str(settings.dra_socket), served
         )
+        self._unhealthy_since = resourceslice.UnhealthySince()
         self.generation = 0
         self._card_mib = _card_mib(backend.cards())  # kept current by the card watch
         self._publish_wanted = threading.Event()
@@ -138,20 +143,30 @@ class DraPlugin:
     def _cards_changed(self, cards: list[CardInfo]) -> None:
         self._card_mib = _card_mib(cards)
         self._publish_wanted.set()
+        self.health.changed()
 
     # -- ResourceSlice -----------------------------------------------------------------
     def publish(self) -> dict[str, Any]:
         """Publish the slice now (a new pool generation) and return what was sent."""
         self.generation += 1
+        cards = self.backend.cards()
         body = resourceslice.resource_slice(
             self.settings.node_name,
             self.settings.driver,
-            self.backend.cards(),
+            cards,
             self.settings.min_vgpu_mib,
             self.generation,
+            self._taints(cards),
         )
         self.generation = self.api.apply_resource_slice(body)
         return body
+
+    def _taints(self, cards: list[CardInfo]) -> dict[int, dict[str, str]]:
+        """The unhealthy cards' taints by index, each dated when its card was first seen
+        unhealthy (by this plugin: a restarted agent dates them anew)."""
+        effect = self.settings.unhealthy_taint_effect
+        since = self._unhealthy_since.update(cards)
+        return {i: resourceslice.unhealthy_taint(effect, t) for i, t in since.items()}
 
     def _publish_loop(self) -> None:
         while True:
@@ -174,10 +189,11 @@ class DraPlugin:
             "NodePrepareResources": self._prepare_async,
             "NodeUnprepareResources": self._unprepare_async,
         }
-        return [
+        handlers = [
             wire.service_handler(wire.api(proto), "DRAPlugin", impl)
             for proto in (wire.DRA_V1, wire.DRA_V1BETA1)
         ]
+        return handlers + (self.health.handlers() if self.settings.health_service else [])
 
     async def _prepare_async(self, request: Any, context: Any) -> Any:
         """Once no other call prepares or unprepares one of its claims (`ClaimLocks`): a
@@ -393,9 +409,11 @@ def _policies(uid: str, wanted: list[DeviceShare]) -> dict[str, str]:
 
 
 def _answer_device(answer: Any, share: DeviceShare, pool: str, vgpu: LocalVgpu) -> None:
-    """One prepared device in a claim's answer; v1 also names the share (v1beta1 has no field)."""
+    """One prepared device in a claim's answer; v1 also names the share (v1beta1 has no field).
+    Its request is named as a container names it: the main request of a subrequest (the
+    kubelet hands a container the devices whose `request_names` hold its request as it is)."""
     device = answer.devices.add(
-        request_names=[share.request],
+        request_names=[share.request.partition("/")[0]],
         pool_name=pool,
         device_name=share.device,
         cdi_device_ids=[cdi.qualified(cdi.device_name(vgpu.key))],

@@ -2,23 +2,49 @@
 with capacities `memory` and `cores` and its attributes. Every capacity's request policy
 holds the API server's rules (min <= default <= max <= value, and min + step <= value when a
 step is given): a card with less memory than the smallest claim is left out, since the
-server would refuse the whole slice for it."""
+server would refuse the whole slice for it. An unhealthy card's device carries the taint
+`qshare.io/unhealthy` (resource.k8s.io/v1 `Device.taints`), dated when it was first seen so."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 from qshare.contracts.domain import MAX_CORE_SHARE
 from qshare_node_agent.kubernetes.backend import CardInfo
 
 DEFAULT_CORES = 10
+UNHEALTHY_TAINT = "qshare.io/unhealthy"
+
+
+class UnhealthySince:
+    """When each card was first seen unhealthy in the current run of ill health: its taint's
+    `timeAdded`, kept across republishes (the API server would date a taint sent without
+    one anew on every update, restarting the clock of a NoExecute toleration)."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self._since: dict[str, float] = {}
+
+    def update(self, cards: list[CardInfo]) -> dict[int, float]:
+        """The unhealthy cards' times by index; a healed card's time is forgotten."""
+        now = self._clock()
+        self._since = {c.uuid: self._since.get(c.uuid, now) for c in cards if not c.healthy}
+        return {c.index: self._since[c.uuid] for c in cards if not c.healthy}
+
+
+def unhealthy_taint(effect: str, since: float) -> dict[str, str]:
+    stamp = datetime.fromtimestamp(int(since), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {"key": UNHEALTHY_TAINT, "effect": effect, "timeAdded": stamp}
 
 
 def slice_name(node: str, driver: str) -> str:
     return f"{node}-{driver.replace('.', '-')}"
 
 
-def device(card: CardInfo, min_mib: int) -> dict[str, Any]:
+def device(card: CardInfo, min_mib: int, taint: dict[str, str] | None = None) -> dict[str, Any]:
     attrs: dict[str, Any] = {
         "uuid": {"string": card.uuid},
         "model": {"string": card.model},
@@ -28,24 +54,31 @@ def device(card: CardInfo, min_mib: int) -> dict[str, Any]:
     }
     if card.numa_node is not None:
         attrs["numaNode"] = {"int": card.numa_node}
-    return {
+    body: dict[str, Any] = {
         "name": f"gpu-{card.index}",
         "allowMultipleAllocations": True,
         "attributes": attrs,
-        "capacity": {
-            "memory": {
-                "value": f"{card.memory_mib}Mi",
-                "requestPolicy": {
-                    "default": f"{min_mib}Mi",
-                    "validRange": _memory_range(card, min_mib),
-                },
+        "capacity": _capacity(card, min_mib),
+    }
+    if taint is not None:
+        body["taints"] = [taint]
+    return body
+
+
+def _capacity(card: CardInfo, min_mib: int) -> dict[str, Any]:
+    return {
+        "memory": {
+            "value": f"{card.memory_mib}Mi",
+            "requestPolicy": {
+                "default": f"{min_mib}Mi",
+                "validRange": _memory_range(card, min_mib),
             },
-            "cores": {
-                "value": str(MAX_CORE_SHARE),
-                "requestPolicy": {
-                    "default": str(DEFAULT_CORES),
-                    "validRange": {"min": "1", "max": str(MAX_CORE_SHARE), "step": "1"},
-                },
+        },
+        "cores": {
+            "value": str(MAX_CORE_SHARE),
+            "requestPolicy": {
+                "default": str(DEFAULT_CORES),
+                "validRange": {"min": "1", "max": str(MAX_CORE_SHARE), "step": "1"},
             },
         },
     }
@@ -61,10 +94,17 @@ def _memory_range(card: CardInfo, min_mib: int) -> dict[str, str]:
 
 
 def resource_slice(
-    node: str, driver: str, cards: list[CardInfo], min_mib: int, generation: int
+    node: str,
+    driver: str,
+    cards: list[CardInfo],
+    min_mib: int,
+    generation: int,
+    taints: Mapping[int, dict[str, str]] | None = None,
 ) -> dict[str, Any]:
-    """The slice; the DeviceClasses select only `healthy` cards, so nothing new lands on a
-    card that turned unhealthy while what it already runs stays visible."""
+    """The slice, `taints` by card index; the DeviceClasses select only `healthy` cards too
+    (a cluster without device taints drops the field), so nothing new lands on a card that
+    turned unhealthy while what it already runs stays visible."""
+    taints = taints or {}
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceSlice",
@@ -73,6 +113,8 @@ def resource_slice(
             "driver": driver,
             "nodeName": node,
             "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
-            "devices": [device(c, min_mib) for c in cards if c.memory_mib >= min_mib],
+            "devices": [
+                device(c, min_mib, taints.get(c.index)) for c in cards if c.memory_mib >= min_mib
+            ],
         },
     }

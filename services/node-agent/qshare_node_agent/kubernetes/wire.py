@@ -24,6 +24,8 @@ REGISTRATION = "pluginregistration_v1.proto"
 DRA_V1 = "dra_v1.proto"
 DRA_V1BETA1 = "dra_v1beta1.proto"
 DEVICE_PLUGIN = "deviceplugin_v1beta1.proto"
+DRA_HEALTH_V1 = "dra_health_v1.proto"
+DRA_HEALTH_V1ALPHA1 = "dra_health_v1alpha1.proto"
 
 
 class ProtoCompileError(RuntimeError):
