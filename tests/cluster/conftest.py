@@ -144,9 +144,10 @@ async def start_agent(
         name = overrides.pop("name", f"node-{os.getpid()}-{next(_names)}")
         overrides.setdefault("keep_segment_on_stop", False)
         overrides.setdefault("release_delay_s", 0.02)
+        overrides.setdefault("heartbeat_s", 0.5)
         settings = NodeAgentSettings(
             name=name, nats_url=bus_url, simulate=f"{cards}:{memory}", shm_dir=tmp_path,
-            heartbeat_s=0.5, **overrides,
+            **overrides,
         )  # fmt: skip
         agent = NodeAgent(settings)
         await agent.start()

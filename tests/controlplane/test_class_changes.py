@@ -190,3 +190,48 @@ async def test_the_cli_names_its_option_when_the_api_refuses_a_value(
     assert "give at least one of" in capsys.readouterr().err
     assert await _qshare(api_url, "classes", "delete", "qshare") == 1
     assert "built in" in capsys.readouterr().err
+
+
+async def test_the_cli_creates_a_class_with_the_options_given_and_defaults(
+    api: httpx.AsyncClient, api_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    name = f"c-{uuid.uuid4().hex[:10]}"
+    args = ("create", name, "--grace", "45", "--evictable", "no", "--description", "made")
+    assert await _qshare(api_url, "classes", *args) == 0
+    _, row = capsys.readouterr().out.splitlines()
+    assert row.split() == [name, "qshare", "no", "45s", "yes", "off", "no", "made"]
+    made = await _listed(api, name)
+    assert made is not None and (made["replace_on_failure"], made["starvation_share"]) == (
+        True, 0.0)  # fmt: skip
+    whole = ("create", f"{name}-w", "--provisioner", "whole", "--starvation-share", "0.25")
+    assert await _qshare(api_url, "classes", *whole) == 0
+    assert capsys.readouterr().out.splitlines()[1].split()[:6] == [
+        f"{name}-w", "whole", "yes", "30s", "yes", "25%"]  # fmt: skip
+
+
+async def test_the_cli_create_names_the_option_of_a_bad_value(
+    api: httpx.AsyncClient, api_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    name = f"c-{uuid.uuid4().hex[:10]}"
+    assert await _qshare(api_url, "classes", "create", name, "--starvation-share", "2") == 1
+    assert "--starvation-share:" in capsys.readouterr().err
+    for option, value in (("--grace", "nan"), ("--grace", "soon"), ("--provisioner", "mig")):
+        with pytest.raises(SystemExit):
+            await _qshare(api_url, "classes", "create", name, option, value)
+        assert f"argument {option}:" in capsys.readouterr().err
+    assert await _qshare(api_url, "classes", "create", "Not_A_Name") == 1
+    assert "name:" in capsys.readouterr().err
+    assert await _listed(api, name) is None
+    assert await _qshare(api_url, "classes", "create", "qshare") == 1
+    assert "class qshare exists" in capsys.readouterr().err
+
+
+async def test_the_cli_set_refuses_a_number_json_cannot_carry_naming_the_option(
+    api: httpx.AsyncClient, api_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`inf` and `nan` read as floats but no JSON carries them (before: a traceback)."""
+    name = await _new_class(api)
+    for option, value in (("--grace", "inf"), ("--starvation-share", "nan")):
+        with pytest.raises(SystemExit):
+            await _qshare(api_url, "classes", "set", name, option, value)
+        assert f"argument {option}: {value!r} is not a number" in capsys.readouterr().err

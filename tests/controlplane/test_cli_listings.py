@@ -184,3 +184,21 @@ async def test_a_claim_option_that_matches_nothing_is_named(
     args = ("list", "--claim", "abcdef04...")
     assert await _qshare(api_url, tokens["cli-a"], "preemptions", *args) == 2
     assert "--claim: no claim of yours starts with abcdef04" in capsys.readouterr().err
+
+
+async def test_claims_list_tenant_gives_an_admin_one_tenants_claims(
+    api_url: str, engine: AsyncEngine, capsys: Capsys
+) -> None:
+    await _claims(engine, "cli-a", "abcdef05-0000-4000-8000-000000000001")
+    await _claims(engine, "cli-b", "abcdef06-0000-4000-8000-000000000001")
+    capsys.readouterr()
+    assert await _qshare(api_url, ADMIN_TOKEN, "claims", "list", "--tenant", "cli-b") == 0
+    listed = capsys.readouterr().out
+    assert ("abcdef06" in listed, "abcdef05" in listed) == (True, False)
+
+
+async def test_claims_list_tenant_refuses_a_tenant_another_tenants_claims(
+    api_url: str, tokens: dict[str, str], capsys: Capsys
+) -> None:
+    assert await _qshare(api_url, tokens["cli-a"], "claims", "list", "--tenant", "cli-b") == 1
+    assert "only admins may list another tenant's claims" in capsys.readouterr().err

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 from importlib.resources import files
 from pathlib import Path
@@ -18,6 +19,7 @@ import yaml
 
 from qshare import health
 from qshare.testing.servers import free_port
+from qshare_api.settings import ApiSettings
 
 COMPOSE = Path(__file__).parents[2] / "compose" / "docker-compose.yml"
 ONE_SHOT = {"secrets", "migrate"}
@@ -36,12 +38,34 @@ def _services() -> dict[str, Any]:
     return services
 
 
-def test_the_compose_file_is_valid_against_the_compose_specification() -> None:
+def _spec_problems(text: str) -> list[str]:
+    """What the compose specification finds wrong in the compose file `text`."""
     spec = files("check_jsonschema.builtin_schemas.vendor") / "compose-spec.json"
     schema = json.loads(spec.read_text())
     validator = jsonschema.validators.validator_for(schema)(schema)
-    problems = [e.message for e in validator.iter_errors(yaml.safe_load(COMPOSE.read_text()))]
-    assert problems == []
+    return [e.message for e in validator.iter_errors(yaml.safe_load(text))]
+
+
+def test_the_compose_file_is_valid_against_the_compose_specification() -> None:
+    assert _spec_problems(COMPOSE.read_text()) == []
+
+
+def test_the_api_says_how_to_trust_a_reverse_proxy_and_stays_valid_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Behind a proxy every failed authentication shares its address unless
+    QSHARE_API_TRUSTED_PROXIES names it: the API's environment carries the variable commented
+    out; made live, the file stays valid and the API reads a network from it."""
+    lines = COMPOSE.read_text().splitlines()
+    [at] = [i for i, line in enumerate(lines) if line.strip().startswith("# QSHARE_API_TRUSTED")]
+    lines[at] = lines[at].replace("# ", "", 1)
+    text = "\n".join(lines) + "\n"
+    assert _spec_problems(text) == []
+    for name in [n for n in os.environ if n.startswith("QSHARE_")]:
+        monkeypatch.delenv(name)
+    for name, value in yaml.safe_load(text)["services"]["api"]["environment"].items():
+        monkeypatch.setenv(name, str(value))
+    assert [str(n) for n in ApiSettings().trusted_proxies] == ["172.16.0.0/12"]
 
 
 @pytest.mark.parametrize("name", sorted(set(_services()) - ONE_SHOT))

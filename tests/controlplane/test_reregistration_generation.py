@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from qshare import bus
 from qshare.contracts import envelope, rpc, subjects
 from qshare.contracts.agent import ApplyDesired, ApplyReply
-from qshare.contracts.nodes import GpuSpec, NodeRegistration, NodeView
+from qshare.contracts.nodes import MAX_GENERATION, GpuSpec, NodeRegistration, NodeView
 from qshare.contracts.schema import nodes
 from qshare_allocator.app import Allocator
 from tests.controlplane.conftest import Claim, claim_status, eventually
@@ -96,3 +96,22 @@ async def test_a_running_agent_registering_again_keeps_its_confirmed_generation(
     finally:
         agent.answering.set()
         await sub.unsubscribe()
+
+
+async def test_a_new_row_counts_on_past_what_its_agent_says_it_applied(
+    nc: Client, engine: AsyncEngine, replicas: list[Allocator]
+) -> None:
+    """A node deleted while its agent ran, registered again before any cmd.register (its
+    labels changed), starts past the agent's generation: counting from 0 again, every apply
+    was answered as stale (tests/cluster/test_deleted_node_relabel.py). A starting agent's
+    node still counts from 0; the largest generation stays within the column."""
+    await register(nc, 7, "a")
+    assert await generations(engine) == (-1, 8)
+    async with engine.begin() as conn:
+        await conn.execute(nodes.delete().where(nodes.c.name == NODE))
+    await register(nc, None, "a")
+    assert await generations(engine) == (-1, 0)
+    async with engine.begin() as conn:
+        await conn.execute(nodes.delete().where(nodes.c.name == NODE))
+    await register(nc, MAX_GENERATION, "a")
+    assert await generations(engine) == (-1, MAX_GENERATION)

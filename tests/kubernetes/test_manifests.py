@@ -365,3 +365,36 @@ def test_the_nats_probes_ask_its_monitoring_port() -> None:
     for kind in ("livenessProbe", "readinessProbe"):
         assert probed_port(spec, spec[kind]) == monitor
         assert spec[kind]["httpGet"]["path"].startswith("/healthz")
+
+
+def uncommented(text: str, variable: str) -> str:
+    """`text` with the commented-out env entry naming `variable` (its `# - name:` line and
+    the `#   value:` line under it) made live; an AssertionError when there is none."""
+    lines = text.splitlines()
+    [at] = [i for i, line in enumerate(lines) if line.strip() == f"# - name: {variable}"]
+    for i in (at, at + 1):
+        indent = lines[i][: len(lines[i]) - len(lines[i].lstrip())]
+        lines[i] = indent + lines[i].lstrip().removeprefix("# ")
+    return "\n".join(lines) + "\n"
+
+
+def test_the_api_manifest_says_how_to_trust_an_ingress_and_stays_valid_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Behind an Ingress every failed authentication shares the proxy's address unless
+    QSHARE_API_TRUSTED_PROXIES names it: api.yaml carries the entry, commented out; made live
+    it is a valid Deployment whose API reads a network from it."""
+    text = uncommented((DEPLOY / "base" / "api.yaml").read_text(), "QSHARE_API_TRUSTED_PROXIES")
+    docs = [d for d in yaml.safe_load_all(text) if d]
+    for doc in docs:
+        validate_kubernetes(doc)
+    [deployment] = [d for d in docs if d["kind"] == "Deployment"]
+    [api] = deployment["spec"]["template"]["spec"]["containers"]
+    for name in [n for n in os.environ if n.startswith("QSHARE_")]:
+        monkeypatch.delenv(name)
+    for name, value in container_env(api).items():
+        monkeypatch.setenv(name, value)
+    settings = importlib.import_module("qshare_api.settings").ApiSettings()
+    assert [str(n) for n in settings.trusted_proxies] == ["10.244.0.0/16"]
+    live = service_settings(monkeypatch, "qshare-api", "api")[0]
+    assert live.trusted_proxies == []  # as shipped: none trusted

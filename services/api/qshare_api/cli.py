@@ -83,6 +83,9 @@ def register(subparsers: Sub) -> None:
     )
     listing.add_argument("--priority", choices=["high", "low"], help="only this priority")
     listing.add_argument("--node", help="only claims on this node")
+    listing.add_argument(
+        "--tenant", type=named, help="only this tenant's claims (admins; a tenant only its own)"
+    )
     listing.add_argument("--limit", type=int, default=50, help="claims per page (default 50)")
     listing.add_argument("--cursor", help="the next page, as a previous listing printed it")
     listing.set_defaults(handler=command(_list_claims))
@@ -395,7 +398,7 @@ def _created_and_ready(client: Client, claim_id: str, timeout_s: float) -> Shown
 def _list_claims(client: Client, args: argparse.Namespace) -> Shown:
     page = client.get(
         "/v1/claims", status=args.status, priority=args.priority, node=args.node,
-        limit=args.limit, cursor=args.cursor,
+        tenant=args.tenant, limit=args.limit, cursor=args.cursor,
     )  # fmt: skip
     more = f"\n(more: --cursor {page['next_cursor']})" if page.get("next_cursor") else ""
     unknown = _unknown_node(client, args.node) if not page["items"] else ""

@@ -20,6 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from qshare.contracts.domain import Provisioner
 from qshare.contracts.errors import Conflict, NotFound
 from qshare.contracts.nodes import (
+    MAX_GENERATION,
     ChangeNode,
     GpuSpec,
     Heartbeat,
@@ -152,6 +153,10 @@ class InventoryService:
             heartbeat_at=func.now(),
             segment=registration.segment,
             shm_dir=registration.shm_dir,
+            # a new row (first registration, or the node was deleted while its agent ran and
+            # it registers again before any cmd.register): its generations count on past what
+            # the agent applied of an older row, which it would answer as stale otherwise
+            desired_generation=min(registration.applied_generation + 1, MAX_GENERATION),
         )
         statement = statement.on_conflict_do_update(
             index_elements=[nodes.c.name],

@@ -19,7 +19,7 @@ from qshare.contracts.claims import (
     ResizeClaim,
 )
 from qshare.contracts.domain import ClaimStatus, Priority
-from qshare.contracts.errors import FieldError, InvalidInput, NotFound
+from qshare.contracts.errors import FieldError, Forbidden, InvalidInput, NotFound
 from qshare.db import snapshot
 from qshare_api.auth import Caller
 from qshare_api.claims.repository import ClaimFilter, get_claim, list_claims
@@ -92,8 +92,10 @@ async def list_all(
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: CursorParam = None,
 ) -> ClaimPage:
-    if tenant is not None and not caller.is_admin:
-        raise InvalidInput.on("tenant", "only admins may filter by tenant")
+    """A tenant lists its own claims (`tenant` may name only itself); an admin every
+    tenant's, or with `tenant` one tenant's."""
+    if tenant is not None and tenant != caller.tenant and not caller.is_admin:
+        raise Forbidden(f"tenant: only admins may list another tenant's claims ({tenant})")
     where = ClaimFilter(tenant or caller.tenant_filter(), status_, priority, node)
     async with snapshot(res.reader) as conn:  # the claims and their vGPUs of one commit
         items, following = await list_claims(conn, where, limit, cursor)
