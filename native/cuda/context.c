@@ -136,7 +136,8 @@ QSC_EXPORT CUresult cuStreamDestroy_v2(CUstream stream) {
     if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
     if (stream == NULL || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD)
         return real(stream); /* a default stream: the driver refuses, and it lives on */
-    const qsc_session *s = qsc_enter();
+    const qsc_session *s = qsc_session_get();
+    if (!s->deferred) s = qsc_enter(); /* none bound: nothing of ours is in any stream */
     qsc_hp_stream_destroyed(stream);
     qsc_lp_stream_destroyed(s, stream);
     CUresult rc = real(stream);

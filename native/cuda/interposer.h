@@ -240,6 +240,28 @@ void qsc_pools_settle(void);
 int qsc_graphs_hold_residual(void);
 void qsc_graphs_settle(void);
 
+/* ---- the vGPUs the process may be served by (vgpu_set.c) ---- */
+#define QSC_MAX_VGPUS 64
+typedef struct qsc_vgpu_entry {
+    uint32_t id;
+    int has_card;        /* named with its card (QSHARE_VGPU_<ID>=<UUID>) */
+    char bytes[16];      /* the card's UUID */
+    char uuid[41];       /* the same as text (QSC_UUID_TEXT_LEN) */
+    char var[64];        /* the variable that named it, for messages */
+} qsc_vgpu_entry;
+typedef struct qsc_vgpu_set {
+    qsc_vgpu_entry entries[QSC_MAX_VGPUS];
+    int n;
+} qsc_vgpu_set;
+/* The set from environment `env`: every QSHARE_VGPU_<ID>=<CARD_UUID>, or when there is none
+ * QSHARE_VGPU=ID. 0 after a message naming the variable at fault (a bad id or UUID, an id or
+ * a card named twice, QSHARE_VGPU unset or bad). */
+int qsc_vgpu_set_read(char *const *env, qsc_vgpu_set *out);
+/* The index of the entry on the card with UUID `bytes`; -1 when none is. */
+int qsc_vgpu_set_find(const qsc_vgpu_set *set, const char bytes[16]);
+/* "vGPU 1 on GPU-..., vGPU 2 on GPU-..." into `out` (truncated to `len`). */
+void qsc_vgpu_set_describe(const qsc_vgpu_set *set, char *out, size_t len);
+
 /* ---- the attached process (session.c) ---- */
 typedef struct qsc_session {
     qs_client *client; /* NULL when attaching failed: every interposed call fails */
@@ -248,16 +270,31 @@ typedef struct qsc_session {
     char card_uuid[QS_UUID_MAX];
     int card_uuid_valid; /* card_uuid is an NVIDIA GPU UUID we can match devices by */
     int pid;             /* the process that attached (a fork's copy is not it) */
+    int deferred;        /* several vGPUs, none bound yet: the first call that needs one binds */
+    int multi;           /* bound out of several: work on another card is refused */
+    uint32_t vgpu;       /* the vGPU attached to */
 } qsc_session;
 
 /* Attach on first use (thread-safe); never NULL. Its `client` may be tested, never used:
- * calls that use the client go through qsc_enter. */
+ * calls that use the client go through qsc_enter. With several vGPUs, the session stays
+ * `deferred` (client NULL) until a call through qsc_enter binds it. */
 const qsc_session *qsc_session_get(void);
 /* Every use of the client lies between qsc_enter and qsc_leave, so that the detach at a
  * normal exit waits for it. Once the process has begun to detach, qsc_enter returns the
- * detached session (client NULL, failure CUDA_ERROR_DEINITIALIZED). Never NULL; nests. */
+ * detached session (client NULL, failure CUDA_ERROR_DEINITIALIZED). Never NULL; nests.
+ * A deferred session is bound here to the vGPU of the current context's card
+ * (qsc_enter_on: of `stream`'s context): client NULL with the failure to return when there
+ * is no context (CUDA_ERROR_INVALID_CONTEXT) or its card is in no entry (NOT_PERMITTED). */
 const qsc_session *qsc_enter(void);
+const qsc_session *qsc_enter_on(CUstream stream);
 void qsc_leave(const qsc_session *s);
+/* A process bound out of several vGPUs: 1 when `ctx` (NULL: none, left to the driver) is on
+ * its card, else 0 after a one-time warning naming both cards. Cached per thread by context
+ * and its epoch, so a launch asks the driver nothing once its context was seen. */
+int qsc_ctx_on_card(const qsc_session *s, CUcontext ctx);
+static inline int qsc_ctx_allowed(const qsc_session *s, CUcontext ctx) {
+    return !s->multi || qsc_ctx_on_card(s, ctx);
+}
 /* Start `main(arg)` on a detached thread; if it cannot start, warn (once) that `what` cannot
  * start and return nonzero. */
 int qsc_start_thread(void *(*main)(void *), void *arg, const char *what);
@@ -320,12 +357,25 @@ enum {
     QSC_WARN_EXIT,
     QSC_WARN_CONFIG,
     QSC_WARN_STREAMS,
+    QSC_WARN_UNSERVED,  /* a card in no entry of the set */
+    QSC_WARN_OTHER_CARD, /* work on a second card of the set */
     QSC_WARN_COUNT
 };
 /* Map a failing qs_status to the CUresult returned to the program. */
 CUresult qsc_cu_status(int qs_status);
+/* Bind a deferred session (see qsc_enter_on); the session now in force, never NULL. */
+const qsc_session *qsc_bind(CUstream stream);
+
+/* ---- cards (card.c) ---- */
 /* 1 if device `dev` is the vGPU's card (or if devices cannot be told apart). */
 int qsc_device_is_card(CUdevice dev);
+/* The device of context `ctx` (made current for the question when another is). */
+CUresult qsc_ctx_device(CUcontext ctx, CUdevice *dev);
+/* The device of `stream`'s context (a created stream's own, else the current one);
+ * CUDA_ERROR_INVALID_CONTEXT when there is none. */
+CUresult qsc_work_device(CUstream stream, CUdevice *dev);
+/* Device `dev`'s UUID into `bytes`; 0 when the driver cannot say. */
+int qsc_device_uuid(CUdevice dev, char bytes[16]);
 
 /* ---- units of device work (tracker.c) ---- */
 /* Before submitting a unit, within qsc_enter (`s`): apply the gate (low priority may block).

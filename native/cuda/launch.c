@@ -10,13 +10,14 @@ static CUstream legacy(CUstream stream) {
     return stream == NULL ? CU_STREAM_LEGACY : stream;
 }
 
-/* The whole submission, from the gate to its tracking, is one use of the client. With
- * statistics on (stats.c), the launch is counted by its path and timed. */
+/* The whole submission, from the gate to its tracking, is one use of the client (a process
+ * of several vGPUs binds to the one of the stream's card here). With statistics on
+ * (stats.c), the launch is counted by its path and timed. */
 #define QSC_GATED(stream, call)                                          \
     do {                                                                 \
         int tracked_;                                                    \
         qsc_clock clk_ = {qsc_stamp(), 0, 0};                            \
-        const qsc_session *s_ = qsc_enter();                             \
+        const qsc_session *s_ = qsc_enter_on(stream);                    \
         CUresult rc_ = qsc_unit_begin(s_, (stream), &tracked_);          \
         if (rc_ == CUDA_SUCCESS) {                                       \
             clk_.before_driver = qsc_stamp();                            \

@@ -93,6 +93,12 @@ static uint64_t map_take(size_map *m, uint64_t key) {
     return size;
 }
 
+static CUcontext current_context(void) {
+    CUcontext ctx = NULL;
+    QSC_REAL(qsc_ctx_get_current_fn, cuCtxGetCurrent)(&ctx);
+    return ctx;
+}
+
 /* 1 when `bytes` more fit under the vGPU's limit as its use stands (or it cannot be read). */
 static int room_for(const qsc_session *s, uint64_t bytes) {
     qs_client_info info;
@@ -118,6 +124,10 @@ static CUresult reserve(uint64_t bytes) {
     if (s->client == NULL) {
         qsc_leave(s);
         return s->failure;
+    }
+    if (s->multi && !qsc_ctx_on_card(s, current_context())) { /* no driver call unless multi */
+        qsc_leave(s);
+        return CUDA_ERROR_NOT_PERMITTED;
     }
     int settled = holds_kept() && !room_for(s, bytes) && settle_kept();
     int rc = qs_mem_reserve(s->client, bytes);
@@ -453,7 +463,9 @@ QSC_EXPORT CUresult cuArrayDestroy(CUarray array) {
 
 /* ---- what the program is shown: the vGPU's limit and its use ---- */
 
+/* A process of several vGPUs bound to none yet sees the real values (asking would bind it). */
 static int slice_view(uint64_t *limit, uint64_t *used) {
+    if (qsc_session_get()->deferred) return 0;
     const qsc_session *s = qsc_enter();
     qs_client_info info;
     int ok = s->client != NULL && qs_client_info_get(s->client, &info) == QS_OK;
@@ -464,8 +476,10 @@ static int slice_view(uint64_t *limit, uint64_t *used) {
     return 1;
 }
 
+/* The current context's device: a process of several vGPUs binds here, as at a launch. */
 QSC_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
     const qsc_session *s = qsc_session_get();
+    if (s->deferred) s = qsc_bind(NULL);
     if (s->client == NULL) return s->failure;
     size_t real_free = 0, real_total = 0;
     CUresult rc = QSC_REAL(mem_info_fn, cuMemGetInfo_v2)(&real_free, &real_total);
@@ -483,9 +497,10 @@ QSC_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
     return rc;
 }
 
+/* Any device, so it binds nothing: a process of several vGPUs asks of every card. */
 QSC_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
     const qsc_session *s = qsc_session_get();
-    if (s->client == NULL) return s->failure;
+    if (s->client == NULL && !s->deferred) return s->failure;
     CUresult rc = QSC_REAL(total_mem_fn, cuDeviceTotalMem_v2)(bytes, dev);
     uint64_t limit, used;
     if (rc == CUDA_SUCCESS && bytes != NULL && qsc_device_is_card(dev) && slice_view(&limit, &used))

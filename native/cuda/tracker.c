@@ -46,6 +46,8 @@ static struct {
 
 /* The calling thread's events for the unit it is submitting. */
 static _Thread_local events current;
+/* The context of the unit the calling thread opens (hp_fast), asked before the launch. */
+static _Thread_local CUcontext opening_ctx;
 static pthread_once_t reaper_once = PTHREAD_ONCE_INIT;
 static pthread_key_t exit_key; /* its destructor destroys an exiting thread's `current` */
 static pthread_once_t exit_key_once = PTHREAD_ONCE_INIT;
@@ -276,6 +278,7 @@ static void lp_wait_window(uint64_t window) {
 static CUresult lp_begin(const qsc_session *s, CUstream stream, int *tracked) {
     uint64_t window = qsc_lp_window(s);
     CUcontext ctx = current_context();
+    if (!qsc_ctx_allowed(s, ctx)) return CUDA_ERROR_NOT_PERMITTED;
     int batched = qsc_lp_tracks(s, stream, ctx);
     lp_wait_window(window);
     int rc = qs_launch_begin(s->client);
@@ -301,7 +304,10 @@ CUresult qsc_unit_begin(const qsc_session *s, CUstream stream, int *tracked) {
     }
     if (qsc_stream_capturing(stream)) return CUDA_SUCCESS; /* recorded into a graph */
     if (s->low_priority) return lp_begin(s, stream, tracked);
+    CUcontext ctx = context_of(stream);
+    if (!qsc_ctx_allowed(s, ctx)) return CUDA_ERROR_NOT_PERMITTED;
     CUresult fast_rc = CUDA_SUCCESS;
+    opening_ctx = ctx;
     if (hp_fast(s, stream, tracked, &fast_rc)) return fast_rc;
     while (end_oldest(0)) {
     }
@@ -311,7 +317,7 @@ CUresult qsc_unit_begin(const qsc_session *s, CUstream stream, int *tracked) {
         return qsc_cu_status(rc);
     }
     *tracked = QSC_UNIT_EVENT;
-    prepare_events(&current, context_of(stream), 0);
+    prepare_events(&current, ctx, 0);
     return CUDA_SUCCESS;
 }
 
@@ -326,7 +332,7 @@ void qsc_unit_end(const qsc_session *s, CUstream stream, CUresult submitted, int
         return;
     }
     if (tracked == QSC_UNIT_OPENING) {
-        if (!qsc_hp_opened(stream, context_of(stream), submitted)) /* once per unit */
+        if (!qsc_hp_opened(stream, opening_ctx, submitted)) /* once per unit */
             qs_launch_end(s->client);
         return;
     }

@@ -119,20 +119,31 @@ class NodeOwner:
             LD_LIBRARY_PATH=str(FAKE_DIR),
         )
         env.pop("QSHARE_VGPU", None)
+        for name in [n for n in env if n.startswith("QSHARE_VGPU_")]:
+            del env[name]
         if vgpu is not None:
             env["QSHARE_VGPU"] = str(vgpu)
         return env
 
 
-def start_node(directory: Path, release_delay_ms: int = 20) -> NodeOwner:
+def start_node(
+    directory: Path,
+    release_delay_ms: int = 20,
+    cards: Sequence[str] = (CARD_UUID,),
+    vgpus: Sequence[str] | None = None,
+) -> NodeOwner:
+    """A test node with `cards` (UUIDs, CARD_MEM each, indexed in order) and `vgpus`
+    ("ID:CARD:high|low:SHARE:LIMIT"; by default HP, LP and SMALL on card 0)."""
     name = f"cuda-test-{os.getpid()}-{next(_names)}"
-    vgpus = [
+    vgpus = vgpus or [
         f"{HP_VGPU}:0:high:100:{HP_LIMIT}",
         f"{LP_VGPU}:0:low:50:{LP_LIMIT}",
         f"{SMALL_VGPU}:0:low:50:{SMALL_LIMIT}",
     ]
     argv = [str(TOOLS / "qshare-testnode"), "--name", name, "--dir", str(directory)]
-    argv += ["--release-delay-ms", str(release_delay_ms), "--card", f"{CARD_UUID}:{CARD_MEM}"]
+    argv += ["--release-delay-ms", str(release_delay_ms)]
+    for card in cards:
+        argv += ["--card", f"{card}:{CARD_MEM}"]
     for spec in vgpus:
         argv += ["--vgpu", spec]
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)

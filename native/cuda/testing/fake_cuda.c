@@ -1,5 +1,6 @@
 /* fake_cuda.c — TEST DOUBLE of libcuda.so.1 for CI machines without a GPU. Not a real
- * driver: one device (fake_cuda_config.h), one context, and streams that execute their
+ * driver: the devices of fake_cuda_config.h (one unless configured), each with its primary
+ * context, and streams that execute their
  * work asynchronously and in order on a device thread each, a kernel taking the time its
  * name gives ("sleep_us_250" runs 250 µs; "replay" runs the nanoseconds its first
  * parameter points to, a uint64_t, so a trace's kernels can be replayed; "hold_launch" is
@@ -12,8 +13,8 @@
  * captured into a graph (its work then does not run), and the driver's rules for calls made
  * during a capture hold: a wait on an event or a stream that a capture forbids the calling
  * thread (its mode, cuThreadExchangeStreamCaptureMode) fails and invalidates it. Device memory is
- * address space only: allocations are counted against the fake card's total, never
- * backed; as on the real driver, a memory pool keeps what is freed into it until a
+ * address space only: allocations are counted against the current device's total, never
+ * backed (the devices share one count of memory in use, and one default memory pool); as on the real driver, a memory pool keeps what is freed into it until a
  * synchronization or a trim, and graph memory is taken at a graph's first launch into a graph
  * memory pool kept until cuDeviceGraphMemTrim (qshare_fake_device_used says what the card
  * holds). The interposer under test runs against this exactly as against libcuda.
@@ -139,7 +140,10 @@ struct CUstream_st {
     struct CUstream_st *next_stream;
 };
 
-static struct CUctx_st the_context = {.generation = 1}; /* the primary context */
+/* Device i's primary context; device 0's is the default one. */
+static struct CUctx_st primaries[FAKE_MAX_GPUS] = {
+    {0, 1}, {1, 1}, {2, 1}, {3, 1}, {4, 1}, {5, 1}, {6, 1}, {7, 1}};
+#define the_context (primaries[0])
 static _Thread_local CUcontext current_context;
 static _Atomic int initialized;
 
@@ -408,64 +412,66 @@ EXPORT CUresult cuDriverGetVersion(int *version) {
 
 EXPORT CUresult cuDeviceGetCount(int *count) {
     if (!atomic_load(&initialized)) return CUDA_ERROR_NOT_INITIALIZED;
-    *count = 1;
+    *count = fake_gpu_count();
     return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuDeviceGet(CUdevice *dev, int ordinal) {
     if (!atomic_load(&initialized)) return CUDA_ERROR_NOT_INITIALIZED;
-    if (ordinal != 0) return CUDA_ERROR_INVALID_DEVICE;
-    *dev = 0;
+    if (!fake_gpu_valid(ordinal)) return CUDA_ERROR_INVALID_DEVICE;
+    *dev = ordinal;
     return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice dev) {
-    if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
+    if (!fake_gpu_valid(dev)) return CUDA_ERROR_INVALID_DEVICE;
     snprintf(name, (size_t)len, "qshare fake GPU (test double)");
     return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) {
-    if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
-    qsc_uuid_parse(fake_gpu_uuid(), uuid->bytes);
+    if (!fake_gpu_valid(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    char text[QSC_UUID_TEXT_LEN];
+    fake_gpu_uuid_of(dev, text);
+    qsc_uuid_parse(text, uuid->bytes);
     return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev) { return cuDeviceGetUuid(uuid, dev); }
 
 EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
-    if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
-    *bytes = (size_t)fake_gpu_mem();
+    if (!fake_gpu_valid(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    *bytes = (size_t)fake_gpu_mem_of(dev);
     return CUDA_SUCCESS;
 }
 
 /* The primary context lives while retained: the release of its last reference destroys it
  * (its handle stays the same for the next retain). */
-static _Atomic int primary_refs;
+static _Atomic int primary_refs[FAKE_MAX_GPUS];
 static void destroy_context(CUcontext ctx);
 
 EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev) {
-    if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
-    atomic_fetch_add(&primary_refs, 1);
-    *ctx = &the_context;
+    if (!fake_gpu_valid(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    atomic_fetch_add(&primary_refs[dev], 1);
+    *ctx = &primaries[dev];
     return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
-    if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
-    int refs = atomic_load(&primary_refs);
+    if (!fake_gpu_valid(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    int refs = atomic_load(&primary_refs[dev]);
     do {
         if (refs == 0) return CUDA_ERROR_INVALID_CONTEXT;
-    } while (!atomic_compare_exchange_weak(&primary_refs, &refs, refs - 1));
-    if (refs == 1) destroy_context(&the_context);
+    } while (!atomic_compare_exchange_weak(&primary_refs[dev], &refs, refs - 1));
+    if (refs == 1) destroy_context(&primaries[dev]);
     return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active) {
-    if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
+    if (!fake_gpu_valid(dev)) return CUDA_ERROR_INVALID_DEVICE;
     if (flags == NULL || active == NULL) return CUDA_ERROR_INVALID_VALUE;
     *flags = 0;
-    *active = atomic_load(&primary_refs) > 0;
+    *active = atomic_load(&primary_refs[dev]) > 0;
     return CUDA_SUCCESS;
 }
 
@@ -473,9 +479,10 @@ EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, in
  * shortcut, so that a destroyed one's handle can still be told dead. */
 EXPORT CUresult cuCtxCreate_v2(CUcontext *ctx, unsigned int flags, CUdevice dev) {
     (void)flags;
-    if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
+    if (!fake_gpu_valid(dev)) return CUDA_ERROR_INVALID_DEVICE;
     CUcontext made = calloc(1, sizeof *made);
     if (made == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
+    made->device = dev;
     atomic_store(&made->generation, 1);
     *ctx = current_context = made;
     return CUDA_SUCCESS;
@@ -502,8 +509,8 @@ EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
 }
 
 EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
-    if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
-    destroy_context(&the_context);
+    if (!fake_gpu_valid(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    destroy_context(&primaries[dev]);
     return CUDA_SUCCESS;
 }
 
@@ -948,7 +955,7 @@ static pthread_mutex_t alloc_lock = PTHREAD_MUTEX_INITIALIZER;
 static allocation *allocations;
 
 static CUresult take(uint64_t bytes) {
-    uint64_t total = fake_gpu_mem(), used = atomic_load(&used_bytes);
+    uint64_t total = fake_gpu_mem_of(owning_context()->device), used = atomic_load(&used_bytes);
     do {
         if (bytes > total - used) return CUDA_ERROR_OUT_OF_MEMORY;
     } while (!atomic_compare_exchange_weak(&used_bytes, &used, used + bytes));
@@ -1190,7 +1197,7 @@ EXPORT CUresult cuPointerGetAttribute(void *data, int attr, CUdeviceptr ptr) {
 }
 
 EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev) {
-    if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
+    if (!fake_gpu_valid(dev)) return CUDA_ERROR_INVALID_DEVICE;
     *pool = &the_pool;
     return CUDA_SUCCESS;
 }
@@ -1255,7 +1262,7 @@ EXPORT CUresult cuArrayDestroy(CUarray array) {
 
 EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
     if (current_context == NULL) return CUDA_ERROR_INVALID_CONTEXT;
-    uint64_t total = fake_gpu_mem();
+    uint64_t total = fake_gpu_mem_of(current_context->device);
     *free_bytes = (size_t)(total - atomic_load(&used_bytes));
     *total_bytes = (size_t)total;
     return CUDA_SUCCESS;
@@ -1523,7 +1530,7 @@ EXPORT CUresult cuGraphUpload(CUgraphExec exec, CUstream stream) {
 
 /* What the pool holds unused goes back to the device. */
 EXPORT CUresult cuDeviceGraphMemTrim(CUdevice dev) {
-    if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
+    if (!fake_gpu_valid(dev)) return CUDA_ERROR_INVALID_DEVICE;
     pthread_mutex_lock(&graph_pool_lock);
     atomic_fetch_sub(&used_bytes, graph_pool_reserved - graph_pool_in_use);
     graph_pool_reserved = graph_pool_in_use;
@@ -1532,7 +1539,7 @@ EXPORT CUresult cuDeviceGraphMemTrim(CUdevice dev) {
 }
 
 EXPORT CUresult cuDeviceGetGraphMemAttribute(CUdevice dev, int attr, void *value) {
-    if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
+    if (!fake_gpu_valid(dev)) return CUDA_ERROR_INVALID_DEVICE;
     if (value == NULL) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&graph_pool_lock);
     uint64_t v = attr == CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT ? graph_pool_reserved

@@ -44,14 +44,16 @@ static uint64_t now_ns(void) {
 
 static void host_fn(void *arg) { (void)arg; }
 
-static void cmd_init(probe *p) {
+/* init [DEV]: the driver, device DEV's primary context (0 unless given), a module, a stream and
+ * an empty executable graph. */
+static void cmd_init(probe *p, int dev) {
     const probe_driver *d = p->d;
     uint64_t t0 = now_ns();
     CUresult rc = d->cuInit(0);
     uint64_t t1 = now_ns();
     CUcontext ctx = NULL;
     CUgraph graph = NULL;
-    if (rc == CUDA_SUCCESS) rc = d->cuDevicePrimaryCtxRetain(&ctx, 0);
+    if (rc == CUDA_SUCCESS) rc = d->cuDevicePrimaryCtxRetain(&ctx, dev);
     if (rc == CUDA_SUCCESS) rc = d->cuCtxSetCurrent(ctx);
     p->ctx = ctx;
     if (rc == CUDA_SUCCESS) rc = d->cuModuleLoadData(&p->module, "fake image");
@@ -134,23 +136,36 @@ static void cmd_allocbench(probe *p, unsigned long count, const char *kind) {
            count ? (double)(t1 - t0) / (double)count : 0.0);
 }
 
-static void cmd_meminfo(probe *p) {
+/* device DEV: device DEV's primary context made current, with a new stream of its own as the
+ * probe's stream (the module and graph stay). */
+static void cmd_device(probe *p, int dev) {
+    CUcontext ctx = NULL;
+    CUresult rc = p->d->cuDevicePrimaryCtxRetain(&ctx, dev);
+    if (rc == CUDA_SUCCESS) rc = p->d->cuCtxSetCurrent(ctx);
+    if (rc == CUDA_SUCCESS) rc = p->d->cuStreamCreate(&p->stream, 0);
+    if (rc == CUDA_SUCCESS) p->ctx = ctx;
+    printf("device rc=%d dev=%d\n", rc, dev);
+}
+
+/* meminfo [DEV]: cuMemGetInfo (the current context's device) and cuDeviceTotalMem of DEV. */
+static void cmd_meminfo(probe *p, int dev) {
     size_t free_b = 0, total = 0, dev_total = 0;
     CUresult rc = p->d->cuMemGetInfo_v2(&free_b, &total);
-    CUresult rc2 = p->d->cuDeviceTotalMem_v2(&dev_total, 0);
+    CUresult rc2 = p->d->cuDeviceTotalMem_v2(&dev_total, dev);
     printf("meminfo rc=%d free=%zu total=%zu device_rc=%d device_total=%zu\n", rc, free_b, total,
            rc2, dev_total);
 }
 
-static void cmd_nvml(probe *p) {
+/* nvml [DEV]: NVML's memory information of device DEV (0 unless given). */
+static void cmd_nvml(probe *p, unsigned dev) {
     const probe_driver *d = p->d;
-    nvmlDevice_t dev = NULL;
+    nvmlDevice_t handle = NULL;
     nvmlMemory_t m1 = {0};
     nvmlMemory_v2_t m2 = {.version = (unsigned)sizeof(nvmlMemory_v2_t) | (2u << 24)};
     nvmlReturn_t rc = d->nvmlInit_v2();
-    if (rc == NVML_SUCCESS) rc = d->nvmlDeviceGetHandleByIndex_v2(0, &dev);
-    if (rc == NVML_SUCCESS) rc = d->nvmlDeviceGetMemoryInfo(dev, &m1);
-    if (rc == NVML_SUCCESS) rc = d->nvmlDeviceGetMemoryInfo_v2(dev, &m2);
+    if (rc == NVML_SUCCESS) rc = d->nvmlDeviceGetHandleByIndex_v2(dev, &handle);
+    if (rc == NVML_SUCCESS) rc = d->nvmlDeviceGetMemoryInfo(handle, &m1);
+    if (rc == NVML_SUCCESS) rc = d->nvmlDeviceGetMemoryInfo_v2(handle, &m2);
     printf("nvml rc=%d total=%llu used=%llu free=%llu v2_total=%llu v2_used=%llu v2_free=%llu\n",
            rc, m1.total, m1.used, m1.free, m2.total, m2.used, m2.free);
 }
@@ -885,11 +900,12 @@ static void run(probe *p, char *line) {
     if (fields <= 0) return;
     char word3[32] = ""; /* spin US [KIND], capture begin [probe] */
     sscanf(line, "%*s %*s %31s", word3);
-    if (strcmp(cmd, "init") == 0) cmd_init(p);
+    if (strcmp(cmd, "init") == 0) cmd_init(p, atoi(arg1));
+    else if (strcmp(cmd, "device") == 0) cmd_device(p, atoi(arg1));
     else if (strcmp(cmd, "alloc") == 0) cmd_alloc(p, arg1, (size_t)n1);
     else if (strcmp(cmd, "free") == 0) cmd_free(p, atoi(arg1));
-    else if (strcmp(cmd, "meminfo") == 0) cmd_meminfo(p);
-    else if (strcmp(cmd, "nvml") == 0) cmd_nvml(p);
+    else if (strcmp(cmd, "meminfo") == 0) cmd_meminfo(p, atoi(arg1));
+    else if (strcmp(cmd, "nvml") == 0) cmd_nvml(p, (unsigned)atoi(arg1));
     else if (strcmp(cmd, "launch") == 0) cmd_launch(p, arg1, n1, n2 ? n2 : 1);
     else if (strcmp(cmd, "sync") == 0) cmd_sync(p);
     else if (strcmp(cmd, "spread") == 0) cmd_spread(p, strtoul(arg1, NULL, 10), n1, n2);
