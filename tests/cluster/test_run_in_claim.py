@@ -181,3 +181,35 @@ async def test_a_program_that_exits_normally_is_published_as_detached(
     await sub.unsubscribe()
     assert kinds.count("attach") == 1 and kinds.count("detach") == 1
     assert "client_died" not in kinds
+
+
+async def test_a_process_of_a_two_card_claim_attaches_to_the_vgpu_of_the_card_it_uses(
+    api: httpx.AsyncClient, api_url: str, start_agent: StartAgent, cuda_build: None, nc: Nats
+) -> None:
+    """The whole path: `qshare run` names both vGPUs, and the interposer (fake CUDA driver of
+    two devices) attaches the process to the vGPU of the card it launches on, not the other."""
+    agent = await start_agent()
+    claim = await ready_claim(api, count=2)
+    vgpus = sorted(claim["vgpus"], key=lambda v: v["index"])
+    attached: list[str] = []
+
+    async def note(msg: Msg) -> None:
+        if msg.subject.endswith(".attach"):
+            attached.append(msg.subject.split(".")[4])
+
+    sub = await nc.subscribe(f"qshare.evt.gpu.{agent.name}.*.*", cb=note)
+    await bus.settled(nc)
+    env = run_env(api_url, agent.name, vgpus[0]["gpu"])
+    env.update(QSHARE_FAKE_GPU_COUNT="2", QSHARE_FAKE_GPU_UUID_0=vgpus[0]["gpu"],
+               QSHARE_FAKE_GPU_UUID_1=vgpus[1]["gpu"])  # fmt: skip
+    done = await qshare_run(env, "--claim", str(claim["id"]), "--", str(TOOLS / "probe-direct"),
+                            "init 1", "launch kernel 100 5", "sync")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+
+    async def seen() -> bool:
+        return bool(attached)
+
+    await eventually(seen)
+    await bus.settled(nc)
+    await sub.unsubscribe()
+    assert attached == [vgpus[1]["gpu"]]

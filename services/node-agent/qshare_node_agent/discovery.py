@@ -4,6 +4,7 @@ timeline device (tests, `make demo`, the dev stack). Everything above is the sam
 from __future__ import annotations
 
 import logging
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,10 @@ from qshare.contracts.quantities import parse_mib
 from qshare_node_agent.settings import DEFAULT_SIM_MEMORY, SIMULATE_FORMAT, NodeAgentSettings
 
 log = logging.getLogger(__name__)
+
+SIMULATED_UUIDS = uuid.UUID("5eb1a7ed-0000-4000-8000-000000000000")
+"""Namespace of simulated cards' UUIDs: stable per node name and index, in NVIDIA's form
+(`GPU-` and a UUID), so the CUDA interposer can match them to the fake driver's devices."""
 
 
 class DiscoveryError(RuntimeError):
@@ -43,12 +48,17 @@ def simulated_cards(node: str, spec: str) -> list[Card]:
     return [
         Card(
             index=i,
-            uuid=f"SIM-{node.replace('.', '-')}-{i}",
+            uuid=simulated_uuid(node, i),
             model="qshare-simulated",
             memory_mib=memory,
         )
         for i in range(int(match["cards"]))
     ]
+
+
+def simulated_uuid(node: str, index: int) -> str:
+    """The UUID of simulated card `index` of `node` (its model says it is simulated)."""
+    return f"GPU-{uuid.uuid5(SIMULATED_UUIDS, f'{node}/{index}')}"
 
 
 def nvml_cards() -> list[Card]:
