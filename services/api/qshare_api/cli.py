@@ -312,8 +312,8 @@ def _seconds(value: str) -> float:
 
 
 def claim_id(value: str) -> str:
-    """A whole claim id, or the start of one (8 hex digits or more, as listings shorten
-    it; a trailing `…` or `...` is dropped), resolved later by `resolve_claim`."""
+    """A whole claim id, or the start of one (8 hex digits or more; a trailing `…` or
+    `...`, as the demo prints one, is dropped), resolved later by `resolve_claim`."""
     try:
         return str(uuid.UUID(value))
     except ValueError:
