@@ -472,7 +472,9 @@ def _until(client: Client, claim_id: str, status: str, timeout_s: float) -> Show
             return Shown(claim, _claims_table([claim]) if "tenant" in claim else claim["status"])
         if claim["status"] in FINAL_STATUSES or time.monotonic() >= deadline:
             why = f" ({claim['reason']})" if claim.get("reason") else ""
-            message = f"claim {claim_id} is {claim['status']}{why}, not {status}"
+            final = claim["status"] in FINAL_STATUSES
+            waited = "" if final else f", after waiting {timeout_s:g} s"
+            message = f"claim {claim_id} is {claim['status']}{why}, not {status}{waited}"
             raise WaitFailed(message, claim["status"])
         time.sleep(WAIT_POLL_S)
 
