@@ -42,7 +42,11 @@ FINAL_STATUSES = (ClaimStatus.RELEASED.value, ClaimStatus.FAILED.value)
 
 
 def register(subparsers: Sub) -> None:
-    claims = group(subparsers, "claims", "create, list, get, resize and delete claims")
+    claims = group(
+        subparsers,
+        "claims",
+        "create, list, get, wait for, resize, suspend, resume and delete claims",
+    )
     create = claims.add_parser("create", help="ask for vGPUs")
     create.add_argument(
         "--priority", required=True, choices=["high", "low"],
