@@ -114,6 +114,24 @@ def test_a_slow_nvidia_smi_does_not_hold_the_apply(node: Node, tmp_path: Path) -
     assert timeslice(kept) == ("long", None)
 
 
+@pytest.mark.parametrize(
+    ("own", "left"),
+    [("driver", ("driver", None)), ("short", ("driver", "short: not applied to simulated cards"))],
+)
+def test_withdrawing_it_on_simulated_cards_leaves_them_as_at_the_start(
+    node: Node, tmp_path: Path, own: str, left: tuple[str, str | None]
+) -> None:
+    """Nothing was ever set on a simulated card, so withdrawing gives nothing back: it is
+    reported as the agent's start left it, not as refusing a `default` no one asked (which
+    `qshare gpus reset-sharing` on `qshare up`'s nodes showed before)."""
+    settings = NodeAgentSettings(name="n1", simulate="1", timeslice=own)
+    kept = SharingKeeper(node, settings, {CARD.uuid: CARD})
+    give(kept, timeslice="long")
+    assert timeslice(kept) == ("driver", "long: not applied to simulated cards")
+    give(kept)
+    assert timeslice(kept) == left
+
+
 async def test_a_simulated_cards_node_reports_why_it_did_not_take_the_timeslice(
     api: httpx.AsyncClient, start_agent: StartAgent
 ) -> None:

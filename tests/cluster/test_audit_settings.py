@@ -60,3 +60,15 @@ def test_an_agent_whose_segment_directory_is_missing_exits_with_one_line_saying_
     err = capsys.readouterr().err.splitlines()
     assert err == [f"qshare node agent: cannot start: {missing}/qshare.qshare-n1.cfg: No such "
                    "file or directory"]  # fmt: skip
+
+
+def test_an_agent_without_its_nats_identity_file_exits_with_one_line_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As README's by-hand start shows it: a node whose identity was not generated yet
+    (`python -m qshare.natsauth init DIR --node NAME`); before, a traceback."""
+    monkeypatch.setenv("QSHARE_NODE_NATS_SECRETS_DIR", str(tmp_path))
+    assert main(["--simulate", "1", "--name", "n1", "--shm-dir", str(tmp_path)]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"qshare node agent: cannot start: no NATS identity node-n1: "
+                   f"{tmp_path}/node-n1.password is missing"]  # fmt: skip

@@ -51,6 +51,15 @@ async def test_wait_names_the_pending_reason_when_it_times_out(
     assert f"claim {claim['id']} is pending (" in err and "not ready" in err
 
 
+async def test_a_wait_that_times_out_says_how_long_it_waited(
+    api: httpx.AsyncClient, api_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before, `is ready, not released` read as if the claim could never be released."""
+    claim = await create_claim(api)  # no node: it stays pending
+    assert await qshare(api_url, "claims", "wait", claim["id"], "--timeout", "0.5") == 1
+    assert capsys.readouterr().err.rstrip().endswith("not ready, after waiting 0.5 s")
+
+
 async def test_suspend_and_resume_act_on_the_claims_vgpus(
     api: httpx.AsyncClient, api_url: str, start_agent: StartAgent,
     capsys: pytest.CaptureFixture[str],

@@ -13,6 +13,7 @@ import uuid
 from collections.abc import AsyncIterator
 
 import pytest
+import yaml
 from nats.aio.client import Client
 
 from qshare.cli import main
@@ -47,6 +48,19 @@ async def test_json_lines_carry_the_sequence(api_url: str, nc: Client, capsys: C
     args = ("--after", str(first), "--count", "1", "-o", "json")
     assert await asyncio.to_thread(_watch, api_url, subject, *args) == 0
     assert json.loads(capsys.readouterr().out)["sequence"] == second
+
+
+async def test_yaml_prints_each_envelope_as_a_yaml_document_with_its_sequence(
+    api_url: str, nc: Client, capsys: Capsys
+) -> None:
+    """`-o yaml` is offered for every group; for events it printed the table's lines."""
+    subject = f"qshare.evt.cliwatch.{uuid.uuid4().hex[:8]}"
+    first, *rest = await kept(nc, subject, 3)
+    args = ("--after", str(first), "--count", "2", "-o", "yaml")
+    assert await asyncio.to_thread(_watch, api_url, subject, *args) == 0
+    documents = list(yaml.safe_load_all(capsys.readouterr().out))
+    assert [d["sequence"] for d in documents] == rest
+    assert all(d["specversion"] == "1.0" for d in documents)
 
 
 def test_an_after_that_is_no_sequence_is_refused_naming_it(capsys: Capsys) -> None:

@@ -72,3 +72,21 @@ def test_an_api_whose_start_fails_exits_non_zero(
     )
     assert done.returncode != 0, done.stderr[-2000:]
     assert str(missing) in done.stderr
+
+
+def test_an_api_without_its_nats_identity_file_names_it_without_a_traceback(
+    tmp_path: Path,
+) -> None:
+    """As the allocator and the preemptor do; before, uvicorn printed the start's traceback."""
+    env = dict(
+        os.environ,
+        QSHARE_API_NATS_SECRETS_DIR=str(tmp_path),
+        QSHARE_API_PORT=str(free_port()),
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "qshare_api"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode != 0
+    assert f"qshare api: cannot start: no NATS identity api: {tmp_path}/api.password is missing" \
+        in done.stderr  # fmt: skip
+    assert "Traceback" not in done.stderr, done.stderr[-2000:]

@@ -12,6 +12,7 @@ from types import FrameType
 import uvicorn
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from qshare import startup
 from qshare.contracts.tracing import otlp_settings
 from qshare.envsettings import SettingsError, load, report
 from qshare_api.app import create_app
@@ -40,19 +41,20 @@ def main(argv: list[str] | None = None) -> int:
                             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
                             proxy_headers=False)  # fmt: skip
     server = StoppableWhileStarting(config)
-    config.app = _quiet_when_stopped(app, server)
+    config.app = _quiet_when_stopped(app, server, settings.database_url)
     server.run()
     return 0
 
 
-def _quiet_when_stopped(app: ASGIApp, server: StoppableWhileStarting) -> ASGIApp:
+def _quiet_when_stopped(app: ASGIApp, server: StoppableWhileStarting, database_url: str) -> ASGIApp:
     """`app`, except that its lifespan does not report a start that a stop signal ended as a
-    failure (uvicorn would log it as one, with the cancellation's traceback)."""
+    failure (uvicorn would log it as one, with the cancellation's traceback), and reports a
+    start its settings explain failing in one line each (`_explained`)."""
 
     async def call(scope: Scope, receive: Receive, send: Send) -> None:
         async def reported(message: Message) -> None:
             if not (server.stopped_while_starting and message["type"].endswith(".failed")):
-                await send(message)
+                await send(_explained(message, database_url))
 
         try:
             await app(scope, receive, reported if scope["type"] == "lifespan" else send)
@@ -61,6 +63,20 @@ def _quiet_when_stopped(app: ASGIApp, server: StoppableWhileStarting) -> ASGIApp
                 raise
 
     return call
+
+
+def _explained(message: Message, database_url: str) -> Message:
+    """A failed start's report, whose text is the traceback, as the allocator's and the
+    preemptor's: `qshare api: cannot start: …` naming the file, server or variable at fault,
+    when its cause is one of startup.CANNOT_START. Starlette reports the failure from inside
+    its `except` block, so the exception is the one being handled."""
+    failure = sys.exc_info()[1]
+    if message["type"] != "lifespan.startup.failed" or not isinstance(
+        failure, startup.CANNOT_START
+    ):
+        return message
+    lines = startup.cannot_start(failure, "QSHARE_API_", database_url)
+    return {**message, "message": "\n".join(f"qshare api: {line}" for line in lines)}
 
 
 class StoppableWhileStarting(uvicorn.Server):

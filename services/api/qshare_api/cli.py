@@ -42,7 +42,11 @@ FINAL_STATUSES = (ClaimStatus.RELEASED.value, ClaimStatus.FAILED.value)
 
 
 def register(subparsers: Sub) -> None:
-    claims = group(subparsers, "claims", "create, list, get, resize and delete claims")
+    claims = group(
+        subparsers,
+        "claims",
+        "create, list, get, wait for, resize, suspend, resume and delete claims",
+    )
     create = claims.add_parser("create", help="ask for vGPUs")
     create.add_argument(
         "--priority", required=True, choices=["high", "low"],
@@ -315,8 +319,8 @@ def _seconds(value: str) -> float:
 
 
 def claim_id(value: str) -> str:
-    """A whole claim id, or the start of one (8 hex digits or more, as listings shorten
-    it; a trailing `…` or `...` is dropped), resolved later by `resolve_claim`."""
+    """A whole claim id, or the start of one (8 hex digits or more; a trailing `…` or
+    `...`, as the demo prints one, is dropped), resolved later by `resolve_claim`."""
     try:
         return str(uuid.UUID(value))
     except ValueError:
@@ -475,7 +479,9 @@ def _until(client: Client, claim_id: str, status: str, timeout_s: float) -> Show
             return Shown(claim, _claims_table([claim]) if "tenant" in claim else claim["status"])
         if claim["status"] in FINAL_STATUSES or time.monotonic() >= deadline:
             why = f" ({claim['reason']})" if claim.get("reason") else ""
-            message = f"claim {claim_id} is {claim['status']}{why}, not {status}"
+            final = claim["status"] in FINAL_STATUSES
+            waited = "" if final else f", after waiting {timeout_s:g} s"
+            message = f"claim {claim_id} is {claim['status']}{why}, not {status}{waited}"
             raise WaitFailed(message, claim["status"])
         time.sleep(WAIT_POLL_S)
 

@@ -1,6 +1,7 @@
 """`qshare events watch`: follow qshare's events (`GET /v1/events`) as lines, one per event,
-each opening with its sequence, until Ctrl-C or `--count` events; `--after N` resumes after
-sequence N, and a dropped connection is resumed after the last event printed."""
+each opening with its sequence (`-o json`: an envelope a line; `-o yaml`: a document each),
+until Ctrl-C or `--count` events; `--after N` resumes after sequence N, and a dropped
+connection is resumed after the last event printed."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import httpx
+import yaml
 
 from qshare_api.cli import Shown, command, group
 from qshare_api.client import Client, Event
@@ -30,7 +32,8 @@ STEADY_S = 10.0
 def register(subparsers: Sub) -> None:
     events = group(subparsers, "events", "follow qshare's events as they happen")
     watch = events.add_parser(
-        "watch", help="print each event, its sequence first; -o json prints its envelope"
+        "watch",
+        help="print each event, its sequence first; -o json or -o yaml prints its envelope",
     )
     watch.add_argument("--subject", help="a NATS subject under qshare.evt (default: all)")
     watch.add_argument("--count", type=_positive, help="stop after this many events")
@@ -56,7 +59,7 @@ def _sequence(value: str) -> int:
 def _watch(client: Client, args: argparse.Namespace) -> Shown:
     stream = following(client, args.subject, args.after)
     for seen, event in enumerate(stream, start=1):
-        print(shown(event, args.output == "json"), flush=True)
+        print(shown(event, args.output), flush=True)
         if args.count is not None and seen >= args.count:
             break
     return Shown(None, "")
@@ -92,14 +95,17 @@ def _say(note: str) -> None:
     print(f"qshare events watch: {note}", file=sys.stderr, flush=True)
 
 
-def shown(event: Event, as_json: bool) -> str:
-    """The event's line, or its envelope with `sequence` added for `-o json`."""
+def shown(event: Event, output: str) -> str:
+    """The event's line (`table`), or its envelope with `sequence` added: one JSON line
+    (`json`), or one YAML document opening with `---` (`yaml`)."""
     envelope = json.loads(event.data)
-    if as_json:
-        if event.sequence is not None and isinstance(envelope, dict):
-            envelope["sequence"] = event.sequence
-        return json.dumps(envelope)
-    return line(event.sequence, event.subject, envelope)
+    if output == "table":
+        return line(event.sequence, event.subject, envelope)
+    if event.sequence is not None and isinstance(envelope, dict):
+        envelope["sequence"] = event.sequence
+    if output == "yaml":
+        return "---\n" + str(yaml.safe_dump(envelope, sort_keys=False)).rstrip()
+    return json.dumps(envelope)
 
 
 def line(sequence: int | None, subject: str, envelope: Any) -> str:

@@ -57,7 +57,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DiscoveryError as exc:
         print(f"qshare node agent: {exc}", file=sys.stderr)
         return 2
-    except (ListenError, DriverError) as exc:  # DriverError: the segment refused at start
+    except (ListenError, DriverError, OSError) as exc:
+        # DriverError: the segment refused at start; OSError: its NATS identity file missing
+        # or unreadable (`python -m qshare.natsauth init DIR --node NAME` makes it)
         print(f"qshare node agent: cannot start: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -106,10 +106,11 @@ class SharingKeeper:
             return
         if self._setter is None:
             self._setter = ThreadPoolExecutor(1, thread_name_prefix="qshare-timeslice")
-        self.pending_timeslice = self._setter.submit(self._set_timeslice, gpu, level)
+        withdrawn = asked is None or asked.timeslice is None
+        self.pending_timeslice = self._setter.submit(self._set_timeslice, gpu, level, withdrawn)
 
-    def _set_timeslice(self, gpu: str, level: Timeslice) -> None:
-        left = give_timeslice(self.settings, gpu, level)
+    def _set_timeslice(self, gpu: str, level: Timeslice, withdrawn: bool) -> None:
+        left = give_timeslice(self.settings, gpu, level, withdrawn)
         kept = self.timeslices.get(gpu, CardTimeslice()).level
         self.timeslices[gpu] = CardTimeslice(kept if left.refused else left.level, left.refused)
 

@@ -54,10 +54,16 @@ def apply(settings: NodeAgentSettings, uuids: Sequence[str]) -> dict[str, CardTi
     return {o.uuid: _left(settings.timeslice, o) for o in outcomes}
 
 
-def give_timeslice(settings: NodeAgentSettings, uuid: str, level: Timeslice) -> CardTimeslice:
-    """Set `level` on one card as asked over REST (blocking: nvidia-smi runs; simulated cards
-    refuse it): the card's timeslice as left, `refused` naming the level and why."""
+def give_timeslice(
+    settings: NodeAgentSettings, uuid: str, level: Timeslice, withdrawn: bool = False
+) -> CardTimeslice:
+    """Set `level` on one card as asked over REST, or, `withdrawn`, as the agent's own level
+    given back (blocking: nvidia-smi runs): the card's timeslice as left, `refused` naming the
+    level and why. Simulated cards refuse what is asked; nothing was ever set on them, so a
+    withdrawal leaves them as the agent's start did."""
     if settings.simulate is not None:
+        if withdrawn:
+            return apply(settings, [uuid])[uuid]
         return _refusal(level, "not applied to simulated cards")
     if level == "driver":
         return CardTimeslice()
