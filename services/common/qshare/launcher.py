@@ -60,7 +60,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help=f"with --vgpu: the node segment (default {DEFAULT_SEGMENT}; "
         "a node agent's is qshare-<node>)",
     )  # fmt: skip
-    parser.add_argument("--shm-dir", type=Path, help="segment directory (default: /dev/shm)")
+    parser.add_argument(
+        "--shm-dir", type=Path,
+        help="with --vgpu: the segment's directory (default /dev/shm or $QSHARE_SHM_DIR); "
+        "with --claim: the directory the claim's node agent reported, this one if it reported none",
+    )  # fmt: skip
     parser.add_argument("--lib", type=Path, help=f"path of {LIBRARY_NAME}")
     parser.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
     parser.set_defaults(handler=run_command)
