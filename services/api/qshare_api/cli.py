@@ -432,7 +432,20 @@ def _get_claim(client: Client, args: argparse.Namespace) -> Shown:
         hint = " (a released claim is listed by `qshare claims list --status released`)"
         raise ApiError(404, exc.problem | {"detail": f"{exc}{hint}"}) from exc
     reason = f"\nreason: {claim['reason']}" if claim.get("reason") else ""
-    return Shown(claim, _claims_table([claim]) + reason + _vgpus_table(claim))
+    held = _suspension_line(claim)
+    return Shown(claim, _claims_table([claim]) + reason + held + _vgpus_table(claim))
+
+
+def _suspension_line(claim: dict[str, Any]) -> str:
+    """For a suspended claim: by whom or what, since when, and what ends it."""
+    held = claim.get("suspended")
+    if not held:
+        return ""
+    if held["kind"] == "operator":
+        until = f"by an operator ({held['reason']}): `qshare claims resume {claim['id']}` ends it"
+    else:
+        until = f"for its gang ({held['reason']}): it runs again once no card of it is busy"
+    return f"\nsuspended since {held['since']} {until}"
 
 
 def _delete_claim(client: Client, args: argparse.Namespace) -> Shown:
@@ -543,12 +556,18 @@ def _list_gpus(client: Client, args: argparse.Namespace) -> Shown:
 
 def _claims_table(claims: list[dict[str, Any]]) -> str:
     rows = [
-        (c["id"], c["tenant"], c["status"], c["priority"], f"{c['vcore']}%",
+        (c["id"], c["tenant"], claim_status(c), c["priority"], f"{c['vcore']}%",
          format_mib(c["vmemory_mib"]), c["count"], c.get("node") or "-",
          ",".join(str(v["index"]) for v in c.get("vgpus", [])) or "-")
         for c in claims
     ]  # fmt: skip
     return table(CLAIM_COLUMNS, rows)
+
+
+def claim_status(claim: dict[str, Any]) -> str:
+    """`ready`, or `ready,suspended` while the control plane holds its vGPUs stopped (as a
+    cordoned node shows `Ready,SchedulingDisabled`)."""
+    return str(claim["status"]) + (",suspended" if claim.get("suspended") else "")
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
