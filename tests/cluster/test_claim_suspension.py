@@ -4,9 +4,15 @@ still there after the preemptor restarts (it is read from the preemption records
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
+from nats.aio.client import Client as Nats
+from nats.aio.msg import Msg
+
+from qshare.contracts import subjects
 
 from .conftest import Restarts, StartAgent, claim_until, eventually, ready_claim
 from .test_card_resync import gang_beside_high_priority
@@ -27,6 +33,37 @@ async def test_an_operator_suspension_outlives_a_preemptor_restart_until_resumed
     assert (await _suspended(api, claim["id"]))["kind"] == "operator"
     assert (await api.post(f"/v1/claims/{claim['id']}/resume")).status_code == 200
     assert await _suspended(api, claim["id"]) is None
+
+
+async def test_operator_suspend_and_resume_publish_the_claims_events(
+    api: httpx.AsyncClient, nc: Nats, start_agent: StartAgent
+) -> None:
+    """Guard: the events a watcher of the claim gets (and `GET /v1/events` streams)."""
+    await start_agent()
+    claim = await ready_claim(api)
+    seen: list[str] = []
+    sub = await nc.subscribe(subjects.claim_event(claim["id"], "*"), cb=_noting(seen))
+    await nc.flush()
+    assert (await api.post(f"/v1/claims/{claim['id']}/suspend")).status_code == 200
+    await eventually(lambda: _holds(lambda: seen[-1:] == ["suspended"]))
+    assert (await api.post(f"/v1/claims/{claim['id']}/resume")).status_code == 200
+    await eventually(lambda: _holds(lambda: seen[-1:] == ["resumed"]))
+    await sub.unsubscribe()
+    assert seen == ["suspended", "resumed"]
+
+
+def _noting(seen: list[str]) -> Callable[[Msg], Awaitable[None]]:
+    async def note(msg: Msg) -> None:
+        kind = msg.subject.rsplit(".", 1)[-1]
+        if kind in ("suspended", "resumed"):  # not a late `ready` from the outbox
+            seen.append(kind)
+
+    return note
+
+
+async def _holds(check: Callable[[], bool]) -> bool:
+    await asyncio.sleep(0)
+    return check()
 
 
 async def test_a_deleted_suspended_claim_is_not_shown_suspended(
