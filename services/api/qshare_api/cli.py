@@ -160,7 +160,9 @@ class Verbs:
         _connection_options(self._leaf, defaults=False)
 
     def add_parser(self, verb: str, help: str) -> argparse.ArgumentParser:
-        return self._subparsers.add_parser(verb, help=help, parents=[self._leaf])
+        parser = self._subparsers.add_parser(verb, help=help, parents=[self._leaf])
+        parser.set_defaults(verb_parser=parser)  # an API error names this verb's options
+        return parser
 
 
 def _connection_options(parser: argparse.ArgumentParser, defaults: bool) -> None:
@@ -224,7 +226,7 @@ def command(
             if not streams:
                 print(_render(shown, args.output))
         except ApiError as exc:
-            _report(exc, args.token)
+            _report(exc, args.token, getattr(args, "verb_parser", None))
             return 1
         except (UsageError, BadConnectionSetting) as exc:
             print(f"error: {exc}", file=sys.stderr)
@@ -258,16 +260,26 @@ FLAGS = {
     "class_name": "--class", "node_selector": "--selector", "expires_in_s": "--expires-in",
     "idempotency_key": "--idempotency-key", "eviction_grace_s": "--grace",
     "starvation_share": "--starvation-share", "replace_on_failure": "--replace-on-failure",
-    "move_on_starvation": "--move-on-starvation",
+    "move_on_starvation": "--move-on-starvation", "placement.node": "--node-policy",
+    "placement.card": "--card-policy",
 }  # fmt: skip
-"""The API's fields whose CLI option has another name: an error names what the user typed."""
+"""The API's fields whose CLI option is not `--` and the field's name (a verb's options are
+looked up too: `vcore` is `--vcore`, `lp_window_s` `--lp-window`, a positional `TENANT`):
+an error names what the user typed."""
+PYDANTIC_WORDS = (
+    (re.compile(r"^(Input|String|List|Value) should "), "must "),
+    (re.compile(r"^Field required$"), "is required"),
+    (re.compile(r"less than or equal to"), "at most"),
+    (re.compile(r"greater than or equal to"), "at least"),
+)
+"""pydantic's wording of a bound or a type, said as the CLI says its own errors."""
 NO_TOKEN_HINT = (
     "give a token with --token or $QSHARE_TOKEN (`qshare up` prints an admin token; "
     "an admin issues others with `qshare tokens create`)"
 )
 
 
-def _report(exc: ApiError, token: str | None) -> None:
+def _report(exc: ApiError, token: str | None, verb: argparse.ArgumentParser | None) -> None:
     """The problem once: its field errors when it names fields, else its detail."""
     errors = exc.problem.get("errors") or []
     if not errors:
@@ -277,11 +289,36 @@ def _report(exc: ApiError, token: str | None) -> None:
         return
     print(f"error {exc.status}: {exc.problem.get('title', 'invalid request')}", file=sys.stderr)
     for item in errors:
-        message = str(item.get("message", "")).removeprefix("Value error, ")
-        field = str(item.get("field"))
-        print(f"  {FLAGS.get(field, field)}: {message}", file=sys.stderr)
+        field = option_of(str(item.get("field")), verb)
+        print(f"  {field}: {cli_words(str(item.get('message', '')))}", file=sys.stderr)
     if exc.status == 409 and "quota of" in str(exc):
         print("  `qshare quotas show` gives your quota and what you use", file=sys.stderr)
+
+
+def option_of(field: str, verb: argparse.ArgumentParser | None) -> str:
+    """The option (or positional, as its usage line names it) of `verb` that gave the API's
+    `field`; the field itself where the verb has none (`body`)."""
+    if field in FLAGS:
+        return FLAGS[field]
+    wanted = {field, field.removesuffix("_s"), field.removesuffix("_mib")}
+    dashed = {w.replace("_", "-") for w in wanted}
+    for action in verb._actions if verb is not None else []:
+        if action.dest in wanted or _long_option(action) in {f"--{w}" for w in dashed}:
+            return _long_option(action) or str(action.metavar or action.dest.upper())
+    return field
+
+
+def _long_option(action: argparse.Action) -> str | None:
+    return next((o for o in action.option_strings if o.startswith("--")), None)
+
+
+def cli_words(message: str) -> str:
+    """An API field error's message as the CLI words its own: `must be at most 100`, not
+    pydantic's `Input should be less than or equal to 100`."""
+    message = message.removeprefix("Value error, ")
+    for pattern, words in PYDANTIC_WORDS:
+        message = pattern.sub(words, message)
+    return message
 
 
 def memory(value: str) -> int | str:
