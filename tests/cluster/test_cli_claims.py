@@ -159,3 +159,37 @@ async def test_resize_without_a_size_is_a_usage_error(
     rc = await qshare(api_url, "claims", "resize", "00000000-0000-0000-0000-000000000001")
     assert rc == 2
     assert "--vcore, --vmemory or both" in capsys.readouterr().err
+
+
+async def test_a_suspended_claim_says_so_in_get_and_list_until_it_is_resumed(
+    api: httpx.AsyncClient, api_url: str, start_agent: StartAgent,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """Before, `claims get` and `claims list` showed a suspended claim as plain `ready`."""
+    await start_agent()
+    claim = await ready_claim(api)
+    assert await qshare(api_url, "claims", "suspend", claim["id"]) == 0
+    [record] = (await api.get("/v1/preemptions", params={"claim": claim["id"]})).json()
+    held = (await api.get(f"/v1/claims/{claim['id']}")).json()["suspended"]
+    assert (held["kind"], held["preemption"], held["reason"]) == (
+        "operator",
+        record["id"],
+        "operator",
+    )
+    capsys.readouterr()
+    assert await qshare(api_url, "claims", "get", claim["id"]) == 0
+    shown = capsys.readouterr().out
+    assert shown.splitlines()[1].split()[2] == "ready,suspended"
+    assert f"by an operator (operator): `qshare claims resume {claim['id']}` ends it" in shown
+    assert await qshare(api_url, "claims", "list") == 0
+    assert capsys.readouterr().out.splitlines()[1].split()[2] == "ready,suspended"
+    assert await qshare(api_url, "claims", "get", claim["id"], "-o", "json") == 0
+    assert json.loads(capsys.readouterr().out)["suspended"]["kind"] == "operator"
+    assert await qshare(api_url, "claims", "resume", claim["id"]) == 0
+    assert (await api.get(f"/v1/claims/{claim['id']}")).json()["suspended"] is None
+    capsys.readouterr()
+    assert await qshare(api_url, "claims", "list", "-o", "yaml") == 0
+    assert "suspended: null" in capsys.readouterr().out
+    assert await qshare(api_url, "claims", "get", claim["id"]) == 0
+    shown = capsys.readouterr().out
+    assert shown.splitlines()[1].split()[2] == "ready" and "suspended" not in shown

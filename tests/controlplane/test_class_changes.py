@@ -220,7 +220,7 @@ async def test_the_cli_create_names_the_option_of_a_bad_value(
             await _qshare(api_url, "classes", "create", name, option, value)
         assert f"argument {option}:" in capsys.readouterr().err
     assert await _qshare(api_url, "classes", "create", "Not_A_Name") == 1
-    assert "name:" in capsys.readouterr().err
+    assert "  NAME: " in capsys.readouterr().err  # the positional, as the usage line names it
     assert await _listed(api, name) is None
     assert await _qshare(api_url, "classes", "create", "qshare") == 1
     assert "class qshare exists" in capsys.readouterr().err

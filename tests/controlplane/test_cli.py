@@ -558,3 +558,33 @@ async def test_a_claim_created_from_the_cli_may_join_a_gang(
     args = ("--priority", "low", "--vcore", "10", "--vmemory", "1Gi", "--gang", "train-7")
     claim = await _json(api_url, capsys, "claims", "create", *args)
     assert isinstance(claim, dict) and claim["gang"] == "train-7"
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (("claims", "create", "--priority", "high", "--vcore", "101", "--vmemory", "1Gi"),
+         "  --vcore: must be at most 100"),
+        (("claims", "create", "--priority", "high", "--vcore", "5", "--vmemory", "1Gi",
+          "--count", "0"), "  --count: must be at least 1"),
+        (("quotas", "set", "t" * 300, "--cards", "1"), "  TENANT: must have at most"),
+    ],
+)  # fmt: skip
+async def test_an_api_error_names_the_option_typed_in_the_clis_words(
+    api_url: str, capsys: pytest.CaptureFixture[str], args: tuple[str, ...], line: str
+) -> None:
+    """Before, `vcore: Input should be less than or equal to 100`: the API's field and
+    pydantic's wording, where `--class` errors named the option."""
+    assert await _qshare(api_url, *args) == 1
+    err = capsys.readouterr().err
+    assert line in err and "should" not in err, err
+
+
+async def test_quotas_set_none_of_a_tenant_without_a_quota_says_so_in_the_clis_terms(
+    api_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: `a PATCH that sets no limit changes none`, the REST call the user never made."""
+    assert await _qshare(api_url, "quotas", "set", "t-none", "--cards", "none") == 1
+    err = capsys.readouterr().err
+    assert "tenant t-none has no quota, so --cards none has no limit to remove" in err
+    assert "PATCH" not in err and "qshare quotas set t-none --cards 8" in err

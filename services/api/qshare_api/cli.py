@@ -160,7 +160,9 @@ class Verbs:
         _connection_options(self._leaf, defaults=False)
 
     def add_parser(self, verb: str, help: str) -> argparse.ArgumentParser:
-        return self._subparsers.add_parser(verb, help=help, parents=[self._leaf])
+        parser = self._subparsers.add_parser(verb, help=help, parents=[self._leaf])
+        parser.set_defaults(verb_parser=parser)  # an API error names this verb's options
+        return parser
 
 
 def _connection_options(parser: argparse.ArgumentParser, defaults: bool) -> None:
@@ -224,7 +226,7 @@ def command(
             if not streams:
                 print(_render(shown, args.output))
         except ApiError as exc:
-            _report(exc, args.token)
+            _report(exc, args.token, getattr(args, "verb_parser", None))
             return 1
         except (UsageError, BadConnectionSetting) as exc:
             print(f"error: {exc}", file=sys.stderr)
@@ -258,16 +260,26 @@ FLAGS = {
     "class_name": "--class", "node_selector": "--selector", "expires_in_s": "--expires-in",
     "idempotency_key": "--idempotency-key", "eviction_grace_s": "--grace",
     "starvation_share": "--starvation-share", "replace_on_failure": "--replace-on-failure",
-    "move_on_starvation": "--move-on-starvation",
+    "move_on_starvation": "--move-on-starvation", "placement.node": "--node-policy",
+    "placement.card": "--card-policy",
 }  # fmt: skip
-"""The API's fields whose CLI option has another name: an error names what the user typed."""
+"""The API's fields whose CLI option is not `--` and the field's name (a verb's options are
+looked up too: `vcore` is `--vcore`, `lp_window_s` `--lp-window`, a positional `TENANT`):
+an error names what the user typed."""
+PYDANTIC_WORDS = (
+    (re.compile(r"^(Input|String|List|Value) should "), "must "),
+    (re.compile(r"^Field required$"), "is required"),
+    (re.compile(r"less than or equal to"), "at most"),
+    (re.compile(r"greater than or equal to"), "at least"),
+)
+"""pydantic's wording of a bound or a type, said as the CLI says its own errors."""
 NO_TOKEN_HINT = (
     "give a token with --token or $QSHARE_TOKEN (`qshare up` prints an admin token; "
     "an admin issues others with `qshare tokens create`)"
 )
 
 
-def _report(exc: ApiError, token: str | None) -> None:
+def _report(exc: ApiError, token: str | None, verb: argparse.ArgumentParser | None) -> None:
     """The problem once: its field errors when it names fields, else its detail."""
     errors = exc.problem.get("errors") or []
     if not errors:
@@ -277,11 +289,36 @@ def _report(exc: ApiError, token: str | None) -> None:
         return
     print(f"error {exc.status}: {exc.problem.get('title', 'invalid request')}", file=sys.stderr)
     for item in errors:
-        message = str(item.get("message", "")).removeprefix("Value error, ")
-        field = str(item.get("field"))
-        print(f"  {FLAGS.get(field, field)}: {message}", file=sys.stderr)
+        field = option_of(str(item.get("field")), verb)
+        print(f"  {field}: {cli_words(str(item.get('message', '')))}", file=sys.stderr)
     if exc.status == 409 and "quota of" in str(exc):
         print("  `qshare quotas show` gives your quota and what you use", file=sys.stderr)
+
+
+def option_of(field: str, verb: argparse.ArgumentParser | None) -> str:
+    """The option (or positional, as its usage line names it) of `verb` that gave the API's
+    `field`; the field itself where the verb has none (`body`)."""
+    if field in FLAGS:
+        return FLAGS[field]
+    wanted = {field, field.removesuffix("_s"), field.removesuffix("_mib")}
+    dashed = {w.replace("_", "-") for w in wanted}
+    for action in verb._actions if verb is not None else []:
+        if action.dest in wanted or _long_option(action) in {f"--{w}" for w in dashed}:
+            return _long_option(action) or str(action.metavar or action.dest.upper())
+    return field
+
+
+def _long_option(action: argparse.Action) -> str | None:
+    return next((o for o in action.option_strings if o.startswith("--")), None)
+
+
+def cli_words(message: str) -> str:
+    """An API field error's message as the CLI words its own: `must be at most 100`, not
+    pydantic's `Input should be less than or equal to 100`."""
+    message = message.removeprefix("Value error, ")
+    for pattern, words in PYDANTIC_WORDS:
+        message = pattern.sub(words, message)
+    return message
 
 
 def memory(value: str) -> int | str:
@@ -432,7 +469,20 @@ def _get_claim(client: Client, args: argparse.Namespace) -> Shown:
         hint = " (a released claim is listed by `qshare claims list --status released`)"
         raise ApiError(404, exc.problem | {"detail": f"{exc}{hint}"}) from exc
     reason = f"\nreason: {claim['reason']}" if claim.get("reason") else ""
-    return Shown(claim, _claims_table([claim]) + reason + _vgpus_table(claim))
+    held = _suspension_line(claim)
+    return Shown(claim, _claims_table([claim]) + reason + held + _vgpus_table(claim))
+
+
+def _suspension_line(claim: dict[str, Any]) -> str:
+    """For a suspended claim: by whom or what, since when, and what ends it."""
+    held = claim.get("suspended")
+    if not held:
+        return ""
+    if held["kind"] == "operator":
+        until = f"by an operator ({held['reason']}): `qshare claims resume {claim['id']}` ends it"
+    else:
+        until = f"for its gang ({held['reason']}): it runs again once no card of it is busy"
+    return f"\nsuspended since {held['since']} {until}"
 
 
 def _delete_claim(client: Client, args: argparse.Namespace) -> Shown:
@@ -543,12 +593,18 @@ def _list_gpus(client: Client, args: argparse.Namespace) -> Shown:
 
 def _claims_table(claims: list[dict[str, Any]]) -> str:
     rows = [
-        (c["id"], c["tenant"], c["status"], c["priority"], f"{c['vcore']}%",
+        (c["id"], c["tenant"], claim_status(c), c["priority"], f"{c['vcore']}%",
          format_mib(c["vmemory_mib"]), c["count"], c.get("node") or "-",
          ",".join(str(v["index"]) for v in c.get("vgpus", [])) or "-")
         for c in claims
     ]  # fmt: skip
     return table(CLAIM_COLUMNS, rows)
+
+
+def claim_status(claim: dict[str, Any]) -> str:
+    """`ready`, or `ready,suspended` while the control plane holds its vGPUs stopped (as a
+    cordoned node shows `Ready,SchedulingDisabled`)."""
+    return str(claim["status"]) + (",suspended" if claim.get("suspended") else "")
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from qshare.contracts.domain import Role, TokenScope
 from qshare.contracts.quantities import format_mib
 from qshare_api.cli import Shown, UsageError, command, group, memory, named, table
-from qshare_api.client import LOST, Client, segment
+from qshare_api.client import LOST, ApiError, Client, segment
 
 if TYPE_CHECKING:
     from qshare_api.cli import Sub
@@ -155,8 +155,25 @@ def _set_quota(client: Client, args: argparse.Namespace) -> Shown:
         raise UsageError(
             "give at least one of --memory, --cards, --pending (`none` removes a limit)"
         )
-    quota = client.patch(f"/v1/quotas/{segment(args.tenant)}", body)
+    try:
+        quota = client.patch(f"/v1/quotas/{segment(args.tenant)}", body)
+    except ApiError as exc:
+        if exc.status != 404 or any(v is not None for v in body.values()):
+            raise
+        raise ApiError(
+            404, exc.problem | {"detail": _nothing_to_remove(args.tenant, body)}
+        ) from exc
     return Shown(quota, _quotas_table([quota]))
+
+
+def _nothing_to_remove(tenant: str, body: dict[str, Any]) -> str:
+    """Where `quotas set T --cards none` finds no quota: said in the options typed (the API's
+    404 speaks of a PATCH that sets no limit)."""
+    given = ", ".join(f"--{name} none" for name in body)
+    return (
+        f"tenant {tenant} has no quota, so {given} has no limit to remove "
+        f"(`qshare quotas set {tenant} --cards 8` sets one)"
+    )
 
 
 def _count(value: str) -> int:

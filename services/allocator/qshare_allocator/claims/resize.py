@@ -18,7 +18,7 @@ from qshare.contracts.claims import ClaimView, ResizeClaim
 from qshare.contracts.domain import MAX_CORE_SHARE, ClaimStatus, Priority, Provisioner
 from qshare.contracts.errors import Conflict, FieldError
 from qshare.contracts.quantities import format_mib
-from qshare.contracts.rows import claim_view, node_is_ready, vgpus_of
+from qshare.contracts.rows import claim_views, node_is_ready
 from qshare.contracts.schema import claims, gpus, nodes, vgpus
 from qshare.settings import ClusterSettings
 from qshare_allocator.claims.classes import ClassCatalog
@@ -87,7 +87,7 @@ class Resizer:
             )
             .returning(claims)
         )
-        view = claim_view(changed.one(), (await vgpus_of(conn, [row.id])).get(row.id, []))
+        view = (await claim_views(conn, [changed.one()]))[0]
         await conn.execute(event_insert(), claim_event_params(self._source, view, "resized"))
         return view
 

@@ -27,7 +27,7 @@ from qshare.contracts.claims import (
 )
 from qshare.contracts.domain import HOLDING_STATUSES, ClaimStatus, Priority, Provisioner
 from qshare.contracts.errors import InvalidInput
-from qshare.contracts.rows import claim_view, node_is_ready, vgpus_of
+from qshare.contracts.rows import claim_view, claim_views, node_is_ready
 from qshare.contracts.schema import claims, nodes
 from qshare.settings import ClusterSettings
 from qshare_allocator.claims.classes import ClassCatalog, for_new_claim
@@ -228,7 +228,7 @@ class ClaimService:
         row: Row[Any] | None = (await conn.execute(query)).one_or_none()
         if row is None:
             return None
-        return claim_view(row, (await vgpus_of(conn, [row.id])).get(row.id, []))
+        return (await claim_views(conn, [row]))[0]
 
     def _event(self, view: ClaimView) -> dict[str, Any]:
         return claim_event_params(self._source, view, view.status.value)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictStr, model_validator
 
@@ -182,6 +182,22 @@ class VgpuView(BaseModel):
     shm_dir: str | None = Field(None, description="directory of the segment")
 
 
+class ClaimSuspension(BaseModel):
+    """Why a placed or ready claim's vGPUs are held stopped now: its open preemption record
+    (`GET /v1/preemptions?claim=`), an operator's before a gang's where it has both."""
+
+    kind: Literal["operator", "gang"] = Field(
+        description="operator: `POST /v1/claims/{id}/suspend`, until resumed; gang: high "
+        "priority busy on a card of its gang, until none is"
+    )
+    since: datetime
+    reason: str
+    cards: list[str] | None = Field(
+        None, description="gang: the busy cards holding it; null for operator"
+    )
+    preemption: int = Field(description="the record's id in `GET /v1/preemptions`")
+
+
 class ClaimView(BaseModel):
     """A claim as stored: its request, its status and, once placed, its vGPUs."""
 
@@ -201,6 +217,9 @@ class ClaimView(BaseModel):
     vgpus: list[VgpuView] = []
     gang: str | None = None
     evict_at: datetime | None = Field(None, description="set while the claim is being evicted")
+    suspended: ClaimSuspension | None = Field(
+        None, description="set while the control plane holds the claim's vGPUs suspended"
+    )
     created_at: datetime
     updated_at: datetime
 

@@ -8,13 +8,15 @@ from typing import Any
 from sqlalchemy import ColumnElement, Row, Select, func, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from qshare.contracts.claims import ClaimView, PlacementOverride, VgpuView
-from qshare.contracts.domain import ClaimStatus, NodeStatus, Priority
+from qshare.contracts.claims import ClaimSuspension, ClaimView, PlacementOverride, VgpuView
+from qshare.contracts.domain import HOLDING_STATUSES, ClaimStatus, NodeStatus, Priority
 from qshare.contracts.nodes import NodeView
-from qshare.contracts.schema import claims, gpus, nodes, vgpus
+from qshare.contracts.schema import claims, gpus, nodes, preemptions, vgpus
 
 
-def claim_view(row: Row[Any], held: list[VgpuView]) -> ClaimView:
+def claim_view(
+    row: Row[Any], held: list[VgpuView], suspended: ClaimSuspension | None = None
+) -> ClaimView:
     return ClaimView(
         id=row.id,
         tenant=row.tenant,
@@ -32,6 +34,7 @@ def claim_view(row: Row[Any], held: list[VgpuView]) -> ClaimView:
         vgpus=held,
         gang=row.gang,
         evict_at=row.evict_at,
+        suspended=suspended,
         created_at=row.created_at,
         updated_at=row.updated_at,
     )
@@ -70,10 +73,50 @@ async def vgpus_of(
     return found
 
 
+SUSPENDING_KINDS = ("operator", "gang")
+"""Preemption records that hold a claim's vGPUs stopped, the one shown first where a claim
+has both (an operator's outlasts its gang's: only a resume ends it). An `eviction` record
+stops nothing during the grace (the claim's `evict_at` says it is being evicted)."""
+
+
+async def suspensions_of(
+    conn: AsyncConnection, claim_ids: list[uuid.UUID]
+) -> dict[uuid.UUID, ClaimSuspension]:
+    """Each claim's suspension among `claim_ids`, from their open records in one query."""
+    if not claim_ids:
+        return {}
+    query = (
+        select(preemptions)
+        .where(
+            preemptions.c.claim_id.in_(claim_ids),
+            preemptions.c.ended_at.is_(None),
+            preemptions.c.kind.in_(SUSPENDING_KINDS),
+        )
+        .order_by(preemptions.c.started_at, preemptions.c.id)
+    )
+    found: dict[uuid.UUID, ClaimSuspension] = {}
+    for row in (await conn.execute(query)).all():
+        kept = found.get(row.claim_id)  # the oldest of the first kind
+        if kept is None or SUSPENDING_KINDS.index(row.kind) < SUSPENDING_KINDS.index(kept.kind):
+            found[row.claim_id] = _suspension(row)
+    return found
+
+
+def _suspension(row: Row[Any]) -> ClaimSuspension:
+    cards = row.busy_gpus if row.busy_gpus is not None else [row.gpu_uuid] if row.gpu_uuid else []
+    return ClaimSuspension(
+        kind=row.kind, since=row.started_at, reason=row.reason,
+        cards=cards if row.kind == "gang" else None, preemption=row.id,
+    )  # fmt: skip
+
+
 async def claim_views(conn: AsyncConnection, rows: list[Row[Any]]) -> list[ClaimView]:
-    """Views of claim rows with their vGPUs, in two queries."""
+    """Views of claim rows with their vGPUs and, for those holding them, their suspension:
+    three queries at most, however many rows."""
     held = await vgpus_of(conn, [r.id for r in rows])
-    return [claim_view(r, held.get(r.id, [])) for r in rows]
+    holding = [r.id for r in rows if r.status in HOLDING_STATUSES]
+    stopped = await suspensions_of(conn, holding)
+    return [claim_view(r, held.get(r.id, []), stopped.get(r.id)) for r in rows]
 
 
 def node_is_ready() -> ColumnElement[bool]:
