@@ -365,3 +365,9 @@ def test_every_scraped_pod_of_a_workload_with_several_that_stops_answering_is_an
     """Per pod (`up == 0`): one replica of two down, or one node's agent; the preemptor's one
     replica is its absent-alert's."""
     assert _watched_jobs(r"== 0") == set(SCRAPED) - {"qshare-preemptor"}
+
+
+def test_the_dashboards_targets_panel_shows_every_scraped_workload() -> None:
+    [panel] = [p for p in dashboard()["panels"] if p["title"] == "Targets up"]
+    [jobs] = [j for t in panel["targets"] for j in _UP_JOBS.findall(t["expr"])]
+    assert {j for j in SCRAPED if re.fullmatch(jobs, j)} == set(SCRAPED)
