@@ -339,3 +339,35 @@ def test_every_label_an_alerts_text_names_is_one_its_expression_keeps(
 ) -> None:
     used = {n for text in alert["annotations"].values() for n in _TEMPLATE.findall(text)}
     assert used <= result_labels(alert["expr"]), used
+
+
+_UP_JOBS = re.compile(r"\bup\{job=~?\"([^\"]*)\"\}")
+
+
+def _watched_jobs(pattern: str) -> set[str]:
+    """The scraped jobs whose pods alerts read `up` of in expressions matching `pattern`."""
+    found = set()
+    for alert in alerts():
+        if re.search(pattern, alert["expr"]):
+            for jobs in _UP_JOBS.findall(alert["expr"]):
+                found |= {j for j in SCRAPED if re.fullmatch(jobs, j)}
+    return found
+
+
+def test_every_scraped_workload_pages_when_none_of_its_pods_answers() -> None:
+    """A workload with no pod up (`absent(up{job=...} == 1)`) stops what qshare does: the
+    extender's verbs, which the scheduler may not ignore, included (no qshare pod is
+    scheduled without it); node agents, one per node, are watched per pod instead."""
+    assert _watched_jobs(r"^absent\(up\{") == set(SCRAPED) - {"qshare-node-agent"}
+
+
+def test_every_scraped_pod_of_a_workload_with_several_that_stops_answering_is_an_alert() -> None:
+    """Per pod (`up == 0`): one replica of two down, or one node's agent; the preemptor's one
+    replica is its absent-alert's."""
+    assert _watched_jobs(r"== 0") == set(SCRAPED) - {"qshare-preemptor"}
+
+
+def test_the_dashboards_targets_panel_shows_every_scraped_workload() -> None:
+    [panel] = [p for p in dashboard()["panels"] if p["title"] == "Targets up"]
+    [jobs] = [j for t in panel["targets"] for j in _UP_JOBS.findall(t["expr"])]
+    assert {j for j in SCRAPED if re.fullmatch(jobs, j)} == set(SCRAPED)

@@ -5,6 +5,7 @@ FastAPI's own) and NATS into the services that act on it."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -13,7 +14,9 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import httpx
+import nats
 import pytest
+from nats.errors import TimeoutError as NatsTimeout
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from qshare.contracts import subjects
@@ -26,6 +29,9 @@ TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 CALLER_SPAN = "00f067aa0ba902b7"
 SUSPEND_TRACE = "0af7651916cd43dd8448eb211c80319c"
 SUSPEND_PARENT = f"00-{SUSPEND_TRACE}-b7ad6b7169203331-01"
+RELEASE_TRACE = "5b8aa5a2d2c872e8321cf37308d69df2"
+RELEASE_PARENT = f"00-{RELEASE_TRACE}-051581bf3cb55c13-01"
+APPLY = subjects.node_command("traced-1", "apply")
 
 
 @pytest.fixture(scope="module")
@@ -111,8 +117,15 @@ def _of_trace(spans: list[ReceivedSpan], trace_id: str = TRACE_ID) -> dict[str, 
 
 
 @pytest.fixture(scope="module")
-def claim_trace(api_url: str, receiver: OtlpReceiver) -> dict[str, ReceivedSpan]:
-    assert _create_claim(api_url).status_code == 201
+def traced_claim(api_url: str) -> str:
+    """The id of the claim created in the caller's trace `TRACE_ID`."""
+    created = _create_claim(api_url)
+    assert created.status_code == 201
+    return str(created.json()["id"])
+
+
+@pytest.fixture(scope="module")
+def claim_trace(traced_claim: str, receiver: OtlpReceiver) -> dict[str, ReceivedSpan]:
     expected = {
         "qshare-api POST /v1/claims",
         f"qshare-api {subjects.CLAIMS_CREATE}",
@@ -165,9 +178,9 @@ def _suspend(url: str, claim_id: str) -> httpx.Response:
     return httpx.post(f"{url}/v1/claims/{claim_id}/suspend", headers=headers, timeout=10)
 
 
-def _ready_claim(url: str) -> str:
+def _ready_claim(url: str, key: str = "traced-2") -> str:
     headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
-    body = {"priority": "low", "vcore": 10, "vmemory": "1Gi", "idempotency_key": "traced-2"}
+    body = {"priority": "low", "vcore": 10, "vmemory": "1Gi", "idempotency_key": key}
     claim = httpx.post(f"{url}/v1/claims", json=body, headers=headers, timeout=10).json()
     for _ in range(200):
         got = httpx.get(f"{url}/v1/claims/{claim['id']}", headers=headers, timeout=10).json()
@@ -192,3 +205,78 @@ def test_an_operator_suspension_runs_from_the_api_through_the_preemptor_to_the_n
     command = by_name["qshare-preemptor qshare.node.traced-1.cmd.suspend"]
     assert (preemptor.kind, node.kind) == (Span.SPAN_KIND_SERVER, Span.SPAN_KIND_SERVER)
     assert node.parent_id == command.span_id
+
+
+def _claim_events(nats_url: str, claim_id: str, kinds: set[str]) -> dict[str, str]:
+    """traceparent (or "") of each event of the claim kept in the events stream, by kind,
+    once `kinds` are all there (or after 20 s)."""
+    deadline = time.monotonic() + 20
+    while True:
+        found = asyncio.run(_kept_events(nats_url, claim_id))
+        if kinds <= set(found) or time.monotonic() > deadline:
+            return found
+        time.sleep(0.2)
+
+
+async def _kept_events(nats_url: str, claim_id: str) -> dict[str, str]:
+    nc = await nats.connect(nats_url)
+    try:
+        js = nc.jetstream()
+        sub = await js.subscribe(subjects.claim_event(claim_id, "*"), ordered_consumer=True)
+        found: dict[str, str] = {}
+        while True:
+            try:
+                msg = await sub.next_msg(timeout=0.5)
+            except NatsTimeout:
+                return found
+            found[msg.subject.rsplit(".", 1)[1]] = (msg.headers or {}).get("traceparent", "")
+    finally:
+        await nc.close()
+
+
+def _trace_of(traceparent: str) -> str:
+    return traceparent.split("-")[1] if traceparent.count("-") == 3 else ""
+
+
+def test_the_allocator_sends_the_placed_claim_to_its_node_within_the_claims_trace(
+    claim_trace: dict[str, ReceivedSpan], receiver: OtlpReceiver
+) -> None:
+    wanted = {f"qshare-allocator {APPLY}", f"qshare-node-agent {APPLY}"}
+    by_name = _of_trace(receiver.wait_for(lambda found: wanted <= set(_of_trace(found))))
+    sent, applied = by_name[f"qshare-allocator {APPLY}"], by_name[f"qshare-node-agent {APPLY}"]
+    handled = claim_trace[f"qshare-allocator {subjects.CLAIMS_CREATE}"]
+    assert (sent.parent_id, sent.kind) == (handled.span_id, Span.SPAN_KIND_CLIENT)
+    assert (applied.parent_id, applied.kind) == (sent.span_id, Span.SPAN_KIND_SERVER)
+
+
+def test_the_claims_events_through_the_outbox_carry_the_callers_trace(
+    servers: tuple[str, str], traced_claim: str
+) -> None:
+    events = _claim_events(servers[1], traced_claim, {"ready"})
+    assert "ready" in events, events
+    assert {kind: _trace_of(parent) for kind, parent in events.items()} == dict.fromkeys(
+        events, TRACE_ID
+    )
+
+
+def test_the_suspended_event_the_preemptor_publishes_carries_the_operators_trace(
+    api_url: str, servers: tuple[str, str]
+) -> None:
+    claim_id = _ready_claim(api_url, "traced-3")
+    assert _suspend(api_url, claim_id).status_code == 200
+    events = _claim_events(servers[1], claim_id, {"suspended"})
+    assert _trace_of(events.get("suspended", "")) == SUSPEND_TRACE, events
+
+
+def test_a_release_runs_to_the_node_and_its_released_event_in_the_callers_trace(
+    api_url: str, servers: tuple[str, str], receiver: OtlpReceiver
+) -> None:
+    claim_id = _ready_claim(api_url, "traced-4")
+    headers = {"Authorization": f"Bearer {ADMIN_TOKEN}", "traceparent": RELEASE_PARENT}
+    deleted = httpx.delete(f"{api_url}/v1/claims/{claim_id}", headers=headers, timeout=10)
+    assert deleted.status_code in (200, 202), deleted.text
+    events = _claim_events(servers[1], claim_id, {"released"})
+    assert _trace_of(events.get("released", "")) == RELEASE_TRACE, events
+    wanted = {f"qshare-allocator {subjects.CLAIMS_DELETE}", f"qshare-node-agent {APPLY}"}
+    spans = receiver.wait_for(lambda found: wanted <= set(_of_trace(found, RELEASE_TRACE)))
+    assert wanted <= set(_of_trace(spans, RELEASE_TRACE))

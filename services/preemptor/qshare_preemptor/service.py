@@ -25,6 +25,7 @@ from qshare.contracts.agent import SuspendCommand, SuspendReply
 from qshare.contracts.claims import GPU_UUID_PATTERN
 from qshare.contracts.errors import NotFound, QshareError
 from qshare.contracts.preemption import ClaimAction, ClaimActionReply, ClaimRef
+from qshare.contracts.tracing import inject_headers
 from qshare.db import in_transaction, read_once
 from qshare_preemptor import metrics
 from qshare_preemptor.gangs import (
@@ -323,7 +324,8 @@ class PreemptionService:
             body = envelope.wrap(
                 self._source, f"io.qshare.claim.{kind}", ClaimRef(claim_id=claim_id)
             )
-            await self._nc.publish(subjects.claim_event(str(claim_id), kind), envelope.encode(body))
+            await self._nc.publish(subjects.claim_event(str(claim_id), kind),
+                                   envelope.encode(body), headers=inject_headers())  # fmt: skip
 
 
 def _is_card_uuid(gpu: str) -> bool:

@@ -1,6 +1,7 @@
 """OpenTelemetry set-up and W3C trace-context propagation through NATS headers. Spans leave
 the process over OTLP/HTTP when the standard `OTEL_EXPORTER_OTLP_ENDPOINT` (or
-`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) is set, as every OpenTelemetry SDK does."""
+`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) is set, as every OpenTelemetry SDK does; the service
+name and the sampler follow `OTEL_SERVICE_NAME` and `OTEL_TRACES_SAMPLER[_ARG]`."""
 
 from __future__ import annotations
 
@@ -18,8 +19,17 @@ from opentelemetry.sdk.trace.export import (
     ConsoleSpanExporter,
     SimpleSpanProcessor,
 )
+from opentelemetry.sdk.trace.sampling import (
+    ALWAYS_OFF,
+    ALWAYS_ON,
+    DEFAULT_OFF,
+    DEFAULT_ON,
+    ParentBasedTraceIdRatio,
+    Sampler,
+    TraceIdRatioBased,
+)
 from opentelemetry.trace import Span, SpanKind
-from pydantic import AnyHttpUrl, Field
+from pydantic import AnyHttpUrl, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from qshare.envsettings import SettingsError, load
@@ -28,6 +38,15 @@ log = logging.getLogger(__name__)
 _added: set[str] = set()
 """The exporters this process already sends spans to (set-up is called once per service, and
 several services may share a process)."""
+
+
+_FIXED: dict[str, Sampler] = {
+    "always_on": ALWAYS_ON,
+    "always_off": ALWAYS_OFF,
+    "parentbased_always_on": DEFAULT_ON,
+    "parentbased_always_off": DEFAULT_OFF,
+}
+_RATIO = {"traceidratio": TraceIdRatioBased, "parentbased_traceidratio": ParentBasedTraceIdRatio}
 
 
 class OtlpSettings(BaseSettings):
@@ -43,6 +62,26 @@ class OtlpSettings(BaseSettings):
     exporter_otlp_protocol: Literal["http/protobuf"] = Field(
         "http/protobuf", description="the one protocol qshare ships an exporter for"
     )
+    service_name: str = Field("", description="the spans' service.name; empty: qshare's own")
+    traces_sampler: str = Field(
+        "parentbased_always_on", description="which traces are kept (the SDK's names, any case)"
+    )
+    traces_sampler_arg: float = Field(
+        1.0, ge=0.0, le=1.0, description="the share of traces the *traceidratio samplers keep"
+    )
+
+    @field_validator("traces_sampler")
+    @classmethod
+    def _known_sampler(cls, value: str) -> str:
+        """One of the SDK's samplers, in any case (as the SDK reads it)."""
+        if value.lower() not in _FIXED.keys() | _RATIO.keys():
+            raise ValueError(f"should be one of {', '.join([*_FIXED, *_RATIO])}")
+        return value.lower()
+
+    @property
+    def sampler(self) -> Sampler:
+        ratio = _RATIO.get(self.traces_sampler)
+        return _FIXED[self.traces_sampler] if ratio is None else ratio(self.traces_sampler_arg)
 
     @property
     def endpoint(self) -> str | None:
@@ -68,12 +107,14 @@ def otlp_settings() -> OtlpSettings:
 
 def setup_tracing(service: str, console: bool = False) -> None:
     """Install an SDK tracer provider once per process and the exporters the settings ask
-    for: OTLP/HTTP when an endpoint is set, the console when `console`. An invalid
-    `OTEL_*` variable raises TracingConfigError naming it."""
+    for: OTLP/HTTP when an endpoint is set, the console when `console`. `service` names the
+    spans' service unless `OTEL_SERVICE_NAME` does. An invalid `OTEL_*` variable raises
+    TracingConfigError naming it."""
     settings = otlp_settings()
     provider = trace.get_tracer_provider()
     if not isinstance(provider, TracerProvider):
-        provider = TracerProvider(resource=Resource.create({"service.name": service}))
+        resource = Resource.create({"service.name": settings.service_name or service})
+        provider = TracerProvider(sampler=settings.sampler, resource=resource)
         trace.set_tracer_provider(provider)
     if console or settings.traces_exporter == "console":
         _add(provider, "console", lambda: SimpleSpanProcessor(ConsoleSpanExporter()))
