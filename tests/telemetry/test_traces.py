@@ -82,6 +82,7 @@ def api_url(
     url = f"http://127.0.0.1:{port}"
     try:
         _until_ready(url, api, logs / "api.log")
+        _until_node_ready(url, "traced-1", logs / "agent.log")
         yield url
     finally:
         for process in (api, agent, preemptor, allocator):
@@ -100,6 +101,18 @@ def _until_ready(url: str, api: subprocess.Popen[bytes], log: Path) -> None:
             pass
         time.sleep(0.1)
     pytest.fail(f"the API never became ready: {log.read_text()[-2000:]}")
+
+
+def _until_node_ready(url: str, node: str, log: Path) -> None:
+    """Wait until the node agent has registered: a claim created before that waits for room
+    and is placed by the allocator's sweep, outside the caller's trace."""
+    headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    for _ in range(300):
+        found = httpx.get(f"{url}/v1/nodes/{node}", headers=headers, timeout=1)
+        if found.status_code == 200 and found.json().get("status") == "Ready":
+            return
+        time.sleep(0.1)
+    pytest.fail(f"node {node} never became Ready: {log.read_text()[-2000:]}")
 
 
 def _create_claim(url: str) -> httpx.Response:
