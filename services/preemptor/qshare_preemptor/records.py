@@ -74,13 +74,11 @@ async def open_claims(
 
 
 async def open_gangs(conn: AsyncConnection) -> dict[uuid.UUID, tuple[set[str], list[Member]]]:
-    """Each claim with an open `gang` record (not also held by an operator): the busy cards its
-    record names that are still in the inventory (none: it names none) and the claim's vGPUs."""
-    held = select(preemptions.c.claim_id).where(
-        preemptions.c.ended_at.is_(None), preemptions.c.kind == "operator"
-    )
+    """Each claim with an open `gang` record (one an operator holds too: its record must end
+    as well): the busy cards its record names that are still in the inventory (none: it
+    names none) and the claim's vGPUs."""
     query = select(preemptions.c.claim_id, preemptions.c.gpu_uuid, preemptions.c.busy_gpus).where(
-        *OPEN_GANG, preemptions.c.claim_id.not_in(held)
+        *OPEN_GANG
     )
     named: dict[uuid.UUID, set[str]] = defaultdict(set)
     for claim_id, first, busy in (await conn.execute(query)).all():

@@ -103,20 +103,21 @@ class PreemptionService:
         by the busy cards its record names, as if their busy events had just been handled;
         the state every agent announces when the preemptor starts then resumes it once those
         cards are idle (and a card busy meanwhile adds itself). A gang whose record names no
-        card still in the inventory is resumed now: no event would ever come for it."""
+        card still in the inventory is released now: no event would ever come for it. An
+        operator's claim is taken up too (its gang record ends when its cards are idle; its
+        vGPUs stay suspended until the operator resumes them)."""
         async with self._lock:
             left = await in_transaction(self._engine, open_gangs)
             free: list[uuid.UUID] = []
             for claim_id, (cards, members) in left.items():
                 stopped = [m for m in members if cards - {m.gpu}]
+                self._members.setdefault(claim_id, set()).update(members)
                 if not stopped:
                     free.append(claim_id)
                     continue
                 self._held_by[claim_id].update(cards)
-                self._members.setdefault(claim_id, set()).update(members)
                 self._stopped.update(stopped)
-            members = [m for c in free for m in left[c][1]]
-            sending = await self._free(free, members, "preemptor restarted") if free else []
+            sending = await self._release(free, "preemptor restarted") if free else []
         await asyncio.gather(*sending)
 
     async def resume_again(self) -> None:
@@ -213,22 +214,25 @@ class PreemptionService:
         await asyncio.gather(*sending)
 
     async def _release(self, done: list[uuid.UUID], reason: str) -> list[asyncio.Task[Any]]:
+        """Let the gangs `done` go: resume their vGPUs, but those of a claim an operator
+        holds, which stays suspended (and gets no `resumed` event: before, it did)."""
         held = await in_transaction(self._engine, lambda c: open_claims(c, done, "operator"))
-        resume = [m for c in done if c not in held for m in self._members.get(c, set())]
+        running = [c for c in done if c not in held]
+        resume = [m for c in running for m in self._members.get(c, set())]
         for claim_id in done:
             self._held_by.pop(claim_id, None)
             self._stopped.difference_update(self._members.pop(claim_id, set()))
-        return await self._free(done, resume, reason)
+        return await self._free(done, resume, running, reason)
 
     async def _free(
-        self, done: list[uuid.UUID], resume: list[Member], reason: str
+        self, done: list[uuid.UUID], resume: list[Member], running: list[uuid.UUID], reason: str
     ) -> list[asyncio.Task[Any]]:
         """Queue the resumes of `resume`, end the gang records of `done` (under the lock,
-        in the order decided) and queue the claims' `resumed` events after the resumes;
-        returns what was queued."""
+        in the order decided) and queue the `resumed` events of the claims `running` after
+        the resumes; returns what was queued."""
         sent = self._queue_act(resume, suspend=False, reason=reason)
         await in_transaction(self._engine, lambda c: close_records(c, done, "gang"))
-        return [*sent, *self._announce(done, "resumed", after=sent)]
+        return [*sent, *self._announce(running, "resumed", after=sent)]
 
     async def operator(self, action: ClaimAction, suspend: bool) -> ClaimActionReply:
         members = await in_transaction(self._engine, lambda c: self._owned(c, action))
