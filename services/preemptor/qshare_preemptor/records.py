@@ -10,8 +10,8 @@ from collections import defaultdict
 from sqlalchemy import ARRAY, ColumnElement, Text, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from qshare.contracts.schema import gpus, preemptions
-from qshare_preemptor.gangs import Member, vgpus_of_claims
+from qshare.contracts.schema import preemptions
+from qshare_preemptor.gangs import Member, known_cards, vgpus_of_claims
 
 OPEN_GANG = (preemptions.c.kind == "gang", preemptions.c.ended_at.is_(None))
 
@@ -85,18 +85,11 @@ async def open_gangs(conn: AsyncConnection) -> dict[uuid.UUID, tuple[set[str], l
         named[claim_id].update(busy if busy is not None else [first] if first else [])
     if not named:
         return {}
-    known = await _known_cards(conn, set().union(*named.values()))
+    known = await known_cards(conn, set().union(*named.values()))
     members: dict[uuid.UUID, list[Member]] = defaultdict(list)
     for member in await vgpus_of_claims(conn, list(named)):
         members[member.claim_id].append(member)
     return {c: (cards & known, members[c]) for c, cards in named.items()}
-
-
-async def _known_cards(conn: AsyncConnection, cards: set[str]) -> set[str]:
-    if not cards:
-        return set()
-    query = select(gpus.c.uuid).where(gpus.c.uuid.in_(cards))
-    return set((await conn.execute(query)).scalars().all())
 
 
 def _with(gpu: str) -> ColumnElement[list[str]]:

@@ -32,6 +32,7 @@ from qshare_preemptor.gangs import (
     card_owner,
     existing_nodes,
     gang_of_card,
+    known_cards,
     vgpus_of_claim,
 )
 from qshare_preemptor.lanes import Lanes
@@ -131,6 +132,18 @@ class PreemptionService:
             known = await read_once(self._engine, lambda c: existing_nodes(c, list(pending)))
             again = [self._send(n, pending[n], False, "resume sent again") for n in known]
         await asyncio.gather(*again)  # queued under the lock: a later suspension comes after
+
+    async def release_gone_cards(self) -> None:
+        """Handle as idle each busy card holding a gang that left the inventory (its node or
+        the card removed, say after the node went down while the card was busy): no idle
+        event would ever come for it, and its gangs would stay suspended until a restart."""
+        holding = {card for cards in list(self._held_by.values()) for card in cards}
+        if not holding:
+            return
+        known = await read_once(self._engine, lambda c: known_cards(c, holding))
+        for gpu in sorted(holding - known):
+            log.info("card %s holding gangs left the inventory: handled as idle", gpu)
+            await self._cards.queue(gpu, functools.partial(self.card_idle, gpu))
 
     async def card_event(self, node: str, gpu: str, busy: bool) -> None:
         """A busy or idle event published under `node`'s name about `gpu`, handled after the
