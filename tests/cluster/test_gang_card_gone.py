@@ -15,7 +15,7 @@ from qshare_driver import Client, DriverError
 from qshare_node_agent.app import NodeAgent
 from qshare_preemptor.app import Preemptor
 
-from .conftest import StartAgent, eventually, ready_claim
+from .conftest import Restarts, StartAgent, eventually, ready_claim
 
 
 @dataclass
@@ -27,6 +27,7 @@ class Split:
     other: NodeAgent
     hp_gpu: str
     there: int
+    hp: Client
 
     def there_suspended(self) -> bool:
         return self.other.node.vgpu_stats(self.there).suspended
@@ -39,14 +40,14 @@ async def split(
     busy = await start_agent(cards=1, keep_segment_on_stop=True)  # its client detaches after
     await ready_claim(api, gang="g")
     hp = await ready_claim(api, priority="high", vcore=50, vmemory="14Gi")  # the card is full
-    other = await start_agent(cards=1)
+    other = await start_agent(cards=1, keep_segment_on_stop=True)
     there = await ready_claim(api, gang="g")
     assert there["vgpus"][0]["node"] == other.name
     (vgpu,) = hp["vgpus"]
     attach = busy.settings.segment_name, vgpu["local_id"], busy.settings.shm_dir
     client = Client.attach(*attach)
     client.launch_begin()
-    found = Split(busy, other, vgpu["gpu"], there["vgpus"][0]["local_id"])
+    found = Split(busy, other, vgpu["gpu"], there["vgpus"][0]["local_id"], client)
     try:
         await eventually(lambda: _holds(found.there_suspended))
         yield found
@@ -73,3 +74,23 @@ async def test_a_gang_held_by_a_removed_card_resumes(api: httpx.AsyncClient, spl
 
 async def _holds(check: Callable[[], bool]) -> bool:
     return check()
+
+
+async def test_a_resume_owed_to_a_node_away_reaches_it_after_a_preemptor_restart(
+    split: Split, restartable: Restarts, start_agent: StartAgent, preemptor: Preemptor
+) -> None:
+    """The gang's node stops (its segment kept: the suspension stays in the driver), its
+    card's idle sends a resume that does not reach it, and the preemptor restarts before the
+    node is back. Before, the resume owed was only in the old preemptor's memory and the
+    gang's record was already ended: the vGPU stayed suspended for good."""
+    await split.other.stop()
+    assert preemptor.service is not None
+    split.hp.launch_end()
+    owed = preemptor.service
+    await eventually(lambda: _holds(lambda: bool(owed.resumes_owed)), within_s=10)
+    await restartable.stop()
+    await restartable.start()
+    back = await start_agent(cards=1, name=split.other.name, keep_segment_on_stop=False)
+    await eventually(
+        lambda: _holds(lambda: not back.node.vgpu_stats(split.there).suspended), within_s=10
+    )

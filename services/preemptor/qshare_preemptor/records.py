@@ -32,7 +32,7 @@ async def hold_records(conn: AsyncConnection, members: list[Member], reason: str
     claims = {m.claim_id: m for m in members}
     joined = await conn.execute(
         update(preemptions)
-        .where(*OPEN_GANG, preemptions.c.claim_id.in_(list(claims)))
+        .where(*OPEN_GANG, preemptions.c.claim_id.in_(list(claims)), ~_released())
         .values(busy_gpus=_with(gpu))
         .returning(preemptions.c.claim_id)
     )
@@ -46,6 +46,25 @@ async def leave_records(conn: AsyncConnection, claim_ids: list[uuid.UUID], gpu: 
         update(preemptions)
         .where(*OPEN_GANG, preemptions.c.claim_id.in_(claim_ids))
         .values(busy_gpus=func.array_remove(preemptions.c.busy_gpus, gpu, type_=ARRAY(Text)))
+    )
+
+
+async def release_records(conn: AsyncConnection, claim_ids: list[uuid.UUID]) -> None:
+    """No busy card holds the claims `claim_ids` any more, and their resumes are on their
+    way: their gang records name no card (`busy_gpus` empty) until `close_released`."""
+    await conn.execute(
+        update(preemptions)
+        .where(*OPEN_GANG, preemptions.c.claim_id.in_(claim_ids))
+        .values(busy_gpus=[])
+    )
+
+
+async def close_released(conn: AsyncConnection, claim_ids: list[uuid.UUID]) -> None:
+    """End the gang records of `claim_ids` that no busy card joined since their release."""
+    await conn.execute(
+        update(preemptions)
+        .where(*OPEN_GANG, preemptions.c.claim_id.in_(claim_ids), _released())
+        .values(ended_at=func.now())
     )
 
 
@@ -90,6 +109,12 @@ async def open_gangs(conn: AsyncConnection) -> dict[uuid.UUID, tuple[set[str], l
     for member in await vgpus_of_claims(conn, list(named)):
         members[member.claim_id].append(member)
     return {c: (cards & known, members[c]) for c, cards in named.items()}
+
+
+def _released() -> ColumnElement[bool]:
+    """A gang record released, its resumes not all confirmed yet: it names no busy card (a
+    new busy card opens a record of its own rather than joining it)."""
+    return func.coalesce(func.cardinality(preemptions.c.busy_gpus), -1) == 0
 
 
 def _with(gpu: str) -> ColumnElement[list[str]]:

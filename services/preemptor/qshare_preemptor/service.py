@@ -38,11 +38,13 @@ from qshare_preemptor.gangs import (
 from qshare_preemptor.lanes import Lanes
 from qshare_preemptor.records import (
     close_records,
+    close_released,
     hold_records,
     leave_records,
     open_claims,
     open_gangs,
     open_records,
+    release_records,
 )
 from qshare_preemptor.trusted import Trusted
 
@@ -73,6 +75,9 @@ class PreemptionService:
         """Each card's node as last read."""
         self._unresumed: dict[str, set[int]] = defaultdict(set)
         """vGPUs by node whose resume did not reach the node (sent again until it does)."""
+        self._owing: dict[uuid.UUID, set[Member]] = {}
+        """Released claims whose gang record stays open (no busy card) until every resume
+        reached its node: a restarted preemptor resumes them from that record."""
         self._nodes = Lanes()
         """Commands by node: decided under the lock, sent after it in that order (a node
         that does not answer holds back its own commands only, not the lock)."""
@@ -126,12 +131,14 @@ class PreemptionService:
         away), for nodes still in the inventory; a vGPU suspended since is left alone."""
         async with self._lock:
             pending = {node: sorted(ids) for node, ids in self._unresumed.items() if ids}
-            self._unresumed.clear()
             if not pending:
                 return
             known = await read_once(self._engine, lambda c: existing_nodes(c, list(pending)))
+            for gone in set(pending) - known:
+                self._unresumed.pop(gone, None)
             again = [self._send(n, pending[n], False, "resume sent again") for n in known]
         await asyncio.gather(*again)  # queued under the lock: a later suspension comes after
+        await self._settle(list(self._owing))
 
     async def release_gone_cards(self) -> None:
         """Handle as idle each busy card holding a gang that left the inventory (its node or
@@ -243,9 +250,32 @@ class PreemptionService:
         """Queue the resumes of `resume`, end the gang records of `done` (under the lock,
         in the order decided) and queue the `resumed` events of the claims `running` after
         the resumes; returns what was queued."""
+        owing = {c: {m for m in resume if m.claim_id == c} for c in running}
+        owing = {c: members for c, members in owing.items() if members}
+        self._owing.update(owing)
+        ended = [c for c in done if c not in owing]
         sent = self._queue_act(resume, suspend=False, reason=reason)
-        await in_transaction(self._engine, lambda c: close_records(c, done, "gang"))
-        return [*sent, *self._announce(running, "resumed", after=sent)]
+        await in_transaction(self._engine, lambda c: _release_records(c, ended, list(owing)))
+        settled = asyncio.create_task(self._settle(list(owing), after=sent))
+        return [*sent, settled, *self._announce(running, "resumed", after=sent)]
+
+    async def _settle(
+        self, claim_ids: list[uuid.UUID], after: list[asyncio.Task[SuspendReply]] | None = None
+    ) -> None:
+        """Once the commands `after` ended, end the released gang records of those of
+        `claim_ids` whose resumes all reached their nodes (the others wait for a resend)."""
+        if after:
+            await asyncio.wait(after)
+        owing = {c: self._owing[c] for c in claim_ids if c in self._owing}
+        done = [c for c, members in owing.items() if not any(self._owed(m) for m in members)]
+        for claim_id in done:
+            if self._owing.get(claim_id) is owing[claim_id]:  # not released again since
+                del self._owing[claim_id]
+        if done:
+            await in_transaction(self._engine, lambda c: close_released(c, done))
+
+    def _owed(self, member: Member) -> bool:
+        return member.local_id in self._unresumed.get(member.node, ())
 
     async def operator(self, action: ClaimAction, suspend: bool) -> ClaimActionReply:
         members = await in_transaction(self._engine, lambda c: self._owned(c, action))
@@ -279,6 +309,9 @@ class PreemptionService:
         by_node: dict[str, list[int]] = defaultdict(list)
         for member in members:
             by_node[member.node].append(member.local_id)
+        if suspend:  # decided now: a resume owed before must not be sent after it
+            for node, ids in by_node.items():
+                self._unresumed[node].difference_update(ids)
         return [self._send(node, ids, suspend, reason) for node, ids in by_node.items()]
 
     def _send(
@@ -291,7 +324,8 @@ class PreemptionService:
     async def _command(self, node: str, ids: list[int], suspend: bool, reason: str) -> SuspendReply:
         verb = "suspend" if suspend else "resume"
         command = SuspendCommand(local_ids=ids, reason=reason[:253])
-        self._unresumed[node].difference_update(ids)  # this command decides now
+        if suspend:
+            self._unresumed[node].difference_update(ids)  # this command decides now
         try:
             with metrics.COMMAND_SECONDS.labels(verb).time():
                 reply = await rpc.call(self._nc, subjects.node_command(node, verb), self._source,
@@ -303,6 +337,8 @@ class PreemptionService:
                 self._unresumed[node].update(ids)
             return SuspendReply(done=[], missing=ids)
         metrics.COMMANDS.labels(verb, "ok").inc()
+        if not suspend:
+            self._unresumed[node].difference_update(ids)  # owed no more
         return reply
 
     async def _suspend(self, members: list[Member], reason: str) -> tuple[int, int]:
@@ -341,6 +377,13 @@ class PreemptionService:
                 self._source, f"io.qshare.claim.{kind}", ClaimRef(claim_id=claim_id)
             )
             await self._nc.publish(subjects.claim_event(str(claim_id), kind), envelope.encode(body))
+
+
+async def _release_records(
+    conn: AsyncConnection, ended: list[uuid.UUID], owing: list[uuid.UUID]
+) -> None:
+    await close_records(conn, ended, "gang")
+    await release_records(conn, owing)
 
 
 def _is_card_uuid(gpu: str) -> bool:
