@@ -173,3 +173,45 @@ async def busy_cards(api: httpx.AsyncClient, gang: Gang) -> list[str] | None:
 
 async def _holds(check: Callable[[], bool]) -> bool:
     return check()
+
+
+async def test_a_gang_release_of_a_claim_an_operator_holds_announces_no_resume(
+    api: httpx.AsyncClient, preemptor: Preemptor, gang: Gang
+) -> None:
+    """Before, the gang's release published the claim's `resumed` event though its vGPUs
+    stayed suspended (the operator's hold): a watcher was told it ran again, and the
+    operator's resume then said so a second time."""
+    first, _ = gang.cards
+    assert (await api.post(f"/v1/claims/{gang.claim_id}/suspend")).status_code == 200
+    await handled(preemptor, gang.hp[first].launch_begin)
+    await handled(preemptor, gang.hp[first].launch_end)
+    assert gang.suspended() == [True, True]
+    assert (await api.post(f"/v1/claims/{gang.claim_id}/resume")).status_code == 200
+    await eventually(lambda: _holds(lambda: bool(gang.resumed)))
+    assert gang.suspended() == [False, False]
+    assert len(gang.resumed) == 1, gang.resumed
+
+
+async def test_a_restarted_preemptor_ends_the_gang_record_of_a_claim_an_operator_holds(
+    api: httpx.AsyncClient, preemptor: Preemptor, restartable: Restarts, gang: Gang
+) -> None:
+    """The card goes idle while no preemptor runs. Before, a restarted preemptor left out the
+    gang records of operator-held claims, so the card's announced idle found nothing held
+    and the record stayed open for good (`busy_gpus` naming an idle card; the operator's
+    resume ends only its own record)."""
+    first, _ = gang.cards
+    assert (await api.post(f"/v1/claims/{gang.claim_id}/suspend")).status_code == 200
+    await handled(preemptor, gang.hp[first].launch_begin)
+    await restartable.stop()
+    gang.hp[first].launch_end()
+    await restartable.start()
+    await handled_both_cards(preemptor)
+
+    async def gang_record_ended() -> bool:
+        records = (await api.get("/v1/preemptions", params={"claim": gang.claim_id})).json()
+        return sorted((r["kind"], r["ended_at"] is None) for r in records) == [
+            ("gang", False), ("operator", True)
+        ]  # fmt: skip
+
+    await eventually(gang_record_ended, within_s=5)
+    assert (gang.suspended(), gang.resumed) == ([True, True], [])

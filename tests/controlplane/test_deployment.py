@@ -153,3 +153,15 @@ async def test_an_api_whose_metrics_port_is_taken_stops_its_start_naming_the_set
         with pytest.raises(ListenError, match=named):
             async with app.router.lifespan_context(app):
                 pass
+
+
+def test_a_preemptor_rollout_stops_the_old_pod_before_starting_the_new() -> None:
+    """One preemptor acts on card events: the Deployment's default rolling update started
+    the new pod beside the old, and both suspended, resumed and recorded every gang (each
+    writing its own `gang` record) until the old one stopped."""
+    manifest = Path(__file__).parents[2] / "deploy" / "kubernetes" / "base" / "preemptor.yaml"
+    (deployment,) = [
+        d for d in yaml.safe_load_all(manifest.read_text()) if d["kind"] == "Deployment"
+    ]
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"].get("strategy", {}).get("type") == "Recreate"

@@ -33,7 +33,8 @@ from qshare_preemptor.starvation import StarvationWatch
 log = logging.getLogger(__name__)
 SCOPE = "qshare.preemptor"
 RESUME_AGAIN_S = 1.0
-"""How often resumes that did not reach their node are sent again."""
+"""How often resumes that did not reach their node are sent again, and the busy cards
+holding gangs are looked up in the inventory (those gone are handled as idle)."""
 SCHEMA_AGAIN_S = 1.0
 """How often a preemptor waiting for the schema looks again."""
 MAX_IN_FLIGHT = 32
@@ -145,8 +146,10 @@ class Preemptor(Service):
             await asyncio.sleep(RESUME_AGAIN_S)
             try:
                 await service.resume_again()
+                await service.release_gone_cards()
             except Exception:
-                log.exception("sending resumes again failed; next try in %.0f s", RESUME_AGAIN_S)
+                log.exception("sending resumes again or releasing the gangs of cards gone "
+                              "failed; next try in %.0f s", RESUME_AGAIN_S)  # fmt: skip
 
     @property
     def in_flight(self) -> int:

@@ -53,6 +53,14 @@ async def card_owner(conn: AsyncConnection, gpu: str) -> str | None:
     return (await conn.execute(query)).scalar_one_or_none()
 
 
+async def known_cards(conn: AsyncConnection, cards: set[str]) -> set[str]:
+    """Those of `cards` that are cards of the inventory."""
+    if not cards:
+        return set()
+    query = select(gpus.c.uuid).where(gpus.c.uuid.in_(cards))
+    return set((await conn.execute(query)).scalars().all())
+
+
 async def existing_nodes(conn: AsyncConnection, names: list[str]) -> set[str]:
     """Those of `names` that are nodes of the inventory."""
     query = select(nodes.c.name).where(nodes.c.name.in_(names))

@@ -10,8 +10,8 @@ from collections import defaultdict
 from sqlalchemy import ARRAY, ColumnElement, Text, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from qshare.contracts.schema import gpus, preemptions
-from qshare_preemptor.gangs import Member, vgpus_of_claims
+from qshare.contracts.schema import preemptions
+from qshare_preemptor.gangs import Member, known_cards, vgpus_of_claims
 
 OPEN_GANG = (preemptions.c.kind == "gang", preemptions.c.ended_at.is_(None))
 
@@ -32,7 +32,7 @@ async def hold_records(conn: AsyncConnection, members: list[Member], reason: str
     claims = {m.claim_id: m for m in members}
     joined = await conn.execute(
         update(preemptions)
-        .where(*OPEN_GANG, preemptions.c.claim_id.in_(list(claims)))
+        .where(*OPEN_GANG, preemptions.c.claim_id.in_(list(claims)), ~_released())
         .values(busy_gpus=_with(gpu))
         .returning(preemptions.c.claim_id)
     )
@@ -46,6 +46,25 @@ async def leave_records(conn: AsyncConnection, claim_ids: list[uuid.UUID], gpu: 
         update(preemptions)
         .where(*OPEN_GANG, preemptions.c.claim_id.in_(claim_ids))
         .values(busy_gpus=func.array_remove(preemptions.c.busy_gpus, gpu, type_=ARRAY(Text)))
+    )
+
+
+async def release_records(conn: AsyncConnection, claim_ids: list[uuid.UUID]) -> None:
+    """No busy card holds the claims `claim_ids` any more, and their resumes are on their
+    way: their gang records name no card (`busy_gpus` empty) until `close_released`."""
+    await conn.execute(
+        update(preemptions)
+        .where(*OPEN_GANG, preemptions.c.claim_id.in_(claim_ids))
+        .values(busy_gpus=[])
+    )
+
+
+async def close_released(conn: AsyncConnection, claim_ids: list[uuid.UUID]) -> None:
+    """End the gang records of `claim_ids` that no busy card joined since their release."""
+    await conn.execute(
+        update(preemptions)
+        .where(*OPEN_GANG, preemptions.c.claim_id.in_(claim_ids), _released())
+        .values(ended_at=func.now())
     )
 
 
@@ -74,31 +93,28 @@ async def open_claims(
 
 
 async def open_gangs(conn: AsyncConnection) -> dict[uuid.UUID, tuple[set[str], list[Member]]]:
-    """Each claim with an open `gang` record (not also held by an operator): the busy cards its
-    record names that are still in the inventory (none: it names none) and the claim's vGPUs."""
-    held = select(preemptions.c.claim_id).where(
-        preemptions.c.ended_at.is_(None), preemptions.c.kind == "operator"
-    )
+    """Each claim with an open `gang` record (one an operator holds too: its record must end
+    as well): the busy cards its record names that are still in the inventory (none: it
+    names none) and the claim's vGPUs."""
     query = select(preemptions.c.claim_id, preemptions.c.gpu_uuid, preemptions.c.busy_gpus).where(
-        *OPEN_GANG, preemptions.c.claim_id.not_in(held)
+        *OPEN_GANG
     )
     named: dict[uuid.UUID, set[str]] = defaultdict(set)
     for claim_id, first, busy in (await conn.execute(query)).all():
         named[claim_id].update(busy if busy is not None else [first] if first else [])
     if not named:
         return {}
-    known = await _known_cards(conn, set().union(*named.values()))
+    known = await known_cards(conn, set().union(*named.values()))
     members: dict[uuid.UUID, list[Member]] = defaultdict(list)
     for member in await vgpus_of_claims(conn, list(named)):
         members[member.claim_id].append(member)
     return {c: (cards & known, members[c]) for c, cards in named.items()}
 
 
-async def _known_cards(conn: AsyncConnection, cards: set[str]) -> set[str]:
-    if not cards:
-        return set()
-    query = select(gpus.c.uuid).where(gpus.c.uuid.in_(cards))
-    return set((await conn.execute(query)).scalars().all())
+def _released() -> ColumnElement[bool]:
+    """A gang record released, its resumes not all confirmed yet: it names no busy card (a
+    new busy card opens a record of its own rather than joining it)."""
+    return func.coalesce(func.cardinality(preemptions.c.busy_gpus), -1) == 0
 
 
 def _with(gpu: str) -> ColumnElement[list[str]]:

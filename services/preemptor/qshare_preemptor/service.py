@@ -33,16 +33,19 @@ from qshare_preemptor.gangs import (
     card_owner,
     existing_nodes,
     gang_of_card,
+    known_cards,
     vgpus_of_claim,
 )
 from qshare_preemptor.lanes import Lanes
 from qshare_preemptor.records import (
     close_records,
+    close_released,
     hold_records,
     leave_records,
     open_claims,
     open_gangs,
     open_records,
+    release_records,
 )
 from qshare_preemptor.trusted import Trusted
 
@@ -73,6 +76,9 @@ class PreemptionService:
         """Each card's node as last read."""
         self._unresumed: dict[str, set[int]] = defaultdict(set)
         """vGPUs by node whose resume did not reach the node (sent again until it does)."""
+        self._owing: dict[uuid.UUID, set[Member]] = {}
+        """Released claims whose gang record stays open (no busy card) until every resume
+        reached its node: a restarted preemptor resumes them from that record."""
         self._nodes = Lanes()
         """Commands by node: decided under the lock, sent after it in that order (a node
         that does not answer holds back its own commands only, not the lock)."""
@@ -104,20 +110,21 @@ class PreemptionService:
         by the busy cards its record names, as if their busy events had just been handled;
         the state every agent announces when the preemptor starts then resumes it once those
         cards are idle (and a card busy meanwhile adds itself). A gang whose record names no
-        card still in the inventory is resumed now: no event would ever come for it."""
+        card still in the inventory is released now: no event would ever come for it. An
+        operator's claim is taken up too (its gang record ends when its cards are idle; its
+        vGPUs stay suspended until the operator resumes them)."""
         async with self._lock:
             left = await in_transaction(self._engine, open_gangs)
             free: list[uuid.UUID] = []
             for claim_id, (cards, members) in left.items():
                 stopped = [m for m in members if cards - {m.gpu}]
+                self._members.setdefault(claim_id, set()).update(members)
                 if not stopped:
                     free.append(claim_id)
                     continue
                 self._held_by[claim_id].update(cards)
-                self._members.setdefault(claim_id, set()).update(members)
                 self._stopped.update(stopped)
-            members = [m for c in free for m in left[c][1]]
-            sending = await self._free(free, members, "preemptor restarted") if free else []
+            sending = await self._release(free, "preemptor restarted") if free else []
         await asyncio.gather(*sending)
 
     async def resume_again(self) -> None:
@@ -125,12 +132,26 @@ class PreemptionService:
         away), for nodes still in the inventory; a vGPU suspended since is left alone."""
         async with self._lock:
             pending = {node: sorted(ids) for node, ids in self._unresumed.items() if ids}
-            self._unresumed.clear()
             if not pending:
                 return
             known = await read_once(self._engine, lambda c: existing_nodes(c, list(pending)))
+            for gone in set(pending) - known:
+                self._unresumed.pop(gone, None)
             again = [self._send(n, pending[n], False, "resume sent again") for n in known]
         await asyncio.gather(*again)  # queued under the lock: a later suspension comes after
+        await self._settle(list(self._owing))
+
+    async def release_gone_cards(self) -> None:
+        """Handle as idle each busy card holding a gang that left the inventory (its node or
+        the card removed, say after the node went down while the card was busy): no idle
+        event would ever come for it, and its gangs would stay suspended until a restart."""
+        holding = {card for cards in list(self._held_by.values()) for card in cards}
+        if not holding:
+            return
+        known = await read_once(self._engine, lambda c: known_cards(c, holding))
+        for gpu in sorted(holding - known):
+            log.info("card %s holding gangs left the inventory: handled as idle", gpu)
+            await self._cards.queue(gpu, functools.partial(self.card_idle, gpu))
 
     async def card_event(self, node: str, gpu: str, busy: bool) -> None:
         """A busy or idle event published under `node`'s name about `gpu`, handled after the
@@ -214,22 +235,48 @@ class PreemptionService:
         await asyncio.gather(*sending)
 
     async def _release(self, done: list[uuid.UUID], reason: str) -> list[asyncio.Task[Any]]:
+        """Let the gangs `done` go: resume their vGPUs, but those of a claim an operator
+        holds, which stays suspended (and gets no `resumed` event: before, it did)."""
         held = await in_transaction(self._engine, lambda c: open_claims(c, done, "operator"))
-        resume = [m for c in done if c not in held for m in self._members.get(c, set())]
+        running = [c for c in done if c not in held]
+        resume = [m for c in running for m in self._members.get(c, set())]
         for claim_id in done:
             self._held_by.pop(claim_id, None)
             self._stopped.difference_update(self._members.pop(claim_id, set()))
-        return await self._free(done, resume, reason)
+        return await self._free(done, resume, running, reason)
 
     async def _free(
-        self, done: list[uuid.UUID], resume: list[Member], reason: str
+        self, done: list[uuid.UUID], resume: list[Member], running: list[uuid.UUID], reason: str
     ) -> list[asyncio.Task[Any]]:
         """Queue the resumes of `resume`, end the gang records of `done` (under the lock,
-        in the order decided) and queue the claims' `resumed` events after the resumes;
-        returns what was queued."""
+        in the order decided) and queue the `resumed` events of the claims `running` after
+        the resumes; returns what was queued."""
+        owing = {c: {m for m in resume if m.claim_id == c} for c in running}
+        owing = {c: members for c, members in owing.items() if members}
+        self._owing.update(owing)
+        ended = [c for c in done if c not in owing]
         sent = self._queue_act(resume, suspend=False, reason=reason)
-        await in_transaction(self._engine, lambda c: close_records(c, done, "gang"))
-        return [*sent, *self._announce(done, "resumed", after=sent)]
+        await in_transaction(self._engine, lambda c: _release_records(c, ended, list(owing)))
+        settled = asyncio.create_task(self._settle(list(owing), after=sent))
+        return [*sent, settled, *self._announce(running, "resumed", after=sent)]
+
+    async def _settle(
+        self, claim_ids: list[uuid.UUID], after: list[asyncio.Task[SuspendReply]] | None = None
+    ) -> None:
+        """Once the commands `after` ended, end the released gang records of those of
+        `claim_ids` whose resumes all reached their nodes (the others wait for a resend)."""
+        if after:
+            await asyncio.wait(after)
+        owing = {c: self._owing[c] for c in claim_ids if c in self._owing}
+        done = [c for c, members in owing.items() if not any(self._owed(m) for m in members)]
+        for claim_id in done:
+            if self._owing.get(claim_id) is owing[claim_id]:  # not released again since
+                del self._owing[claim_id]
+        if done:
+            await in_transaction(self._engine, lambda c: close_released(c, done))
+
+    def _owed(self, member: Member) -> bool:
+        return member.local_id in self._unresumed.get(member.node, ())
 
     async def operator(self, action: ClaimAction, suspend: bool) -> ClaimActionReply:
         members = await in_transaction(self._engine, lambda c: self._owned(c, action))
@@ -263,6 +310,9 @@ class PreemptionService:
         by_node: dict[str, list[int]] = defaultdict(list)
         for member in members:
             by_node[member.node].append(member.local_id)
+        if suspend:  # decided now: a resume owed before must not be sent after it
+            for node, ids in by_node.items():
+                self._unresumed[node].difference_update(ids)
         return [self._send(node, ids, suspend, reason) for node, ids in by_node.items()]
 
     def _send(
@@ -275,7 +325,8 @@ class PreemptionService:
     async def _command(self, node: str, ids: list[int], suspend: bool, reason: str) -> SuspendReply:
         verb = "suspend" if suspend else "resume"
         command = SuspendCommand(local_ids=ids, reason=reason[:253])
-        self._unresumed[node].difference_update(ids)  # this command decides now
+        if suspend:
+            self._unresumed[node].difference_update(ids)  # this command decides now
         try:
             with metrics.COMMAND_SECONDS.labels(verb).time():
                 reply = await rpc.call(self._nc, subjects.node_command(node, verb), self._source,
@@ -287,6 +338,8 @@ class PreemptionService:
                 self._unresumed[node].update(ids)
             return SuspendReply(done=[], missing=ids)
         metrics.COMMANDS.labels(verb, "ok").inc()
+        if not suspend:
+            self._unresumed[node].difference_update(ids)  # owed no more
         return reply
 
     async def _suspend(self, members: list[Member], reason: str) -> tuple[int, int]:
@@ -326,6 +379,13 @@ class PreemptionService:
             )
             await self._nc.publish(subjects.claim_event(str(claim_id), kind),
                                    envelope.encode(body), headers=inject_headers())  # fmt: skip
+
+
+async def _release_records(
+    conn: AsyncConnection, ended: list[uuid.UUID], owing: list[uuid.UUID]
+) -> None:
+    await close_records(conn, ended, "gang")
+    await release_records(conn, owing)
 
 
 def _is_card_uuid(gpu: str) -> bool:
