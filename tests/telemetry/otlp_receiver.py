@@ -26,6 +26,7 @@ class ReceivedSpan:
     span_id: str
     parent_id: str
     attributes: dict[str, object]
+    links: tuple[tuple[str, str], ...] = ()  # (trace id, span id) of each span it links
 
 
 class OtlpReceiver:
@@ -107,4 +108,5 @@ def _span(resource_spans: object, scope: str, span: object) -> ReceivedSpan:
         service=resource.get("service.name", ""), scope=scope, name=span.name,  # type: ignore[attr-defined]
         kind=span.kind, trace_id=span.trace_id.hex(), span_id=span.span_id.hex(),  # type: ignore[attr-defined]
         parent_id=span.parent_span_id.hex(), attributes=attributes,  # type: ignore[attr-defined]
+        links=tuple((link.trace_id.hex(), link.span_id.hex()) for link in span.links),  # type: ignore[attr-defined]
     )  # fmt: skip

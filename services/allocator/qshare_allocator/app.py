@@ -40,13 +40,13 @@ from qshare.contracts.nodes import (
 from qshare.contracts.placement import PreviewPlacement
 from qshare.contracts.sharing import ChangeSharing
 from qshare.contracts.streams import ensure_events_stream
-from qshare.contracts.tracing import flush_tracing, setup_tracing
+from qshare.contracts.tracing import attached, flush_tracing, setup_tracing
 from qshare.contracts.usage import MoveClaim, MoveReply
 from qshare.metrics_http import MetricsServer, serve_metrics
 from qshare.service import Service, cancelled
 from qshare_allocator import metrics
 from qshare_allocator.claims.resize import Resizer
-from qshare_allocator.claims.service import ClaimService, PendingCursor, PendingTry
+from qshare_allocator.claims.service import ClaimService, PendingCursor, PendingTry, Placement
 from qshare_allocator.db import in_transaction, make_engine
 from qshare_allocator.inventory.service import InventoryService
 from qshare_allocator.inventory.sharing import ask_sharing
@@ -330,8 +330,16 @@ class Allocator(Service):
                 cursor = tried.cursor
                 if tried.placed:  # counted once committed
                     metrics.PENDING_PLACED.inc()
+                if tried.placement is not None:
+                    self._send_placed(tried.placement)
         self._after_write(None)
         await self.dispatcher.dispatch_lagging()  # the claims it placed; the scanner does the rest
+
+    def _send_placed(self, placement: Placement) -> None:
+        """Send a claim the sweep placed to its node at once, in the trace of its placement
+        (its creator's), so the apply and the claim's `ready` carry that trace."""
+        with attached(placement.trace):
+            self.dispatcher.wanted(placement.node)
 
     async def _place_after(
         self, after: PendingCursor | None, priority: Priority, conn: AsyncConnection

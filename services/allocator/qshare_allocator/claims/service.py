@@ -8,12 +8,16 @@ vGPUs, the card and node counters, its event) goes to Postgres as one statement.
 from __future__ import annotations
 
 import functools
+import time
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
+from opentelemetry import trace
+from opentelemetry.context import Context
 from sqlalchemy import Insert, Row, bindparam, func, insert, select, tuple_, update
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.dml import UpdateBase
 
@@ -29,6 +33,7 @@ from qshare.contracts.domain import HOLDING_STATUSES, ClaimStatus, Priority, Pro
 from qshare.contracts.errors import InvalidInput
 from qshare.contracts.rows import claim_view, claim_views, node_is_ready
 from qshare.contracts.schema import claims, nodes
+from qshare.contracts.tracing import current_trace_context, later_span, stored_context
 from qshare.settings import ClusterSettings
 from qshare_allocator.claims.classes import ClassCatalog, for_new_claim
 from qshare_allocator.claims.idempotency import ensure_same_request
@@ -46,11 +51,20 @@ from qshare_allocator.placement.finder import Choice, find_and_lock
 PendingCursor = tuple[datetime, uuid.UUID]
 
 
+class Placement(NamedTuple):
+    """A stored claim placed: its node, and the trace its placement ran in (the creating
+    request's), for the apply that sends it to the node once committed."""
+
+    node: str
+    trace: Context
+
+
 class PendingTry(NamedTuple):
     """One pending claim tried: where the next try starts, and whether it was placed."""
 
     cursor: PendingCursor
     placed: bool
+    placement: Placement | None = None
 
 
 PLACE_ATTEMPTS = 3  # a stale eviction plan starts placement over, at most this often
@@ -106,11 +120,12 @@ class ClaimService:
         row = (await conn.execute(query.with_for_update(skip_locked=True))).one_or_none()
         if row is None:
             return None
-        demand = await self._stored_demand(conn, row)
-        placed = demand is not None and await self._place_row(conn, row, demand)
-        if demand is not None and not placed and eviction_plan.may_evict(demand):
+        if (demand := await self._stored_demand(conn, row)) is None:
+            return PendingTry((row.created_at, row.id), False)
+        placed = await self._place_row(conn, row, demand, "pending sweep")
+        if placed is None and eviction_plan.may_evict(demand):
             await self._evict_for_pending(conn, row.id, demand)
-        return PendingTry((row.created_at, row.id), placed)
+        return PendingTry((row.created_at, row.id), placed is not None, placed)
 
     async def _stored_demand(self, conn: AsyncConnection, row: Any) -> Demand | None:
         """A stored pending claim's demand; None, with a reason on the claim, when the rules
@@ -138,22 +153,38 @@ class ClaimService:
         query = select(claims).where(claims.c.id.in_(waiting))
         for row in (await conn.execute(query.order_by(claims.c.created_at, claims.c.id))).all():
             if (demand := await self._stored_demand(conn, row)) is not None:
-                await self._place_row(conn, row, demand)
+                await self._place_row(conn, row, demand, "end of eviction")
         return released
 
-    async def _place_row(self, conn: AsyncConnection, row: Any, demand: Demand) -> bool:
-        """Place a locked pending claim if it fits now; whether it did."""
+    async def _place_row(
+        self, conn: AsyncConnection, row: Any, demand: Demand, by: str
+    ) -> Placement | None:
+        """Place a locked pending claim if it fits now, in a span continuing the trace of
+        the request that created it (its `placed` event carries that trace); where it went
+        and in which trace, or None when it did not fit (no span: a claim that waits long
+        is tried at every sweep)."""
+        started = time.time_ns()
         choice = await find_and_lock(conn, demand, self._rules.node_timeout_s)
         if choice is None:
-            return False
+            return None
         self._placed_on(choice)
+        creator = stored_context(row.trace_context, f"claim {row.id}")
+        attributes = {"qshare.claim.id": str(row.id), "qshare.node": choice.node,
+                      "qshare.placed_by": by}  # fmt: skip
+        with later_span("qshare.allocator", "claim.place", creator, start_time=started,
+                        attributes=attributes) as span:  # fmt: skip
+            await self._write_placement(conn, row, demand, choice)
+            return Placement(choice.node, trace.set_span_in_context(span))
+
+    async def _write_placement(
+        self, conn: AsyncConnection, row: Any, demand: Demand, choice: Choice
+    ) -> None:
         held = holding(row.id, demand, choice)
         view = claim_view(row, held.vgpus).model_copy(
             update={"status": ClaimStatus.PLACED, "node": choice.node, "reason": None}
         )
         params = _status_params(view) | held.params | self._event(view)
         await conn.execute(together(_status_update(), *held.statements, event_insert()), params)
-        return True
 
     async def _evict_for_pending(
         self, conn: AsyncConnection, claim_id: uuid.UUID, demand: Demand
@@ -268,15 +299,19 @@ CLAIM_COLUMNS = (
 
 @functools.cache
 def _claim_insert() -> Insert:
+    columns = {c: bindparam(f"c_{c}", type_=claims.c[c].type) for c in CLAIM_COLUMNS}
     return insert(claims).values(
-        {c: bindparam(f"c_{c}", type_=claims.c[c].type) for c in CLAIM_COLUMNS}
+        columns | {"trace_context": bindparam("c_trace_context", type_=JSONB(none_as_null=True))}
     )
 
 
 def _claim_params(view: ClaimView, spec: ClaimSpec) -> dict[str, Any]:
+    """The new claim's row; with the creating request's trace context, for a later
+    placement to continue."""
     row = view.model_dump(include=set(CLAIM_COLUMNS))
     placement = spec.placement.model_dump(mode="json") if spec.placement else None
-    extra = {"status": view.status.value, "node_name": view.node, "placement": placement}
+    extra = {"status": view.status.value, "node_name": view.node, "placement": placement,
+             "trace_context": current_trace_context()}  # fmt: skip
     return {f"c_{k}": v for k, v in (row | extra).items()}
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from opentelemetry.context import Context
 from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -16,6 +17,7 @@ from qshare.contracts.domain import ClaimStatus
 from qshare.contracts.errors import NotFound
 from qshare.contracts.rows import claim_view, claim_views
 from qshare.contracts.schema import claims
+from qshare.contracts.tracing import attached, span_context, stored_context
 from qshare_allocator.outbox import event_insert, event_params
 from qshare_allocator.placement.capacity import give_back
 
@@ -82,7 +84,22 @@ async def ready_all(conn: AsyncConnection, source: str, views: list[ClaimView]) 
         .values(status=ClaimStatus.READY.value, reason=None, updated_at=func.now())
         .returning(*claims.c)
     )
-    fresh = [claim_view(row, held[row.id]) for row in (await conn.execute(query)).all()]
-    kind = ClaimStatus.READY.value
-    await conn.execute(event_insert(), [claim_event_params(source, v, kind) for v in fresh])
+    rows = (await conn.execute(query)).all()
+    fresh = [claim_view(row, held[row.id]) for row in rows]
+    events = []
+    for row, view in zip(rows, fresh, strict=True):
+        with attached(_own_trace(row)):
+            events.append(claim_event_params(source, view, ClaimStatus.READY.value))
+    await conn.execute(event_insert(), events)
     return fresh
+
+
+def _own_trace(row: Any) -> Context | None:
+    """The claim's own trace for its event when the current one is another's (an apply that
+    several changes to its node shared runs in the first's trace); None: the current one."""
+    own = stored_context(row.trace_context, f"claim {row.id}")
+    current = span_context(None)
+    mine = span_context(own)
+    if mine is None or (current is not None and current.trace_id == mine.trace_id):
+        return None
+    return own

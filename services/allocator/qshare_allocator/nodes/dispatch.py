@@ -17,6 +17,7 @@ from datetime import timedelta
 from typing import Any
 
 from nats.aio.client import Client
+from opentelemetry.trace import SpanContext
 from sqlalchemy import func, not_, or_, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -26,6 +27,7 @@ from qshare.contracts.domain import ClaimStatus
 from qshare.contracts.errors import QshareError
 from qshare.contracts.rows import node_is_ready
 from qshare.contracts.schema import claims, nodes
+from qshare.contracts.tracing import span_context
 from qshare.db import read_once
 from qshare.service import cancelled
 from qshare_allocator.claims.transitions import release
@@ -37,6 +39,8 @@ from qshare_allocator.nodes.health import HealthWatch
 log = logging.getLogger(__name__)
 MAX_IN_FLIGHT = 3
 """Applies on their way to one node at once; a change beyond it waits for one to finish."""
+MAX_LINKS = 32
+"""The most traces of joined changes one apply's span links (a burst shares one apply)."""
 
 
 class Dispatcher:
@@ -66,21 +70,36 @@ class Dispatcher:
         self._unread: set[str] = set()
         self._again: set[str] = set()
         self._agentless: set[str] = set()
+        self._joined: dict[str, list[SpanContext]] = {}
+        """Per node, the traces of changes that joined an apply not started in their trace:
+        the apply's span links them."""
 
     def wanted(self, node: str) -> None:
         """Send `node` its desired state soon: joins an apply that has not read it yet, else
         starts one (or, at MAX_IN_FLIGHT, has the next one to finish send again). Nodes known
-        to have no agent (inventory made over REST: placement only) are skipped."""
-        if node in self._unread or node in self._agentless:
+        to have no agent (inventory made over REST: placement only) are skipped. The apply
+        runs in the current trace; one joined links the joiner's."""
+        if node in self._agentless:
+            return
+        if node in self._unread:
+            self._join(node)
             return
         if self._in_flight.get(node, 0) >= MAX_IN_FLIGHT:
             self._again.add(node)
+            self._join(node)
             return
         self._unread.add(node)
         self._in_flight[node] = self._in_flight.get(node, 0) + 1
         task = asyncio.create_task(self._send_one(node))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def _join(self, node: str) -> None:
+        """Keep the current span for the link of the next apply that reads `node`'s state."""
+        if (current := span_context(None)) is not None:
+            joined = self._joined.setdefault(node, [])
+            if current not in joined and len(joined) < MAX_LINKS:
+                joined.append(current)
 
     def placed_on(self, node: str, agent: bool) -> None:
         """A claim was placed on `node`, which has an agent or not (as its row, locked, read):
@@ -114,9 +133,10 @@ class Dispatcher:
 
     async def send(self, node: str) -> ApplyReply | None:
         """One apply round trip; None when the node did not answer (it is retried later)."""
+        joined: list[SpanContext] = []
         try:
             desired: ApplyDesired | None = await read_once(
-                self._engine, lambda conn: self._read_desired(conn, node)
+                self._engine, lambda conn: self._read_desired(conn, node, joined)
             )
         except BaseException:
             self._unread.discard(node)  # no read happened: the next change must start one
@@ -125,9 +145,11 @@ class Dispatcher:
             self._agentless.add(node)  # until it registers again, or a scan finds it has one
             return None
         subject = subjects.node_command(node, "apply")
+        own = span_context(None)
+        links = [each for each in joined if own is None or each.span_id != own.span_id]
         try:
             reply = await rpc.call(
-                self._nc, subject, self._source, desired, ApplyReply, timeout=5.0
+                self._nc, subject, self._source, desired, ApplyReply, timeout=5.0, links=links
             )
         except QshareError as error:
             log.info("node %s did not apply generation %d: %s", node, desired.generation, error)
@@ -140,10 +162,14 @@ class Dispatcher:
         self._on_commit()
         return reply
 
-    async def _read_desired(self, conn: AsyncConnection, node: str) -> ApplyDesired | None:
+    async def _read_desired(
+        self, conn: AsyncConnection, node: str, joined: list[SpanContext]
+    ) -> ApplyDesired | None:
         """The desired state as of now; a change committed after this point is not in it,
-        so it must start an apply of its own (wanted() no longer joins this one)."""
+        so it must start an apply of its own (wanted() no longer joins this one). `joined`
+        gains the traces of the changes that joined this apply."""
         self._unread.discard(node)
+        joined += self._joined.pop(node, [])
         return await desired_state(conn, node)
 
     async def scan(self) -> bool:

@@ -7,8 +7,10 @@ claim, only where the claim's class allows it (`move_on_starvation`)."""
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from typing import Any
 
+from opentelemetry.trace import Span
 from sqlalchemy import and_, bindparam, or_, select
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -17,6 +19,7 @@ from qshare.contracts.domain import HOLDING_STATUSES, MAX_CORE_SHARE, ClaimStatu
 from qshare.contracts.errors import InvalidInput, NotFound
 from qshare.contracts.rows import node_is_ready
 from qshare.contracts.schema import claims, classes, gpus, nodes, vgpus
+from qshare.contracts.tracing import later_span, span_context, stored_context
 from qshare.contracts.usage import MoveClaim, MoveReply
 from qshare.settings import ClusterSettings
 from qshare_allocator.claims.classes import ClassCatalog
@@ -47,7 +50,8 @@ class Mover:
         locked = await _lock_nodes(conn, row.node_name, targets)
         for gpu in targets:
             if card := await self._target(conn, locked, gpu, demand):
-                return await self._move(conn, row, demand, card, command)
+                with _linked_to_creator(row, card.node_name):
+                    return await self._move(conn, row, demand, card, command)
         return MoveReply(claim_id=row.id, reason="no better card has room for it")
 
     async def _target(
@@ -82,6 +86,15 @@ class Mover:
             to_node=card.node_name,
             reason=reason,
         )
+
+
+def _linked_to_creator(row: Any, node: str) -> AbstractContextManager[Span]:
+    """The move's span: within the preemptor's request that asked for it, linked to the
+    trace of the request that created the claim (a move acts for two requests)."""
+    creator = span_context(stored_context(row.trace_context, f"claim {row.id}"))
+    attributes = {"qshare.claim.id": str(row.id), "qshare.node": node, "qshare.placed_by": "move"}
+    links = [creator] if creator is not None else []
+    return later_span("qshare.allocator", "claim.move", None, links=links, attributes=attributes)
 
 
 async def _locked_claim(conn: AsyncConnection, command: MoveClaim) -> Any:

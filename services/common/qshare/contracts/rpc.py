@@ -8,6 +8,7 @@ hostile hands) is raised as a `QshareError` too, so every caller handles it as a
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TypeVar
 
 from nats.aio.client import Client
@@ -16,7 +17,7 @@ from nats.errors import Error as NatsError
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 from opentelemetry import trace
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import Link, SpanContext, SpanKind
 from pydantic import BaseModel, ValidationError
 
 from qshare.contracts import envelope
@@ -34,9 +35,16 @@ R = TypeVar("R", bound=BaseModel)
 
 
 async def call(
-    nc: Client, subject: str, source: str, data: BaseModel, reply: type[R], timeout: float = 5.0
+    nc: Client,
+    subject: str,
+    source: str,
+    data: BaseModel,
+    reply: type[R],
+    timeout: float = 5.0,
+    links: Sequence[SpanContext] = (),
 ) -> R:
     """Send a command and return its typed reply; raise the replier's error as a QshareError.
+    Its CLIENT span is a child of the current one, linked to `links` (others it acts for).
 
     While NATS is not connected the command is refused (Unavailable), not buffered: nats.py
     would send a buffered request once it reconnects, so a command its caller was told had
@@ -45,7 +53,10 @@ async def call(
     if not nc.is_connected:
         raise Unavailable(f"NATS is not connected; {subject} not sent")
     body = envelope.encode(envelope.wrap(source, f"io.qshare.{subject}", data))
-    with trace.get_tracer(__name__).start_as_current_span(subject, kind=SpanKind.CLIENT):
+    linked = [Link(each) for each in links]
+    with trace.get_tracer(__name__).start_as_current_span(
+        subject, kind=SpanKind.CLIENT, links=linked
+    ):
         msg = await _request(nc, subject, body, timeout)
     try:
         if msg.headers and ERROR_CODE_HEADER in msg.headers:

@@ -135,6 +135,7 @@ claims = Table(
     Column("gang", Text, nullable=True),
     Column("evict_at", DateTime(timezone=True), nullable=True),
     Column("release_generation", BigInteger, nullable=True),
+    Column("trace_context", JSONB, nullable=True),  # the creating request's W3C trace context
     UniqueConstraint("tenant", "idempotency_key", name="claims_idempotency"),
     Index("claims_pending", "created_at", postgresql_where=text("status = 'pending'")),
     Index("claims_releasing", "node_name", postgresql_where=text("status = 'releasing'")),

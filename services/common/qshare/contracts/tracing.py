@@ -5,11 +5,12 @@ name and the sampler follow `OTEL_SERVICE_NAME` and `OTEL_TRACES_SAMPLER[_ARG]`.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
-from typing import Literal
+from typing import Any, Literal
 
 from opentelemetry import context, propagate, trace
 from opentelemetry.sdk.resources import Resource
@@ -28,7 +29,8 @@ from opentelemetry.sdk.trace.sampling import (
     Sampler,
     TraceIdRatioBased,
 )
-from opentelemetry.trace import Span, SpanKind
+from opentelemetry.trace import Link, Span, SpanContext, SpanKind
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from pydantic import AnyHttpUrl, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -168,3 +170,68 @@ def inject_headers(headers: dict[str, str] | None = None) -> dict[str, str]:
 def extract_context(headers: dict[str, str] | None) -> context.Context:
     """The remote parent context carried by a message's headers, if any."""
     return propagate.extract(headers or {})
+
+
+_W3C = TraceContextTextMapPropagator()
+W3C_KEYS = ("traceparent", "tracestate")
+
+
+def current_trace_context() -> dict[str, str] | None:
+    """The current span's W3C headers (`traceparent`, and `tracestate` if any), to store
+    with what this request creates; None outside any span."""
+    carrier: dict[str, str] = {}
+    _W3C.inject(carrier)
+    return carrier or None
+
+
+def stored_context(stored: Any, what: str) -> context.Context | None:
+    """The trace context `current_trace_context` stored; None when there is none, and, with
+    a log line naming `what`, when the stored value is not one (it is never trusted)."""
+    if stored is None:
+        return None
+    if not isinstance(stored, dict) or not isinstance(stored.get("traceparent"), str):
+        log.warning("%s: stored trace context %.200r is not W3C headers; ignored", what, stored)
+        return None
+    carrier = {k: v for k, v in stored.items() if k in W3C_KEYS and isinstance(v, str)}
+    found = _W3C.extract(carrier)
+    if not trace.get_current_span(found).get_span_context().is_valid:
+        log.warning("%s: stored traceparent %.200r is not valid; ignored", what, carrier)
+        return None
+    return found
+
+
+def span_context(stored: context.Context | None) -> SpanContext | None:
+    """The span a context holds, when it holds a valid one."""
+    held = trace.get_current_span(stored).get_span_context()
+    return held if held.is_valid else None
+
+
+def later_span(
+    scope: str,
+    name: str,
+    parent: context.Context | None,
+    *,
+    links: Sequence[SpanContext] = (),
+    start_time: int | None = None,
+    attributes: dict[str, str] | None = None,
+) -> AbstractContextManager[Span]:
+    """The span of work done later on an earlier request's behalf (a pending claim placed
+    by the sweep): a child of the context stored from that request, or of the current one
+    when `parent` is None; `links` name other spans it also acts for."""
+    return _tracer(scope).start_as_current_span(
+        name, parent, SpanKind.INTERNAL, attributes=attributes,
+        links=[Link(each) for each in links], start_time=start_time,
+    )  # fmt: skip
+
+
+@contextlib.contextmanager
+def attached(held: context.Context | None) -> Iterator[None]:
+    """Run the block in `held` (the tasks it starts copy it); as is when None."""
+    if held is None:
+        yield
+        return
+    token = context.attach(held)
+    try:
+        yield
+    finally:
+        context.detach(token)
