@@ -59,6 +59,13 @@ class Placement(NamedTuple):
     trace: Context
 
 
+class Finished(NamedTuple):
+    """Evictions ended: how many victims were released, and the claims placed in the room."""
+
+    released: int
+    placed: list[Placement]
+
+
 class PendingTry(NamedTuple):
     """One pending claim tried: where the next try starts, and whether it was placed."""
 
@@ -142,19 +149,22 @@ class ClaimService:
             )
             return None
 
-    async def finish_evictions(self, conn: AsyncConnection) -> int:
+    async def finish_evictions(self, conn: AsyncConnection) -> Finished:
         """End the evictions whose grace period is over, and place the claims they made room
         for at once, in the same transaction: a low-priority claim (a victim among them)
         placed before them would take the room, and they would evict again. Returns how many
-        victims were released."""
+        victims were released, and the claims placed."""
         released, waiting = await eviction.finish_due(conn, self._source)
+        placed: list[Placement] = []
         if not waiting:
-            return released
+            return Finished(released, placed)
         query = select(claims).where(claims.c.id.in_(waiting))
         for row in (await conn.execute(query.order_by(claims.c.created_at, claims.c.id))).all():
-            if (demand := await self._stored_demand(conn, row)) is not None:
-                await self._place_row(conn, row, demand, "end of eviction")
-        return released
+            if (demand := await self._stored_demand(conn, row)) is None:
+                continue
+            if (done := await self._place_row(conn, row, demand, "end of eviction")) is not None:
+                placed.append(done)
+        return Finished(released, placed)
 
     async def _place_row(
         self, conn: AsyncConnection, row: Any, demand: Demand, by: str

@@ -27,9 +27,10 @@ from qshare.contracts.domain import ClaimStatus
 from qshare.contracts.errors import QshareError
 from qshare.contracts.rows import node_is_ready
 from qshare.contracts.schema import claims, nodes
-from qshare.contracts.tracing import span_context
+from qshare.contracts.tracing import attached, span_context
 from qshare.db import read_once
 from qshare.service import cancelled
+from qshare_allocator.claims.service import Finished
 from qshare_allocator.claims.transitions import release
 from qshare_allocator.db import in_transaction
 from qshare_allocator.nodes.confirm import Confirmations
@@ -54,7 +55,7 @@ class Dispatcher:
         node_timeout_s: float,
         apply_timeout_s: float,
         on_commit: Callable[[], None],
-        finish_evictions: Callable[[AsyncConnection], Awaitable[int]],
+        finish_evictions: Callable[[AsyncConnection], Awaitable[Finished]],
     ) -> None:
         self._nc = nc
         self._engine = engine
@@ -180,8 +181,12 @@ class Dispatcher:
         await self.dispatch_lagging()
         failed = await in_transaction(self._engine, self._fail_overdue)
         moved = await in_transaction(self._engine, self.health.scan)
-        moved += await in_transaction(self._engine, self._finish_evictions)
-        if failed or moved:
+        finished = await in_transaction(self._engine, self._finish_evictions)
+        moved += finished.released
+        for placement in finished.placed:  # sent at once, in the trace of the placement
+            with attached(placement.trace):
+                self.wanted(placement.node)
+        if failed or moved or finished.placed:
             self._on_commit()
         return bool(moved)
 
