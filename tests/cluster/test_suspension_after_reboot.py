@@ -12,8 +12,13 @@ from pathlib import Path
 
 import httpx
 from nats.aio.client import Client as Nats
+from sqlalchemy.ext.asyncio import AsyncEngine
 
+from qshare.contracts import rpc, subjects
+from qshare.contracts.agent import ApplyReply
 from qshare.contracts.domain import NODE_LABEL
+from qshare.db import read_once
+from qshare_allocator.nodes.desired import desired_state
 from qshare_node_agent.app import NodeAgent
 from qshare_preemptor.app import Preemptor
 
@@ -109,3 +114,23 @@ async def test_an_operator_resume_leaves_suspended_what_a_busy_gang_card_holds(
     assert view["suspended"]["kind"] == "gang"
     await publish(nc, agent.name, busy["gpu"], "idle")
     await eventually(lambda: _holds(lambda: not suspended(agent, other["local_id"])))
+
+
+async def test_an_apply_read_before_a_resume_and_taken_after_it_is_set_right(
+    api: httpx.AsyncClient, nc: Nats, engine: AsyncEngine, start_agent: StartAgent,
+    preemptor: Preemptor,
+) -> None:  # fmt: skip
+    """An apply the allocator read while the claim was suspended reaches the agent after the
+    operator's resume (sent here by hand, as a slow one would arrive): the preemptor gave the
+    node a new generation with the resume, so a later apply resumes the vGPU again. Before,
+    nothing sent another apply and the claim stayed suspended after its resume."""
+    agent = await start_agent(cards=1)
+    claim = await ready_claim(api)
+    local_id = claim["vgpus"][0]["local_id"]
+    assert (await api.post(f"/v1/claims/{claim['id']}/suspend")).status_code == 200
+    late = await read_once(engine, lambda conn: desired_state(conn, agent.name))
+    assert late is not None and late.vgpus[0].suspended
+    assert (await api.post(f"/v1/claims/{claim['id']}/resume")).status_code == 200
+    subject = subjects.node_command(agent.name, "apply")
+    await rpc.call(nc, subject, "test-allocator", late, ApplyReply, timeout=5.0)
+    await eventually(lambda: _holds(lambda: not suspended(agent, local_id)))
