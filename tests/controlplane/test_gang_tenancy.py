@@ -1,6 +1,7 @@
 """Gangs in the preemptor: a gang is one tenant's (a claim of another tenant that takes the
 same gang name does not join it, so high priority busy on that tenant's card suspends nothing
-of the first), and a gang vGPU an operator resumed is suspended again by the next busy card."""
+of the first), and an operator's resume leaves suspended the gang vGPUs a busy card holds (a
+later busy card of the gang then suspends only what still runs)."""
 
 from __future__ import annotations
 
@@ -25,13 +26,16 @@ VERBS = ("suspend", "resume")
 
 
 @asynccontextmanager
-async def _agents(nc: Client) -> AsyncIterator[list[str]]:
-    """Every node's agent, answering suspends and resumes; yields the nodes suspended on."""
+async def _agents(nc: Client, resumed: list[str] | None = None) -> AsyncIterator[list[str]]:
+    """Every node's agent, answering suspends and resumes; yields the nodes suspended on
+    (and notes in `resumed` those resumed on)."""
     seen: list[str] = []
 
     async def agent(msg: Msg) -> None:
         if msg.subject.endswith(".suspend"):
             seen.append(msg.subject.split(".")[2])
+        elif resumed is not None:
+            resumed.append(msg.subject.split(".")[2])
         ids = envelope.decode(msg.data).payload(SuspendCommand).local_ids
         await rpc.reply_ok(nc, msg, "test-agent", SuspendReply(done=ids))
 
@@ -78,18 +82,22 @@ async def test_a_busy_card_still_suspends_its_tenants_gang_on_its_other_cards(
     assert await _suspended_on(nc, engine, "gang-b", "gang-b-g0") == ["gang-a"]
 
 
-async def test_a_gang_vgpu_an_operator_resumed_is_suspended_again_by_another_busy_card(
+async def test_an_operator_resume_leaves_suspended_a_gang_vgpu_a_busy_card_holds(
     nc: Client, engine: AsyncEngine, register: Register, claim: Claim
 ) -> None:
+    """Before, the operator's resume ran gang-b's vGPU while gang-a's card was busy (and a
+    fix made the next busy card suspend it again); now it stays suspended until the gang's
+    release, and the next busy card suspends only the vGPU on the first busy card."""
     for zone in ("a", "b", "d"):
         await register(f"gang-{zone}", cards=1, zone=zone)
     for zone in ("a", "b", "d"):
         await claim("team-a", priority="low", gang="train", node_selector={"zone": zone})
-    resumed = await claim_on(engine, "gang-b")
+    held = await claim_on(engine, "gang-b")
     service = PreemptionService(nc, engine, "test-preemptor", timeout_s=2.0)
-    async with _agents(nc) as suspended:
+    resumed: list[str] = []
+    async with _agents(nc, resumed) as suspended:
         await service.card_event("gang-a", "gang-a-g0", busy=True)
-        await service.operator(ClaimAction(claim_id=resumed), suspend=False)
+        reply = await service.operator(ClaimAction(claim_id=held), suspend=False)
         suspended.clear()
         await service.card_event("gang-d", "gang-d-g0", busy=True)
-    assert sorted(suspended) == ["gang-a", "gang-b"]
+    assert (reply.vgpus, resumed, suspended) == (0, [], ["gang-a"])

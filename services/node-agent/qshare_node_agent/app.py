@@ -20,6 +20,7 @@ from qshare.contracts.agent import AnnounceRequest, DesiredVgpu
 from qshare.contracts.domain import (
     AGENT_FEATURES_LABEL,
     APPLY_SHARING_FEATURE,
+    APPLY_SUSPENDED_FEATURE,
     HOSTNAME_LABEL,
     NODE_LABEL,
     POLICY_LABEL,
@@ -291,7 +292,7 @@ class NodeAgent(Service):
         own = {POLICY_LABEL: self._own_policy().value, NODE_LABEL: self.name}
         if self.settings.kubernetes:
             own[HOSTNAME_LABEL] = self.name  # the scheduler extender places by it
-        mine = {AGENT_FEATURES_LABEL: APPLY_SHARING_FEATURE}
+        mine = {AGENT_FEATURES_LABEL: f"{APPLY_SHARING_FEATURE},{APPLY_SUSPENDED_FEATURE}"}
         return own | self.settings.labels | self._node_labels | mine
 
     def _own_policy(self) -> CardPolicy:

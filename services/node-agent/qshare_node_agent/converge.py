@@ -4,7 +4,10 @@
 The agent remembers what it applied; an apply compares the whole desired set with that and
 creates, resizes and destroys vGPUs until they match. A vGPU it cannot create is refused
 with the driver's reason and leaves the segment as it was. vGPUs prepared on the node
-itself (ids at or above LOCAL_ID_LIMIT) are never touched by an apply.
+itself (ids at or above LOCAL_ID_LIMIT) are never touched by an apply. A vGPU the control
+plane holds suspended (its `suspended` flag) is created suspended, and suspended or resumed
+when its flag changes from the one last applied (or found in an adopted segment); between
+applies the preemptor's own commands suspend and resume it.
 `wait_for` lets another thread (the device plugin's Allocate) wait for an apply that holds
 what it needs: every apply and adopt notifies the waiters, nothing polls.
 """
@@ -154,13 +157,29 @@ class Converger:
         if now is not None and (now.gpu, now.priority) != (vgpu.gpu, vgpu.priority):
             self._destroy(vgpu.local_id)
             now = None
-        card = self.cards[vgpu.gpu].index
         if now is None:
-            self.node.create_vgpu(
-                vgpu.local_id, card, vgpu.priority.value, vgpu.vcore, vgpu.vmemory_mib * MIB
-            )
-        elif (now.vcore, now.vmemory_mib) != (vgpu.vcore, vgpu.vmemory_mib):
+            self._create(vgpu)
+            return
+        if (now.vcore, now.vmemory_mib) != (vgpu.vcore, vgpu.vmemory_mib):
             self.node.update_vgpu(vgpu.local_id, vgpu.vcore, vgpu.vmemory_mib * MIB)
+        if now.suspended != vgpu.suspended:
+            (self.node.suspend if vgpu.suspended else self.node.resume)(vgpu.local_id)
+
+    def _create(self, vgpu: DesiredVgpu) -> None:
+        """Create `vgpu`, suspended at once if it is held so (a node back from a reboot on a
+        new segment: its driver knows nothing of the suspensions); one that cannot be
+        suspended is destroyed again and refused rather than left running."""
+        card = self.cards[vgpu.gpu].index
+        self.node.create_vgpu(
+            vgpu.local_id, card, vgpu.priority.value, vgpu.vcore, vgpu.vmemory_mib * MIB
+        )
+        if not vgpu.suspended:
+            return
+        try:
+            self.node.suspend(vgpu.local_id)
+        except DriverError:
+            self._destroy(vgpu.local_id)
+            raise
 
     def _destroy(self, local_id: int) -> None:
         with contextlib.suppress(NotFoundError):

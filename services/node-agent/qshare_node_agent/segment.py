@@ -112,5 +112,6 @@ def existing_vgpus(node: Node, cards: list[Card]) -> dict[int, DesiredVgpu]:
             local_id=local_id, id=UNKNOWN, claim_id=UNKNOWN, gpu=uuids[stats.card],
             priority=Priority.HIGH if stats.priority.value else Priority.LOW,
             vcore=stats.core_share, vmemory_mib=stats.mem_limit // MIB,
+            suspended=stats.suspended,
         )  # fmt: skip
     return found

@@ -1,6 +1,7 @@
 """Preemption records in Postgres: opened when the control plane suspends a claim, closed
 when it resumes it; `GET /v1/preemptions` reads them. A `gang` record also names the busy
-cards holding its claim (`busy_gpus`), from which a restarted preemptor rebuilds its state."""
+cards holding its claim (`busy_gpus`), from which a restarted preemptor rebuilds its state.
+The allocator's applies carry what the records hold suspended to the nodes (`renew_nodes`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from collections import defaultdict
 from sqlalchemy import ARRAY, ColumnElement, Text, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from qshare.contracts.schema import preemptions
+from qshare.contracts.schema import nodes, preemptions
 from qshare_preemptor.gangs import Member, known_cards, vgpus_of_claims
 
 OPEN_GANG = (preemptions.c.kind == "gang", preemptions.c.ended_at.is_(None))
@@ -109,6 +110,28 @@ async def open_gangs(conn: AsyncConnection) -> dict[uuid.UUID, tuple[set[str], l
     for member in await vgpus_of_claims(conn, list(named)):
         members[member.claim_id].append(member)
     return {c: (cards & known, members[c]) for c, cards in named.items()}
+
+
+async def renew_nodes(conn: AsyncConnection, names: set[str]) -> None:
+    """Give the nodes `names` a new desired generation, after a change of the records of
+    claims with vGPUs there: the allocator's scan then sends each an apply read after the
+    change, carrying each vGPU's `suspended` flag. A node's agent may have taken an apply
+    read before the change after the preemptor's command (or a command may have found a
+    vGPU an apply had not created yet, just after a reboot); the later apply sets it right.
+    The rows are locked in name order, so two renewals never wait on each other in a cycle."""
+    if not names:
+        return
+    locked = (
+        select(nodes.c.name)
+        .where(nodes.c.name.in_(sorted(names)))
+        .order_by(nodes.c.name)
+        .with_for_update()
+    )
+    await conn.execute(
+        update(nodes)
+        .where(nodes.c.name.in_(locked.scalar_subquery()))
+        .values(desired_generation=nodes.c.desired_generation + 1)
+    )
 
 
 def _released() -> ColumnElement[bool]:

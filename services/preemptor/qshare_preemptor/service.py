@@ -46,6 +46,7 @@ from qshare_preemptor.records import (
     open_gangs,
     open_records,
     release_records,
+    renew_nodes,
 )
 from qshare_preemptor.trusted import Trusted
 
@@ -124,8 +125,9 @@ class PreemptionService:
                     continue
                 self._held_by[claim_id].update(cards)
                 self._stopped.update(stopped)
+            touched = [m for c in free for m in self._members.get(c, ())]
             sending = await self._release(free, "preemptor restarted") if free else []
-        await asyncio.gather(*sending)
+        await asyncio.gather(*sending, self._renew(touched))
 
     async def resume_again(self) -> None:
         """Send again the resumes that did not reach their node (an agent restarting, NATS
@@ -201,7 +203,7 @@ class PreemptionService:
             if not (joined or stop):
                 return
             sending = await self._hold(gpu, stop, list(joined.values()), fresh)
-        await asyncio.gather(*sending)
+        await asyncio.gather(*sending, self._renew(members))
 
     async def _hold(
         self, gpu: str, stop: list[Member], joined: list[Member], fresh: list[uuid.UUID]
@@ -231,8 +233,9 @@ class PreemptionService:
             kept = [c for c in released if self._held_by[c]]
             if kept:
                 await in_transaction(self._engine, lambda c: leave_records(c, kept, gpu))
+            touched = [m for c in released for m in self._members.get(c, ())]
             sending = await self._release(done, f"{gpu} idle") if done else []
-        await asyncio.gather(*sending)
+        await asyncio.gather(*sending, self._renew(touched))
 
     async def _release(self, done: list[uuid.UUID], reason: str) -> list[asyncio.Task[Any]]:
         """Let the gangs `done` go: resume their vGPUs, but those of a claim an operator
@@ -283,25 +286,48 @@ class PreemptionService:
         if suspend:
             done, missing = await self._suspend(members, action.reason)
         else:
-            done, missing = await self._act(members, False, action.reason)
-            self._stopped.difference_update(members)  # running again: a busy card stops them
-            await in_transaction(
-                self._engine, lambda c: close_records(c, [action.claim_id], "operator")
-            )
-            await asyncio.gather(*self._announce([action.claim_id], "resumed", after=[]))
+            done, missing = await self._resume(action.claim_id, members, action.reason)
+        await self._renew(members)
         return ClaimActionReply(
             claim_id=action.claim_id, suspended=suspend, vgpus=done, missing=missing
         )
+
+    async def _resume(
+        self, claim_id: uuid.UUID, members: list[Member], reason: str
+    ) -> tuple[int, int]:
+        """End the operator's hold of a claim: resume its vGPUs but those its gang holds
+        suspended for a busy card (they resume with the gang, whose release announces
+        `resumed`). Before, all of them ran again while the card high priority needed was
+        still busy."""
+        async with self._lock:
+            gang = self._held_by.get(claim_id, set())
+            free = [m for m in members if not (gang and m in self._stopped)]
+            sent = self._queue_act(free, suspend=False, reason=reason)
+            self._stopped.difference_update(free)  # running again: a busy card stops them
+            await in_transaction(self._engine, lambda c: close_records(c, [claim_id], "operator"))
+            announced = [] if gang else self._announce([claim_id], "resumed", after=sent)
+        replies = await asyncio.gather(*sent)
+        await asyncio.gather(*announced)
+        return _counts(replies)
+
+    async def _renew(self, members: list[Member]) -> None:
+        """Have the allocator send the nodes of `members` their desired state again (after a
+        change of their claims' records): a failure is logged, the commands already sent
+        stand."""
+        names = {m.node for m in members}
+        if not names:
+            return
+        try:
+            await in_transaction(self._engine, lambda c: renew_nodes(c, names))
+        except Exception:
+            log.exception("nodes %s not renewed: an apply reaches them with the next change",
+                          sorted(names))  # fmt: skip
 
     async def _owned(self, conn: AsyncConnection, action: ClaimAction) -> list[Member]:
         members = await vgpus_of_claim(conn, action.claim_id)
         if not members or (action.tenant is not None and members[0].tenant != action.tenant):
             raise NotFound(f"claim {action.claim_id} not found, or it holds no vGPU now")
         return members
-
-    async def _act(self, members: list[Member], suspend: bool, reason: str) -> tuple[int, int]:
-        replies = await asyncio.gather(*self._queue_act(members, suspend, reason))
-        return sum(len(r.done) for r in replies), sum(len(r.missing) for r in replies)
 
     def _queue_act(
         self, members: list[Member], suspend: bool, reason: str
@@ -357,7 +383,7 @@ class PreemptionService:
             await asyncio.gather(*announced)
         finally:
             await record
-        return sum(len(r.done) for r in replies), sum(len(r.missing) for r in replies)
+        return _counts(replies)
 
     def _announce(
         self, claim_ids: list[uuid.UUID], kind: str, after: list[asyncio.Task[SuspendReply]]
@@ -386,6 +412,11 @@ async def _release_records(
 ) -> None:
     await close_records(conn, ended, "gang")
     await release_records(conn, owing)
+
+
+def _counts(replies: list[SuspendReply]) -> tuple[int, int]:
+    """vGPUs the nodes acted on, and those they did not have or did not answer for."""
+    return sum(len(r.done) for r in replies), sum(len(r.missing) for r in replies)
 
 
 def _is_card_uuid(gpu: str) -> bool:

@@ -1,24 +1,38 @@
-"""A node's desired state as stored: every vGPU of a claim that holds capacity on it, and
-the sharing admins asked of its cards."""
+"""A node's desired state as stored: every vGPU of a claim that holds capacity on it (and
+whether the control plane holds it suspended), and the sharing admins asked of its cards."""
 
 from __future__ import annotations
 
 import functools
 from typing import Any
 
-from sqlalchemy import ScalarSelect, Select, and_, bindparam, func, select
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy import (
+    ARRAY,
+    ColumnElement,
+    ScalarSelect,
+    Select,
+    Text,
+    and_,
+    bindparam,
+    exists,
+    func,
+    null,
+    or_,
+    select,
+)
+from sqlalchemy.dialects.postgresql import JSONB, array
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from qshare.contracts.agent import ApplyDesired, DesiredVgpu
 from qshare.contracts.domain import (
     APPLY_SHARING_FEATURE,
+    APPLY_SUSPENDED_FEATURE,
     HOLDING_STATUSES,
     Priority,
     agent_features,
 )
 from qshare.contracts.errors import NotFound
-from qshare.contracts.schema import claims, gpus, nodes, vgpus
+from qshare.contracts.schema import claims, gpus, nodes, preemptions, vgpus
 from qshare.contracts.sharing import SharingSettings, WantedSharing
 
 
@@ -31,6 +45,8 @@ async def desired_state(conn: AsyncConnection, node: str) -> ApplyDesired | None
         raise NotFound(f"node {node} is not registered")
     if rows[0].segment is None:
         return None
+    features = agent_features(rows[0].labels)
+    flagged = APPLY_SUSPENDED_FEATURE in features  # an earlier agent refuses the flag
     wanted = [
         DesiredVgpu(
             local_id=r.local_id,
@@ -40,11 +56,12 @@ async def desired_state(conn: AsyncConnection, node: str) -> ApplyDesired | None
             priority=Priority(r.priority),
             vcore=r.vcore,
             vmemory_mib=r.vmemory_mib,
+            suspended=flagged and r.suspended,
         )
         for r in rows
         if r.local_id is not None
     ]
-    sharing = _wanted_sharing(rows[0].asked or {}, agent_features(rows[0].labels))
+    sharing = _wanted_sharing(rows[0].asked or {}, features)
     generation = int(rows[0].desired_generation)
     return ApplyDesired(node=node, generation=generation, vgpus=wanted, sharing=sharing)
 
@@ -62,10 +79,36 @@ def _desired() -> Select[Any]:
             nodes.c.labels,
             _asked().label("asked"),
             vgpus,
+            _held().label("suspended"),
         )
         .select_from(nodes.outerjoin(held, vgpus.c.node_name == nodes.c.name))
         .where(nodes.c.name == bindparam("d_node"))
         .order_by(vgpus.c.local_id)
+    )
+
+
+def _held() -> ColumnElement[bool]:
+    """Whether the control plane holds the row's vGPU suspended, from the open preemption
+    records of its claim: an operator's, or its gang's while a busy card holds it, but the
+    vGPU on the card whose busy episode opened the record while that card alone is busy
+    (the preemptor leaves it to the driver, which stops low priority there the moment high
+    priority launches; it suspends it once another card of the gang goes busy)."""
+    busy = func.coalesce(
+        preemptions.c.busy_gpus,
+        func.array_remove(array([preemptions.c.gpu_uuid]), null(), type_=ARRAY(Text)),
+        type_=ARRAY(Text),
+    )
+    own = vgpus.c.gpu_uuid
+    others = func.cardinality(func.array_remove(busy, own, type_=ARRAY(Text))) > 0
+    opened_elsewhere = and_(
+        func.cardinality(busy) > 0, preemptions.c.gpu_uuid.is_distinct_from(own)
+    )
+    holding = or_(
+        preemptions.c.kind == "operator",
+        and_(preemptions.c.kind == "gang", or_(others, opened_elsewhere)),
+    )
+    return exists().where(
+        preemptions.c.claim_id == vgpus.c.claim_id, preemptions.c.ended_at.is_(None), holding
     )
 
 

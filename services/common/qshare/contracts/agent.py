@@ -16,6 +16,7 @@ from pydantic import (
     ConfigDict,
     Field,
     SerializerFunctionWrapHandler,
+    StrictBool,
     StrictInt,
     model_serializer,
 )
@@ -44,6 +45,19 @@ class DesiredVgpu(BaseModel):
     priority: Priority
     vcore: Annotated[StrictInt, Field(ge=1, le=100)]
     vmemory_mib: Annotated[StrictInt, Field(ge=1, le=MAX_MIB)]
+    suspended: StrictBool = False
+    """The control plane holds it suspended (an open operator record, or a busy card of its
+    gang): the agent creates it suspended, and suspends or resumes it when this changes."""
+
+    @model_serializer(mode="wrap")
+    def _without_running(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """No `suspended` key for a vGPU that runs: an agent of an earlier version refuses
+        fields it does not know (the allocator sends the flag only to agents that announce
+        APPLY_SUSPENDED_FEATURE)."""
+        body: dict[str, Any] = handler(self)
+        if not self.suspended:
+            body.pop("suspended", None)
+        return body
 
 
 class ApplyDesired(BaseModel):

@@ -94,6 +94,10 @@ so that a control plane of an earlier version stores it like any other."""
 APPLY_SHARING_FEATURE = "apply-sharing"
 """The agent takes the sharing admins ask of its cards inside `cmd.apply` (an earlier agent
 refuses an apply that carries it)."""
+APPLY_SUSPENDED_FEATURE = "apply-suspended"
+"""The agent takes each vGPU's `suspended` flag inside `cmd.apply` (an earlier agent refuses an
+apply that carries it, so it gets none: a vGPU it creates runs until the preemptor's next
+command about it)."""
 PRIORITY_ANNOTATION = "qshare.io/priority"
 VCORE_RESOURCE = "qshare.io/vcore"
 VMEMORY_RESOURCE = "qshare.io/vmemory"
