@@ -169,6 +169,12 @@ typedef struct qs_card_sleepers {
 int qs_card_sleepers_get(qs_node *node, uint32_t index, qs_card_sleepers *out);
 
 int qs_vgpu_create(qs_node *node, const qs_vgpu_spec *spec);
+/* Flags of qs_vgpu_create_flags (any other bit: QS_EINVAL, nothing created). */
+#define QS_VGPU_CREATE_SUSPENDED 1u /* suspended before any process can attach to it */
+/* qs_vgpu_create with `flags`; 0 is qs_vgpu_create. A vGPU created with
+ * QS_VGPU_CREATE_SUSPENDED is marked suspended before it is published to attachers, so no
+ * launch passes its gate until qs_vgpu_resume; its creation pushes a suspended event. */
+int qs_vgpu_create_flags(qs_node *node, const qs_vgpu_spec *spec, uint32_t flags);
 int qs_vgpu_update(qs_node *node, uint32_t id, uint32_t core_share, uint64_t mem_limit);
 int qs_vgpu_destroy(qs_node *node, uint32_t id);
 int qs_vgpu_suspend(qs_node *node, uint32_t id);

@@ -79,7 +79,7 @@ static int free_slot(qs_node *node, uint32_t card, uint32_t *slot)
     return QS_OK;
 }
 
-static int create_locked(qs_node *node, const qs_vgpu_spec *spec)
+static int create_locked(qs_node *node, const qs_vgpu_spec *spec, uint32_t suspended)
 {
     uint32_t slot = 0;
     int rc = validate_spec(node, spec);
@@ -95,7 +95,7 @@ static int create_locked(qs_node *node, const qs_vgpu_spec *spec)
     v->lp_max_inflight = 1;
     atomic_store(&v->core_share, spec->core_share);
     atomic_store(&v->mem_limit, spec->mem_limit);
-    atomic_store(&v->suspended, 0);
+    atomic_store(&v->suspended, suspended); /* before the slot is published below */
     atomic_store(&vs->device_ns, 0);
     atomic_store(&vs->launches, 0);
     memset(&vs->policy, 0, sizeof vs->policy);
@@ -108,19 +108,29 @@ static int create_locked(qs_node *node, const qs_vgpu_spec *spec)
         return rc; /* the slot stays FREE */
     atomic_store(&v->state, QS_SLOT_ACTIVE); /* publish last */
     qs_policy_membership(&node->seg, slot, 1);
+    if (suspended)
+        qs_ring_push(&node->seg.state->ring, QS_EV_SUSPENDED, spec->card, spec->id, 0, 0);
     return QS_OK;
+}
+
+int qs_vgpu_create_flags(qs_node *node, const qs_vgpu_spec *spec, uint32_t flags)
+{
+    qs_clear_error();
+    QS_REQUIRE(node, "node");
+    if (flags & ~QS_VGPU_CREATE_SUSPENDED)
+        return qs_fail(QS_EINVAL, "vGPU create: unknown flags 0x%x (known: 0x%x)",
+                       flags & ~QS_VGPU_CREATE_SUSPENDED, QS_VGPU_CREATE_SUSPENDED);
+    int rc = qs_node_lock(node);
+    if (rc != QS_OK)
+        return rc;
+    rc = create_locked(node, spec, flags & QS_VGPU_CREATE_SUSPENDED);
+    qs_node_unlock(node);
+    return rc;
 }
 
 int qs_vgpu_create(qs_node *node, const qs_vgpu_spec *spec)
 {
-    qs_clear_error();
-    QS_REQUIRE(node, "node");
-    int rc = qs_node_lock(node);
-    if (rc != QS_OK)
-        return rc;
-    rc = create_locked(node, spec);
-    qs_node_unlock(node);
-    return rc;
+    return qs_vgpu_create_flags(node, spec, 0);
 }
 
 static int update_locked(qs_node *node, uint32_t id, uint32_t share, uint64_t mem_limit)

@@ -7,7 +7,10 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
+#include <time.h>
 
 #define GiB (1ull << 30)
 #define MiB (1ull << 20)
@@ -113,6 +116,103 @@ static int test_bad_vgpu_specs_are_refused_and_change_nothing(void)
     qs_vgpu_stats st;
     EXPECT(qs_vgpu_stats_get(node, 1, &st) == QS_OK && st.core_share == 60 && st.mem_limit == GiB);
     EXPECT(qs_card_stats_get(node, 0, &cs) == QS_OK && cs.vgpus == 1);
+    qs_node_close(node);
+    return 0;
+}
+
+static int test_unknown_create_flags_are_refused_and_create_nothing(void)
+{
+    qs_node *node = make_node("cflags");
+    EXPECT(node);
+    qs_vgpu_spec spec = {.id = 1, .card = 0, .priority = 0, .core_share = 10, .mem_limit = GiB};
+    EXPECT(qs_vgpu_create_flags(node, &spec, 2) == QS_EINVAL);
+    EXPECT(strstr(qs_last_error(), "unknown flags 0x2"));
+    qs_vgpu_stats st;
+    EXPECT(qs_vgpu_stats_get(node, 1, &st) == QS_ENOENT);
+    EXPECT(qs_vgpu_create_flags(node, &spec, 0) == QS_OK);
+    EXPECT(qs_vgpu_stats_get(node, 1, &st) == QS_OK && st.suspended == 0);
+    qs_node_close(node);
+    return 0;
+}
+
+/* A thread's first launch, and whether the resume had been asked for when it passed. */
+struct first_launch {
+    qs_client *cl;
+    _Atomic int tid, done, resume_asked;
+    int rc, saw_resume_asked;
+};
+
+static void *launch_first(void *arg)
+{
+    struct first_launch *fl = arg;
+    atomic_store(&fl->tid, (int)syscall(SYS_gettid));
+    fl->rc = qs_launch_begin(fl->cl);
+    fl->saw_resume_asked = atomic_load(&fl->resume_asked);
+    if (fl->rc == QS_OK)
+        qs_launch_end(fl->cl);
+    atomic_store(&fl->done, 1);
+    return NULL;
+}
+
+/* 1 while thread `tid` of this process sleeps in a futex wait on `word` (its syscall file). */
+static int asleep_on(int tid, const void *word)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/self/task/%d/syscall", tid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    long nr = -1;
+    unsigned long arg0 = 0;
+    int parsed = fgets(line, sizeof line, f) && sscanf(line, "%ld %lx", &nr, &arg0) == 2;
+    fclose(f);
+    return parsed && nr == SYS_futex && arg0 == (unsigned long)(uintptr_t)word;
+}
+
+/* Waits (up to 10 s) until the thread's launch returned or it sleeps on `word`. */
+static void wait_launch_settled(struct first_launch *fl, const void *word)
+{
+    struct timespec ms = {.tv_sec = 0, .tv_nsec = 1000000};
+    for (int i = 0; i < 10000 && !atomic_load(&fl->done); i++) {
+        int tid = atomic_load(&fl->tid);
+        if (tid && asleep_on(tid, word))
+            return;
+        nanosleep(&ms, NULL);
+    }
+}
+
+/* A vGPU created suspended is suspended before anyone can attach: a client that attaches and
+ * launches right after the create call returns is held at the gate (asleep on the vGPU's
+ * suspended word) until the resume. Before, the node agent created it running and suspended it
+ * in a second call, and such a launch passed. */
+static int test_a_vgpu_created_suspended_holds_the_first_launch_until_resumed(void)
+{
+    qs_node *node = make_node("csusp");
+    EXPECT(node);
+    qs_vgpu_spec spec = {.id = 7, .card = 0, .priority = QS_PRIO_LOW, .core_share = 50,
+                         .mem_limit = GiB};
+    EXPECT(qs_vgpu_create_flags(node, &spec, QS_VGPU_CREATE_SUSPENDED) == QS_OK);
+    struct first_launch fl = {.rc = 1};
+    EXPECT(qs_client_attach(test_segment("csusp"), NULL, 7, &fl.cl) == QS_OK);
+    uint32_t card = 0;
+    struct qs_segment *seg = qs_client_segment(fl.cl, &card);
+    int slot = qs_find_vgpu(seg->cfg, 7);
+    EXPECT(slot >= 0);
+    pthread_t thread;
+    EXPECT(pthread_create(&thread, NULL, launch_first, &fl) == 0);
+    wait_launch_settled(&fl, &seg->cfg->vgpus[slot].suspended);
+    int held = !atomic_load(&fl.done);
+    atomic_store(&fl.resume_asked, 1);
+    EXPECT(qs_vgpu_resume(node, 7) == QS_OK);
+    pthread_join(thread, NULL);
+    EXPECT(held);
+    EXPECT(fl.rc == QS_OK && fl.saw_resume_asked);
+    qs_vgpu_stats st;
+    EXPECT(qs_vgpu_stats_get(node, 7, &st) == QS_OK && st.launches == 1 && !st.suspended);
+    qs_event ev;
+    EXPECT(qs_node_next_event(node, &ev, 1000) == QS_OK && ev.kind == QS_EV_SUSPENDED);
+    EXPECT(ev.vgpu == 7);
+    EXPECT(qs_client_detach(fl.cl) == QS_OK);
     qs_node_close(node);
     return 0;
 }
@@ -395,6 +495,10 @@ int main(void)
         {"segment of another size is refused", test_segment_of_another_size_is_refused},
         {"bad vGPU specs are refused and change nothing",
          test_bad_vgpu_specs_are_refused_and_change_nothing},
+        {"unknown create flags are refused and create nothing",
+         test_unknown_create_flags_are_refused_and_create_nothing},
+        {"a vGPU created suspended holds the first launch until resumed",
+         test_a_vgpu_created_suspended_holds_the_first_launch_until_resumed},
         {"segment lock held by a killed process is recovered",
          test_segment_lock_held_by_a_killed_process_is_recovered},
         {"memory lock held by a killed process is recovered",
