@@ -249,11 +249,21 @@ class Node:
         }
 
     def create_vgpu(
-        self, vgpu_id: int, card: int, priority: Priority | str, core_share: int, mem_limit: int
+        self,
+        vgpu_id: int,
+        card: int,
+        priority: Priority | str,
+        core_share: int,
+        mem_limit: int,
+        *,
+        suspended: bool = False,
     ) -> None:
+        """Create a vGPU; `suspended` makes it suspended before any process can attach, so no
+        launch passes until `resume` (one call: nothing slips in between create and suspend)."""
         prio = Priority.parse(priority) if isinstance(priority, str) else priority
         spec = ffi.new("qs_vgpu_spec *", [vgpu_id, card, int(prio), core_share, mem_limit])
-        check(self._call(lib.qs_vgpu_create, spec))
+        flags = lib.QS_VGPU_CREATE_SUSPENDED if suspended else 0
+        check(self._call(lib.qs_vgpu_create_flags, spec, flags))
 
     def update_vgpu(self, vgpu_id: int, core_share: int, mem_limit: int) -> None:
         check(self._call(lib.qs_vgpu_update, vgpu_id, core_share, mem_limit))
