@@ -5,7 +5,8 @@ The agent remembers what it applied; an apply compares the whole desired set wit
 creates, resizes and destroys vGPUs until they match. A vGPU it cannot create is refused
 with the driver's reason and leaves the segment as it was. vGPUs prepared on the node
 itself (ids at or above LOCAL_ID_LIMIT) are never touched by an apply. A vGPU the control
-plane holds suspended (its `suspended` flag) is created suspended, and suspended or resumed
+plane holds suspended (its `suspended` flag) is created suspended (in the driver's create
+itself, so no process attaching meanwhile gets a launch through), and suspended or resumed
 when its flag changes from the one last applied (or found in an adopted segment); between
 applies the preemptor's own commands suspend and resume it.
 `wait_for` lets another thread (the device plugin's Allocate) wait for an apply that holds
@@ -166,20 +167,19 @@ class Converger:
             (self.node.suspend if vgpu.suspended else self.node.resume)(vgpu.local_id)
 
     def _create(self, vgpu: DesiredVgpu) -> None:
-        """Create `vgpu`, suspended at once if it is held so (a node back from a reboot on a
-        new segment: its driver knows nothing of the suspensions); one that cannot be
-        suspended is destroyed again and refused rather than left running."""
+        """Create `vgpu`, suspended if it is held so (a node back from a reboot on a new
+        segment: its driver knows nothing of the suspensions). One driver call: the vGPU is
+        suspended before any process can attach to it, and one the driver refuses leaves
+        nothing behind (so it is refused, never left running)."""
         card = self.cards[vgpu.gpu].index
         self.node.create_vgpu(
-            vgpu.local_id, card, vgpu.priority.value, vgpu.vcore, vgpu.vmemory_mib * MIB
+            vgpu.local_id,
+            card,
+            vgpu.priority.value,
+            vgpu.vcore,
+            vgpu.vmemory_mib * MIB,
+            suspended=vgpu.suspended,
         )
-        if not vgpu.suspended:
-            return
-        try:
-            self.node.suspend(vgpu.local_id)
-        except DriverError:
-            self._destroy(vgpu.local_id)
-            raise
 
     def _destroy(self, local_id: int) -> None:
         with contextlib.suppress(NotFoundError):
