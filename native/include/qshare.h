@@ -69,7 +69,7 @@ enum qs_policy { QS_POLICY_BEST_EFFORT = 0, QS_POLICY_FIXED_SHARE = 1, QS_POLICY
 enum qs_event_kind {
     QS_EV_BUSY = 1,        /* card: high priority turned busy */
     QS_EV_IDLE = 2,        /* card: released to low priority; value = busy ns */
-    QS_EV_SUSPENDED = 3,   /* vGPU suspended by qs_vgpu_suspend */
+    QS_EV_SUSPENDED = 3,   /* vGPU suspended by qs_vgpu_suspend, or created suspended */
     QS_EV_RESUMED = 4,     /* vGPU resumed by qs_vgpu_resume */
     QS_EV_OOM = 5,         /* reservation refused; value = bytes asked */
     QS_EV_ATTACH = 6,      /* a process attached to a vGPU */
