@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Callable
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
+import pytest
 from nats.aio.client import Client as Nats
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -26,11 +29,19 @@ from .conftest import StartAgent, eventually, ready_claim
 from .test_preemptor_events import publish
 
 
+@pytest.fixture
+def fresh_shm() -> Iterator[Path]:
+    """An empty segment directory for the node back from its reboot, under /tmp: a driver
+    socket's path must fit a unix address (108 bytes), which a test's tmp_path may not."""
+    directory = Path(tempfile.mkdtemp(prefix="qsr-", dir="/tmp"))
+    yield directory
+    shutil.rmtree(directory, ignore_errors=True)
+
+
 async def reboot(agent: NodeAgent, bus_url: str, shm_dir: Path) -> NodeAgent:
     """Stop `agent` (its segment removed) and start it again on a new segment directory, as a
     node back from a reboot (an empty /dev/shm)."""
     await agent.stop()
-    shm_dir.mkdir()
     back = NodeAgent(agent.settings.model_copy(update={"shm_dir": shm_dir}))
     await back.start()
     await asyncio.wait_for(back.registered.wait(), 20)
@@ -52,7 +63,7 @@ async def _holds(check: Callable[[], bool]) -> bool:
 
 
 async def test_an_operator_suspension_outlives_a_reboot_until_resumed(
-    api: httpx.AsyncClient, bus_url: str, start_agent: StartAgent, tmp_path: Path,
+    api: httpx.AsyncClient, bus_url: str, start_agent: StartAgent, fresh_shm: Path,
     preemptor: Preemptor,
 ) -> None:  # fmt: skip
     """Before, the node came back with the claim's vGPU running while the API said it was
@@ -62,7 +73,7 @@ async def test_an_operator_suspension_outlives_a_reboot_until_resumed(
     local_id = claim["vgpus"][0]["local_id"]
     assert (await api.post(f"/v1/claims/{claim['id']}/suspend")).status_code == 200
     assert suspended(agent, local_id)
-    back = await reboot(agent, bus_url, tmp_path / "rebooted")
+    back = await reboot(agent, bus_url, fresh_shm)
     try:
         await created(back, local_id)
         assert suspended(back, local_id)
@@ -73,7 +84,7 @@ async def test_an_operator_suspension_outlives_a_reboot_until_resumed(
 
 
 async def test_a_gang_held_by_another_nodes_busy_card_stays_suspended_after_a_reboot(
-    api: httpx.AsyncClient, nc: Nats, bus_url: str, start_agent: StartAgent, tmp_path: Path,
+    api: httpx.AsyncClient, nc: Nats, bus_url: str, start_agent: StartAgent, fresh_shm: Path,
     preemptor: Preemptor,
 ) -> None:  # fmt: skip
     """A gang across two nodes: high priority busy on the first node's card holds the gang's
@@ -87,7 +98,7 @@ async def test_a_gang_held_by_another_nodes_busy_card_stays_suspended_after_a_re
     held = on_second["vgpus"][0]["local_id"]
     await publish(nc, first.name, busy, "busy")
     await eventually(lambda: _holds(lambda: suspended(second, held)))
-    back = await reboot(second, bus_url, tmp_path / "rebooted")
+    back = await reboot(second, bus_url, fresh_shm)
     try:
         await created(back, held)
         assert suspended(back, held)
