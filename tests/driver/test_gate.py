@@ -153,7 +153,10 @@ def test_a_waiter_sleeps_through_high_priority_work_without_asking_each_completi
 ) -> None:
     with _hp_and_lp(node, DELAY_S) as (hp, lp):
         sleepers, t_end = _sleepers_while_blocked(node, hp, lp, 0.15)
-        assert max(sleepers) == 0  # nobody for HP's end to wake
+        # nobody for HP's end to wake: a waiter asking for it would count in every sample; a
+        # sample may straddle the owner's release thread re-arming (every 50 ms, its two counts
+        # raised one after the other), which reads as one for that sample only
+        assert sleepers.count(0) > len(sleepers) // 2, sleepers
         assert lp.last_unblock_ns >= t_end + DELAY_S * 1e9
 
 
