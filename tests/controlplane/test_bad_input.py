@@ -72,7 +72,7 @@ async def test_a_blank_or_padded_tenant_filter_is_a_422_naming_it(
 async def test_a_cursor_with_an_impossible_time_is_a_422_naming_it(
     api: httpx.AsyncClient, team_a: dict[str, str], created: str
 ) -> None:
-    raw = f"{created}|00000000-0000-0000-0000-000000000001".encode()
+    raw = json.dumps([created, "00000000-0000-0000-0000-000000000001"]).encode()
     cursor = base64.urlsafe_b64encode(raw).decode()
     assert _fields(await api.get(f"/v1/claims?cursor={cursor}", headers=team_a)) == ["cursor"]
 

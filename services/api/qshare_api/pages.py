@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Annotated, Any, TypeVar
@@ -34,6 +35,9 @@ def _storable(when: datetime) -> datetime:
 
 Stamp = Annotated[AwareDatetime, AfterValidator(_storable)]
 """A cursor's time."""
+
+TIME_AND_ID = TypeAdapter(tuple[Stamp, uuid.UUID])
+"""The key of lists in creation order (claims, tokens): the time, then the id."""
 
 
 def encode(*key: object) -> str:

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import base64
 import uuid
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import Select, select, tuple_
@@ -13,12 +11,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from qshare.contracts.claims import ClaimView
 from qshare.contracts.domain import ClaimStatus, Priority
-from qshare.contracts.errors import InvalidInput
 from qshare.contracts.rows import claim_views
 from qshare.contracts.schema import claims
-
-MIN_TIME = datetime(1970, 1, 1, tzinfo=UTC)
-MAX_TIME = datetime(9000, 1, 1, tzinfo=UTC)
+from qshare_api.pages import TIME_AND_ID, decode, encode
 
 
 @dataclass(frozen=True)
@@ -48,33 +43,14 @@ async def list_claims(
 ) -> tuple[list[ClaimView], str | None]:
     """A page of claims, oldest first, and the cursor of the next page (None at the end)."""
     query = _filtered(select(claims), where)
-    if cursor is not None:
-        query = query.where(
-            tuple_(claims.c.created_at, claims.c.id) > tuple_(*decode_cursor(cursor))
-        )
+    if (after := decode(cursor, TIME_AND_ID)) is not None:
+        query = query.where(tuple_(claims.c.created_at, claims.c.id) > tuple_(*after))
     rows = (
         await conn.execute(query.order_by(claims.c.created_at, claims.c.id).limit(limit + 1))
     ).all()
     page = rows[:limit]
-    following = encode_cursor(page[-1].created_at, page[-1].id) if len(rows) > limit else None
+    following = encode(page[-1].created_at, page[-1].id) if len(rows) > limit else None
     return await claim_views(conn, page), following
-
-
-def encode_cursor(created_at: datetime, claim_id: uuid.UUID) -> str:
-    return base64.urlsafe_b64encode(f"{created_at.isoformat()}|{claim_id}".encode()).decode()
-
-
-def decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
-    """The position a cursor names; anything this API did not write is refused, including a
-    time without a zone or one Postgres cannot hold once converted to UTC."""
-    try:
-        created, _, claim_id = base64.urlsafe_b64decode(cursor.encode()).decode().partition("|")
-        when = datetime.fromisoformat(created)
-        if when.tzinfo is None or not MIN_TIME <= when.astimezone(UTC) <= MAX_TIME:
-            raise ValueError(created)
-        return when, uuid.UUID(claim_id)
-    except (ValueError, OverflowError) as exc:
-        raise InvalidInput.on("cursor", "not a cursor returned by this API") from exc
 
 
 def _filtered(query: Select[Any], where: ClaimFilter) -> Select[Any]:

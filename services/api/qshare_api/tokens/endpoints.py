@@ -7,13 +7,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request, Response, status
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field
 
 from qshare.contracts.claims import Text
 from qshare.contracts.domain import Role, TokenScope
 from qshare.contracts.errors import NotFound
 from qshare_api.auth import Admin, new_secret
-from qshare_api.pages import PageLimit, Stamp, decode, fetched, page
+from qshare_api.pages import TIME_AND_ID, PageLimit, decode, fetched, page
 from qshare_api.params import CursorParam, TenantName
 from qshare_api.problems import PROBLEMS
 from qshare_api.resources import Resources, resources
@@ -80,15 +80,11 @@ async def list_all(
     cursor: CursorParam = None,
 ) -> list[TokenInfo]:
     """Oldest first; with `limit`, a page, the next one named by the Link header."""
-    after = decode(cursor, AFTER)
+    after = decode(cursor, TIME_AND_ID)
     async with res.reader.connect() as conn:
         found = await list_tokens(conn, after, fetched(limit))
     kept = page(found, limit, lambda t: (t["created_at"], t["id"]), request, response)
     return [TokenInfo.model_validate(t) for t in kept]
-
-
-AFTER = TypeAdapter(tuple[Stamp, uuid.UUID])
-"""A tokens cursor: the last token's creation time and id."""
 
 
 @router.delete("/{token_id}", status_code=status.HTTP_204_NO_CONTENT, summary="Revoke")
