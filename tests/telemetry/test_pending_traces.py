@@ -7,9 +7,6 @@ an allocator and a simulated node agent run as their own processes."""
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,10 +18,17 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from qshare.contracts import subjects
-from qshare.testing.servers import free_port
 
 from .otlp_receiver import OtlpReceiver, ReceivedSpan
-from .test_traces import ADMIN_TOKEN, _claim_events, _service, _trace_of, _until_ready
+from .test_traces import (
+    ADMIN_TOKEN,
+    _claim_events,
+    _service,
+    _trace_of,
+    _until_ready,
+    otel_env,
+    start_control_plane,
+)
 from .test_traces import receiver as receiver
 from .test_traces import servers as servers
 
@@ -83,20 +87,9 @@ def stack(
 ) -> Iterator[Stack]:
     database_url, nats_url = servers
     logs = tmp_path_factory.mktemp("pending")
-    otel = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_BSP_SCHEDULE_DELAY": "200"}
-    allocator_env = {
-        "QSHARE_ALLOCATOR_DATABASE_URL": database_url, "QSHARE_ALLOCATOR_NATS_URL": nats_url,
-        "QSHARE_ALLOCATOR_INSTANCE": "waiting",
-    }  # fmt: skip
-    migrate = [sys.executable, "-m", "qshare_allocator", "migrate"]
-    subprocess.run(migrate, env=os.environ | allocator_env, check=True, capture_output=True)
-    allocator = _service("qshare_allocator", otel | allocator_env, logs / "allocator.log")
-    port = free_port()
-    api = _service("qshare_api", otel | {
-        "QSHARE_API_DATABASE_URL": database_url, "QSHARE_API_NATS_URL": nats_url,
-        "QSHARE_API_PORT": str(port), "QSHARE_API_BOOTSTRAP_ADMIN_TOKEN": ADMIN_TOKEN,
-    }, logs / "api.log")  # fmt: skip
-    running = [api, allocator]
+    otel = otel_env(receiver)
+    port, running = start_control_plane(servers, otel, logs, "waiting")
+    api = running[0]
     try:
         url = f"http://127.0.0.1:{port}"
         _until_ready(url, api, logs / "api.log")

@@ -52,16 +52,20 @@ def _service(module: str, env: dict[str, str], log: Path) -> subprocess.Popen[by
                                 stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def api_url(
-    servers: tuple[str, str], receiver: OtlpReceiver, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[str]:
+def otel_env(receiver: OtlpReceiver) -> dict[str, str]:
+    """The services' exporter settings: to the receiver, every 200 ms."""
+    return {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_BSP_SCHEDULE_DELAY": "200"}
+
+
+def start_control_plane(
+    servers: tuple[str, str], otel: dict[str, str], logs: Path, instance: str
+) -> tuple[int, list[subprocess.Popen[bytes]]]:
+    """Migrate, then start the allocator and the API (on a free port, returned with the API's
+    process and the allocator's)."""
     database_url, nats_url = servers
-    logs = tmp_path_factory.mktemp("services")
-    otel = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_BSP_SCHEDULE_DELAY": "200"}
     allocator_env = {
         "QSHARE_ALLOCATOR_DATABASE_URL": database_url, "QSHARE_ALLOCATOR_NATS_URL": nats_url,
-        "QSHARE_ALLOCATOR_INSTANCE": "traced",
+        "QSHARE_ALLOCATOR_INSTANCE": instance,
     }  # fmt: skip
     migrate = [sys.executable, "-m", "qshare_allocator", "migrate"]
     subprocess.run(migrate, env=os.environ | allocator_env, check=True, capture_output=True)
@@ -71,6 +75,17 @@ def api_url(
         "QSHARE_API_DATABASE_URL": database_url, "QSHARE_API_NATS_URL": nats_url,
         "QSHARE_API_PORT": str(port), "QSHARE_API_BOOTSTRAP_ADMIN_TOKEN": ADMIN_TOKEN,
     }, logs / "api.log")  # fmt: skip
+    return port, [api, allocator]
+
+
+@pytest.fixture(scope="module")
+def api_url(
+    servers: tuple[str, str], receiver: OtlpReceiver, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    database_url, nats_url = servers
+    logs = tmp_path_factory.mktemp("services")
+    otel = otel_env(receiver)
+    port, (api, allocator) = start_control_plane(servers, otel, logs, "traced")
     preemptor = _service("qshare_preemptor", otel | {
         "QSHARE_PREEMPTOR_DATABASE_URL": database_url, "QSHARE_PREEMPTOR_NATS_URL": nats_url,
     }, logs / "preemptor.log")  # fmt: skip
