@@ -1129,12 +1129,10 @@ static int test_a_tenant_zeroing_a_context_count_cannot_free_a_slot_still_in_use
     return 0;
 }
 
-/* A tenant of vGPU 1 that keeps flipping the descriptor of its memory part between the part
- * and a copy of its own (a memfd with the same header, not sealed: it could truncate it under
- * the owner). An owner adopting the segment must map the part it made, whatever the process
- * has put behind that number by the time it opens it (before, it checked the path and then
- * opened it again: it mapped the tenant's copy in some rounds). */
-static pid_t tenant_flipping_its_memory_part(const char *tag, int slot, int ready)
+/* A tenant of vGPU 1 of segment `tag`, forked: the parent gets its pid; the child (0) is
+ * attached through `*cl`, with none of the owner's descriptors but `ready` (it exits 2 if it
+ * cannot attach). */
+static pid_t fork_tenant(const char *tag, int ready, qs_client **cl)
 {
     pid_t pid = fork_child();
     if (pid != 0)
@@ -1142,10 +1140,23 @@ static pid_t tenant_flipping_its_memory_part(const char *tag, int slot, int read
     for (int fd = 3; fd < 1024; fd++) /* the owner's descriptors, this fork's copies */
         if (fd != ready)
             close(fd);
-    qs_client *cl = NULL;
-    uint32_t card;
-    if (qs_client_attach(test_segment(tag), NULL, 1, &cl) != QS_OK)
+    if (qs_client_attach(test_segment(tag), NULL, 1, cl) != QS_OK)
         _exit(2);
+    return 0;
+}
+
+/* A tenant of vGPU 1 that keeps flipping the descriptor of its memory part between the part
+ * and a copy of its own (a memfd with the same header, not sealed: it could truncate it under
+ * the owner). An owner adopting the segment must map the part it made, whatever the process
+ * has put behind that number by the time it opens it (before, it checked the path and then
+ * opened it again: it mapped the tenant's copy in some rounds). */
+static pid_t tenant_flipping_its_memory_part(const char *tag, int slot, int ready)
+{
+    qs_client *cl = NULL;
+    pid_t pid = fork_tenant(tag, ready, &cl);
+    if (pid != 0)
+        return pid;
+    uint32_t card;
     struct qs_segment *seg = qs_client_segment(cl, &card);
     int n = seg->vmem_fd[slot], real = fcntl(n, F_DUPFD_CLOEXEC, 500);
     int copy = memfd_create("copy", MFD_CLOEXEC);
@@ -1491,16 +1502,12 @@ static int test_a_reused_context_index_leaves_the_vgpus_total_equal_to_its_share
  * and lives on; returns its pid once done (-1 on failure). */
 static pid_t tenant_scribbling_its_part_header(const char *tag, int slot, int ready)
 {
-    pid_t pid = fork_child();
+    qs_client *cl = NULL;
+    pid_t pid = fork_tenant(tag, ready, &cl);
     if (pid != 0)
         return pid;
-    for (int fd = 3; fd < 1024; fd++) /* the owner's descriptors, this fork's copies */
-        if (fd != ready)
-            close(fd);
-    qs_client *cl = NULL;
     uint32_t card;
-    if (qs_client_attach(test_segment(tag), NULL, 1, &cl) != QS_OK ||
-        qs_mem_reserve(cl, 512 * MiB) != QS_OK)
+    if (qs_mem_reserve(cl, 512 * MiB) != QS_OK)
         _exit(2);
     struct qs_vmem *vm = qs_client_segment(cl, &card)->vmem[slot];
     vm->magic = 0x6b6e756a;
