@@ -159,6 +159,46 @@ def test_a_taint_keeps_the_time_its_card_was_first_seen_unhealthy() -> None:
     assert since.update([card(0, False), card(1, False)]) == {0: 200.0, 1: 300.0}
 
 
+def test_a_restarted_agent_keeps_the_date_of_a_taint_it_published_before(
+    plugin_with: Callable[..., DraPlugin], backend: LocalVgpus, apiserver: ApiServerDouble
+) -> None:
+    """Before, a restarted agent dated every taint anew, restarting the clock of a NoExecute
+    toleration (`tolerationSeconds`) for a card that had been sick all along."""
+    backend.set_health(1, False)
+    first = plugin_with()
+    wait_for(lambda: "taints" in (devices(apiserver) or [{}, {}])[1])
+    first.stop()
+    left = apiserver.objects[SLICE]
+    left["spec"]["devices"][1]["taints"][0]["timeAdded"] = "2025-01-02T03:04:05Z"
+    apiserver.put_object(SLICE, left)  # as an agent that ran back then left it
+    generation = left["spec"]["pool"]["generation"]
+    plugin_with()
+    wait_for(lambda: apiserver.objects[SLICE]["spec"]["pool"]["generation"] > generation)
+    assert devices(apiserver)[1]["taints"][0]["timeAdded"] == "2025-01-02T03:04:05Z"
+
+
+def test_a_published_taint_of_a_card_now_healthy_is_not_kept(
+    plugin_with: Callable[..., DraPlugin], backend: LocalVgpus, apiserver: ApiServerDouble
+) -> None:
+    """Guard: a card that healed while the agent was down is untainted by its first publish."""
+    backend.set_health(1, False)
+    first = plugin_with()
+    wait_for(lambda: "taints" in (devices(apiserver) or [{}, {}])[1])
+    first.stop()
+    backend.set_health(1, True)
+    plugin_with()
+    wait_for(lambda: "taints" not in devices(apiserver)[1])
+
+
+def test_a_published_taint_date_that_cannot_be_read_is_dated_anew() -> None:
+    """Bad input: a slice somebody edited by hand; the card is dated now, nothing raises."""
+    since = UnhealthySince(lambda: 500.0)
+    device = {"attributes": {"uuid": {"string": "GPU-1"}},
+              "taints": [{"key": "qshare.io/unhealthy", "timeAdded": "yesterday"}]}  # fmt: skip
+    since.adopt({"spec": {"devices": [device, {"taints": "none"}, "junk"]}})
+    assert since.update([card(1, False)]) == {1: 500.0}
+
+
 def test_stopping_the_plugin_ends_an_open_health_stream(
     plugin_with: Callable[..., DraPlugin], kubelet: KubeletDouble, settings: KubernetesSettings
 ) -> None:

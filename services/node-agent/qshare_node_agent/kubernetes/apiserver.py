@@ -149,6 +149,15 @@ class KubeApi:
         )  # fmt: skip
         return Watch(self, f"{RESOURCE}/resourceclaims?{query}", timeout_s)
 
+    def resource_slice(self, name: str) -> dict[str, Any] | None:
+        """The ResourceSlice `name`, or None where there is none."""
+        try:
+            return self.request("GET", f"{RESOURCE}/resourceslices/{name}")
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+            return None
+
     def apply_resource_slice(self, body: dict[str, Any]) -> int:
         """Create the slice, or replace it keeping the server's resourceVersion; the pool
         generation only grows (a restarted plugin continues after the published one).

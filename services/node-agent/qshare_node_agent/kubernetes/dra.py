@@ -79,6 +79,7 @@ class DraPlugin:
             "DRAPlugin", settings.driver, str(settings.dra_socket), served
         )
         self._unhealthy_since = resourceslice.UnhealthySince()
+        self._dates_adopted = False
         self.generation = 0
         self._card_mib = _card_mib(backend.cards())  # kept current by the card watch
         self._publish_wanted = threading.Event()
@@ -148,6 +149,7 @@ class DraPlugin:
     # -- ResourceSlice -----------------------------------------------------------------
     def publish(self) -> dict[str, Any]:
         """Publish the slice now (a new pool generation) and return what was sent."""
+        self._adopt_taint_dates()
         self.generation += 1
         cards = self.backend.cards()
         body = resourceslice.resource_slice(
@@ -161,9 +163,20 @@ class DraPlugin:
         self.generation = self.api.apply_resource_slice(body)
         return body
 
+    def _adopt_taint_dates(self) -> None:
+        """Once, before the first publish: the taint dates of the slice an earlier run left
+        (a failed read raises, and the publish is tried again)."""
+        if self._dates_adopted:
+            return
+        name = resourceslice.slice_name(self.settings.node_name, self.settings.driver)
+        published = self.api.resource_slice(name)
+        if published is not None:
+            self._unhealthy_since.adopt(published)
+        self._dates_adopted = True
+
     def _taints(self, cards: list[CardInfo]) -> dict[int, dict[str, str]]:
         """The unhealthy cards' taints by index, each dated when its card was first seen
-        unhealthy (by this plugin: a restarted agent dates them anew)."""
+        unhealthy (by this agent, or by its run before: `_adopt_taint_dates`)."""
         effect = self.settings.unhealthy_taint_effect
         since = self._unhealthy_since.update(cards)
         return {i: resourceslice.unhealthy_taint(effect, t) for i, t in since.items()}

@@ -17,6 +17,7 @@ from qshare_node_agent.kubernetes.backend import CardInfo
 
 DEFAULT_CORES = 10
 UNHEALTHY_TAINT = "qshare.io/unhealthy"
+TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"  # metav1.Time as the API server writes it
 
 
 class UnhealthySince:
@@ -28,6 +29,17 @@ class UnhealthySince:
         self._clock = clock
         self._since: dict[str, float] = {}
 
+    def adopt(self, published: Mapping[str, Any]) -> None:
+        """Take the dates of the unhealthy taints on `published` (the slice an earlier run
+        of the agent left), by card UUID: a restarted agent keeps a sick card's first date
+        rather than restarting a NoExecute toleration's clock. Dates it cannot read are
+        skipped (the card is dated now)."""
+        spec = published.get("spec")
+        for body in spec.get("devices") or [] if isinstance(spec, dict) else []:
+            uuid, stamp = _card_uuid(body), _taint_date(body)
+            if uuid is not None and stamp is not None:
+                self._since.setdefault(uuid, stamp)
+
     def update(self, cards: list[CardInfo]) -> dict[int, float]:
         """The unhealthy cards' times by index; a healed card's time is forgotten."""
         now = self._clock()
@@ -36,8 +48,33 @@ class UnhealthySince:
 
 
 def unhealthy_taint(effect: str, since: float) -> dict[str, str]:
-    stamp = datetime.fromtimestamp(int(since), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    stamp = datetime.fromtimestamp(int(since), UTC).strftime(TIME_FORMAT)
     return {"key": UNHEALTHY_TAINT, "effect": effect, "timeAdded": stamp}
+
+
+def _card_uuid(device: Any) -> str | None:
+    """The `uuid` attribute of a published device; None where it has none."""
+    attrs = device.get("attributes") if isinstance(device, dict) else None
+    uuid = attrs.get("uuid") if isinstance(attrs, dict) else None
+    value = uuid.get("string") if isinstance(uuid, dict) else None
+    return value if isinstance(value, str) else None
+
+
+def _taint_date(device: Any) -> float | None:
+    """The `timeAdded` of a published device's unhealthy taint, as seconds; None without
+    one, or one that cannot be read."""
+    taints = device.get("taints") if isinstance(device, dict) else None
+    for taint in taints if isinstance(taints, list) else []:
+        if isinstance(taint, dict) and taint.get("key") == UNHEALTHY_TAINT:
+            try:
+                return (
+                    datetime.strptime(str(taint.get("timeAdded")), TIME_FORMAT)
+                    .replace(tzinfo=UTC)
+                    .timestamp()
+                )
+            except ValueError:
+                return None
+    return None
 
 
 def slice_name(node: str, driver: str) -> str:
