@@ -257,6 +257,10 @@ typedef struct qsc_vgpu_set {
  * QSHARE_VGPU=ID. 0 after a message naming the variable at fault (a bad id or UUID, an id or
  * a card named twice, QSHARE_VGPU unset or bad). */
 int qsc_vgpu_set_read(char *const *env, qsc_vgpu_set *out);
+/* CUDA_VISIBLE_DEVICES from environment `env`'s QSHARE_VISIBLE_<INDEX>=<CARD_UUID> cards,
+ * in index order, each once, into `out` (visible.c): how many cards, 0 when none is named, -1
+ * after a message naming the variable at fault (or when `len` is too short). */
+int qsc_visible_compose(char *const *env, char *out, size_t len);
 /* The index of the entry on the card with UUID `bytes`; -1 when none is. */
 int qsc_vgpu_set_find(const qsc_vgpu_set *set, const char bytes[16]);
 /* "vGPU 1 on GPU-..., vGPU 2 on GPU-..." into `out` (truncated to `len`). */
@@ -359,6 +363,7 @@ enum {
     QSC_WARN_STREAMS,
     QSC_WARN_UNSERVED,  /* a card in no entry of the set */
     QSC_WARN_OTHER_CARD, /* work on a second card of the set */
+    QSC_WARN_VISIBLE,    /* a QSHARE_VISIBLE_<INDEX> that CUDA_VISIBLE_DEVICES cannot take */
     QSC_WARN_COUNT
 };
 /* Map a failing qs_status to the CUresult returned to the program. */

@@ -119,7 +119,8 @@ class NodeOwner:
             LD_LIBRARY_PATH=str(FAKE_DIR),
         )
         env.pop("QSHARE_VGPU", None)
-        for name in [n for n in env if n.startswith("QSHARE_VGPU_")]:
+        env.pop("CUDA_VISIBLE_DEVICES", None)  # the fake driver honours it, as the real one
+        for name in [n for n in env if n.startswith(("QSHARE_VGPU_", "QSHARE_VISIBLE_"))]:
             del env[name]
         if vgpu is not None:
             env["QSHARE_VGPU"] = str(vgpu)

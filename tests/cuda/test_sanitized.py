@@ -10,7 +10,7 @@ import pytest
 
 from qshare.native_build import ASAN_TOOLS, ROOT, build_cuda
 
-from .conftest import LP_VGPU, SMALL_LIMIT, SMALL_VGPU, NodeOwner, parse_reply
+from .conftest import CARD_UUID, LP_VGPU, SMALL_LIMIT, SMALL_VGPU, NodeOwner, parse_reply
 
 ASAN_DIR = ASAN_TOOLS
 SUPPRESSIONS = ROOT / "native" / "cuda" / "testing" / "lsan.supp"
@@ -166,3 +166,20 @@ def test_many_streams_destroys_and_contexts_run_clean(
     ]
     assert all(r["rc"] == "0" for r in replies if "rc" in r), replies
     assert replies[-1] == {"cmd": "deadhandles", "n": "0"}
+
+
+def test_composing_cuda_visible_devices_runs_clean(sanitized_probe: Path, node: NodeOwner) -> None:
+    """The interposer's constructor composing CUDA_VISIBLE_DEVICES from QSHARE_VISIBLE_<INDEX>
+    (a card named twice, out of order), and refusing a malformed one."""
+    second = "GPU-0a1b2c3d-0000-4000-8000-00000000c1de"
+    cards = {"QSHARE_FAKE_GPU_COUNT": "2", "QSHARE_FAKE_GPU_UUID_1": second}
+    named = {
+        "QSHARE_VISIBLE_1": second,
+        "QSHARE_VISIBLE_0": CARD_UUID,
+        "QSHARE_VISIBLE_00": CARD_UUID,
+    }
+    [line] = run_sanitized(sanitized_probe, node, LP_VGPU, ["cards"], cards | named)
+    assert parse_reply(line)["visible"] == f"{CARD_UUID},{second}"
+    bad = named | {"QSHARE_VISIBLE_9": "GPU-nope"}
+    [line] = run_sanitized(sanitized_probe, node, LP_VGPU, ["cards"], cards | bad)
+    assert parse_reply(line)["visible"] == "-"

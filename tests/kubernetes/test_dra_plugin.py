@@ -146,7 +146,8 @@ def test_prepare_makes_the_vgpu_and_answers_with_a_valid_cdi_device(
     assert list(device.cdi_device_ids) == [f"qshare.io/vgpu={spec['devices'][0]['name']}"]
     env = spec["devices"][0]["containerEdits"]["env"]
     assert f"QSHARE_VGPU={vgpu.vgpu_id}" in env
-    assert f"CUDA_VISIBLE_DEVICES={CARDS[0].uuid}" in env
+    assert f"QSHARE_VISIBLE_0={CARDS[0].uuid}" in env
+    assert not [item for item in env if item.startswith("CUDA_VISIBLE_DEVICES=")]
 
 
 def test_the_v1beta1_service_prepares_too(

@@ -27,7 +27,8 @@ def test_the_vgpu_carries_the_environment_the_launcher_sets(backend: LocalVgpus)
     assert vgpu.env["QSHARE_VGPU"] == str(vgpu.vgpu_id)
     assert vgpu.env["QSHARE_SEGMENT"] == backend._node.name
     assert vgpu.env["QSHARE_SHM_DIR"] == str(backend.segment_dir)
-    assert vgpu.env["CUDA_VISIBLE_DEVICES"] == CARDS[1].uuid
+    assert vgpu.env["QSHARE_VISIBLE_1"] == CARDS[1].uuid  # card 1's index and uuid
+    assert "CUDA_VISIBLE_DEVICES" not in vgpu.env  # the interposer sets it (several claims)
     assert vgpu.env["LD_PRELOAD"].endswith("libqshare-cuda.so")
 
 

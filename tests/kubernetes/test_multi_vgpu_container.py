@@ -25,6 +25,8 @@ from .conftest import CARDS, NODE, resource_claim, store_claim, validate_cdi, wa
 from .doubles import ApiServerDouble, KubeletDouble
 
 BOTH_CARDS = f"{CARDS[0].uuid},{CARDS[1].uuid}"
+VISIBLE_PREFIX = "QSHARE_VISIBLE_"  # the name the interposer reads (native/cuda/visible.c)
+BOTH_VISIBLE = {f"QSHARE_VISIBLE_{c.index}": c.uuid for c in CARDS[:2]}
 
 
 def card_nodes(index: int) -> tuple[str, ...]:
@@ -90,6 +92,10 @@ def vgpu_variables(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k.startswith(VGPU_PREFIX)}
 
 
+def visible_variables(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k.startswith(VISIBLE_PREFIX)}
+
+
 def expected_variables(backend: LocalVgpus) -> dict[str, str]:
     return {f"QSHARE_VGPU_{v.vgpu_id}": v.card_uuid for v in backend.prepared().values()}
 
@@ -104,7 +110,8 @@ def test_a_claim_of_two_cards_gives_its_container_both_vgpus_and_both_cards(
     keep: Literal["last", "first"],
 ) -> None:
     """Before: each device set CUDA_VISIBLE_DEVICES to its own card, so the container kept
-    one card (whichever device the runtime applied last), and named one vGPU only."""
+    one card (whichever device the runtime applied last), and named one vGPU only. Now each
+    names its card's index, and the interposer lists both (test_claim_process.py runs it)."""
     claim = store_claim(apiserver, two_card_claim("pair"))
     ids = prepared_ids(kubelet, settings, claim)
     assert len(ids) == 2
@@ -112,7 +119,8 @@ def test_a_claim_of_two_cards_gives_its_container_both_vgpus_and_both_cards(
     env = container["env"]
     assert vgpu_variables(env) == expected_variables(backend)
     assert len(vgpu_variables(env)) == 2
-    assert env["CUDA_VISIBLE_DEVICES"] == BOTH_CARDS
+    assert visible_variables(env) == BOTH_VISIBLE
+    assert "CUDA_VISIBLE_DEVICES" not in env
     assert {"/dev/nvidia0", "/dev/nvidia1"} <= set(container["device_nodes"])
     assert env["QSHARE_VGPU"] in {str(v.vgpu_id) for v in backend.prepared().values()}
 
@@ -125,8 +133,9 @@ def test_a_container_given_devices_of_two_claims_names_every_vgpu(
     backend: LocalVgpus,
 ) -> None:
     """Each vGPU's variable is a name of its own, so none is lost in the merge; the cards'
-    device nodes add up too. CUDA_VISIBLE_DEVICES, one variable, keeps one claim's cards
-    (documented in docs/kubernetes.md)."""
+    device nodes add up too, and so do the cards' QSHARE_VISIBLE_<index>. Before, each
+    claim's devices set CUDA_VISIBLE_DEVICES to the claim's cards, and the container kept the
+    last claim's: one card of two."""
     first = store_claim(apiserver, resource_claim("left", device="gpu-0"))
     second = store_claim(apiserver, resource_claim("right", device="gpu-1"))
     ids = prepared_ids(kubelet, settings, first) + prepared_ids(kubelet, settings, second)
@@ -134,7 +143,8 @@ def test_a_container_given_devices_of_two_claims_names_every_vgpu(
     assert vgpu_variables(container["env"]) == expected_variables(backend)
     assert len(vgpu_variables(container["env"])) == 2
     assert {"/dev/nvidia0", "/dev/nvidia1"} <= set(container["device_nodes"])
-    assert container["env"]["CUDA_VISIBLE_DEVICES"] == CARDS[1].uuid  # the last claim's
+    assert visible_variables(container["env"]) == BOTH_VISIBLE
+    assert "CUDA_VISIBLE_DEVICES" not in container["env"]
 
 
 def test_a_claim_of_two_shares_of_one_card_lists_the_card_once(
@@ -148,7 +158,7 @@ def test_a_claim_of_two_shares_of_one_card_lists_the_card_once(
     body["status"]["allocation"]["devices"]["results"][1]["device"] = "gpu-0"
     ids = prepared_ids(kubelet, settings, store_claim(apiserver, body))
     env = inject(settings.cdi_dir, ids)["env"]
-    assert env["CUDA_VISIBLE_DEVICES"] == CARDS[0].uuid
+    assert visible_variables(env) == {"QSHARE_VISIBLE_0": CARDS[0].uuid}
     assert set(vgpu_variables(env).values()) == {CARDS[0].uuid}
     assert len(vgpu_variables(env)) == 2
 
@@ -254,7 +264,8 @@ def test_an_allocate_for_a_container_of_two_vgpus_gives_both_and_both_cards(
     envs = dict(container.envs)
     assert vgpu_variables(envs) == expected_variables(backend)
     assert len(vgpu_variables(envs)) == 2
-    assert envs["CUDA_VISIBLE_DEVICES"] == BOTH_CARDS
+    assert envs["CUDA_VISIBLE_DEVICES"] == BOTH_CARDS  # all in one answer: set here too
+    assert visible_variables(envs) == BOTH_VISIBLE
     paths = [d.container_path for d in container.devices]
     assert sorted(paths) == sorted(set(paths))  # each node once
     assert {"/dev/nvidia0", "/dev/nvidia1"} <= set(paths)

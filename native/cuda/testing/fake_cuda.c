@@ -1,6 +1,8 @@
 /* fake_cuda.c — TEST DOUBLE of libcuda.so.1 for CI machines without a GPU. Not a real
- * driver: the devices of fake_cuda_config.h (one unless configured), each with its primary
- * context, and streams that execute their
+ * driver: the devices of fake_cuda_config.h (one unless configured), of which
+ * CUDA_VISIBLE_DEVICES picks and orders the ones enumerated as on the real driver (NVML, the
+ * real one's and the fake's, lists them all), each with its primary context, and streams that
+ * execute their
  * work asynchronously and in order on a device thread each, a kernel taking the time its
  * name gives ("sleep_us_250" runs 250 µs; "replay" runs the nanoseconds its first
  * parameter points to, a uint64_t, so a trace's kernels can be replayed; "hold_launch" is
@@ -386,6 +388,63 @@ static void wait_stream(CUstream st) {
 }
 
 /* ---- initialization, devices, contexts ---- */
+/* CUDA_VISIBLE_DEVICES, read as the real driver reads it, once, before the first device is
+ * known: a comma-separated list of simulated devices by index or by full UUID, the devices
+ * visible in its order (ordinal k is the k-th named), up to the first entry naming no device
+ * or one named already; unset, every device in index order. (The real driver also takes a
+ * UUID's unique prefix and MIG-... names; this double does not.) */
+static pthread_once_t visible_once = PTHREAD_ONCE_INIT;
+static int visible[FAKE_MAX_GPUS]; /* ordinal -> simulated device */
+static int visible_n;
+
+/* The simulated device an entry of CUDA_VISIBLE_DEVICES names, or -1. */
+static int named_device(const char *entry) {
+    char *end = NULL;
+    long index = strtol(entry, &end, 10);
+    if (end != entry && *end == '\0')
+        return index >= 0 && index < fake_gpu_count() ? (int)index : -1;
+    for (int dev = 0; dev < fake_gpu_count(); dev++) {
+        char text[QSC_UUID_TEXT_LEN];
+        fake_gpu_uuid_of(dev, text);
+        if (strcmp(entry, text) == 0) return dev;
+    }
+    return -1;
+}
+
+static int already_visible(int dev) {
+    for (int k = 0; k < visible_n; k++)
+        if (visible[k] == dev) return 1;
+    return 0;
+}
+
+static void read_visible(void) {
+    const char *list = getenv("CUDA_VISIBLE_DEVICES");
+    if (list == NULL) {
+        for (visible_n = 0; visible_n < fake_gpu_count(); visible_n++)
+            visible[visible_n] = visible_n;
+        return;
+    }
+    char copy[1024], *save = NULL;
+    snprintf(copy, sizeof copy, "%s", list);
+    for (char *e = strtok_r(copy, ",", &save); e != NULL && visible_n < FAKE_MAX_GPUS;
+         e = strtok_r(NULL, ",", &save)) {
+        int dev = named_device(e);
+        if (dev < 0 || already_visible(dev)) break;
+        visible[visible_n++] = dev;
+    }
+}
+
+static int visible_count(void) {
+    pthread_once(&visible_once, read_visible);
+    return visible_n;
+}
+
+/* 1 when `dev` is a visible device's ordinal. */
+static int device_valid(int dev) { return dev >= 0 && dev < visible_count(); }
+
+/* The simulated device of visible ordinal `dev` (a valid one). */
+static int simulated(int dev) { return device_valid(dev) ? visible[dev] : dev; }
+
 /* CUDA cannot be used in a child forked after the parent initialized it: the child's calls,
  * cuInit included, are refused as not initialized, as the real driver refuses them. */
 static _Atomic int forked_after_init;
@@ -401,6 +460,7 @@ __attribute__((constructor)) static void watch_forks(void) {
 EXPORT CUresult cuInit(unsigned int flags) {
     (void)flags;
     if (atomic_load(&forked_after_init)) return CUDA_ERROR_NOT_INITIALIZED;
+    if (visible_count() == 0) return CUDA_ERROR_NO_DEVICE; /* as the driver: none visible */
     atomic_store(&initialized, 1);
     return CUDA_SUCCESS;
 }
@@ -412,27 +472,27 @@ EXPORT CUresult cuDriverGetVersion(int *version) {
 
 EXPORT CUresult cuDeviceGetCount(int *count) {
     if (!atomic_load(&initialized)) return CUDA_ERROR_NOT_INITIALIZED;
-    *count = fake_gpu_count();
+    *count = visible_count();
     return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuDeviceGet(CUdevice *dev, int ordinal) {
     if (!atomic_load(&initialized)) return CUDA_ERROR_NOT_INITIALIZED;
-    if (!fake_gpu_valid(ordinal)) return CUDA_ERROR_INVALID_DEVICE;
+    if (!device_valid(ordinal)) return CUDA_ERROR_INVALID_DEVICE;
     *dev = ordinal;
     return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice dev) {
-    if (!fake_gpu_valid(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    if (!device_valid(dev)) return CUDA_ERROR_INVALID_DEVICE;
     snprintf(name, (size_t)len, "qshare fake GPU (test double)");
     return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) {
-    if (!fake_gpu_valid(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    if (!device_valid(dev)) return CUDA_ERROR_INVALID_DEVICE;
     char text[QSC_UUID_TEXT_LEN];
-    fake_gpu_uuid_of(dev, text);
+    fake_gpu_uuid_of(simulated(dev), text);
     qsc_uuid_parse(text, uuid->bytes);
     return CUDA_SUCCESS;
 }
@@ -440,8 +500,8 @@ EXPORT CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) {
 EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev) { return cuDeviceGetUuid(uuid, dev); }
 
 EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
-    if (!fake_gpu_valid(dev)) return CUDA_ERROR_INVALID_DEVICE;
-    *bytes = (size_t)fake_gpu_mem_of(dev);
+    if (!device_valid(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    *bytes = (size_t)fake_gpu_mem_of(simulated(dev));
     return CUDA_SUCCESS;
 }
 
@@ -451,14 +511,14 @@ static _Atomic int primary_refs[FAKE_MAX_GPUS];
 static void destroy_context(CUcontext ctx);
 
 EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev) {
-    if (!fake_gpu_valid(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    if (!device_valid(dev)) return CUDA_ERROR_INVALID_DEVICE;
     atomic_fetch_add(&primary_refs[dev], 1);
     *ctx = &primaries[dev];
     return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
-    if (!fake_gpu_valid(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    if (!device_valid(dev)) return CUDA_ERROR_INVALID_DEVICE;
     int refs = atomic_load(&primary_refs[dev]);
     do {
         if (refs == 0) return CUDA_ERROR_INVALID_CONTEXT;
@@ -468,7 +528,7 @@ EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
 }
 
 EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active) {
-    if (!fake_gpu_valid(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    if (!device_valid(dev)) return CUDA_ERROR_INVALID_DEVICE;
     if (flags == NULL || active == NULL) return CUDA_ERROR_INVALID_VALUE;
     *flags = 0;
     *active = atomic_load(&primary_refs[dev]) > 0;
@@ -479,7 +539,7 @@ EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, in
  * shortcut, so that a destroyed one's handle can still be told dead. */
 EXPORT CUresult cuCtxCreate_v2(CUcontext *ctx, unsigned int flags, CUdevice dev) {
     (void)flags;
-    if (!fake_gpu_valid(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    if (!device_valid(dev)) return CUDA_ERROR_INVALID_DEVICE;
     CUcontext made = calloc(1, sizeof *made);
     if (made == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
     made->device = dev;
@@ -509,7 +569,7 @@ EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
 }
 
 EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
-    if (!fake_gpu_valid(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    if (!device_valid(dev)) return CUDA_ERROR_INVALID_DEVICE;
     destroy_context(&primaries[dev]);
     return CUDA_SUCCESS;
 }
@@ -955,7 +1015,8 @@ static pthread_mutex_t alloc_lock = PTHREAD_MUTEX_INITIALIZER;
 static allocation *allocations;
 
 static CUresult take(uint64_t bytes) {
-    uint64_t total = fake_gpu_mem_of(owning_context()->device), used = atomic_load(&used_bytes);
+    uint64_t total = fake_gpu_mem_of(simulated(owning_context()->device));
+    uint64_t used = atomic_load(&used_bytes);
     do {
         if (bytes > total - used) return CUDA_ERROR_OUT_OF_MEMORY;
     } while (!atomic_compare_exchange_weak(&used_bytes, &used, used + bytes));
@@ -1197,7 +1258,7 @@ EXPORT CUresult cuPointerGetAttribute(void *data, int attr, CUdeviceptr ptr) {
 }
 
 EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev) {
-    if (!fake_gpu_valid(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    if (!device_valid(dev)) return CUDA_ERROR_INVALID_DEVICE;
     *pool = &the_pool;
     return CUDA_SUCCESS;
 }
@@ -1262,7 +1323,7 @@ EXPORT CUresult cuArrayDestroy(CUarray array) {
 
 EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
     if (current_context == NULL) return CUDA_ERROR_INVALID_CONTEXT;
-    uint64_t total = fake_gpu_mem_of(current_context->device);
+    uint64_t total = fake_gpu_mem_of(simulated(current_context->device));
     *free_bytes = (size_t)(total - atomic_load(&used_bytes));
     *total_bytes = (size_t)total;
     return CUDA_SUCCESS;
@@ -1530,7 +1591,7 @@ EXPORT CUresult cuGraphUpload(CUgraphExec exec, CUstream stream) {
 
 /* What the pool holds unused goes back to the device. */
 EXPORT CUresult cuDeviceGraphMemTrim(CUdevice dev) {
-    if (!fake_gpu_valid(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    if (!device_valid(dev)) return CUDA_ERROR_INVALID_DEVICE;
     pthread_mutex_lock(&graph_pool_lock);
     atomic_fetch_sub(&used_bytes, graph_pool_reserved - graph_pool_in_use);
     graph_pool_reserved = graph_pool_in_use;
@@ -1539,7 +1600,7 @@ EXPORT CUresult cuDeviceGraphMemTrim(CUdevice dev) {
 }
 
 EXPORT CUresult cuDeviceGetGraphMemAttribute(CUdevice dev, int attr, void *value) {
-    if (!fake_gpu_valid(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    if (!device_valid(dev)) return CUDA_ERROR_INVALID_DEVICE;
     if (value == NULL) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&graph_pool_lock);
     uint64_t v = attr == CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT ? graph_pool_reserved

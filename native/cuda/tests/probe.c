@@ -1,6 +1,7 @@
 /* probe.c — the commands of the probe (see probe.h). Times are CLOCK_MONOTONIC ns, the
  * clock of the driver's events, so tests can order what several processes saw. */
 #include "probe.h"
+#include "gpu_uuid.h"
 
 #include <dlfcn.h>
 #include <pthread.h>
@@ -154,6 +155,24 @@ static void cmd_meminfo(probe *p, int dev) {
     CUresult rc2 = p->d->cuDeviceTotalMem_v2(&dev_total, dev);
     printf("meminfo rc=%d free=%zu total=%zu device_rc=%d device_total=%zu\n", rc, free_b, total,
            rc2, dev_total);
+}
+
+/* cards: the devices the driver enumerates (cuInit, then each ordinal's UUID, in order) and
+ * the CUDA_VISIBLE_DEVICES the process has by then ("-" when unset). */
+static void cmd_cards(probe *p) {
+    const char *visible = getenv("CUDA_VISIBLE_DEVICES");
+    int count = 0;
+    CUresult rc = p->d->cuInit(0);
+    if (rc == CUDA_SUCCESS) rc = p->d->cuDeviceGetCount(&count);
+    printf("cards rc=%d count=%d visible=%s uuids=", rc, rc == CUDA_SUCCESS ? count : 0,
+           visible == NULL ? "-" : *visible == '\0' ? "(empty)" : visible);
+    for (int dev = 0; rc == CUDA_SUCCESS && dev < count; dev++) {
+        CUuuid uuid;
+        char text[QSC_UUID_TEXT_LEN] = "unreadable";
+        if (p->d->cuDeviceGetUuid(&uuid, dev) == CUDA_SUCCESS) qsc_uuid_format(uuid.bytes, text);
+        printf("%s%s", dev ? "," : "", text);
+    }
+    printf("\n");
 }
 
 /* nvml [DEV]: NVML's memory information of device DEV (0 unless given). */
@@ -906,6 +925,7 @@ static void run(probe *p, char *line) {
     else if (strcmp(cmd, "free") == 0) cmd_free(p, atoi(arg1));
     else if (strcmp(cmd, "meminfo") == 0) cmd_meminfo(p, atoi(arg1));
     else if (strcmp(cmd, "nvml") == 0) cmd_nvml(p, (unsigned)atoi(arg1));
+    else if (strcmp(cmd, "cards") == 0) cmd_cards(p);
     else if (strcmp(cmd, "launch") == 0) cmd_launch(p, arg1, n1, n2 ? n2 : 1);
     else if (strcmp(cmd, "sync") == 0) cmd_sync(p);
     else if (strcmp(cmd, "spread") == 0) cmd_spread(p, strtoul(arg1, NULL, 10), n1, n2);

@@ -47,6 +47,8 @@ typedef struct probe_driver {
     nvmlReturn_t (*nvmlDeviceGetHandleByIndex_v2)(unsigned int, nvmlDevice_t *);
     nvmlReturn_t (*nvmlDeviceGetMemoryInfo)(nvmlDevice_t, nvmlMemory_t *);
     nvmlReturn_t (*nvmlDeviceGetMemoryInfo_v2)(nvmlDevice_t, nvmlMemory_v2_t *);
+    CUresult (*cuDeviceGetCount)(int *);
+    CUresult (*cuDeviceGetUuid)(CUuuid *, CUdevice);
 } probe_driver;
 
 /* Run the commands in argv[first..] (or stdin when there are none). Exit status. */

@@ -36,6 +36,8 @@ nvmlReturn_t nvmlInit_v2(void);
 nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int, nvmlDevice_t *);
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t, nvmlMemory_t *);
 nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t, nvmlMemory_v2_t *);
+CUresult cuDeviceGetCount(int *);
+CUresult cuDeviceGetUuid(CUuuid *, CUdevice);
 
 int main(int argc, char **argv) {
     const probe_driver d = {
@@ -47,6 +49,7 @@ int main(int argc, char **argv) {
         cuMemAllocFromPoolAsync, cuMemCreate, cuMemRelease, cuArrayCreate_v2,
         cuArray3DCreate_v2, cuArrayDestroy, cuMemGetInfo_v2, cuDeviceTotalMem_v2, nvmlInit_v2,
         nvmlDeviceGetHandleByIndex_v2, nvmlDeviceGetMemoryInfo, nvmlDeviceGetMemoryInfo_v2,
+        cuDeviceGetCount, cuDeviceGetUuid,
     };
     return probe_main(&d, argc, argv, 1);
 }

@@ -56,7 +56,7 @@ int main(int argc, char **argv) {
         CU(cuMemRelease), CU(cuArrayCreate), CU(cuArray3DCreate), CU(cuArrayDestroy),
         CU(cuMemGetInfo), CU(cuDeviceTotalMem), NV(nvmlInit_v2),
         NV(nvmlDeviceGetHandleByIndex_v2), NV(nvmlDeviceGetMemoryInfo),
-        NV(nvmlDeviceGetMemoryInfo_v2),
+        NV(nvmlDeviceGetMemoryInfo_v2), CU(cuDeviceGetCount), CU(cuDeviceGetUuid),
     };
 #undef CU
 #undef NV

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 from qshare import atomic_file
 from qshare_driver.node import Policy
 from qshare_node_agent.kubernetes.backend import LocalVgpu
-from qshare_node_agent.kubernetes.container_env import VISIBLE, vgpu_of, visible_devices
+from qshare_node_agent.kubernetes.container_env import vgpu_of
 
 # The oldest CDI version holding what we write (env, mounts without a type, device nodes by
 # path, names starting with a letter, no annotations): a runtime refuses a newer one than its
@@ -41,28 +41,26 @@ def qualified(name: str) -> str:
 
 def spec(vgpus: list[LocalVgpu], policies: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The spec of `vgpus` (one claim's); `policies` (by vGPU key) the card policy each
-    one's claim asked, recorded for a rebuild of the checkpoint. Every device sets the same
-    CUDA_VISIBLE_DEVICES, naming all the claim's cards: a runtime keeps one value of a
-    variable that several devices set (docs/kubernetes.md), whichever it keeps."""
+    one's claim asked, recorded for a rebuild of the checkpoint. No device sets
+    CUDA_VISIBLE_DEVICES: a runtime keeps one value of a variable that several devices set,
+    so of a container's several claims one would win (docs/kubernetes.md). Each sets its
+    card's QSHARE_VISIBLE_<index> instead, a name per card, from which the interposer sets
+    CUDA_VISIBLE_DEVICES to every card of every claim."""
     asked = policies or {}
-    visible = visible_devices(vgpus)
     return {
         "cdiVersion": CDI_VERSION,
         "kind": KIND,
         "devices": [
-            {"name": device_name(v.key), "containerEdits": edits(v, asked.get(v.key), visible)}
+            {"name": device_name(v.key), "containerEdits": edits(v, asked.get(v.key))}
             for v in vgpus
         ],
     }
 
 
-def edits(vgpu: LocalVgpu, policy: str | None = None, visible: str | None = None) -> dict[str, Any]:
-    """The device's edits (`visible`: the CUDA_VISIBLE_DEVICES of its claim, else its own
-    card's); a claim's policy is recorded in its environment (an annotation would need CDI
-    0.6.0, which a runtime of an older CDI library refuses)."""
+def edits(vgpu: LocalVgpu, policy: str | None = None) -> dict[str, Any]:
+    """The device's edits; a claim's policy is recorded in its environment (an annotation
+    would need CDI 0.6.0, which a runtime of an older CDI library refuses)."""
     env = dict(vgpu.env)
-    if visible is not None:
-        env[VISIBLE] = visible
     if policy is not None:
         env[POLICY_ENV] = policy
     out: dict[str, Any] = {"env": [f"{k}={v}" for k, v in env.items()]}

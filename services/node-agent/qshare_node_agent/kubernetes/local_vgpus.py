@@ -36,7 +36,7 @@ from qshare_node_agent.kubernetes.backend import (
     VgpuWanted,
 )
 from qshare_node_agent.kubernetes.cdi import Recorded
-from qshare_node_agent.kubernetes.container_env import vgpu_variable
+from qshare_node_agent.kubernetes.container_env import vgpu_variable, visible_variable
 from qshare_node_agent.metrics import CHECKPOINTS_SET_ASIDE
 
 log = logging.getLogger(__name__)
@@ -507,7 +507,7 @@ class LocalVgpus:
             "QSHARE_SEGMENT": vgpu.segment,
             "QSHARE_SHM_DIR": vgpu.segment_dir,
             "LD_PRELOAD": CONTAINER_LIBRARY,
-            "CUDA_VISIBLE_DEVICES": vgpu.card_uuid,
+            visible_variable(vgpu.card_index): vgpu.card_uuid,
         }
 
     def _mounts(self, vgpu_id: int) -> tuple[Mount, ...]:
