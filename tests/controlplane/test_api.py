@@ -8,6 +8,9 @@ from typing import Any
 
 import httpx
 import pytest
+from jsonschema import Draft202012Validator
+from referencing import Registry
+from referencing.jsonschema import DRAFT202012
 
 from tests.controlplane.conftest import ADMIN_TOKEN, Register, auth
 
@@ -295,3 +298,43 @@ async def test_openapi_documents_every_route_with_examples(api: httpx.AsyncClien
     assert {"/v1/claims", "/v1/claims/{claim_id}", "/v1/nodes", "/v1/gpus", "/v1/classes"} <= paths
     assert spec["components"]["schemas"]["ClaimSpec"]["examples"]
     assert "422" in spec["paths"]["/v1/claims"]["post"]["responses"]
+
+
+def _examples_against_schemas(spec: dict[str, Any]) -> list[str]:
+    """Every example the document gives for a schema or one of its fields, checked against that
+    schema (OpenAPI 3.1 schemas are JSON Schema 2020-12): what a generated client would check."""
+    registry: Registry[Any] = Registry().with_resource(
+        "urn:openapi", DRAFT202012.create_resource({"components": spec["components"]})
+    )
+    wrong = []
+    for name, schema in spec["components"]["schemas"].items():
+        parts = [
+            (name, schema),
+            *((f"{name}.{f}", s) for f, s in schema.get("properties", {}).items()),
+        ]
+        for where, part in parts:
+            check = Draft202012Validator(_rooted(part), registry=registry)
+            wrong += [
+                f"{where}: {e.message}"
+                for x in part.get("examples", [])
+                for e in check.iter_errors(x)
+            ]
+    return wrong
+
+
+def _rooted(schema: Any) -> Any:
+    if isinstance(schema, dict):
+        return {k: "urn:openapi" + v if k == "$ref" else _rooted(v) for k, v in schema.items()}
+    return [_rooted(x) for x in schema] if isinstance(schema, list) else schema
+
+
+async def test_openapi_examples_are_valid_under_their_own_schemas(api: httpx.AsyncClient) -> None:
+    """Memory fields take '4Gi' as well as integer MiB: their schema must say so, not `integer`
+    beside the anyOf (which made every quantity, the document's own examples too, invalid)."""
+    spec = (await api.get("/openapi.json")).json()
+    assert _examples_against_schemas(spec) == []
+    vmemory = spec["components"]["schemas"]["ClaimSpec"]["properties"]["vmemory"]
+    assert not Draft202012Validator(vmemory).is_valid("4Gx")
+    assert Draft202012Validator(vmemory).is_valid("4Gi") and Draft202012Validator(vmemory).is_valid(
+        4096
+    )

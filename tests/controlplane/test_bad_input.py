@@ -195,3 +195,15 @@ async def test_a_registration_naming_a_card_twice_names_gpus_not_the_body(
     response = await api.post("/v1/nodes", json=body, headers=auth(ADMIN_TOKEN))
     assert _fields(response) == ["gpus"]
     assert response.json()["errors"][0]["message"] == message
+
+
+@pytest.mark.parametrize("generation", [False, True, "3", 1.5])
+async def test_a_registration_s_applied_generation_is_an_integer_not_a_boolean(
+    api: httpx.AsyncClient, generation: object
+) -> None:
+    """Before, `false` and `true` passed as generations 0 and 1 (the schema says integer; the
+    fuzz run, once memory fields admitted quantities, sent `false` and was answered 200)."""
+    card = {"uuid": "d-g0", "index": 0, "model": "A", "memory": "16Gi"}
+    body = {"name": "d", "gpus": [card], "applied_generation": generation}
+    response = await api.post("/v1/nodes", json=body, headers=auth(ADMIN_TOKEN))
+    assert _fields(response) == ["applied_generation"]

@@ -588,3 +588,41 @@ async def test_quotas_set_none_of_a_tenant_without_a_quota_says_so_in_the_clis_t
     err = capsys.readouterr().err
     assert "tenant t-none has no quota, so --cards none has no limit to remove" in err
     assert "PATCH" not in err and "qshare quotas set t-none --cards 8" in err
+
+
+async def test_nodes_get_shows_one_node(
+    api_url: str, register: Register, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`GET /v1/nodes/{name}` had no command: only `nodes list` showed a node."""
+    await register("n1", cards=2)
+    assert await _qshare(api_url, "nodes", "get", "n1") == 0
+    header, row = capsys.readouterr().out.splitlines()
+    assert header.split()[:3] == ["NAME", "STATUS", "GPUS"] and row.split()[:3] == [
+        "n1",
+        "Ready",
+        "2",
+    ]
+    assert await _qshare(api_url, "nodes", "get", "n9") == 1
+    assert "n9" in capsys.readouterr().err
+
+
+async def test_nodes_delete_removes_a_node_or_one_card_and_names_the_claims_it_failed(
+    api_url: str, register: Register, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`DELETE /v1/nodes/{name}` and `/v1/nodes/{name}/gpus/{uuid}` (a decommissioned node or
+    card) were REST only."""
+    await register("n1", cards=2)
+    assert await _create(api_url, "-o", "json") == 0
+    created = json.loads(capsys.readouterr().out)
+    free = {"n1-g0", "n1-g1"} - {created["vgpus"][0]["gpu"]}
+    assert await _qshare(api_url, "nodes", "delete", "n1", "--card", *free) == 0
+    assert (
+        capsys.readouterr().out.strip() == f"card {free.pop()} of node n1 removed; no claim held it"
+    )
+    assert await _qshare(api_url, "nodes", "delete", "n1") == 0
+    assert capsys.readouterr().out.strip() == f"node n1 removed; claims now failed: {created['id']}"
+    await register("n2")
+    nodes = await _json(api_url, capsys, "nodes", "list")
+    assert isinstance(nodes, list) and [n["name"] for n in nodes] == ["n2"]
+    assert await _qshare(api_url, "nodes", "delete", "n1") == 1
+    assert "n1" in capsys.readouterr().err

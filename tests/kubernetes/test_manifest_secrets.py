@@ -33,7 +33,7 @@ from qshare_node_agent.settings import NodeAgentSettings
 from qshare_preemptor.settings import PreemptorSettings
 
 from .conftest import validate_kubernetes
-from .test_manifests import DEPLOY, SECRETS
+from .test_manifests import DEPLOY, KUSTOMIZATIONS, SECRETS, documents
 
 NODES = ["gpu-node-7", "gpu-node-8.zone-a"]
 KUBECTL = shutil.which("kubectl")
@@ -368,3 +368,33 @@ def test_every_pod_carries_the_part_of_label_a_pod_monitor_selects(rendered: Obj
     assert templates
     for template in templates:
         assert template["metadata"]["labels"]["app.kubernetes.io/part-of"] == "qshare"
+
+
+def _namespaces(objects: Objects) -> dict[tuple[str, str], str | None]:
+    return {(o["kind"], o["metadata"]["name"]): o["metadata"].get("namespace") for o in objects}
+
+
+@pytest.mark.parametrize("kustomization", KUSTOMIZATIONS, ids=lambda p: str(p.relative_to(DEPLOY)))
+def test_every_object_lands_in_the_namespace_its_manifest_names(
+    kustomization: Path, rendered: Objects
+) -> None:
+    """A kustomization's `namespace:` moves every namespaced object into it: the scheduler's
+    configuration, written for `kube-system` (where a kube-scheduler can mount it), was
+    rendered into `qshare-system` by the top kustomization."""
+    if kustomization.parent == DEPLOY:
+        objects = rendered
+    else:
+        out = subprocess.run(
+            [str(KUBECTL), "kustomize", str(kustomization.parent)], capture_output=True, check=True
+        )
+        objects = [d for d in yaml.safe_load_all(out.stdout) if d]
+    listed = [kustomization.parent / r for r in documents(kustomization)[0]["resources"]]
+    declared = {
+        key: ns
+        for path in listed
+        if path.is_file()
+        for key, ns in _namespaces(documents(path)).items()
+        if ns is not None
+    }
+    got = _namespaces(objects)
+    assert {key: got.get(key) for key in declared} == declared

@@ -18,7 +18,10 @@ from qshare.settings import ClusterSettings
 class AllocatorSettings(BaseSettings, BusIdentity, HealthSettings, MetricsSettings):
     model_config = SettingsConfigDict(env_prefix="QSHARE_ALLOCATOR_", extra="ignore")
 
-    database_url: DatabaseUrl = "postgresql+asyncpg://qshare:qshare@localhost:5432/qshare"
+    database_url: DatabaseUrl = Field(
+        "postgresql+asyncpg://qshare:qshare@localhost:5432/qshare",
+        description="Postgres, as psql takes it (postgres://, postgresql://, ?sslmode=, hosts)",
+    )
     instance: str = Field(default_factory=socket.gethostname, description="CloudEvents source")
     max_in_flight: int = Field(16, ge=1, description="requests handled at once per replica")
     pool_size: int = Field(20, ge=2, description="at least max_in_flight + 2 (relay, sweeper)")
@@ -42,8 +45,11 @@ class AllocatorSettings(BaseSettings, BusIdentity, HealthSettings, MetricsSettin
         2.0, gt=0, description="ask a node whose heartbeat names no known node to register "
         "again (cmd.register) at most this often",
     )  # fmt: skip
-    migrate_on_start: bool = False
-    trace_console: bool = False
+    migrate_on_start: bool = Field(
+        False,
+        description="upgrade the schema before serving (else `python -m qshare_allocator migrate`)",
+    )
+    trace_console: bool = Field(False, description="also print every span on stderr")
     cluster: ClusterSettings = Field(default_factory=ClusterSettings)
 
     def bus(self, name: str) -> BusOptions:

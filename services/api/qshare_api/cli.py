@@ -120,6 +120,16 @@ def register(subparsers: Sub) -> None:
     wait.set_defaults(handler=command(_on_claim(_wait_claim)))
     nodes = group(subparsers, "nodes", "the inventory of nodes")
     nodes.add_parser("list", help="list nodes").set_defaults(handler=command(_list_nodes))
+    get_node = nodes.add_parser("get", help="get one node")
+    get_node.add_argument("name", type=named)
+    get_node.set_defaults(handler=command(_get_node))
+    delete_node = nodes.add_parser(
+        "delete", help="remove a node, or one of its cards, from the inventory; its claims "
+        "there turn failed (a live agent registers it again); admins",
+    )  # fmt: skip
+    delete_node.add_argument("name", type=named)
+    delete_node.add_argument("--card", type=named, metavar="UUID", help="only this card")
+    delete_node.set_defaults(handler=command(_delete_node))
     for verb, help_ in (
         ("cordon", "place nothing new on a node (its claims keep running); admins"),
         ("uncordon", "place on a node again; admins"),
@@ -558,6 +568,20 @@ def _vgpus_table(claim: dict[str, Any]) -> str:
 def _cordon(client: Client, args: argparse.Namespace) -> Shown:
     node = client.patch(f"/v1/nodes/{segment(args.name)}", {"schedulable": args.schedulable})
     return Shown(node, _nodes_table([node]))
+
+
+def _get_node(client: Client, args: argparse.Namespace) -> Shown:
+    node = client.get(f"/v1/nodes/{segment(args.name)}")
+    return Shown(node, _nodes_table([node]))
+
+
+def _delete_node(client: Client, args: argparse.Namespace) -> Shown:
+    path, what = f"/v1/nodes/{segment(args.name)}", f"node {args.name}"
+    if args.card is not None:
+        path, what = f"{path}/gpus/{segment(args.card)}", f"card {args.card} of {what}"
+    failed = client.delete(path)["failed_claims"]
+    claims = f"claims now failed: {', '.join(failed)}" if failed else "no claim held it"
+    return Shown({"failed_claims": failed}, f"{what} removed; {claims}")
 
 
 def _list_nodes(client: Client, args: argparse.Namespace) -> Shown:

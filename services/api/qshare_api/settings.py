@@ -24,10 +24,15 @@ class ApiSettings(BaseSettings, BusIdentity, MetricsSettings):
 
     model_config = SettingsConfigDict(env_prefix="QSHARE_API_", extra="ignore")
 
-    database_url: DatabaseUrl = "postgresql+asyncpg://qshare:qshare@localhost:5432/qshare"
-    host: str = "127.0.0.1"
-    port: int = Field(8080, ge=1, le=65535)
-    instance: str = Field(default_factory=socket.gethostname)
+    database_url: DatabaseUrl = Field(
+        "postgresql+asyncpg://qshare:qshare@localhost:5432/qshare",
+        description="Postgres, as psql takes it (postgres://, postgresql://, ?sslmode=, hosts)",
+    )
+    host: str = Field(
+        "127.0.0.1", description="address the HTTP server binds (0.0.0.0 in containers)"
+    )
+    port: int = Field(8080, ge=1, le=65535, description="the HTTP port")
+    instance: str = Field(default_factory=socket.gethostname, description="CloudEvents source")
     pool_size: int = Field(
         20, ge=1, description="connections kept open (one per request in flight)"
     )
@@ -66,7 +71,7 @@ class ApiSettings(BaseSettings, BusIdentity, MetricsSettings):
         16, ge=1, le=10_000, description="`GET /v1/events` streams one token may hold open at "
         "once (per API process); one more is a 429"
     )  # fmt: skip
-    trace_console: bool = False
+    trace_console: bool = Field(False, description="also print every span on stderr")
     cluster: ClusterSettings = Field(default_factory=ClusterSettings)
     extender: ExtenderSettings = Field(default_factory=ExtenderSettings)
 

@@ -194,9 +194,11 @@ class BusIdentity(BaseModel):
     """The NATS fields of a service's settings: its URL, identity, TLS and reconnect wait.
     A service's settings class inherits them (with its own env prefix)."""
 
-    nats_url: str = "nats://localhost:4222"
+    nats_url: str = Field("nats://localhost:4222", description="the NATS server (JetStream on)")
     nats_user: str | None = Field(None, description="this service's NATS identity")
-    nats_password: SecretStr | None = None
+    nats_password: SecretStr | None = Field(
+        None, description="this identity's password (or read from the NATS_SECRETS_DIR)"
+    )
     nats_tls_ca: Path | None = Field(None, description="CA bundle; set it to connect over TLS")
     nats_secrets_dir: Path | None = Field(
         None, description="read this service's NATS password here (`python -m qshare.natsauth`)"

@@ -76,18 +76,23 @@ class NodeAgentSettings(BaseSettings, BusIdentity, HealthSettings, MetricsSettin
     shm_dir: Path | None = Field(None, description="segment directory (default /dev/shm)")
     labels: Labels = Field(
         default_factory=dict,
-        description="the node's labels beside the agent's own: a key of OWN_LABELS is refused, "
-        "and a registration holds at most MAX_LABELS with the agent's",
+        description="the node's labels beside the agent's own, a JSON object (e.g. "
+        f'{{"zone": "a"}}); the agent\'s own keys ({", ".join(OWN_LABELS)}) are refused, '
+        f"and a registration holds at most {MAX_LABELS} labels with the agent's",
     )
-    policy: CardPolicy = CardPolicy.BEST_EFFORT
+    policy: CardPolicy = Field(
+        CardPolicy.BEST_EFFORT,
+        description="the cards' own sharing policy among low-priority vGPUs (best-effort, "
+        "fixed-share, burst-share), under a DRA claim's, an admin's and the Node label's",
+    )
     release_delay_s: float = Field(
         0.1, ge=0, le=60, description="release delay; with auto release, the longest it chooses"
     )
     release_auto_bound_s: float | None = Field(
         None, gt=0, le=1,
         description="auto release: the driver chooses each card's release delay, up to "
-        "release_delay_s, so that high priority's p99 grows by at most this many seconds "
-        "(docs/colocation.md); unset: the fixed release_delay_s",
+        "QSHARE_NODE_RELEASE_DELAY_S, so that high priority's p99 grows by at most this many "
+        "seconds (docs/colocation.md); unset: the fixed QSHARE_NODE_RELEASE_DELAY_S",
     )  # fmt: skip
     lp_window_s: float = Field(
         0.0005, ge=1e-6, le=1.0,
@@ -99,8 +104,13 @@ class NodeAgentSettings(BaseSettings, BusIdentity, HealthSettings, MetricsSettin
         description="low priority's queued work waits on the card's gate on the GPU (the CUDA "
         "interposer's device gate; see docs/cuda.md)",
     )
-    heartbeat_s: float = Field(5.0, gt=0, le=300)
-    register_timeout_s: float = Field(5.0, gt=0, le=REGISTER_TIMEOUT_MAX_S)
+    heartbeat_s: float = Field(
+        5.0, gt=0, le=300, description="tell the allocator this often that the node lives"
+    )
+    register_timeout_s: float = Field(
+        5.0, gt=0, le=REGISTER_TIMEOUT_MAX_S, description="wait this long for the allocator's "
+        "answer to a registration (then try again)",
+    )  # fmt: skip
     announce_interval_s: float = Field(
         1.0, ge=0, le=60,
         description="announce the cards' state again (qshare.nodes.announce) at most this often",

@@ -16,10 +16,17 @@ class ExtenderSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="QSHARE_EXTENDER_", extra="ignore")
 
     enabled: bool = Field(False, description="serve /extender/{filter,prioritize,bind}")
-    api_server: str = "https://kubernetes.default.svc"
-    token_file: Path | None = SERVICE_ACCOUNT / "token"
-    ca_file: Path | None = SERVICE_ACCOUNT / "ca.crt"
-    timeout_s: float = Field(5.0, gt=0)
+    api_server: str = Field(
+        "https://kubernetes.default.svc", description="the Kubernetes API server (binds, pods)"
+    )
+    token_file: Path | None = Field(
+        SERVICE_ACCOUNT / "token", description="bearer token for the API server (the pod's own)"
+    )
+    ca_file: Path | None = Field(
+        SERVICE_ACCOUNT / "ca.crt",
+        description="CA bundle the API server's certificate is checked against",
+    )
+    timeout_s: float = Field(5.0, gt=0, description="wait this long for the API server")
     vmemory_unit_mib: int = Field(
         256, ge=1, description="MiB per unit of qshare.io/vmemory (the node agents' "
         "QSHARE_K8S_VMEMORY_UNIT_MIB must be the same)",

@@ -6,7 +6,15 @@ import uuid
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictStr, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictStr,
+    WithJsonSchema,
+    model_validator,
+)
 
 from qshare.contracts.domain import ClaimStatus, PlacementPolicy, Priority
 from qshare.contracts.quantities import format_mib, parse_mib
@@ -42,18 +50,18 @@ def _memory(value: Any) -> int:
     return mib
 
 
+MEMORY_SCHEMA = {
+    "anyOf": [
+        {"type": "integer", "minimum": 1, "maximum": MAX_MIB, "description": "MiB"},
+        {"type": "string", "pattern": r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$"},
+    ],
+    "examples": [4096, "4Gi", "512Mi"],
+}
+"""What a memory field accepts, as its whole schema: extending `int`'s would keep a
+`type: integer` beside the anyOf, which refuses every quantity (`'4Gi'`) in JSON Schema."""
+
 MemoryMiB = Annotated[
-    int,
-    BeforeValidator(_memory),
-    Field(
-        json_schema_extra={
-            "anyOf": [
-                {"type": "integer", "minimum": 1, "maximum": MAX_MIB, "description": "MiB"},
-                {"type": "string", "pattern": r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$"},
-            ],
-            "examples": [4096, "4Gi", "512Mi"],
-        }
-    ),
+    int, BeforeValidator(_memory), WithJsonSchema(MEMORY_SCHEMA, mode="validation")
 ]
 """Integer MiB or a Kubernetes quantity, always stored as whole MiB."""
 

@@ -82,7 +82,7 @@ class NodeRegistration(BaseModel):
     shm_dir: Annotated[str, Field(max_length=255, pattern=r"^/[^\x00]*$")] | None = Field(
         None, description="directory of the segment (None: the driver's default)"
     )
-    applied_generation: Annotated[int, Field(ge=-1, le=MAX_GENERATION)] = Field(
+    applied_generation: Annotated[int, Field(ge=-1, le=MAX_GENERATION), WHOLE] = Field(
         -1,
         description="the latest desired generation this agent applied since it started (-1: "
         "none yet, a starting agent); a running agent registering again (its labels changed) "

@@ -57,10 +57,16 @@ class OtlpSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="OTEL_", extra="ignore")
 
-    sdk_disabled: bool = False
-    traces_exporter: Literal["otlp", "console", "none"] = "otlp"
-    exporter_otlp_endpoint: AnyHttpUrl | None = None
-    exporter_otlp_traces_endpoint: AnyHttpUrl | None = None
+    sdk_disabled: bool = Field(False, description="true: no traces at all")
+    traces_exporter: Literal["otlp", "console", "none"] = Field(
+        "otlp", description="where spans go: the OTLP endpoint, the console, or nowhere"
+    )
+    exporter_otlp_endpoint: AnyHttpUrl | None = Field(
+        None, description="OTLP/HTTP collector; spans go to its /v1/traces (unset: none sent)"
+    )
+    exporter_otlp_traces_endpoint: AnyHttpUrl | None = Field(
+        None, description="the traces URL itself, instead of the endpoint's /v1/traces"
+    )
     exporter_otlp_protocol: Literal["http/protobuf"] = Field(
         "http/protobuf", description="the one protocol qshare ships an exporter for"
     )

@@ -27,15 +27,31 @@ class KubernetesSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="QSHARE_K8S_", extra="ignore")
 
     node_name: str = Field(..., min_length=1, description="this node's Kubernetes name")
-    driver: str = DRIVER
-    registry_dir: Path = Path("/var/lib/kubelet/plugins_registry")
-    plugin_dir: Path = Path("/var/lib/kubelet/plugins/qshare.io")
-    device_plugin_dir: Path = Path("/var/lib/kubelet/device-plugins")
-    cdi_dir: Path = Path("/var/run/cdi")
-    api_server: str = "https://kubernetes.default.svc"
-    token_file: Path | None = IN_CLUSTER_SA / "token"
-    ca_file: Path | None = IN_CLUSTER_SA / "ca.crt"
-    api_timeout_s: float = Field(5.0, gt=0, le=300)  # a socket's timeout: bounded
+    driver: str = Field(DRIVER, description="the DRA driver's name (its DeviceClasses select it)")
+    registry_dir: Path = Field(
+        Path("/var/lib/kubelet/plugins_registry"), description="the kubelet's plugin registry"
+    )
+    plugin_dir: Path = Field(
+        Path("/var/lib/kubelet/plugins/qshare.io"), description="where the DRA socket is served"
+    )
+    device_plugin_dir: Path = Field(
+        Path("/var/lib/kubelet/device-plugins"), description="the kubelet's device-plugin sockets"
+    )
+    cdi_dir: Path = Field(Path("/var/run/cdi"), description="where the CDI specs are written")
+    api_server: str = Field(
+        "https://kubernetes.default.svc",
+        description="the Kubernetes API server (ResourceSlices, claims, pods)",
+    )
+    token_file: Path | None = Field(
+        IN_CLUSTER_SA / "token", description="bearer token for the API server (the pod's own)"
+    )
+    ca_file: Path | None = Field(
+        IN_CLUSTER_SA / "ca.crt",
+        description="CA bundle the API server's certificate is checked against",
+    )
+    api_timeout_s: float = Field(  # a socket's timeout: bounded
+        5.0, gt=0, le=300, description="wait this long for the API server"
+    )
     min_vgpu_mib: int = Field(1024, ge=1, description="smallest memory a claim may consume")
     socket_check_s: float = Field(
         1.0, gt=0, le=60, description="how often a vanished socket is noticed"
