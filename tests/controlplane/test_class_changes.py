@@ -1,6 +1,6 @@
 """Classes changed and deleted over REST (`PATCH`/`DELETE /v1/classes/{name}`): what may
 change, that a change reaches the class's claims already there, and that a class claims
-name is never deleted from under them."""
+not yet ended name is never deleted from under them (retirement: test_class_retirement)."""
 
 # ruff: noqa: F811 (the fixture api_url, imported, is a parameter of the tests)
 from __future__ import annotations
@@ -109,9 +109,11 @@ async def test_the_built_in_classes_are_not_deleted(api: httpx.AsyncClient) -> N
         assert "built in" in response.json()["detail"]
 
 
-async def test_a_class_claims_name_is_refused_with_their_count(
+async def test_a_class_claims_not_yet_ended_name_is_refused_with_their_count(
     api: httpx.AsyncClient, engine: AsyncEngine, register: Register, claim: Claim
 ) -> None:
+    """The released claim is not counted: only it would have the class retired
+    (test_class_retirement)."""
     name = await _new_class(api)
     await register("cls-1", cards=1)
     placed = await claim(priority="low", class_name=name, vmemory="12Gi")
@@ -121,7 +123,7 @@ async def test_a_class_claims_name_is_refused_with_their_count(
                            {"id": placed.id})  # fmt: skip
     response = await api.delete(f"/v1/classes/{name}", headers=ADMIN)
     assert response.status_code == 409, response.text
-    assert "named by 2 claims (1 pending, 1 released)" in response.json()["detail"]
+    assert "named by 1 claims not yet ended (1 pending)" in response.json()["detail"]
     assert await _listed(api, name) is not None
 
 

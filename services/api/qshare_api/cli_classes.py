@@ -1,6 +1,7 @@
 """`qshare classes create|set|delete`: an administrator adds a class (`POST /v1/classes`:
 the options left out take the API's defaults), changes one (`PATCH /v1/classes/{name}`: the
-options given change, the others are kept) or deletes one no claim names."""
+options given change, the others are kept) or deletes one no claim not yet ended names (one
+that ended claims name is retired)."""
 
 from __future__ import annotations
 
@@ -47,7 +48,9 @@ def add_class_verbs(classes: Verbs) -> None:
     change.add_argument("name", type=named)
     _class_options(change)
     change.set_defaults(handler=command(_set_class))
-    remove = classes.add_parser("delete", help="delete a class no claim names (admins)")
+    remove = classes.add_parser(
+        "delete", help="delete a class no live claim names; if ended ones do, retire it (admins)"
+    )
     remove.add_argument("name", type=named)
     remove.set_defaults(handler=command(_delete_class))
 

@@ -2,8 +2,9 @@
 count every claim not yet released or failed (pending ones included, so placing them later
 never exceeds the quota), and a new claim that must wait is held to the pending limit. The
 tenant's quota row is locked, so concurrent creates of one tenant are checked one after
-another. A creation locks it in the statement that writes the claim (`with_quota_lock`) and
-checks the usage that statement left (`check_written`): one round trip fewer per claim."""
+another. A creation locks it in the statement that writes the claim (`with_quota_lock`,
+which reads the claim's class there too) and checks the usage that statement left
+(`check_written`): one round trip fewer per claim."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Select, bindparam, select
+from sqlalchemy import Select, bindparam, select, true
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.dml import UpdateBase
 
@@ -19,6 +20,7 @@ from qshare.contracts.errors import Conflict, FieldError
 from qshare.contracts.quantities import format_mib
 from qshare.contracts.rows import quota_usage
 from qshare.contracts.schema import quotas
+from qshare_allocator.claims.classes import held_class
 from qshare_allocator.db import together
 from qshare_allocator.placement.demand import Demand
 
@@ -30,18 +32,21 @@ async def check_growth(conn: AsyncConnection, tenant: str, memory_mib: int) -> N
 
 
 def with_quota_lock(*writes: UpdateBase) -> Select[Any]:
-    """`writes` as one statement (`db.together`) whose result is the tenant's quota row
-    (`q_tenant`), locked: no row, no limit. Built once per combination of writes."""
-    return together(*writes, result=_locked_quota())
+    """`writes` as one statement (`db.together`) whose one row is the new claim's class
+    (`classes.held_class`, locked: no row when it was deleted) beside the tenant's quota row
+    (`q_tenant`), locked: its columns null where there is none, no limit. Built once per
+    combination of writes."""
+    return together(*writes, result=_class_and_quota())
 
 
 async def check_written(
-    conn: AsyncConnection, tenant: str, quota: Sequence[Any], demand: Demand, waits: bool
+    conn: AsyncConnection, tenant: str, written: Sequence[Any], demand: Demand, waits: bool
 ) -> None:
     """After `with_quota_lock` wrote a new claim (placed, or pending when `waits`) and
-    returned `quota` (its rows: none, no limit): raise Conflict naming each memory or card
-    limit the claim passes; else, for a claim that waits, when it passes the pending limit
-    (a claim placed at once never counts against it). The usage read counts the new claim."""
+    returned `written` (its rows): raise Conflict naming each memory or card limit the
+    claim passes; else, for a claim that waits, when it passes the pending limit (a claim
+    placed at once never counts against it). The usage read counts the new claim."""
+    quota = [row for row in written if row["tenant"] is not None]
     if not quota:
         return
     limits = (quota[0]["memory_mib"], quota[0]["cards"], quota[0]["pending"])
@@ -87,6 +92,14 @@ def _refuse_over(tenant: str, limits: Limits, used: Amounts, added: Amounts) -> 
     ]  # fmt: skip
     if errors:
         raise Conflict(f"tenant {tenant}: " + "; ".join(e.message for e in errors), errors)
+
+
+@functools.cache
+def _class_and_quota() -> Select[Any]:
+    """The new claim's class, locked, beside its tenant's quota row, locked, if any."""
+    held = held_class().cte("class_held")
+    quota = _locked_quota().cte("quota_held")
+    return select(held, quota).select_from(held.outerjoin(quota, true()))
 
 
 @functools.cache

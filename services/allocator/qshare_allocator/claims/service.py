@@ -16,8 +16,9 @@ from typing import Any, NamedTuple
 
 from opentelemetry import trace
 from opentelemetry.context import Context
-from sqlalchemy import Insert, Row, bindparam, func, insert, select, tuple_, update
+from sqlalchemy import Insert, Row, Select, bindparam, func, insert, select, tuple_, update
 from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.dml import UpdateBase
 
@@ -35,7 +36,7 @@ from qshare.contracts.rows import claim_view, claim_views, node_is_ready
 from qshare.contracts.schema import claims, nodes
 from qshare.contracts.tracing import current_trace_context, later_span, stored_context
 from qshare.settings import ClusterSettings
-from qshare_allocator.claims.classes import ClassCatalog, for_new_claim
+from qshare_allocator.claims.classes import ClassCatalog, deleted_class
 from qshare_allocator.claims.idempotency import ensure_same_request
 from qshare_allocator.claims.quotas import check_written, with_quota_lock
 from qshare_allocator.claims.transitions import claim_event_params, locked_claim
@@ -94,7 +95,8 @@ class ClaimService:
     async def create(self, conn: AsyncConnection, command: CreateClaim) -> CreateClaimReply:
         """Place the claim now if anything fits, else record it Pending with the reason."""
         spec = command.spec
-        demand = self._demand_of(spec, await for_new_claim(conn, spec.class_name))
+        provisioner = await self._classes.provisioner(conn, spec.class_name)
+        demand = self._demand_of(spec, provisioner)
         key = spec.idempotency_key
         if key and (known := await self._by_key(conn, command.tenant, key)):
             ensure_same_request(known, spec)
@@ -108,10 +110,24 @@ class ClaimService:
         writes = with_quota_lock(_claim_insert(), *(held.statements if held else ()),
                                  event_insert())  # fmt: skip
         params = _claim_params(view, spec) | (held.params if held else {}) | self._event(view)
-        quota = await fetch(conn, writes, params | {"q_tenant": command.tenant})
+        params |= {"q_tenant": command.tenant, "k_class": spec.class_name}
+        written = await self._write(conn, writes, params, spec.class_name)
         # a refusal rolls back the claim, its placement and its evictions, if any
-        await check_written(conn, command.tenant, quota, demand, waits=choice is None)
+        self._classes.confirm(spec.class_name, provisioner, written)
+        await check_written(conn, command.tenant, written, demand, waits=choice is None)
         return CreateClaimReply(claim=view, created=True)
+
+    async def _write(
+        self, conn: AsyncConnection, writes: Select[Any], params: dict[str, Any], name: str
+    ) -> Any:
+        """Run a new claim's writes; a claim whose class was deleted meanwhile (its foreign
+        key broken) is refused naming `class_name`."""
+        try:
+            return await fetch(conn, writes, params)
+        except DBAPIError as error:
+            if (refused := deleted_class(error, name)) is not None:
+                raise refused from error
+            raise
 
     async def place_pending(
         self, conn: AsyncConnection, after: PendingCursor | None, priority: Priority

@@ -17,7 +17,7 @@ from qshare.contracts.placement import MAX_SCORE, PlacementPreview, PreviewPlace
 from qshare.contracts.rows import node_is_ready
 from qshare.contracts.schema import gpus, nodes
 from qshare.settings import ClusterSettings
-from qshare_allocator.claims.classes import for_new_claim
+from qshare_allocator.claims.classes import read_class
 from qshare_allocator.claims.views import demand_of
 from qshare_allocator.placement.demand import Demand, check_granularity
 from qshare_allocator.placement.finder import _card_fits, _params
@@ -43,7 +43,7 @@ class PreviewService:
         return out
 
     async def _demand(self, conn: AsyncConnection, spec: ClaimSpec) -> Demand:
-        provisioner = await for_new_claim(conn, spec.class_name, hold=False)
+        provisioner = await read_class(conn, spec.class_name)
         check_granularity(spec.vmemory, provisioner, self._rules)
         return demand_of(spec, provisioner, self._rules)
 

@@ -1,4 +1,4 @@
-"""`/v1/classes`: everyone lists them; admins add, change and delete them."""
+"""`/v1/classes`: everyone lists them; admins add, change and delete (or retire) them."""
 
 from __future__ import annotations
 
@@ -6,15 +6,13 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, status
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
-from sqlalchemy import insert, select
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import select
 
 from qshare.contracts.claims import ClassName, Text
 from qshare.contracts.domain import Provisioner
-from qshare.contracts.errors import Conflict
 from qshare.contracts.schema import classes
 from qshare_api.auth import Admin, Caller
-from qshare_api.classes.changes import change_class, delete_class
+from qshare_api.classes.changes import add_or_revive, change_class, delete_class
 from qshare_api.problems import PROBLEMS
 from qshare_api.resources import Resources, resources
 
@@ -102,7 +100,8 @@ SHOWN = [classes.c[name] for name in GpuClass.model_fields]
 @router.get("", response_model=list[GpuClass], summary="List classes")
 async def list_classes(caller: Caller, res: Res) -> list[GpuClass]:
     async with res.reader.connect() as conn:
-        rows = (await conn.execute(select(*SHOWN).order_by(classes.c.name))).all()
+        query = select(*SHOWN).where(classes.c.retired_at.is_(None)).order_by(classes.c.name)
+        rows = (await conn.execute(query)).all()
     return [GpuClass.model_validate(r._asdict()) for r in rows]
 
 
@@ -110,11 +109,11 @@ async def list_classes(caller: Caller, res: Res) -> list[GpuClass]:
     "", response_model=GpuClass, status_code=status.HTTP_201_CREATED, summary="Add a class (admins)"
 )
 async def add_class(body: GpuClass, caller: Admin, res: Res) -> GpuClass:
-    try:
-        async with res.engine.begin() as conn:
-            await conn.execute(insert(classes).values(body.model_dump(mode="json")))
-    except IntegrityError as exc:
-        raise Conflict(f"class {body.name} exists") from exc
+    """A name in use is a 409. A retired name (its class deleted after claims had named it)
+    brings the class back with the fields given, provided the provisioner is the one it had
+    (else a 409 saying which): its ended claims go on naming it."""
+    async with res.engine.begin() as conn:
+        await add_or_revive(conn, body.model_dump(mode="json"))
     return body
 
 
@@ -132,7 +131,10 @@ async def patch_class(name: ClassPath, body: ClassChange, caller: Admin, res: Re
 
 @router.delete("/{name}", status_code=status.HTTP_204_NO_CONTENT, summary="Delete a class (admins)")
 async def remove_class(name: ClassPath, caller: Admin, res: Res) -> None:
-    """Only a class no claim names, released ones included (they are kept as records and
-    keep their class); else 409 with the count. The built-in classes stay."""
+    """A class that claims not yet ended (pending, placed, ready, releasing) name is a 409
+    with their count by status. A class no claim ever named is deleted; one whose claims
+    have all ended (released, failed) is retired: they are kept as records and go on naming
+    it, while it is no longer listed, changed or named by new claims (404, 422), and adding
+    a class of its name brings it back. The built-in classes stay (409)."""
     async with res.engine.begin() as conn:
         await delete_class(conn, name)

@@ -36,6 +36,10 @@ HOLDING_STATUSES = (ClaimStatus.PLACED.value, ClaimStatus.READY.value)
 not: its capacity went back on delete, and it waits for its node to confirm that the vGPUs
 left the segment."""
 
+ENDED_STATUSES = (ClaimStatus.RELEASED.value, ClaimStatus.FAILED.value)
+"""A claim in these statuses has ended: it holds nothing, and is kept as a record that goes
+on naming its class."""
+
 
 class NodeStatus(StrEnum):
     """A node is Ready while its heartbeats arrive within the allocator's timeout."""

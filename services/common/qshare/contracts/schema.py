@@ -108,6 +108,7 @@ classes = Table(
     Column("eviction_grace_s", Float, nullable=False, server_default=text("30")),
     Column("starvation_share", Float, nullable=False, server_default=text("0")),
     Column("move_on_starvation", Boolean, nullable=False, server_default=text("false")),
+    Column("retired_at", DateTime(timezone=True), nullable=True),
     CheckConstraint("provisioner IN ('qshare', 'whole')", name="classes_known_provisioner"),
     CheckConstraint(
         "starvation_share >= 0 AND starvation_share <= 1", name="classes_starvation_share"
