@@ -84,6 +84,9 @@ async def stream(
     queue: asyncio.Queue[Msg] = asyncio.Queue(QUEUE_LIMIT)
 
     async def enqueue(msg: Msg) -> None:
+        if sequence(msg) is not None:  # a kept event: waiting holds back the server's pushes
+            await queue.put(msg)  # (flow control), so a resume's replay loses none
+            return
         with contextlib.suppress(asyncio.QueueFull):  # a slow reader loses events, not memory
             queue.put_nowait(msg)
 

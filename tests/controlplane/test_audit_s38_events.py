@@ -1,0 +1,22 @@
+"""Audit (s38) of `GET /v1/events` resuming: a resumed stream's replay and its bounds."""
+
+from __future__ import annotations
+
+from nats.aio.client import Client
+
+from qshare_api.events.endpoints import QUEUE_LIMIT
+from qshare_api.resources import Resources
+
+from .test_event_resume import kept, opened, until
+from .test_event_stream import ADMIN, res
+
+__all__ = ["res"]
+
+
+async def test_a_resume_past_the_queue_gets_every_missed_event(res: Resources, nc: Client) -> None:
+    subject = "qshare.evt.audit.replay"
+    sequences = await kept(nc, subject, QUEUE_LIMIT * 3)
+    async with opened(res, ADMIN, subject=subject, after=sequences[0] - 1) as seen:
+        got = await until(seen, len(sequences))
+    assert got == [f"{s} {subject}" for s in sequences]
+
