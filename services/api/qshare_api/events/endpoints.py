@@ -113,7 +113,7 @@ def _resume_after(after: int | None, last_event_id: str | None) -> int | None:
     API sent: digits), else None (from now on)."""
     if after is not None or last_event_id is None or not last_event_id.strip():
         return after
-    if not last_event_id.strip().isdigit() or len(last_event_id.strip()) > 19:
+    if not re.fullmatch(r"[0-9]{1,19}", last_event_id.strip()):  # isdigit() takes '²'; int() not
         raise InvalidInput.on("Last-Event-ID", f"{last_event_id[:40]!r} is not an event id "
                               "this API sent (a sequence number)")  # fmt: skip
     return int(last_event_id)
