@@ -29,3 +29,9 @@ async def test_a_last_event_id_of_other_digits_is_refused_naming_it(api: httpx.A
     response = await api.get("/v1/events", headers=headers)  # type: ignore[dict-item]
     assert response.status_code == 422, response.text
     assert "Last-Event-ID" in response.text
+
+
+async def test_an_after_past_any_sequence_is_a_422_not_a_503(api: httpx.AsyncClient) -> None:
+    response = await api.get("/v1/events", params={"after": 2**64}, headers=auth(ADMIN_TOKEN))
+    assert response.status_code == 422, response.text
+    assert "after" in response.text

@@ -37,6 +37,8 @@ Res = Annotated[Resources, Depends(resources)]
 KEEPALIVE_S = 15.0
 QUEUE_LIMIT = 1000
 OWNERS_LIMIT = 10_000
+LAST_SEQUENCE = 2**63 - 1
+"""The largest `after` taken: JetStream numbers events with unsigned 64-bit sequences."""
 
 
 SUBJECT = re.compile(r"qshare\.evt(\.([A-Za-z0-9_-]+|\*))*(\.>)?")
@@ -110,7 +112,10 @@ async def stream(
 
 def _resume_after(after: int | None, last_event_id: str | None) -> int | None:
     """The sequence to resume after: `after`, else the Last-Event-ID header (an `id:` this
-    API sent: digits), else None (from now on)."""
+    API sent: digits), else None (from now on). Past LAST_SEQUENCE, NATS could not take the
+    next one's number (it answered with an error read as 'events are not kept here')."""
+    if after is not None and after > LAST_SEQUENCE:
+        raise InvalidInput.on("after", f"{after} is past any event's sequence ({LAST_SEQUENCE})")
     if after is not None or last_event_id is None or not last_event_id.strip():
         return after
     if not re.fullmatch(r"[0-9]{1,19}", last_event_id.strip()):  # isdigit() takes '²'; int() not
