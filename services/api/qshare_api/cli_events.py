@@ -74,7 +74,8 @@ def following(client: Client, subject: str | None, after: int | None) -> Iterato
         try:
             for event in client.events("/v1/events", subject=subject, after=after):
                 tries, after = 0, after if event.sequence is None else event.sequence
-                yield event
+                if event.subject:  # not the `id:` a stream ends with past events not shown
+                    yield event
             why = "the API ended the stream"
         except httpx.TransportError as exc:  # refused, reset, cut short, timed out
             why = f"the stream was lost ({exc or type(exc).__name__})"

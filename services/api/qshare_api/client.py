@@ -169,10 +169,14 @@ class Event:
 
 
 def _messages(lines: Iterator[str]) -> Iterator[Event]:
-    """The messages of an event stream's lines (`id:`, `event:`, then `data:`)."""
+    """The messages of an event stream's lines (`id:`, `event:`, then `data:`); an `id:`
+    alone (a stream that ended past events it did not show) is an Event with no subject."""
     sequence, subject = None, ""
     for line in lines:
-        if line.startswith("id: "):
+        if not line and sequence is not None:  # the end of a message that had no data
+            yield Event(sequence, "", "")
+            sequence = None
+        elif line.startswith("id: "):
             sequence = int(line[4:]) if line[4:].isdigit() else None
         elif line.startswith("event: "):
             subject = line.removeprefix("event: ")

@@ -9,7 +9,7 @@ order of a delete, a resize and a move.
 from __future__ import annotations
 
 import functools
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import DateTime, Interval, bindparam, case, delete, func, or_, select, update
@@ -87,7 +87,7 @@ class InventoryService:
         return not row.ready or any(healed.scalars().all())
 
     def _beat_params(self, node: str, sent: datetime) -> dict[str, Any]:
-        return {"node": node, "sent": sent, "node_timeout_s": self._rules.node_timeout_s,
+        return {"node": node, "sent": _in_utc(sent), "node_timeout_s": self._rules.node_timeout_s,
                 "clock_back": timedelta(seconds=self._rules.node_timeout_s)}  # fmt: skip
 
     async def remove_node(self, conn: AsyncConnection, name: str) -> RemovalReply:
@@ -256,6 +256,19 @@ def _whole_slices_follow_their_card() -> Any:
         )
         .values(vmemory_mib=gpus.c.memory_mib)
     )
+
+
+def _in_utc(sent: datetime) -> datetime:
+    """The node's time in UTC, where the database can hold it: one without a zone is taken as
+    UTC, and one whose offset moves it past either end of the calendar (year 1 at +14:00)
+    is the calendar's end there (before, the write failed: an internal error)."""
+    if sent.tzinfo is None:
+        return sent.replace(tzinfo=UTC)
+    try:
+        return sent.astimezone(UTC)
+    except OverflowError:
+        end = datetime.min if sent.year == datetime.min.year else datetime.max
+        return end.replace(tzinfo=UTC)
 
 
 @functools.cache

@@ -37,6 +37,8 @@ Res = Annotated[Resources, Depends(resources)]
 KEEPALIVE_S = 15.0
 QUEUE_LIMIT = 1000
 OWNERS_LIMIT = 10_000
+LAST_SEQUENCE = 2**63 - 1
+"""The largest `after` taken: JetStream numbers events with unsigned 64-bit sequences."""
 
 
 SUBJECT = re.compile(r"qshare\.evt(\.([A-Za-z0-9_-]+|\*))*(\.>)?")
@@ -81,11 +83,10 @@ async def stream(
     NATS subject, `data:` the envelope. A token holds at most `max_event_streams_per_token`
     streams open at once (429 beyond)."""
     resume = _resume_after(after, last_event_id)
-    queue: asyncio.Queue[Msg] = asyncio.Queue(QUEUE_LIMIT)
+    backlog = Backlog()
 
     async def enqueue(msg: Msg) -> None:
-        with contextlib.suppress(asyncio.QueueFull):  # a slow reader loses events, not memory
-            queue.put_nowait(msg)
+        backlog.put(msg)
 
     res.streams.take(caller.token)
     try:
@@ -102,15 +103,18 @@ async def stream(
     tenant = caller.tenant_filter()
     owners = None if tenant is None else Owners(tenant, res)
     check = TokenCheck(res, caller.token)
-    return EventStream(_messages(queue, owners, lost, check), lambda: _end(sub, res, caller))
+    return EventStream(_messages(backlog, owners, lost, check), lambda: _end(sub, res, caller))
 
 
 def _resume_after(after: int | None, last_event_id: str | None) -> int | None:
     """The sequence to resume after: `after`, else the Last-Event-ID header (an `id:` this
-    API sent: digits), else None (from now on)."""
+    API sent: digits), else None (from now on). Past LAST_SEQUENCE, NATS could not take the
+    next one's number (it answered with an error read as 'events are not kept here')."""
+    if after is not None and after > LAST_SEQUENCE:
+        raise InvalidInput.on("after", f"{after} is past any event's sequence ({LAST_SEQUENCE})")
     if after is not None or last_event_id is None or not last_event_id.strip():
         return after
-    if not last_event_id.strip().isdigit() or len(last_event_id.strip()) > 19:
+    if not re.fullmatch(r"[0-9]{1,19}", last_event_id.strip()):  # isdigit() takes '²'; int() not
         raise InvalidInput.on("Last-Event-ID", f"{last_event_id[:40]!r} is not an event id "
                               "this API sent (a sequence number)")  # fmt: skip
     return int(last_event_id)
@@ -158,6 +162,40 @@ async def _unsubscribe(sub: Subscription) -> None:
         await sub.unsubscribe()
 
 
+class Backlog:
+    """The events a stream has yet to send, at most QUEUE_LIMIT: a slow reader costs no more
+    memory. Past it, a live-only stream (no ids) drops events; one of kept events stops
+    taking any and ends once it has sent what it holds, saying so, so that its client
+    reconnects after the last `id:` it got and loses nothing (before, the events past the
+    queue were dropped silently: a resume over 3000 missed events delivered 1000)."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[Msg] = asyncio.Queue(QUEUE_LIMIT)
+        self.behind = False
+        self.taken: int | None = None
+        """The sequence of the last kept event taken out, sent or not (not the tenant's)."""
+
+    async def get(self) -> Msg:
+        msg = await self.queue.get()
+        self.taken = sequence(msg) or self.taken
+        return msg
+
+    def put(self, msg: Msg) -> None:
+        if self.behind:
+            return
+        try:
+            self.queue.put_nowait(msg)
+        except asyncio.QueueFull:
+            self.behind = sequence(msg) is not None
+
+    def ended(self) -> bool:
+        """Behind, and all it held was sent: the stream ends for the client to resume."""
+        return self.behind and self.queue.empty()
+
+
+BEHIND = ": this stream fell behind its events; reconnect with Last-Event-ID for the rest\n\n"
+
+
 class TokenCheck:
     """Whether the stream's token still holds (neither revoked nor expired), asked of the
     database at most every `token_recheck_s`; a database that does not answer keeps the
@@ -185,12 +223,15 @@ ENDED = ": the token was revoked or has expired; the stream ends\n\n"
 
 
 async def _messages(
-    queue: asyncio.Queue[Msg], owners: Owners | None, lost: str, check: TokenCheck
+    backlog: Backlog, owners: Owners | None, lost: str, check: TokenCheck
 ) -> AsyncIterator[str]:
     yield ": qshare events\n\n" + lost
     while True:
+        if backlog.ended():  # an `id:` alone moves the client's Last-Event-ID past the events
+            yield f"id: {backlog.taken}\n\n{BEHIND}"  # it was not shown: no reconnect loop
+            return
         try:
-            msg = await asyncio.wait_for(queue.get(), min(KEEPALIVE_S, check.every_s))
+            msg = await asyncio.wait_for(backlog.get(), min(KEEPALIVE_S, check.every_s))
         except TimeoutError:
             msg = None
         if not await check.holds():
