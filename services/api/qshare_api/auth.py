@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import uuid
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -26,6 +27,15 @@ class Principal:
     read_only: bool = False
     token: str = ""
     """The token's hash: what per-token limits count by."""
+    name: str = ""
+    """The token's name and id, for the records of what it did (`actor`)."""
+    token_id: uuid.UUID | None = None
+
+    @property
+    def actor(self) -> str:
+        """How records name this caller: "<token name> (token <id>)" (names need not be
+        unique; ids are)."""
+        return f"{self.name} (token {self.token_id})"
 
     @property
     def is_admin(self) -> bool:
@@ -98,12 +108,13 @@ async def principal(
     if reserved:
         res.limiter.take(digest)
     read_only = row.scope == TokenScope.READ
-    return Principal(tenant=row.tenant, role=Role(row.role), read_only=read_only, token=digest)
+    return Principal(tenant=row.tenant, role=Role(row.role), read_only=read_only, token=digest,
+                     name=row.name, token_id=row.id)  # fmt: skip
 
 
 async def _lookup(res: Resources, digest: str) -> Row[Any] | None:
     query = select(
-        tokens.c.tenant, tokens.c.role, tokens.c.scope,
+        tokens.c.id, tokens.c.name, tokens.c.tenant, tokens.c.role, tokens.c.scope,
         (tokens.c.expires_at <= func.now()).label("expired"),
     ).where(tokens.c.token_hash == digest)  # fmt: skip
     async with res.reader.connect() as conn:

@@ -102,6 +102,8 @@ def register(subparsers: Sub) -> None:
     for verb, action, help_ in one_claim_verbs:
         one = claims.add_parser(verb, help=help_)
         one.add_argument("claim_id", type=claim_id, help=CLAIM_HELP)
+        if verb in ("suspend", "resume"):
+            one.add_argument("--reason", type=_reason, help=f"why, kept in the record ({verb})")
         one.set_defaults(handler=command(_on_claim(action)))
     resize = claims.add_parser("resize", help="change a claim's core share or memory per card")
     resize.add_argument("claim_id", type=claim_id, help=CLAIM_HELP)
@@ -489,7 +491,10 @@ def _suspension_line(claim: dict[str, Any]) -> str:
     if not held:
         return ""
     if held["kind"] == "operator":
-        until = f"by an operator ({held['reason']}): `qshare claims resume {claim['id']}` ends it"
+        who = f"{held['by']}, " if held.get("by") else ""
+        until = (
+            f"by an operator ({who}{held['reason']}): `qshare claims resume {claim['id']}` ends it"
+        )
     else:
         until = f"for its gang ({held['reason']}): it runs again once no card of it is busy"
     return f"\nsuspended since {held['since']} {until}"
@@ -509,11 +514,22 @@ def _resize_claim(client: Client, args: argparse.Namespace) -> Shown:
 
 
 def _suspend_claim(client: Client, args: argparse.Namespace) -> Shown:
-    return _claim_action(client.post(f"/v1/claims/{args.claim_id}/suspend", {}))
+    return _claim_action(client.post(f"/v1/claims/{args.claim_id}/suspend", _why(args)))
 
 
 def _resume_claim(client: Client, args: argparse.Namespace) -> Shown:
-    return _claim_action(client.post(f"/v1/claims/{args.claim_id}/resume", {}))
+    return _claim_action(client.post(f"/v1/claims/{args.claim_id}/resume", _why(args)))
+
+
+def _why(args: argparse.Namespace) -> dict[str, str]:
+    return {} if args.reason is None else {"reason": args.reason}
+
+
+def _reason(value: str) -> str:
+    """A reason the API takes: no NUL, at most 253 characters."""
+    if "\x00" in value or len(value) > 253:
+        raise argparse.ArgumentTypeError("a reason has at most 253 characters and no NUL")
+    return value
 
 
 def _claim_action(reply: dict[str, Any]) -> Shown:

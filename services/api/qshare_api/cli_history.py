@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 PREEMPTION_KINDS = ("gang", "operator", "eviction")
 PREEMPTION_COLUMNS = ("ID", "CLAIM", "TENANT", "KIND", "NODE", "CARD", "STARTED", "SECONDS",
-                      "REASON")  # fmt: skip
+                      "BY", "REASON")  # fmt: skip
 STARVATION_COLUMNS = ("ID", "CLAIM", "TENANT", "NODE", "CARD", "SHARE", "HARVESTABLE", "OPEN",
                       "MOVED_TO", "STARTED")  # fmt: skip
 CLASS_COLUMNS = ("NAME", "PROVISIONER", "EVICTABLE", "GRACE", "REPLACE", "STARVATION", "MOVE",
@@ -82,7 +82,8 @@ def _list_preemptions(client: Client, args: argparse.Namespace) -> Shown:
     )  # fmt: skip
     rows = [
         (p["id"], p["claim_id"], p["tenant"], p["kind"], p["node"] or "-", p["gpu"] or "-",
-         day(p["started_at"]), _seconds(p["seconds"]), p["reason"])
+         day(p["started_at"]), _seconds(p["seconds"]), p.get("suspended_by") or "-",
+         p["reason"])
         for p in found
     ]  # fmt: skip
     return Shown(found, table(PREEMPTION_COLUMNS, rows) + _more(found, args))

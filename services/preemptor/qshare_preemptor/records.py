@@ -18,12 +18,14 @@ OPEN_GANG = (preemptions.c.kind == "gang", preemptions.c.ended_at.is_(None))
 
 
 async def open_records(
-    conn: AsyncConnection, members: list[Member], kind: str, reason: str
+    conn: AsyncConnection, members: list[Member], kind: str, reason: str, by: str | None = None
 ) -> None:
-    """One open record per claim among `members` that has none of this kind yet."""
+    """One open record per claim among `members` that has none of this kind yet, naming
+    the token `by` that asked (an operator's)."""
     claims = {m.claim_id: m for m in members}
     already = await open_claims(conn, list(claims), kind)
-    await _insert(conn, [m for c, m in claims.items() if c not in already], kind, reason, None)
+    fresh = [m for c, m in claims.items() if c not in already]
+    await _insert(conn, fresh, kind, reason, None, by)
 
 
 async def hold_records(conn: AsyncConnection, members: list[Member], reason: str, gpu: str) -> None:
@@ -69,7 +71,10 @@ async def close_released(conn: AsyncConnection, claim_ids: list[uuid.UUID]) -> N
     )
 
 
-async def close_records(conn: AsyncConnection, claim_ids: list[uuid.UUID], kind: str) -> None:
+async def close_records(
+    conn: AsyncConnection, claim_ids: list[uuid.UUID], kind: str, by: str | None = None
+) -> None:
+    """End the open records of `kind` of `claim_ids`, naming the token `by` that asked."""
     await conn.execute(
         update(preemptions)
         .where(
@@ -77,7 +82,7 @@ async def close_records(conn: AsyncConnection, claim_ids: list[uuid.UUID], kind:
             preemptions.c.kind == kind,
             preemptions.c.ended_at.is_(None),
         )
-        .values(ended_at=func.now())
+        .values(ended_at=func.now(), resumed_by=by)
     )
 
 
@@ -147,14 +152,19 @@ def _with(gpu: str) -> ColumnElement[list[str]]:
 
 
 async def _insert(
-    conn: AsyncConnection, members: list[Member], kind: str, reason: str, gpu: str | None
+    conn: AsyncConnection,
+    members: list[Member],
+    kind: str,
+    reason: str,
+    gpu: str | None,
+    by: str | None = None,
 ) -> None:
     if not members:
         return
     busy = [gpu] if kind == "gang" and gpu is not None else None
     rows = [
         {"claim_id": m.claim_id, "tenant": m.tenant, "gpu_uuid": gpu, "node_name": m.node,
-         "kind": kind, "reason": reason, "busy_gpus": busy}
+         "kind": kind, "reason": reason, "busy_gpus": busy, "suspended_by": by}
         for m in members
     ]  # fmt: skip
     await conn.execute(insert(preemptions), rows)

@@ -284,16 +284,16 @@ class PreemptionService:
     async def operator(self, action: ClaimAction, suspend: bool) -> ClaimActionReply:
         members = await in_transaction(self._engine, lambda c: self._owned(c, action))
         if suspend:
-            done, missing = await self._suspend(members, action.reason)
+            done, missing = await self._suspend(members, action.reason, action.actor)
         else:
-            done, missing = await self._resume(action.claim_id, members, action.reason)
+            done, missing = await self._resume(action.claim_id, members, action)
         await self._renew(members)
         return ClaimActionReply(
             claim_id=action.claim_id, suspended=suspend, vgpus=done, missing=missing
         )
 
     async def _resume(
-        self, claim_id: uuid.UUID, members: list[Member], reason: str
+        self, claim_id: uuid.UUID, members: list[Member], action: ClaimAction
     ) -> tuple[int, int]:
         """End the operator's hold of a claim: resume its vGPUs but those its gang holds
         suspended for a busy card (they resume with the gang, whose release announces
@@ -302,9 +302,11 @@ class PreemptionService:
         async with self._lock:
             gang = self._held_by.get(claim_id, set())
             free = [m for m in members if not (gang and m in self._stopped)]
-            sent = self._queue_act(free, suspend=False, reason=reason)
+            sent = self._queue_act(free, suspend=False, reason=action.reason)
             self._stopped.difference_update(free)  # running again: a busy card stops them
-            await in_transaction(self._engine, lambda c: close_records(c, [claim_id], "operator"))
+            await in_transaction(
+                self._engine, lambda c: close_records(c, [claim_id], "operator", action.actor)
+            )
             announced = [] if gang else self._announce([claim_id], "resumed", after=sent)
         replies = await asyncio.gather(*sent)
         await asyncio.gather(*announced)
@@ -368,12 +370,14 @@ class PreemptionService:
             self._unresumed[node].difference_update(ids)  # owed no more
         return reply
 
-    async def _suspend(self, members: list[Member], reason: str) -> tuple[int, int]:
-        """Suspend `members` for an operator while the record is written; announce it as soon
-        as the nodes confirmed (what the event states), then finish the record."""
+    async def _suspend(
+        self, members: list[Member], reason: str, actor: str | None
+    ) -> tuple[int, int]:
+        """Suspend `members` for an operator (`actor`) while the record is written; announce
+        it as soon as the nodes confirmed (what the event states), then finish the record."""
         record = asyncio.create_task(
             in_transaction(
-                self._engine, lambda c: open_records(c, members, "operator", reason[:253])
+                self._engine, lambda c: open_records(c, members, "operator", reason[:253], actor)
             )
         )
         try:

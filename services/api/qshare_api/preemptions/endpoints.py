@@ -8,9 +8,10 @@ from datetime import datetime
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from qshare.contracts import rpc, subjects
+from qshare.contracts.claims import Text
 from qshare.contracts.preemption import ClaimAction, ClaimActionReply
 from qshare.contracts.schema import preemptions
 from qshare_api.auth import Caller
@@ -39,27 +40,57 @@ class Preemption(BaseModel):
     started_at: datetime
     ended_at: datetime | None
     seconds: float | None
+    suspended_by: str | None = Field(
+        None,
+        description="an operator record's token that suspended the claim, as '<token name> "
+        "(token <id>)'; null on the records the control plane opens itself",
+    )
+    resumed_by: str | None = Field(
+        None, description="an operator record's token that resumed the claim (once closed)"
+    )
+
+
+class ActionBody(BaseModel):
+    """What an operator may say of a suspend or resume."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    reason: Text = Field(
+        "operator",
+        description="why, recorded in the preemption record (a suspend's) and carried to the "
+        "node agents' logs; no NUL, at most 253 characters",
+        examples=["node maintenance at 14:00"],
+    )
 
 
 async def _act(
-    claim_id: uuid.UUID, caller: Caller, res: Resources, suspend: bool
+    claim_id: uuid.UUID, caller: Caller, res: Resources, suspend: bool, body: ActionBody | None
 ) -> ClaimActionReply:
     subject = subjects.CLAIMS_SUSPEND if suspend else subjects.CLAIMS_RESUME
-    action = ClaimAction(claim_id=claim_id, tenant=caller.tenant_filter())
+    reason = (body or ActionBody()).reason
+    action = ClaimAction(
+        claim_id=claim_id, tenant=caller.tenant_filter(), reason=reason, actor=caller.actor
+    )
     return await rpc.call(res.nc, subject, res.source, action, ClaimActionReply,
                           timeout=res.settings.allocator_timeout_s)  # fmt: skip
 
 
 @actions.post("/{claim_id}/suspend", response_model=ClaimActionReply, summary="Suspend a claim")
-async def suspend(claim_id: uuid.UUID, caller: Caller, res: Res) -> ClaimActionReply:
+async def suspend(
+    claim_id: uuid.UUID, caller: Caller, res: Res, body: ActionBody | None = None
+) -> ClaimActionReply:
     """Every vGPU of the claim stops at its next launch and stays stopped until resumed
-    (its memory stays resident); recorded as an `operator` preemption."""
-    return await _act(claim_id, caller, res, suspend=True)
+    (its memory stays resident); recorded as an `operator` preemption naming the caller's
+    token (`suspended_by`) and the body's `reason` (optional)."""
+    return await _act(claim_id, caller, res, True, body)
 
 
 @actions.post("/{claim_id}/resume", response_model=ClaimActionReply, summary="Resume a claim")
-async def resume(claim_id: uuid.UUID, caller: Caller, res: Res) -> ClaimActionReply:
-    return await _act(claim_id, caller, res, suspend=False)
+async def resume(
+    claim_id: uuid.UUID, caller: Caller, res: Res, body: ActionBody | None = None
+) -> ClaimActionReply:
+    """Ends the operator's suspension; the record names the caller's token (`resumed_by`)."""
+    return await _act(claim_id, caller, res, False, body)
 
 
 @router.get("", response_model=list[Preemption], summary="Preemptions, newest first")
@@ -86,6 +117,7 @@ async def list_preemptions(
             busy_gpus=r.busy_gpus, node=r.node_name, kind=r.kind, reason=r.reason,
             started_at=r.started_at, ended_at=r.ended_at,
             seconds=(r.ended_at - r.started_at).total_seconds() if r.ended_at else None,
+            suspended_by=r.suspended_by, resumed_by=r.resumed_by,
         )
         for r in rows
     ]  # fmt: skip

@@ -200,6 +200,10 @@ class ClaimSuspension(BaseModel):
     )
     since: datetime
     reason: str
+    by: str | None = Field(
+        None, description="operator: the token that suspended it, as '<token name> (token "
+        "<id>)'; null for gang"
+    )  # fmt: skip
     cards: list[str] | None = Field(
         None, description="gang: the busy cards holding it; null for operator"
     )

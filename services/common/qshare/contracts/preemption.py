@@ -18,6 +18,9 @@ class ClaimAction(BaseModel):
     tenant: str | None = None
     reason: Text = "operator"
     """Carried to the node agents' commands and the events: no NUL, at most 253 characters."""
+    actor: Text | None = None
+    """Who acts, as the API names the caller's token ("<name> (token <id>)"): recorded as an
+    operator record's `suspended_by` or `resumed_by`. Set by the API, never by the caller."""
 
 
 class ClaimActionReply(BaseModel):

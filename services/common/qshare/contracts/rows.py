@@ -105,7 +105,7 @@ async def suspensions_of(
 def _suspension(row: Row[Any]) -> ClaimSuspension:
     cards = row.busy_gpus if row.busy_gpus is not None else [row.gpu_uuid] if row.gpu_uuid else []
     return ClaimSuspension(
-        kind=row.kind, since=row.started_at, reason=row.reason,
+        kind=row.kind, since=row.started_at, reason=row.reason, by=row.suspended_by,
         cards=cards if row.kind == "gang" else None, preemption=row.id,
     )  # fmt: skip
 

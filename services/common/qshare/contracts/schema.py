@@ -190,6 +190,8 @@ preemptions = Table(
     Column("ended_at", DateTime(timezone=True), nullable=True),
     Column("for_claim", Uuid, nullable=True),
     Column("busy_gpus", ARRAY(Text), nullable=True),
+    Column("suspended_by", Text, nullable=True),
+    Column("resumed_by", Text, nullable=True),
     CheckConstraint("kind IN ('gang', 'operator', 'eviction')", name="preemptions_known_kind"),
     Index("preemptions_open", "claim_id", postgresql_where=text("ended_at IS NULL")),
     Index("preemptions_open_for_claim", "for_claim", postgresql_where=text("ended_at IS NULL")),
@@ -199,7 +201,10 @@ preemptions = Table(
 `ended_at` is NULL. The driver's own per-card preemptions are counted by the node agent.
 `gpu_uuid` is the card whose busy episode opened a gang record; `busy_gpus` every card whose
 high priority holds the claim suspended (a card joins when it goes busy, leaves when it goes
-idle; the record closes with the last, which it keeps); NULL for other kinds."""
+idle; the record closes with the last, which it keeps); NULL for other kinds.
+`suspended_by` and `resumed_by` name the tokens that opened and closed an operator record
+("<token name> (token <id>)"); NULL on the records the control plane opens itself, and on
+operator records from before migration 0015."""
 
 starvations = Table(
     "starvations",
