@@ -364,6 +364,7 @@ enum {
     QSC_WARN_UNSERVED,  /* a card in no entry of the set */
     QSC_WARN_OTHER_CARD, /* work on a second card of the set */
     QSC_WARN_VISIBLE,    /* a QSHARE_VISIBLE_<INDEX> that CUDA_VISIBLE_DEVICES cannot take */
+    QSC_WARN_SHARED_CARD, /* two vGPUs of the set on one card: the lowest id serves */
     QSC_WARN_COUNT
 };
 /* Map a failing qs_status to the CUresult returned to the program. */

@@ -53,8 +53,10 @@ static int parse_item(const char *item, qsc_vgpu_entry *e) {
     return 1;
 }
 
-/* 0 with a message when `e` repeats an entry's vGPU id or card. */
-static int distinct(const qsc_vgpu_set *set, const qsc_vgpu_entry *e) {
+/* 0 with a message when `e` repeats an entry's vGPU id, else 1; `same_card` is the slot of
+ * the entry on `e`'s card, -1 for none. */
+static int distinct(const qsc_vgpu_set *set, const qsc_vgpu_entry *e, int *same_card) {
+    *same_card = -1;
     for (int i = 0; i < set->n; i++) {
         const qsc_vgpu_entry *o = &set->entries[i];
         if (o->id == e->id) {
@@ -62,14 +64,22 @@ static int distinct(const qsc_vgpu_set *set, const qsc_vgpu_entry *e) {
                           o->var);
             return 0;
         }
-        if (memcmp(o->bytes, e->bytes, sizeof e->bytes) == 0) {
-            qsc_warn_once(QSC_WARN_ATTACH, "%s puts vGPU %u on card %s, where %s puts vGPU %u: a "
-                          "process has one vGPU per card. " FAILS, e->var, e->id, e->uuid, o->var,
-                          o->id);
-            return 0;
-        }
+        if (memcmp(o->bytes, e->bytes, sizeof e->bytes) == 0) *same_card = i;
     }
     return 1;
+}
+
+/* Two vGPUs of the set on one card (two claims of a container, or two requests of a claim,
+ * allocated on the same card): a process is served by one vGPU per card, the lower id, which
+ * is kept in slot `at`; the other is left to another process of the container (one started
+ * without the kept vGPU's variable). Said once. */
+static void keep_lower(qsc_vgpu_set *set, int at, const qsc_vgpu_entry *e) {
+    qsc_vgpu_entry *o = &set->entries[at];
+    const qsc_vgpu_entry *kept = e->id < o->id ? e : o, *left = e->id < o->id ? o : e;
+    qsc_warn_once(QSC_WARN_SHARED_CARD, "%s and %s are both on card %s: this process is served "
+                  "by vGPU %u (the lower id); a process started without %s is served by vGPU %u",
+                  kept->var, left->var, kept->uuid, kept->id, kept->var, left->id);
+    if (kept == e) *o = *e;
 }
 
 int qsc_vgpu_set_read(char *const *env, qsc_vgpu_set *out) {
@@ -77,7 +87,12 @@ int qsc_vgpu_set_read(char *const *env, qsc_vgpu_set *out) {
     for (char *const *p = env; p != NULL && *p != NULL; p++) {
         if (strncmp(*p, PREFIX, strlen(PREFIX)) != 0 || strchr(*p, '=') == NULL) continue;
         qsc_vgpu_entry e;
-        if (!parse_item(*p, &e) || !distinct(out, &e)) return 0;
+        int same_card;
+        if (!parse_item(*p, &e) || !distinct(out, &e, &same_card)) return 0;
+        if (same_card >= 0) {
+            keep_lower(out, same_card, &e);
+            continue;
+        }
         if (out->n == QSC_MAX_VGPUS) {
             qsc_warn_once(QSC_WARN_ATTACH, "%s: more than %d " PREFIX "<ID> variables. " FAILS,
                           e.var, QSC_MAX_VGPUS);
