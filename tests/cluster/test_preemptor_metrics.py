@@ -27,6 +27,17 @@ async def scraped(preemptor: Preemptor, name: str, **labels: str) -> float:
     return 0.0
 
 
+async def counted(preemptor: Preemptor, name: str, value: float, **labels: str) -> None:
+    """Wait until the series reaches `value`: the preemptor counts (and times) a command once
+    it has read the node's answer, and the node suspends the vGPU the test sees before it
+    answers, so the vGPU can show suspended before the command is counted."""
+
+    async def reached() -> bool:
+        return await scraped(preemptor, name, **labels) >= value
+
+    await eventually(reached, 20)
+
+
 async def _gang_held(api: httpx.AsyncClient, nc: Nats, agent: NodeAgent) -> tuple[str, int]:
     """A two-card gang on `agent` with one card busy: the busy card and the other's local id."""
     gang = await ready_claim(api, count=2)
@@ -50,6 +61,8 @@ async def test_a_gang_held_by_a_busy_card_is_served_until_the_card_is_idle(
     )
     gpu, _ = await _gang_held(api, nc, agent)
     assert await scraped(preemptor, "qshare_preemptor_claims_held") == held + 1
+    await counted(preemptor, "qshare_preemptor_commands_total", suspends + 1, verb="suspend",
+                  outcome="ok")  # fmt: skip
     assert await scraped(preemptor, "qshare_preemptor_commands_total", verb="suspend",
                          outcome="ok") == suspends + 1  # fmt: skip
     await publish(nc, agent.name, gpu, "idle")
@@ -63,6 +76,7 @@ async def test_each_commands_round_trip_to_its_node_is_timed(
     held = await scraped(preemptor, "qshare_preemptor_claims_held")
     timed = await scraped(preemptor, "qshare_preemptor_command_seconds_count", verb="suspend")
     gpu, _ = await _gang_held(api, nc, agent)
+    await counted(preemptor, "qshare_preemptor_command_seconds_count", timed + 1, verb="suspend")
     assert await scraped(preemptor, "qshare_preemptor_command_seconds_count",
                          verb="suspend") == timed + 1  # fmt: skip
     await publish(nc, agent.name, gpu, "idle")
