@@ -195,7 +195,7 @@ async def test_an_invalid_node_label_is_logged_once_and_ignored(
         assert len(logged) == 1 and "qshare.io/policy" in logged[0]
 
 
-async def until(check: Callable[[], bool], within_s: float = 5.0) -> None:
+async def until(check: Callable[[], bool], within_s: float = 20.0) -> None:
     """Wait until `check()` holds (the bound only stops a broken test)."""
     async with asyncio.timeout(within_s):
         while not check():

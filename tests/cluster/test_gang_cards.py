@@ -213,5 +213,5 @@ async def test_a_restarted_preemptor_ends_the_gang_record_of_a_claim_an_operator
             ("gang", False), ("operator", True)
         ]  # fmt: skip
 
-    await eventually(gang_record_ended, within_s=5)
+    await eventually(gang_record_ended, within_s=20)
     assert (gang.suspended(), gang.resumed) == ([True, True], [])

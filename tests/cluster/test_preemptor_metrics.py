@@ -27,6 +27,24 @@ async def scraped(preemptor: Preemptor, name: str, **labels: str) -> float:
     return 0.0
 
 
+async def no_gang_held(preemptor: Preemptor) -> None:
+    """Wait until the session's preemptor holds no earlier test's gang: each test empties
+    the inventory, and the preemptor lets go (every second) the gangs held by cards gone
+    from it, so a count read before that would drop in the middle of the test."""
+    await eventually(lambda: _is(preemptor, "qshare_preemptor_claims_held", 0), 20)
+
+
+async def counted(preemptor: Preemptor, name: str, value: float, **labels: str) -> None:
+    """Wait until the series reaches `value`: the preemptor counts (and times) a command once
+    it has read the node's answer, and the node suspends the vGPU the test sees before it
+    answers, so the vGPU can show suspended before the command is counted."""
+
+    async def reached() -> bool:
+        return await scraped(preemptor, name, **labels) >= value
+
+    await eventually(reached, 20)
+
+
 async def _gang_held(api: httpx.AsyncClient, nc: Nats, agent: NodeAgent) -> tuple[str, int]:
     """A two-card gang on `agent` with one card busy: the busy card and the other's local id."""
     gang = await ready_claim(api, count=2)
@@ -44,29 +62,32 @@ async def test_a_gang_held_by_a_busy_card_is_served_until_the_card_is_idle(
     api: httpx.AsyncClient, nc: Nats, preemptor: Preemptor, start_agent: StartAgent
 ) -> None:
     agent = await start_agent(cards=2)
-    held = await scraped(preemptor, "qshare_preemptor_claims_held")  # earlier tests' gangs
+    await no_gang_held(preemptor)
     suspends = await scraped(
         preemptor, "qshare_preemptor_commands_total", verb="suspend", outcome="ok"
     )
     gpu, _ = await _gang_held(api, nc, agent)
-    assert await scraped(preemptor, "qshare_preemptor_claims_held") == held + 1
+    assert await scraped(preemptor, "qshare_preemptor_claims_held") == 1
+    await counted(preemptor, "qshare_preemptor_commands_total", suspends + 1, verb="suspend",
+                  outcome="ok")  # fmt: skip
     assert await scraped(preemptor, "qshare_preemptor_commands_total", verb="suspend",
                          outcome="ok") == suspends + 1  # fmt: skip
     await publish(nc, agent.name, gpu, "idle")
-    await eventually(lambda: _is(preemptor, "qshare_preemptor_claims_held", held))
+    await eventually(lambda: _is(preemptor, "qshare_preemptor_claims_held", 0))
 
 
 async def test_each_commands_round_trip_to_its_node_is_timed(
     api: httpx.AsyncClient, nc: Nats, preemptor: Preemptor, start_agent: StartAgent
 ) -> None:
     agent = await start_agent(cards=2)
-    held = await scraped(preemptor, "qshare_preemptor_claims_held")
+    await no_gang_held(preemptor)
     timed = await scraped(preemptor, "qshare_preemptor_command_seconds_count", verb="suspend")
     gpu, _ = await _gang_held(api, nc, agent)
+    await counted(preemptor, "qshare_preemptor_command_seconds_count", timed + 1, verb="suspend")
     assert await scraped(preemptor, "qshare_preemptor_command_seconds_count",
                          verb="suspend") == timed + 1  # fmt: skip
     await publish(nc, agent.name, gpu, "idle")
-    await eventually(lambda: _is(preemptor, "qshare_preemptor_claims_held", held))
+    await eventually(lambda: _is(preemptor, "qshare_preemptor_claims_held", 0))
 
 
 async def _is(preemptor: Preemptor, name: str, value: float) -> bool:

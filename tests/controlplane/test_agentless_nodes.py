@@ -11,22 +11,30 @@ import pytest
 
 from qshare_allocator.app import Allocator
 from qshare_allocator.nodes import dispatch
-from tests.controlplane.conftest import Claim, Register
+from tests.controlplane.conftest import Claim, Register, eventually
 
 
 async def test_placements_on_a_node_without_agent_read_no_desired_state(
     register: Register, claim: Claim, replicas: list[Allocator], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    await register("n1", cards=8, memory="80Gi")
-    await asyncio.sleep(0.5)  # the registration's own apply round has read it by now
     reads: list[str] = []
     read = dispatch.desired_state
 
     async def counted(conn: Any, node: str) -> Any:
+        found = await read(conn, node)
         reads.append(node)
-        return await read(conn, node)
+        return found
 
     monkeypatch.setattr(dispatch, "desired_state", counted)
+    await register("n1", cards=8, memory="80Gi")
+
+    async def registration_read() -> bool:
+        return reads == ["n1"]
+
+    # the registration's own apply round reads it once, whenever its task gets to run (after
+    # the registration's answer, so not within a fixed time on a loaded machine)
+    await eventually(registration_read, 20)
+    reads.clear()
     placed = await asyncio.gather(*(claim(vcore=10) for _ in range(16)))
     await asyncio.sleep(0.5)  # an apply round the placements started would have read by now
     assert {c.status for c in placed} == {"placed"}

@@ -86,7 +86,7 @@ async def _refused(errors: list[str], action: str) -> None:
     async def seen() -> bool:
         return any(f"permissions violation for {action}" in e.lower() for e in errors)
 
-    await eventually(seen, within_s=5)
+    await eventually(seen, within_s=20)
 
 
 def _beat() -> bytes:

@@ -7,14 +7,20 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 
 from qshare.testing.servers import free_port
 
-WAITING_S = 3.0
+WAITING_WITHIN_S = 60.0
+"""Bounds the wait for the service to be waiting for NATS (importing it alone takes seconds
+on a loaded machine); it only stops a broken test, it asserts no timing."""
 STOPPED_WITHIN_S = 15.0
+WAITING_FOR_NATS = "NATS error"
+"""What the service logs each time its NATS server refuses it: it is in its start, its stop
+signals handled."""
 
 
 def _waiting_for_nats(module: str, prefix: str) -> subprocess.Popen[str]:
@@ -34,9 +40,13 @@ def _waiting_for_nats(module: str, prefix: str) -> subprocess.Popen[str]:
 
 
 def _stopped(process: subprocess.Popen[str], sig: signal.Signals) -> tuple[int | None, str]:
-    """The exit status after `sig` (None: still running, then killed) and what it logged."""
-    time.sleep(WAITING_S)
-    assert process.poll() is None, "it should still be waiting for NATS"
+    """The exit status after `sig`, sent once it waits for NATS (None: still running, then
+    killed), and what it logged. A signal sent after a fixed time could come while the
+    service was still importing, before it handles stop signals, and kill it."""
+    lines: list[str] = []
+    reader = threading.Thread(target=_read_into, args=(process, lines), daemon=True)
+    reader.start()
+    _until_waiting_for_nats(process, lines)
     process.send_signal(sig)
     try:
         status: int | None = process.wait(STOPPED_WITHIN_S)
@@ -44,8 +54,22 @@ def _stopped(process: subprocess.Popen[str], sig: signal.Signals) -> tuple[int |
         process.kill()
         process.wait()
         status = None
+    reader.join(10)
+    return status, "".join(lines)
+
+
+def _read_into(process: subprocess.Popen[str], lines: list[str]) -> None:
     assert process.stderr is not None
-    return status, process.stderr.read()
+    for line in process.stderr:
+        lines.append(line)
+
+
+def _until_waiting_for_nats(process: subprocess.Popen[str], lines: list[str]) -> None:
+    deadline = time.monotonic() + WAITING_WITHIN_S
+    while not any(WAITING_FOR_NATS in line for line in list(lines)):
+        assert process.poll() is None, "it should still be waiting for NATS: " + "".join(lines)
+        assert time.monotonic() < deadline, "it never said it waits for NATS: " + "".join(lines)
+        time.sleep(0.05)
 
 
 @pytest.mark.parametrize(

@@ -25,7 +25,7 @@ CLAIMS = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"
 def cache(kube_api: KubeApi) -> Iterator[ClaimCache]:
     held = ClaimCache(kube_api, watch_s=1, retry_s=0.05)
     held.start()
-    assert held.synced.wait(5)
+    assert held.synced.wait(20)
     yield held
     held.stop()
 

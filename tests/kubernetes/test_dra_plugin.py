@@ -179,7 +179,7 @@ def test_a_slice_already_gone_when_the_watch_first_lists_is_published_again(
     watch = SliceWatch(kube_api, SLICE.rsplit("/", 1)[1], gone.set, watch_s=1)
     watch.start()
     try:
-        assert gone.wait(5)
+        assert gone.wait(20)
     finally:
         watch.stop()
 
