@@ -12,20 +12,9 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.controlplane.conftest import ADMIN_TOKEN, Claim, Register, auth
+from tests.controlplane.test_class_changes import _listed, _new_class
 
 ADMIN = auth(ADMIN_TOKEN)
-
-
-async def _new_class(api: httpx.AsyncClient, **fields: Any) -> str:
-    name = f"r-{uuid.uuid4().hex[:10]}"
-    body = {"name": name, "provisioner": "qshare"} | fields
-    assert (await api.post("/v1/classes", json=body, headers=ADMIN)).status_code == 201
-    return name
-
-
-async def _listed(api: httpx.AsyncClient, name: str) -> dict[str, Any] | None:
-    found = (await api.get("/v1/classes", headers=ADMIN)).json()
-    return next((c for c in found if c["name"] == name), None)
 
 
 async def _end(engine: AsyncEngine, claim_id: uuid.UUID, status: str) -> None:

@@ -154,14 +154,22 @@ def start_node(
     return node
 
 
-@pytest.fixture
-def node(cuda_build: Path, tmp_path: Path) -> Iterator[NodeOwner]:
-    n = start_node(tmp_path)
+def running_node(
+    tmp_path: Path, cards: Sequence[str] = (CARD_UUID,), vgpus: Sequence[str] | None = None
+) -> Iterator[NodeOwner]:
+    """A test node started as `start_node` starts it, told to quit when the test ends
+    (yield from it in a fixture)."""
+    n = start_node(tmp_path, cards=cards, vgpus=vgpus)
     yield n
     assert n.process.stdin is not None
     n.process.stdin.write("quit\n")
     n.process.stdin.flush()
     n.process.wait(timeout=10)
+
+
+@pytest.fixture
+def node(cuda_build: Path, tmp_path: Path) -> Iterator[NodeOwner]:
+    yield from running_node(tmp_path)
 
 
 @dataclass

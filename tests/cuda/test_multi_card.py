@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import CARD_UUID, GIB, HP_LIMIT, NodeOwner, Probe, run_probe, start_node
+from .conftest import CARD_UUID, GIB, HP_LIMIT, NodeOwner, Probe, run_probe, running_node
 
 MS = 1_000_000
 
@@ -37,12 +37,7 @@ def cards(cuda_build: Path, tmp_path: Path) -> Iterator[NodeOwner]:
         f"{LP0}:0:low:50:{LP0_LIMIT}",
         f"{LP1}:1:low:50:{LP1_LIMIT}",
     ]
-    n = start_node(tmp_path, cards=(CARD_UUID, SECOND_UUID), vgpus=vgpus)
-    yield n
-    assert n.process.stdin is not None
-    n.process.stdin.write("quit\n")
-    n.process.stdin.flush()
-    n.process.wait(timeout=10)
+    yield from running_node(tmp_path, cards=(CARD_UUID, SECOND_UUID), vgpus=vgpus)
 
 
 def high_priority(node: NodeOwner, vgpu: int, device: int) -> Probe:

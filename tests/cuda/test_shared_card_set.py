@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import CARD_UUID, GIB, NodeOwner, Probe, run_probe, start_node
+from .conftest import CARD_UUID, GIB, NodeOwner, Probe, run_probe, running_node
 from .test_multi_card import SECOND_UUID, cards_env
 
 LOW, HIGH, OTHER = 5, 6, 7  # two vGPUs on card 0, one on card 1
@@ -21,12 +21,7 @@ BOTH = {f"QSHARE_VGPU_{HIGH}": CARD_UUID, f"QSHARE_VGPU_{LOW}": CARD_UUID}
 @pytest.fixture
 def node(cuda_build: Path, tmp_path: Path) -> Iterator[NodeOwner]:
     vgpus = [f"{LOW}:0:low:50:{2 * GIB}", f"{HIGH}:0:low:50:{GIB}", f"{OTHER}:1:low:50:{GIB}"]
-    n = start_node(tmp_path, cards=(CARD_UUID, SECOND_UUID), vgpus=vgpus)
-    yield n
-    assert n.process.stdin is not None
-    n.process.stdin.write("quit\n")
-    n.process.stdin.flush()
-    n.process.wait(timeout=10)
+    yield from running_node(tmp_path, cards=(CARD_UUID, SECOND_UUID), vgpus=vgpus)
 
 
 def holding(node: NodeOwner, vgpus: dict[str, str], device: int) -> Probe:

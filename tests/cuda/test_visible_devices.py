@@ -13,7 +13,7 @@ import pytest
 
 from qshare.native_build import TOOLS
 
-from .conftest import CARD_UUID, GIB, NodeOwner, Probe, run_probe, start_node
+from .conftest import CARD_UUID, GIB, NodeOwner, Probe, run_probe, running_node
 
 SECOND_UUID = "GPU-0a1b2c3d-0000-4000-8000-00000000c1de"
 THIRD_UUID = "GPU-0a1b2c3d-0000-4000-8000-00000000c2de"
@@ -45,12 +45,7 @@ def cards_reply(stdout: str) -> dict[str, str]:
 @pytest.fixture
 def node(cuda_build: Path, tmp_path: Path) -> Iterator[NodeOwner]:
     vgpus = [f"{LP0}:0:low:50:{2 * GIB}", f"{LP1}:1:low:50:{GIB}"]
-    n = start_node(tmp_path, cards=(CARD_UUID, SECOND_UUID), vgpus=vgpus)
-    yield n
-    assert n.process.stdin is not None
-    n.process.stdin.write("quit\n")
-    n.process.stdin.flush()
-    n.process.wait(timeout=10)
+    yield from running_node(tmp_path, cards=(CARD_UUID, SECOND_UUID), vgpus=vgpus)
 
 
 # -- the fake driver alone (no interposer) -------------------------------------------------
