@@ -180,7 +180,8 @@ async def test_a_suspended_claim_says_so_in_get_and_list_until_it_is_resumed(
     assert await qshare(api_url, "claims", "get", claim["id"]) == 0
     shown = capsys.readouterr().out
     assert shown.splitlines()[1].split()[2] == "ready,suspended"
-    assert f"by an operator (operator): `qshare claims resume {claim['id']}` ends it" in shown
+    ends = f"by an operator ({held['by']}, operator): `qshare claims resume {claim['id']}` ends it"
+    assert held["by"] and ends in shown
     assert await qshare(api_url, "claims", "list") == 0
     assert capsys.readouterr().out.splitlines()[1].split()[2] == "ready,suspended"
     assert await qshare(api_url, "claims", "get", claim["id"], "-o", "json") == 0
