@@ -1,4 +1,5 @@
-"""`qshare classes create|set|delete`: an administrator adds a class (`POST /v1/classes`:
+"""`qshare classes get|create|set|delete`: anyone shows one class (`GET
+/v1/classes/{name}`); an administrator adds a class (`POST /v1/classes`:
 the options left out take the API's defaults), changes one (`PATCH /v1/classes/{name}`: the
 options given change, the others are kept) or deletes one no claim not yet ended names (one
 that ended claims name is retired)."""
@@ -31,6 +32,9 @@ SWITCHES = {
 
 
 def add_class_verbs(classes: Verbs) -> None:
+    get = classes.add_parser("get", help="show one class")
+    get.add_argument("name", type=named)
+    get.set_defaults(handler=command(_get_class))
     create = classes.add_parser(
         "create", help="add a class; the options left out take their defaults (admins)"
     )
@@ -92,6 +96,11 @@ def _number(value: str) -> float:
 
 def _given(args: argparse.Namespace) -> dict[str, Any]:
     return {field: getattr(args, field) for field in OPTIONS if hasattr(args, field)}
+
+
+def _get_class(client: Client, args: argparse.Namespace) -> Shown:
+    found = client.get(f"/v1/classes/{segment(args.name)}")
+    return Shown(found, classes_table([found]))
 
 
 def _create_class(client: Client, args: argparse.Namespace) -> Shown:

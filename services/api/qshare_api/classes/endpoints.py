@@ -10,6 +10,7 @@ from sqlalchemy import select
 
 from qshare.contracts.claims import ClassName, Text
 from qshare.contracts.domain import Provisioner
+from qshare.contracts.errors import NotFound
 from qshare.contracts.schema import classes
 from qshare_api.auth import Admin, Caller
 from qshare_api.classes.changes import add_or_revive, change_class, delete_class
@@ -103,6 +104,17 @@ async def list_classes(caller: Caller, res: Res) -> list[GpuClass]:
         query = select(*SHOWN).where(classes.c.retired_at.is_(None)).order_by(classes.c.name)
         rows = (await conn.execute(query)).all()
     return [GpuClass.model_validate(r._asdict()) for r in rows]
+
+
+@router.get("/{name}", response_model=GpuClass, summary="Get a class")
+async def get_class(name: ClassPath, caller: Caller, res: Res) -> GpuClass:
+    """One class as the list shows it; 404 for a name no class has, or a retired class's."""
+    query = select(*SHOWN).where(classes.c.name == name, classes.c.retired_at.is_(None))
+    async with res.reader.connect() as conn:
+        row = (await conn.execute(query)).one_or_none()
+    if row is None:
+        raise NotFound(f"class {name} not found (qshare classes list shows the classes)")
+    return GpuClass.model_validate(row._asdict())
 
 
 @router.post(
