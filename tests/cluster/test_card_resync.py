@@ -121,9 +121,14 @@ async def test_a_restarted_preemptor_suspends_a_gang_whose_card_went_busy_while_
 
 
 async def test_a_burst_of_announce_requests_makes_at_most_two_announcements(
-    nc: Nats, agent_events: tuple[NodeAgent, CardEvents]
+    nc: Nats, start_agent: StartAgent
 ) -> None:
-    agent, events = agent_events
+    """Its agent announces at most every 2 s (not the other tests' 0.5 s), so that the burst
+    of 20 requests falls within one interval on a loaded machine too."""
+    agent = await start_agent(cards=2, announce_interval_s=2.0)
+    events = CardEvents()
+    await nc.subscribe(subjects.gpu_event(agent.name, "*", "*"), cb=events.note)
+    await bus.settled(nc)
     assert agent.announcer is not None
     announcer = agent.announcer
     await eventually(lambda: _holds(lambda: announcer.due_in() == 0))  # past the start's own

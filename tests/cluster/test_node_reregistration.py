@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -73,12 +74,15 @@ async def test_heartbeats_of_an_unknown_node_ask_it_to_register_once_per_interva
     nc: Nats, allocator: Allocator, register_commands: tuple[str, Commands]
 ) -> None:
     name, seen = register_commands
-    before = allocator.served
+    before, started = allocator.served, time.monotonic()
     for _ in range(10):
         await beat(nc, name)
     await eventually(lambda: _holds(lambda: allocator.served >= before + 10 and bool(seen)))
     await bus.settled(nc)
-    assert seen == [subjects.node_command(name, "register")]
+    # once per 2 s interval: one ask, unless a loaded machine took longer over the beats
+    intervals = 1 + int((time.monotonic() - started) / allocator.settings.register_again_s)
+    assert seen[:1] == [subjects.node_command(name, "register")]
+    assert seen == seen[:1] * len(seen) and len(seen) <= intervals
 
 
 async def test_a_node_deleted_after_its_agent_stopped_stays_deleted(
