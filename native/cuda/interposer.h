@@ -254,8 +254,9 @@ typedef struct qsc_vgpu_set {
     int n;
 } qsc_vgpu_set;
 /* The set from environment `env`: every QSHARE_VGPU_<ID>=<CARD_UUID>, or when there is none
- * QSHARE_VGPU=ID. 0 after a message naming the variable at fault (a bad id or UUID, an id or
- * a card named twice, QSHARE_VGPU unset or bad). */
+ * QSHARE_VGPU=ID; of two vGPUs on one card, the lower id (said once). 0 after a message
+ * naming the variable at fault (a bad id or UUID, an id named twice, QSHARE_VGPU unset or
+ * bad). */
 int qsc_vgpu_set_read(char *const *env, qsc_vgpu_set *out);
 /* CUDA_VISIBLE_DEVICES from environment `env`'s QSHARE_VISIBLE_<INDEX>=<CARD_UUID> cards,
  * in index order, each once, into `out` (visible.c): how many cards, 0 when none is named, -1

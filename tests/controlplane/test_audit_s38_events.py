@@ -13,7 +13,7 @@ from qshare.contracts.streams import ensure_events_stream
 from qshare_api.events.endpoints import QUEUE_LIMIT, stream
 from qshare_api.resources import Resources
 
-from .conftest import ADMIN_TOKEN, auth
+from .conftest import ADMIN_TOKEN, auth, eventually
 from .test_event_resume import kept
 from .test_event_stream import ADMIN, res
 
@@ -78,9 +78,14 @@ async def test_a_reader_that_stalls_holds_a_bounded_backlog(res: Resources, nc: 
     subject = "qshare.evt.audit.stall"
     sequences = await kept(nc, subject, QUEUE_LIMIT * 4)
     response = await stream(ADMIN, res, subject=subject, after=sequences[0] - 1)
+    replays = [s for s in res.nc._subs.values() if s._jsi is not None]
+
+    async def all_delivered() -> bool:  # the client reads nothing meanwhile
+        return sum(s.delivered for s in replays) >= len(sequences)
+
     try:
-        await asyncio.sleep(2)  # the client reads nothing meanwhile
-        pending = [s._pending_queue.qsize() for s in res.nc._subs.values() if s._jsi is not None]
+        await eventually(all_delivered)
+        pending = [s.pending_msgs for s in replays]
         assert pending and max(pending) < QUEUE_LIMIT, pending
     finally:
         await response.end()  # type: ignore[attr-defined]

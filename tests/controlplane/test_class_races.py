@@ -18,15 +18,9 @@ from qshare.contracts.claims import ClaimSpec, CreateClaim
 from qshare.settings import ClusterSettings
 from qshare_allocator.claims.service import ClaimService
 from tests.controlplane.conftest import ADMIN_TOKEN, Claim, Register, auth, eventually
+from tests.controlplane.test_class_changes import _new_class
 
 ADMIN = auth(ADMIN_TOKEN)
-
-
-async def _new_class(api: httpx.AsyncClient, provisioner: str = "qshare") -> str:
-    name = f"race-{uuid.uuid4().hex[:10]}"
-    body = {"name": name, "provisioner": provisioner}
-    assert (await api.post("/v1/classes", json=body, headers=ADMIN)).status_code == 201
-    return name
 
 
 def _post_claim(api: httpx.AsyncClient, name: str, vmemory: str = "1Gi") -> Awaitable[Any]:

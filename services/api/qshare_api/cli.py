@@ -526,10 +526,16 @@ def _why(args: argparse.Namespace) -> dict[str, str]:
 
 
 def _reason(value: str) -> str:
-    """A reason the API takes: no NUL, at most 253 characters."""
-    if "\x00" in value or len(value) > 253:
-        raise argparse.ArgumentTypeError("a reason has at most 253 characters and no NUL")
-    return value
+    """A reason the API takes (the contracts' `Text`, loaded here: the CLI starts without
+    pydantic), checked before anything is sent."""
+    from pydantic import TypeAdapter, ValidationError
+
+    from qshare.contracts.claims import Text
+
+    try:
+        return str(TypeAdapter(Text).validate_python(value))
+    except ValidationError as exc:
+        raise argparse.ArgumentTypeError(cli_words(exc.errors()[0]["msg"])) from exc
 
 
 def _claim_action(reply: dict[str, Any]) -> Shown:

@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, status
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
-from sqlalchemy import select
+from sqlalchemy import Select, select
 
 from qshare.contracts.claims import ClassName, Text
 from qshare.contracts.domain import Provisioner
@@ -98,20 +98,23 @@ SHOWN = [classes.c[name] for name in GpuClass.model_fields]
 """The columns a GpuClass shows."""
 
 
+def _listed() -> Select[Any]:
+    """The classes shown, as GpuClass fields: every one but the retired."""
+    return select(*SHOWN).where(classes.c.retired_at.is_(None))
+
+
 @router.get("", response_model=list[GpuClass], summary="List classes")
 async def list_classes(caller: Caller, res: Res) -> list[GpuClass]:
     async with res.reader.connect() as conn:
-        query = select(*SHOWN).where(classes.c.retired_at.is_(None)).order_by(classes.c.name)
-        rows = (await conn.execute(query)).all()
+        rows = (await conn.execute(_listed().order_by(classes.c.name))).all()
     return [GpuClass.model_validate(r._asdict()) for r in rows]
 
 
 @router.get("/{name}", response_model=GpuClass, summary="Get a class")
 async def get_class(name: ClassPath, caller: Caller, res: Res) -> GpuClass:
     """One class as the list shows it; 404 for a name no class has, or a retired class's."""
-    query = select(*SHOWN).where(classes.c.name == name, classes.c.retired_at.is_(None))
     async with res.reader.connect() as conn:
-        row = (await conn.execute(query)).one_or_none()
+        row = (await conn.execute(_listed().where(classes.c.name == name))).one_or_none()
     if row is None:
         raise NotFound(f"class {name} not found (qshare classes list shows the classes)")
     return GpuClass.model_validate(row._asdict())
